@@ -1,0 +1,247 @@
+"""Scalar codebooks for the TBQ formats.
+
+A :class:`Codebook` is ``2**bits`` float32 centroids in increasing order and
+``2**bits - 1`` float32 decision thresholds. A rotated coordinate ``r`` gets
+index ``i`` = the first ``i`` with ``r < thresholds[i]``, else ``2**bits - 1``;
+equivalently the number of thresholds ``<= r``.
+
+Two named sets exist:
+
+- ``"lloyd-max"`` (default): Lloyd-Max levels for N(0, sigma^2), sigma =
+  1/sqrt(128), fitted here with SciPy by :func:`lloyd_max` and bit-identical to
+  the ``fitted`` tables of the conformance set.
+- ``"turboq-mtp"``: the literal tables shipped by the llama.cpp-turboq-mtp fork
+  (the ``fork`` tables), for golden vectors of kernels built with them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = ["Codebook", "lloyd_max", "named_codebook", "get_codebook", "CODEBOOK_NAMES", "tables"]
+
+#: Names accepted by :func:`get_codebook` (and the TBQ codecs' ``codebook=``).
+CODEBOOK_NAMES = ("lloyd-max", "turboq-mtp")
+
+#: sigma of the rotated coordinates of a unit-norm 128-vector.
+SIGMA_128 = 1.0 / math.sqrt(128.0)
+
+
+@dataclass(frozen=True, eq=False)
+class Codebook:
+    """Float32 centroids and decision thresholds of a scalar quantizer.
+
+    Parameters
+    ----------
+    centroids : array_like, ``2**bits`` values, strictly increasing, finite.
+    thresholds : array_like, ``2**bits - 1`` values, strictly increasing, finite.
+    name : optional label recorded in configs (``"lloyd-max"``, ``"turboq-mtp"`` or ``None``).
+
+    Values are converted to float32 once, here; a value that is not exactly a
+    float32 is rounded to nearest.
+
+    >>> cb = Codebook([-1.0, 1.0], [0.0])
+    >>> cb.bits, cb.index(np.float32([-0.5, 0.0, 2.0]))
+    (1, array([0, 1, 1], dtype=uint8))
+    """
+
+    centroids: np.ndarray
+    thresholds: np.ndarray
+    name: str | None = None
+
+    def __post_init__(self):
+        c = _as_f32_vector(self.centroids, "centroids")
+        m = _as_f32_vector(self.thresholds, "thresholds")
+        n = c.size
+        bits = n.bit_length() - 1
+        if n < 2 or n != 1 << bits or bits > 8:
+            raise ConfigError(f"codebook needs 2**bits centroids with 1 <= bits <= 8, got {n}")
+        if m.size != n - 1:
+            raise ConfigError(f"codebook with {n} centroids needs {n - 1} thresholds, got {m.size}")
+        for label, v in (("centroids", c), ("thresholds", m)):
+            bad = np.flatnonzero(~(v[1:] > v[:-1]))
+            if bad.size:
+                i = int(bad[0])
+                raise ConfigError(
+                    f"codebook {label} must be strictly increasing: "
+                    f"{label}[{i}] = {v[i]!r} >= {label}[{i + 1}] = {v[i + 1]!r}"
+                )
+        c.setflags(write=False)
+        m.setflags(write=False)
+        object.__setattr__(self, "centroids", c)
+        object.__setattr__(self, "thresholds", m)
+
+    @property
+    def bits(self) -> int:
+        return int(self.centroids.size).bit_length() - 1
+
+    def index(self, r: np.ndarray) -> np.ndarray:
+        """Indices of float32 values ``r``: the number of thresholds ``<= r`` (uint8).
+
+        This is the spec's "first i with r < m_i, else 2**bits - 1": a value
+        equal to a threshold takes the upper index, and -0.0 compares equal to
+        a threshold of 0.
+        """
+        return np.searchsorted(self.thresholds, np.asarray(r, dtype=np.float32), side="right").astype(np.uint8)
+
+    def to_config(self) -> str | dict:
+        """The name for a named table, else a JSON dict of exact float values."""
+        if self.name in CODEBOOK_NAMES:
+            return self.name
+        return {"centroids": [float(v) for v in self.centroids], "thresholds": [float(v) for v in self.thresholds]}
+
+    def __eq__(self, other):
+        if not isinstance(other, Codebook):
+            return NotImplemented
+        return (
+            self.centroids.view(np.uint32).tobytes() == other.centroids.view(np.uint32).tobytes()
+            and self.thresholds.view(np.uint32).tobytes() == other.thresholds.view(np.uint32).tobytes()
+        )
+
+    def __hash__(self):
+        return hash((self.centroids.tobytes(), self.thresholds.tobytes()))
+
+    def __repr__(self):
+        if self.name in CODEBOOK_NAMES:
+            return f"get_codebook({self.name!r}, bits={self.bits})"
+        return f"Codebook(centroids={self.centroids.tolist()!r}, thresholds={self.thresholds.tolist()!r})"
+
+
+def _as_f32_vector(values, label: str) -> np.ndarray:
+    try:
+        a = np.asarray(values)
+    except Exception as exc:  # pragma: no cover - exotic inputs
+        raise ConfigError(f"codebook {label} is not array-like: {exc}") from None
+    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+        raise ConfigError(f"codebook {label} must be real numbers, got dtype {a.dtype}")
+    a = np.array(a, dtype=np.float32).reshape(-1) if a.ndim <= 1 else None
+    if a is None:
+        raise ConfigError(f"codebook {label} must be one-dimensional")
+    if not np.all(np.isfinite(a)):
+        i = int(np.flatnonzero(~np.isfinite(a))[0])
+        raise ConfigError(f"codebook {label}[{i}] is not finite ({a[i]!r})")
+    return a
+
+
+# ---------------------------------------------------------------------------
+# Lloyd-Max fitting
+# ---------------------------------------------------------------------------
+
+
+def _lloyd_max_standard_normal(levels: int, tol: float = 1e-15, max_iter: int = 1_000_000):
+    """Lloyd-Max levels of N(0, 1) in float64.
+
+    Starts from the Gaussian quantiles ``Phi^-1((i + 0.5) / levels)`` and
+    alternates the two optimality conditions: thresholds are midpoints of
+    adjacent centroids, and each centroid is the conditional mean of its cell,
+    ``(phi(a) - phi(b)) / (Phi(b) - Phi(a))``. Stops when the largest centroid
+    change is below ``tol``. Returns (centroids, iterations, last change).
+    """
+    from scipy.special import ndtr, ndtri
+
+    c = ndtri((np.arange(levels) + 0.5) / levels)
+    pdf = lambda t: np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)  # noqa: E731
+    for it in range(1, max_iter + 1):
+        edges = np.concatenate(([-np.inf], 0.5 * (c[1:] + c[:-1]), [np.inf]))
+        a, b = edges[:-1], edges[1:]
+        # Use the upper tail for positive cells so tiny probabilities keep precision.
+        mass = np.where(a >= 0, ndtr(-a) - ndtr(-b), ndtr(b) - ndtr(a))
+        new = (pdf(a) - pdf(b)) / mass
+        new = 0.5 * (new - new[::-1])  # exact symmetry of the symmetric problem
+        change = float(np.max(np.abs(new - c)))
+        c = new
+        if change < tol:
+            return c, it, change
+    raise RuntimeError(f"Lloyd-Max did not converge in {max_iter} iterations")  # pragma: no cover
+
+
+@functools.lru_cache(maxsize=None)
+def _lloyd_max_cached(bits: int, sigma: float) -> Codebook:
+    c64, _, _ = _lloyd_max_standard_normal(1 << bits)
+    c64 = c64 * sigma
+    mids = 0.5 * (c64[1:] + c64[:-1])
+    name = "lloyd-max" if sigma == SIGMA_128 else None
+    return Codebook(c64.astype(np.float32), mids.astype(np.float32), name=name)
+
+
+def lloyd_max(bits: int, sigma: float = SIGMA_128) -> Codebook:
+    """Lloyd-Max codebook for N(0, sigma**2) with ``2**bits`` levels (cached).
+
+    Fitted in float64 on the standard normal (iterating the closed-form
+    conditional means until the update is below 1e-15), scaled by ``sigma``
+    and rounded to float32. Thresholds are the float32 values of the float64
+    midpoints of adjacent float64 centroids, so the middle threshold is exactly 0.
+
+    >>> cb = lloyd_max(4)
+    >>> cb.centroids.dtype, cb.centroids.size, float(cb.thresholds[7])
+    (dtype('float32'), 16, 0.0)
+    """
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
+        raise ConfigError(f"lloyd_max bits must be an integer in 1..8, got {bits!r}")
+    sigma = float(sigma)
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise ConfigError(f"lloyd_max sigma must be a finite number > 0, got {sigma!r}")
+    return _lloyd_max_cached(int(bits), sigma)
+
+
+# ---------------------------------------------------------------------------
+# Shipped tables
+# ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def tables() -> dict:
+    """The parsed ``tables.json`` of the conformance set (sign tables and codebooks)."""
+    text = resources.files("tbq").joinpath("data/tables.json").read_text()
+    return json.loads(text)
+
+
+def _table_f32(entry: dict) -> np.ndarray:
+    # The bit patterns are the exact values; decimal strings are only for reading.
+    return np.array([int(b, 16) for b in entry["float32_bits"]], dtype=np.uint32).view(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _fork_codebook(bits: int) -> Codebook:
+    t = tables()["fork"]
+    key = {4: "tbq4", 3: "tbq3"}[bits]
+    return Codebook(_table_f32(t[f"{key}_centroids"]), _table_f32(t[f"{key}_midpoints"]), name="turboq-mtp")
+
+
+def named_codebook(name: str, bits: int) -> Codebook:
+    """The named codebook ``"lloyd-max"`` (any bits) or ``"turboq-mtp"`` (bits 3 and 4)."""
+    if name == "lloyd-max":
+        return lloyd_max(bits)
+    if name == "turboq-mtp":
+        if bits not in (3, 4):
+            raise ConfigError(f"the turboq-mtp tables exist for 3 and 4 bits only, not {bits}")
+        return _fork_codebook(bits)
+    raise ConfigError(f"unknown codebook {name!r}; use one of {CODEBOOK_NAMES} or a Codebook object")
+
+
+def get_codebook(spec, bits: int) -> Codebook:
+    """Resolve a codebook spec: a name, a :class:`Codebook`, or a config dict.
+
+    The result must have ``2**bits`` centroids.
+    """
+    if isinstance(spec, Codebook):
+        cb = spec
+    elif isinstance(spec, str):
+        cb = named_codebook(spec, bits)
+    elif isinstance(spec, dict):
+        if set(spec) != {"centroids", "thresholds"}:
+            raise ConfigError(f"a codebook dict needs exactly the keys 'centroids' and 'thresholds', got {sorted(spec)}")
+        cb = Codebook(spec["centroids"], spec["thresholds"])
+    else:
+        raise ConfigError(f"codebook must be a name {CODEBOOK_NAMES}, a Codebook or a dict, got {type(spec).__name__}")
+    if cb.bits != bits:
+        raise ConfigError(f"this format needs a {bits}-bit codebook ({1 << bits} centroids), got {cb.centroids.size} centroids")
+    return cb

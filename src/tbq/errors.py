@@ -1,0 +1,63 @@
+"""Exception types.
+
+Every error raised by tbq at its public boundary subclasses :class:`TbqError`
+and one of the built-in ``ValueError`` / ``TypeError``, so callers can catch
+either the library-specific or the generic family.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TbqError",
+    "TbqValueError",
+    "TbqTypeError",
+    "BlockShapeError",
+    "NonFiniteError",
+    "ScaleOverflowError",
+    "EncodedLengthError",
+    "ConfigError",
+]
+
+
+class TbqError(Exception):
+    """Base class of every exception tbq raises on bad input or configuration."""
+
+
+class TbqValueError(TbqError, ValueError):
+    """A value is wrong (shape, content, configuration)."""
+
+
+class TbqTypeError(TbqError, TypeError):
+    """An argument has the wrong type or dtype."""
+
+
+class BlockShapeError(TbqValueError):
+    """The last axis is not a whole number of blocks (or of encoded blocks)."""
+
+
+class EncodedLengthError(BlockShapeError):
+    """An encoded byte buffer's last axis is not a multiple of the type size."""
+
+
+class NonFiniteError(TbqValueError):
+    """The input holds NaN or +-Inf; ``block`` is the first offending block (flat index)."""
+
+    def __init__(self, message: str, block: int | None = None):
+        super().__init__(message)
+        self.block = block
+
+
+class ScaleOverflowError(TbqValueError):
+    """A block's fp16 scale would round to infinity.
+
+    ``block`` is the flat block index and ``scale`` the float32 value that does not fit.
+    """
+
+    def __init__(self, message: str, block: int | None = None, scale: float | None = None):
+        super().__init__(message)
+        self.block = block
+        self.scale = scale
+
+
+class ConfigError(TbqValueError):
+    """An invalid codec configuration: unknown format, bad codebook, bad sign vectors."""

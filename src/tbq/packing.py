@@ -1,0 +1,155 @@
+"""Bit packing of the three index layouts, NumPy and numba twins.
+
+- ``pack4_pairs``  (TBQ4_0): byte ``k`` = index ``2k`` (low nibble) | index ``2k+1`` (high nibble).
+- ``pack4_halves`` (Q4_0):   per 32-value block, byte ``j`` = code ``j`` (low) | code ``j+16`` (high).
+- ``pack3``        (TBQ3_0): each 8 indices form a 24-bit little-endian lane
+  ``L = sum(idx[8g+t] << 3t)``, stored as bytes ``L & 0xFF, (L >> 8) & 0xFF, L >> 16``.
+  Indices 0..7 pack to ``0x88 0xC6 0xFA``.
+
+Every function works along the last axis, batched over leading axes, and
+takes ``backend="numpy"`` or ``"numba"`` (default: numba when available). Both
+give identical bytes. Pack functions reject indices that do not fit the
+field width instead of masking them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import BlockShapeError, TbqTypeError, TbqValueError
+
+__all__ = ["pack4_pairs", "unpack4_pairs", "pack4_halves", "unpack4_halves", "pack3", "unpack3"]
+
+
+def _uint8(a, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype != np.uint8:
+        raise TbqTypeError(f"{what} must be uint8, got {a.dtype}")
+    if a.ndim == 0:
+        raise TbqValueError(f"{what} needs at least one axis")
+    return np.ascontiguousarray(a)
+
+
+def _check_len(a: np.ndarray, multiple: int, what: str) -> None:
+    if a.shape[-1] % multiple:
+        raise BlockShapeError(f"{what}: last axis {a.shape[-1]} is not a multiple of {multiple}")
+
+
+def _check_max(idx: np.ndarray, limit: int) -> None:
+    if idx.size and int(idx.max()) >= limit:
+        pos = np.unravel_index(int(np.argmax(idx >= limit)), idx.shape)
+        raise TbqValueError(f"index {int(idx[pos])} at position {tuple(int(p) for p in pos)} does not fit in {limit.bit_length() - 1} bits")
+
+
+def _backend(backend):
+    from .codecs import resolve_backend
+
+    return resolve_backend(backend)
+
+
+# --- NumPy twins: the layouts written as array expressions --------------------
+
+
+def _np_pack4_pairs(idx):
+    return (idx[..., 0::2] | (idx[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _np_unpack4_pairs(b):
+    out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), np.uint8)
+    out[..., 0::2] = b & 0x0F
+    out[..., 1::2] = b >> 4
+    return out
+
+
+def _np_pack4_halves(q):
+    blk = q.reshape(q.shape[:-1] + (-1, 32))
+    return (blk[..., :16] | (blk[..., 16:] << 4)).astype(np.uint8).reshape(q.shape[:-1] + (-1,))
+
+
+def _np_unpack4_halves(b):
+    blk = b.reshape(b.shape[:-1] + (-1, 16))
+    return np.concatenate((blk & 0x0F, blk >> 4), axis=-1).reshape(b.shape[:-1] + (-1,))
+
+
+def _np_pack3(idx):
+    g = idx.reshape(idx.shape[:-1] + (-1, 8)).astype(np.uint32)
+    lane = np.zeros(g.shape[:-1], np.uint32)
+    for t in range(8):
+        lane |= g[..., t] << np.uint32(3 * t)
+    out = np.stack(((lane & 0xFF), (lane >> 8) & 0xFF, lane >> 16), axis=-1).astype(np.uint8)
+    return out.reshape(idx.shape[:-1] + (-1,))
+
+
+def _np_unpack3(b):
+    g = b.reshape(b.shape[:-1] + (-1, 3)).astype(np.uint32)
+    lane = g[..., 0] | (g[..., 1] << 8) | (g[..., 2] << 16)
+    out = np.stack([(lane >> np.uint32(3 * t)) & 7 for t in range(8)], axis=-1).astype(np.uint8)
+    return out.reshape(b.shape[:-1] + (-1,))
+
+
+# --- public dispatch ------------------------------------------------------------
+
+
+def _run(np_fn, nb_name, a, backend):
+    if _backend(backend) == "numba":
+        from . import kernels
+
+        flat = a.reshape(-1)
+        return getattr(kernels, nb_name)(flat).reshape(a.shape[:-1] + (-1,))
+    return np_fn(a)
+
+
+def pack4_pairs(idx, *, backend=None) -> np.ndarray:
+    """Pack 4-bit indices in adjacent pairs (TBQ4_0 layout).
+
+    >>> pack4_pairs(np.uint8([1, 2, 15, 0]), backend="numpy")
+    array([33, 15], dtype=uint8)
+    """
+    idx = _uint8(idx, "indices")
+    _check_len(idx, 2, "pack4_pairs")
+    _check_max(idx, 16)
+    return _run(_np_pack4_pairs, "pack4_pairs", idx, backend)
+
+
+def unpack4_pairs(data, *, backend=None) -> np.ndarray:
+    """Inverse of :func:`pack4_pairs`: each byte gives (low nibble, high nibble)."""
+    data = _uint8(data, "packed bytes")
+    return _run(_np_unpack4_pairs, "unpack4_pairs", data, backend)
+
+
+def pack4_halves(q, *, backend=None) -> np.ndarray:
+    """Pack 4-bit codes in Q4_0 order: per 32 codes, byte j = q[j] | q[j+16] << 4.
+
+    >>> pack4_halves(np.arange(32, dtype=np.uint8) % 16, backend="numpy")[:3]
+    array([0, 17, 34], dtype=uint8)
+    """
+    q = _uint8(q, "codes")
+    _check_len(q, 32, "pack4_halves")
+    _check_max(q, 16)
+    return _run(_np_pack4_halves, "pack4_halves", q, backend)
+
+
+def unpack4_halves(data, *, backend=None) -> np.ndarray:
+    """Inverse of :func:`pack4_halves` (last axis a multiple of 16 bytes)."""
+    data = _uint8(data, "packed bytes")
+    _check_len(data, 16, "unpack4_halves")
+    return _run(_np_unpack4_halves, "unpack4_halves", data, backend)
+
+
+def pack3(idx, *, backend=None) -> np.ndarray:
+    """Pack 3-bit indices into 24-bit little-endian lanes (TBQ3_0 layout).
+
+    >>> pack3(np.arange(8, dtype=np.uint8), backend="numpy")
+    array([136, 198, 250], dtype=uint8)
+    """
+    idx = _uint8(idx, "indices")
+    _check_len(idx, 8, "pack3")
+    _check_max(idx, 8)
+    return _run(_np_pack3, "pack3", idx, backend)
+
+
+def unpack3(data, *, backend=None) -> np.ndarray:
+    """Inverse of :func:`pack3`: every 3 bytes give 8 indices."""
+    data = _uint8(data, "packed bytes")
+    _check_len(data, 3, "unpack3")
+    return _run(_np_unpack3, "unpack3", data, backend)
