@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["Codebook", "lloyd_max", "named_codebook", "get_codebook", "CODEBOOK_NAMES", "tables"]
+__all__ = ["Codebook", "lloyd_max", "named_codebook", "get_codebook", "fork_vs_lloyd_max", "CODEBOOK_NAMES", "tables"]
 
 #: Names accepted by :func:`get_codebook` (and the TBQ codecs' ``codebook=``).
 CODEBOOK_NAMES = ("lloyd-max", "turboq-mtp")
@@ -245,3 +245,20 @@ def get_codebook(spec, bits: int) -> Codebook:
     if cb.bits != bits:
         raise ConfigError(f"this format needs a {bits}-bit codebook ({1 << bits} centroids), got {cb.centroids.size} centroids")
     return cb
+
+
+def fork_vs_lloyd_max() -> dict:
+    """How far the ``turboq-mtp`` tables are from the fitted Lloyd-Max tables.
+
+    Returns, for 4 bits, the largest relative centroid difference
+    ``|fork/fitted - 1|``, and for 3 bits the range of the ratio ``fork/fitted``
+    (the fork's 3-bit levels are scaled for a different sigma). These are the
+    numbers quoted in ``docs/formats.md``.
+    """
+    rel4 = np.abs(named_codebook("turboq-mtp", 4).centroids.astype(np.float64) / lloyd_max(4).centroids - 1)
+    ratio3 = named_codebook("turboq-mtp", 3).centroids.astype(np.float64) / lloyd_max(3).centroids
+    return {
+        "tbq4_max_relative_difference": float(rel4.max()),
+        "tbq3_ratio_min": float(ratio3.min()),
+        "tbq3_ratio_max": float(ratio3.max()),
+    }

@@ -235,7 +235,8 @@ class Codec:
         chunk = max(1, CHUNK_VALUES // bs)
 
         def work(s, e):
-            xc = np.ascontiguousarray(x2[s:e], dtype=np.float32)
+            with np.errstate(over="ignore"):  # float64 beyond float32 range becomes Inf: reported below
+                xc = np.ascontiguousarray(x2[s:e], dtype=np.float32)
             if self.backend == "numba":
                 b, kind = self._kernel_encode(xc, out2[s:e], raise_overflow)
                 return None if b < 0 else (s + int(b), int(kind))
@@ -259,12 +260,15 @@ class Codec:
         return out
 
     def _raise_encode_error(self, x2, block, kind):
-        vals = np.asarray(x2[block], dtype=np.float32)
+        with np.errstate(over="ignore"):
+            vals = np.asarray(x2[block], dtype=np.float32)
         if kind == 1:
             j = int(np.argmax(~np.isfinite(vals)))
+            orig = x2[block][j]
+            what = f"{orig!r}" if not np.isfinite(orig) else f"{orig!r}, which overflows float32"
             raise NonFiniteError(
                 f"{self.name}: input block {block} holds a non-finite value "
-                f"({vals[j]!r} at position {j} of the block, i.e. flat value index {block * self.block_size + j}); "
+                f"({what} at position {j} of the block, i.e. flat value index {block * self.block_size + j}); "
                 "NaN and Inf cannot be encoded",
                 block=block,
             )

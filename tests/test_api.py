@@ -1,0 +1,151 @@
+"""Public API contract: names, shapes, dtypes, configs, backends."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tbq
+from tbq import codecs
+from tbq.codebooks import lloyd_max
+
+from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
+
+SIZES = {"q8_0": (32, 34, 8.5), "q4_0": (32, 18, 4.5), "tbq4_0": (128, 66, 4.125), "tbq3_0": (128, 50, 3.125)}
+
+
+def test_formats():
+    assert tbq.formats() == ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_codec_attributes(fmt):
+    c = tbq.get_codec(fmt)
+    assert c.name == fmt
+    assert (c.block_size, c.type_size, c.bits_per_value) == SIZES[fmt]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_shapes_and_dtypes(fmt, backend):
+    bs, ts, _ = SIZES[fmt]
+    x = np.random.default_rng(0).standard_normal((2, 3, 2 * 128)).astype(np.float32)
+    q = tbq.quantize(x, fmt, backend=backend)
+    assert q.dtype == np.uint8 and q.shape == (2, 3, 256 // bs * ts)
+    y = tbq.dequantize(q, fmt, backend=backend)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    # 1-D and empty leading axes
+    assert tbq.quantize(x[0, 0], fmt, backend=backend).shape == (256 // bs * ts,)
+    assert tbq.quantize(np.zeros((0, 128), np.float32), fmt, backend=backend).shape == (0, 128 // bs * ts)
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_float16_and_float64_are_converted_to_float32_first(fmt):
+    x64 = np.random.default_rng(1).standard_normal((4, 128))
+    assert_bytes_equal(tbq.quantize(x64, fmt), tbq.quantize(x64.astype(np.float32), fmt))
+    x16 = x64.astype(np.float16)
+    assert_bytes_equal(tbq.quantize(x16, fmt), tbq.quantize(x16.astype(np.float32), fmt))
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_non_contiguous_input(fmt):
+    x = np.random.default_rng(2).standard_normal((256, 6)).astype(np.float32).T  # (6, 256) F-order
+    assert_bytes_equal(tbq.quantize(x, fmt), tbq.quantize(np.ascontiguousarray(x), fmt))
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_out_arguments(fmt):
+    c = tbq.get_codec(fmt)
+    x = np.random.default_rng(3).standard_normal((5, 128)).astype(np.float32)
+    out = np.empty((5, 128 // c.block_size * c.type_size), np.uint8)
+    assert c.encode(x, out=out) is out
+    assert_bytes_equal(out, c.encode(x))
+    y = np.empty_like(x)
+    assert c.decode(out, out=y) is y
+    assert_bits_equal(y, c.decode(out))
+    with pytest.raises(tbq.TbqValueError, match="shape"):
+        c.encode(x, out=np.empty((5, 1), np.uint8))
+    with pytest.raises(tbq.TbqTypeError, match="dtype"):
+        c.decode(out, out=np.empty(x.shape, np.float64))
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_bytes_like_decode(fmt):
+    x = np.random.default_rng(4).standard_normal(256).astype(np.float32)
+    q = tbq.quantize(x, fmt)
+    assert_bits_equal(tbq.dequantize(q.tobytes(), fmt), tbq.dequantize(q, fmt))
+
+
+CONFIGS = [
+    ("q8_0", {}),
+    ("q4_0", {"backend": "numpy", "threads": 1}),
+    ("tbq4_0", {"codebook": "turboq-mtp", "signs": 12345}),
+    ("tbq3_0", {"codebook": lloyd_max(3), "signs": "turboq-mtp", "on_overflow": "inf"}),
+    ("tbq4_0", {"codebook": tbq.Codebook(np.linspace(-0.2, 0.2, 16), np.linspace(-0.18, 0.18, 15))}),
+    ("tbq3_0", {"signs": (np.ones(128), -np.ones(128))}),
+]
+
+
+@pytest.mark.parametrize("fmt,cfg", CONFIGS)
+def test_config_round_trip_equality_and_repr(fmt, cfg):
+    c = tbq.get_codec(fmt, **cfg)
+    conf = c.get_config()
+    assert conf["name"] == fmt
+    again = tbq.codec_from_config(json.loads(json.dumps(conf)))
+    assert again == c and again.get_config() == conf
+    assert eval(repr(c), vars(codecs)) == c
+    x = np.random.default_rng(5).standard_normal((3, 128)).astype(np.float32)
+    assert_bytes_equal(again.encode(x), c.encode(x))
+
+
+def test_named_tables_are_recorded_by_name_and_differ_when_they_should():
+    a = tbq.get_codec("tbq4_0")
+    assert a.get_config()["codebook"] == "lloyd-max" and a.get_config()["signs"] == "turboq-mtp"
+    assert tbq.get_codec("tbq4_0", codebook=lloyd_max(4)) == a
+    assert tbq.get_codec("tbq4_0", signs=1) != a
+    assert tbq.get_codec("tbq4_0", codebook="turboq-mtp") != a
+
+
+def test_seeded_signs_documented_prng():
+    s1, s2 = tbq.rotation.signs_from_seed(42)
+    rng = np.random.Generator(np.random.PCG64(42))
+    assert s1.tolist() == (1 - 2 * rng.integers(0, 2, size=128)).tolist()
+    assert s2.tolist() == (1 - 2 * rng.integers(0, 2, size=128)).tolist()
+    c = tbq.get_codec("tbq4_0", signs=42)
+    assert np.array_equal(c.rotation.signs1, s1) and np.array_equal(c.rotation.signs2, s2)
+
+
+@pytest.mark.parametrize(
+    "fmt,cfg",
+    [(f, {}) for f in tbq.formats()]
+    + [(f, c) for f in ("tbq4_0", "tbq3_0") for c in ({"signs": 7}, {"codebook": "turboq-mtp"})],
+)
+def test_backends_and_thread_counts_agree(fmt, cfg):
+    rng = np.random.default_rng(6)
+    x = (rng.standard_t(3, size=(300, 1024)) * rng.uniform(1e-4, 1e3, size=(300, 1))).astype(np.float32)
+    ref = tbq.quantize(x, fmt, backend="numpy", **cfg)
+    for threads in (1, 2, 3):
+        assert_bytes_equal(tbq.quantize(x, fmt, backend="numba", threads=threads, **cfg), ref, f"threads={threads}")
+    y = tbq.dequantize(ref, fmt, backend="numpy", **cfg)
+    for threads in (1, 2):
+        assert_bits_equal(tbq.dequantize(ref, fmt, backend="numba", threads=threads, **cfg), y, f"threads={threads}")
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_arbitrary_bytes_decode_identically_in_both_backends(fmt):
+    """Any byte content decodes (NaN/Inf/subnormal scales included) the same way in both paths."""
+    c = tbq.get_codec(fmt)
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, size=(4000, c.type_size), dtype=np.uint8)
+    specials = [0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE00, 0x0001, 0x8001, 0x03FF, 0x8000, 0x0000, 0x7BFF]
+    for i, h in enumerate(specials):
+        data[i, 0], data[i, 1] = h & 0xFF, h >> 8
+    a = tbq.dequantize(data, fmt, backend="numpy")
+    b = tbq.dequantize(data, fmt, backend="numba")
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+    fin = ~np.isnan(a)
+    assert_bits_equal(a[fin], b[fin])
+    # the C decoder multiplies by the decoded scale: an infinite scale gives +-inf or NaN (0 * inf)
+    inf_rows = a[0]
+    assert np.all(np.isinf(inf_rows) | np.isnan(inf_rows))
+    assert np.all(a[9] == 0)  # +0 scale
