@@ -17,6 +17,7 @@ from .errors import TbqError
 # command name -> (module, one-line help)
 COMMANDS = {
     "compare": ("tbq.compare", "encode/decode a KV data set with every format and print an error table"),
+    "budget": ("tbq.budget", "KV cache memory and bandwidth budget for a model geometry"),
 }
 
 

@@ -1,0 +1,1255 @@
+"""KV cache budget: bytes per token, context sweeps, crossover, decode speed, feasibility.
+
+This module is independent of the codecs: it only needs the storage cost of a
+format in bits per value (the four block formats come from
+:data:`tbq.formats.FORMATS`; the float and micro-scaled formats are listed in
+:data:`KV_FORMAT_BITS`). See ``docs/budget.md`` for the formulas and a full
+worked example.
+
+Units are explicit. Functions take sizes in **bytes** as numbers, or as strings
+with a unit (``"18.8GiB"``, ``"32GB"``); bandwidths in bytes per second, or as
+strings like ``"1296GB/s"``; contexts in **tokens**, as integers or strings
+like ``"128K"`` (K = 1024 tokens). Binary (KiB, MiB, GiB) and decimal (kB, MB,
+GB) units are never confused, and spellings that could be read two ways
+(``"32G"``, ``"32KB"``, ``"32Gb"``) are rejected with a message that says why.
+
+>>> kv_bytes_per_token(48, 8, 128, "f16")        # 2 * 48 * 8 * 128 values * 2 bytes
+196608
+>>> format_bytes(cache_bytes(32768, "f16", "256K"))
+'16.00 GiB'
+>>> values_per_token("4224MiB", 262144, "tbq4_0")
+32768
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import operator
+import re
+import sys
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from typing import Any, Iterable, Union
+
+from .errors import ConfigError, TbqTypeError, TbqValueError
+from .formats import FORMATS, FormatInfo
+
+__all__ = [
+    "KV_FORMAT_BITS",
+    "DEFAULT_FORMATS",
+    "DEFAULT_CONTEXTS",
+    "bits_per_value",
+    "kv_values_per_token",
+    "kv_bytes_per_token",
+    "bytes_per_token",
+    "values_per_token",
+    "cache_bytes",
+    "cache_bytes_from_geometry",
+    "context_sweep",
+    "crossover_tokens",
+    "decode_tokens_per_s",
+    "feasibility",
+    "budget_report",
+    "format_report",
+    "plot_report",
+    "parse_bytes",
+    "parse_rate",
+    "parse_context",
+    "parse_contexts",
+    "parse_measured",
+    "format_bytes",
+    "format_rate",
+    "format_context",
+    "Feasibility",
+    "SweepRow",
+    "FormatBudget",
+    "BudgetReport",
+    "add_arguments",
+    "run_cli",
+]
+
+Number = Union[int, float]
+
+# ---------------------------------------------------------------------------
+# Format table
+# ---------------------------------------------------------------------------
+
+#: Formats without a codec in this package: name -> (bits per value, description).
+#: The four block formats (q8_0, q4_0, tbq4_0, tbq3_0) come from ``FORMATS``.
+_OTHER_FORMATS: dict[str, tuple[Fraction, str]] = {
+    "f32": (Fraction(32), "IEEE float32"),
+    "f16": (Fraction(16), "IEEE float16"),
+    "bf16": (Fraction(16), "bfloat16"),
+    "fp8": (Fraction(8), "8-bit float (E4M3 or E5M2); a per-tensor scale is not counted"),
+    "nvfp4": (Fraction(9, 2), "NVFP4: 4-bit E2M1 values + one 8-bit E4M3 scale per 16 values"),
+    "mxfp4": (Fraction(17, 4), "MXFP4: 4-bit E2M1 values + one 8-bit E8M0 scale per 32 values"),
+}
+
+_ORDER = ("f32", "f16", "bf16", "fp8", "q8_0", "q4_0", "nvfp4", "mxfp4", "tbq4_0", "tbq3_0")
+
+_ALIASES = {"fp32": "f32", "float32": "f32", "fp16": "f16", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _block_bits(info: FormatInfo) -> Fraction:
+    return Fraction(info.type_size * 8, info.block_size)
+
+
+def _build_bits() -> dict[str, Fraction]:
+    table = {name: bits for name, (bits, _) in _OTHER_FORMATS.items()}
+    table.update({name: _block_bits(info) for name, info in FORMATS.items()})
+    ordered = {name: table[name] for name in _ORDER if name in table}
+    ordered.update({name: bits for name, bits in table.items() if name not in ordered})
+    return ordered
+
+
+_BITS: dict[str, Fraction] = _build_bits()
+
+#: Bits per value of every named KV format, block scales included.
+#: ``f32`` 32, ``f16``/``bf16`` 16, ``fp8`` 8, ``q8_0`` 8.5, ``q4_0`` 4.5,
+#: ``nvfp4`` 4.5, ``mxfp4`` 4.25, ``tbq4_0`` 4.125, ``tbq3_0`` 3.125.
+KV_FORMAT_BITS: dict[str, float] = {name: float(bits) for name, bits in _BITS.items()}
+
+DEFAULT_FORMATS = ("f16", "q8_0", "q4_0", "tbq4_0", "tbq3_0")
+DEFAULT_CONTEXTS = ("4K", "8K", "16K", "32K", "64K", "128K", "256K")
+
+
+def _format_bits(fmt: Any) -> tuple[str, Fraction]:
+    """(display name, exact bits per value) of a format name, FormatInfo or number of bits."""
+    if isinstance(fmt, bool):
+        raise TbqTypeError(f"a format must be a name or a number of bits per value, not {fmt!r}")
+    if isinstance(fmt, FormatInfo):
+        return fmt.name, _block_bits(fmt)
+    if isinstance(fmt, str):
+        key = fmt.strip().lower()
+        key = _ALIASES.get(key, key)
+        if key in _BITS:
+            return key, _BITS[key]
+        try:
+            bits = Fraction(key.replace("_", ""))
+        except (ValueError, ZeroDivisionError):
+            raise ConfigError(
+                f"unknown KV format {fmt!r}; known formats: {', '.join(_BITS)}; "
+                "or give the bits per value as a number, e.g. 5.5"
+            ) from None
+    elif isinstance(fmt, (numbers.Rational, float)):
+        bits = _exact(fmt, "bits per value")
+    else:
+        raise TbqTypeError(f"a format must be a name or a number of bits per value, not {type(fmt).__name__}")
+    if not 0 < bits <= 64:
+        raise TbqValueError(f"bits per value must be in (0, 64], got {float(bits):g} (from {fmt!r})")
+    return f"{float(bits):g}-bit", bits
+
+
+def bits_per_value(fmt: Any) -> float:
+    """Storage bits per cached value of ``fmt`` (a name, a FormatInfo, or a number of bits).
+
+    >>> bits_per_value("tbq4_0"), bits_per_value("nvfp4"), bits_per_value("mxfp4"), bits_per_value(6)
+    (4.125, 4.5, 4.25, 6.0)
+    """
+    return float(_format_bits(fmt)[1])
+
+
+# ---------------------------------------------------------------------------
+# Exact number handling
+# ---------------------------------------------------------------------------
+
+
+def _exact(x: Any, what: str, *, positive: bool = False) -> Fraction:
+    """A non-negative (or positive) finite number as an exact Fraction."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TbqTypeError(f"{what} must be a number, got {x!r}")
+    if isinstance(x, numbers.Rational):
+        v = Fraction(x)
+    else:
+        xf = float(x)
+        if not math.isfinite(xf):
+            raise TbqValueError(f"{what} must be finite, got {xf}")
+        v = Fraction(xf)
+    if v < 0 or (positive and v == 0):
+        raise TbqValueError(f"{what} must be {'positive' if positive else 'non-negative'}, got {x!r}")
+    return v
+
+
+def _out(v: Fraction) -> Number:
+    """An exact Fraction as an int when whole, else the nearest float."""
+    return int(v) if v.denominator == 1 else float(v)
+
+
+def _size(x: Any, what: str, *, positive: bool = False) -> Fraction:
+    """A byte size given as a number of bytes or a string with a unit."""
+    if isinstance(x, str):
+        v = Fraction(parse_bytes(x))
+        if positive and v == 0:
+            raise TbqValueError(f"{what} must be positive, got {x!r}")
+        return v
+    return _exact(x, what, positive=positive)
+
+
+def _bandwidth(x: Any) -> Fraction:
+    if isinstance(x, str):
+        return Fraction(parse_rate(x))
+    return _exact(x, "bandwidth (bytes/s)", positive=True)
+
+
+def _count(x: Any, what: str) -> int:
+    """A positive integer count (layers, heads, sequences)."""
+    if isinstance(x, bool):
+        raise TbqTypeError(f"{what} must be an integer, got {x!r}")
+    try:
+        n = operator.index(x)
+    except TypeError:
+        raise TbqTypeError(f"{what} must be an integer, got {x!r}") from None
+    if n < 1:
+        raise TbqValueError(f"{what} must be at least 1, got {n}")
+    return n
+
+
+# ---------------------------------------------------------------------------
+# Unit parsing and formatting
+# ---------------------------------------------------------------------------
+
+_NUM = r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_QTY = re.compile(rf"^\s*(?P<num>{_NUM})\s*(?P<unit>.*?)\s*$")
+
+_DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40, "P": 2**50}
+_BIN_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_DEC_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
+
+
+def _split_quantity(text: Any, what: str) -> tuple[Fraction, str, str]:
+    if not isinstance(text, str):
+        raise TbqTypeError(f"{what} must be a string, got {text!r}")
+    m = _QTY.match(text)
+    if m is None:
+        raise TbqValueError(f"cannot read {what} {text!r}: expected a number followed by a unit, e.g. 18.8GiB")
+    num = m.group("num")
+    value = Fraction(num.replace("_", ""))
+    return value, num, m.group("unit")
+
+
+def _byte_multiplier(unit: str, num: str, text: str, per: str = "") -> int:
+    """Bytes per unit of a byte unit ("GiB" -> 2**30, "GB" -> 10**9); rejects ambiguous spellings."""
+    if unit == "B" or unit.lower() in ("byte", "bytes"):
+        return 1
+    if not unit:
+        raise TbqValueError(
+            f"{text!r} has no unit; write {num}B for bytes, or a unit such as "
+            f"{num}GB (10^9 bytes) or {num}GiB (2^30 bytes)"
+        )
+    unknown = f"unknown byte unit {unit!r} in {text!r}; use B, kB, MB, GB, TB or KiB, MiB, GiB, TiB"
+    if unit == "b" or unit.lower() in ("bit", "bits"):
+        raise TbqValueError(f"{text!r} is in bits; sizes here are in bytes: write {num}B (or convert bits to bytes)")
+    m = re.fullmatch(r"([A-Za-z])([iI]?)([A-Za-z]?)", unit)
+    if m is None or m.group(1).upper() not in _BINARY:
+        raise TbqValueError(unknown)
+    p, i, b = m.groups()
+    dec = "k" if p in "kK" else p.upper()  # the decimal spelling of the prefix: kB, MB, GB, ...
+    bi = p.upper()  # the binary spelling: KiB, MiB, GiB, ...
+    if b == "":
+        raise TbqValueError(
+            f"{text!r} is ambiguous: {unit!r} could mean decimal or binary bytes; "
+            f"write {num}{dec}B{per} (decimal, 10^3 steps) or {num}{bi}iB{per} (binary, 2^10 steps)"
+        )
+    if b == "b":
+        raise TbqValueError(
+            f"{text!r}: a lowercase 'b' means bits, but sizes here are in bytes; "
+            f"write {num}{dec}B{per} (decimal) or {num}{bi}iB{per} (binary) with an uppercase B"
+        )
+    if b != "B":
+        raise TbqValueError(unknown)
+    if i:  # binary: the prefix letter's case does not matter (KiB, kiB, KIB)
+        return _BINARY[bi]
+    if p == "K":
+        raise TbqValueError(
+            f"{text!r} is ambiguous: 'KB' is used for both 1000 and 1024 bytes; "
+            f"write {num}kB{per} (1000) or {num}KiB{per} (1024)"
+        )
+    if p == "m":
+        raise TbqValueError(
+            f"{text!r}: 'mB' would be millibytes; write {num}MB{per} (10^6 bytes) or {num}MiB{per} (2^20 bytes)"
+        )
+    return _DECIMAL[dec]
+
+
+def parse_bytes(text: Any) -> int:
+    """A size in bytes from a string with an explicit unit, rounded to the nearest byte.
+
+    Decimal units are B, kB, MB, GB, TB, PB (powers of 1000); binary units are
+    KiB, MiB, GiB, TiB, PiB (powers of 1024; the prefix letter may be any case).
+    A plain ``int``/``float`` is taken as bytes. Spellings that could be read
+    two ways are rejected: no unit (``"32"``), no ``B`` (``"32G"``, ``"32Gi"``),
+    ``"KB"`` (1000 or 1024?), and a lowercase ``b`` (bits: ``"32Gb"``, ``"32gb"``).
+
+    >>> parse_bytes("32GB"), parse_bytes("32GiB"), parse_bytes("4224MiB")
+    (32000000000, 34359738368, 4429185024)
+    >>> parse_bytes("18.8GiB")          # 18.8 * 1,073,741,824 = 20,186,346,291.2
+    20186346291
+    >>> parse_bytes("1.5 kB"), parse_bytes("512B"), parse_bytes(4096)
+    (1500, 512, 4096)
+    >>> parse_bytes("32G")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tbq.errors.TbqValueError: '32G' is ambiguous: ... write 32GB (decimal, 10^3 steps) or 32GiB (binary, 2^10 steps)
+    """
+    if not isinstance(text, str):
+        return round(_exact(text, "a size in bytes"))
+    value, num, unit = _split_quantity(text, "a size")
+    mult = _byte_multiplier(unit, num, text)
+    if value < 0:
+        raise TbqValueError(f"a size cannot be negative: {text!r}")
+    return round(value * mult)
+
+
+def parse_rate(text: Any) -> int:
+    """A bandwidth in bytes per second from a string like ``"1296GB/s"`` or ``"900GiB/s"``.
+
+    The unit is a byte unit (see :func:`parse_bytes`) followed by ``/s``. Bit
+    rates (``"Gb/s"``, ``"Gbps"``) are rejected. A plain number is taken as bytes/s.
+
+    >>> parse_rate("1296GB/s"), parse_rate("1 TiB/s")
+    (1296000000000, 1099511627776)
+    >>> parse_rate("100Gb/s")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tbq.errors.TbqValueError: '100Gb/s': a lowercase 'b' means bits, ... write 100GB/s (decimal) or 100GiB/s ...
+    """
+    if not isinstance(text, str):
+        return round(_exact(text, "a bandwidth in bytes/s", positive=True))
+    value, num, unit = _split_quantity(text, "a bandwidth")
+    m = re.fullmatch(r"(.*?)\s*/\s*s(?:ec)?", unit)
+    if m is None:
+        if not unit:
+            raise TbqValueError(f"{text!r} has no unit; write a bandwidth in bytes per second such as {num}GB/s")
+        if unit.endswith("bps"):
+            raise TbqValueError(f"{text!r} is a bit rate; write the bandwidth in bytes per second, e.g. {num}GB/s")
+        if unit.endswith("ps"):
+            raise TbqValueError(f"{text!r}: write the bandwidth as bytes per second with '/s', e.g. {unit[:-2]}/s")
+        raise TbqValueError(f"{text!r} is not a bandwidth; use a byte unit per second, e.g. {num}GB/s or {num}GiB/s")
+    mult = _byte_multiplier(m.group(1), num, text, per="/s")
+    if value <= 0:
+        raise TbqValueError(f"a bandwidth must be positive: {text!r}")
+    return round(value * mult)
+
+
+_CONTEXT_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
+
+
+def parse_context(x: Any) -> int:
+    """A context length in tokens: an integer, or a string with ``K`` (1024) or ``M`` (1024 K).
+
+    ``K`` is 1024 tokens, so ``"256K"`` is 262,144 tokens (2^18) while
+    ``"262K"`` is 262 * 1024 = 268,288 tokens. Fractions are fine when the
+    result is a whole number of tokens (``"1.5K"`` = 1536).
+
+    >>> parse_context("8K"), parse_context("256K"), parse_context("262K"), parse_context(262144)
+    (8192, 262144, 268288, 262144)
+    >>> parse_context("1M"), parse_context("1.5k")
+    (1048576, 1536)
+    """
+    if isinstance(x, bool):
+        raise TbqTypeError(f"a context must be a number of tokens, got {x!r}")
+    if isinstance(x, numbers.Integral):
+        n = int(x)
+    elif isinstance(x, numbers.Real):
+        xf = float(x)
+        if not xf.is_integer():
+            raise TbqValueError(f"a context must be a whole number of tokens, got {x!r}")
+        n = int(xf)
+    elif isinstance(x, str):
+        m = _QTY.match(x)
+        unit = m.group("unit") if m else None
+        if m is None or unit.lower() not in _CONTEXT_UNITS:
+            if m is not None and unit.lower().endswith("b"):
+                raise TbqValueError(
+                    f"context {x!r}: a context counts tokens, not bytes; write e.g. 8K (8,192 tokens) or 8192"
+                )
+            raise TbqValueError(
+                f"cannot read context {x!r}: expected a token count such as 8192, 8K or 1M (K = 1024 tokens, M = 1024K)"
+            )
+        v = Fraction(m.group("num").replace("_", "")) * _CONTEXT_UNITS[unit.lower()]
+        if v.denominator != 1:
+            raise TbqValueError(f"context {x!r} is {float(v):g} tokens, not a whole number")
+        n = int(v)
+    else:
+        raise TbqTypeError(f"a context must be a number of tokens, got {x!r}")
+    if n < 0:
+        raise TbqValueError(f"a context cannot be negative: {x!r}")
+    return n
+
+
+def parse_contexts(spec: Any) -> list[int]:
+    """A list of contexts from ``"8K,32K,128K"`` or an iterable of ints/strings (order kept, duplicates dropped).
+
+    >>> parse_contexts("8K, 32K,128K,262144")
+    [8192, 32768, 131072, 262144]
+    """
+    items = spec.split(",") if isinstance(spec, str) else list(spec) if isinstance(spec, Iterable) else [spec]
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            raise TbqValueError(f"empty entry in the context list {spec!r}")
+        n = parse_context(item)
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise TbqValueError("no contexts given")
+    return out
+
+
+def parse_measured(spec: str) -> tuple[int, int, str]:
+    """``"SIZE@CONTEXT:FORMAT"`` -> (cache bytes, context tokens, format), e.g. a cache size a server reported.
+
+    >>> parse_measured("4224MiB@262144:tbq4_0")
+    (4429185024, 262144, 'tbq4_0')
+    """
+    m = re.fullmatch(r"\s*([^@]+)@([^:]+):(.+?)\s*", spec) if isinstance(spec, str) else None
+    if m is None:
+        raise TbqValueError(f"cannot read {spec!r}: expected SIZE@CONTEXT:FORMAT, e.g. 4224MiB@262144:tbq4_0")
+    size, ctx, fmt = m.groups()
+    name, _ = _format_bits(fmt)
+    return parse_bytes(size.strip()), parse_context(ctx.strip()), name
+
+
+def format_bytes(n: Any, binary: bool = True, precision: int = 2) -> str:
+    """A byte count in the largest binary (KiB, MiB, GiB) or decimal (kB, MB, GB) unit below it.
+
+    >>> format_bytes(65536), format_bytes(16896), format_bytes(2**34), format_bytes(512)
+    ('64.00 KiB', '16.50 KiB', '16.00 GiB', '512 B')
+    >>> format_bytes(32 * 10**9), format_bytes(32 * 10**9, binary=False), format_bytes(-1.5 * 2**30)
+    ('29.80 GiB', '32.00 GB', '-1.50 GiB')
+    """
+    v = float(n)
+    base = 1024.0 if binary else 1000.0
+    units = _BIN_UNITS if binary else _DEC_UNITS
+    sign = "-" if v < 0 else ""
+    a = abs(v)
+    if a < base:
+        return f"{sign}{a:.0f} B" if a.is_integer() else f"{sign}{a:.{precision}f} B"
+    i = 0
+    while a >= base and i < len(units) - 1:
+        a /= base
+        i += 1
+    s = f"{a:.{precision}f}"
+    if float(s) >= base and i < len(units) - 1:  # 1023.999 KiB -> 1.00 MiB
+        a /= base
+        i += 1
+        s = f"{a:.{precision}f}"
+    return f"{sign}{s} {units[i]}"
+
+
+def format_rate(bytes_per_s: Any, binary: bool = False, precision: int = 3) -> str:
+    """A bandwidth, decimal by default, without trailing zeros.
+
+    >>> format_rate(1296 * 10**9), format_rate(900 * 2**30, binary=True), format_rate(10**12)
+    ('1.296 TB/s', '900 GiB/s', '1 TB/s')
+    """
+    num, unit = format_bytes(bytes_per_s, binary=binary, precision=precision).split(" ")
+    if "." in num:
+        num = num.rstrip("0").rstrip(".")
+    return f"{num} {unit}/s"
+
+
+def format_context(n: int) -> str:
+    """A context in the ``K`` (1024) notation when exact, else with thousands separators.
+
+    >>> format_context(262144), format_context(268288), format_context(1048576), format_context(54626)
+    ('256K', '262K', '1M', '54,626')
+    """
+    n = int(n)
+    if n and n % (1024 * 1024) == 0:
+        return f"{n // (1024 * 1024)}M"
+    if n and n % 1024 == 0:
+        return f"{n // 1024}K"
+    return f"{n:,}"
+
+
+# ---------------------------------------------------------------------------
+# Formulas
+# ---------------------------------------------------------------------------
+
+
+def kv_values_per_token(n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    """Cached values per token: ``2 (K and V) x n_layers x n_kv_heads x head_dim``.
+
+    Count only the full-attention layers (a hybrid model with linear-attention
+    layers passes its number of attention layers).
+
+    >>> kv_values_per_token(48, 8, 128)
+    98304
+    """
+    return 2 * _count(n_layers, "n_layers") * _count(n_kv_heads, "n_kv_heads") * _count(head_dim, "head_dim")
+
+
+def bytes_per_token(values_per_token: Any, fmt: Any) -> Number:
+    """KV bytes per token for a number of cached values per token: ``values x bits_per_value / 8``.
+
+    >>> bytes_per_token(32768, "f16"), bytes_per_token(32768, "tbq4_0")   # 64 KiB, 16.5 KiB
+    (65536, 16896)
+    """
+    return _out(_bpt(values_per_token, fmt))
+
+
+def _bpt(values: Any, fmt: Any) -> Fraction:
+    return _exact(values, "values per token", positive=True) * _format_bits(fmt)[1] / 8
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, fmt: Any) -> Number:
+    """KV cache bytes per token: ``2 x n_layers x n_kv_heads x head_dim x bits_per_value / 8``.
+
+    ``fmt`` is a format name (f32, f16, bf16, fp8, q8_0, q4_0, tbq4_0, tbq3_0,
+    nvfp4, mxfp4) or a number of bits per value. Count only full-attention layers.
+    The result is exact: an ``int`` when whole, else a ``float``.
+
+    >>> kv_bytes_per_token(48, 8, 128, "f16")       # 98,304 values x 2 bytes
+    196608
+    >>> kv_bytes_per_token(48, 8, 128, "tbq4_0")    # 98,304 x 4.125 / 8
+    50688
+    >>> kv_bytes_per_token(1, 1, 1, "tbq3_0")       # 2 x 3.125 / 8
+    0.78125
+    """
+    return _out(_bpt(kv_values_per_token(n_layers, n_kv_heads, head_dim), fmt))
+
+
+def values_per_token(cache_bytes: Any, context: Any, fmt: Any, sequences: int = 1) -> Number:
+    """Invert a reported cache size: ``cache_bytes x 8 / (context x sequences x bits_per_value)``.
+
+    ``cache_bytes`` is a number of bytes or a string with a unit. Example: a
+    4,224 MiB tbq4_0 cache at 262,144 tokens is 4,429,185,024 / 262,144 =
+    16,896 bytes per token, and 16,896 x 8 / 4.125 = 32,768 values per token.
+
+    >>> values_per_token("4224MiB", 262144, "tbq4_0")
+    32768
+    >>> values_per_token(16 * 2**30, "256K", "f16")
+    32768
+    """
+    size = _size(cache_bytes, "cache size", positive=True)
+    ctx = parse_context(context)
+    if ctx == 0:
+        raise TbqValueError("context must be at least 1 token to invert a cache size")
+    seqs = _count(sequences, "sequences")
+    return _out(size * 8 / (ctx * seqs * _format_bits(fmt)[1]))
+
+
+def cache_bytes(values_per_token: Any, fmt: Any, context: Any, sequences: int = 1) -> Number:
+    """KV cache bytes: ``values_per_token x bits_per_value / 8 x context x sequences``.
+
+    >>> cache_bytes(32768, "f16", 262144)            # 64 KiB x 262,144 = 16 GiB
+    17179869184
+    >>> cache_bytes(32768, "tbq4_0", "256K", sequences=4) == 4 * 4224 * 2**20
+    True
+    """
+    return _out(_bpt(values_per_token, fmt) * parse_context(context) * _count(sequences, "sequences"))
+
+
+def cache_bytes_from_geometry(
+    n_layers: int, n_kv_heads: int, head_dim: int, fmt: Any, context: Any, sequences: int = 1
+) -> Number:
+    """KV cache bytes from a model geometry: ``kv_bytes_per_token(...) x context x sequences``.
+
+    >>> format_bytes(cache_bytes_from_geometry(48, 8, 128, "q8_0", "128K"))   # 104,448 B x 131,072
+    '12.75 GiB'
+    """
+    return cache_bytes(kv_values_per_token(n_layers, n_kv_heads, head_dim), fmt, context, sequences)
+
+
+def crossover_tokens(weights_bytes: Any, kv_bytes_per_token: Any, sequences: int = 1) -> float:
+    """Context at which one decode step reads as many KV bytes as weight bytes: ``weights / (kv x sequences)``.
+
+    Each decode step reads the weights once (``weights_bytes``, the weight
+    *traffic*: for a mixture of experts only the active weights) and the whole
+    cache of every sequence (``context x kv_bytes_per_token x sequences``).
+    Past the crossover the cache dominates the bandwidth bill.
+
+    >>> crossover_tokens(16 * 2**30, 65536)          # 16 GiB of weights, 64 KiB/token
+    262144.0
+    >>> round(crossover_tokens("15.88GB", 196608))   # 15.88e9 / 196,608 = 80,769.85
+    80770
+    """
+    w = _size(weights_bytes, "weights traffic")
+    kv = _size(kv_bytes_per_token, "KV bytes per token", positive=True)
+    return float(w / (kv * _count(sequences, "sequences")))
+
+
+def decode_tokens_per_s(
+    weights_bytes: Any, kv_bytes_per_token: Any, context: Any, bandwidth_bytes_per_s: Any, sequences: int = 1
+) -> float:
+    """Bandwidth-bound decode speed: ``bandwidth / (weights + context x kv_bytes_per_token x sequences)``.
+
+    An upper estimate: one decode step must read the weights and the cache, so
+    steps per second cannot exceed bandwidth / bytes read. With several
+    sequences the value is per sequence (the aggregate is ``x sequences``).
+
+    >>> decode_tokens_per_s(16 * 2**30, 65536, 262144, 1024 * 2**30)     # 1 TiB/s / (16 GiB + 16 GiB)
+    32.0
+    >>> round(decode_tokens_per_s("15.88GB", 50688, "128K", "1296GB/s"), 2)   # 1296e9 / (15.88e9 + 131,072 x 50,688)
+    57.54
+    """
+    w = _size(weights_bytes, "weights traffic")
+    kv = _size(kv_bytes_per_token, "KV bytes per token")
+    step = w + parse_context(context) * kv * _count(sequences, "sequences")
+    if step == 0:
+        raise TbqValueError("nothing is read per decode step (weights and cache are both 0 bytes)")
+    return float(_bandwidth(bandwidth_bytes_per_s) / step)
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    """Whether a KV cache fits next to the weights. Sizes in bytes, plus formatted strings."""
+
+    fits: bool
+    context: int  #: tokens per sequence
+    sequences: int
+    kv_bytes_per_token: Number
+    cache_bytes: Number  #: context x kv_bytes_per_token x sequences
+    vram_bytes: Number
+    weights_bytes: Number
+    workspace_bytes: Number
+    available_bytes: Number  #: vram - weights - workspace: the room for the cache (may be negative)
+    headroom_bytes: Number  #: available - cache; negative when the cache does not fit
+    max_context: int  #: the largest context per sequence whose cache fits (0 when none does)
+    max_sequences: int | None  #: how many sequences of ``context`` tokens fit (None for context 0)
+    cache: str
+    available: str
+    headroom: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def feasibility(
+    vram_bytes: Any,
+    weights_bytes: Any,
+    workspace_bytes: Any,
+    kv_bytes_per_token: Any,
+    context: Any,
+    sequences: int = 1,
+) -> Feasibility:
+    """Does the cache fit? ``available = vram - weights - workspace``; fits when ``cache <= available``.
+
+    ``headroom = available - cache`` and the largest context that fits is
+    ``floor(available / (kv_bytes_per_token x sequences))``.
+
+    >>> f = feasibility("32GB", "18.8GiB", "1GiB", 196608, "32K")
+    >>> f.fits, f.available, f.cache, f.headroom, f.max_context
+    (True, '10.00 GiB', '6.00 GiB', '4.00 GiB', 54626)
+    >>> feasibility("32GB", "18.8GiB", "1GiB", 196608, "32K", sequences=4).headroom
+    '-14.00 GiB'
+    """
+    vram = _size(vram_bytes, "VRAM")
+    w = _size(weights_bytes, "weights")
+    ws = _size(workspace_bytes, "workspace")
+    kv = _size(kv_bytes_per_token, "KV bytes per token", positive=True)
+    ctx = parse_context(context)
+    seqs = _count(sequences, "sequences")
+    available = vram - w - ws
+    cache = ctx * kv * seqs
+    headroom = available - cache
+    max_context = max(0, math.floor(available / (kv * seqs)))
+    max_sequences = max(0, math.floor(available / (ctx * kv))) if ctx else None
+    return Feasibility(
+        fits=headroom >= 0,
+        context=ctx,
+        sequences=seqs,
+        kv_bytes_per_token=_out(kv),
+        cache_bytes=_out(cache),
+        vram_bytes=_out(vram),
+        weights_bytes=_out(w),
+        workspace_bytes=_out(ws),
+        available_bytes=_out(available),
+        headroom_bytes=_out(headroom),
+        max_context=max_context,
+        max_sequences=max_sequences,
+        cache=format_bytes(cache),
+        available=format_bytes(available),
+        headroom=format_bytes(headroom),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Sweeps and the full report
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One (format, context) cell of a context sweep."""
+
+    format: str
+    bits_per_value: float
+    context: int  #: tokens per sequence
+    context_label: str  #: e.g. "128K"
+    sequences: int
+    kv_bytes_per_token: Number
+    cache_bytes: Number  #: all sequences
+    cache: str
+    decode_tokens_per_s: float | None = None  #: per sequence; None without weights traffic + bandwidth
+    fits: bool | None = None  #: None without VRAM + weights
+    headroom_bytes: Number | None = None
+    headroom: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def context_sweep(
+    values_per_token: Any,
+    formats: Any = DEFAULT_FORMATS,
+    contexts: Any = DEFAULT_CONTEXTS,
+    sequences: int = 1,
+    *,
+    vram_bytes: Any = None,
+    weights_bytes: Any = None,
+    workspace_bytes: Any = 0,
+    weights_traffic_bytes: Any = None,
+    bandwidth_bytes_per_s: Any = None,
+) -> list[SweepRow]:
+    """A table over formats x contexts: cache size, and when given the inputs, decode speed and fit.
+
+    ``formats`` and ``contexts`` are lists or comma-separated strings
+    (``"f16,tbq4_0"``, ``"8K,128K"``). Decode speed needs the weight traffic
+    (defaults to ``weights_bytes``) and the bandwidth; the fit needs the VRAM
+    and the weights.
+
+    >>> rows = context_sweep(32768, "f16,tbq4_0", "8K,256K")
+    >>> for r in rows:
+    ...     print(r.format, r.context_label, r.cache)
+    f16 8K 512.00 MiB
+    f16 256K 16.00 GiB
+    tbq4_0 8K 132.00 MiB
+    tbq4_0 256K 4.12 GiB
+    """
+    return _sweep(
+        _exact(values_per_token, "values per token", positive=True),
+        _parse_formats(formats),
+        parse_contexts(contexts),
+        _count(sequences, "sequences"),
+        vram_bytes=vram_bytes,
+        weights_bytes=weights_bytes,
+        workspace_bytes=workspace_bytes,
+        weights_traffic_bytes=weights_traffic_bytes,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+    )
+
+
+def _sweep(
+    vpt: Fraction,
+    fmts: list[tuple[str, Fraction]],
+    ctxs: list[int],
+    seqs: int,
+    *,
+    vram_bytes: Any,
+    weights_bytes: Any,
+    workspace_bytes: Any,
+    weights_traffic_bytes: Any,
+    bandwidth_bytes_per_s: Any,
+) -> list[SweepRow]:
+    traffic = weights_traffic_bytes if weights_traffic_bytes is not None else weights_bytes
+    speed = traffic is not None and bandwidth_bytes_per_s is not None
+    fit = vram_bytes is not None and weights_bytes is not None
+    rows = []
+    for name, bits in fmts:
+        kv = vpt * bits / 8
+        for ctx in ctxs:
+            cache = kv * ctx * seqs
+            f = feasibility(vram_bytes, weights_bytes, workspace_bytes, kv, ctx, seqs) if fit else None
+            rows.append(
+                SweepRow(
+                    format=name,
+                    bits_per_value=float(bits),
+                    context=ctx,
+                    context_label=format_context(ctx),
+                    sequences=seqs,
+                    kv_bytes_per_token=_out(kv),
+                    cache_bytes=_out(cache),
+                    cache=format_bytes(cache),
+                    decode_tokens_per_s=(
+                        decode_tokens_per_s(traffic, kv, ctx, bandwidth_bytes_per_s, seqs) if speed else None
+                    ),
+                    fits=f.fits if f else None,
+                    headroom_bytes=f.headroom_bytes if f else None,
+                    headroom=f.headroom if f else None,
+                )
+            )
+    return rows
+
+
+def _parse_formats(formats: Any) -> list[tuple[str, Fraction]]:
+    if isinstance(formats, str):
+        items = formats.split(",")
+    else:
+        items = list(formats) if isinstance(formats, Iterable) else [formats]
+    out: list[tuple[str, Fraction]] = []
+    for item in items:
+        if isinstance(item, str) and not item.strip():
+            raise TbqValueError(f"empty entry in the format list {formats!r}")
+        pair = _format_bits(item)
+        if pair[0] not in [n for n, _ in out]:
+            out.append(pair)
+    if not out:
+        raise TbqValueError("no formats given")
+    return out
+
+
+@dataclass(frozen=True)
+class FormatBudget:
+    """Per-format summary: bytes per token, crossover context and the largest context that fits."""
+
+    format: str
+    bits_per_value: float
+    kv_bytes_per_token: Number
+    kv_per_token: str  #: formatted, e.g. "16.50 KiB"
+    crossover_tokens: float | None  #: None without a weight traffic
+    max_context: int | None  #: None without VRAM + weights
+    max_context_label: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    """Everything ``tbq budget`` prints: inputs (in bytes), per-format summary and the sweep."""
+
+    values_per_token: Number
+    source: str  #: where values_per_token came from, in words
+    geometry: dict[str, int] | None
+    measured: dict[str, Any] | None
+    sequences: int
+    contexts: list[int]
+    formats: list[FormatBudget]
+    sweep: list[SweepRow]
+    vram_bytes: Number | None
+    weights_bytes: Number | None
+    workspace_bytes: Number
+    available_bytes: Number | None  #: vram - weights - workspace
+    weights_traffic_bytes: Number | None
+    bandwidth_bytes_per_s: Number | None
+    weights_only_tokens_per_s: float | None  #: bandwidth / weights traffic (context 0)
+    notes: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def row(self, fmt: str, context: int) -> SweepRow:
+        """The sweep row of one format and context."""
+        for r in self.sweep:
+            if r.format == fmt and r.context == context:
+                return r
+        raise KeyError((fmt, context))
+
+
+def _k_notes(contexts: list[int]) -> list[str]:
+    """Warn when 'NK' looks like a decimal rounding of a power of two (262K vs 256K = 2^18)."""
+    notes = []
+    for n in contexts:
+        if n % 1024 or n & (n - 1) == 0:
+            continue
+        k = n // 1024
+        for e in range(10, 41):
+            if 2**e // 1000 == k:
+                notes.append(
+                    f"{k}K = {k} x 1024 = {n:,} tokens (K = 1024); 2^{e} = {2**e:,} tokens is {format_context(2**e)}"
+                )
+                break
+    return notes
+
+
+def budget_report(
+    values_per_token: Any,
+    formats: Any = DEFAULT_FORMATS,
+    contexts: Any = DEFAULT_CONTEXTS,
+    sequences: int = 1,
+    *,
+    vram_bytes: Any = None,
+    weights_bytes: Any = None,
+    workspace_bytes: Any = 0,
+    weights_traffic_bytes: Any = None,
+    bandwidth_bytes_per_s: Any = None,
+    source: str | None = None,
+    geometry: dict[str, int] | None = None,
+    measured: dict[str, Any] | None = None,
+) -> BudgetReport:
+    """The whole budget (what ``tbq budget`` prints) for a number of cached values per token.
+
+    The weight traffic per decode step defaults to ``weights_bytes``.
+
+    >>> r = budget_report(32768, "f16,tbq4_0", "256K", vram_bytes="32GB", weights_bytes="18.8GiB",
+    ...                   workspace_bytes="1GiB", bandwidth_bytes_per_s="1296GB/s")
+    >>> [(f.format, f.kv_per_token, round(f.crossover_tokens), f.max_context) for f in r.formats]
+    [('f16', '64.00 KiB', 308019, 163878), ('tbq4_0', '16.50 KiB', 1194741, 635648)]
+    """
+    vpt = _exact(values_per_token, "values per token", positive=True)
+    fmts = _parse_formats(formats)
+    ctxs = parse_contexts(contexts)
+    seqs = _count(sequences, "sequences")
+    vram = None if vram_bytes is None else _size(vram_bytes, "VRAM")
+    w = None if weights_bytes is None else _size(weights_bytes, "weights")
+    ws = _size(workspace_bytes if workspace_bytes is not None else 0, "workspace")
+    if vram is not None and w is None:
+        raise TbqValueError("a VRAM size needs the weights size too (the cache gets VRAM - weights - workspace)")
+    traffic = w if weights_traffic_bytes is None else _size(weights_traffic_bytes, "weights traffic")
+    bw = None if bandwidth_bytes_per_s is None else _bandwidth(bandwidth_bytes_per_s)
+    if bw is not None and traffic is None:
+        raise TbqValueError("a decode estimate needs the bytes of weights read per step (weights traffic or weights)")
+    available = None if vram is None else vram - w - ws
+
+    sweep = _sweep(
+        vpt,
+        fmts,
+        ctxs,
+        seqs,
+        vram_bytes=vram,
+        weights_bytes=w,
+        workspace_bytes=ws,
+        weights_traffic_bytes=traffic,
+        bandwidth_bytes_per_s=bw,
+    )
+
+    summary = []
+    for name, bits in fmts:
+        kv = vpt * bits / 8
+        cross = crossover_tokens(traffic, kv, seqs) if traffic is not None else None
+        maxc = feasibility(vram, w, ws, kv, 0, seqs).max_context if vram is not None else None
+        summary.append(
+            FormatBudget(
+                format=name,
+                bits_per_value=float(bits),
+                kv_bytes_per_token=_out(kv),
+                kv_per_token=format_bytes(kv),
+                crossover_tokens=cross,
+                max_context=maxc,
+                max_context_label=None if maxc is None else format_context(maxc),
+            )
+        )
+    if source is None:
+        source = f"{_out(vpt):,} cached values per token"
+    return BudgetReport(
+        values_per_token=_out(vpt),
+        source=source,
+        geometry=geometry,
+        measured=measured,
+        sequences=seqs,
+        contexts=ctxs,
+        formats=summary,
+        sweep=sweep,
+        vram_bytes=None if vram is None else _out(vram),
+        weights_bytes=None if w is None else _out(w),
+        workspace_bytes=_out(ws),
+        available_bytes=None if available is None else _out(available),
+        weights_traffic_bytes=None if traffic is None else _out(traffic),
+        bandwidth_bytes_per_s=None if bw is None else _out(bw),
+        weights_only_tokens_per_s=None if bw is None or not traffic else float(bw / traffic),
+        notes=_k_notes(ctxs),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Text output
+# ---------------------------------------------------------------------------
+
+
+def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    """Aligned columns: the first ``left`` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+
+    def line(cells: list[str]) -> str:
+        parts = [str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return ("  " + "  ".join(parts)).rstrip()
+
+    return [line(headers)] + [line(r) for r in rows]
+
+
+def _bits_str(bits: float) -> str:
+    return f"{bits:g}"
+
+
+def _tokens_str(x: float) -> str:
+    n = round(x)
+    k = x / 1024
+    return f"{n:,} ({k:,.1f}K)" if x >= 1024 else f"{n:,}"
+
+
+def format_report(report: BudgetReport) -> str:
+    """The aligned text tables ``tbq budget`` prints."""
+    r = report
+    names = [f.format for f in r.formats]
+    seq_word = f"{r.sequences} sequence{'s' if r.sequences != 1 else ''}"
+    out = [f"KV cache budget: {r.source}", f"Sequences: {r.sequences}"]
+    for note in r.notes:
+        out.append(f"Note: {note}")
+
+    out += ["", "Bytes per token (K and V, all attention layers)"]
+    out += _table(
+        ["format", "bits/value", "bytes/token", "per token"],
+        [[f.format, _bits_str(f.bits_per_value), f"{f.kv_bytes_per_token:,}", f.kv_per_token] for f in r.formats],
+    )
+
+    ctx_rows = [[format_context(c), f"{c:,}"] for c in r.contexts]
+    out += ["", f"KV cache size ({seq_word})"]
+    out += _table(
+        ["context", "tokens", *names],
+        [row + [r.row(n, c).cache for n in names] for row, c in zip(ctx_rows, r.contexts)],
+        left=1,
+    )
+
+    out += [""]
+    if r.weights_traffic_bytes is not None:
+        per = "" if r.sequences == 1 else f"; the step reads the caches of all {r.sequences} sequences"
+        out.append(
+            "Crossover: the context where one decode step reads as many KV bytes as weight bytes "
+            f"(weights read per step: {format_bytes(r.weights_traffic_bytes, binary=False)}"
+            f" = {format_bytes(r.weights_traffic_bytes)}{per})"
+        )
+        out += _table(
+            ["format", "crossover (tokens)"], [[f.format, _tokens_str(f.crossover_tokens)] for f in r.formats]
+        )
+    else:
+        out.append("Crossover: give --weights-traffic (or --weights) to compute it")
+
+    out += [""]
+    if r.bandwidth_bytes_per_s is not None:
+        per = "" if r.sequences == 1 else f"; per sequence, the aggregate is {r.sequences}x"
+        out.append(
+            f"Predicted decode tokens/s (bandwidth-bound upper estimate: {format_rate(r.bandwidth_bytes_per_s)}"
+            f" / (weights + context x KV bytes/token{' x sequences' if r.sequences != 1 else ''}){per})"
+        )
+        out.append(f"  weights only (context 0): {r.weights_only_tokens_per_s:,.1f} tok/s")
+        out += _table(
+            ["context", "tokens", *names],
+            [row + [f"{r.row(n, c).decode_tokens_per_s:,.1f}" for n in names] for row, c in zip(ctx_rows, r.contexts)],
+        )
+    else:
+        out.append("Decode tokens/s: give --bandwidth and --weights-traffic (or --weights) to estimate it")
+
+    out += [""]
+    if r.vram_bytes is not None:
+        out.append(
+            f"Feasibility ({seq_word}): VRAM {format_bytes(r.vram_bytes, binary=False)} ({format_bytes(r.vram_bytes)})"
+            f" - weights {format_bytes(r.weights_bytes)} - workspace {format_bytes(r.workspace_bytes)}"
+            f" = {format_bytes(r.available_bytes)} for the KV cache; cells show fit and headroom"
+        )
+
+        def cell(row: SweepRow) -> str:
+            return f"{'yes' if row.fits else 'NO'} {'+' if row.headroom_bytes >= 0 else ''}{row.headroom}"
+
+        table_rows = [row + [cell(r.row(n, c)) for n in names] for row, c in zip(ctx_rows, r.contexts)]
+        table_rows.append(
+            ["largest", "context"] + [f"{f.max_context:,} ({f.max_context / 1024:,.1f}K)" for f in r.formats]
+        )
+        out += _table(["context", "tokens", *names], table_rows)
+    else:
+        out.append("Feasibility: give --vram and --weights (and --workspace) to check it")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------
+# Plot (matplotlib is an optional extra, imported only here)
+# ---------------------------------------------------------------------------
+
+
+def plot_report(report: BudgetReport, path: str) -> None:
+    """Cache size and predicted tokens/s against context per format, with the VRAM budget line."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ConfigError("--plot needs matplotlib, an optional extra: pip install 'tbq[plot]'") from exc
+
+    r = report
+    speed = r.bandwidth_bytes_per_s is not None
+    ctxs = sorted(r.contexts)
+    lo, hi = max(1, ctxs[0]), max(ctxs[-1], 2)
+    if lo == hi:
+        lo = max(1, hi // 8)
+    n = 200
+    grid = sorted({round(lo * (hi / lo) ** (i / (n - 1))) for i in range(n)} | set(ctxs))
+
+    fig = Figure(figsize=(12 if speed else 7, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2 if speed else 1, squeeze=False)[0]
+    gib = float(2**30)
+    ax = axes[0]
+    for f in r.formats:
+        kv = f.kv_bytes_per_token
+        label = f"{f.format} ({f.kv_per_token}/token)"
+        (line,) = ax.plot(grid, [c * kv * r.sequences / gib for c in grid], label=label)
+        ax.plot(ctxs, [c * kv * r.sequences / gib for c in ctxs], "o", color=line.get_color(), markersize=4)
+    if r.available_bytes is not None:
+        ax.axhline(
+            r.available_bytes / gib,
+            color="black",
+            linestyle="--",
+            label=f"KV budget: VRAM - weights - workspace = {format_bytes(r.available_bytes)}",
+        )
+    seq = f", {r.sequences} sequences" if r.sequences != 1 else ""
+    ax.set_title(f"KV cache size{seq}")
+    ax.set_ylabel("KV cache (GiB)")
+    ax.legend(fontsize="small")
+
+    if speed:
+        ax = axes[1]
+        for f in r.formats:
+            kv = f.kv_bytes_per_token
+            def speed_at(c: int, kv: Number = kv) -> float:
+                return decode_tokens_per_s(r.weights_traffic_bytes, kv, c, r.bandwidth_bytes_per_s, r.sequences)
+
+            (line,) = ax.plot(grid, [speed_at(c) for c in grid], label=f.format)
+            ax.plot(ctxs, [speed_at(c) for c in ctxs], "o", color=line.get_color(), markersize=4)
+        if r.weights_only_tokens_per_s:
+            ax.axhline(r.weights_only_tokens_per_s, color="gray", linestyle=":", label="weights only")
+        ax.set_title(f"Predicted decode tokens/s (bandwidth {format_rate(r.bandwidth_bytes_per_s)})")
+        ax.set_ylabel("tokens/s per sequence" if r.sequences != 1 else "tokens/s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ctxs)
+        ax.set_xticklabels([format_context(c) for c in ctxs])
+        ax.minorticks_off()
+        ax.set_xlabel("context (tokens, K = 1024)")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"KV cache budget: {r.source}")
+    fig.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: Any) -> None:
+    """Add the ``tbq budget`` options to an argparse (sub-)parser."""
+    g = parser.add_argument_group("model (the geometry, or --values-per-token, or --measured)")
+    g.add_argument("--layers", type=int, help="number of full-attention layers (not linear-attention ones)")
+    g.add_argument("--kv-heads", type=int, help="KV heads per layer")
+    g.add_argument("--head-dim", type=int, help="head dimension")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument(
+        "--values-per-token", metavar="N", help="cached values per token (2 x layers x kv-heads x head-dim)"
+    )
+    src.add_argument(
+        "--measured",
+        metavar="SIZE@CONTEXT:FORMAT",
+        help="derive values per token from a reported cache size, e.g. 4224MiB@262144:tbq4_0",
+    )
+    s = parser.add_argument_group("sweep")
+    s.add_argument(
+        "--formats",
+        default=",".join(DEFAULT_FORMATS),
+        help=f"comma-separated formats ({', '.join(_BITS)}) or bits per value (default: %(default)s)",
+    )
+    s.add_argument(
+        "--contexts",
+        default=",".join(DEFAULT_CONTEXTS),
+        help="comma-separated contexts in tokens; K = 1024, so 256K = 262144 (default: %(default)s)",
+    )
+    s.add_argument("--sequences", type=int, default=1, help="concurrent sequences (default: 1)")
+    m = parser.add_argument_group("memory and bandwidth (explicit units: GB = 10^9 bytes, GiB = 2^30 bytes)")
+    m.add_argument("--vram", metavar="SIZE", help="device memory, e.g. 32GB")
+    m.add_argument("--weights", metavar="SIZE", help="resident weights, e.g. 18.8GiB")
+    m.add_argument("--workspace", metavar="SIZE", default="0B", help="compute buffers etc., e.g. 1GiB (default: 0B)")
+    m.add_argument(
+        "--weights-traffic", metavar="SIZE", help="weight bytes read per decode step, e.g. 15.88GB (default: --weights)"
+    )
+    m.add_argument("--bandwidth", metavar="RATE", help="memory bandwidth, e.g. 1296GB/s")
+    o = parser.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the report as JSON")
+    o.add_argument("--plot", metavar="FILE.png", help="save a plot (needs matplotlib: pip install 'tbq[plot]')")
+
+
+def _flag(flag: str, fn: Any, value: Any) -> Any:
+    try:
+        return fn(value)
+    except TbqValueError as exc:
+        raise type(exc)(f"{flag}: {exc}") from None
+
+
+def _report_from_args(args: Any) -> BudgetReport:
+    geo = {"layers": args.layers, "kv-heads": args.kv_heads, "head-dim": args.head_dim}
+    given = [k for k, v in geo.items() if v is not None]
+    other = args.values_per_token is not None or args.measured is not None
+    geometry = measured = None
+    if given and other:
+        raise TbqValueError(
+            "give either the geometry (--layers/--kv-heads/--head-dim) or --values-per-token/--measured, not both"
+        )
+    if given:
+        missing = [f"--{k}" for k, v in geo.items() if v is None]
+        if missing:
+            raise TbqValueError(f"the geometry needs --layers, --kv-heads and --head-dim; missing {', '.join(missing)}")
+        vpt: Any = kv_values_per_token(args.layers, args.kv_heads, args.head_dim)
+        geometry = {"n_layers": args.layers, "n_kv_heads": args.kv_heads, "head_dim": args.head_dim}
+        source = (
+            f"{args.layers} attention layers x {args.kv_heads} KV heads x head_dim {args.head_dim} x 2 (K, V)"
+            f" = {vpt:,} values per token"
+        )
+    elif args.values_per_token is not None:
+        try:
+            v = Fraction(str(args.values_per_token).replace("_", ""))
+        except (ValueError, ZeroDivisionError):
+            raise TbqValueError(f"--values-per-token: expected a number, got {args.values_per_token!r}") from None
+        if v <= 0:
+            raise TbqValueError(f"--values-per-token must be positive, got {args.values_per_token!r}")
+        vpt = _out(v)
+        source = f"{vpt:,} values per token (given)"
+    elif args.measured is not None:
+        size, ctx, fmt = _flag("--measured", parse_measured, args.measured)
+        vpt = values_per_token(size, ctx, fmt)
+        measured = {"cache_bytes": size, "context": ctx, "format": fmt, "bytes_per_token": _out(Fraction(size, ctx))}
+        vpt_s = f"{vpt:,}" if isinstance(vpt, int) else f"{vpt:,.2f}"
+        source = (
+            f"{vpt_s} values per token, from a measured {fmt} cache of {size:,} bytes ({format_bytes(size)})"
+            f" at {ctx:,} tokens = {_out(Fraction(size, ctx)):,} bytes ({format_bytes(Fraction(size, ctx))}) per token"
+        )
+    else:
+        raise TbqValueError(
+            "give the model geometry (--layers, --kv-heads, --head-dim), --values-per-token or --measured"
+        )
+
+    contexts = _flag("--contexts", parse_contexts, args.contexts)
+    if 0 in contexts:
+        raise TbqValueError("--contexts: a context must be at least 1 token")
+    formats = _flag("--formats", _parse_formats, args.formats)
+    sizes = {}
+    for attr in ("vram", "weights", "workspace", "weights_traffic"):
+        flag, value = "--" + attr.replace("_", "-"), getattr(args, attr)
+        sizes[attr] = None if value is None else _flag(flag, parse_bytes, value)
+    bandwidth = None if args.bandwidth is None else _flag("--bandwidth", parse_rate, args.bandwidth)
+    if sizes["vram"] is not None and sizes["weights"] is None:
+        raise TbqValueError("--vram needs --weights (the cache gets VRAM - weights - workspace)")
+    if bandwidth is not None and sizes["weights_traffic"] is None and sizes["weights"] is None:
+        raise TbqValueError(
+            "--bandwidth needs --weights-traffic (or --weights): the bytes of weights read per decode step"
+        )
+    return budget_report(
+        vpt,
+        [b if n.endswith("-bit") else n for n, b in formats],  # numbers stay bits per value
+        contexts,
+        _count(args.sequences, "--sequences"),
+        vram_bytes=sizes["vram"],
+        weights_bytes=sizes["weights"],
+        workspace_bytes=sizes["workspace"] or 0,
+        weights_traffic_bytes=sizes["weights_traffic"],
+        bandwidth_bytes_per_s=bandwidth,
+        source=source,
+        geometry=geometry,
+        measured=measured,
+    )
+
+
+def run_cli(args: Any) -> int:
+    """Run ``tbq budget`` with parsed arguments; prints the tables (or JSON) and returns 0."""
+    report = _report_from_args(args)
+    if args.json:
+        print(report.to_json())
+    else:
+        print(format_report(report))
+    if args.plot:
+        plot_report(report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+    return 0
