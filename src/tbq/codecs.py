@@ -58,7 +58,7 @@ ON_OVERFLOW = ("raise", "inf")
 
 #: Values per work chunk: bounds temporaries (dtype conversion, NumPy scratch)
 #: and is the unit handed to worker threads.
-CHUNK_VALUES = 1 << 16
+CHUNK_VALUES = 1 << 20
 
 _numba_state: dict = {}
 
@@ -479,14 +479,14 @@ class _TBQ(Codec):
 
         k = self._k
         return kernels.encode_tbq(
-            x2, out2, self.info.index_bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow
+            x2, out2, self.info.index_bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kernels.LANES
         )
 
     def _kernel_decode(self, d2, out2):
         from . import kernels
 
         k = self._k
-        kernels.decode_tbq(d2, out2, self.info.index_bits, k["centroids"], k["s2"], k["cs1"], f16_table())
+        kernels.decode_tbq(d2, out2, self.info.index_bits, k["centroids"], k["s2"], k["cs1"], f16_table(), kernels.LANES)
 
 
 class TBQ4_0(_TBQ):

@@ -27,6 +27,7 @@ import numpy as np
 F32 = np.float32
 _0 = F32(0.0)
 _1 = F32(1.0)
+_M1 = F32(-1.0)
 _HALF = F32(0.5)
 _127 = F32(127.0)
 _M8 = F32(-8.0)
@@ -184,196 +185,341 @@ def pack3_unpack3_identity_failures(start, stop):
     return bad
 
 
-# --- Q8_0 ---------------------------------------------------------------------------
+# --- Q8_0 / Q4_0 ---------------------------------------------------------------------
+#
+# Loop bounds come from array shapes (run-time values) rather than the literal
+# 32: with a compile-time trip count LLVM fully unrolls the loops and then does
+# not vectorise them; with a run-time count the loop vectoriser does (about 2.5x
+# faster here). The largest magnitude is found on the integer bit patterns
+# (|x| as uint32 is ordered like |x| for finite floats), which vectorises
+# without fastmath, unlike a float max.
+
+
+@jit
+def _abs_bits_max(x, b, bs):
+    """(largest |x| bit pattern, index of its first occurrence) in block b.
+
+    Both loops are branch-free reductions (max, then min of matching indices),
+    which the loop vectoriser handles.
+    """
+    xr = x[b]
+    amax = np.uint32(0)
+    for j in range(bs):
+        a = _f32_bits(xr[j]) & np.uint32(0x7FFFFFFF)
+        amax = a if a > amax else amax
+    first = bs
+    for j in range(bs):
+        c = j if (_f32_bits(xr[j]) & np.uint32(0x7FFFFFFF)) == amax else bs
+        first = c if c < first else first
+    return amax, first
 
 
 @jit
 def encode_q8_0(x, out, raise_overflow):
+    bs = x.shape[1]
     for b in range(x.shape[0]):
-        amax = _0
-        finite = True
-        for j in range(32):
-            a = abs(x[b, j])
-            if not (a <= _FLT_MAX):
-                finite = False
-            if a > amax:
-                amax = a
-        if not finite:
+        abits, first = _abs_bits_max(x, b, bs)
+        if abits >= np.uint32(0x7F800000):  # Inf or NaN
             return b, 1
+        amax = abs(x[b, first])
         d = amax / _127
         inv = _1 / d if d != _0 else _0
         h = f32_to_f16_bits(d)
         if raise_overflow and (h & np.uint16(0x7FFF)) == np.uint16(0x7C00):
             return b, 2
         _store_f16(out, b, h)
-        for j in range(32):
-            v = x[b, j] * inv
-            t = np.int32(v)  # truncation toward zero
-            frac = v - F32(t)  # exact
-            if frac >= _HALF:
-                t += 1
-            elif frac <= -_HALF:
-                t -= 1
-            out[b, 2 + j] = np.uint8(t & 0xFF)  # int8 two's complement
+        xr = x[b]
+        orow = out[b]
+        for j in range(bs):
+            v = xr[j] * inv
+            t = np.trunc(v)
+            frac = v - t  # exact for |v| < 2**23
+            r = t + (_1 if frac >= _HALF else (_M1 if frac <= -_HALF else _0))  # roundf: half away from zero
+            orow[2 + j] = np.uint8(np.int32(r) & np.int32(0xFF))  # int8 two's complement
     return -1, 0
 
 
 @jit
 def decode_q8_0(data, out, table):
+    bs = out.shape[1]
     for b in range(data.shape[0]):
         d = _load_f16(data, b, table)
-        for j in range(32):
-            out[b, j] = F32(np.int8(data[b, 2 + j])) * d
+        src = data[b]
+        dst = out[b]
+        for j in range(bs):
+            dst[j] = F32(np.int8(src[2 + j])) * d
     return out
-
-
-# --- Q4_0 ---------------------------------------------------------------------------
 
 
 @jit
 def encode_q4_0(x, out, raise_overflow):
-    q = np.empty(32, np.uint8)
+    bs = x.shape[1]
+    half = bs // 2
+    q = np.empty(bs, np.int32)
     for b in range(x.shape[0]):
-        amax = _0
-        m = _0
-        finite = True
-        for j in range(32):
-            v = x[b, j]
-            a = abs(v)
-            if not (a <= _FLT_MAX):
-                finite = False
-            if a > amax:  # strict: the first of equal magnitudes wins
-                amax = a
-                m = v
-        if not finite:
+        abits, first = _abs_bits_max(x, b, bs)
+        if abits >= np.uint32(0x7F800000):  # Inf or NaN
             return b, 1
+        m = x[b, first]  # signed; the first of equal magnitudes
         d = m / _M8
         inv = _1 / d if d != _0 else _0
         h = f32_to_f16_bits(d)
         if raise_overflow and (h & np.uint16(0x7FFF)) == np.uint16(0x7C00):
             return b, 2
         _store_f16(out, b, h)
-        for j in range(32):
-            p = x[b, j] * inv
+        xr = x[b]
+        for j in range(bs):
+            p = xr[j] * inv
             t = p + _8_5  # rounded separately: no contraction without fastmath
             qi = np.int32(t)
-            q[j] = np.uint8(15 if qi > 15 else qi)
-        for j in range(16):
-            out[b, 2 + j] = q[j] | (q[j + 16] << np.uint8(4))
+            q[j] = qi if qi < 15 else 15
+        orow = out[b]
+        for j in range(half):
+            orow[2 + j] = np.uint8(q[j] | (q[j + half] << 4))
     return -1, 0
 
 
 @jit
 def decode_q4_0(data, out, table):
+    half = out.shape[1] // 2
     for b in range(data.shape[0]):
         d = _load_f16(data, b, table)
-        for j in range(16):
-            v = data[b, 2 + j]
-            out[b, j] = F32(np.int32(v & np.uint8(0x0F)) - 8) * d
-            out[b, j + 16] = F32(np.int32(v >> np.uint8(4)) - 8) * d
+        src = data[b]
+        dst = out[b]
+        for j in range(half):
+            v = np.int32(src[2 + j])
+            dst[j] = F32((v & 15) - 8) * d
+            dst[j + half] = F32((v >> 4) - 8) * d
     return out
 
 
 # --- TBQ ----------------------------------------------------------------------------
+#
+# The TBQ kernels work on ``lanes`` blocks at a time, transposed into a scratch
+# array T[j, lane]: coordinate j of every block in the group sits in one row.
+# Every loop over lanes is then a plain SIMD loop, and the spec's sequential
+# sums (sum of x_j^2, sum of c[idx_j]^2) stay sequential in j for each block
+# while ``lanes`` independent chains run side by side. This changes no
+# rounding: each block still sees exactly the spec's operations in the spec's
+# order. The lane count is a run-time value on purpose: with a compile-time
+# constant LLVM fully unrolls the lane loops and then fails to vectorise them
+# (it cannot prove the rows j and j+h do not alias); with a run-time trip
+# count the loop vectoriser adds an overlap check and uses full-width SIMD.
+
+LANES = 32
 
 
 @jit
-def _butterfly(v):
-    n = v.size
+def _butterfly_lanes(T):
+    """The spec's butterfly applied to every column of T (n x lanes).
+
+    Stages h and 2h are fused (radix 4) to halve the passes over T; each
+    output is still built from exactly the same additions in the same order:
+    stage h gives (a+b, a-b, c+d, c-d) and stage 2h combines (a+b) with (c+d)
+    and (a-b) with (c-d), as the in-place butterfly does.
+    """
+    n = T.shape[0]
+    nl = T.shape[1]
     h = 1
-    while h < n:
-        for i in range(0, n, 2 * h):
+    while 2 * h < n:
+        for i in range(0, n, 4 * h):
             for j in range(i, i + h):
-                a = v[j]
-                c = v[j + h]
-                v[j] = a + c
-                v[j + h] = a - c
-        h *= 2
+                for l in range(nl):
+                    a = T[j, l]
+                    b = T[j + h, l]
+                    c = T[j + 2 * h, l]
+                    d = T[j + 3 * h, l]
+                    ab = a + b
+                    amb = a - b
+                    cd = c + d
+                    cmd = c - d
+                    T[j, l] = ab + cd
+                    T[j + h, l] = amb + cmd
+                    T[j + 2 * h, l] = ab - cd
+                    T[j + 3 * h, l] = amb - cmd
+        h *= 4
+    if h < n:  # one radix-2 stage left (n = 2 * 4**k)
+        for j in range(h):
+            for l in range(nl):
+                a = T[j, l]
+                c = T[j + h, l]
+                T[j, l] = a + c
+                T[j + h, l] = a - c
 
 
 @jit
-def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow):
-    """TBQ4_0 (bits=4) / TBQ3_0 (bits=3) encoder.
+def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lanes):
+    """TBQ4_0 (bits=4) / TBQ3_0 (bits=3) encoder, ``lanes`` blocks at a time.
 
     ``cs2`` is ``hadamard_scale * signs2`` as float32: multiplying by +-C is the
     same single rounding as multiplying by C and then flipping the sign.
     ``centroids_sq`` is ``c*c`` in float32, the exact terms of the recon sum.
     """
+    nblk = x.shape[0]
     n = x.shape[1]
-    v = np.empty(n, np.float32)
-    idx = np.empty(n, np.uint8)
-    nthr = thresholds.size
-    for b in range(x.shape[0]):
-        norm2 = _0
-        for j in range(n):
-            e = x[b, j]
-            norm2 += e * e
-        if not (norm2 <= _FLT_MAX) and not _block_finite(x, b):
-            return b, 1
-        norm = np.sqrt(norm2)
-        if bits == 4:
-            inv = _1 / norm if norm > _EPS_NORM else _0
+    T = np.zeros((n, lanes), np.float32)
+    Tf = T.reshape(n * lanes)
+    K = np.zeros((n, lanes), np.int32)
+    P = np.zeros((n // 2, lanes), np.int32)
+    norm2 = np.zeros(lanes, np.float32)
+    norm = np.zeros(lanes, np.float32)
+    scale = np.zeros(lanes, np.float32)
+    recon2 = np.zeros(lanes, np.float32)
+    for g0 in range(0, nblk, lanes):
+        L = min(lanes, nblk - g0)
+        for l in range(L):  # transpose in; flat pointer steps are faster than 2-D indexing
+            row = x[g0 + l]
+            p = l
             for j in range(n):
-                v[j] = (x[b, j] * inv) * s1[j]
-        else:
-            norm = norm if norm > _EPS_NORM else _EPS_NORM
+                Tf[p] = row[j]
+                p += lanes
+        for l in range(L, lanes):
             for j in range(n):
-                v[j] = (x[b, j] / norm) * s1[j]
-        _butterfly(v)
-        recon2 = _0
+                T[j, l] = _0
+        # 1. norm: a sequential float32 sum per block (one chain per lane)
+        for l in range(lanes):
+            norm2[l] = _0
         for j in range(n):
-            r = v[j] * cs2[j]
-            k = 0
-            for t in range(nthr):
-                if r >= thresholds[t]:
-                    k += 1
-            idx[j] = np.uint8(k)
-            recon2 += centroids_sq[k]
-        recon = np.sqrt(recon2)
+            for l in range(lanes):
+                norm2[l] += T[j, l] * T[j, l]
+        bad = L  # first lane whose input is not finite
+        for l in range(L):
+            if not (norm2[l] <= _FLT_MAX) and not _block_finite(x, g0 + l):
+                bad = l
+                break
+        for l in range(lanes):
+            nv = np.sqrt(norm2[l])
+            if bits == 4:
+                scale[l] = _1 / nv if nv > _EPS_NORM else _0
+            else:
+                nv = nv if nv > _EPS_NORM else _EPS_NORM
+            norm[l] = nv
+        # 2. normalise and apply signs1 (exact), then the butterfly
         if bits == 4:
-            d = norm / recon if recon > _EPS_NORM else norm
+            for j in range(n):
+                sj = s1[j]
+                for l in range(lanes):
+                    T[j, l] = (T[j, l] * scale[l]) * sj
         else:
-            d = norm / (recon if recon > _EPS_NORM else _EPS_NORM)
-        h = f32_to_f16_bits(d)
-        if raise_overflow and (h & np.uint16(0x7FFF)) == np.uint16(0x7C00):
-            return b, 2
-        _store_f16(out, b, h)
+            for j in range(n):
+                sj = s1[j]
+                for l in range(lanes):
+                    T[j, l] = (T[j, l] / norm[l]) * sj
+        _butterfly_lanes(T)
+        # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
+        # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass
+        for l in range(lanes):
+            recon2[l] = _0
+        if bits == 4:
+            m0, m1, m2, m3, m4, m5, m6, m7 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6], thresholds[7]
+            m8, m9, m10, m11, m12, m13, m14 = thresholds[8], thresholds[9], thresholds[10], thresholds[11], thresholds[12], thresholds[13], thresholds[14]
+            for j in range(n):
+                cj = cs2[j]
+                for l in range(lanes):
+                    r = T[j, l] * cj
+                    k = (
+                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
+                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6) + np.int32(r >= m7)
+                        + np.int32(r >= m8) + np.int32(r >= m9) + np.int32(r >= m10) + np.int32(r >= m11)
+                        + np.int32(r >= m12) + np.int32(r >= m13) + np.int32(r >= m14)
+                    )
+                    K[j, l] = k
+        else:
+            m0, m1, m2, m3, m4, m5, m6 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6]
+            for j in range(n):
+                cj = cs2[j]
+                for l in range(lanes):
+                    r = T[j, l] * cj
+                    k = (
+                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
+                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6)
+                    )
+                    K[j, l] = k
+        for j in range(n):
+            for l in range(lanes):
+                recon2[l] += centroids_sq[K[j, l]]
+        # 5. pack the indices of all lanes at once, then store block by block
         if bits == 4:
             for k in range(n // 2):
-                out[b, 2 + k] = idx[2 * k] | (idx[2 * k + 1] << np.uint8(4))
+                for l in range(lanes):
+                    P[k, l] = K[2 * k, l] | (K[2 * k + 1, l] << 4)
         else:
             for g in range(n // 8):
-                lane = np.uint32(0)
-                for t in range(8):
-                    lane |= np.uint32(idx[8 * g + t]) << np.uint32(3 * t)
-                out[b, 2 + 3 * g] = np.uint8(lane & np.uint32(0xFF))
-                out[b, 3 + 3 * g] = np.uint8((lane >> np.uint32(8)) & np.uint32(0xFF))
-                out[b, 4 + 3 * g] = np.uint8(lane >> np.uint32(16))
+                for l in range(lanes):
+                    P[g, l] = (
+                        K[8 * g, l] | (K[8 * g + 1, l] << 3) | (K[8 * g + 2, l] << 6) | (K[8 * g + 3, l] << 9)
+                        | (K[8 * g + 4, l] << 12) | (K[8 * g + 5, l] << 15) | (K[8 * g + 6, l] << 18) | (K[8 * g + 7, l] << 21)
+                    )
+        for l in range(bad):
+            recon = np.sqrt(recon2[l])
+            nv = norm[l]
+            if bits == 4:
+                d = nv / recon if recon > _EPS_NORM else nv
+            else:
+                d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+            h = f32_to_f16_bits(d)
+            if raise_overflow and (h & np.uint16(0x7FFF)) == np.uint16(0x7C00):
+                return g0 + l, 2
+            row = g0 + l
+            _store_f16(out, row, h)
+            if bits == 4:
+                for k in range(n // 2):
+                    out[row, 2 + k] = np.uint8(P[k, l])
+            else:
+                for g in range(n // 8):
+                    lane = P[g, l]
+                    out[row, 2 + 3 * g] = np.uint8(lane & 0xFF)
+                    out[row, 3 + 3 * g] = np.uint8((lane >> 8) & 0xFF)
+                    out[row, 4 + 3 * g] = np.uint8(lane >> 16)
+        if bad < L:
+            return g0 + bad, 1
     return -1, 0
 
 
 @jit
-def decode_tbq(data, out, bits, centroids, s2, cs1, table):
-    """TBQ decoder: ``y = (H(s2 * c[idx]) * (C * s1)) * d``."""
+def decode_tbq(data, out, bits, centroids, s2, cs1, table, lanes):
+    """TBQ decoder, ``lanes`` blocks at a time: ``y = (H(s2 * c[idx]) * (C * s1)) * d``."""
+    nblk = data.shape[0]
     n = out.shape[1]
-    v = np.empty(n, np.float32)
-    for b in range(data.shape[0]):
-        d = _load_f16(data, b, table)
-        if bits == 4:
-            for k in range(n // 2):
-                byte = data[b, 2 + k]
-                v[2 * k] = centroids[byte & np.uint8(0x0F)] * s2[2 * k]
-                v[2 * k + 1] = centroids[byte >> np.uint8(4)] * s2[2 * k + 1]
-        else:
-            for g in range(n // 8):
-                lane = (
-                    np.uint32(data[b, 2 + 3 * g])
-                    | (np.uint32(data[b, 3 + 3 * g]) << np.uint32(8))
-                    | (np.uint32(data[b, 4 + 3 * g]) << np.uint32(16))
-                )
-                for t in range(8):
-                    v[8 * g + t] = centroids[(lane >> np.uint32(3 * t)) & np.uint32(7)] * s2[8 * g + t]
-        _butterfly(v)
+    T = np.zeros((n, lanes), np.float32)
+    Tf = T.reshape(n * lanes)
+    d = np.zeros(lanes, np.float32)
+    for g0 in range(0, nblk, lanes):
+        L = min(lanes, nblk - g0)
+        for l in range(L):  # unpack and look up, transposing into T (flat pointer steps)
+            row = g0 + l
+            d[l] = _load_f16(data, row, table)
+            drow = data[row]
+            p = l
+            if bits == 4:
+                for k in range(n // 2):
+                    byte = drow[2 + k]
+                    Tf[p] = centroids[byte & np.uint8(0x0F)]
+                    Tf[p + lanes] = centroids[byte >> np.uint8(4)]
+                    p += 2 * lanes
+            else:
+                for g in range(n // 8):
+                    lane = np.int32(drow[2 + 3 * g]) | (np.int32(drow[3 + 3 * g]) << 8) | (np.int32(drow[4 + 3 * g]) << 16)
+                    for t in range(8):
+                        Tf[p] = centroids[(lane >> (3 * t)) & 7]
+                        p += lanes
+        for l in range(L, lanes):
+            for j in range(n):
+                T[j, l] = _0
+        for j in range(n):  # signs2: exact
+            sj = s2[j]
+            for l in range(lanes):
+                T[j, l] = T[j, l] * sj
+        _butterfly_lanes(T)
         for j in range(n):
-            out[b, j] = (v[j] * cs1[j]) * d
+            cj = cs1[j]
+            for l in range(lanes):
+                T[j, l] = T[j, l] * cj
+        for l in range(L):  # transpose out, with the scale
+            dl = d[l]
+            orow = out[g0 + l]
+            p = l
+            for j in range(n):
+                orow[j] = Tf[p] * dl
+                p += lanes
     return out
