@@ -55,13 +55,17 @@ def _get_scale(data: np.ndarray) -> np.ndarray:
 def roundf(v: np.ndarray) -> np.ndarray:
     """C ``roundf``: round half away from zero (float32 in, float32 out).
 
-    ``v - trunc(v)`` is exact for every float32 below 2**23, so comparing the
-    fraction with 0.5 decides ties exactly. (``floor(|v| + 0.5)`` would not:
-    0.49999997 + 0.5 rounds up to 1.0 in float32.)
+    ``np.rint`` rounds half to even, which differs from ``roundf`` only at exact
+    ties; those are found exactly because ``v - trunc(v)`` is exact for every
+    float32 below 2**23, and moved away from zero. (``floor(|v| + 0.5)`` would
+    be wrong: 0.49999997 + 0.5 rounds up to 1.0 in float32.)
     """
+    r = np.rint(v)
     t = np.trunc(v)
-    frac = v - t
-    return t + np.where(np.abs(frac) >= _HALF, np.sign(v), F32(0))
+    tie = np.abs(v - t) == _HALF
+    if tie.any():
+        r[tie] = t[tie] + np.sign(v[tie])
+    return r
 
 
 # --- Q8_0 ---------------------------------------------------------------------------

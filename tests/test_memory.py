@@ -1,0 +1,65 @@
+"""Bounded memory: encoding/decoding allocates the output plus O(chunk), never full-size temporaries.
+
+tracemalloc sees NumPy's allocations (the output array and any temporary);
+the numba kernels' scratch (a few tens of kB) is not counted, which is fine
+for a bound of this size.
+"""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import tbq
+from tbq.codecs import CHUNK_VALUES
+
+N = 1 << 23  # 8M values: 32 MiB as float32, 64 MiB as float64
+SLACK = 40 * CHUNK_VALUES  # generous O(chunk) allowance: 40 bytes per value of one chunk
+
+
+def peak_of(fn):
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    try:
+        result = fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak
+
+
+@pytest.fixture(scope="module")
+def x64():
+    return np.random.default_rng(0).standard_normal((N // 128, 128))
+
+
+@pytest.mark.parametrize(
+    "fmt,backend",
+    [("tbq4_0", "numba"), ("tbq3_0", "numba"), ("q8_0", "numba"), ("q4_0", "numba"), ("q8_0", "numpy"), ("q4_0", "numpy")],
+)
+def test_encode_float64_input_is_converted_chunk_by_chunk(x64, fmt, backend):
+    codec = tbq.get_codec(fmt, backend=backend)
+    q, peak = peak_of(lambda: codec.encode(x64))
+    assert peak <= q.nbytes + SLACK, (peak, q.nbytes)
+    # a full float32 copy of the input alone would be N * 4 bytes
+    assert peak < q.nbytes + N * 4
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_decode_allocates_only_the_output(x64, fmt):
+    codec = tbq.get_codec(fmt)
+    q = codec.encode(x64[: N // 8])
+    y, peak = peak_of(lambda: codec.decode(q))
+    assert peak <= y.nbytes + SLACK
+    out = np.empty_like(y)
+    _, peak_out = peak_of(lambda: codec.decode(q, out=out))
+    assert peak_out <= SLACK
+
+
+def test_roundf_ties_and_near_ties():
+    """Q8_0's roundf: half away from zero, exactly, including 0.49999997 (not 1)."""
+    from tbq.reference import roundf
+
+    v = np.float32([0.49999997, -0.49999997, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -0.0, 3.4999998])
+    expected = np.float32([0, -0, 1, -1, 2, -2, 3, -3, 127, -0.0, 3])
+    np.testing.assert_array_equal(roundf(v), expected)
