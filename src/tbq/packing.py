@@ -121,7 +121,7 @@ def pack4_halves(q, *, backend=None) -> np.ndarray:
     """Pack 4-bit codes in Q4_0 order: per 32 codes, byte j = q[j] | q[j+16] << 4.
 
     >>> pack4_halves(np.arange(32, dtype=np.uint8) % 16, backend="numpy")[:3]
-    array([0, 17, 34], dtype=uint8)
+    array([ 0, 17, 34], dtype=uint8)
     """
     q = _uint8(q, "codes")
     _check_len(q, 32, "pack4_halves")

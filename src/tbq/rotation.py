@@ -56,7 +56,7 @@ def fwht(x, *, normalize: bool = True, out=None):
     >>> fwht(np.float32([1, 0, 0, 0]), normalize=False)
     array([1., 1., 1., 1.], dtype=float32)
     >>> fwht(np.float64([1, 1, 1, 1]))
-    array([1., 0., 0., 0.])
+    array([2., 0., 0., 0.])
     """
     v = np.asarray(x)
     if v.dtype not in (np.float32, np.float64):
