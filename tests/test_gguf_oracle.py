@@ -54,3 +54,18 @@ def test_matches_gguf_py(dist, fmt, backend):
     q = tbq.quantize(x, fmt, backend=backend)
     assert_bytes_equal(q, ref_q, f"{fmt} {dist} {backend}")
     assert_bits_equal(tbq.dequantize(q, fmt, backend=backend), quants.dequantize(ref_q, qtype), f"{fmt} {dist}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q4_0_zero_block_scale_sign_follows_ggml(backend):
+    """ggml's quantize_row_q4_0_ref starts from max = +0 and keeps it for a block of zeros,
+    so d = +0 / -8 = -0 (bytes 00 80) whatever the signs of the zeros. gguf-py instead takes
+    x[argmax|x|] = x[0], which gives +0 when x[0] is -0.0; tbq follows the C code."""
+    for first in (0.0, -0.0):
+        x = np.zeros(32, np.float32)
+        x[0] = first
+        x[5] = -0.0
+        q = tbq.quantize(x, "q4_0", backend=backend)
+        assert q[:2].tolist() == [0x00, 0x80]
+        assert q[2:].tolist() == [0x88] * 16
+    # for any block with a non-zero value the two agree (covered by test_matches_gguf_py)

@@ -18,6 +18,7 @@ from .errors import TbqError
 COMMANDS = {
     "compare": ("tbq.compare", "encode/decode a KV data set with every format and print an error table"),
     "budget": ("tbq.budget", "KV cache memory and bandwidth budget for a model geometry"),
+    "golden": ("tbq.golden", "write golden test vectors (inputs, bytes, decoded floats, fragility masks, C headers) for kernel tests"),
 }
 
 

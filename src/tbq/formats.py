@@ -31,7 +31,9 @@ class FormatInfo:
     def row_bytes(self, n_values: int) -> int:
         """Bytes of a row of ``n_values`` values (which must be whole blocks)."""
         if n_values % self.block_size:
-            raise ValueError(f"{n_values} is not a multiple of {self.name}'s block size {self.block_size}")
+            from .errors import BlockShapeError
+
+            raise BlockShapeError(f"{n_values} values is not a multiple of {self.name}'s block size {self.block_size}")
         return n_values // self.block_size * self.type_size
 
 

@@ -95,7 +95,11 @@ def encode_q4_0(x: np.ndarray):
     from .packing import _np_pack4_halves
 
     rows = np.arange(x.shape[0])
-    m = x[rows, np.argmax(np.abs(x), axis=1)]  # signed; argmax keeps the first on a tie
+    a = np.abs(x)
+    m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
+    # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a
+    # block of zeros (of either sign) has m = +0 and d = +0 / -8 = -0 (bytes 00 80).
+    m[a.max(axis=1) == 0] = F32(0)
     d = m / _M8
     inv = _safe_reciprocal(d)
     t = (x * inv[:, None]) + _8_5  # two roundings: product, then sum

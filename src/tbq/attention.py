@@ -1,0 +1,457 @@
+"""Reference attention over quantized KV caches, and the rotated-domain algorithm.
+
+A fused attention kernel for the TBQ formats never dequantizes the cache.
+Because the randomized Hadamard rotation ``R`` is orthonormal, ``q . k =
+R(q) . R(k)``, so the kernel rotates the query once, reads every key as
+``centroid[idx] * d`` straight from its block, takes the softmax, accumulates
+``p_t * d_t * centroid[idx_t]`` for the values, and rotates the output back
+once (``SPEC.md``, *Rotated-domain attention*). This module computes both
+sides so a kernel has something to be compared with:
+
+- :func:`attention_dequantized`: dequantize K and V, then ordinary attention,
+  all in float64;
+- :func:`attention_rotated`: the fused-kernel algorithm, in float32 (what a
+  kernel computes) or float64.
+
+In float64 the two agree to about 1e-16 of the largest value (they differ
+only in rounding: the rotation is exactly orthonormal in exact arithmetic).
+The float32 variant agrees with the float64 reference within
+:func:`f32_tolerance`, ``4 * 2**-24 * max|V| * (1 + S)`` where ``S`` is the
+largest ``scale * sum_j |q_j| |k_tj|`` (see its docstring for the measurement
+and the reasoning).
+
+Shapes
+------
+- the query ``q``: ``(n_head, head_dim)``;
+- a cache (:class:`KVCache`) holds ``T`` tokens x ``n_head_kv`` heads x
+  ``head_dim`` values, encoded per token and head (one row of ``head_dim``
+  values is ``head_dim / block_size`` blocks);
+- grouped-query attention: ``n_head`` is a multiple of ``n_head_kv`` and query
+  head ``h`` reads KV head ``h // (n_head // n_head_kv)`` (the llama.cpp
+  convention: consecutive query heads share a KV head);
+- the softmax scale defaults to ``1/sqrt(head_dim)``.
+
+K and V may use different formats (``q8_0`` keys with ``tbq4_0`` values, for
+instance) and a cache can keep its first ``n_sink`` tokens in ``f16`` or
+``q8_0`` (an attention-sink-preserving cache); the rotated algorithm then
+handles those tokens in the original domain and adds their contribution after
+rotating the TBQ part back.
+
+Every reduction is a sequential sum in index order (tokens, then channels), as
+in the rest of the library, so results do not depend on the BLAS build. The
+exponential is ``np.exp`` in float64 (rounded to float32 in the float32
+variant).
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> q = rng.standard_normal((4, 128), dtype=np.float32)
+>>> k = rng.standard_normal((16, 2, 128), dtype=np.float32)
+>>> v = rng.standard_normal((16, 2, 128), dtype=np.float32)
+>>> K, V = encode_kv(k, v, "q8_0", "tbq4_0", n_sink=2)
+>>> ref = attention_dequantized(q, K, V)
+>>> fused = attention_rotated(q, K, V, dtype=np.float64)
+>>> ref.shape, bool(np.max(np.abs(ref - fused)) < 1e-12)
+((4, 128), True)
+>>> bool(np.max(np.abs(attention_rotated(q, K, V) - ref)) <= f32_tolerance(q, K, V))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codecs import Codec, get_codec
+from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
+from .formats import FORMATS, format_info
+from .half import f16_bits_to_f32
+from .packing import unpack3, unpack4_pairs
+
+__all__ = [
+    "KVCache",
+    "encode_kv",
+    "attention_dequantized",
+    "attention_rotated",
+    "SINK_FORMATS",
+    "f32_tolerance",
+    "score_condition",
+    "F32_TOLERANCE_FACTOR",
+]
+
+#: Formats a sink-preserving cache may keep its first ``n_sink`` tokens in.
+SINK_FORMATS = ("f16", "q8_0")
+
+#: Safety factor of :func:`f32_tolerance` over the worst measured float32 error.
+F32_TOLERANCE_FACTOR = 4.0
+
+
+def _row_bytes(fmt: str, head_dim: int) -> int:
+    if fmt == "f16":
+        return 2 * head_dim
+    return format_info(fmt).row_bytes(head_dim)
+
+
+@dataclass(frozen=True, eq=False)
+class KVCache:
+    """One encoded cache (K or V): ``T`` tokens x ``n_head_kv`` heads x ``head_dim`` values.
+
+    Build one with :meth:`KVCache.encode` (or :func:`encode_kv` for both caches).
+
+    Attributes
+    ----------
+    fmt : the format of tokens ``n_sink .. T-1`` (``q8_0``, ``q4_0``, ``tbq4_0``, ``tbq3_0``).
+    data : uint8 ``(T - n_sink, n_head_kv, row_bytes)``, each ``head_dim`` row
+        encoded as ``head_dim / block_size`` consecutive blocks.
+    head_dim : values per head (a multiple of the format's block size).
+    config : the codec configuration (keyword arguments of :func:`tbq.get_codec`,
+        e.g. ``{"codebook": "turboq-mtp", "signs": 7}``; empty for the defaults).
+    sink : uint8 ``(n_sink, n_head_kv, sink_row_bytes)`` or ``None``: the first
+        ``n_sink`` tokens in ``sink_format`` (``f16``: little-endian binary16,
+        2 bytes per value; ``q8_0``: ``head_dim / 32`` blocks).
+    sink_format : ``"f16"`` or ``"q8_0"``.
+    """
+
+    fmt: str
+    data: np.ndarray
+    head_dim: int
+    config: dict = field(default_factory=dict)
+    sink: np.ndarray | None = None
+    sink_format: str = "f16"
+
+    def __post_init__(self):
+        info = format_info(self.fmt)
+        if self.sink_format not in SINK_FORMATS:
+            raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {self.sink_format!r}")
+        if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1 or self.head_dim % info.block_size:
+            raise TbqValueError(f"head_dim must be a positive multiple of {self.fmt}'s block size {info.block_size}, got {self.head_dim!r}")
+        if self.sink_format == "q8_0" and self.head_dim % 32:
+            raise TbqValueError(f"a q8_0 sink needs head_dim to be a multiple of 32, got {self.head_dim}")
+        data = np.asarray(self.data)
+        if data.dtype != np.uint8:
+            raise TbqTypeError(f"cache data must be uint8, got {data.dtype}")
+        if data.ndim != 3 or data.shape[2] != _row_bytes(self.fmt, self.head_dim):
+            raise TbqValueError(
+                f"cache data must have shape (tokens, n_head_kv, {_row_bytes(self.fmt, self.head_dim)}) for "
+                f"{self.fmt} with head_dim {self.head_dim}, got {data.shape}"
+            )
+        object.__setattr__(self, "data", data)
+        if self.sink is not None:
+            sink = np.asarray(self.sink)
+            want = (sink.shape[0] if sink.ndim == 3 else -1, data.shape[1], _row_bytes(self.sink_format, self.head_dim))
+            if sink.dtype != np.uint8 or sink.ndim != 3 or sink.shape[1:] != want[1:]:
+                raise TbqValueError(f"sink must be uint8 of shape (n_sink, {want[1]}, {want[2]}), got {sink.dtype} {sink.shape}")
+            object.__setattr__(self, "sink", sink if sink.shape[0] else None)
+        object.__setattr__(self, "config", dict(self.config or {}))
+
+    # -- construction --
+    @classmethod
+    def encode(cls, x, fmt: str, *, n_sink: int = 0, sink_format: str = "f16", config: dict | None = None) -> "KVCache":
+        """Encode float ``x`` of shape ``(T, n_head_kv, head_dim)`` in ``fmt``.
+
+        The first ``n_sink`` tokens are stored in ``sink_format`` instead.
+        """
+        x = np.asarray(x)
+        if x.dtype not in (np.float16, np.float32, np.float64):
+            raise TbqTypeError(f"cache values must be float, got dtype {x.dtype}")
+        if x.ndim != 3:
+            raise TbqValueError(f"cache values must have shape (tokens, n_head_kv, head_dim), got {x.shape}")
+        x = x.astype(np.float32, copy=False)
+        if isinstance(n_sink, bool) or not isinstance(n_sink, (int, np.integer)) or not 0 <= n_sink <= x.shape[0]:
+            raise TbqValueError(f"n_sink must be an integer in 0..{x.shape[0]} (the number of tokens), got {n_sink!r}")
+        if sink_format not in SINK_FORMATS:
+            raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {sink_format!r}")
+        config = dict(config or {})
+        codec = _codec(fmt, config)
+        if x.shape[2] % codec.block_size:
+            raise TbqValueError(f"head_dim {x.shape[2]} is not a multiple of {fmt}'s block size {codec.block_size}")
+        data = codec.encode(x[n_sink:])
+        sink = None
+        if n_sink:
+            xs = x[:n_sink]
+            if sink_format == "f16":
+                if not np.isfinite(xs).all():
+                    raise NonFiniteError("the sink tokens hold a non-finite value")
+                with np.errstate(over="ignore"):
+                    h = xs.astype("<f2")
+                if not np.isfinite(h).all():
+                    raise TbqValueError("a sink value does not fit float16 (|x| >= 65520); use sink_format='q8_0'")
+                sink = np.ascontiguousarray(h).view(np.uint8)
+            else:
+                sink = get_codec("q8_0", backend="numpy").encode(xs)
+        return cls(fmt, data, int(x.shape[2]), config, sink, sink_format)
+
+    # -- facts --
+    @property
+    def n_sink(self) -> int:
+        return 0 if self.sink is None else int(self.sink.shape[0])
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_sink + int(self.data.shape[0])
+
+    @property
+    def n_head_kv(self) -> int:
+        return int(self.data.shape[1])
+
+    @property
+    def rotated(self) -> bool:
+        return FORMATS[self.fmt].rotated
+
+    @property
+    def codec(self) -> Codec:
+        return _codec(self.fmt, self.config)
+
+    # -- decoding --
+    def fields(self):
+        """``(idx, d)`` of a TBQ cache's main part.
+
+        ``idx``: uint8 ``(T - n_sink, n_head_kv, nb, 128)`` codebook indices,
+        ``d``: float32 ``(T - n_sink, n_head_kv, nb)`` decoded fp16 scales,
+        with ``nb = head_dim / 128`` blocks per head.
+        """
+        if not self.rotated:
+            raise TbqValueError(f"fields() is for the TBQ formats, not {self.fmt}")
+        info = FORMATS[self.fmt]
+        t, h = self.data.shape[:2]
+        nb = self.head_dim // info.block_size
+        blocks = self.data.reshape(t, h, nb, info.type_size)
+        d = f16_bits_to_f32(np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0])
+        payload = np.ascontiguousarray(blocks[..., 2:])
+        idx = unpack4_pairs(payload, backend="numpy") if info.index_bits == 4 else unpack3(payload, backend="numpy")
+        return idx, d
+
+    def _sink_values(self) -> np.ndarray:
+        """float32 ``(n_sink, n_head_kv, head_dim)``; exact (f16 and q8_0 decode without rounding)."""
+        if self.sink is None:
+            return np.zeros((0, self.n_head_kv, self.head_dim), np.float32)
+        if self.sink_format == "f16":
+            return np.ascontiguousarray(self.sink).view("<f2").astype(np.float32)
+        return get_codec("q8_0", backend="numpy").decode(self.sink)
+
+    def dequantize(self, dtype=np.float32) -> np.ndarray:
+        """All ``T`` tokens as ``(T, n_head_kv, head_dim)`` floats.
+
+        ``float32``: the library decoder, bit-exact with the C reference.
+        ``float64``: the same values computed in float64 from the fields: Q8_0,
+        Q4_0 and f16 decode exactly in either precision; for the TBQ formats
+        the inverse rotation of the centroids runs in float64 and is multiplied
+        by the float64 scale, so there is no float32 rounding (this is the
+        "exact" dequantization the float64 reference uses).
+        """
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TbqTypeError(f"dtype must be float32 or float64, got {dtype}")
+        sink = self._sink_values().astype(dtype)
+        if dtype == np.float32 or not self.rotated:
+            main = self.codec.decode(self.data).astype(dtype)
+        else:
+            codec = self.codec
+            idx, d = self.fields()
+            c = codec.codebook.centroids.astype(np.float64)[idx]
+            y = codec.rotation.inverse(c) * d.astype(np.float64)[..., None]
+            main = y.reshape(self.data.shape[0], self.n_head_kv, self.head_dim)
+        return np.concatenate([sink, main], axis=0)
+
+
+def _codec(fmt: str, config: dict) -> Codec:
+    cfg = {k: v for k, v in (config or {}).items() if k not in ("name", "backend", "threads")}
+    return get_codec(fmt, backend="numpy", **cfg)
+
+
+def encode_kv(k, v, k_fmt: str, v_fmt: str, *, n_sink: int = 0, sink_format: str = "f16", k_config=None, v_config=None):
+    """Encode a K and a V cache (each ``(T, n_head_kv, head_dim)``); returns ``(KVCache, KVCache)``.
+
+    ``n_sink`` and ``sink_format`` apply to both caches (the first ``n_sink``
+    tokens of each stay in f16 or q8_0).
+    """
+    K = KVCache.encode(k, k_fmt, n_sink=n_sink, sink_format=sink_format, config=k_config)
+    V = KVCache.encode(v, v_fmt, n_sink=n_sink, sink_format=sink_format, config=v_config)
+    return K, V
+
+
+# ---------------------------------------------------------------------------
+# the two algorithms
+# ---------------------------------------------------------------------------
+
+
+def _check(q, k: KVCache, v: KVCache, scale, dtype):
+    if not isinstance(k, KVCache) or not isinstance(v, KVCache):
+        raise TbqTypeError("k and v must be KVCache objects (see KVCache.encode / encode_kv)")
+    q = np.asarray(q)
+    if q.dtype not in (np.float16, np.float32, np.float64):
+        raise TbqTypeError(f"q must be a float array, got dtype {q.dtype}")
+    if q.ndim != 2:
+        raise TbqValueError(f"q must have shape (n_head, head_dim), got {q.shape}")
+    if not np.isfinite(q).all():
+        raise NonFiniteError("q holds a non-finite value")
+    n_head, dim = q.shape
+    if k.head_dim != dim or v.head_dim != dim:
+        raise TbqValueError(f"head_dim mismatch: q has {dim}, K has {k.head_dim}, V has {v.head_dim}")
+    if k.n_tokens != v.n_tokens or k.n_tokens < 1:
+        raise TbqValueError(f"K and V must hold the same number (>= 1) of tokens, got {k.n_tokens} and {v.n_tokens}")
+    if k.n_head_kv != v.n_head_kv:
+        raise TbqValueError(f"K and V must have the same number of KV heads, got {k.n_head_kv} and {v.n_head_kv}")
+    if n_head % k.n_head_kv:
+        raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({k.n_head_kv})")
+    if scale is None:
+        scale = 1.0 / math.sqrt(dim)
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise TbqValueError(f"scale must be finite, got {scale!r}")
+    kv_of_head = np.arange(n_head) // (n_head // k.n_head_kv)
+    return q.astype(dtype), dtype.type(scale), kv_of_head
+
+
+def _seq_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``sum_j a[..., j] * b[..., j]`` accumulated sequentially in index order (broadcasting)."""
+    acc = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), np.result_type(a, b))
+    for j in range(a.shape[-1]):
+        acc += a[..., j] * b[..., j]
+    return acc
+
+
+def _softmax(s: np.ndarray, dtype) -> np.ndarray:
+    """Softmax over the last axis in ``dtype``: max-subtracted, exp in float64, sequential sum."""
+    m = np.max(s, axis=-1, keepdims=True)
+    e = np.exp((s - m).astype(np.float64)).astype(dtype)
+    total = np.zeros(s.shape[:-1], dtype)
+    for t in range(s.shape[-1]):
+        total += e[..., t]
+    return e / total[..., None]
+
+
+def _weighted_sum(p: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``sum_t p[h, t] * rows[h, t, :]`` sequentially over t (``p`` (H, T), ``rows`` (H, T, D))."""
+    acc = np.zeros((rows.shape[0], rows.shape[2]), rows.dtype)
+    for t in range(rows.shape[1]):
+        acc += p[:, t, None] * rows[:, t, :]
+    return acc
+
+
+def attention_dequantized(q, k: KVCache, v: KVCache, *, scale=None) -> np.ndarray:
+    """Ordinary attention over the dequantized caches, in float64.
+
+    K and V are dequantized exactly in float64 (:meth:`KVCache.dequantize`),
+    then for each query head ``h`` (KV head ``g = h // (n_head / n_head_kv)``):
+    ``s_t = scale * q_h . K[t, g]``, ``p = softmax(s)``, ``o_h = sum_t p_t V[t, g]``.
+    Returns float64 ``(n_head, head_dim)``.
+    """
+    dtype = np.dtype(np.float64)
+    q, scale, kvh = _check(q, k, v, scale, dtype)
+    K = k.dequantize(np.float64)[:, kvh, :].transpose(1, 0, 2)  # (H, T, D)
+    V = v.dequantize(np.float64)[:, kvh, :].transpose(1, 0, 2)
+    s = _seq_dot(q[:, None, :], K) * scale
+    return _weighted_sum(_softmax(s, dtype), V)
+
+
+def _scores(qd: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray:
+    """Raw scores ``q . k_t`` (H, T) the way a fused kernel computes them, in ``dtype``."""
+    n_head, dim = qd.shape
+    parts = []
+    if cache.n_sink:
+        ks = cache._sink_values().astype(dtype)[:, kvh, :].transpose(1, 0, 2)
+        parts.append(_seq_dot(qd[:, None, :], ks))
+    if cache.data.shape[0]:
+        if cache.rotated:
+            codec = cache.codec
+            nb = dim // codec.block_size
+            qr = codec.rotation.forward(qd.reshape(n_head, nb, codec.block_size))  # rotate the query once
+            idx, d = cache.fields()  # (T', G, nb, 128), (T', G, nb)
+            c = codec.codebook.centroids.astype(dtype)[idx[:, kvh]].transpose(1, 0, 2, 3)  # (H, T', nb, 128)
+            dd = d.astype(dtype)[:, kvh].transpose(1, 0, 2)  # (H, T', nb)
+            partial = _seq_dot(qr[:, None, :, :], c)  # (H, T', nb): sum_j q'_j c[idx_j]
+            acc = np.zeros(partial.shape[:2], dtype)
+            for b in range(nb):  # score = sum over blocks of d_b * (q'_b . c_b)
+                acc += dd[..., b] * partial[..., b]
+            parts.append(acc)
+        else:
+            km = cache.codec.decode(cache.data).astype(dtype)[:, kvh, :].transpose(1, 0, 2)  # exact
+            parts.append(_seq_dot(qd[:, None, :], km))
+    return np.concatenate(parts, axis=1)
+
+
+def _values(p: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray:
+    """``sum_t p_t v_t`` (H, D), accumulating TBQ tokens in the rotated domain and rotating back once."""
+    n_head = p.shape[0]
+    dim = cache.head_dim
+    ns = cache.n_sink
+    out = None
+    if cache.data.shape[0]:
+        pm = p[:, ns:]
+        if cache.rotated:
+            codec = cache.codec
+            nb = dim // codec.block_size
+            idx, d = cache.fields()
+            c = codec.codebook.centroids.astype(dtype)[idx[:, kvh]].transpose(1, 0, 2, 3)  # (H, T', nb, 128)
+            dd = d.astype(dtype)[:, kvh].transpose(1, 0, 2)  # (H, T', nb)
+            acc = np.zeros((n_head, nb, codec.block_size), dtype)
+            for t in range(pm.shape[1]):  # o' += (p_t * d_t) * c[idx_t]
+                acc += (pm[:, t, None] * dd[:, t, :])[..., None] * c[:, t]
+            out = codec.rotation.inverse(acc).reshape(n_head, dim)  # rotate the output back once
+        else:
+            vm = cache.codec.decode(cache.data).astype(dtype)[:, kvh, :].transpose(1, 0, 2)
+            out = _weighted_sum(pm, vm)
+    if ns:
+        vs = cache._sink_values().astype(dtype)[:, kvh, :].transpose(1, 0, 2)
+        o_sink = _weighted_sum(p[:, :ns], vs)
+        out = o_sink if out is None else out + o_sink
+    return out
+
+
+def attention_rotated(q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32) -> np.ndarray:
+    """The fused-kernel algorithm of ``SPEC.md`` in ``dtype`` (float32 or float64).
+
+    For a TBQ K cache: ``q' = R(q)`` once per head, then for each token
+    ``s_t = scale * d_t * (q' . c[idx_t])`` straight from the block fields.
+    For a TBQ V cache: ``o' = sum_t (p_t * d_t) * c[idx_t]``, then ``o = R^-1(o')``
+    once. Q8_0/Q4_0 caches and sink tokens (f16/q8_0) are read in the original
+    domain (their dequantized values are exact in float32). ``p`` is the
+    softmax of the scores (max-subtracted). Every sum is sequential in index
+    order. Returns ``(n_head, head_dim)`` in ``dtype``.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TbqTypeError(f"dtype must be float32 or float64, got {dtype}")
+    q, scale, kvh = _check(q, k, v, scale, dtype)
+    s = _scores(q, k, kvh, dtype) * scale
+    p = _softmax(s, dtype)
+    return _values(p, v, kvh, dtype)
+
+
+def score_condition(q, k: KVCache, *, scale=None) -> float:
+    """``S = max_{h,t} scale * sum_j |q_hj| * |k_tj|`` over the dequantized keys (float64).
+
+    The absolute rounding error of a score is proportional to ``S``, not to
+    the score itself (the terms of the dot product cancel), so ``S`` measures
+    how hard the scores are to compute in float32.
+    """
+    qd, sc, kvh = _check(q, k, k, scale, np.dtype(np.float64))
+    K = np.abs(k.dequantize(np.float64))[:, kvh, :].transpose(1, 0, 2)  # (H, T, D)
+    return float(np.max(_seq_dot(np.abs(qd)[:, None, :], K)) * sc)
+
+
+def f32_tolerance(q, k: KVCache, v: KVCache, *, scale=None) -> float:
+    """Absolute tolerance of :func:`attention_rotated` in float32 against :func:`attention_dequantized`.
+
+    ``F32_TOLERANCE_FACTOR * 2**-24 * max|V| * (1 + S)`` with ``S`` from
+    :func:`score_condition` and ``V`` the dequantized values.
+
+    Why this form: the output is a convex combination of value rows, so the
+    rounding of the weights and of the accumulation costs a few float32 ulps
+    of ``max|V|`` (the ``1``); a score is a 128-term float32 dot product whose
+    absolute error is a small multiple of ``2**-24 * S`` (not of the score:
+    the terms cancel), and the softmax turns score errors ``ds`` into output
+    errors ``sum_t p_t (ds_t - sum_u p_u ds_u) v_t``, at most ``2 max|ds| max|V|``.
+
+    Measured (``tests/test_attention.py`` and a wider sweep of 108 runs: K in
+    tbq4_0/q8_0/tbq3_0, V in tbq4_0/q4_0/tbq3_0, T from 8 to 1024, keys with
+    outlier channels scaled so that ``S`` ranges from 3 to 270, sinks in f16
+    and q8_0, GQA): the largest error was ``0.78 * 2**-24 * max|V| * (1 + S)``;
+    the factor 4 leaves a 5x margin. A real defect (a wrong sign table, a
+    missing rotation, a wrong centroid) gives errors of order 1e-2 * max|V|,
+    millions of times larger.
+    """
+    V = v.dequantize(np.float64)
+    return float(F32_TOLERANCE_FACTOR * 2.0**-24 * np.max(np.abs(V)) * (1.0 + score_condition(q, k, scale=scale)))
