@@ -3,6 +3,19 @@
 Without a file it uses :func:`tbq.synthetic.builtin_kv` (512 tokens x 8 heads x
 128, keys with outlier channels, Gaussian values). With a ``.npy`` file it uses
 that array (float16/32/64, last axis a multiple of 128).
+
+Besides the vector error (NMSE, SNR, max abs error, cosine) every row reports
+what the error does to attention, against seeded random N(0, 1) queries
+(:func:`tbq.metrics.random_queries`). An array is read as ``(tokens, ...)``:
+axis 0 is the token (context) axis and every 128 values of a token are one
+head. For a *key* array (the built-in ``keys``, or any user file) the columns
+are the RMS error of the logits ``q.k/sqrt(128)``, the mean softmax KL
+divergence ``KL(p || p_hat)`` in nats, and the fraction of the exact top-k
+tokens that stay in the top k; for the built-in ``values`` these do not apply
+(values do not enter the logits) and show ``-``. ``out NMSE`` is the NMSE of the
+attention output when only this array is quantized (the other one of the
+built-in pair exact); it needs both keys and values and shows ``-`` for a
+user file. ``--plot FILE.png`` draws the table (needs matplotlib).
 """
 
 from __future__ import annotations
@@ -14,9 +27,12 @@ import numpy as np
 from .codecs import get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
 from .formats import formats
-from .metrics import error_summary
+from .metrics import attention_error, error_summary, random_queries
 
-__all__ = ["compare", "format_table"]
+__all__ = ["compare", "format_table", "attention_columns"]
+
+#: Head size of the attention metrics: every 128 values of a token are one head.
+HEAD_DIM = 128
 
 COLUMNS = [
     ("data", "{}"),
@@ -27,6 +43,10 @@ COLUMNS = [
     ("SNR dB", "{:.2f}"),
     ("max abs err", "{:.3e}"),
     ("mean cos", "{:.6f}"),
+    ("logit rmse", "{:.3e}"),
+    ("softmax KL", "{:.3e}"),
+    ("top-k", "{:.3f}"),
+    ("out NMSE", "{:.3e}"),
     ("enc Mv/s", "{:.0f}"),
     ("dec Mv/s", "{:.0f}"),
 ]
@@ -41,14 +61,62 @@ def _best_time(fn, repeat: int) -> float:
     return best
 
 
-def compare(data: dict[str, np.ndarray], fmts=None, *, repeat: int = 3, **config) -> list[dict]:
+def _heads(x: np.ndarray) -> np.ndarray:
+    """``(tokens, heads, 128)`` view: axis 0 is the token axis, every 128 values of a token one head."""
+    if x.ndim == 1:
+        x = x[None, :]
+    return x.reshape(x.shape[0], -1, HEAD_DIM)
+
+
+def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, topk: int = 8) -> dict:
+    """The attention columns of a :func:`compare` row for reference ``x`` and reconstruction ``y``.
+
+    ``role="keys"``: logit RMSE, softmax KL and top-k agreement of ``y`` as the
+    keys; ``role="values"``: those are ``None``. ``out NMSE`` is the attention
+    output error with ``partner`` as the exact other half of the pair (values
+    for keys, keys for values), ``None`` without a partner. ``queries`` are
+    ``(n, heads, 128)`` or ``(n, 128)``.
+    """
+    X, Y = _heads(np.asarray(x, np.float32)), _heads(np.asarray(y, np.float32))
+    P = None if partner is None else _heads(np.asarray(partner, np.float32))
+    out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+    if role == "keys":
+        m = attention_error(queries, X, P, k_hat=Y, topk=topk)
+        out.update({"logit rmse": m["logit_rmse"], "softmax KL": m["kl_mean"], "top-k": m["topk_agreement"]})
+    elif P is not None:
+        m = attention_error(queries, P, X, v_hat=Y, topk=topk)
+    else:
+        m = {}
+    if P is not None:
+        out["out NMSE"] = m["output_nmse"]
+    return out
+
+
+def compare(
+    data: dict[str, np.ndarray],
+    fmts=None,
+    *,
+    repeat: int = 3,
+    attention: bool = True,
+    n_queries: int = 16,
+    topk: int = 8,
+    query_seed: int = 0,
+    **config,
+) -> list[dict]:
     """Round-trip every array of ``data`` through every format; one result row per pair.
 
     Throughput is the best of ``repeat`` timed runs after one warm-up run (the
     warm-up also compiles the numba kernels), in million values per second.
+
+    With ``attention`` (default) each row also holds the attention columns of
+    :func:`attention_columns` against ``n_queries`` seeded N(0, 1) queries per
+    head (seed ``query_seed``), with top-``topk`` agreement. An array labelled
+    ``"values"`` is treated as values and every other one as keys; when
+    ``data`` holds both ``"keys"`` and ``"values"`` of the same shape each is the
+    exact partner of the other. Without ``attention`` those columns are ``None``.
     """
     fmts = tuple(fmts) if fmts is not None else formats()
-    rows = []
+    arrays = {}
     for label, x in data.items():
         x = np.asarray(x)
         if x.dtype not in (np.float16, np.float32, np.float64):
@@ -57,7 +125,15 @@ def compare(data: dict[str, np.ndarray], fmts=None, *, repeat: int = 3, **config
             raise BlockShapeError(
                 f"{label}: the last axis must be a multiple of 128 (the largest block size), got shape {x.shape}"
             )
-        x = x.astype(np.float32, copy=False)
+        arrays[label] = x.astype(np.float32, copy=False)
+    paired = "keys" in arrays and "values" in arrays and arrays["keys"].shape == arrays["values"].shape
+    rows = []
+    for label, x in arrays.items():
+        role = "values" if label == "values" else "keys"
+        partner = None
+        if paired and label in ("keys", "values"):
+            partner = arrays["values" if label == "keys" else "keys"]
+        queries = random_queries(n_queries, HEAD_DIM, _heads(x).shape[1], seed=query_seed) if attention else None
         for fmt in fmts:
             cfg = {k: v for k, v in config.items() if fmt.startswith("tbq") or k not in ("codebook", "signs")}
             codec = get_codec(fmt, **cfg)
@@ -68,6 +144,10 @@ def compare(data: dict[str, np.ndarray], fmts=None, *, repeat: int = 3, **config
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             s = error_summary(x, y)
             row.update({"NMSE": s["nmse"], "SNR dB": s["snr_db"], "max abs err": s["max_abs_error"], "mean cos": s["mean_cosine"]})
+            if attention:
+                row.update(attention_columns(x, y, role=role, partner=partner, queries=queries, topk=topk))
+            else:
+                row.update({"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None})
             row["enc Mv/s"] = x.size / t_enc / 1e6
             row["dec Mv/s"] = x.size / t_dec / 1e6
             rows.append(row)
@@ -76,7 +156,9 @@ def compare(data: dict[str, np.ndarray], fmts=None, *, repeat: int = 3, **config
 
 def format_table(rows: list[dict]) -> str:
     """Aligned text table of :func:`compare` rows."""
-    cells = [[name for name, _ in COLUMNS]] + [[fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows]
+    cells = [[name for name, _ in COLUMNS]] + [
+        ["-" if r.get(name) is None else fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows
+    ]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
     lines = []
     for n, row in enumerate(cells):
@@ -94,6 +176,9 @@ def add_arguments(p) -> None:
     p.add_argument("--signs", default="turboq-mtp", help="TBQ sign tables: turboq-mtp or an integer seed")
     p.add_argument("--backend", default=None, choices=("numpy", "numba"), help="default: numba")
     p.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (best is reported)")
+    p.add_argument("--queries", type=int, default=16, help="random N(0,1) queries per head for the attention metrics (default 16)")
+    p.add_argument("--topk", type=int, default=8, help="k of the top-k agreement column (default 8)")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="also save a figure of the error per format (needs matplotlib)")
 
 
 def run_cli(args) -> int:
@@ -115,7 +200,33 @@ def run_cli(args) -> int:
             "(tokens, heads, head_dim); keys have outlier channels 5, 37, 64, 111 (x20), values are N(0, 1)"
         )
     signs = int(args.signs) if args.signs.lstrip("-").isdigit() else args.signs
+    if args.queries < 1 or args.topk < 1:
+        raise TbqValueError("--queries and --topk must be at least 1")
+    if args.plot:
+        from .plots import require_matplotlib
+
+        require_matplotlib("tbq compare --plot")
     print(desc)
-    rows = compare(data, fmts, repeat=args.repeat, codebook=args.codebook, signs=signs, backend=args.backend)
+    rows = compare(
+        data,
+        fmts,
+        repeat=args.repeat,
+        codebook=args.codebook,
+        signs=signs,
+        backend=args.backend,
+        n_queries=args.queries,
+        topk=args.topk,
+        query_seed=args.seed,
+    )
     print(format_table(rows))
+    print(
+        f"attention: {args.queries} random N(0,1) queries per head (seed {args.seed}), logits q.k/sqrt(128); "
+        f"softmax KL in nats; top-k = share of the exact top-{args.topk} tokens kept; "
+        "out NMSE = attention output error with only this tensor quantized"
+    )
+    if args.plot:
+        from .plots import plot_compare
+
+        path = plot_compare(rows, args.plot, title=desc.split(":")[0])
+        print(f"figure saved to {path}")
     return 0

@@ -1,0 +1,408 @@
+"""Figures of the quantization-error study, saved as PNG.
+
+matplotlib is an optional dependency (the ``plot`` and ``notebooks`` extras):
+it is imported inside the functions, never at module import, and only its
+object-oriented API is used (``matplotlib.figure.Figure``, no ``pyplot``), so
+the functions work headless and do not touch the global backend or leave
+figures open. Every ``plot_*`` function takes the data to draw and a ``path``,
+writes a PNG there (creating the directory) and returns the path.
+
+Helpers for the notebooks: :func:`small_mode` (the ``TBQ_NOTEBOOK_SMALL``
+environment variable, set by the test suite to shrink the data) and
+:func:`figure_path` (``TBQ_FIGURE_DIR``, default ``figures``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "require_matplotlib",
+    "small_mode",
+    "figure_path",
+    "plot_compare",
+    "plot_rate_distortion",
+    "plot_rotation_block",
+    "plot_lines",
+    "plot_bars",
+    "plot_codebooks",
+    "plot_index_histograms",
+]
+
+DPI = 110
+
+
+def require_matplotlib(what: str = "plotting"):
+    """Import and return matplotlib, or raise :class:`~tbq.errors.ConfigError` saying how to install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError(
+            f"{what} needs matplotlib, which is not installed; install it with `pip install 'tbq[plot]'` "
+            "(or `tbq[notebooks]` for the study notebooks)"
+        ) from None
+    return matplotlib
+
+
+def small_mode() -> bool:
+    """True when ``TBQ_NOTEBOOK_SMALL`` is set to something other than ``""``/``0``: notebooks shrink their data."""
+    return os.environ.get("TBQ_NOTEBOOK_SMALL", "") not in ("", "0")
+
+
+def figure_path(name: str) -> Path:
+    """``$TBQ_FIGURE_DIR/name`` (default directory ``figures`` under the working directory), directory created."""
+    d = Path(os.environ.get("TBQ_FIGURE_DIR", "figures"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d / name
+
+
+def _figure(nrows=1, ncols=1, width=None, height=None, **kw):
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width or 4.6 * ncols, height or 3.6 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def _save(fig, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _colors(n):
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------
+# tbq compare
+# ---------------------------------------------------------------------------
+
+
+def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
+    """Grouped bars of :func:`tbq.compare.compare` rows: NMSE, softmax KL (keys) and attention-output NMSE per format."""
+    datas = list(dict.fromkeys(r["data"] for r in rows))
+    fmts = list(dict.fromkeys(r["format"] for r in rows))
+    panels = [("NMSE", "NMSE of the tensor"), ("softmax KL", "softmax KL (nats), keys"), ("out NMSE", "attention output NMSE")]
+    panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)]
+    fig, axes = _figure(1, len(panels))
+    colors = dict(zip(datas, _colors(len(datas))))
+    for ax, (key, label) in zip(axes[0], panels):
+        series = {}
+        for d in datas:
+            vals = []
+            for f in fmts:
+                r = next((r for r in rows if r["data"] == d and r["format"] == f), None)
+                v = None if r is None else r.get(key)
+                vals.append(np.nan if v is None or v <= 0 else v)
+            if not np.all(np.isnan(vals)):
+                series[d] = vals
+        width = 0.8 / max(1, len(series))
+        for j, (d, vals) in enumerate(series.items()):
+            ax.bar(np.arange(len(fmts)) + (j - (len(series) - 1) / 2) * width, vals, width, label=str(d), color=colors[d])
+        ax.set_xticks(np.arange(len(fmts)), fmts, rotation=30, ha="right")
+        ax.set_yscale("log")
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# Rate-distortion
+# ---------------------------------------------------------------------------
+
+
+def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), title: str | None = None) -> Path:
+    """NMSE (SNR on the right axis) against bits per value, one column per data set, with the anchors.
+
+    ``results``: dicts with ``dataset``, ``name``, ``bits_per_value`` and
+    ``nmse``; a ``family`` key (e.g. ``"rotated Lloyd-Max"``) joins the points
+    of that family by a line. Anchors: Shannon ``4**-b``, the TurboQuant upper
+    bound ``sqrt(3)*pi/2 * 4**-b`` and the Gaussian Lloyd-Max distortion at
+    integer ``b`` (:mod:`tbq.metrics`). The second row shows the same points as
+    NMSE divided by the Shannon bound at their bits per value, where the two
+    bounds are the horizontal lines 1 and ``sqrt(3)*pi/2``.
+    """
+    from .metrics import TURBOQUANT_UPPER_FACTOR, lloyd_max_distortion, shannon_lower_bound, turboquant_upper_bound
+
+    datasets = list(dict.fromkeys(r["dataset"] for r in results))
+    nd = len(datasets)
+    fig, axes = _figure(2, nd, width=6.0 * nd + 2.6, height=8.6, sharex=True, height_ratios=[3, 2])
+    b = np.linspace(bits_range[0], bits_range[1], 200)
+    bi = np.arange(max(1, math.ceil(bits_range[0])), min(8, math.floor(bits_range[1])) + 1)
+    lm = np.array([lloyd_max_distortion(int(k)) for k in bi])
+    names = list(dict.fromkeys(r["name"] for r in results if not r.get("family")))
+    families = list(dict.fromkeys(r["family"] for r in results if r.get("family")))
+    colors = dict(zip(names + families, _colors(len(names) + len(families))))
+    markers = "osD^v<>pPhX*"
+    for col, ds in enumerate(datasets):
+        for row, rel in enumerate((False, True)):
+            ax = axes[row][col]
+            f = (lambda bb, y: y / shannon_lower_bound(bb)) if rel else (lambda bb, y: y)
+            ax.fill_between(b, f(b, shannon_lower_bound(b)), f(b, turboquant_upper_bound(b)), color="0.9", label="between the bounds")
+            ax.plot(b, f(b, shannon_lower_bound(b)), "k-", lw=1, label=r"Shannon lower bound $4^{-b}$")
+            ax.plot(b, f(b, turboquant_upper_bound(b)), "k--", lw=1, label=r"upper bound $(\sqrt{3}\pi/2)\,4^{-b}$")
+            ax.plot(bi, f(bi, lm), "k:", marker="x", lw=1, label="Gaussian Lloyd-Max")
+            for fam in families:
+                pts = sorted((r["bits_per_value"], r["nmse"]) for r in results if r["dataset"] == ds and r.get("family") == fam)
+                if pts:
+                    x, y = map(np.asarray, zip(*pts))
+                    ax.plot(x, f(x, y), "-", marker=".", color=colors[fam], alpha=0.8, label=fam)
+            for i, nm in enumerate(names):
+                for r in results:
+                    if r["dataset"] == ds and r["name"] == nm and not r.get("family"):
+                        ax.plot(
+                            r["bits_per_value"], f(r["bits_per_value"], r["nmse"]), markers[i % len(markers)],
+                            color=colors[nm], ms=7, label=nm,
+                        )
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3, which="both")
+            if rel:
+                ax.set_xlabel("bits per value (storage, including scales)")
+                ax.set_ylabel("NMSE / 4^-b" if col == 0 else "")
+                lo, hi = ax.get_ylim()
+                ax.set_ylim(max(lo, 0.5), min(hi, 100.0))
+                ax.axhline(TURBOQUANT_UPPER_FACTOR, color="k", ls="--", lw=1)
+            else:
+                ax.set_title(str(ds))
+                ax.set_ylabel("NMSE" if col == 0 else "")
+                lo, hi = ax.get_ylim()
+                tw = ax.twinx()
+                tw.set_ylim(-10 * math.log10(lo), -10 * math.log10(hi))
+                if col == nd - 1:
+                    tw.set_ylabel("SNR (dB)")
+    seen = {}
+    for row in axes:
+        for ax in row:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, h)
+    fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# Rotation
+# ---------------------------------------------------------------------------
+
+
+def plot_rotation_block(block, rotated, path, *, peak_rms=None, title: str | None = None) -> Path:
+    """One block before/after the rotation, and (optionally) max/RMS over many blocks.
+
+    ``block``, ``rotated``: 1-D arrays of one block in the original and the
+    rotated domain. Drawn per coordinate (stem plot), as histograms scaled to
+    unit RMS against the N(0, 1) density. ``peak_rms``: optional dict
+    ``{label: array of max/RMS per block}`` for a third panel.
+    """
+    block = np.asarray(block, dtype=np.float64)
+    rotated = np.asarray(rotated, dtype=np.float64)
+    n = 3 if peak_rms else 2
+    fig, axes = _figure(1, n, width=5.0 * n, height=3.8)
+    ax = axes[0][0]
+    idx = np.arange(block.size)
+    rb = np.sqrt(np.mean(block**2)) or 1.0
+    rr = np.sqrt(np.mean(rotated**2)) or 1.0
+    ax.plot(idx, block / rb, ".", ms=4, label="before")
+    ax.plot(idx, rotated / rr, ".", ms=4, label="after rotation")
+    ax.set_xlabel("channel")
+    ax.set_ylabel("value / block RMS")
+    ax.set_title("one block, per coordinate")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    ax = axes[0][1]
+    lim = max(np.max(np.abs(block / rb)), np.max(np.abs(rotated / rr)), 4.0)
+    bins = np.linspace(-lim, lim, 61)
+    ax.hist(block / rb, bins=bins, alpha=0.6, density=True, label="before")
+    ax.hist(rotated / rr, bins=bins, alpha=0.6, density=True, label="after rotation")
+    t = np.linspace(-lim, lim, 400)
+    ax.plot(t, np.exp(-t * t / 2) / math.sqrt(2 * math.pi), "k-", lw=1, label="N(0, 1)")
+    ax.set_yscale("log")
+    ax.set_ylim(1e-3, None)
+    ax.set_xlabel("value / block RMS")
+    ax.set_title("histogram of the block")
+    ax.legend(fontsize="small")
+    if peak_rms:
+        ax = axes[0][2]
+        allv = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in peak_rms.values()])
+        bins = np.linspace(0, max(float(allv.max()) * 1.05, 1.0), 60)
+        for label, v in peak_rms.items():
+            ax.hist(np.asarray(v).ravel(), bins=bins, alpha=0.6, label=label)
+        ax.set_xlabel("max|x| / RMS per block")
+        ax.set_ylabel("blocks")
+        ax.set_title("peak-to-RMS over all blocks")
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# Generic panels
+# ---------------------------------------------------------------------------
+
+
+def plot_lines(
+    x,
+    panels: dict,
+    path,
+    *,
+    xlabel: str = "",
+    logx: bool = False,
+    logy=True,
+    ylim: dict | None = None,
+    styles: dict | None = None,
+    title: str | None = None,
+    ncols: int | None = None,
+) -> Path:
+    """One panel per entry of ``panels`` = ``{panel title: {series label: y values over x}}``.
+
+    ``logy``: bool for every panel, or a dict ``{panel title: bool}``;
+    ``logx``: ``False``, ``True`` (base 2) or a base such as 10.
+    ``styles``: optional ``{series label: format string}`` (e.g. ``"--"``).
+    """
+    titles = list(panels)
+    ncols = ncols or min(len(titles), 4)
+    nrows = math.ceil(len(titles) / ncols)
+    single = len(titles) == 1
+    fig, axes = _figure(nrows, ncols, width=7.0 if single else 4.4 * ncols, height=4.2 if single else 3.5 * nrows)
+    labels = list(dict.fromkeys(lab for p in panels.values() for lab in p))
+    colors = dict(zip(labels, _colors(len(labels))))
+    x = np.asarray(x)
+    for k, t in enumerate(titles):
+        ax = axes[k // ncols][k % ncols]
+        for lab, y in panels[t].items():
+            ax.plot(x, np.asarray(y, dtype=np.float64), (styles or {}).get(lab, "-"), marker=".", color=colors[lab], label=lab)
+        if logx:
+            ax.set_xscale("log", base=2 if logx is True else logx)
+        ly = logy.get(t, True) if isinstance(logy, dict) else logy
+        if ly:
+            ax.set_yscale("log")
+        if ylim and t in ylim:
+            ax.set_ylim(*ylim[t])
+        ax.set_title(t, fontsize="medium")
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3, which="both")
+    for k in range(len(titles), nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    if single:
+        axes[0][0].legend(fontsize="small")
+    else:
+        seen = {}
+        for row in axes:
+            for ax in row:
+                for h, lab in zip(*ax.get_legend_handles_labels()):
+                    seen.setdefault(lab, h)
+        fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_bars(panels: dict, path, *, logy=True, title: str | None = None, ncols: int | None = None, hline=None) -> Path:
+    """Bar panels: ``{panel title: {bar label: value}}``; ``logy`` a bool or ``{panel: bool}``.
+
+    ``hline``: optional ``{panel title: (y, label)}`` reference line.
+    """
+    titles = list(panels)
+    ncols = ncols or min(len(titles), 3)
+    nrows = math.ceil(len(titles) / ncols)
+    fig, axes = _figure(nrows, ncols, width=4.8 * ncols, height=3.9 * nrows)
+    for k, t in enumerate(titles):
+        ax = axes[k // ncols][k % ncols]
+        labs = list(panels[t])
+        vals = [panels[t][lab] for lab in labs]
+        ax.bar(np.arange(len(labs)), vals, color=_colors(len(labs)))
+        ax.set_xticks(np.arange(len(labs)), labs, rotation=35, ha="right", fontsize="small")
+        ly = logy.get(t, True) if isinstance(logy, dict) else logy
+        if ly:
+            ax.set_yscale("log")
+        if hline and t in hline:
+            y, lab = hline[t]
+            ax.axhline(y, color="k", ls="--", lw=1, label=lab)
+            ax.legend(fontsize="small")
+        ax.set_title(t, fontsize="medium")
+        ax.grid(axis="y", alpha=0.3, which="both")
+    for k in range(len(titles), nrows * ncols):
+        axes[k // ncols][k % ncols].set_visible(False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# Codebooks
+# ---------------------------------------------------------------------------
+
+
+def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None) -> Path:
+    """Codebook levels against the N(0, sigma^2) density they should fit.
+
+    ``tables``: ``{panel title: {label: Codebook}}`` (e.g. one panel per bit
+    width, fitted vs fork). Centroids are drawn as vertical ticks, thresholds
+    as dotted lines, over the density of the rotated coordinates.
+    """
+    titles = list(tables)
+    fig, axes = _figure(1, len(titles), width=5.6 * len(titles), height=3.8)
+    for ax, t in zip(axes[0], titles):
+        cbs = tables[t]
+        lim = max(4.5 * sigma, max(float(np.max(np.abs(cb.centroids))) for cb in cbs.values()) * 1.1)
+        xs = np.linspace(-lim, lim, 600)
+        pdf = np.exp(-0.5 * (xs / sigma) ** 2) / (sigma * math.sqrt(2 * math.pi))
+        ax.fill_between(xs, pdf, color="0.88", label=f"density N(0, sigma^2), sigma = {sigma:.4f}")
+        top = float(pdf.max())
+        colors = _colors(len(cbs))
+        for j, (lab, cb) in enumerate(cbs.items()):
+            y0, y1 = top * (1.05 + 0.12 * j), top * (1.15 + 0.12 * j)
+            ax.vlines(cb.centroids, y0, y1, color=colors[j], lw=2, label=f"{lab} centroids")
+            ax.vlines(cb.thresholds, 0, y0, color=colors[j], lw=0.8, ls=":", alpha=0.8, label=f"{lab} thresholds")
+        ax.set_xlim(-lim, lim)
+        ax.set_xlabel("rotated coordinate of a unit-norm block")
+        ax.set_title(t)
+        ax.set_yticks([])
+    seen = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=3, fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Path:
+    """Index histograms: ``{panel title: {label: counts per index}}``, bars side by side, as fractions."""
+    titles = list(hists)
+    fig, axes = _figure(1, len(titles), width=5.2 * len(titles), height=3.6)
+    for ax, t in zip(axes[0], titles):
+        series = hists[t]
+        colors = _colors(len(series))
+        w = 0.8 / max(1, len(series))
+        for j, (lab, counts) in enumerate(series.items()):
+            c = np.asarray(counts, dtype=np.float64)
+            frac = c / c.sum() if c.sum() else c
+            ax.bar(np.arange(c.size) + (j - (len(series) - 1) / 2) * w, frac, w, color=colors[j], label=lab)
+        n = max(len(np.asarray(c)) for c in series.values())
+        ax.set_xticks(np.arange(n))
+        ax.set_xlabel("index")
+        ax.set_ylabel("fraction of coordinates")
+        ax.set_title(t)
+        ax.legend(fontsize="small")
+        ax.grid(axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)

@@ -1,0 +1,510 @@
+"""Comparison quantizers and mixed cache policies, for studying quantization error.
+
+Nothing in this module is a byte format. The quantizers here return the
+*reconstruction* of their input (quantize, then dequantize, in floating point)
+and report the storage cost they would have (``bits_per_value``); they are
+meant to be compared against the real formats of :mod:`tbq.codecs`, not to
+produce caches. Only :class:`CodecQuantizer` wraps a real, bit-exact format.
+
+Quantizers (all have ``name``, ``bits_per_value`` and ``roundtrip(x)``, also
+callable as ``q(x)``; input float, output float32 of the same shape):
+
+- :class:`CodecQuantizer`: a real format (``q8_0``, ``q4_0``, ``tbq4_0``,
+  ``tbq3_0``) through ``encode``/``decode``; TBQ with any codebook and signs.
+- :class:`F16Quantizer`, :class:`Identity`: fp16 rounding, and no quantization.
+- :class:`KIVI`: asymmetric min/max integer quantization with a zero point,
+  per channel (keys) or per token (values), in groups (KIVI, Liu et al. 2024).
+- :class:`LloydMaxNoRotation`: a TBQ-like block quantizer *without* the
+  rotation (unit-norm block, Lloyd-Max codebook, corrected norm), to isolate
+  what the rotation does.
+- :class:`RotatedLloydMax`: the TBQ algorithm at any bit width 1..8 and any
+  power-of-two block (float32, not bit-exact), to draw a rate-distortion curve.
+
+:func:`get_quantizer` builds one from a short name (see its docstring), and
+:class:`CachePolicy` combines a K quantizer, a V quantizer and the first
+``n_sink`` tokens kept in f16 or q8_0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from .codebooks import Codebook, get_codebook, lloyd_max
+from .codecs import Codec, get_codec
+from .errors import ConfigError, TbqValueError
+from .formats import FORMATS
+from .rotation import get_rotation
+
+__all__ = [
+    "Quantizer",
+    "CodecQuantizer",
+    "F16Quantizer",
+    "Identity",
+    "KIVI",
+    "LloydMaxNoRotation",
+    "RotatedLloydMax",
+    "get_quantizer",
+    "CachePolicy",
+    "round_f16_down",
+    "round_f16_up",
+]
+
+
+class Quantizer:
+    """Base class of the study quantizers: ``roundtrip(x)`` returns the reconstruction.
+
+    Not a byte format: subclasses other than :class:`CodecQuantizer` compute
+    in floating point and only *account* for their storage in
+    ``bits_per_value``.
+    """
+
+    name: str = ""
+    #: storage cost including every scale, zero point or norm
+    bits_per_value: float = float("nan")
+    #: bits of the per-value code alone (the ``b`` of ``2**b`` levels)
+    code_bits: int = 0
+
+    def roundtrip(self, x) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __call__(self, x) -> np.ndarray:
+        return self.roundtrip(x)
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name} ({self.bits_per_value:g} bits/value)>"
+
+
+def _as_f32(x) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind != "f":
+        raise TbqValueError(f"expected a float array, got dtype {a.dtype}")
+    return a.astype(np.float32, copy=False)
+
+
+class CodecQuantizer(Quantizer):
+    """A real byte format (:func:`tbq.get_codec`) used as a quantizer: ``decode(encode(x))``.
+
+    ``fmt`` is a format name or a :class:`~tbq.codecs.Codec`; ``config`` goes to
+    :func:`tbq.get_codec` (``codebook=``, ``signs=``, ``backend=`` ...). The name
+    is the format name, with ``:<codebook>`` appended for a TBQ format whose
+    codebook is not the default and ``:signs=<seed>`` for seeded signs.
+    This is the one quantizer of this module whose output is a real cache's.
+    """
+
+    def __init__(self, fmt, **config):
+        self.codec: Codec = fmt if isinstance(fmt, Codec) else get_codec(fmt, **config)
+        cfg = self.codec.get_config()
+        name = cfg["name"]
+        if "codebook" in cfg and cfg["codebook"] != "lloyd-max":
+            name += ":" + (cfg["codebook"] if isinstance(cfg["codebook"], str) else "custom")
+        if "signs" in cfg and cfg["signs"] != "turboq-mtp":
+            name += ":signs=" + (str(cfg["signs"]) if isinstance(cfg["signs"], int) else "custom")
+        self.name = name
+        self.bits_per_value = self.codec.bits_per_value
+        self.code_bits = self.codec.info.index_bits
+
+    def roundtrip(self, x) -> np.ndarray:
+        return self.codec.decode(self.codec.encode(_as_f32(x)))
+
+
+class F16Quantizer(Quantizer):
+    """IEEE half precision (round to nearest even): 16 bits per value. Not a block format."""
+
+    name = "f16"
+    bits_per_value = 16.0
+    code_bits = 16
+
+    def roundtrip(self, x) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return _as_f32(x).astype(np.float16).astype(np.float32)
+
+
+class Identity(Quantizer):
+    """No quantization (float32, 32 bits per value): the reference."""
+
+    name = "f32"
+    bits_per_value = 32.0
+    code_bits = 32
+
+    def roundtrip(self, x) -> np.ndarray:
+        return np.array(_as_f32(x), copy=True)
+
+
+# ---------------------------------------------------------------------------
+# KIVI
+# ---------------------------------------------------------------------------
+
+
+def round_f16_down(v) -> np.ndarray:
+    """Largest float16 ``<= v`` (elementwise; float64 in, float16 out)."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        h = v.astype(np.float16)
+    bad = h.astype(np.float64) > v
+    if bad.any():
+        h[bad] = np.nextafter(h[bad], np.float16(-np.inf))
+    return h
+
+
+def round_f16_up(v) -> np.ndarray:
+    """Smallest float16 ``>= v`` (elementwise; float64 in, float16 out)."""
+    v = np.asarray(v, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        h = v.astype(np.float16)
+    bad = h.astype(np.float64) < v
+    if bad.any():
+        h[bad] = np.nextafter(h[bad], np.float16(np.inf))
+    return h
+
+
+AXES = ("channel", "token")
+
+
+class KIVI(Quantizer):
+    """KIVI-style asymmetric integer quantization (study only, **not a byte format**).
+
+    Each group of ``group_size`` values gets a minimum ``z`` (the zero point)
+    and a step ``s = (max - z) / (2**bits - 1)``; a value becomes the integer
+    ``q = clip(round((x - z) / s), 0, 2**bits - 1)`` and is reconstructed as
+    ``q * s + z``. The groups run
+
+    - ``axis="channel"`` (KIVI's choice for keys): along the **token** axis
+      (axis 0), one group per channel (and head) per ``group_size`` consecutive
+      tokens. A last partial group of tokens gets its own min/max. An outlier
+      channel gets its own scale, so it costs the other channels nothing.
+    - ``axis="token"`` (KIVI's choice for values): along the **channel** axis
+      (the last axis), one group per token per ``group_size`` channels; the
+      last axis must be a multiple of ``group_size``.
+
+    ``z`` and ``s`` are stored as float16 (``param_dtype``), as KIVI does; they
+    are rounded *outward* (``z`` down, ``s`` up) so the grid always covers the
+    group, which guarantees ``|x_hat - x| <= s / 2`` for every element (up to
+    float32 rounding of the reconstruction). Values beyond the float16 range
+    need ``param_dtype=np.float32``. ``bits_per_value = bits + 2 * 16 /
+    group_size`` (two float16 parameters per group). The KIVI paper also keeps
+    the most recent tokens in full precision; model that with
+    :class:`CachePolicy` if needed.
+    """
+
+    def __init__(self, bits: int = 2, group_size: int = 32, axis: str = "channel", param_dtype=np.float16):
+        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
+            raise ConfigError(f"KIVI bits must be an integer in 1..8, got {bits!r}")
+        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
+            raise ConfigError(f"KIVI group_size must be a positive integer, got {group_size!r}")
+        if axis not in AXES:
+            raise ConfigError(f"KIVI axis must be one of {AXES}, got {axis!r}")
+        self.bits = self.code_bits = int(bits)
+        self.group_size = int(group_size)
+        self.axis = axis
+        self.param_dtype = np.dtype(param_dtype)
+        if self.param_dtype not in (np.float16, np.float32):
+            raise ConfigError(f"param_dtype must be float16 or float32, got {self.param_dtype}")
+        self.levels = (1 << self.bits) - 1
+        self.name = f"kivi{self.bits}-g{self.group_size}-{axis}"
+        self.bits_per_value = self.bits + 2 * 8 * self.param_dtype.itemsize / self.group_size
+
+    # grouped view: (..., group_size) with the reduction on the last axis
+    def _grouped(self, x: np.ndarray):
+        G = self.group_size
+        if self.axis == "token":
+            if x.shape[-1] % G:
+                raise TbqValueError(f"{self.name}: the last axis ({x.shape[-1]}) must be a multiple of group_size {G}")
+            return x.reshape(x.shape[:-1] + (x.shape[-1] // G, G)), None
+        T = x.shape[0]
+        rest = x.shape[1:]
+        x2 = x.reshape(T, -1)
+        pad = (-T) % G
+        if pad:  # repeat the last token: leaves the last group's min/max unchanged
+            x2 = np.concatenate([x2, np.repeat(x2[-1:], pad, axis=0)], axis=0)
+        g = x2.reshape(-1, G, x2.shape[1]).transpose(0, 2, 1)  # (groups, M, G)
+        return g, (T, rest, pad)
+
+    def _ungroup(self, g: np.ndarray, shape, info):
+        if self.axis == "token":
+            return g.reshape(shape)
+        T, rest, pad = info
+        x2 = g.transpose(0, 2, 1).reshape(-1, g.shape[1])
+        return x2[:T].reshape((T,) + rest)
+
+    def quantize(self, x):
+        """Integer codes and group parameters: ``(codes uint8, scale, zero)``.
+
+        ``codes`` has the grouped shape ``(..., group_size)``; ``scale`` and
+        ``zero`` (``param_dtype``) have that shape without the last axis.
+        Reconstruct with :meth:`dequantize`.
+        """
+        x = _as_f32(x)
+        if x.ndim == 0:
+            raise TbqValueError("KIVI needs at least one axis")
+        if not np.all(np.isfinite(x)):
+            raise TbqValueError(f"{self.name}: the input holds NaN or Inf")
+        g, _ = self._grouped(x)
+        g = g.astype(np.float64)
+        lo, hi = g.min(axis=-1), g.max(axis=-1)
+        if self.param_dtype == np.float16:
+            z = round_f16_down(lo)
+            s = round_f16_up((hi - z.astype(np.float64)) / self.levels)
+        else:
+            z = lo.astype(np.float32)
+            z = np.where(z.astype(np.float64) > lo, np.nextafter(z, np.float32(-np.inf)), z)
+            s = ((hi - z.astype(np.float64)) / self.levels).astype(np.float32)
+            s = np.where(s.astype(np.float64) * self.levels < hi - z, np.nextafter(s, np.float32(np.inf)), s)
+        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(s))):
+            raise TbqValueError(f"{self.name}: a group's range does not fit {self.param_dtype}; use param_dtype=np.float32")
+        s64 = s.astype(np.float64)[..., None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q = np.where(s64 > 0, np.rint((g - z.astype(np.float64)[..., None]) / np.where(s64 > 0, s64, 1.0)), 0.0)
+        codes = np.clip(q, 0, self.levels).astype(np.uint8)
+        return codes, s, z
+
+    def dequantize(self, codes, scale, zero, shape) -> np.ndarray:
+        """``codes * scale + zero`` in float32, back in the layout ``shape`` of the input."""
+        g = codes.astype(np.float32) * scale.astype(np.float32)[..., None] + zero.astype(np.float32)[..., None]
+        info = None
+        if self.axis == "channel":
+            T = shape[0]
+            info = (T, tuple(shape[1:]), (-T) % self.group_size)
+        return self._ungroup(g, tuple(shape), info)
+
+    def roundtrip(self, x) -> np.ndarray:
+        x = _as_f32(x)
+        codes, s, z = self.quantize(x)
+        return self.dequantize(codes, s, z, x.shape)
+
+    def step(self, x) -> np.ndarray:
+        """The quantization step ``s`` of the group of every element of ``x`` (same shape as ``x``, float64)."""
+        x = _as_f32(x)
+        _, s, _ = self.quantize(x)
+        return self._spread(s, x.shape)
+
+    def _spread(self, s, shape):
+        g = np.broadcast_to(s.astype(np.float64)[..., None], s.shape + (self.group_size,))
+        info = None
+        if self.axis == "channel":
+            T = shape[0]
+            info = (T, tuple(shape[1:]), (-T) % self.group_size)
+        return self._ungroup(np.ascontiguousarray(g), tuple(shape), info)
+
+
+# ---------------------------------------------------------------------------
+# Block Lloyd-Max with and without rotation
+# ---------------------------------------------------------------------------
+
+
+def _gaussian_codebook(bits: int, sigma: float) -> Codebook:
+    """Lloyd-Max codebook of N(0, sigma^2): the library's tables up to 5 bits, the study fitter above."""
+    if bits <= 5:
+        return lloyd_max(bits, sigma)
+    from .metrics import lloyd_max_levels
+
+    c, m = lloyd_max_levels(bits)
+    return Codebook((c * sigma).astype(np.float32), (m * sigma).astype(np.float32))
+
+
+class _BlockLloydMax(Quantizer):
+    def __init__(self, bits, block_size, codebook, rotation):
+        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
+            raise ConfigError(f"bits must be an integer in 1..8, got {bits!r}")
+        if block_size < 2 or block_size & (block_size - 1):
+            raise ConfigError(f"block_size must be a power of two >= 2, got {block_size}")
+        self.bits = self.code_bits = int(bits)
+        self.block_size = int(block_size)
+        sigma = 1.0 / math.sqrt(self.block_size)
+        self.codebook: Codebook = _gaussian_codebook(self.bits, sigma) if codebook is None else get_codebook(codebook, self.bits)
+        self.rotation = rotation
+        self.bits_per_value = self.bits + 16.0 / self.block_size
+
+    def indices(self, x) -> np.ndarray:
+        """Codebook indices of every value (in the rotated domain when rotating), shape of ``x``."""
+        u, _ = self._normalised(x)
+        return self.codebook.index(u).reshape(np.shape(x))
+
+    def _normalised(self, x):
+        x = _as_f32(x)
+        n = self.block_size
+        if x.ndim == 0 or x.shape[-1] % n:
+            raise TbqValueError(f"{self.name}: the last axis must be a multiple of the block size {n}, got {x.shape}")
+        b = x.reshape(-1, n)
+        norm = np.sqrt(np.sum(b.astype(np.float64) ** 2, axis=1)).astype(np.float32)
+        inv = np.where(norm > 1e-10, np.float32(1) / np.where(norm > 1e-10, norm, np.float32(1)), np.float32(0))
+        u = b * inv[:, None]
+        if self.rotation is not None:
+            u = self.rotation.forward(u)
+        return u, norm
+
+    def roundtrip(self, x) -> np.ndarray:
+        x = _as_f32(x)
+        u, norm = self._normalised(x)
+        c = self.codebook.centroids
+        r = c[self.codebook.index(u)]
+        recon = np.sqrt(np.sum(r.astype(np.float64) ** 2, axis=1)).astype(np.float32)
+        d = np.where(recon > 1e-10, norm / np.where(recon > 1e-10, recon, np.float32(1)), norm)
+        with np.errstate(over="ignore"):
+            d = d.astype(np.float16).astype(np.float32)  # the fp16 scale a block format would store
+        if self.rotation is not None:
+            r = self.rotation.inverse(r)
+        return (r * d[:, None]).astype(np.float32).reshape(x.shape)
+
+
+class LloydMaxNoRotation(_BlockLloydMax):
+    """TBQ's quantizer **without** the rotation (study only, **not a byte format**).
+
+    Per block of ``block_size`` values: divide by the block's norm, code every
+    coordinate with the ``bits``-bit Lloyd-Max codebook for N(0, 1/block_size)
+    (or ``codebook=``), and rescale by the corrected norm ``norm / |c[idx]|``
+    rounded to fp16, exactly as TBQ does, but with no Hadamard transform in
+    between. On Gaussian data it matches TBQ; on a block with outlier channels
+    it shows what the rotation buys. ``bits_per_value = bits + 16/block_size``.
+    """
+
+    def __init__(self, bits: int = 4, block_size: int = 128, *, codebook=None):
+        super().__init__(bits, block_size, codebook, None)
+        self.name = f"lm{self.bits}-norot"
+
+
+class RotatedLloydMax(_BlockLloydMax):
+    """The TBQ algorithm at any width (study only, **not a byte format**).
+
+    Unit-norm block, randomized Hadamard rotation (``signs``: an integer seed,
+    ``"turboq-mtp"`` for 128-blocks, or a pair of +-1 arrays), Lloyd-Max
+    codebook for N(0, 1/block_size) with ``2**bits`` levels (or ``codebook=``),
+    corrected fp16 norm. Float32 arithmetic without the bit-exact ordering of
+    the codecs: for 3 and 4 bits use :class:`CodecQuantizer` (``tbq3_0``,
+    ``tbq4_0``) for real caches; this class draws the curve between and beyond.
+    ``bits_per_value = bits + 16/block_size``.
+    """
+
+    def __init__(self, bits: int = 4, block_size: int = 128, *, signs=0, codebook=None):
+        super().__init__(bits, block_size, codebook, get_rotation(signs, block_size))
+        self.name = f"rlm{self.bits}"
+
+
+# ---------------------------------------------------------------------------
+# Factory
+# ---------------------------------------------------------------------------
+
+_KIVI_RE = re.compile(r"^kivi(\d)(?:-g(\d+))?(?:-(channel|token))?$")
+_LM_RE = re.compile(r"^lm(\d)(?:-norot)?$")
+_RLM_RE = re.compile(r"^rlm(\d)$")
+
+
+def get_quantizer(spec, *, role: str | None = None, **config) -> Quantizer:
+    """Build a quantizer from a short name (or return a :class:`Quantizer` unchanged).
+
+    ======================== ====================================================
+    ``q8_0`` ... ``tbq3_0``  the real format (:class:`CodecQuantizer`); a suffix
+                             ``:turboq-mtp`` selects the fork's codebook;
+                             ``config`` goes to :func:`tbq.get_codec`
+    ``f16``, ``f32``         fp16 rounding, no quantization
+    ``kivi<b>[-g<G>][-channel|-token]``
+                             :class:`KIVI` with ``b`` bits, group size ``G``
+                             (default 32); the axis defaults to ``channel`` for
+                             ``role="key"`` and ``token`` otherwise
+    ``lm<b>``                :class:`LloydMaxNoRotation`
+    ``rlm<b>``               :class:`RotatedLloydMax` (``signs=`` in config, default 0)
+    ======================== ====================================================
+
+    >>> get_quantizer("kivi2", role="key").name, get_quantizer("kivi4-g64-token").bits_per_value
+    ('kivi2-g32-channel', 4.5)
+    """
+    if isinstance(spec, Quantizer):
+        return spec
+    if isinstance(spec, Codec):
+        return CodecQuantizer(spec)
+    if not isinstance(spec, str):
+        raise ConfigError(f"a quantizer spec is a name or a Quantizer, got {type(spec).__name__}")
+    name, _, suffix = spec.partition(":")
+    if name in FORMATS:
+        cfg = dict(config)
+        if suffix:
+            cfg["codebook"] = suffix
+        return CodecQuantizer(name, **cfg)
+    if suffix:
+        raise ConfigError(f"only format names take a ':codebook' suffix, got {spec!r}")
+    if name == "f16":
+        return F16Quantizer()
+    if name in ("f32", "none"):
+        return Identity()
+    m = _KIVI_RE.match(name)
+    if m:
+        axis = m.group(3) or ("channel" if role == "key" else "token")
+        return KIVI(int(m.group(1)), int(m.group(2) or 32), axis, **config)
+    m = _LM_RE.match(name)
+    if m:
+        return LloydMaxNoRotation(int(m.group(1)), **config)
+    m = _RLM_RE.match(name)
+    if m:
+        return RotatedLloydMax(int(m.group(1)), **config)
+    raise ConfigError(
+        f"unknown quantizer {spec!r}: use a format ({', '.join(FORMATS)}), f16, f32, kivi<b>[-g<G>][-channel|-token], "
+        "lm<b> or rlm<b>"
+    )
+
+
+# ---------------------------------------------------------------------------
+# Cache policies
+# ---------------------------------------------------------------------------
+
+
+class CachePolicy:
+    """A mixed KV-cache policy: K format, V format, and sink tokens kept in higher precision.
+
+    ``k``, ``v``: quantizer specs (:func:`get_quantizer`; a bare ``kivi<b>``
+    means per-channel for K and per-token for V). ``n_sink``: the first
+    ``n_sink`` tokens of both K and V are stored with ``sink`` (``"f16"`` or
+    ``"q8_0"``, or any spec) instead. Inputs are ``(tokens, ..., head_dim)``.
+
+    >>> p = CachePolicy("tbq3_0", "tbq4_0", n_sink=4)
+    >>> p.label, round(p.bits_per_value(1024), 4)
+    ('K tbq3_0 / V tbq4_0 + 4 sink f16', 3.6733)
+    """
+
+    def __init__(self, k="tbq4_0", v="tbq4_0", *, n_sink: int = 0, sink="f16"):
+        self.k = get_quantizer(k, role="key")
+        self.v = get_quantizer(v, role="value")
+        if isinstance(n_sink, bool) or not isinstance(n_sink, (int, np.integer)) or n_sink < 0:
+            raise ConfigError(f"n_sink must be a non-negative integer, got {n_sink!r}")
+        self.n_sink = int(n_sink)
+        self.sink = get_quantizer(sink)
+        label = f"K {self.k.name} / V {self.v.name}"
+        if self.n_sink:
+            label += f" + {self.n_sink} sink {self.sink.name}"
+        self.label = label
+
+    def _apply(self, q: Quantizer, x):
+        x = _as_f32(x)
+        n = min(self.n_sink, x.shape[0])
+        out = np.empty(x.shape, np.float32)
+        if n:
+            out[:n] = self.sink.roundtrip(x[:n])
+        if n < x.shape[0]:
+            out[n:] = q.roundtrip(x[n:])
+        return out
+
+    def apply_keys(self, keys) -> np.ndarray:
+        """Reconstructed keys under this policy."""
+        return self._apply(self.k, keys)
+
+    def apply_values(self, values) -> np.ndarray:
+        """Reconstructed values under this policy."""
+        return self._apply(self.v, values)
+
+    def apply(self, keys, values):
+        """``(k_hat, v_hat)``: both reconstructions."""
+        return self.apply_keys(keys), self.apply_values(values)
+
+    def bits_per_value(self, tokens: int) -> float:
+        """Average storage bits per cached value (K and V together) for a context of ``tokens``."""
+        n = min(self.n_sink, tokens)
+        if tokens <= 0:
+            raise TbqValueError(f"tokens must be positive, got {tokens}")
+        rest = tokens - n
+        kb = (n * self.sink.bits_per_value + rest * self.k.bits_per_value) / tokens
+        vb = (n * self.sink.bits_per_value + rest * self.v.bits_per_value) / tokens
+        return (kb + vb) / 2
+
+    def __repr__(self):
+        return f"<CachePolicy {self.label}>"
