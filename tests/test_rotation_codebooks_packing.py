@@ -74,7 +74,7 @@ def test_rotation_spreads_a_one_hot_block():
     assert np.all(np.abs(r) == np.float32(1 / math.sqrt(128)))
 
 
-@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 6])
 def test_lloyd_max_satisfies_the_optimality_conditions(bits):
     """Independent check with scipy.integrate: each centroid is its cell's conditional mean."""
     sigma = 0.3

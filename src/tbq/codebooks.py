@@ -136,19 +136,24 @@ def _as_f32_vector(values, label: str) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _lloyd_max_standard_normal(levels: int, tol: float = 1e-15, max_iter: int = 1_000_000):
+def _lloyd_max_standard_normal(levels: int, tol: float = 1e-15, max_iter: int = 1_000_000, stall: int = 2000):
     """Lloyd-Max levels of N(0, 1) in float64.
 
     Starts from the Gaussian quantiles ``Phi^-1((i + 0.5) / levels)`` and
     alternates the two optimality conditions: thresholds are midpoints of
     adjacent centroids, and each centroid is the conditional mean of its cell,
     ``(phi(a) - phi(b)) / (Phi(b) - Phi(a))``. Stops when the largest centroid
-    change is below ``tol``. Returns (centroids, iterations, last change).
+    change is below ``tol``. With 64 or more levels the outer centroids are
+    large enough that float64 rounding noise in the update exceeds 1e-15, so
+    the iteration also stops once the largest change has not reached a new
+    minimum for ``stall`` iterations while below 1e-12 (the fixed point to
+    float64 precision). Returns (centroids, iterations, last change).
     """
     from scipy.special import ndtr, ndtri
 
     c = ndtri((np.arange(levels) + 0.5) / levels)
     pdf = lambda t: np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)  # noqa: E731
+    best, best_it = math.inf, 0
     for it in range(1, max_iter + 1):
         edges = np.concatenate(([-np.inf], 0.5 * (c[1:] + c[:-1]), [np.inf]))
         a, b = edges[:-1], edges[1:]
@@ -159,6 +164,10 @@ def _lloyd_max_standard_normal(levels: int, tol: float = 1e-15, max_iter: int = 
         change = float(np.max(np.abs(new - c)))
         c = new
         if change < tol:
+            return c, it, change
+        if change < best:
+            best, best_it = change, it
+        elif change < 1e-12 and it - best_it >= stall:
             return c, it, change
     raise RuntimeError(f"Lloyd-Max did not converge in {max_iter} iterations")  # pragma: no cover
 
