@@ -511,15 +511,14 @@ def decode_tbq(data, out, bits, centroids, s2, cs1, table, lanes):
             for l in range(lanes):
                 T[j, l] = T[j, l] * sj
         _butterfly_lanes(T)
-        for j in range(n):
+        for j in range(n):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
             cj = cs1[j]
             for l in range(lanes):
-                T[j, l] = T[j, l] * cj
-        for l in range(L):  # transpose out, with the scale
-            dl = d[l]
+                T[j, l] = (T[j, l] * cj) * d[l]
+        for l in range(L):  # transpose out
             orow = out[g0 + l]
             p = l
             for j in range(n):
-                orow[j] = Tf[p] * dl
+                orow[j] = Tf[p]
                 p += lanes
     return out
