@@ -110,7 +110,8 @@ def test_codebook_with_wrong_bit_width_for_the_format():
     [
         ((np.ones(128), np.r_[np.ones(127), 0]), r"signs2\[127\]"),
         ((np.ones(64), np.ones(64)), "128 values"),
-        ((np.ones(128), np.ones(100)), "128 entries"),
+        ((np.ones(128), np.ones(100)), "signs1 has 128 entries and signs2 has 100"),
+        ((np.ones(96), np.ones(96)), "power-of-two length, got 96"),
         ("other", "unknown sign table"),
         (-1, "non-negative"),
         (1.5, "signs must be"),

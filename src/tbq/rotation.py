@@ -167,11 +167,14 @@ class RandomizedHadamard:
     """
 
     def __init__(self, signs1, signs2):
-        n = np.asarray(signs1).size
-        _check_pow2(n)
-        self.signs1 = _as_signs(signs1, "signs1", n)
-        self.signs2 = _as_signs(signs2, "signs2", n)
-        self.n = n
+        n1, n2 = np.asarray(signs1).size, np.asarray(signs2).size
+        if n1 != n2:
+            raise ConfigError(f"signs1 has {n1} entries and signs2 has {n2}; both need the same power-of-two length")
+        if n1 < 1 or n1 & (n1 - 1):
+            raise ConfigError(f"sign vectors need a power-of-two length, got {n1}")
+        self.signs1 = _as_signs(signs1, "signs1", n1)
+        self.signs2 = _as_signs(signs2, "signs2", n1)
+        self.n = n1
 
     def _apply(self, x, first, second):
         v = np.asarray(x)
