@@ -34,6 +34,7 @@ _M8 = F32(-8.0)
 _8_5 = F32(8.5)
 _EPS_NORM = F32(1e-10)
 _FLT_MAX = F32(3.4028234663852886e38)
+_2P31 = F32(2147483648.0)
 
 jit = nb.njit(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
 
@@ -235,7 +236,8 @@ def encode_q8_0(x, out, raise_overflow):
             t = np.trunc(v)
             frac = v - t  # exact for |v| < 2**23
             r = t + (_1 if frac >= _HALF else (_M1 if frac <= -_HALF else _0))  # roundf: half away from zero
-            orow[2 + j] = np.uint8(np.int32(r) & np.int32(0xFF))  # int8 two's complement
+            ri = np.int32(r) if abs(r) < _2P31 else np.int32(0)  # +-Inf/NaN (1/d overflowed): 0, as x86 C
+            orow[2 + j] = np.uint8(ri & np.int32(0xFF))  # int8 two's complement
     return -1, 0
 
 
@@ -271,7 +273,7 @@ def encode_q4_0(x, out, raise_overflow):
         for j in range(bs):
             p = xr[j] * inv
             t = p + _8_5  # rounded separately: no contraction without fastmath
-            qi = np.int32(t)
+            qi = np.int32(t) if abs(t) < _2P31 else np.int32(0)  # +-Inf/NaN (1/d overflowed): 0, as x86 C
             q[j] = qi if qi < 15 else 15
         orow = out[b]
         for j in range(half):

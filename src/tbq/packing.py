@@ -61,41 +61,48 @@ def _np_unpack4_pairs(b):
     return out
 
 
+# Shapes are spelled out rather than inferred with -1, which numpy cannot do for
+# arrays with a zero-length axis.
+
+
 def _np_pack4_halves(q):
-    blk = q.reshape(q.shape[:-1] + (-1, 32))
-    return (blk[..., :16] | (blk[..., 16:] << 4)).astype(np.uint8).reshape(q.shape[:-1] + (-1,))
+    lead, n = q.shape[:-1], q.shape[-1]
+    blk = q.reshape(lead + (n // 32, 32))
+    return (blk[..., :16] | (blk[..., 16:] << 4)).astype(np.uint8).reshape(lead + (n // 2,))
 
 
 def _np_unpack4_halves(b):
-    blk = b.reshape(b.shape[:-1] + (-1, 16))
-    return np.concatenate((blk & 0x0F, blk >> 4), axis=-1).reshape(b.shape[:-1] + (-1,))
+    lead, n = b.shape[:-1], b.shape[-1]
+    blk = b.reshape(lead + (n // 16, 16))
+    return np.concatenate((blk & 0x0F, blk >> 4), axis=-1).reshape(lead + (2 * n,))
 
 
 def _np_pack3(idx):
-    g = idx.reshape(idx.shape[:-1] + (-1, 8)).astype(np.uint32)
+    lead, n = idx.shape[:-1], idx.shape[-1]
+    g = idx.reshape(lead + (n // 8, 8)).astype(np.uint32)
     lane = np.zeros(g.shape[:-1], np.uint32)
     for t in range(8):
         lane |= g[..., t] << np.uint32(3 * t)
     out = np.stack(((lane & 0xFF), (lane >> 8) & 0xFF, lane >> 16), axis=-1).astype(np.uint8)
-    return out.reshape(idx.shape[:-1] + (-1,))
+    return out.reshape(lead + (n // 8 * 3,))
 
 
 def _np_unpack3(b):
-    g = b.reshape(b.shape[:-1] + (-1, 3)).astype(np.uint32)
+    lead, n = b.shape[:-1], b.shape[-1]
+    g = b.reshape(lead + (n // 3, 3)).astype(np.uint32)
     lane = g[..., 0] | (g[..., 1] << 8) | (g[..., 2] << 16)
     out = np.stack([(lane >> np.uint32(3 * t)) & 7 for t in range(8)], axis=-1).astype(np.uint8)
-    return out.reshape(b.shape[:-1] + (-1,))
+    return out.reshape(lead + (n // 3 * 8,))
 
 
 # --- public dispatch ------------------------------------------------------------
 
 
-def _run(np_fn, nb_name, a, backend):
+def _run(np_fn, nb_name, a, backend, n_out):
     if _backend(backend) == "numba":
         from . import kernels
 
-        flat = a.reshape(-1)
-        return getattr(kernels, nb_name)(flat).reshape(a.shape[:-1] + (-1,))
+        return getattr(kernels, nb_name)(a.reshape(a.size)).reshape(a.shape[:-1] + (n_out,))
     return np_fn(a)
 
 
@@ -108,13 +115,13 @@ def pack4_pairs(idx, *, backend=None) -> np.ndarray:
     idx = _uint8(idx, "indices")
     _check_len(idx, 2, "pack4_pairs")
     _check_max(idx, 16)
-    return _run(_np_pack4_pairs, "pack4_pairs", idx, backend)
+    return _run(_np_pack4_pairs, "pack4_pairs", idx, backend, idx.shape[-1] // 2)
 
 
 def unpack4_pairs(data, *, backend=None) -> np.ndarray:
     """Inverse of :func:`pack4_pairs`: each byte gives (low nibble, high nibble)."""
     data = _uint8(data, "packed bytes")
-    return _run(_np_unpack4_pairs, "unpack4_pairs", data, backend)
+    return _run(_np_unpack4_pairs, "unpack4_pairs", data, backend, 2 * data.shape[-1])
 
 
 def pack4_halves(q, *, backend=None) -> np.ndarray:
@@ -126,14 +133,14 @@ def pack4_halves(q, *, backend=None) -> np.ndarray:
     q = _uint8(q, "codes")
     _check_len(q, 32, "pack4_halves")
     _check_max(q, 16)
-    return _run(_np_pack4_halves, "pack4_halves", q, backend)
+    return _run(_np_pack4_halves, "pack4_halves", q, backend, q.shape[-1] // 2)
 
 
 def unpack4_halves(data, *, backend=None) -> np.ndarray:
     """Inverse of :func:`pack4_halves` (last axis a multiple of 16 bytes)."""
     data = _uint8(data, "packed bytes")
     _check_len(data, 16, "unpack4_halves")
-    return _run(_np_unpack4_halves, "unpack4_halves", data, backend)
+    return _run(_np_unpack4_halves, "unpack4_halves", data, backend, 2 * data.shape[-1])
 
 
 def pack3(idx, *, backend=None) -> np.ndarray:
@@ -145,11 +152,11 @@ def pack3(idx, *, backend=None) -> np.ndarray:
     idx = _uint8(idx, "indices")
     _check_len(idx, 8, "pack3")
     _check_max(idx, 8)
-    return _run(_np_pack3, "pack3", idx, backend)
+    return _run(_np_pack3, "pack3", idx, backend, idx.shape[-1] // 8 * 3)
 
 
 def unpack3(data, *, backend=None) -> np.ndarray:
     """Inverse of :func:`pack3`: every 3 bytes give 8 indices."""
     data = _uint8(data, "packed bytes")
     _check_len(data, 3, "unpack3")
-    return _run(_np_unpack3, "unpack3", data, backend)
+    return _run(_np_unpack3, "unpack3", data, backend, data.shape[-1] // 3 * 8)

@@ -75,7 +75,10 @@ def encode_q8_0(x: np.ndarray):
     amax = np.max(np.abs(x), axis=1)
     d = amax / _127
     inv = _safe_reciprocal(d)
-    qs = roundf(x * inv[:, None]).astype(np.int8)  # the float32 d, not fp16(d)
+    r = roundf(x * inv[:, None])  # the float32 d, not fp16(d)
+    # When d is so small that 1/d overflows, x*id is +-Inf or NaN. C's float -> int
+    # conversion of those is undefined; x86 (cvttss2si) gives INT_MIN, whose int8 is 0.
+    qs = np.where(np.isfinite(r), r, F32(0)).astype(np.int8)
     out = np.empty((x.shape[0], 34), np.uint8)
     _put_scale(out, d)
     out[:, 2:] = qs.view(np.uint8)
@@ -103,7 +106,8 @@ def encode_q4_0(x: np.ndarray):
     d = m / _M8
     inv = _safe_reciprocal(d)
     t = (x * inv[:, None]) + _8_5  # two roundings: product, then sum
-    q = np.minimum(np.trunc(t), F32(15)).astype(np.uint8)
+    # Non-finite t (1/d overflowed): code 0, what x86 C gives for (int8_t)(+-Inf or NaN).
+    q = np.where(np.isfinite(t), np.minimum(np.trunc(t), F32(15)), F32(0)).astype(np.uint8)
     out = np.empty((x.shape[0], 18), np.uint8)
     _put_scale(out, d)
     out[:, 2:] = _np_pack4_halves(q)
