@@ -59,6 +59,11 @@ ON_OVERFLOW = ("raise", "inf")
 #: Values per work chunk: bounds temporaries (dtype conversion, NumPy scratch)
 #: and is the unit handed to worker threads.
 CHUNK_VALUES = 1 << 20
+#: With several threads, arrays smaller than ``threads * CHUNK_VALUES`` are split
+#: into one chunk per thread, but no chunk is made smaller than this many values:
+#: below it, handing work to a thread costs more than it saves. Decoding is about
+#: ten times cheaper per value than encoding, so its minimum is larger.
+MIN_CHUNK_VALUES = {"encode": 1 << 17, "decode": 1 << 20}
 
 _numba_state: dict = {}
 
@@ -104,12 +109,14 @@ def _executor() -> ThreadPoolExecutor:
         return _pool[0]
 
 
-def _run_chunks(n_items: int, chunk: int, threads: int, fn):
+def _run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1):
     """Call ``fn(start, stop)`` over ``[0, n_items)`` in chunks; ``threads`` contiguous groups.
 
     Returns the results in chunk order. Each group runs its chunks in order, so
     the first error (by position) is the first non-None result.
     """
+    if threads > 1:  # give every thread work on mid-sized arrays too
+        chunk = min(chunk, max(min_chunk, -(-n_items // threads)))
     bounds = [(s, min(s + chunk, n_items)) for s in range(0, n_items, chunk)]
     if threads <= 1 or len(bounds) <= 1:
         results = []
@@ -254,7 +261,8 @@ class Codec:
             out2[s : s + first_bad] = data
             return None if first_bad == e - s else (s + first_bad, 1)
 
-        for r in _run_chunks(nblocks, chunk, self._n_threads() if self.backend == "numba" else 1, work):
+        threads = self._n_threads() if self.backend == "numba" else 1
+        for r in _run_chunks(nblocks, chunk, threads, work, max(1, MIN_CHUNK_VALUES["encode"] // bs)):
             if r is not None:
                 self._raise_encode_error(x2, *r)
         return out
@@ -313,7 +321,8 @@ class Codec:
                 with np.errstate(all="ignore"):
                     out2[s:e] = self._ref_decode(d2[s:e])
 
-        _run_chunks(d2.shape[0], chunk, self._n_threads() if self.backend == "numba" else 1, work)
+        threads = self._n_threads() if self.backend == "numba" else 1
+        _run_chunks(d2.shape[0], chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
         return out
 
     # subclasses provide these
