@@ -502,9 +502,15 @@ def decode_tbq(data, out, bits, centroids, s2, cs1, table, lanes):
             else:
                 for g in range(n // 8):
                     lane = np.int32(drow[2 + 3 * g]) | (np.int32(drow[3 + 3 * g]) << 8) | (np.int32(drow[4 + 3 * g]) << 16)
-                    for t in range(8):
-                        Tf[p] = centroids[(lane >> (3 * t)) & 7]
-                        p += lanes
+                    Tf[p] = centroids[lane & 7]
+                    Tf[p + lanes] = centroids[(lane >> 3) & 7]
+                    Tf[p + 2 * lanes] = centroids[(lane >> 6) & 7]
+                    Tf[p + 3 * lanes] = centroids[(lane >> 9) & 7]
+                    Tf[p + 4 * lanes] = centroids[(lane >> 12) & 7]
+                    Tf[p + 5 * lanes] = centroids[(lane >> 15) & 7]
+                    Tf[p + 6 * lanes] = centroids[(lane >> 18) & 7]
+                    Tf[p + 7 * lanes] = centroids[(lane >> 21) & 7]
+                    p += 8 * lanes
         for l in range(L, lanes):
             for j in range(n):
                 T[j, l] = _0
