@@ -362,6 +362,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
     T = np.zeros((n, lanes), np.float32)
     Tf = T.reshape(n * lanes)
     K = np.zeros((n, lanes), np.int32)
+    C2 = np.zeros((n, lanes), np.float32)
     P = np.zeros((n // 2, lanes), np.int32)
     norm2 = np.zeros(lanes, np.float32)
     norm = np.zeros(lanes, np.float32)
@@ -428,6 +429,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
                     K[j, l] = k
         else:
             m0, m1, m2, m3, m4, m5, m6 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6]
+            q0, q1, q2, q3, q4, q5, q6, q7 = centroids_sq[0], centroids_sq[1], centroids_sq[2], centroids_sq[3], centroids_sq[4], centroids_sq[5], centroids_sq[6], centroids_sq[7]
             for j in range(n):
                 cj = cs2[j]
                 for l in range(lanes):
@@ -437,9 +439,23 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
                         + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6)
                     )
                     K[j, l] = k
-        for j in range(n):
-            for l in range(lanes):
-                recon2[l] += centroids_sq[K[j, l]]
+                    v = q0
+                    v = q1 if r >= m0 else v
+                    v = q2 if r >= m1 else v
+                    v = q3 if r >= m2 else v
+                    v = q4 if r >= m3 else v
+                    v = q5 if r >= m4 else v
+                    v = q6 if r >= m5 else v
+                    v = q7 if r >= m6 else v
+                    C2[j, l] = v
+        if bits == 4:
+            for j in range(n):
+                for l in range(lanes):
+                    recon2[l] += centroids_sq[K[j, l]]
+        else:
+            for j in range(n):
+                for l in range(lanes):
+                    recon2[l] += C2[j, l]
         # 5. pack the indices of all lanes at once, then store block by block
         if bits == 4:
             for k in range(n // 2):
