@@ -110,6 +110,37 @@ def jit_times() -> dict:
     return out
 
 
+def markdown_table(path: Path, values: int = 1 << 24) -> str:
+    """The README's performance table, from a ``bench.json`` written by this script."""
+    doc = json.loads(Path(path).read_text())
+    rows = [r for r in doc["results"] if r["values"] == values]
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    by = {(r["format"], r["direction"], r["backend"]): r for r in rows}
+    head = "| format | direction | " + " | ".join(backends) + " | numba-1 / gguf-py | numba-all / numba-1 |"
+    lines = [head, "|" + "---|" * (len(backends) + 4)]
+    all_lab = [b for b in backends if b.startswith("numba-") and b != "numba-1"][0]
+    for fmt in dict.fromkeys(r["format"] for r in rows):
+        for d in ("encode", "decode"):
+            cells = [f"{by[(fmt, d, b)]['mvalues_per_s']:.0f}" if (fmt, d, b) in by else "–" for b in backends]
+            g = by.get((fmt, d, "gguf-py"))
+            one = by[(fmt, d, "numba-1")]["mvalues_per_s"]
+            vs_g = f"{one / g['mvalues_per_s']:.1f}x" if g else "–"
+            scale = by[(fmt, d, all_lab)]["mvalues_per_s"] / one
+            lines.append(f"| {fmt} | {d} | " + " | ".join(cells) + f" | {vs_g} | {scale:.2f}x |")
+    m = doc["machine"]
+    jit = doc.get("jit")
+    note = (
+        f"\nMillion values per second at {label(values)} values (median of the run's repeats), "
+        f"{m['processor']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}, numba {m.get('numba', '?')}."
+    )
+    if jit:
+        note += (
+            f" First calls in a fresh process: {jit['cold']['first_calls_s']:.1f} s with an empty numba cache, "
+            f"{jit['warm']['first_calls_s']:.2f} s with the cache filled (`cache=True`)."
+        )
+    return "\n".join(lines) + "\n" + note
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="values per run, comma separated (K = 1024, M = 1024K)")
@@ -117,7 +148,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=5, help="timed runs per figure (median reported)")
     p.add_argument("--out", default=str(HERE / "results"), help="folder for bench.json and throughput.png")
     p.add_argument("--no-jit", action="store_true", help="skip the JIT compile-time measurement")
+    p.add_argument("--markdown", metavar="BENCH_JSON", help="print the README table from an existing bench.json and exit")
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown_table(Path(args.markdown)))
+        return 0
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     fmts = args.formats.split(",")
     threads_all = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
