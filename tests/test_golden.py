@@ -563,7 +563,6 @@ def test_cli_bad_input(tmp_path, argv, exc, msg):
     assert not (tmp_path / "o").exists()  # validated before anything is written
 
 
-@pytest.mark.skipif("golden" not in __import__("tbq.cli").cli.COMMANDS, reason="'golden' is not registered in tbq.cli.COMMANDS yet")
 def test_tbq_cli_main(tmp_path, capsys):
     from tbq import cli
 
