@@ -370,6 +370,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
     recon2 = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
+        # stage: transpose-in
         for l in range(L):  # transpose in; flat pointer steps are faster than 2-D indexing
             row = x[g0 + l]
             p = l
@@ -379,12 +380,14 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
         for l in range(L, lanes):
             for j in range(n):
                 T[j, l] = _0
+        # stage: norm
         # 1. norm: a sequential float32 sum per block (one chain per lane)
         for l in range(lanes):
             norm2[l] = _0
         for j in range(n):
             for l in range(lanes):
                 norm2[l] += T[j, l] * T[j, l]
+        # stage: end
         bad = L  # first lane whose input is not finite
         for l in range(L):
             if not (norm2[l] <= _FLT_MAX) and not _block_finite(x, g0 + l):
@@ -397,6 +400,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
             else:
                 nv = nv if nv > _EPS_NORM else _EPS_NORM
             norm[l] = nv
+        # stage: normalise
         # 2. normalise and apply signs1 (exact), then the butterfly
         if bits == 4:
             for j in range(n):
@@ -408,7 +412,9 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
                 sj = s1[j]
                 for l in range(lanes):
                     T[j, l] = (T[j, l] / norm[l]) * sj
+        # stage: butterfly
         _butterfly_lanes(T)
+        # stage: index
         # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
         # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass
         for l in range(lanes):
@@ -448,6 +454,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
                     v = q6 if r >= m5 else v
                     v = q7 if r >= m6 else v
                     C2[j, l] = v
+        # stage: recon
         if bits == 4:
             for j in range(n):
                 for l in range(lanes):
@@ -456,6 +463,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
             for j in range(n):
                 for l in range(lanes):
                     recon2[l] += C2[j, l]
+        # stage: pack+store
         # 5. pack the indices of all lanes at once, then store block by block
         if bits == 4:
             for k in range(n // 2):
@@ -489,6 +497,7 @@ def encode_tbq(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, 
                     out[row, 2 + 3 * g] = np.uint8(lane & 0xFF)
                     out[row, 3 + 3 * g] = np.uint8((lane >> 8) & 0xFF)
                     out[row, 4 + 3 * g] = np.uint8(lane >> 16)
+        # stage: end
         if bad < L:
             return g0 + bad, 1
     return -1, 0
@@ -504,6 +513,7 @@ def decode_tbq(data, out, bits, centroids, s2, cs1, table, lanes):
     d = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
+        # stage: unpack
         for l in range(L):  # unpack and look up, transposing into T (flat pointer steps)
             row = g0 + l
             d[l] = _load_f16(data, row, table)
@@ -527,22 +537,28 @@ def decode_tbq(data, out, bits, centroids, s2, cs1, table, lanes):
                     Tf[p + 6 * lanes] = centroids[(lane >> 18) & 7]
                     Tf[p + 7 * lanes] = centroids[(lane >> 21) & 7]
                     p += 8 * lanes
+        # stage: end
         for l in range(L, lanes):
             for j in range(n):
                 T[j, l] = _0
+        # stage: signs2
         for j in range(n):  # signs2: exact
             sj = s2[j]
             for l in range(lanes):
                 T[j, l] = T[j, l] * sj
+        # stage: butterfly
         _butterfly_lanes(T)
+        # stage: scale
         for j in range(n):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
             cj = cs1[j]
             for l in range(lanes):
                 T[j, l] = (T[j, l] * cj) * d[l]
+        # stage: transpose-out
         for l in range(L):  # transpose out
             orow = out[g0 + l]
             p = l
             for j in range(n):
                 orow[j] = Tf[p]
                 p += lanes
+        # stage: end
     return out
