@@ -149,3 +149,26 @@ def test_arbitrary_bytes_decode_identically_in_both_backends(fmt):
     inf_rows = a[0]
     assert np.all(np.isinf(inf_rows) | np.isnan(inf_rows))
     assert np.all(a[9] == 0)  # +0 scale
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_other_byte_orders_are_converted(fmt):
+    x = np.random.default_rng(8).standard_normal((3, 128)).astype(np.float32)
+    for dt in (">f4", ">f8", ">f2"):
+        xb = x.astype(dt)
+        assert_bytes_equal(tbq.quantize(xb, fmt), tbq.quantize(xb.astype(np.float32), fmt))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_non_contiguous_layouts_of_every_kind(fmt, backend):
+    """Transposed leading axes, negative strides, 1-D strided rows, and non-contiguous encoded bytes."""
+    rng = np.random.default_rng(9)
+    base = rng.standard_normal((5, 7, 256)).astype(np.float64)
+    c = tbq.get_codec(fmt, backend=backend)
+    for x in (base.swapaxes(0, 1), base[::-1, ::2], base[2, 3, :]):
+        assert not x.flags.c_contiguous or x.ndim == 1
+        q = c.encode(x)
+        assert_bytes_equal(q, c.encode(np.ascontiguousarray(x)))
+        qt = np.ascontiguousarray(q.swapaxes(0, -2)).swapaxes(0, -2) if q.ndim > 1 else q
+        assert_bits_equal(c.decode(qt), c.decode(q))

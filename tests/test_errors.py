@@ -133,3 +133,29 @@ def test_unknown_format_and_options():
         tbq.get_codec("q8_0", on_overflow="clip")
     with pytest.raises(tbq.ConfigError, match="codebook"):
         tbq.get_codec("q8_0", codebook="lloyd-max")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_that_overlaps_the_input_is_refused(backend):
+    """Chunks (and threads) would read input that was already overwritten: refuse, like a clear error."""
+    x = np.random.default_rng(0).standard_normal((4096, 128)).astype(np.float32)
+    c = tbq.get_codec("q8_0", backend=backend)
+    nbytes = 4096 * 4 * 34
+    with pytest.raises(tbq.TbqValueError, match="shares memory"):
+        c.encode(x, out=x.view(np.uint8).reshape(-1)[:nbytes].reshape(4096, 136))
+    q = c.encode(x)
+    buf = np.empty(x.shape, np.float32)
+    alias = buf.view(np.uint8).reshape(-1)[: q.size].reshape(q.shape)
+    alias[...] = q
+    with pytest.raises(tbq.TbqValueError, match="shares memory"):
+        c.decode(alias, out=buf)
+    # separate arrays from the same allocation that do not overlap are fine
+    big = np.empty(2 * nbytes, np.uint8)
+    c.encode(x, out=big[nbytes:].reshape(4096, 136))
+
+
+def test_typed_memoryview_is_not_read_as_raw_bytes():
+    with pytest.raises(tbq.TbqTypeError, match="uint8"):
+        tbq.dequantize(memoryview(np.zeros(17, np.float32)), "q8_0")
+    q = tbq.quantize(np.ones(32, np.float32), "q8_0")
+    np.testing.assert_array_equal(tbq.dequantize(memoryview(q), "q8_0"), tbq.dequantize(q, "q8_0"))

@@ -63,3 +63,13 @@ def test_roundf_ties_and_near_ties():
     v = np.float32([0.49999997, -0.49999997, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -0.0, 3.4999998])
     expected = np.float32([0, -0, 1, -1, 2, -2, 3, -3, 127, -0.0, 3])
     np.testing.assert_array_equal(roundf(v), expected)
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_non_contiguous_input_is_gathered_chunk_by_chunk(x64, backend):
+    """A (heads, tokens, dim) view of a (tokens, heads, dim) cache: no full-size copy."""
+    x = x64.reshape(-1, 8, 128).swapaxes(0, 1)  # 64 MiB float64, not C-contiguous
+    assert not x.flags.c_contiguous
+    codec = tbq.get_codec("q8_0", backend=backend)
+    q, peak = peak_of(lambda: codec.encode(x))
+    assert peak <= q.nbytes + SLACK + 2 * x.shape[-1] * 8, (peak, q.nbytes)

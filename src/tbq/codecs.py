@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import concurrent.futures
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -56,9 +57,13 @@ __all__ = [
 BACKENDS = ("numpy", "numba")
 ON_OVERFLOW = ("raise", "inf")
 
-#: Values per work chunk: bounds temporaries (dtype conversion, NumPy scratch)
-#: and is the unit handed to worker threads.
+#: Values per work chunk of the numba backend: bounds temporaries (dtype
+#: conversion, gathering a non-contiguous input) and is the unit handed to
+#: worker threads.
 CHUNK_VALUES = 1 << 20
+#: Values per work chunk of the NumPy backend, whose array expressions each make a
+#: temporary: small enough that they stay in cache (about 2x faster than 1M).
+NUMPY_CHUNK_VALUES = 1 << 15
 #: With several threads, arrays smaller than ``threads * CHUNK_VALUES`` are split
 #: into one chunk per thread, but no chunk is made smaller than this many values:
 #: below it, handing work to a thread costs more than it saves. Decoding is about
@@ -138,10 +143,58 @@ def _run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1):
         return out
 
     futures = [_executor().submit(run_group, g) for g in groups[1:]]
-    results = run_group(groups[0])
+    try:
+        results = run_group(groups[0])
+    finally:  # never return (or raise) while workers still write into the output
+        concurrent.futures.wait(futures)
     for f in futures:
         results.extend(f.result())
     return results
+
+
+class _Blocks:
+    """Blocks ``[s, e)`` of an array whose last axis is whole blocks, as a C-contiguous 2-D array.
+
+    A C-contiguous input is viewed as ``(nblocks, width)`` without a copy. Any
+    other layout is gathered a few rows at a time, so that memory stays
+    bounded by the chunk rather than by the whole array. ``dtype`` converts
+    (float16/float64/other byte orders to native float32) chunk by chunk too.
+    """
+
+    def __init__(self, a: np.ndarray, width: int, dtype):
+        self.a, self.width, self.dtype = a, width, np.dtype(dtype)
+        n = a.shape[-1]
+        self.per_row = n // width if width else 0
+        self.lead = a.shape[:-1]
+        self.flat = a.reshape(-1, width) if a.flags.c_contiguous else None
+        self.n = int(np.prod(self.lead, dtype=np.int64)) * self.per_row
+
+    def raw(self, s: int, e: int) -> np.ndarray:
+        """Blocks ``[s, e)`` in the input's own dtype (a view where possible)."""
+        if self.flat is not None:
+            return self.flat[s:e]
+        r0, r1 = s // self.per_row, -(-e // self.per_row)
+        rows = self.a[np.unravel_index(np.arange(r0, r1), self.lead)] if self.lead else self.a[None, :]
+        return rows.reshape(-1, self.width)[s - r0 * self.per_row : e - r0 * self.per_row]
+
+    def get(self, s: int, e: int) -> np.ndarray:
+        with np.errstate(over="ignore"):  # float64 beyond float32 becomes Inf: reported by the caller
+            return np.ascontiguousarray(self.raw(s, e), dtype=self.dtype)
+
+
+_TooHardError = getattr(np, "exceptions", np).TooHardError
+
+
+def _check_overlap(out: np.ndarray, a: np.ndarray, what: str) -> None:
+    """Refuse an ``out`` that shares memory with the input: chunks would read what was already written."""
+    if not np.may_share_memory(out, a):
+        return
+    try:
+        overlap = np.shares_memory(out, a, max_work=100_000)
+    except _TooHardError:  # pragma: no cover - only for exotic strides
+        overlap = True
+    if overlap:
+        raise TbqValueError(f"out shares memory with the {what}; pass a separate output array (or none)")
 
 
 # ---------------------------------------------------------------------------
@@ -234,16 +287,19 @@ class Codec:
                 f"({n // bs} whole blocks and {n % bs} values left over)"
             )
         out_shape = x.shape[:-1] + (n // bs * ts,)
-        out = _check_out(out, out_shape, np.uint8)
-        x2 = x.reshape(-1, bs)
+        if out is not None:
+            out = _check_out(out, out_shape, np.uint8)
+            _check_overlap(out, x, "input")
+        else:
+            out = np.empty(out_shape, np.uint8)
+        src = _Blocks(x, bs, np.float32)
         out2 = out.reshape(-1, ts)
-        nblocks = x2.shape[0]
+        nblocks = src.n
         raise_overflow = self.on_overflow == "raise"
-        chunk = max(1, CHUNK_VALUES // bs)
+        chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
 
         def work(s, e):
-            with np.errstate(over="ignore"):  # float64 beyond float32 range becomes Inf: reported below
-                xc = np.ascontiguousarray(x2[s:e], dtype=np.float32)
+            xc = src.get(s, e)
             if self.backend == "numba":
                 b, kind = self._kernel_encode(xc, out2[s:e], raise_overflow)
                 return None if b < 0 else (s + int(b), int(kind))
@@ -264,15 +320,14 @@ class Codec:
         threads = self._n_threads() if self.backend == "numba" else 1
         for r in _run_chunks(nblocks, chunk, threads, work, max(1, MIN_CHUNK_VALUES["encode"] // bs)):
             if r is not None:
-                self._raise_encode_error(x2, *r)
+                self._raise_encode_error(src, *r)
         return out
 
-    def _raise_encode_error(self, x2, block, kind):
-        with np.errstate(over="ignore"):
-            vals = np.asarray(x2[block], dtype=np.float32)
+    def _raise_encode_error(self, src, block, kind):
+        vals = src.get(block, block + 1)[0]
         if kind == 1:
             j = int(np.argmax(~np.isfinite(vals)))
-            orig = x2[block][j]
+            orig = src.raw(block, block + 1)[0][j]
             what = f"{orig!r}" if not np.isfinite(orig) else f"{orig!r}, which overflows float32"
             raise NonFiniteError(
                 f"{self.name}: input block {block} holds a non-finite value "
@@ -309,20 +364,24 @@ class Codec:
                 f"{ts} bytes ({nbytes // ts} whole blocks and {nbytes % ts} bytes left over)"
             )
         out_shape = data.shape[:-1] + (nbytes // ts * bs,)
-        out = _check_out(out, out_shape, np.float32)
-        d2 = np.ascontiguousarray(data).reshape(-1, ts)
+        if out is not None:
+            out = _check_out(out, out_shape, np.float32)
+            _check_overlap(out, data, "encoded data")
+        else:
+            out = np.empty(out_shape, np.float32)
+        src = _Blocks(data, ts, np.uint8)
         out2 = out.reshape(-1, bs)
-        chunk = max(1, CHUNK_VALUES // bs)
+        chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
 
         def work(s, e):
             if self.backend == "numba":
-                self._kernel_decode(d2[s:e], out2[s:e])
+                self._kernel_decode(src.get(s, e), out2[s:e])
             else:
                 with np.errstate(all="ignore"):
-                    out2[s:e] = self._ref_decode(d2[s:e])
+                    out2[s:e] = self._ref_decode(src.get(s, e))
 
         threads = self._n_threads() if self.backend == "numba" else 1
-        _run_chunks(d2.shape[0], chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
+        _run_chunks(src.n, chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
         return out
 
     # subclasses provide these
@@ -347,7 +406,7 @@ def _check_float_input(x) -> np.ndarray:
             a = np.asarray(x)
         except Exception as exc:
             raise TbqTypeError(f"input must be array-like of floats: {exc}") from None
-    if a.dtype not in (np.float32, np.float16, np.float64):
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (2, 4, 8):
         raise TbqTypeError(
             f"input must be float32 (float16 and float64 are converted), got dtype {a.dtype}; "
             "integer, bool, complex and object arrays are rejected rather than guessed at"
@@ -358,9 +417,9 @@ def _check_float_input(x) -> np.ndarray:
 
 
 def _check_byte_input(data) -> np.ndarray:
-    if isinstance(data, (bytes, bytearray, memoryview)):
+    if isinstance(data, (bytes, bytearray)):
         a = np.frombuffer(data, dtype=np.uint8)
-    else:
+    else:  # a memoryview keeps its item type, so a view of float32 is refused below
         a = np.asarray(data)
     if a.dtype != np.uint8:
         raise TbqTypeError(f"encoded data must be uint8, got dtype {a.dtype}")
