@@ -141,6 +141,34 @@ def markdown_table(path: Path, values: int = 1 << 24) -> str:
     return "\n".join(lines) + "\n" + note
 
 
+#: Single-thread figures of the C reference (gcc -O2, no contraction) on this
+#: machine kind, 16M values, from the performance issue: (quantize, dequantize).
+C_REFERENCE = {"q8_0": (311, 4089), "q4_0": (732, 4007), "tbq4_0": (59, 287), "tbq3_0": (93, 295)}
+#: The issue's single-thread targets: (multiple of the C figure, M values/s) for
+#: (quantize, dequantize); the TBQ figures are the issue's rounded 500 / 750 / 900.
+TARGETS = {
+    "q8_0": ((2, 622), (0.8, 3271)),
+    "q4_0": ((2, 1464), (0.8, 3206)),
+    "tbq4_0": ((8, 500), (3, 900)),
+    "tbq3_0": ((8, 750), (3, 900)),
+}
+
+
+def targets_table(path: Path, values: int = 1 << 24) -> str:
+    """Measured numba single-thread throughput against the performance issue's targets."""
+    doc = json.loads(Path(path).read_text())
+    by = {(r["format"], r["direction"], r["backend"]): r for r in doc["results"] if r["values"] == values}
+    lines = ["| codec | direction | C reference | target | numba-1 | x C | met |", "|---|---|---|---|---|---|---|"]
+    for fmt, (cq, cd) in C_REFERENCE.items():
+        for d, c, (f, t) in (("encode", cq, TARGETS[fmt][0]), ("decode", cd, TARGETS[fmt][1])):
+            r = by.get((fmt, d, "numba-1"))
+            if r is None:
+                continue
+            v = r["mvalues_per_s"]
+            lines.append(f"| {fmt} | {d} | {c} | >= {t} ({f:g}x C) | {v:.0f} | {v / c:.2f}x | {'yes' if v >= t else 'no'} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="values per run, comma separated (K = 1024, M = 1024K)")
@@ -149,9 +177,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(HERE / "results"), help="folder for bench.json and throughput.png")
     p.add_argument("--no-jit", action="store_true", help="skip the JIT compile-time measurement")
     p.add_argument("--markdown", metavar="BENCH_JSON", help="print the README table from an existing bench.json and exit")
+    p.add_argument("--targets", metavar="BENCH_JSON", help="print the table of the performance targets from an existing bench.json and exit")
     args = p.parse_args(argv)
     if args.markdown:
         print(markdown_table(Path(args.markdown)))
+        return 0
+    if args.targets:
+        print(targets_table(Path(args.targets)))
         return 0
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     fmts = args.formats.split(",")

@@ -34,7 +34,7 @@ from .errors import (
     TbqValueError,
 )
 from .formats import FORMATS, FormatInfo, format_info
-from .half import f16_table
+from .half import F16_OVERFLOW, f16_table
 from .rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
 
 __all__ = [
@@ -303,13 +303,14 @@ class Codec:
             if self.backend == "numba":
                 b, kind = self._kernel_encode(xc, out2[s:e], raise_overflow)
                 return None if b < 0 else (s + int(b), int(kind))
-            bad = ~np.isfinite(xc).all(axis=1)
-            first_bad = int(np.argmax(bad)) if bad.any() else e - s
+            if np.isfinite(xc).all():
+                first_bad = e - s
+            else:
+                first_bad = int(np.argmax(~np.isfinite(xc).all(axis=1)))
             with np.errstate(all="ignore"):
                 data, d = self._ref_encode(xc[:first_bad])
             if raise_overflow:
-                h = data[:, 0].astype(np.uint16) | (data[:, 1].astype(np.uint16) << 8)
-                over = (h & 0x7FFF) == 0x7C00
+                over = ~(np.abs(d) < F16_OVERFLOW)  # exactly the scales that fp16 rounds to +-Inf
                 if over.any():
                     i = int(np.argmax(over))
                     out2[s : s + i] = data[:i]

@@ -76,9 +76,11 @@ def encode_q8_0(x: np.ndarray):
     d = amax / _127
     inv = _safe_reciprocal(d)
     r = roundf(x * inv[:, None])  # the float32 d, not fp16(d)
-    # When d is so small that 1/d overflows, x*id is +-Inf or NaN. C's float -> int
-    # conversion of those is undefined; x86 (cvttss2si) gives INT_MIN, whose int8 is 0.
-    qs = np.where(np.isfinite(r), r, F32(0)).astype(np.int8)
+    if np.isinf(inv).any():
+        # d so small that 1/d overflowed: x*id is +-Inf or NaN, whose C float -> int
+        # conversion is undefined; x86 (cvttss2si) gives INT_MIN, whose int8 is 0.
+        r[~np.isfinite(r)] = 0
+    qs = r.astype(np.int8)
     out = np.empty((x.shape[0], 34), np.uint8)
     _put_scale(out, d)
     out[:, 2:] = qs.view(np.uint8)
@@ -106,8 +108,11 @@ def encode_q4_0(x: np.ndarray):
     d = m / _M8
     inv = _safe_reciprocal(d)
     t = (x * inv[:, None]) + _8_5  # two roundings: product, then sum
-    # Non-finite t (1/d overflowed): code 0, what x86 C gives for (int8_t)(+-Inf or NaN).
-    q = np.where(np.isfinite(t), np.minimum(np.trunc(t), F32(15)), F32(0)).astype(np.uint8)
+    q = np.minimum(np.trunc(t), F32(15))
+    if np.isinf(inv).any():
+        # Non-finite t (1/d overflowed): code 0, what x86 C gives for (int8_t)(+-Inf or NaN).
+        q[~np.isfinite(t)] = 0
+    q = q.astype(np.uint8)
     out = np.empty((x.shape[0], 18), np.uint8)
     _put_scale(out, d)
     out[:, 2:] = _np_pack4_halves(q)
