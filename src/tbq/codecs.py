@@ -287,11 +287,7 @@ class Codec:
                 f"({n // bs} whole blocks and {n % bs} values left over)"
             )
         out_shape = x.shape[:-1] + (n // bs * ts,)
-        if out is not None:
-            out = _check_out(out, out_shape, np.uint8)
-            _check_overlap(out, x, "input")
-        else:
-            out = np.empty(out_shape, np.uint8)
+        out = _check_out(out, out_shape, np.uint8, x, "input")
         src = _Blocks(x, bs, np.float32)
         out2 = out.reshape(-1, ts)
         nblocks = src.n
@@ -365,11 +361,7 @@ class Codec:
                 f"{ts} bytes ({nbytes // ts} whole blocks and {nbytes % ts} bytes left over)"
             )
         out_shape = data.shape[:-1] + (nbytes // ts * bs,)
-        if out is not None:
-            out = _check_out(out, out_shape, np.float32)
-            _check_overlap(out, data, "encoded data")
-        else:
-            out = np.empty(out_shape, np.float32)
+        out = _check_out(out, out_shape, np.float32, data, "encoded data")
         src = _Blocks(data, ts, np.uint8)
         out2 = out.reshape(-1, bs)
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
@@ -429,7 +421,8 @@ def _check_byte_input(data) -> np.ndarray:
     return a
 
 
-def _check_out(out, shape, dtype) -> np.ndarray:
+def _check_out(out, shape, dtype, source: np.ndarray, what: str) -> np.ndarray:
+    """A new output array, or ``out`` checked for dtype, shape, layout and overlap with ``source``."""
     if out is None:
         return np.empty(shape, dtype)
     if not isinstance(out, np.ndarray):
@@ -440,6 +433,7 @@ def _check_out(out, shape, dtype) -> np.ndarray:
         raise TbqValueError(f"out must have shape {shape}, got {out.shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise TbqValueError("out must be C-contiguous and writeable")
+    _check_overlap(out, source, what)
     return out
 
 
