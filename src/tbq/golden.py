@@ -522,18 +522,7 @@ def rotated_coordinates(codec: Codec, xb: np.ndarray):
     sum of squares, reciprocal or division, the butterfly), so ``r`` is
     bit-identical to the encoder's rotated coordinates.
     """
-    bits = codec.info.index_bits
-    xb = np.ascontiguousarray(xb, np.float32)
-    with np.errstate(all="ignore"):
-        norm = np.sqrt(reference._seq_sum_squares(xb))
-        if bits == 4:
-            inv = np.zeros_like(norm)
-            np.divide(np.float32(1), norm, out=inv, where=norm > reference._EPS_NORM)
-            u = xb * inv[:, None]
-        else:
-            norm = np.maximum(norm, reference._EPS_NORM)
-            u = xb / norm[:, None]
-        r = codec.rotation.forward(u)
+    norm, r = reference.tbq_rotate(np.ascontiguousarray(xb, np.float32), codec.info.index_bits, codec.rotation)
     return r, norm
 
 

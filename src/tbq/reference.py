@@ -130,19 +130,30 @@ def decode_q4_0(data: np.ndarray) -> np.ndarray:
 # --- TBQ4_0 / TBQ3_0 ----------------------------------------------------------------
 
 
+def tbq_rotate(x: np.ndarray, bits: int, rotation):
+    """TBQ encoding steps 1-2 on float32 blocks ``x``: ``(norm, r)``, the norm and rotated coordinates.
+
+    TBQ4_0 (``bits`` 4) multiplies by ``1/norm`` (0 when ``norm <= 1e-10``);
+    TBQ3_0 raises the norm to 1e-10 and divides. Golden-vector fragility masks
+    and the test strategies reuse this, so they see the encoder's exact ``r``.
+    """
+    with np.errstate(all="ignore"):
+        norm = np.sqrt(_seq_sum_squares(x))
+        if bits == 4:
+            inv = np.zeros_like(norm)
+            np.divide(_ONE, norm, out=inv, where=norm > _EPS_NORM)
+            u = x * inv[:, None]
+        else:
+            norm = np.maximum(norm, _EPS_NORM)
+            u = x / norm[:, None]  # a division, not a multiply by the reciprocal
+        return norm, rotation.forward(u)
+
+
 def encode_tbq(x: np.ndarray, bits: int, codebook, rotation):
     """TBQ encoder; ``bits`` 4 gives TBQ4_0 and 3 gives TBQ3_0 (they differ in step 1)."""
     from .packing import _np_pack3, _np_pack4_pairs
 
-    norm = np.sqrt(_seq_sum_squares(x))
-    if bits == 4:
-        inv = np.zeros_like(norm)
-        np.divide(_ONE, norm, out=inv, where=norm > _EPS_NORM)
-        u = x * inv[:, None]
-    else:
-        norm = np.maximum(norm, _EPS_NORM)
-        u = x / norm[:, None]  # a division, not a multiply by the reciprocal
-    r = rotation.forward(u)
+    norm, r = tbq_rotate(x, bits, rotation)
     idx = codebook.index(r)
     recon = np.sqrt(_seq_sum_squares(codebook.centroids[idx]))
     if bits == 4:

@@ -178,20 +178,9 @@ class _Fmt:
 
 
 def _rotated_coords(x2, bits, rotation):
-    x2 = np.asarray(x2, dtype=F32)
-    with np.errstate(all="ignore"):
-        norm2 = np.zeros(x2.shape[0], F32)
-        for j in range(x2.shape[1]):
-            norm2 += x2[:, j] * x2[:, j]
-        norm = np.sqrt(norm2)
-        if bits == 4:
-            inv = np.zeros_like(norm)
-            np.divide(F32(1), norm, out=inv, where=norm > F32(1e-10))
-            u = x2 * inv[:, None]
-        else:
-            norm = np.maximum(norm, F32(1e-10))
-            u = x2 / norm[:, None]
-        return rotation.forward(u)
+    from tbq.reference import tbq_rotate
+
+    return tbq_rotate(np.asarray(x2, dtype=F32), bits, rotation)[1]
 
 
 @functools.lru_cache(maxsize=64)
