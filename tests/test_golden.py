@@ -14,6 +14,7 @@ import pytest
 
 import tbq
 from tbq import golden
+from tbq.cli import golden as golden_cli
 from tbq.errors import ConfigError, TbqValueError
 from tbq.packing import unpack3, unpack4_pairs
 
@@ -28,12 +29,12 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++/c++) on
 
 def parser():
     p = argparse.ArgumentParser(prog="tbq golden")
-    golden.add_arguments(p)
+    golden_cli.add_arguments(p)
     return p
 
 
 def run_golden(argv):
-    return golden.run_cli(parser().parse_args(argv))
+    return golden_cli.run_cli(parser().parse_args(argv))
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ import math
 import numbers
 import operator
 import re
-import sys
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any, Iterable, Union
@@ -66,8 +65,6 @@ __all__ = [
     "SweepRow",
     "FormatBudget",
     "BudgetReport",
-    "add_arguments",
-    "run_cli",
 ]
 
 Number = Union[int, float]
@@ -1120,136 +1117,3 @@ def plot_report(report: BudgetReport, path: str) -> None:
 # ---------------------------------------------------------------------------
 # CLI
 # ---------------------------------------------------------------------------
-
-
-def add_arguments(parser: Any) -> None:
-    """Add the ``tbq budget`` options to an argparse (sub-)parser."""
-    g = parser.add_argument_group("model (the geometry, or --values-per-token, or --measured)")
-    g.add_argument("--layers", type=int, help="number of full-attention layers (not linear-attention ones)")
-    g.add_argument("--kv-heads", type=int, help="KV heads per layer")
-    g.add_argument("--head-dim", type=int, help="head dimension")
-    src = g.add_mutually_exclusive_group()
-    src.add_argument(
-        "--values-per-token", metavar="N", help="cached values per token (2 x layers x kv-heads x head-dim)"
-    )
-    src.add_argument(
-        "--measured",
-        metavar="SIZE@CONTEXT:FORMAT",
-        help="derive values per token from a reported cache size, e.g. 4224MiB@262144:tbq4_0",
-    )
-    s = parser.add_argument_group("sweep")
-    s.add_argument(
-        "--formats",
-        default=",".join(DEFAULT_FORMATS),
-        help=f"comma-separated formats ({', '.join(_BITS)}) or bits per value (default: %(default)s)",
-    )
-    s.add_argument(
-        "--contexts",
-        default=",".join(DEFAULT_CONTEXTS),
-        help="comma-separated contexts in tokens; K = 1024, so 256K = 262144 (default: %(default)s)",
-    )
-    s.add_argument("--sequences", type=int, default=1, help="concurrent sequences (default: 1)")
-    m = parser.add_argument_group("memory and bandwidth (explicit units: GB = 10^9 bytes, GiB = 2^30 bytes)")
-    m.add_argument("--vram", metavar="SIZE", help="device memory, e.g. 32GB")
-    m.add_argument("--weights", metavar="SIZE", help="resident weights, e.g. 18.8GiB")
-    m.add_argument("--workspace", metavar="SIZE", default="0B", help="compute buffers etc., e.g. 1GiB (default: 0B)")
-    m.add_argument(
-        "--weights-traffic", metavar="SIZE", help="weight bytes read per decode step, e.g. 15.88GB (default: --weights)"
-    )
-    m.add_argument("--bandwidth", metavar="RATE", help="memory bandwidth, e.g. 1296GB/s")
-    o = parser.add_argument_group("output")
-    o.add_argument("--json", action="store_true", help="print the report as JSON")
-    o.add_argument("--plot", metavar="FILE.png", help="save a plot (needs matplotlib: pip install 'tbq[plot]')")
-
-
-def _flag(flag: str, fn: Any, value: Any) -> Any:
-    try:
-        return fn(value)
-    except TbqValueError as exc:
-        raise type(exc)(f"{flag}: {exc}") from None
-
-
-def _report_from_args(args: Any) -> BudgetReport:
-    geo = {"layers": args.layers, "kv-heads": args.kv_heads, "head-dim": args.head_dim}
-    given = [k for k, v in geo.items() if v is not None]
-    other = args.values_per_token is not None or args.measured is not None
-    geometry = measured = None
-    if given and other:
-        raise TbqValueError(
-            "give either the geometry (--layers/--kv-heads/--head-dim) or --values-per-token/--measured, not both"
-        )
-    if given:
-        missing = [f"--{k}" for k, v in geo.items() if v is None]
-        if missing:
-            raise TbqValueError(f"the geometry needs --layers, --kv-heads and --head-dim; missing {', '.join(missing)}")
-        vpt: Any = kv_values_per_token(args.layers, args.kv_heads, args.head_dim)
-        geometry = {"n_layers": args.layers, "n_kv_heads": args.kv_heads, "head_dim": args.head_dim}
-        source = (
-            f"{args.layers} attention layers x {args.kv_heads} KV heads x head_dim {args.head_dim} x 2 (K, V)"
-            f" = {vpt:,} values per token"
-        )
-    elif args.values_per_token is not None:
-        try:
-            v = Fraction(str(args.values_per_token).replace("_", ""))
-        except (ValueError, ZeroDivisionError):
-            raise TbqValueError(f"--values-per-token: expected a number, got {args.values_per_token!r}") from None
-        if v <= 0:
-            raise TbqValueError(f"--values-per-token must be positive, got {args.values_per_token!r}")
-        vpt = _out(v)
-        source = f"{vpt:,} values per token (given)"
-    elif args.measured is not None:
-        size, ctx, fmt = _flag("--measured", parse_measured, args.measured)
-        vpt = values_per_token(size, ctx, fmt)
-        measured = {"cache_bytes": size, "context": ctx, "format": fmt, "bytes_per_token": _out(Fraction(size, ctx))}
-        vpt_s = f"{vpt:,}" if isinstance(vpt, int) else f"{vpt:,.2f}"
-        source = (
-            f"{vpt_s} values per token, from a measured {fmt} cache of {size:,} bytes ({format_bytes(size)})"
-            f" at {ctx:,} tokens = {_out(Fraction(size, ctx)):,} bytes ({format_bytes(Fraction(size, ctx))}) per token"
-        )
-    else:
-        raise TbqValueError(
-            "give the model geometry (--layers, --kv-heads, --head-dim), --values-per-token or --measured"
-        )
-
-    contexts = _flag("--contexts", parse_contexts, args.contexts)
-    if 0 in contexts:
-        raise TbqValueError("--contexts: a context must be at least 1 token")
-    formats = _flag("--formats", _parse_formats, args.formats)
-    sizes = {}
-    for attr in ("vram", "weights", "workspace", "weights_traffic"):
-        flag, value = "--" + attr.replace("_", "-"), getattr(args, attr)
-        sizes[attr] = None if value is None else _flag(flag, parse_bytes, value)
-    bandwidth = None if args.bandwidth is None else _flag("--bandwidth", parse_rate, args.bandwidth)
-    if sizes["vram"] is not None and sizes["weights"] is None:
-        raise TbqValueError("--vram needs --weights (the cache gets VRAM - weights - workspace)")
-    if bandwidth is not None and sizes["weights_traffic"] is None and sizes["weights"] is None:
-        raise TbqValueError(
-            "--bandwidth needs --weights-traffic (or --weights): the bytes of weights read per decode step"
-        )
-    return budget_report(
-        vpt,
-        [b if n.endswith("-bit") else n for n, b in formats],  # numbers stay bits per value
-        contexts,
-        _count(args.sequences, "--sequences"),
-        vram_bytes=sizes["vram"],
-        weights_bytes=sizes["weights"],
-        workspace_bytes=sizes["workspace"] or 0,
-        weights_traffic_bytes=sizes["weights_traffic"],
-        bandwidth_bytes_per_s=bandwidth,
-        source=source,
-        geometry=geometry,
-        measured=measured,
-    )
-
-
-def run_cli(args: Any) -> int:
-    """Run ``tbq budget`` with parsed arguments; prints the tables (or JSON) and returns 0."""
-    report = _report_from_args(args)
-    if args.json:
-        print(report.to_json())
-    else:
-        print(format_report(report))
-    if args.plot:
-        plot_report(report, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
-    return 0

@@ -12,14 +12,14 @@ import importlib
 import os
 import sys
 
-from . import __version__
-from .errors import TbqError
+from .. import __version__
+from ..errors import TbqError
 
 # command name -> (module, one-line help)
 COMMANDS = {
-    "compare": ("tbq.compare", "encode/decode a KV data set with every format and print an error table"),
-    "budget": ("tbq.budget", "KV cache memory and bandwidth budget for a model geometry"),
-    "golden": ("tbq.golden", "write golden test vectors (inputs, bytes, decoded floats, fragility masks, C headers) for kernel tests"),
+    "compare": ("tbq.cli.compare", "encode/decode a KV data set with every format and print an error table"),
+    "budget": ("tbq.cli.budget", "KV cache memory and bandwidth budget for a model geometry"),
+    "golden": ("tbq.cli.golden", "write golden test vectors (inputs, bytes, decoded floats, fragility masks, C headers) for kernel tests"),
 }
 
 
