@@ -56,7 +56,7 @@ def scale_of(fmt, x2, codebook=None):
     b = c.encode(x2).reshape(-1, c.type_size)
     bits = b[:, 0].astype(np.uint16) | (b[:, 1].astype(np.uint16) << 8)
     with np.errstate(all="ignore"):
-        d = np.array([c._ref_encode(row[None, :])[1][0] for row in x2.reshape(-1, c.block_size)], F32)
+        d = np.array([c.format.reference_encode(row[None, :])[1]["d"][0] for row in x2.reshape(-1, c.block_size)], F32)
     return d, f16_table()[bits]
 
 
@@ -94,9 +94,7 @@ def _ties_promise(fmt, blk):
 
 
 def _threshold_promise(c, blk):
-    from tbq.testing.strategies import _rotated_coords
-
-    r = _rotated_coords(blk[None, :], c.info.index_bits, c.rotation)[0]
+    r = c.format.encode(blk, trace=True)[1]["r"][0]  # the encoder's own rotated coordinates
     thr = c.codebook.thresholds
     up = np.nextafter(thr, np.inf, dtype=F32)
     down = np.nextafter(thr, -np.inf, dtype=F32)
@@ -145,9 +143,7 @@ def test_each_family_keeps_its_promise(fmt, family, data):
         assert _threshold_promise(c, x)
     elif family == "sparse":
         if np.count_nonzero(x) > 4:  # a TBQ block that rotates to an exact one-hot
-            from tbq.testing.strategies import _rotated_coords
-
-            r = _rotated_coords(x[None, :], c.info.index_bits, c.rotation)[0]
+            r = c.format.encode(x, trace=True)[1]["r"][0]
             assert np.count_nonzero(r) == 1
 
 

@@ -24,7 +24,7 @@ from .errors import (  # noqa: E402
     TbqTypeError,
     TbqValueError,
 )
-from .formats import FORMATS, FormatInfo, format_info, formats  # noqa: E402
+from .formats import FORMATS, FormatInfo, format_info, formats, get_format  # noqa: E402
 from .codebooks import Codebook  # noqa: E402
 from .codecs import Codec, codec_from_config, dequantize, get_codec, quantize  # noqa: E402
 
@@ -32,6 +32,7 @@ __all__ = [
     "__version__",
     "formats",
     "format_info",
+    "get_format",
     "FORMATS",
     "FormatInfo",
     "get_codec",

@@ -1,11 +1,12 @@
 """Codec objects, the explicit registry, and the public shortcuts.
 
-A codec's configuration is plain JSON data (the numcodecs pattern):
+A codec is a format (:mod:`tbq.formats`) with execution settings. Its
+configuration is plain JSON data (the numcodecs pattern):
 ``get_codec(name, **config)`` builds one, ``codec.get_config()`` returns the
 dict (including ``name``) and ``codec_from_config(config)`` rebuilds an equal
-codec. Public methods validate and prepare; the arithmetic lives in
-:mod:`tbq.reference` (NumPy, the specification) and :mod:`tbq.kernels`
-(numba, byte-identical).
+codec. This module validates, chunks, runs threads and checks ``out=``; the
+arithmetic is the format's (NumPy reference or numba kernels, byte-identical)
+and is reached without ever branching on the format's name.
 
 Arrays follow the ggml row layout: ``x`` of shape ``(..., n)`` with ``n`` a
 multiple of the block size encodes to uint8 of shape
@@ -14,7 +15,6 @@ multiple of the block size encodes to uint8 of shape
 
 from __future__ import annotations
 
-import math
 import os
 import concurrent.futures
 import threading
@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import reference
-from .codebooks import CODEBOOK_NAMES, Codebook, get_codebook, named_codebook
+from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, numba_available, resolve_backend
 from .errors import (
     BlockShapeError,
     ConfigError,
@@ -33,9 +32,7 @@ from .errors import (
     TbqTypeError,
     TbqValueError,
 )
-from .formats import FORMATS, FormatInfo, format_info
-from .half import F16_OVERFLOW, f16_table
-from .rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
+from .formats import FORMATS, Format, FormatInfo, format_class, format_info
 
 __all__ = [
     "Codec",
@@ -46,6 +43,7 @@ __all__ = [
     "get_codec",
     "codec_from_config",
     "register_codec",
+    "codec_class",
     "quantize",
     "dequantize",
     "resolve_backend",
@@ -54,7 +52,6 @@ __all__ = [
     "ON_OVERFLOW",
 ]
 
-BACKENDS = ("numpy", "numba")
 ON_OVERFLOW = ("raise", "inf")
 
 #: Values per work chunk of the numba backend: bounds temporaries (dtype
@@ -69,32 +66,6 @@ NUMPY_CHUNK_VALUES = 1 << 15
 #: below it, handing work to a thread costs more than it saves. Decoding is about
 #: ten times cheaper per value than encoding, so its minimum is larger.
 MIN_CHUNK_VALUES = {"encode": 1 << 17, "decode": 1 << 20}
-
-_numba_state: dict = {}
-
-
-def numba_available() -> bool:
-    """True when numba imports (the kernels compile lazily on first use)."""
-    if "ok" not in _numba_state:
-        try:
-            from . import kernels  # noqa: F401
-
-            _numba_state["ok"] = True
-        except ImportError:  # pragma: no cover - numba is a runtime dependency
-            _numba_state["ok"] = False
-    return _numba_state["ok"]
-
-
-def resolve_backend(backend) -> str:
-    """``None`` -> ``"numba"`` when numba imports, else ``"numpy"``; validates names."""
-    if backend is None:
-        return "numba" if numba_available() else "numpy"
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "numba" and not numba_available():
-        raise ConfigError("backend='numba' was requested but numba cannot be imported")
-    return backend
-
 
 def _default_threads() -> int:
     try:
@@ -203,10 +174,18 @@ def _check_overlap(out: np.ndarray, a: np.ndarray, what: str) -> None:
 
 
 class Codec:
-    """A block format with its configuration.
+    """A block format with its configuration: ``Codec("q8_0", backend="numpy")``.
 
-    Parameters (keyword-only, common to every format)
+    The per-format classes (``Q8_0``, ``TBQ4_0``, ... from :func:`codec_class`)
+    fix the format; :func:`get_codec` is the usual way to build one.
+
+    Parameters
     ----------
+    fmt : the format name (implied by a per-format class).
+    **format_options : the format's own options (TBQ: ``codebook``, ``signs``;
+        see :func:`tbq.formats.get_format`).
+
+    Execution settings (keyword-only, common to every format):
     backend : ``"numba"`` (default when numba imports) or ``"numpy"`` (the reference).
         Both give identical bytes and identical float32 bits.
     threads : worker threads for the numba backend (default ``None`` = all cores).
@@ -219,7 +198,17 @@ class Codec:
     name: str = ""
     info: FormatInfo
 
-    def __init__(self, *, backend=None, threads=None, on_overflow="raise"):
+    def __init__(self, fmt: str | None = None, *, backend=None, threads=None, on_overflow="raise", **format_options):
+        if fmt is not None and fmt != self.name:
+            if self.name:
+                raise ConfigError(f"{type(self).__name__} is the {self.name} codec, not {fmt!r}")
+            format_info(fmt)
+            self.name = fmt
+            self.info = FORMATS[fmt]
+        if not self.name:
+            raise ConfigError("Codec needs a format name, e.g. Codec('q8_0')")
+        #: the :class:`tbq.formats.Format` with this codec's format options
+        self.format: Format = format_class(self.name)(**format_options)
         self.backend = resolve_backend(backend)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
             raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
@@ -241,9 +230,18 @@ class Codec:
     def bits_per_value(self) -> float:
         return self.info.bits_per_value
 
+    def __getattr__(self, attr):
+        # Format-level attributes (TBQ's ``codebook``, ``rotation``) read through to the format.
+        if attr.startswith("_") or attr == "format":
+            raise AttributeError(attr)
+        try:
+            return getattr(self.__dict__["format"], attr)
+        except (KeyError, AttributeError):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}") from None
+
     # -- config --
     def _format_config(self) -> dict:
-        return {}
+        return self.format.config()
 
     def get_config(self) -> dict:
         """Plain JSON-serialisable config, including ``name``; see :func:`codec_from_config`."""
@@ -292,27 +290,28 @@ class Codec:
         out2 = out.reshape(-1, ts)
         nblocks = src.n
         raise_overflow = self.on_overflow == "raise"
+        fmt = self.format
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
 
         def work(s, e):
             xc = src.get(s, e)
             if self.backend == "numba":
-                b, kind = self._kernel_encode(xc, out2[s:e], raise_overflow)
-                return None if b < 0 else (s + int(b), int(kind))
+                b, status = fmt.kernel_encode(xc, out2[s:e], raise_overflow)
+                return None if status == STATUS_OK else (s + int(b), int(status))
             if np.isfinite(xc).all():
                 first_bad = e - s
             else:
                 first_bad = int(np.argmax(~np.isfinite(xc).all(axis=1)))
             with np.errstate(all="ignore"):
-                data, d = self._ref_encode(xc[:first_bad])
+                data, trace = fmt.reference_encode(xc[:first_bad])
             if raise_overflow:
-                over = ~(np.abs(d) < F16_OVERFLOW)  # exactly the scales that fp16 rounds to +-Inf
+                over = fmt.scale_overflows(trace)  # exactly the scales that round to +-Inf
                 if over.any():
                     i = int(np.argmax(over))
                     out2[s : s + i] = data[:i]
-                    return (s + i, 2)
+                    return (s + i, STATUS_SCALE_OVERFLOW)
             out2[s : s + first_bad] = data
-            return None if first_bad == e - s else (s + first_bad, 1)
+            return None if first_bad == e - s else (s + first_bad, STATUS_NONFINITE)
 
         threads = self._n_threads() if self.backend == "numba" else 1
         for r in _run_chunks(nblocks, chunk, threads, work, max(1, MIN_CHUNK_VALUES["encode"] // bs)):
@@ -322,7 +321,7 @@ class Codec:
 
     def _raise_encode_error(self, src, block, kind):
         vals = src.get(block, block + 1)[0]
-        if kind == 1:
+        if kind == STATUS_NONFINITE:
             j = int(np.argmax(~np.isfinite(vals)))
             orig = src.raw(block, block + 1)[0][j]
             what = f"{orig!r}" if not np.isfinite(orig) else f"{orig!r}, which overflows float32"
@@ -333,7 +332,7 @@ class Codec:
                 block=block,
             )
         with np.errstate(all="ignore"):
-            d = float(self._ref_encode(vals[None, :])[1][0])
+            d = float(self.format.reference_encode(vals[None, :])[1]["d"][0])
         raise ScaleOverflowError(
             f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 "
             f"(it rounds to infinity; the largest finite fp16 is 65504). Pass on_overflow='inf' to store "
@@ -365,30 +364,18 @@ class Codec:
         src = _Blocks(data, ts, np.uint8)
         out2 = out.reshape(-1, bs)
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
+        fmt = self.format
 
         def work(s, e):
             if self.backend == "numba":
-                self._kernel_decode(src.get(s, e), out2[s:e])
+                fmt.kernel_decode(src.get(s, e), out2[s:e])
             else:
                 with np.errstate(all="ignore"):
-                    out2[s:e] = self._ref_decode(src.get(s, e))
+                    out2[s:e] = fmt.reference_decode(src.get(s, e))
 
         threads = self._n_threads() if self.backend == "numba" else 1
         _run_chunks(src.n, chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
         return out
-
-    # subclasses provide these
-    def _ref_encode(self, x2):  # pragma: no cover
-        raise NotImplementedError
-
-    def _ref_decode(self, d2):  # pragma: no cover
-        raise NotImplementedError
-
-    def _kernel_encode(self, x2, out2, raise_overflow):  # pragma: no cover
-        raise NotImplementedError
-
-    def _kernel_decode(self, d2, out2):  # pragma: no cover
-        raise NotImplementedError
 
 
 def _check_float_input(x) -> np.ndarray:
@@ -438,172 +425,37 @@ def _check_out(out, shape, dtype, source: np.ndarray, what: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# Formats
+# Per-format codec classes and the registry
 # ---------------------------------------------------------------------------
 
+_CLASSES: dict[str, type] = {}
 
-class Q8_0(Codec):
-    """ggml Q8_0: 32 values -> fp16 scale ``d = amax/127`` + 32 int8 codes (34 bytes).
 
-    >>> c = Q8_0(backend="numpy")
-    >>> b = c.encode(np.full(32, 0.5, np.float32))
-    >>> b[:2].view("<f2")[0], b[2]
-    (np.float16(0.003937), np.uint8(127))
+def codec_class(name: str) -> type:
+    """The codec class of format ``name`` (built once from the format registry).
+
+    >>> codec_class("q8_0")(backend="numpy")
+    Q8_0(backend='numpy', threads=None, on_overflow='raise')
     """
-
-    name = "q8_0"
-    info = FORMATS["q8_0"]
-
-    def _ref_encode(self, x2):
-        return reference.encode_q8_0(x2)
-
-    def _ref_decode(self, d2):
-        return reference.decode_q8_0(d2)
-
-    def _kernel_encode(self, x2, out2, raise_overflow):
-        from . import kernels
-
-        return kernels.encode_q8_0(x2, out2, raise_overflow)
-
-    def _kernel_decode(self, d2, out2):
-        from . import kernels
-
-        kernels.decode_q8_0(d2, out2, f16_table())
-
-
-class Q4_0(Codec):
-    """ggml Q4_0: 32 values -> fp16 scale ``d = max/-8`` + 32 4-bit codes (18 bytes)."""
-
-    name = "q4_0"
-    info = FORMATS["q4_0"]
-
-    def _ref_encode(self, x2):
-        return reference.encode_q4_0(x2)
-
-    def _ref_decode(self, d2):
-        return reference.decode_q4_0(d2)
-
-    def _kernel_encode(self, x2, out2, raise_overflow):
-        from . import kernels
-
-        return kernels.encode_q4_0(x2, out2, raise_overflow)
-
-    def _kernel_decode(self, d2, out2):
-        from . import kernels
-
-        kernels.decode_q4_0(d2, out2, f16_table())
-
-
-class _TBQ(Codec):
-    """Rotated formats: randomized Hadamard transform + Lloyd-Max codebook + fp16 norm.
-
-    Extra parameters
-    ----------------
-    codebook : ``"lloyd-max"`` (default, fitted tables), ``"turboq-mtp"`` (the
-        fork's tables) or a :class:`~tbq.codebooks.Codebook` with ``2**bits`` centroids.
-    signs : ``"turboq-mtp"`` (default, the deployed sign tables), an integer
-        seed (see :func:`tbq.rotation.signs_from_seed`) or a pair of +-1 arrays
-        of length 128.
-    """
-
-    def __init__(self, *, codebook="lloyd-max", signs="turboq-mtp", **kwargs):
-        super().__init__(**kwargs)
-        bits = self.info.index_bits
-        self.codebook: Codebook = get_codebook(codebook, bits)
-        self.rotation: RandomizedHadamard = get_rotation(signs, self.block_size)
-        self._codebook_cfg = _codebook_config(self.codebook, bits)
-        self._signs_cfg = _signs_config(signs, self.rotation)
-        c = self.codebook.centroids
-        C = hadamard_scale(self.block_size, np.float32)
-        s1 = self.rotation.signs1.astype(np.float32)
-        s2 = self.rotation.signs2.astype(np.float32)
-        # Kernel tables. Folding the +-1 signs into a constant is exact: x*(+-C) == +-(x*C).
-        self._k = dict(
-            thresholds=np.ascontiguousarray(self.codebook.thresholds),
-            centroids=np.ascontiguousarray(c),
-            centroids_sq=(c * c).astype(np.float32),
-            s1=s1,
-            s2=s2,
-            cs1=(C * s1).astype(np.float32),
-            cs2=(C * s2).astype(np.float32),
-        )
-
-    def _format_config(self):
-        return {"codebook": self._codebook_cfg, "signs": self._signs_cfg}
-
-    def _ref_encode(self, x2):
-        return reference.encode_tbq(x2, self.info.index_bits, self.codebook, self.rotation)
-
-    def _ref_decode(self, d2):
-        return reference.decode_tbq(d2, self.info.index_bits, self.codebook, self.rotation)
-
-    def _kernel_encode(self, x2, out2, raise_overflow):
-        from . import kernels
-
-        k = self._k
-        return kernels.encode_tbq(
-            x2, out2, self.info.index_bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kernels.LANES
-        )
-
-    def _kernel_decode(self, d2, out2):
-        from . import kernels
-
-        k = self._k
-        kernels.decode_tbq(d2, out2, self.info.index_bits, k["centroids"], k["s2"], k["cs1"], f16_table(), kernels.LANES)
-
-
-class TBQ4_0(_TBQ):
-    __doc__ = "TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes).\n" + (
-        _TBQ.__doc__ or ""
-    )
-    name = "tbq4_0"
-    info = FORMATS["tbq4_0"]
-
-
-class TBQ3_0(_TBQ):
-    __doc__ = "TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes).\n" + (
-        _TBQ.__doc__ or ""
-    )
-    name = "tbq3_0"
-    info = FORMATS["tbq3_0"]
-
-
-def _codebook_config(cb: Codebook, bits: int):
-    for name in CODEBOOK_NAMES:
-        try:
-            if cb == named_codebook(name, bits):
-                return name
-        except ConfigError:
-            pass
-    return cb.to_config()
-
-
-def _signs_config(spec, rot: RandomizedHadamard):
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        return int(spec)
-    s1, s2 = turboq_mtp_signs()
-    if np.array_equal(rot.signs1, s1) and np.array_equal(rot.signs2, s2):
-        return "turboq-mtp"
-    return {"signs1": rot.signs1.tolist(), "signs2": rot.signs2.tolist()}
-
-
-# ---------------------------------------------------------------------------
-# Registry and shortcuts
-# ---------------------------------------------------------------------------
-
-_REGISTRY: dict[str, type[Codec]] = {}
+    if name not in _CLASSES:
+        info = format_info(name)
+        doc = f"{info.description}.\n\n{format_class(name).__doc__ or ''}\n\n{Codec.__doc__}"
+        _CLASSES[name] = type(name.upper(), (Codec,), {"name": name, "info": info, "__doc__": doc, "__module__": __name__})
+    return _CLASSES[name]
 
 
 def register_codec(cls: type[Codec]) -> type[Codec]:
-    """Add a codec class to the registry under ``cls.name`` (explicit, like numcodecs)."""
+    """Use ``cls`` (a :class:`Codec` subclass with a registered format ``name``) for that format."""
     if cls.name not in FORMATS:
         raise ConfigError(f"{cls.__name__}.name = {cls.name!r} is not in the format table")
-    _REGISTRY[cls.name] = cls
+    _CLASSES[cls.name] = cls
     return cls
 
 
-for _cls in (Q8_0, Q4_0, TBQ4_0, TBQ3_0):
-    register_codec(_cls)
+Q8_0 = codec_class("q8_0")
+Q4_0 = codec_class("q4_0")
+TBQ4_0 = codec_class("tbq4_0")
+TBQ3_0 = codec_class("tbq3_0")
 
 
 def get_codec(name: str, **config) -> Codec:
@@ -612,8 +464,7 @@ def get_codec(name: str, **config) -> Codec:
     >>> get_codec("tbq3_0", codebook="turboq-mtp", signs=7, backend="numpy").get_config()["signs"]
     7
     """
-    format_info(name)  # raises ConfigError with the list of formats
-    cls = _REGISTRY[name]
+    cls = codec_class(name)  # raises ConfigError with the list of formats
     try:
         return cls(**config)
     except TypeError as exc:

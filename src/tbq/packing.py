@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backend import resolve_backend
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
 
 __all__ = ["pack4_pairs", "unpack4_pairs", "pack4_halves", "unpack4_halves", "pack3", "unpack3"]
@@ -42,8 +43,6 @@ def _check_max(idx: np.ndarray, limit: int) -> None:
 
 
 def _backend(backend):
-    from .codecs import resolve_backend
-
     return resolve_backend(backend)
 
 
@@ -100,9 +99,9 @@ def _np_unpack3(b):
 
 def _run(np_fn, nb_name, a, backend, n_out):
     if _backend(backend) == "numba":
-        from . import kernels
+        from . import packing_kernels
 
-        return getattr(kernels, nb_name)(a.reshape(a.size)).reshape(a.shape[:-1] + (n_out,))
+        return getattr(packing_kernels, nb_name)(a.reshape(a.size)).reshape(a.shape[:-1] + (n_out,))
     return np_fn(a)
 
 

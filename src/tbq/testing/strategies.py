@@ -48,9 +48,8 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 
 import tbq
-from tbq import reference
 from tbq.codebooks import Codebook, get_codebook
-from tbq.formats import FORMATS
+from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
 from tbq.rotation import get_rotation, turboq_mtp_signs
 
 __all__ = [
@@ -70,13 +69,13 @@ F32 = np.float32
 FAMILIES: dict[str, str] = {
     "gaussian": "N(0, s^2) values, s a power of two between 2**-30 and 2**20",
     "outliers": "Gaussian block with 1-4 outlier channels x10 .. x10000 (keys in real KV caches)",
-    "heavy_tails": "Student-t values with 1 to 3 degrees of freedom (Cauchy included)",
+    "heavy_tail": "Student-t values with 1 to 3 degrees of freedom (Cauchy included)",
     "subnormal": "float32 subnormal values, and blocks whose scale is an fp16 subnormal, rounds to fp16 zero, "
     "or is so small that 1/d overflows float32",
     "huge": "blocks whose float32 scale is between 2**14 and the largest value that still rounds to a finite fp16 (65504)",
-    "ties": "Q4_0/Q8_0 only: values whose scaled product x*(1/d) is exactly a rounding tie (k + 1/2) or one ulp from one; "
+    "ties": "scalar-grid formats (Q8_0, Q4_0): values whose scaled product x*(1/d) is exactly a rounding tie (k + 1/2) or one ulp from one; "
     "scales exactly halfway between two fp16 numbers; +a and -a both at the largest magnitude",
-    "thresholds": "TBQ only: blocks with rotated, normalised coordinates exactly on a decision threshold or one float32 "
+    "thresholds": "rotated codebook formats (TBQ): blocks with rotated, normalised coordinates exactly on a decision threshold or one float32 "
     "ulp from one (exact zeros and +-2**-149 for the middle threshold 0)",
     "constant": "every value equal (any sign and magnitude)",
     "zero": "+0.0, -0.0 or a mix of signed zeros",
@@ -86,10 +85,12 @@ FAMILIES: dict[str, str] = {
 }
 
 #: Families that every format gets by default (all finite, every scale fits fp16).
-DEFAULT_FAMILIES = ("gaussian", "outliers", "heavy_tails", "subnormal", "huge", "ties", "thresholds", "constant", "zero", "sparse")
+DEFAULT_FAMILIES = ("gaussian", "outliers", "heavy_tail", "subnormal", "huge", "ties", "thresholds", "constant", "zero", "sparse")
 
-_Q_ONLY = ("ties",)
-_TBQ_ONLY = ("thresholds",)
+#: Families that apply to a format only when it lists them in ``Format.hazards``.
+_HAZARD_FAMILIES = ("ties", "thresholds")
+#: Old spellings still accepted (golden vectors and the strategies share family names).
+_ALIASES = {"heavy_tails": "heavy_tail"}
 _UNFIT = ("overflow", "nonfinite")
 
 #: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``.
@@ -148,39 +149,30 @@ class _Fmt:
         self.bs = self.info.block_size
         self.ts = self.info.type_size
         self.rotated = self.info.rotated
-        self.bits = self.info.index_bits
         self.codebook = codebook
         self.rotation = rotation
         kw = {}
         if self.rotated:
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
+        self.format = get_format(name, **kw)
+        self.hazards = self.format.hazards
         self.codec = tbq.get_codec(name, backend="numpy", on_overflow="inf", **kw)
 
     def scales(self, x2: np.ndarray) -> np.ndarray:
-        """float32 scale d of each block (one per row), by the reference arithmetic."""
+        """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace)."""
         with np.errstate(all="ignore"):
-            if self.name == "q8_0":
-                return reference.encode_q8_0(x2)[1]
-            if self.name == "q4_0":
-                return reference.encode_q4_0(x2)[1]
-            return reference.encode_tbq(x2, self.bits, self.codebook, self.rotation)[1]
+            return self.format.reference_encode(np.ascontiguousarray(x2, F32))[1]["d"]
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         return self.codec.encode(x)
 
     def rotated_coords(self, x2: np.ndarray) -> np.ndarray:
         """Normalised, rotated coordinates r = R(u) of each block, by the spec's float32 arithmetic."""
-        return _rotated_coords(x2, self.bits, self.rotation)
+        return self.format.rotate(np.asarray(x2, dtype=F32))[1]
 
     @functools.cached_property
     def rotation_matrix(self) -> np.ndarray:
         return self.rotation.matrix(np.float64)
-
-
-def _rotated_coords(x2, bits, rotation):
-    from tbq.reference import tbq_rotate
-
-    return tbq_rotate(np.asarray(x2, dtype=F32), bits, rotation)[1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -311,7 +303,7 @@ def _fam_outliers(draw, rng, ctx):
     return blk
 
 
-def _fam_heavy_tails(draw, rng, ctx):
+def _fam_heavy_tail(draw, rng, ctx):
     df = draw(st.sampled_from([1.0, 1.5, 2.0, 3.0]))
     scale = 2.0 ** draw(st.integers(-8, 4))
     with np.errstate(all="ignore"):
@@ -362,9 +354,9 @@ def _fam_huge(draw, rng, ctx):
     return out
 
 
-def _tie_values(draw, rng, ctx, d, inv, count):
+def _tie_values(draw, rng, ctx, amax, inv, count):
     """``count`` values x with fl(x * inv) exactly a half-integer (or one ulp from it) inside the code range."""
-    lo, hi = (-127, 126) if ctx.name == "q8_0" else (-8, 7)
+    lo, hi = ctx.hazards["ties"]["codes"]
     ks = rng.integers(lo, hi + 1, count)
     near = draw(st.sampled_from([0, 0, 1, -1]))  # 0: exact tie; +-1: one ulp above / below the tie
     out = np.empty(count, F32)
@@ -380,7 +372,7 @@ def _tie_values(draw, rng, ctx, d, inv, count):
                 best = cand
                 break
             cand = _next32(cand, np.inf if F32(cand * inv) < v else -np.inf)
-        if abs(best) >= abs(d) * (127 if ctx.name == "q8_0" else 8):
+        if abs(best) >= amax:  # must stay below the block's largest magnitude
             best = x0
         out[i] = best
     return out
@@ -388,7 +380,7 @@ def _tie_values(draw, rng, ctx, d, inv, count):
 
 def _fam_ties(draw, rng, ctx):
     bs = ctx.bs
-    K = 127.0 if ctx.name == "q8_0" else 8.0
+    K = ctx.hazards["ties"]["divisor"]  # max|x| / |d|: amax = K * 2**e gives a power-of-two scale
     mode = draw(st.sampled_from(["pow2", "general", "fp16_tie", "sign_tie"]))
     _event(f"ties: {mode}")
     sign = draw(st.sampled_from([F32(1), F32(-1)]))
@@ -411,13 +403,15 @@ def _fam_ties(draw, rng, ctx):
     m = sign * amax
     blk = np.empty(bs, F32)
     blk[pos] = m
-    d = F32(amax / F32(127)) if ctx.name == "q8_0" else F32(m / F32(-8))
+    lone = np.zeros((1, bs), F32)
+    lone[0, pos] = m
+    d = ctx.scales(lone)[0]  # the format's own scale of a block whose largest value is m
     inv = F32(1) / d
     others = np.array([i for i in range(bs) if i != pos])
     if mode == "fp16_tie":
         blk[others] = (rng.uniform(-0.9, 0.9, bs - 1) * amax).astype(F32)
         return blk
-    vals = _tie_values(draw, rng, ctx, d, inv, bs - 1)
+    vals = _tie_values(draw, rng, ctx, amax, inv, bs - 1)
     frac = draw(st.sampled_from([1.0, 0.5]))
     rand = (rng.uniform(-0.95, 0.95, bs - 1) * amax).astype(F32)
     blk[others] = np.where(rng.random(bs - 1) < frac, vals, rand)
@@ -605,7 +599,7 @@ def _fam_nonfinite(draw, rng, ctx):
 _FAMILY_FUNCS = {
     "gaussian": _fam_gaussian,
     "outliers": _fam_outliers,
-    "heavy_tails": _fam_heavy_tails,
+    "heavy_tail": _fam_heavy_tail,
     "subnormal": _fam_subnormal,
     "huge": _fam_huge,
     "ties": _fam_ties,
@@ -719,7 +713,7 @@ def _resolve_families(func, ctx, families):
     if isinstance(families, str):
         _fail(func, f"families must be a list of names, e.g. families=[{families!r}], not a bare string")
     try:
-        fams = list(families)
+        fams = [_ALIASES.get(f, f) if isinstance(f, str) else f for f in families]
     except TypeError:
         _fail(func, f"families must be a list of names from {sorted(FAMILIES)}, got {families!r}")
     unknown = [f for f in fams if f not in FAMILIES]
@@ -729,18 +723,14 @@ def _resolve_families(func, ctx, families):
         _fail(func, f"families is empty; pass at least one of {sorted(FAMILIES)} or None for the defaults")
     for f in fams:
         if not _applies(f, ctx):
-            alt = "'thresholds'" if f in _Q_ONLY else "'ties'"
-            kinds = "q8_0 and q4_0" if f in _Q_ONLY else "the TBQ formats"
-            _fail(func, f"family {f!r} only applies to {kinds}, not to {ctx.name!r}; drop it (or use {alt} for {ctx.name!r})")
+            kinds = ", ".join(n for n, c in FORMAT_CLASSES.items() if f in c.hazards)
+            alts = " or ".join(repr(h) for h in ctx.hazards) or "the default families"
+            _fail(func, f"family {f!r} only applies to {kinds}, not to {ctx.name!r}; drop it (or use {alts} for {ctx.name!r})")
     return tuple(dict.fromkeys(fams))
 
 
 def _applies(fam, ctx):
-    if fam in _Q_ONLY:
-        return not ctx.rotated
-    if fam in _TBQ_ONLY:
-        return ctx.rotated
-    return True
+    return fam not in _HAZARD_FAMILIES or fam in ctx.hazards
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,322 @@
+"""The format interface: what one block format module provides, and the registry.
+
+A format is a subclass of :class:`Format` in its own module of
+``tbq/formats/`` (see docs/architecture.md, "How to add a format"). Defining
+the subclass with an ``info`` row registers it (gguf-py's ``__init_subclass__``
+pattern); everything else in tbq (codecs, golden vectors, attention, the
+numcodecs codecs, the hypothesis strategies) reaches formats only through
+this interface, never by their names.
+
+A :class:`Format` instance is the format with its format options (TBQ's
+``codebook`` and ``signs``; none for ggml's types). It knows:
+
+- the table row (:class:`FormatInfo`: sizes, the numcodecs code, the byte layout);
+- the NumPy reference, which *is* the spec of docs/formats.md as array code:
+  :meth:`Format.reference_encode` returns the bytes and the float32
+  intermediates (the *trace*), :meth:`Format.reference_decode` the floats;
+- the numba kernels, byte- and bit-identical: :meth:`Format.kernel_encode`,
+  :meth:`Format.kernel_decode`;
+- :meth:`Format.fields`: the named fields of encoded blocks;
+- :meth:`Format.fragile_values` / :meth:`Format.fragile_scales`: where a
+  legitimate difference in rounding (FMA, reduction order) may change a code.
+
+The reference and kernel methods take clean 2-D arrays (one block per row,
+C-contiguous float32 or uint8); validation, chunking and threads live in
+:mod:`tbq.codecs`. The public :meth:`Format.encode` / :meth:`Format.decode`
+validate their input and run the NumPy reference.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError
+from ..half import F16_OVERFLOW, f16_table
+
+__all__ = ["Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band"]
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a block's byte layout.
+
+    ``kind`` says how the bytes read: ``"f16"`` (a little-endian fp16 scale),
+    ``"int8"``, ``"u4_halves"`` (ggml's Q4_0 nibble order), ``"u4_pairs"``
+    (adjacent pairs), ``"u3_lanes"`` (24-bit lanes of eight 3-bit indices).
+    """
+
+    name: str
+    offset: int  #: first byte within the block
+    size: int  #: bytes
+    kind: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class FormatInfo:
+    """Static facts about one block format: its registry entry."""
+
+    name: str
+    block_size: int  #: values per block
+    type_size: int  #: bytes per block
+    rotated: bool  #: True for formats that quantize in a rotated domain (TBQ)
+    index_bits: int  #: bits per stored value code
+    description: str
+    code: int = 0  #: stable numeric code (the numcodecs header's byte 5); never renumber
+    layout: tuple = field(default=(), compare=False)  #: the block's :class:`Field` s, in byte order
+
+    @property
+    def bits_per_value(self) -> float:
+        """Storage cost including the per-block scale, e.g. 4.125 for tbq4_0."""
+        return self.type_size * 8 / self.block_size
+
+    def row_bytes(self, n_values: int) -> int:
+        """Bytes of a row of ``n_values`` values (which must be whole blocks)."""
+        if n_values % self.block_size:
+            raise BlockShapeError(f"{n_values} values is not a multiple of {self.name}'s block size {self.block_size}")
+        return n_values // self.block_size * self.type_size
+
+
+#: name -> :class:`FormatInfo`, in registration order (the order of docs/formats.md).
+FORMATS: dict[str, FormatInfo] = {}
+#: name -> :class:`Format` subclass.
+FORMAT_CLASSES: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Add a :class:`Format` subclass to the registry (done by ``__init_subclass__``)."""
+    info = cls.info
+    if info.name in FORMAT_CLASSES and FORMAT_CLASSES[info.name] is not cls:
+        raise ConfigError(f"format {info.name!r} is registered twice ({FORMAT_CLASSES[info.name].__name__} and {cls.__name__})")
+    codes = {i.code: n for n, i in FORMATS.items() if n != info.name}
+    if info.code in codes or info.code <= 0:
+        raise ConfigError(f"format {info.name!r}: code {info.code} is not a new positive code (taken: {codes})")
+    if sum(f.size for f in info.layout) != info.type_size:
+        raise ConfigError(f"format {info.name!r}: the layout's fields add up to {sum(f.size for f in info.layout)} bytes, not {info.type_size}")
+    FORMATS[info.name] = info
+    FORMAT_CLASSES[info.name] = cls
+    return cls
+
+
+# ---------------------------------------------------------------------------
+# fragility helpers shared by the format modules
+# ---------------------------------------------------------------------------
+
+
+def ulp32(a) -> np.ndarray:
+    """Spacing of float32 at ``|a|`` (float64 result; a float32 subnormal step at 0)."""
+    return np.spacing(np.abs(np.asarray(a, np.float64)).astype(np.float32)).astype(np.float64)
+
+
+def band(code, v, k: int, floor: float = 0.0) -> np.ndarray:
+    """True where ``code`` differs between ``v - w`` and ``v + w``, ``w = k * ulp32(max(|v|, floor))``.
+
+    ``code`` must be monotone; it is evaluated exactly in float64. This is "v
+    lies within k ulps of a boundary": the code can change under a
+    perturbation of at most k ulps (a value exactly on a boundary counts).
+
+    >>> band(np.floor, np.float32([1.0, 1.5]), 1).tolist()
+    [True, False]
+    """
+    v64 = np.asarray(v, np.float64)
+    w = k * ulp32(np.maximum(np.abs(v64), floor))
+    return code(v64 - w) != code(v64 + w)
+
+
+# ---------------------------------------------------------------------------
+# the interface
+# ---------------------------------------------------------------------------
+
+
+class Format:
+    """One block format with its format options; subclass it to add a format.
+
+    Class attributes a format module sets:
+
+    ``info``
+        the :class:`FormatInfo` row (defining it registers the class);
+    ``kernel_module``
+        dotted name of the module holding the numba twins (imported on first use);
+    ``options``
+        ``{option: default}`` of the format's own options (``{}`` for most);
+    ``hazards``
+        the rounding hazards :mod:`tbq.testing.strategies` aims at.
+    """
+
+    info: ClassVar[FormatInfo]
+    kernel_module: ClassVar[str] = ""
+    options: ClassVar[dict] = {}
+    #: Float32 magnitude below which fragility counts ulps at this magnitude (see :func:`band`).
+    ulp_floor: ClassVar[float] = 0.0
+    #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
+    #: ``"ties"`` (scalar grids: ``divisor`` = max|x| / |d|, ``codes`` = the range of
+    #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid), ``"thresholds"``
+    #: (codebook decision thresholds in a rotated domain).
+    hazards: ClassVar[dict] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "info" in cls.__dict__:
+            register(cls)
+
+    def __init__(self, **options):
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise ConfigError(f"bad configuration for {self.name}: it has no option {', '.join(map(repr, unknown))} (its options: {known})")
+
+    # -- identity ---------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def block_size(self) -> int:
+        return self.info.block_size
+
+    @property
+    def type_size(self) -> int:
+        return self.info.type_size
+
+    def config(self) -> dict:
+        """The format options as plain JSON data (``{}`` when the format has none)."""
+        return {}
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.config() == self.config()
+
+    def __hash__(self):
+        return hash((self.name, repr(self.config())))
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.config().items())})"
+
+    # -- the specification (NumPy) ------------------------------------------------
+    def reference_encode(self, x: np.ndarray) -> tuple[np.ndarray, dict]:
+        """Encode clean float32 blocks ``x`` (blocks, block_size): ``(bytes, trace)``.
+
+        ``bytes`` is uint8 (blocks, type_size). ``trace`` maps names to the
+        float32 intermediates of docs/formats.md, one row per block; formats
+        with an fp16 scale include ``"d"``, the float32 scale before rounding.
+        Inputs must be finite (the codec checks); the result for other
+        blocks is unspecified.
+        """
+        raise NotImplementedError
+
+    def reference_decode(self, data: np.ndarray) -> np.ndarray:
+        """Decode clean uint8 blocks ``data`` (blocks, type_size) to float32 (blocks, block_size)."""
+        raise NotImplementedError
+
+    # -- numba twins ----------------------------------------------------------------
+    def kernels(self):
+        """The numba kernel module (imported, and so compiled lazily, on first use)."""
+        return importlib.import_module(self.kernel_module)
+
+    def kernel_encode(self, x: np.ndarray, out: np.ndarray, raise_overflow: bool):
+        """numba encode of clean blocks into ``out``; returns ``(block, status)`` (see :mod:`tbq.backend`)."""
+        raise NotImplementedError
+
+    def kernel_decode(self, data: np.ndarray, out: np.ndarray) -> None:
+        """numba decode of clean blocks into ``out``."""
+        raise NotImplementedError
+
+    # -- scale overflow -------------------------------------------------------------
+    def scale_overflows(self, trace: dict) -> np.ndarray:
+        """bool (blocks,): blocks whose stored scale would be infinite (fp16: ``|d| >= 65520``)."""
+        d = trace.get("d")
+        if d is None:
+            return np.zeros(0, bool)
+        return ~(np.abs(d) < np.float32(F16_OVERFLOW))  # NaN counts as overflow too
+
+    # -- structure ----------------------------------------------------------------------
+    def fields(self, data) -> dict:
+        """Named fields of encoded blocks: ``data`` uint8 (..., nbytes) -> arrays (..., n_blocks[, k]).
+
+        Every format gives ``"d"`` (float32 scale per block, decoded from fp16)
+        when it has one, and its codes under the names of its layout.
+        """
+        blocks = self._blocks(data)
+        out = {}
+        for f in self.info.layout:
+            raw = np.ascontiguousarray(blocks[..., f.offset : f.offset + f.size])
+            out[f.name] = _read_field(f.kind, raw)
+        return out
+
+    def _blocks(self, data) -> np.ndarray:
+        a = np.asarray(data)
+        if a.dtype != np.uint8:
+            raise TbqTypeError(f"{self.name}: encoded data must be uint8, got dtype {a.dtype}")
+        if a.ndim == 0 or a.shape[-1] % self.type_size:
+            n = a.shape[-1] if a.ndim else 0
+            raise EncodedLengthError(f"{self.name}: the last axis has {n} bytes, which is not a multiple of the block's {self.type_size} bytes")
+        return a.reshape(a.shape[:-1] + (a.shape[-1] // self.type_size, self.type_size))
+
+    # -- fragility ------------------------------------------------------------------------
+    def fragile_values(self, trace: dict, k: int, ulp_floor: float | None = None) -> np.ndarray:
+        """bool (blocks, block_size): values whose code a k-ulp change of the traced quantity can change."""
+        raise NotImplementedError
+
+    def fragile_scales(self, trace: dict, k: int) -> np.ndarray:
+        """bool (blocks,): blocks whose stored scale a k-ulp change of ``d`` can change (an fp16 midpoint is near)."""
+        d64 = np.asarray(trace["d"], np.float64)
+        w = k * ulp32(d64)
+        with np.errstate(all="ignore"):
+            return (d64 - w).astype(np.float16) != (d64 + w).astype(np.float16)
+
+    # -- public convenience (validated NumPy reference) ----------------------------------------
+    def encode(self, x, *, trace: bool = False):
+        """Encode float values with the NumPy reference: uint8 (..., n // block_size * type_size).
+
+        With ``trace=True`` returns ``(bytes, trace)``, the trace's arrays
+        shaped ``(..., n_blocks[, k])``. ``x`` must be finite float data whose
+        last axis is whole blocks (use :func:`tbq.quantize` for the fast,
+        threaded path with the same bytes).
+        """
+        a = np.asarray(x)
+        if a.dtype.kind != "f":
+            raise TbqTypeError(f"{self.name}: input must be float, got dtype {a.dtype}")
+        if a.ndim == 0 or a.shape[-1] % self.block_size:
+            n = a.shape[-1] if a.ndim else 0
+            raise BlockShapeError(f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {self.block_size}")
+        if not np.isfinite(a).all():
+            from ..errors import NonFiniteError
+
+            raise NonFiniteError(f"{self.name}: the input holds NaN or Inf, which cannot be encoded")
+        lead, nb = a.shape[:-1], a.shape[-1] // self.block_size
+        x2 = np.ascontiguousarray(a, np.float32).reshape(-1, self.block_size)
+        with np.errstate(all="ignore"):
+            data, tr = self.reference_encode(x2)
+        data = data.reshape(lead + (nb * self.type_size,))
+        if not trace:
+            return data
+        return data, {k: v.reshape(lead + (nb,) + v.shape[1:]) for k, v in tr.items()}
+
+    def decode(self, data) -> np.ndarray:
+        """Decode uint8 data with the NumPy reference: float32 (..., nbytes // type_size * block_size)."""
+        blocks = self._blocks(data)
+        d2 = np.ascontiguousarray(blocks).reshape(-1, self.type_size)
+        with np.errstate(all="ignore"):
+            y = self.reference_decode(d2)
+        return y.reshape(blocks.shape[:-2] + (blocks.shape[-2] * self.block_size,))
+
+
+def _read_field(kind: str, raw: np.ndarray) -> np.ndarray:
+    from .. import packing
+
+    if kind == "f16":
+        return f16_table()[raw.view("<u2")[..., 0]]
+    if kind == "int8":
+        return raw.view(np.int8)
+    if kind == "u4_halves":
+        return packing._np_unpack4_halves(raw)
+    if kind == "u4_pairs":
+        return packing._np_unpack4_pairs(raw)
+    if kind == "u3_lanes":
+        return packing._np_unpack3(raw)
+    if kind == "uint8":
+        return raw
+    raise ConfigError(f"unknown field kind {kind!r}")  # pragma: no cover - layouts are static

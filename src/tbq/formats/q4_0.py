@@ -1,0 +1,79 @@
+"""Q4_0 (ggml): 32 values -> fp16 scale ``d = max / -8`` + 32 4-bit codes, 18 bytes.
+
+docs/formats.md, "Q4_0". Per block: ``max`` is the signed value of largest
+magnitude (the first on a tie), ``d = max / -8``, ``id = 1/d`` (0 when
+``d == 0``), ``q = min(15, trunc(x * id + 8.5))`` (a product, then a sum: two
+roundings), stored in ggml's split order (byte ``j`` = code ``j`` | code
+``j+16`` << 4); decode ``y = (q - 8) * fp16(d)``.
+
+>>> Q4_0().encode(np.zeros(32, np.float32))[:2].tolist()  # ggml: an all-zero block has d = -0
+[0, 128]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..half import f16_table
+from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
+from .base import Field, Format, FormatInfo, band
+
+F32 = np.float32
+_M8 = F32(-8.0)
+_8_5 = F32(8.5)
+
+
+def _code_t(t):
+    """The code as a function of ``t = x*id + 8.5`` (float64, exact)."""
+    return np.minimum(15.0, np.trunc(t))
+
+
+def _code_v(v):
+    """The code as a function of ``v = x*id``, with the encoder's float32 rounding of ``v + 8.5``."""
+    t = (np.asarray(v, np.float64) + 8.5).astype(np.float32)
+    return _code_t(t.astype(np.float64))
+
+
+class Q4_0(Format):
+    info = FormatInfo(
+        "q4_0", 32, 18, False, 4, "ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)", code=2,
+        layout=(Field("d", 0, 2, "f16", "scale max/-8"), Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4")),
+    )
+    kernel_module = "tbq.formats.q4_0_kernels"
+    hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
+
+    def reference_encode(self, x):
+        rows = np.arange(x.shape[0])
+        a = np.abs(x)
+        m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
+        # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a
+        # block of zeros (of either sign) has m = +0 and d = +0 / -8 = -0 (bytes 00 80).
+        m[a.max(axis=1) == 0] = F32(0)
+        d = m / _M8
+        inv = safe_reciprocal(d)
+        v = x * inv[:, None]
+        t = v + _8_5  # two roundings: product, then sum
+        q = np.minimum(np.trunc(t), F32(15))
+        if np.isinf(inv).any():
+            # Non-finite t (1/d overflowed): code 0, what x86 C gives for (int8_t)(+-Inf or NaN).
+            q[~np.isfinite(t)] = 0
+        out = np.empty((x.shape[0], 18), np.uint8)
+        put_f16_scale(out, d)
+        out[:, 2:] = _np_pack4_halves(q.astype(np.uint8))
+        return out, {"d": d, "v": v, "t": t}
+
+    def reference_decode(self, data):
+        d = get_f16_scale(data)
+        q = _np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
+        return q * d[:, None]
+
+    def kernel_encode(self, x, out, raise_overflow):
+        return self.kernels().encode(x, out, raise_overflow)
+
+    def kernel_decode(self, data, out):
+        self.kernels().decode(data, out, f16_table())
+
+    def fragile_values(self, trace, k, ulp_floor=None):
+        # Fragile if a k-ulp change of v = x*id or of t = float32(v + 8.5) can change min(15, trunc(t)).
+        return band(_code_v, trace["v"], k) | band(_code_t, trace["t"], k)

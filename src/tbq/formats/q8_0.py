@@ -1,0 +1,65 @@
+"""Q8_0 (ggml): 32 values -> fp16 scale ``d = amax / 127`` + 32 int8 codes, 34 bytes.
+
+docs/formats.md, "Q8_0". Per block: ``amax = max |x|``, ``d = amax / 127``
+(float32), ``id = 1/d`` (0 when ``d == 0``), ``q = roundf(x * id)`` with the
+float32 ``d`` (not its fp16 rounding), stored as int8; decode ``y = q * fp16(d)``.
+
+>>> f = Q8_0()
+>>> b, tr = f.encode(np.full(32, 0.5, np.float32), trace=True)
+>>> b[:2].view("<f2")[0], b[2], float(tr["d"][0])
+(np.float16(0.003937), np.uint8(127), 0.003937007859349251)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..half import f16_table
+from ..reference import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
+from .base import Field, Format, FormatInfo, band
+
+_127 = np.float32(127.0)
+
+
+def _roundf64(y: np.ndarray) -> np.ndarray:
+    """roundf on float64 values (the fragility code function: boundaries at the half-integers)."""
+    t = np.trunc(y)
+    return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
+
+
+class Q8_0(Format):
+    info = FormatInfo(
+        "q8_0", 32, 34, False, 8, "ggml Q8_0: fp16 scale + 32 int8 codes", code=1,
+        layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
+    )
+    kernel_module = "tbq.formats.q8_0_kernels"
+    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
+
+    def reference_encode(self, x):
+        amax = np.max(np.abs(x), axis=1)
+        d = amax / _127
+        inv = safe_reciprocal(d)
+        v = x * inv[:, None]
+        r = roundf(v)  # the float32 d, not fp16(d)
+        if np.isinf(inv).any():
+            # d so small that 1/d overflowed: x*id is +-Inf or NaN, whose C float -> int
+            # conversion is undefined; x86 (cvttss2si) gives INT_MIN, whose int8 is 0.
+            r[~np.isfinite(r)] = 0
+        out = np.empty((x.shape[0], 34), np.uint8)
+        put_f16_scale(out, d)
+        out[:, 2:] = r.astype(np.int8).view(np.uint8)
+        return out, {"d": d, "v": v}
+
+    def reference_decode(self, data):
+        d = get_f16_scale(data)
+        return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
+
+    def kernel_encode(self, x, out, raise_overflow):
+        return self.kernels().encode(x, out, raise_overflow)
+
+    def kernel_decode(self, data, out):
+        self.kernels().decode(data, out, f16_table())
+
+    def fragile_values(self, trace, k, ulp_floor=None):
+        # v = x * id; the code roundf(v) changes at the half-integers.
+        return band(_roundf64, trace["v"], k)

@@ -1,0 +1,176 @@
+"""TBQ4_0 and TBQ3_0: randomized Hadamard rotation + scalar codebook + fp16 corrected norm.
+
+docs/formats.md, "TBQ4_0 / TBQ3_0". Per block of 128 values:
+
+1. ``norm = sqrt(sum x_j^2)``, a sequential float32 sum from +0.0;
+2. ``u = x * (1/norm)`` (TBQ4_0; ``1/norm`` is 0 when ``norm <= 1e-10``) or
+   ``u = x / max(norm, 1e-10)`` (TBQ3_0, a division), then ``r = s2 * H(s1 * u)``
+   with the butterfly of :func:`tbq.rotation.fwht` and the scale ``1/sqrt(128)``;
+3. ``idx = number of thresholds <= r`` (the codebook);
+4. ``recon = sqrt(sum c[idx_j]^2)`` (sequential), ``d = norm / recon`` (TBQ4_0:
+   ``norm`` when ``recon <= 1e-10``; TBQ3_0: ``norm / max(recon, 1e-10)``);
+5. store fp16(d) and the indices: 4-bit adjacent pairs (66 bytes) or 3-bit
+   24-bit lanes (50 bytes).
+
+Decoding: ``y = s1 * H(s2 * c[idx]) * fp16(d)``.
+
+Options: ``codebook`` (``"lloyd-max"`` default, ``"turboq-mtp"``, or a
+:class:`~tbq.codebooks.Codebook`) and ``signs`` (``"turboq-mtp"`` default, an
+integer seed, or a pair of +-1 arrays of length 128).
+
+>>> f = TBQ4_0(signs=3)
+>>> b, tr = f.encode(np.linspace(-1, 1, 128, dtype=np.float32), trace=True)
+>>> b.shape, sorted(tr)
+((66,), ['d', 'norm', 'r', 'recon'])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codebooks import CODEBOOK_NAMES, Codebook, get_codebook, named_codebook
+from ..errors import ConfigError
+from ..half import f16_table
+from ..packing import _np_pack3, _np_pack4_pairs, _np_unpack3, _np_unpack4_pairs
+from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
+from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
+from .base import Field, Format, FormatInfo, band
+
+F32 = np.float32
+_ONE = F32(1.0)
+_EPS_NORM = F32(1e-10)
+
+#: Fragility of rotated coordinates: a coordinate below this magnitude counts
+#: ulps at this magnitude. The butterfly builds each coordinate from partial
+#: sums of magnitude ~1/sqrt(128), so its rounding error is a few ulps of
+#: *that*, not of the (possibly tiny) coordinate; without the floor the mask
+#: would be blind at the threshold 0. 0 gives the literal ulp distance.
+TBQ_ULP_FLOOR = 2.0**-4
+
+
+def _codebook_config(cb: Codebook, bits: int):
+    for name in CODEBOOK_NAMES:
+        try:
+            if cb == named_codebook(name, bits):
+                return name
+        except ConfigError:
+            pass
+    return cb.to_config()
+
+
+def _signs_config(spec, rot: RandomizedHadamard):
+    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+        return int(spec)
+    s1, s2 = turboq_mtp_signs()
+    if np.array_equal(rot.signs1, s1) and np.array_equal(rot.signs2, s2):
+        return "turboq-mtp"
+    return {"signs1": rot.signs1.tolist(), "signs2": rot.signs2.tolist()}
+
+
+class _TBQ(Format):
+    """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
+
+    options = {"codebook": "lloyd-max", "signs": "turboq-mtp"}
+    kernel_module = "tbq.formats.tbq_kernels"
+    ulp_floor = TBQ_ULP_FLOOR
+    hazards = {"thresholds": {}}
+
+    def __init__(self, *, codebook="lloyd-max", signs="turboq-mtp"):
+        bits = self.info.index_bits
+        self.bits = bits
+        self.codebook: Codebook = get_codebook(codebook, bits)
+        self.rotation: RandomizedHadamard = get_rotation(signs, self.info.block_size)
+        self._config = {"codebook": _codebook_config(self.codebook, bits), "signs": _signs_config(signs, self.rotation)}
+        c = self.codebook.centroids
+        C = hadamard_scale(self.info.block_size, np.float32)
+        s1 = self.rotation.signs1.astype(np.float32)
+        s2 = self.rotation.signs2.astype(np.float32)
+        # Kernel tables. Folding the +-1 signs into a constant is exact: x*(+-C) == +-(x*C).
+        self._k = dict(
+            thresholds=np.ascontiguousarray(self.codebook.thresholds),
+            centroids=np.ascontiguousarray(c),
+            centroids_sq=(c * c).astype(np.float32),
+            s1=s1,
+            s2=s2,
+            cs1=(C * s1).astype(np.float32),
+            cs2=(C * s2).astype(np.float32),
+        )
+
+    def config(self):
+        return dict(self._config)
+
+    # -- spec ----------------------------------------------------------------------------
+    def rotate(self, x):
+        """Steps 1-2 on clean float32 blocks: ``(norm, r)``, the norm and the rotated normalised coordinates."""
+        with np.errstate(all="ignore"):
+            norm = np.sqrt(seq_sum_squares(x))
+            if self.bits == 4:
+                inv = np.zeros_like(norm)
+                np.divide(_ONE, norm, out=inv, where=norm > _EPS_NORM)
+                u = x * inv[:, None]
+            else:
+                norm = np.maximum(norm, _EPS_NORM)
+                u = x / norm[:, None]  # a division, not a multiply by the reciprocal
+            return norm, self.rotation.forward(u)
+
+    def reference_encode(self, x):
+        norm, r = self.rotate(x)
+        idx = self.codebook.index(r)
+        recon = np.sqrt(seq_sum_squares(self.codebook.centroids[idx]))
+        if self.bits == 4:
+            d = norm.copy()
+            np.divide(norm, recon, out=d, where=recon > _EPS_NORM)
+        else:
+            d = norm / np.maximum(recon, _EPS_NORM)
+        out = np.empty((x.shape[0], self.info.type_size), np.uint8)
+        put_f16_scale(out, d)
+        out[:, 2:] = _np_pack4_pairs(idx) if self.bits == 4 else _np_pack3(idx)
+        return out, {"norm": norm, "r": r, "recon": recon, "d": d}
+
+    def reference_decode(self, data):
+        d = get_f16_scale(data)
+        idx = _np_unpack4_pairs(data[:, 2:]) if self.bits == 4 else _np_unpack3(data[:, 2:])
+        return self.rotation.inverse(self.codebook.centroids[idx]) * d[:, None]
+
+    # -- kernels ---------------------------------------------------------------------------
+    def kernel_encode(self, x, out, raise_overflow):
+        kn, k = self.kernels(), self._k
+        return kn.encode(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES)
+
+    def kernel_decode(self, data, out):
+        kn, k = self.kernels(), self._k
+        kn.decode(data, out, self.bits, k["centroids"], k["s2"], k["cs1"], f16_table(), kn.LANES)
+
+    # -- structure ---------------------------------------------------------------------------
+    def fragile_values(self, trace, k, ulp_floor=None):
+        # v = r, the rotated coordinate; boundaries: the codebook's thresholds.
+        floor = self.ulp_floor if ulp_floor is None else float(ulp_floor)
+        thr = self.codebook.thresholds.astype(np.float64)
+        return band(lambda y: np.searchsorted(thr, y, side="right"), trace["r"], k, floor)
+
+    def tables(self) -> dict:
+        """The exact tables this instance uses: centroids, thresholds (float32), signs1, signs2 (int8)."""
+        return {
+            "centroids": self.codebook.centroids.copy(),
+            "thresholds": self.codebook.thresholds.copy(),
+            "signs1": self.rotation.signs1.astype(np.int8),
+            "signs2": self.rotation.signs2.astype(np.int8),
+        }
+
+
+class TBQ4_0(_TBQ):
+    """TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes)."""
+
+    info = FormatInfo(
+        "tbq4_0", 128, 66, True, 4, "TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices", code=3,
+        layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4")),
+    )
+
+
+class TBQ3_0(_TBQ):
+    """TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes)."""
+
+    info = FormatInfo(
+        "tbq3_0", 128, 50, True, 3, "TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices", code=4,
+        layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane")),
+    )

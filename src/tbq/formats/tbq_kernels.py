@@ -1,0 +1,289 @@
+"""numba twins of :mod:`tbq.formats.tbq` (same bytes, same float32 bits).
+
+The TBQ kernels work on ``lanes`` blocks at a time, transposed into a scratch
+array T[j, lane]: coordinate j of every block in the group sits in one row.
+Every loop over lanes is then a plain SIMD loop, and the spec's sequential
+sums (sum of x_j^2, sum of c[idx_j]^2) stay sequential in j for each block
+while ``lanes`` independent chains run side by side. This changes no
+rounding: each block still sees exactly the spec's operations in the spec's
+order. The lane count is a run-time value on purpose: with a compile-time
+constant LLVM fully unrolls the lane loops and then fails to vectorise them
+(it cannot prove the rows j and j+h do not alias); with a run-time trip
+count the loop vectoriser adds an overlap check and uses full-width SIMD.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import (
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_SCALE_OVERFLOW,
+    block_finite,
+    f16_is_inf,
+    f32_to_f16_bits,
+    jit,
+    load_f16,
+    store_f16,
+)
+from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
+
+F32 = np.float32
+_0 = F32(0.0)
+_1 = F32(1.0)
+_EPS_NORM = F32(1e-10)
+_FLT_MAX = F32(3.4028234663852886e38)
+
+LANES = 32
+
+
+@jit
+def _butterfly_lanes(T):
+    """The spec's butterfly applied to every column of T (n x lanes).
+
+    Stages h and 2h are fused (radix 4) to halve the passes over T; each
+    output is still built from exactly the same additions in the same order:
+    stage h gives (a+b, a-b, c+d, c-d) and stage 2h combines (a+b) with (c+d)
+    and (a-b) with (c-d), as the in-place butterfly does.
+    """
+    n = T.shape[0]
+    nl = T.shape[1]
+    h = 1
+    while 2 * h < n:
+        for i in range(0, n, 4 * h):
+            for j in range(i, i + h):
+                for l in range(nl):
+                    a = T[j, l]
+                    b = T[j + h, l]
+                    c = T[j + 2 * h, l]
+                    d = T[j + 3 * h, l]
+                    ab = a + b
+                    amb = a - b
+                    cd = c + d
+                    cmd = c - d
+                    T[j, l] = ab + cd
+                    T[j + h, l] = amb + cmd
+                    T[j + 2 * h, l] = ab - cd
+                    T[j + 3 * h, l] = amb - cmd
+        h *= 4
+    if h < n:  # one radix-2 stage left (n = 2 * 4**k)
+        for j in range(h):
+            for l in range(nl):
+                a = T[j, l]
+                c = T[j + h, l]
+                T[j, l] = a + c
+                T[j + h, l] = a - c
+
+
+@jit
+def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lanes):
+    """TBQ4_0 (bits=4) / TBQ3_0 (bits=3) encoder, ``lanes`` blocks at a time.
+
+    ``cs2`` is ``hadamard_scale * signs2`` as float32: multiplying by +-C is the
+    same single rounding as multiplying by C and then flipping the sign.
+    ``centroids_sq`` is ``c*c`` in float32, the exact terms of the recon sum.
+    """
+    nblk = x.shape[0]
+    n = x.shape[1]
+    T = np.zeros((n, lanes), np.float32)
+    Tf = T.reshape(n * lanes)
+    K = np.zeros((n, lanes), np.int32)
+    C2 = np.zeros((n, lanes), np.float32)
+    P = np.zeros((n // 2, lanes), np.int32)
+    norm2 = np.zeros(lanes, np.float32)
+    norm = np.zeros(lanes, np.float32)
+    scale = np.zeros(lanes, np.float32)
+    recon2 = np.zeros(lanes, np.float32)
+    for g0 in range(0, nblk, lanes):
+        L = min(lanes, nblk - g0)
+        # stage: transpose-in
+        for l in range(L):  # transpose in; flat pointer steps are faster than 2-D indexing
+            row = x[g0 + l]
+            p = l
+            for j in range(n):
+                Tf[p] = row[j]
+                p += lanes
+        for l in range(L, lanes):
+            for j in range(n):
+                T[j, l] = _0
+        # stage: norm
+        # 1. norm: a sequential float32 sum per block (one chain per lane)
+        for l in range(lanes):
+            norm2[l] = _0
+        for j in range(n):
+            for l in range(lanes):
+                norm2[l] += T[j, l] * T[j, l]
+        # stage: end
+        bad = L  # first lane whose input is not finite
+        for l in range(L):
+            if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
+                bad = l
+                break
+        for l in range(lanes):
+            nv = np.sqrt(norm2[l])
+            if bits == 4:
+                scale[l] = _1 / nv if nv > _EPS_NORM else _0
+            else:
+                nv = nv if nv > _EPS_NORM else _EPS_NORM
+            norm[l] = nv
+        # stage: normalise
+        # 2. normalise and apply signs1 (exact), then the butterfly
+        if bits == 4:
+            for j in range(n):
+                sj = s1[j]
+                for l in range(lanes):
+                    T[j, l] = (T[j, l] * scale[l]) * sj
+        else:
+            for j in range(n):
+                sj = s1[j]
+                for l in range(lanes):
+                    T[j, l] = (T[j, l] / norm[l]) * sj
+        # stage: butterfly
+        _butterfly_lanes(T)
+        # stage: index
+        # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
+        # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass
+        for l in range(lanes):
+            recon2[l] = _0
+        if bits == 4:
+            m0, m1, m2, m3, m4, m5, m6, m7 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6], thresholds[7]
+            m8, m9, m10, m11, m12, m13, m14 = thresholds[8], thresholds[9], thresholds[10], thresholds[11], thresholds[12], thresholds[13], thresholds[14]
+            for j in range(n):
+                cj = cs2[j]
+                for l in range(lanes):
+                    r = T[j, l] * cj
+                    k = (
+                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
+                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6) + np.int32(r >= m7)
+                        + np.int32(r >= m8) + np.int32(r >= m9) + np.int32(r >= m10) + np.int32(r >= m11)
+                        + np.int32(r >= m12) + np.int32(r >= m13) + np.int32(r >= m14)
+                    )
+                    K[j, l] = k
+        else:
+            m0, m1, m2, m3, m4, m5, m6 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6]
+            q0, q1, q2, q3, q4, q5, q6, q7 = centroids_sq[0], centroids_sq[1], centroids_sq[2], centroids_sq[3], centroids_sq[4], centroids_sq[5], centroids_sq[6], centroids_sq[7]
+            for j in range(n):
+                cj = cs2[j]
+                for l in range(lanes):
+                    r = T[j, l] * cj
+                    k = (
+                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
+                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6)
+                    )
+                    K[j, l] = k
+                    v = q0
+                    v = q1 if r >= m0 else v
+                    v = q2 if r >= m1 else v
+                    v = q3 if r >= m2 else v
+                    v = q4 if r >= m3 else v
+                    v = q5 if r >= m4 else v
+                    v = q6 if r >= m5 else v
+                    v = q7 if r >= m6 else v
+                    C2[j, l] = v
+        # stage: recon
+        if bits == 4:
+            for j in range(n):
+                for l in range(lanes):
+                    recon2[l] += centroids_sq[K[j, l]]
+        else:
+            for j in range(n):
+                for l in range(lanes):
+                    recon2[l] += C2[j, l]
+        # stage: pack+store
+        # 5. pack the indices of all lanes at once, then store block by block
+        if bits == 4:
+            for k in range(n // 2):
+                for l in range(lanes):
+                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
+        else:
+            for g in range(n // 8):
+                for l in range(lanes):
+                    P[g, l] = lane3(
+                        K[8 * g, l], K[8 * g + 1, l], K[8 * g + 2, l], K[8 * g + 3, l],
+                        K[8 * g + 4, l], K[8 * g + 5, l], K[8 * g + 6, l], K[8 * g + 7, l],
+                    )
+        for l in range(bad):
+            recon = np.sqrt(recon2[l])
+            nv = norm[l]
+            if bits == 4:
+                d = nv / recon if recon > _EPS_NORM else nv
+            else:
+                d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+            h = f32_to_f16_bits(d)
+            if raise_overflow and f16_is_inf(h):
+                return g0 + l, STATUS_SCALE_OVERFLOW
+            row = g0 + l
+            store_f16(out, row, h)
+            orow = out[row]
+            if bits == 4:
+                for k in range(n // 2):
+                    orow[2 + k] = np.uint8(P[k, l])
+            else:
+                for g in range(n // 8):
+                    store_lane3(orow, 2 + 3 * g, P[g, l])
+        # stage: end
+        if bad < L:
+            return g0 + bad, STATUS_NONFINITE
+    return -1, STATUS_OK
+
+
+@jit
+def decode(data, out, bits, centroids, s2, cs1, table, lanes):
+    """TBQ decoder, ``lanes`` blocks at a time: ``y = (H(s2 * c[idx]) * (C * s1)) * d``."""
+    nblk = data.shape[0]
+    n = out.shape[1]
+    T = np.zeros((n, lanes), np.float32)
+    Tf = T.reshape(n * lanes)
+    d = np.zeros(lanes, np.float32)
+    for g0 in range(0, nblk, lanes):
+        L = min(lanes, nblk - g0)
+        # stage: unpack
+        for l in range(L):  # unpack and look up, transposing into T (flat pointer steps)
+            row = g0 + l
+            d[l] = load_f16(data, row, table)
+            drow = data[row]
+            p = l
+            if bits == 4:
+                for k in range(n // 2):
+                    byte = drow[2 + k]
+                    Tf[p] = centroids[lo4(byte)]
+                    Tf[p + lanes] = centroids[hi4(byte)]
+                    p += 2 * lanes
+            else:
+                for g in range(n // 8):
+                    lane = load_lane3(drow, 2 + 3 * g)  # the 8 indices unrolled by hand (faster than a loop)
+                    Tf[p] = centroids[idx3(lane, 0)]
+                    Tf[p + lanes] = centroids[idx3(lane, 1)]
+                    Tf[p + 2 * lanes] = centroids[idx3(lane, 2)]
+                    Tf[p + 3 * lanes] = centroids[idx3(lane, 3)]
+                    Tf[p + 4 * lanes] = centroids[idx3(lane, 4)]
+                    Tf[p + 5 * lanes] = centroids[idx3(lane, 5)]
+                    Tf[p + 6 * lanes] = centroids[idx3(lane, 6)]
+                    Tf[p + 7 * lanes] = centroids[idx3(lane, 7)]
+                    p += 8 * lanes
+        # stage: end
+        for l in range(L, lanes):
+            for j in range(n):
+                T[j, l] = _0
+        # stage: signs2
+        for j in range(n):  # signs2: exact
+            sj = s2[j]
+            for l in range(lanes):
+                T[j, l] = T[j, l] * sj
+        # stage: butterfly
+        _butterfly_lanes(T)
+        # stage: scale
+        for j in range(n):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
+            cj = cs1[j]
+            for l in range(lanes):
+                T[j, l] = (T[j, l] * cj) * d[l]
+        # stage: transpose-out
+        for l in range(L):  # transpose out
+            orow = out[g0 + l]
+            p = l
+            for j in range(n):
+                orow[j] = Tf[p]
+                p += lanes
+        # stage: end
+    return out

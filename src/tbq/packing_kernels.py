@@ -1,0 +1,121 @@
+"""numba twins of :mod:`tbq.packing`: the lane helpers the format kernels call, and array packers.
+
+The helpers below are the only numba statement of each bit layout: the
+format kernels pack and unpack through them, and the array functions that
+``tbq.packing``'s ``backend="numba"`` reaches are built from them too, so the
+layout the property tests check is the one the codecs ship.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels import jit
+
+# --- lane helpers (scalars in, scalars out) ------------------------------------------
+
+
+@jit
+def pair4(lo, hi):
+    """One byte of two 4-bit codes: ``lo`` in the low nibble, ``hi`` in the high nibble."""
+    return np.uint8((np.int32(lo) | (np.int32(hi) << 4)) & 0xFF)
+
+
+@jit
+def lo4(byte):
+    """The low-nibble code of a byte (as int32)."""
+    return np.int32(byte) & 15
+
+
+@jit
+def hi4(byte):
+    """The high-nibble code of a byte (as int32)."""
+    return np.int32(byte) >> 4
+
+
+@jit
+def lane3(i0, i1, i2, i3, i4, i5, i6, i7):
+    """The 24-bit lane of eight 3-bit indices: ``sum(i_t << 3t)`` (as int32)."""
+    return (
+        np.int32(i0) | (np.int32(i1) << 3) | (np.int32(i2) << 6) | (np.int32(i3) << 9)
+        | (np.int32(i4) << 12) | (np.int32(i5) << 15) | (np.int32(i6) << 18) | (np.int32(i7) << 21)
+    )
+
+
+@jit
+def store_lane3(row, off, lane):
+    """Write a 24-bit lane little-endian at ``row[off:off+3]``."""
+    row[off] = np.uint8(lane & 0xFF)
+    row[off + 1] = np.uint8((lane >> 8) & 0xFF)
+    row[off + 2] = np.uint8((lane >> 16) & 0xFF)
+
+
+@jit
+def load_lane3(row, off):
+    """The 24-bit lane stored little-endian at ``row[off:off+3]`` (as int32)."""
+    return np.int32(row[off]) | (np.int32(row[off + 1]) << 8) | (np.int32(row[off + 2]) << 16)
+
+
+@jit
+def idx3(lane, t):
+    """Index ``t`` (0..7) of a 24-bit lane."""
+    return (lane >> (3 * t)) & 7
+
+
+# --- array packers (1-D in, 1-D out), built on the helpers ---------------------------
+
+
+@jit
+def pack4_pairs(idx):
+    out = np.empty(idx.size // 2, np.uint8)
+    for k in range(out.size):
+        out[k] = pair4(idx[2 * k], idx[2 * k + 1])
+    return out
+
+
+@jit
+def unpack4_pairs(b):
+    out = np.empty(b.size * 2, np.uint8)
+    for k in range(b.size):
+        out[2 * k] = lo4(b[k])
+        out[2 * k + 1] = hi4(b[k])
+    return out
+
+
+@jit
+def pack4_halves(q):
+    out = np.empty(q.size // 2, np.uint8)
+    for blk in range(q.size // 32):
+        for j in range(16):
+            out[16 * blk + j] = pair4(q[32 * blk + j], q[32 * blk + j + 16])
+    return out
+
+
+@jit
+def unpack4_halves(b):
+    out = np.empty(b.size * 2, np.uint8)
+    for blk in range(b.size // 16):
+        for j in range(16):
+            v = b[16 * blk + j]
+            out[32 * blk + j] = lo4(v)
+            out[32 * blk + j + 16] = hi4(v)
+    return out
+
+
+@jit
+def pack3(idx):
+    out = np.empty(idx.size // 8 * 3, np.uint8)
+    for g in range(idx.size // 8):
+        i = 8 * g
+        store_lane3(out, 3 * g, lane3(idx[i], idx[i + 1], idx[i + 2], idx[i + 3], idx[i + 4], idx[i + 5], idx[i + 6], idx[i + 7]))
+    return out
+
+
+@jit
+def unpack3(b):
+    out = np.empty(b.size // 3 * 8, np.uint8)
+    for g in range(b.size // 3):
+        lane = load_lane3(b, 3 * g)
+        for t in range(8):
+            out[8 * g + t] = idx3(lane, t)
+    return out
