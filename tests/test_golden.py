@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,7 +17,7 @@ import pytest
 import tbq
 from tbq import golden
 from tbq.cli import golden as golden_cli
-from tbq.errors import ConfigError, TbqValueError
+from tbq.errors import ConfigError, TbqTypeError, TbqValueError
 from tbq.packing import unpack3, unpack4_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -513,16 +515,22 @@ def test_summary_counts_are_the_masks(gdir):
 # ---------------------------------------------------------------------------
 
 
-def test_cli_writes_files_progress_and_table(tmp_path, capsys):
+def test_cli_writes_files_progress_and_table(tmp_path, capsys, monkeypatch):
+    import tbq.progress
+
+    monkeypatch.setattr(tbq.progress, "stderr_is_terminal", lambda stream=None: True)  # progress only draws on a terminal
     out = tmp_path / "o"
-    assert run_golden(["--formats", "q8_0,tbq4_0", "--families", "gaussian,edge", "--blocks", "3", "--seed", "2",
+    assert run_golden(["--formats", "q8_0,tbq4_0", "--families", "gaussian,edge", "--rows-per-family", "3", "--seed", "2",
                        "--codebook", "turboq-mtp", "--signs", "17", "-k", "2", "--attention", "--attention-pairs", "q4_0:tbq4_0",
                        "--tokens", "5", "--heads", "4", "--kv-heads", "4", "--n-sink", "1", "--out", str(out)]) == 0
     cap = capsys.readouterr()
-    assert "format  family" in cap.out and "fragile values" in cap.out and "fragile blocks" in cap.out
+    assert "format  family" in cap.out and "fragile values  fragile scales" in cap.out and "fragile blocks" not in cap.out
+    assert golden.generate.__globals__["SUMMARY_NOTE"] in cap.out.splitlines()  # one line under the table explains both counts
     assert re.search(r"tbq4_0\s+edge\s+3\s+384", cap.out)
     assert "attention K" in cap.out and "q4_0" in cap.out
-    assert "tbq golden [" in cap.err and "3/4" in cap.err  # progress: inputs, 2 formats, 1 attention pair
+    # progress on stderr only: inputs, 2 formats, 1 attention pair
+    assert "tbq golden: 3/4 tbq4_0" in cap.err and "tbq golden: 4/4 attention q4_0/tbq4_0" in cap.err
+    assert "tbq golden" not in cap.out
     assert sorted(p.name for p in out.iterdir()) == sorted(
         f"{s}.{e}" for s in ("q8_0", "tbq4_0", "attention_q4_0_tbq4_0") for e in ("npz", "json", "h"))
     m = json.loads((out / "tbq4_0.json").read_text())
@@ -538,7 +546,7 @@ def test_cli_codebook_and_signs_from_json(tmp_path, capsys):
     (tmp_path / "cb.json").write_text(json.dumps({"tbq3_0": {"centroids": cb.centroids.tolist(), "thresholds": cb.thresholds.tolist()}}))
     s1, s2 = tbq.get_codec("tbq3_0", signs=3).rotation.signs1, tbq.get_codec("tbq3_0", signs=3).rotation.signs2
     (tmp_path / "signs.json").write_text(json.dumps({"signs1": s1.tolist(), "signs2": s2.tolist()}))
-    assert run_golden(["--formats", "tbq3_0", "--blocks", "1", "--quiet", "--codebook", str(tmp_path / "cb.json"),
+    assert run_golden(["--formats", "tbq3_0", "--rows-per-family", "1", "--quiet", "--codebook", str(tmp_path / "cb.json"),
                        "--signs", str(tmp_path / "signs.json"), "--out", str(tmp_path / "o")]) == 0
     assert capsys.readouterr().out == ""
     a, m = load(tmp_path / "o", "tbq3_0")
@@ -550,27 +558,153 @@ def test_cli_codebook_and_signs_from_json(tmp_path, capsys):
     [
         (["--formats", "q5_0"], ConfigError, "unknown format"),
         (["--families", "gaussian,laplace"], ConfigError, "unknown family"),
-        (["--blocks", "0"], TbqValueError, "positive integer"),
+        (["--rows-per-family", "0"], TbqValueError, "positive integer"),
+        (["--blocks", "-3"], TbqValueError, "positive integer"),
         (["--seed", "-1"], TbqValueError, "non-negative"),
         (["-k", "-1"], TbqValueError, "non-negative"),
         (["--codebook", "nope"], ConfigError, "unknown codebook"),
         (["--attention", "--attention-pairs", "q8_0-tbq4_0"], ConfigError, "K_FORMAT:V_FORMAT"),
         (["--attention", "--heads", "6", "--kv-heads", "4"], TbqValueError, "multiple"),
+        (["--tokens", "0"], TbqValueError, "tokens must be an integer >= 1"),
+        (["--kv-heads", "0"], TbqValueError, "n_head_kv must be an integer >= 1"),
+        (["--n-sink", "40"], TbqValueError, "cannot exceed tokens"),
+        (["--ulp-floor", "-1"], TbqValueError, "ulp_floor"),
+        (["--ulp-floor", "nan"], TbqValueError, "ulp_floor"),
     ],
 )
 def test_cli_bad_input(tmp_path, argv, exc, msg):
     with pytest.raises(exc, match=msg):
-        run_golden(["--quiet", "--formats", "q8_0", "--blocks", "1", *argv, "--out", str(tmp_path / "o")])
+        run_golden(["--quiet", "--formats", "q8_0", "--rows-per-family", "1", *argv, "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()  # validated before anything is written
 
 
 def test_tbq_cli_main(tmp_path, capsys):
     from tbq import cli
 
-    assert cli.main(["golden", "--formats", "q4_0", "--blocks", "1", "--out", str(tmp_path)]) == 0
+    assert cli.main(["golden", "--formats", "q4_0", "--rows-per-family", "1", "--out", str(tmp_path)]) == 0
     assert "q4_0" in capsys.readouterr().out and (tmp_path / "q4_0.h").exists()
     assert cli.main(["golden", "--formats", "nope", "--out", str(tmp_path)]) == 2
     assert "unknown format" in capsys.readouterr().err
+
+
+def _cli_error(capsys, argv) -> str:
+    """Run ``tbq golden argv`` in-process: exit code 2 and exactly one stderr line, which is returned."""
+    from tbq import cli
+
+    assert cli.main(["golden", *argv]) == 2
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tbq golden: error: "), cap.err
+    assert "Traceback" not in cap.err and cap.out == ""
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--rows-per-family", "0"], "rows per family"),
+        (["--blocks", "0"], "rows per family"),
+        (["--tokens", "0"], "tokens must be an integer >= 1, got 0"),
+        (["-k", "-1"], "fragility margin"),
+        (["--heads", "6", "--kv-heads", "4"], "n_head (6) must be a multiple of n_head_kv (4)"),
+        (["--kv-heads", "0"], "n_head_kv must be an integer >= 1"),
+        (["--formats", "q4_0,q5_0"], "unknown format"),
+        (["--families", "gaussian,laplace"], "unknown family 'laplace'"),
+        (["--seed", "-2"], "seed must be a non-negative integer"),
+    ],
+)
+def test_cli_out_of_range_numbers_exit_2_with_one_line(tmp_path, capsys, argv, msg):
+    line = _cli_error(capsys, ["--formats", "q8_0", *argv, "--out", str(tmp_path / "o")])
+    assert msg in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_an_out_under_a_regular_file_before_any_work(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "file"
+    f.write_text("x")
+    gen = importlib.import_module("tbq.golden.generate")  # the module (tbq.golden.generate is the function)
+    called = []
+    monkeypatch.setattr(gen, "make_inputs", lambda *a, **k: called.append(1))
+    assert "output directory" in _cli_error(capsys, ["--out", str(f / "sub")]) and not called
+    assert f"{f} is not a directory" in _cli_error(capsys, ["--out", str(f / "sub" / "deeper")])
+    assert "exists and is not a directory" in _cli_error(capsys, ["--out", str(f)])
+    # --from-manifest: refused before anything is regenerated
+    assert "is not a directory" in _cli_error(capsys, ["--from-manifest", "nonexistent.json", "--out", str(f / "sub")])
+    assert f.read_text() == "x" and not called
+
+
+def test_cli_refuses_an_unwritable_out(tmp_path, capsys, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() == 0:  # root may write anywhere: simulate the permission check for this one directory
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == ro else real(p, mode, **kw))
+    else:
+        ro.chmod(0o500)
+    try:
+        assert f"output directory {ro} is not writable" in _cli_error(capsys, ["--out", str(ro)])
+        assert f"{ro} is not writable" in _cli_error(capsys, ["--out", str(ro / "new")])
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)
+
+
+def test_cli_bad_manifests_exit_2_with_one_line(tmp_path, capsys):
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text(json.dumps({"kind": "something else", "arrays": {}}))
+    (tmp_path / "cut.json").write_text(json.dumps({"kind": "tbq-golden-format", "arrays": {"input": {"sha256": "0" * 64}}}))
+    out = str(tmp_path / "o")
+    assert "cannot read the manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "missing.json"), "--out", out])
+    assert "not a tbq golden manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "list.json"), "--out", out])
+    assert "not a tbq golden manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "other.json"), "--out", out])
+    assert "incomplete tbq golden manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "cut.json"), "--out", out])
+
+
+def test_cli_help_shows_every_default():
+    p = parser()  # a plain argparse parser: the help texts themselves state the defaults
+    text = " ".join(p.format_help().split())
+    for action in p._actions:
+        if action.dest == "help":
+            continue
+        assert action.help and "default" in action.help, action.option_strings
+    assert "--rows-per-family N, --blocks N" in text
+    assert "default: 18 = one row per edge kind)" in text and "(default: 0.0625 = 2^-4)" in text
+
+
+def test_rows_per_family_and_its_old_name_blocks(tmp_path):
+    a = parser().parse_args(["--blocks", "5", "--out", "x"])
+    b = parser().parse_args(["--rows-per-family", "5", "--out", "x"])
+    assert a.rows_per_family == b.rows_per_family == 5 and not hasattr(a, "blocks")
+    assert golden.DEFAULT_ROWS_PER_FAMILY == golden.DEFAULT_BLOCKS == len(golden.EDGE_KINDS)
+    s1 = golden.generate(tmp_path / "a", formats=["q8_0"], families=["edge"], rows_per_family=2)
+    s2 = golden.generate(tmp_path / "b", formats=["q8_0"], families=["edge"], blocks=2)
+    assert s1.rows == s2.rows and s1.rows[0]["blocks"] == 8
+    assert (tmp_path / "a" / "q8_0.h").read_text() == (tmp_path / "b" / "q8_0.h").read_text()
+    assert np.array_equal(golden.make_inputs(rows_per_family=2)["x"], golden.make_inputs(blocks=2)["x"])
+    with pytest.raises(TbqValueError, match="disagree"):
+        golden.make_inputs(rows_per_family=2, blocks=3)
+
+
+def test_generate_reports_progress_and_prints_nothing(tmp_path, capsys):
+    seen = []
+    golden.generate(tmp_path, formats=["q8_0", "q4_0"], families=["gaussian"], rows_per_family=1,
+                    attention=True, attention_pairs="q8_0:q8_0", tokens=2, n_head=1, n_head_kv=1,
+                    progress=lambda label, done, total: seen.append((label, done, total)))
+    assert seen == [("inputs", 1, 4), ("q8_0", 2, 4), ("q4_0", 3, 4), ("attention q8_0/q8_0", 4, 4)]
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(TbqTypeError, match="progress"):
+        golden.generate(tmp_path, formats=["q8_0"], progress=True)
+
+
+def test_package_modules_import_one_way():
+    """families, manifest, cheader at the bottom, then fragility, then generate; no module imports one above it."""
+    order = ["families", "manifest", "cheader", "fragility", "generate"]
+    src = Path(golden.__file__).parent
+    for i, name in enumerate(order):
+        text = (src / f"{name}.py").read_text()
+        imported = set(re.findall(r"^from \.(\w+) import", text, re.M))
+        assert imported <= set(order[:i]), (name, imported)
+        assert not re.search(r"^[ \t]+(from|import) ", text, re.M), f"{name}: function-level import"
 
 
 def test_attention_golden_outputs(gdir):

@@ -1,4 +1,4 @@
-"""``tbq golden``: arguments and printing; the work is :mod:`tbq.golden`."""
+"""``tbq golden``: arguments, progress and printing; the work is :mod:`tbq.golden`."""
 
 from __future__ import annotations
 
@@ -11,23 +11,21 @@ from ..errors import ConfigError, TbqValueError
 from ..formats import formats
 from ..golden import (
     DEFAULT_ATTENTION_PAIRS,
-    DEFAULT_BLOCKS,
     DEFAULT_K,
+    DEFAULT_ROWS_PER_FAMILY,
     DEFAULT_SEED,
     FAMILIES,
     TBQ_ULP_FLOOR,
     Summary,
-    _load_manifest,
-    _Progress,
+    check_out_dir,
     generate,
+    load_manifest,
     regenerate,
     write_set,
 )
+from ..progress import Progress
 
-
-# ---------------------------------------------------------------------------
-# CLI
-# ---------------------------------------------------------------------------
+PROGRESS_LABEL = "tbq golden"
 
 
 def _spec_from_cli(value: str, what: str):
@@ -46,51 +44,70 @@ def _spec_from_cli(value: str, what: str):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``tbq golden``."""
-    parser.add_argument("--out", required=True, help="output directory (created if needed)")
+    """Flags of ``tbq golden`` (every help text states its default)."""
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory, created if needed (required; no default)")
     parser.add_argument("--formats", default=",".join(formats()), help="comma-separated formats (default: all: %(default)s)")
     parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated input families (default: %(default)s)")
-    parser.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS, metavar="N",
-                        help="rows of 128 values per family (a Q8_0/Q4_0 row is 4 blocks; default %(default)s = one row per edge kind)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S", help="base seed; family i uses S*1000+1+i (default %(default)s)")
-    parser.add_argument("--codebook", default="lloyd-max", help="TBQ codebook: lloyd-max, turboq-mtp, or a JSON file with exact tables")
-    parser.add_argument("--signs", default="turboq-mtp", help="TBQ sign vectors: turboq-mtp, an integer seed, or a JSON file {signs1, signs2}")
-    parser.add_argument("-k", "--fragile-ulps", type=int, default=DEFAULT_K, metavar="K", help="fragility margin in float32 ulps (default %(default)s)")
+    parser.add_argument("--rows-per-family", "--blocks", dest="rows_per_family", type=int, default=DEFAULT_ROWS_PER_FAMILY, metavar="N",
+                        help="rows of 128 values per family; a Q8_0/Q4_0 row is 4 blocks, a TBQ row 1 block "
+                        "(--blocks is the old name; default: %(default)s = one row per edge kind)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S", help="base seed; family i uses S*1000+1+i (default: %(default)s)")
+    parser.add_argument("--codebook", default="lloyd-max",
+                        help="TBQ codebook: lloyd-max, turboq-mtp, or a JSON file with exact tables (default: %(default)s)")
+    parser.add_argument("--signs", default="turboq-mtp",
+                        help="TBQ sign vectors: turboq-mtp, an integer seed, or a JSON file {signs1, signs2} (default: %(default)s)")
+    parser.add_argument("-k", "--fragile-ulps", type=int, default=DEFAULT_K, metavar="K",
+                        help="fragility margin in float32 ulps, >= 0 (default: %(default)s)")
     parser.add_argument("--ulp-floor", type=float, default=None, metavar="F",
-                        help=f"TBQ rotated coordinates below F count ulps at F (default {TBQ_ULP_FLOOR}; 0 = literal ulps)")
-    parser.add_argument("--attention", action="store_true", help="also write attention_<k>_<v> reference sets")
+                        help=f"TBQ rotated coordinates below F count ulps at F; 0 = literal ulps (default: {TBQ_ULP_FLOOR} = 2^-4)")
+    parser.add_argument("--attention", action="store_true", help="also write attention_<k>_<v> reference sets (default: off)")
     parser.add_argument("--attention-pairs", default=",".join(f"{a}:{b}" for a, b in DEFAULT_ATTENTION_PAIRS),
-                        metavar="K:V,...", help="K:V format pairs for --attention (default %(default)s)")
-    parser.add_argument("--tokens", type=int, default=32, help="attention: tokens per cache (default %(default)s)")
-    parser.add_argument("--heads", type=int, default=8, help="attention: query heads (default %(default)s)")
-    parser.add_argument("--kv-heads", type=int, default=2, help="attention: KV heads; heads must be a multiple (default %(default)s)")
-    parser.add_argument("--n-sink", type=int, default=0, help="attention: first tokens kept in --sink-format (default %(default)s)")
-    parser.add_argument("--sink-format", default="f16", choices=("f16", "q8_0"), help="attention: format of the sink tokens")
-    parser.add_argument("--from-manifest", nargs="+", metavar="JSON", help="regenerate these sets bit for bit (other generation flags are ignored)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+                        metavar="K:V,...", help="K:V format pairs for --attention (default: %(default)s)")
+    parser.add_argument("--tokens", type=int, default=32, metavar="T", help="attention: tokens per cache, >= 1 (default: %(default)s)")
+    parser.add_argument("--heads", type=int, default=8, metavar="H", help="attention: query heads (default: %(default)s)")
+    parser.add_argument("--kv-heads", type=int, default=2, metavar="H",
+                        help="attention: KV heads; --heads must be a multiple (default: %(default)s)")
+    parser.add_argument("--n-sink", type=int, default=0, metavar="T",
+                        help="attention: first tokens kept in --sink-format, at most --tokens (default: %(default)s)")
+    parser.add_argument("--sink-format", default="f16", choices=("f16", "q8_0"), help="attention: format of the sink tokens (default: %(default)s)")
+    parser.add_argument("--from-manifest", nargs="+", metavar="JSON",
+                        help="regenerate these sets bit for bit; the other generation flags are ignored (default: none, generate)")
+    parser.add_argument("--quiet", action="store_true", help="no progress and no table (default: off; progress only on a terminal)")
 
 
-def run_cli(args) -> int:
-    """Run ``tbq golden`` with parsed ``args``; prints the summary table. Returns 0."""
-    progress = not args.quiet
-    if args.from_manifest:
-        bar = _Progress(len(args.from_manifest), progress)
-        rows, att, paths = [], [], []
-        for mp in args.from_manifest:
+def _from_manifests(args, enabled) -> Summary:
+    """Regenerate every ``--from-manifest`` set, refusing any whose arrays do not reproduce."""
+    check_out_dir(args.out)
+    wanted = []
+    for mp in args.from_manifest:  # read every manifest before any work
+        arrays = load_manifest(mp).get("arrays")
+        if not isinstance(arrays, dict) or not all(isinstance(v, dict) and "sha256" in v for v in arrays.values()):
+            raise TbqValueError(f"{mp}: not a tbq golden manifest (no SHA-256 per array)")
+        wanted.append({k: v["sha256"] for k, v in arrays.items()})
+    rows, att, paths = [], [], []
+    with Progress(len(wanted), PROGRESS_LABEL, enabled=enabled) as bar:
+        for mp, want in zip(args.from_manifest, wanted):
             gs = regenerate(mp)
-            original = _load_manifest(mp)["arrays"]
-            if {k: v["sha256"] for k, v in original.items()} != {k: v["sha256"] for k, v in gs.manifest["arrays"].items()}:
+            if want != {k: v["sha256"] for k, v in gs.manifest["arrays"].items()}:
                 raise TbqValueError(f"{mp}: the regenerated arrays differ from the manifest's SHA-256 (library version {__version__})")
             paths += write_set(gs, args.out)
             (att if gs.manifest["kind"] == "tbq-golden-attention" else rows).extend(gs.summary)
             bar.step(gs.name)
-        summary = Summary(rows, att, paths)
-    else:
-        summary = generate(
+    return Summary(rows, att, paths)
+
+
+def _generate(args, enabled) -> Summary:
+    with Progress(0, PROGRESS_LABEL, enabled=enabled) as bar:
+
+        def report(label: str, done: int, total: int) -> None:
+            bar.total = total
+            bar.step(label)
+
+        return generate(
             args.out,
             formats=args.formats,
             families=args.families,
-            blocks=args.blocks,
+            rows_per_family=args.rows_per_family,
             seed=args.seed,
             codebook=_spec_from_cli(args.codebook, "codebook"),
             signs=_spec_from_cli(args.signs, "signs"),
@@ -103,8 +120,19 @@ def run_cli(args) -> int:
             n_head_kv=args.kv_heads,
             n_sink=args.n_sink,
             sink_format=args.sink_format,
-            progress=progress,
+            progress=report,
         )
+
+
+def run_cli(args) -> int:
+    """Run ``tbq golden`` with parsed ``args``; prints the summary table. Returns 0.
+
+    Bad arguments (and an ``--out`` that cannot be written) raise a
+    :class:`~tbq.errors.TbqError` before any work; the dispatcher prints it
+    as one line and exits 2.
+    """
+    enabled = False if args.quiet else None  # None: progress only when stderr is a terminal
+    summary = _from_manifests(args, enabled) if args.from_manifest else _generate(args, enabled)
     if not args.quiet:
         print(summary.table())
         print(f"\nwrote {len(summary.paths)} files to {args.out}")

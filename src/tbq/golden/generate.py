@@ -1,0 +1,587 @@
+"""Golden sets: build them in memory, write, regenerate from a manifest, verify (the work of ``tbq golden``).
+
+:func:`build_format` and :func:`build_attention` return a :class:`GoldenSet`
+(arrays, manifest, header text); :func:`write_set` writes its three files;
+:func:`generate` does all of it for a list of formats and attention pairs and
+returns a :class:`Summary`. Nothing here prints: progress goes to the
+``progress`` callback and the summary table is returned as text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..attention import SINK_FORMATS, attention_dequantized, attention_rotated, encode_kv, f32_tolerance, score_condition
+from ..codecs import Codec, get_codec
+from ..errors import ConfigError, TbqTypeError, TbqValueError
+from ..formats import FORMATS, format_info
+from .cheader import c_header
+from .families import (
+    DEFAULT_SEED,
+    FAMILIES,
+    ROW_SIZE,
+    _check_families,
+    _check_seed,
+    _resolve_tables,
+    _rows_per_family,
+    _tables,
+    _Tables,
+    _TBQ_BITS,
+    attention_inputs,
+    attention_seed,
+    family_seed,
+    make_inputs,
+)
+from .fragility import DEFAULT_K, TBQ_ULP_FLOOR, fragility
+from .manifest import (
+    MANIFEST_KINDS,
+    _exact_config,
+    _le,
+    _tables_from_manifest,
+    attention_manifest,
+    format_manifest,
+    header_entry,
+    load_manifest,
+    sha256_array,
+)
+
+DEFAULT_ATTENTION_PAIRS = (("tbq4_0", "tbq4_0"), ("q8_0", "tbq4_0"))
+
+
+@dataclass
+class GoldenSet:
+    """One golden file set in memory: ``<name>.npz`` arrays, ``<name>.json`` manifest, ``<name>.h`` header."""
+
+    name: str
+    arrays: dict
+    manifest: dict
+    header: str
+    summary: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# argument checks
+# ---------------------------------------------------------------------------
+
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise TbqValueError(f"k (the fragility margin in ulps) must be a non-negative integer, got {k!r}")
+    return int(k)
+
+
+def _check_ulp_floor(ulp_floor) -> None:
+    if ulp_floor is None:
+        return
+    if isinstance(ulp_floor, bool) or not isinstance(ulp_floor, (int, float, np.integer, np.floating)) or not math.isfinite(ulp_floor) or ulp_floor < 0:
+        raise TbqValueError(f"ulp_floor must be a finite number >= 0 (0 = literal ulps), got {ulp_floor!r}")
+
+
+def _check_formats(fmts) -> tuple[str, ...]:
+    if isinstance(fmts, str):
+        fmts = [f for f in fmts.split(",") if f]
+    fmts = tuple(fmts)
+    if not fmts:
+        raise ConfigError("at least one format is needed")
+    for f in fmts:
+        format_info(f)
+    return tuple(dict.fromkeys(fmts))
+
+
+def _check_pairs(pairs) -> tuple:
+    if isinstance(pairs, str):
+        items = [p for p in pairs.split(",") if p]
+        pairs = []
+        for it in items:
+            if it.count(":") != 1:
+                raise ConfigError(f"an attention pair is K_FORMAT:V_FORMAT, got {it!r}")
+            pairs.append(tuple(it.split(":")))
+    out = []
+    for pr in pairs:
+        kf, vf = pr
+        format_info(kf)
+        format_info(vf)
+        out.append((kf, vf))
+    return tuple(dict.fromkeys(out))
+
+
+def _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format) -> None:
+    for label, val, lo in (("tokens", tokens, 1), ("n_head", n_head, 1), ("n_head_kv", n_head_kv, 1), ("n_sink", n_sink, 0)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < lo:
+            raise TbqValueError(f"{label} must be an integer >= {lo}, got {val!r}")
+    if n_head % n_head_kv:
+        raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
+    if n_sink > tokens:
+        raise TbqValueError(f"n_sink ({n_sink}) cannot exceed tokens ({tokens})")
+    if sink_format not in SINK_FORMATS:
+        raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {sink_format!r}")
+
+
+def check_out_dir(out) -> Path:
+    """``out`` as a :class:`~pathlib.Path` if it is, or can be created as, a writable directory.
+
+    Raises :class:`~tbq.errors.TbqValueError` otherwise (a regular file on the
+    way, no write permission), so that no work is done for nothing. Creates
+    nothing.
+    """
+    p = Path(out)
+    existing = p
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "exists and is not a directory" if existing == p else f"cannot be created: {existing} is not a directory"
+        raise TbqValueError(f"output directory {p} {where}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is not writable" if existing == p else f"cannot be created: {existing} is not writable"
+        raise TbqValueError(f"output directory {p} {where}")
+    return p
+
+
+# ---------------------------------------------------------------------------
+# one set
+# ---------------------------------------------------------------------------
+
+
+def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy") -> Codec:
+    cfg = _exact_config(fmt, tables)
+    del cfg["name"]
+    return get_codec(fmt, backend=backend, **cfg)
+
+
+def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray):
+    """Compare the golden bytes/floats (library default backend) with the NumPy reference backend.
+
+    Returns ``"identical"`` or a dict listing the blocks that differ (and warns):
+    the two backends are documented to be byte-identical, so a difference is a
+    library defect worth knowing about; the golden files keep the default
+    backend's output, which is what ``tbq.quantize`` returns.
+    """
+    ref = ref_codec.encode(xb)
+    enc_bad = np.flatnonzero((ref != data).any(axis=1))
+    dec_bad = np.flatnonzero((ref_codec.decode(data).view(np.uint32) != decoded.view(np.uint32)).any(axis=1))
+    if not enc_bad.size and not dec_bad.size:
+        return "identical"
+    warnings.warn(
+        f"{ref_codec.name}: the numba and numpy backends disagree on {enc_bad.size} encoded and {dec_bad.size} decoded "
+        f"golden blocks (first: {(enc_bad.tolist() + dec_bad.tolist())[:4]}); the golden files use the default backend",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return {"encode_differs_in_blocks": enc_bad.tolist(), "decode_differs_in_blocks": dec_bad.tolist()}
+
+
+def build_format(
+    fmt: str,
+    *,
+    rows_per_family: int | None = None,
+    blocks: int | None = None,
+    seed: int = DEFAULT_SEED,
+    families=FAMILIES,
+    codebook="lloyd-max",
+    signs="turboq-mtp",
+    k: int = DEFAULT_K,
+    ulp_floor: float | None = None,
+    inputs: dict | None = None,
+) -> GoldenSet:
+    """The golden set of one format (in memory; :func:`write_set` writes it).
+
+    ``rows_per_family`` (old name ``blocks``) rows of 128 values per family;
+    ``inputs`` (from :func:`make_inputs`) reuses rows already drawn.
+    """
+    info = format_info(fmt)
+    fams = _check_families(families)
+    rows_per_family = _rows_per_family(rows_per_family, blocks)
+    _check_ulp_floor(ulp_floor)
+    tables = _tables(codebook, signs)
+    if inputs is None:
+        inputs = make_inputs(rows_per_family, seed, fams, codebook=tables)
+    rows = inputs["x"].shape[0]
+    per_row = ROW_SIZE // info.block_size
+    codec = _codec(fmt, tables, backend=None)  # what tbq.quantize uses (numba when it imports)
+    ref_codec = _codec(fmt, tables, backend="numpy")
+    xb = np.ascontiguousarray(inputs["x"].reshape(-1, info.block_size))
+    data = codec.encode(xb)  # raises ScaleOverflowError if a scale does not fit fp16
+    decoded = codec.decode(data)
+    backend_check = _backend_check(ref_codec, xb, data, decoded) if codec.backend != "numpy" else "numpy only"
+    fr = fragility(ref_codec, xb, data, k, ulp_floor)
+    floor = (TBQ_ULP_FLOOR if ulp_floor is None else float(ulp_floor)) if info.rotated else 0.0
+    arrays = {
+        "input": _le(xb),
+        "bytes": data,
+        "decoded": _le(decoded),
+        "fragile": fr["fragile"],
+        "scale_fragile": fr["scale_fragile"],
+        "scale_f32": _le(fr["scale_f32"]),
+        "family": np.repeat(inputs["family"], per_row).astype(np.uint8),
+        "kind": np.repeat(inputs["kind"], per_row).astype(np.uint8),
+    }
+    if info.rotated:
+        arrays.update(
+            norm=_le(fr["norm"]),
+            centroids=_le(codec.codebook.centroids.copy()),
+            thresholds=_le(codec.codebook.thresholds.copy()),
+            signs1=codec.rotation.signs1.astype(np.int8),
+            signs2=codec.rotation.signs2.astype(np.int8),
+        )
+    for key in ("input", "decoded", "scale_f32"):
+        if not np.isfinite(arrays[key]).all():  # pragma: no cover - cannot happen by construction
+            raise AssertionError(f"{fmt}: {key} holds a non-finite value")
+    fam_info = [dict(f, blocks=[f["rows"][0] * per_row, f["rows"][1] * per_row]) for f in inputs["families"]]
+    summary = []
+    for f in fam_info:
+        sl = slice(*f["blocks"])
+        summary.append(
+            {
+                "format": fmt,
+                "family": f["name"],
+                "blocks": f["blocks"][1] - f["blocks"][0],
+                "values": (f["blocks"][1] - f["blocks"][0]) * info.block_size,
+                "fragile_values": int(arrays["fragile"][sl].sum()),
+                "fragile_blocks": int(arrays["scale_fragile"][sl].sum()),  # blocks whose fp16 scale is fragile
+            }
+        )
+    manifest = format_manifest(
+        fmt,
+        codec=codec,
+        tables=tables,
+        arrays=arrays,
+        rows=rows,
+        seed=inputs.get("seed", seed),
+        rows_per_family=inputs.get("rows_per_family", rows_per_family),
+        fam_info=fam_info,
+        k=k,
+        ulp_floor=floor,
+        backend_check=backend_check,
+        summary=summary,
+    )
+    gs = GoldenSet(fmt, arrays, manifest, "", summary)
+    gs.header = c_header(gs)
+    manifest["header"] = header_entry(fmt, gs.header)
+    return gs
+
+
+def build_attention(
+    k_fmt: str,
+    v_fmt: str,
+    *,
+    seed: int = DEFAULT_SEED,
+    tokens: int = 32,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    n_sink: int = 0,
+    sink_format: str = "f16",
+    codebook="lloyd-max",
+    signs="turboq-mtp",
+) -> GoldenSet:
+    """The golden set of one attention case: ``attention_<k_fmt>_<v_fmt>``.
+
+    Data from ``default_rng(seed * 1000 + 100)``: ``q`` standard normal
+    ``(n_head, 128)``, then K standard normal ``(tokens, n_head_kv, 128)`` with
+    channels 5, 37, 64, 111 multiplied by 8, then V standard normal, all
+    float32 (:func:`attention_inputs`). Both caches keep their first
+    ``n_sink`` tokens in ``sink_format``.
+    """
+    for f in (k_fmt, v_fmt):
+        format_info(f)
+    _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format)
+    tables = _tables(codebook, signs)
+    aseed = attention_seed(seed)
+    q, k, v = attention_inputs(seed, tokens, n_head, n_head_kv)
+
+    def cfg(f):
+        c = _exact_config(f, tables)
+        del c["name"]
+        return c
+
+    K, V = encode_kv(k, v, k_fmt, v_fmt, n_sink=n_sink, sink_format=sink_format, k_config=cfg(k_fmt), v_config=cfg(v_fmt))
+    scale = 1.0 / math.sqrt(ROW_SIZE)
+    ref = attention_dequantized(q, K, V)
+    rot64 = attention_rotated(q, K, V, dtype=np.float64)
+    rot32 = attention_rotated(q, K, V, dtype=np.float32)
+    tol = f32_tolerance(q, K, V)
+    err64 = float(np.max(np.abs(rot64 - ref)))
+    err32 = float(np.max(np.abs(rot32.astype(np.float64) - ref)))
+    if err32 > tol or err64 > 1e-12 * max(1.0, float(np.max(np.abs(V.dequantize(np.float64))))):  # pragma: no cover
+        raise AssertionError(f"attention {k_fmt}/{v_fmt}: the algorithms disagree (f64 {err64:.3g}, f32 {err32:.3g} > {tol:.3g})")
+    arrays = {
+        "q": _le(q),
+        "k_input": _le(k),
+        "v_input": _le(v),
+        "k_bytes": K.data,
+        "v_bytes": V.data,
+    }
+    if n_sink:
+        arrays["k_sink"] = K.sink
+        arrays["v_sink"] = V.sink
+    arrays.update(out_dequantized=_le(ref), out_rotated_f64=_le(rot64), out_rotated_f32=_le(rot32))
+    for name, tb_fmt in (("k", k_fmt), ("v", v_fmt)):
+        if tb_fmt in _TBQ_BITS:
+            c = _codec(tb_fmt, tables)
+            arrays[f"{name}_centroids"] = _le(c.codebook.centroids.copy())
+            arrays[f"{name}_signs1"] = c.rotation.signs1.astype(np.int8)
+            arrays[f"{name}_signs2"] = c.rotation.signs2.astype(np.int8)
+    stem = f"attention_{k_fmt}_{v_fmt}"
+    summary = [
+        {
+            "k_format": k_fmt,
+            "v_format": v_fmt,
+            "tokens": tokens,
+            "n_head": n_head,
+            "n_head_kv": n_head_kv,
+            "n_sink": n_sink,
+            "sink_format": sink_format if n_sink else "-",
+            "err_f64": err64,
+            "err_f32": err32,
+            "tol_f32": tol,
+        }
+    ]
+    manifest = attention_manifest(
+        k_fmt,
+        v_fmt,
+        tables=tables,
+        arrays=arrays,
+        seed=seed,
+        attention_seed=aseed,
+        tokens=tokens,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_sink=n_sink,
+        sink_format=sink_format,
+        scale=scale,
+        err64=err64,
+        err32=err32,
+        tol=tol,
+        score_condition=score_condition(q, K),
+        summary=summary,
+    )
+    gs = GoldenSet(stem, arrays, manifest, "", summary)
+    gs.header = c_header(gs)
+    manifest["header"] = header_entry(stem, gs.header)
+    return gs
+
+
+def write_set(gs: GoldenSet, out) -> list[Path]:
+    """Write ``<name>.npz``, ``<name>.json`` and ``<name>.h`` into directory ``out`` (created if needed)."""
+    out = check_out_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{gs.name}.npz", out / f"{gs.name}.json", out / f"{gs.name}.h"]
+    np.savez_compressed(paths[0], **gs.arrays)
+    paths[1].write_text(json.dumps(gs.manifest, indent=1) + "\n")
+    paths[2].write_text(gs.header)
+    return paths
+
+
+# ---------------------------------------------------------------------------
+# many sets
+# ---------------------------------------------------------------------------
+
+#: The line under the format table of :meth:`Summary.table`.
+SUMMARY_NOTE = "fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale may be the neighbouring fp16 value"
+
+
+@dataclass
+class Summary:
+    """What :func:`generate` wrote: per-family rows, attention rows, and the file paths.
+
+    A row's ``fragile_values`` counts values whose code may legitimately be
+    the neighbouring one; ``fragile_blocks`` counts blocks whose fp16 *scale*
+    may legitimately be the neighbouring fp16 value (the table's "fragile
+    scales").
+    """
+
+    rows: list
+    attention: list
+    paths: list
+
+    def table(self) -> str:
+        """The summary table: format, family, blocks, values, fragile values, fragile scales (and attention errors)."""
+        lines = []
+        if self.rows:
+            cols = [("format", "format"), ("family", "family"), ("blocks", "blocks"), ("values", "values"),
+                    ("fragile values", "fragile_values"), ("fragile scales", "fragile_blocks")]
+            cells = [[c for c, _ in cols]] + [[str(r[key]) for _, key in cols] for r in self.rows]
+            lines += _align(cells, left=2)
+            lines.append(SUMMARY_NOTE)
+        if self.attention:
+            if lines:
+                lines.append("")
+            cols = [("attention K", "k_format"), ("V", "v_format"), ("tokens", "tokens"), ("heads", "n_head"),
+                    ("kv heads", "n_head_kv"), ("sink", "n_sink"), ("sink fmt", "sink_format")]
+            head = [c for c, _ in cols] + ["max|f64 fused-ref|", "max|f32 fused-ref|", "f32 tolerance"]
+            body = [[str(r[key]) for _, key in cols] + [f"{r['err_f64']:.2e}", f"{r['err_f32']:.2e}", f"{r['tol_f32']:.2e}"] for r in self.attention]
+            lines += _align([head] + body, left=2)
+        return "\n".join(lines)
+
+
+def _align(cells, left: int) -> list[str]:
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    out = []
+    for n, row in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return out
+
+
+def generate(
+    out,
+    *,
+    formats=None,
+    families=FAMILIES,
+    rows_per_family: int | None = None,
+    blocks: int | None = None,
+    seed: int = DEFAULT_SEED,
+    codebook="lloyd-max",
+    signs="turboq-mtp",
+    k: int = DEFAULT_K,
+    ulp_floor: float | None = None,
+    attention: bool = False,
+    attention_pairs=DEFAULT_ATTENTION_PAIRS,
+    tokens: int = 32,
+    n_head: int = 8,
+    n_head_kv: int = 2,
+    n_sink: int = 0,
+    sink_format: str = "f16",
+    progress=None,
+) -> Summary:
+    """Write the golden files of ``formats`` (default: all four) into directory ``out``.
+
+    The Python side of ``tbq golden``; parameters mirror the CLI flags:
+    ``families`` and ``rows_per_family`` (rows of 128 values per family; old
+    name ``blocks``), ``seed``, ``codebook`` / ``signs`` (TBQ tables: a name,
+    an integer seed for signs, exact values), ``k`` and ``ulp_floor``
+    (fragility), and with ``attention`` one ``attention_<k>_<v>`` set per pair
+    of ``attention_pairs`` with ``tokens``, ``n_head``, ``n_head_kv``,
+    ``n_sink`` and ``sink_format``. Every argument, and whether ``out`` can be
+    written, is checked before any work. ``progress``, if given, is called as
+    ``progress(label, done, total)`` after each step (the CLI draws a
+    :class:`tbq.progress.Progress` bar with it). Returns a :class:`Summary`
+    (``print(summary.table())``).
+    """
+    fmts = _check_formats(formats if formats is not None else tuple(FORMATS))
+    fams = _check_families(families)
+    rows = _rows_per_family(rows_per_family, blocks)
+    seed = _check_seed(seed)
+    pairs = _check_pairs(attention_pairs) if attention else ()
+    _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format)
+    k = _check_k(k)
+    _check_ulp_floor(ulp_floor)
+    if progress is not None and not callable(progress):
+        raise TbqTypeError(f"progress must be None or a callable progress(label, done, total), got {progress!r}")
+    tables = _resolve_tables(codebook, signs)
+    check_out_dir(out)
+    total, done = 1 + len(fmts) + len(pairs), 0
+
+    def step(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(label, done, total)
+
+    inputs = make_inputs(rows, seed, fams, codebook=tables)
+    inputs.update(seed=seed, rows_per_family=rows)
+    step("inputs")
+    rows_out, att, paths = [], [], []
+    for fmt in fmts:
+        gs = build_format(fmt, rows_per_family=rows, seed=seed, families=fams, codebook=tables, k=k, ulp_floor=ulp_floor, inputs=inputs)
+        paths += write_set(gs, out)
+        rows_out += gs.summary
+        step(fmt)
+    for kf, vf in pairs:
+        gs = build_attention(kf, vf, seed=seed, tokens=tokens, n_head=n_head, n_head_kv=n_head_kv, n_sink=n_sink, sink_format=sink_format, codebook=tables)
+        paths += write_set(gs, out)
+        att += gs.summary
+        step(f"attention {kf}/{vf}")
+    return Summary(rows_out, att, paths)
+
+
+def regenerate(manifest, out=None) -> GoldenSet:
+    """Rebuild a golden set from its manifest (a path or the parsed dict); write it into ``out`` if given.
+
+    The result's arrays are bit-identical to the original ones (compare
+    ``result.manifest["arrays"]`` with the original's SHA-256 entries).
+    """
+    m = load_manifest(manifest)
+    source = "the manifest" if isinstance(manifest, dict) else str(manifest)
+    kind = m.get("kind")
+    if kind not in MANIFEST_KINDS:
+        raise TbqValueError(f"{source} is not a tbq golden manifest (kind {kind!r})")
+    if out is not None:
+        check_out_dir(out)
+    try:
+        tables = _tables_from_manifest(m)
+        g = m["generator"]
+        if kind == "tbq-golden-format":
+            fams = [f["name"] for f in g["families"]]
+            for f in g["families"]:
+                if family_seed(g["seed"], f["name"]) != f["seed"]:
+                    raise TbqValueError(f"family {f['name']}: the manifest's seed {f['seed']} does not follow this version's derivation")
+            fmt = m["format"]
+            args = dict(
+                rows_per_family=g["rows_per_family"],
+                seed=g["seed"],
+                families=fams,
+                codebook=tables,
+                k=m["fragility"]["k"],
+                ulp_floor=m["fragility"]["ulp_floor"] if format_info(fmt).rotated else None,
+            )
+        else:
+            fmts = (m["k_format"], m["v_format"])
+            args = dict(
+                seed=g["seed"],
+                tokens=m["tokens"],
+                n_head=m["n_head"],
+                n_head_kv=m["n_head_kv"],
+                n_sink=m["n_sink"],
+                sink_format=m["sink_format"],
+                codebook=tables,
+            )
+    except (KeyError, TypeError) as exc:
+        raise TbqValueError(f"{source}: incomplete tbq golden manifest ({type(exc).__name__}: {exc})") from None
+    gs = build_format(fmt, **args) if kind == "tbq-golden-format" else build_attention(*fmts, **args)
+    if out is not None:
+        write_set(gs, out)
+    return gs
+
+
+def verify(directory) -> list[str]:
+    """Check every golden set in ``directory``: the SHA-256 of each ``.npz`` array against its manifest.
+
+    Returns a list of problems (empty when everything matches).
+    """
+    problems = []
+    d = Path(directory)
+    found = 0
+    for mpath in sorted(d.glob("*.json")):
+        try:
+            m = json.loads(mpath.read_text())
+        except ValueError:
+            continue
+        if not isinstance(m, dict) or m.get("kind") not in MANIFEST_KINDS:
+            continue
+        found += 1
+        npz = mpath.with_suffix(".npz")
+        if not npz.exists():
+            problems.append(f"{npz.name}: missing")
+            continue
+        with np.load(npz) as z:
+            names = set(z.files)
+            for name, entry in m["arrays"].items():
+                if name not in names:
+                    problems.append(f"{npz.name}: array {name} missing")
+                elif sha256_array(z[name]) != entry["sha256"]:
+                    problems.append(f"{npz.name}: array {name} does not match its SHA-256")
+        h = mpath.with_suffix(".h")
+        if h.exists() and hashlib.sha256(h.read_bytes()).hexdigest() != m.get("header", {}).get("sha256"):
+            problems.append(f"{h.name}: does not match its SHA-256")
+    if not found:
+        problems.append(f"no tbq golden manifest in {d}")
+    return problems
