@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import naive
 import tbq
 from tbq import golden
 from tbq.cli import golden as golden_cli
@@ -355,13 +356,27 @@ def brute_force_mask(code, v, k):
     return code(_steps(v, k, -np.inf).astype(np.float64)) != code(_steps(v, k, np.inf).astype(np.float64))
 
 
+def _roundf64(y):
+    t = np.trunc(y)
+    return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
+
+
+def _q4_code_t(t):
+    return np.minimum(15.0, np.trunc(t))
+
+
+def _q4_code_v(v):
+    return _q4_code_t((np.asarray(v, np.float64) + 8.5).astype(np.float32).astype(np.float64))
+
+
 def encoder_quantities(fmt, xb):
-    """The encoders' float32 intermediates, recomputed here from SPEC.md."""
+    """The encoders' float32 intermediates, recomputed here from docs/formats.md."""
     if fmt == "q8_0":
         d = np.max(np.abs(xb), axis=1) / np.float32(127)
         inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
         return xb * inv[:, None], d
     m = xb[np.arange(len(xb)), np.argmax(np.abs(xb), axis=1)]
+    m[np.abs(xb).max(axis=1) == 0] = 0.0  # ggml's max starts at +0: a block of (signed) zeros has m = +0
     d = m / np.float32(-8)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
     return xb * inv[:, None], d
@@ -392,10 +407,10 @@ def test_scalar_masks_on_ties_far_values_and_random_data(fmt, top):
         fr = golden.fragility(codec, xb, data, k)
         v, d = encoder_quantities(fmt, xb)
         if fmt == "q8_0":
-            want = brute_force_mask(lambda y: golden._roundf64(y), v, k)
+            want = brute_force_mask(_roundf64, v, k)
         else:
             t = v + np.float32(8.5)
-            want = brute_force_mask(golden._q4_code_v, v, k) | brute_force_mask(golden._q4_code_t, t, k)
+            want = brute_force_mask(_q4_code_v, v, k) | brute_force_mask(_q4_code_t, t, k)
         assert np.array_equal(fr["fragile"].astype(bool), want), name
         want_scale = _steps(d, k, -np.inf).astype(np.float16) != _steps(d, k, np.inf).astype(np.float16)
         assert np.array_equal(fr["scale_fragile"].astype(bool), want_scale), name
@@ -452,7 +467,7 @@ def test_tbq_mask_is_the_literal_ulp_definition_without_floor(fmt):
     near, _ = unit_rows_in_cells(codec.codebook, codec.rotation, rng, 4, on_thresholds=True)
     xb = np.concatenate([near, rng.standard_normal((40, 128), dtype=np.float32)])
     data = codec.encode(xb)
-    r, _ = golden.rotated_coordinates(codec, xb)
+    r = np.array([naive.encode_block(codec.format, row)[1]["r"] for row in xb])  # the slow model's own r
     thr = codec.codebook.thresholds.astype(np.float64)
     assert np.array_equal(codec.codebook.index(r), (unpack4_pairs if fmt == "tbq4_0" else unpack3)(data[:, 2:], backend="numpy"))
     for k in (1, 4, 64):
@@ -473,7 +488,7 @@ def test_tbq_floor_flags_values_next_to_the_zero_threshold():
     r[0, 3] = 2e-8  # inside the floored band, billions of subnormal ulps away from 0
     x = codec.rotation.inverse(r).astype(np.float32)
     data = codec.encode(x)
-    rr, _ = golden.rotated_coordinates(codec, x)
+    rr = naive.encode_block(codec.format, x[0])[1]["r"][None, :]
     lit = golden.fragility(codec, x, data, 4, ulp_floor=0.0)["fragile"][0]
     flo = golden.fragility(codec, x, data, 4)["fragile"][0]
     j = int(np.argmin(np.abs(rr[0] - 2e-8)))
@@ -728,3 +743,28 @@ def test_module_docstring_examples():
 
     result = doctest.testmod(golden, extraglobs={"np": np})
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_golden_trace_fields_equal_the_encoder_on_zero_and_tie_edges(tmp_path, fmt):
+    """Regression: scale_f32 (and TBQ's norm) is the encoder's own value on every edge block.
+
+    The Q4_0 scale of an all -0.0 block is -0.0 (ggml's max starts at +0, d = +0 / -8);
+    golden files once recorded +0.0 there. Checked against the slow model of tests/naive.py,
+    bit for bit, on the zero, -0, constant and tie edge kinds.
+    """
+    gs = golden.build_format(fmt, rows_per_family=len(golden.EDGE_KINDS), families=["edge"], seed=3)
+    a = gs.arrays
+    kinds = [golden.EDGE_KINDS.index(k) for k in ("zero", "neg_zero", "const_0.5", "const_-0.5", "q4_ties", "q8_ties", "maxabs_sign_tie", "fp16_tie_q4", "fp16_tie_q8", "fp16_tie_tbq4")]
+    rows = np.flatnonzero(np.isin(a["kind"], kinds))
+    assert rows.size >= len(kinds)
+    f = tbq.get_format(fmt)
+    for i in rows:
+        b, tr = naive.encode_block(f, a["input"][i])
+        assert bytes(a["bytes"][i]) == b, (fmt, i)
+        assert np.float32(a["scale_f32"][i]).view(np.uint32) == np.float32(tr["d"]).view(np.uint32), (fmt, i, a["scale_f32"][i], tr["d"])
+        if "norm" in a:
+            assert np.float32(a["norm"][i]).view(np.uint32) == np.float32(tr["norm"]).view(np.uint32), (fmt, i)
+    if fmt == "q4_0":
+        neg = np.flatnonzero(a["kind"] == golden.EDGE_KINDS.index("neg_zero"))
+        assert np.signbit(a["scale_f32"][neg]).all() and (a["bytes"][neg, :2] == [0, 0x80]).all()

@@ -63,11 +63,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codecs import Codec, get_codec
+from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
 from .formats import FORMATS, format_info
-from .half import f16_bits_to_f32
-from .packing import unpack3, unpack4_pairs
 
 __all__ = [
     "KVCache",
@@ -205,22 +203,16 @@ class KVCache:
 
     # -- decoding --
     def fields(self):
-        """``(idx, d)`` of a TBQ cache's main part.
+        """``(idx, d)`` of a TBQ cache's main part (the format's :meth:`~tbq.formats.Format.fields`).
 
         ``idx``: uint8 ``(T - n_sink, n_head_kv, nb, 128)`` codebook indices,
         ``d``: float32 ``(T - n_sink, n_head_kv, nb)`` decoded fp16 scales,
         with ``nb = head_dim / 128`` blocks per head.
         """
         if not self.rotated:
-            raise TbqValueError(f"fields() is for the TBQ formats, not {self.fmt}")
-        info = FORMATS[self.fmt]
-        t, h = self.data.shape[:2]
-        nb = self.head_dim // info.block_size
-        blocks = self.data.reshape(t, h, nb, info.type_size)
-        d = f16_bits_to_f32(np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0])
-        payload = np.ascontiguousarray(blocks[..., 2:])
-        idx = unpack4_pairs(payload, backend="numpy") if info.index_bits == 4 else unpack3(payload, backend="numpy")
-        return idx, d
+            raise TbqValueError(f"fields() is for the rotated formats, not {self.fmt}")
+        f = self.codec.format.fields(self.data)
+        return f["idx"], f["d"]
 
     def _sink_values(self) -> np.ndarray:
         """float32 ``(n_sink, n_head_kv, head_dim)``; exact (f16 and q8_0 decode without rounding)."""
@@ -256,8 +248,7 @@ class KVCache:
 
 
 def _codec(fmt: str, config: dict) -> Codec:
-    cfg = {k: v for k, v in (config or {}).items() if k not in ("name", "backend", "threads")}
-    return get_codec(fmt, backend="numpy", **cfg)
+    return codec_from(fmt, config, backend="numpy")
 
 
 def encode_kv(k, v, k_fmt: str, v_fmt: str, *, n_sink: int = 0, sink_format: str = "f16", k_config=None, v_config=None):

@@ -26,7 +26,7 @@ import numpy as np
 
 from .errors import ConfigError
 
-__all__ = ["Codebook", "lloyd_max", "named_codebook", "get_codebook", "fork_vs_lloyd_max", "CODEBOOK_NAMES", "tables"]
+__all__ = ["Codebook", "lloyd_max", "lloyd_max_iterate", "normal_pdf", "named_codebook", "get_codebook", "fork_vs_lloyd_max", "CODEBOOK_NAMES", "tables"]
 
 #: Names accepted by :func:`get_codebook` (and the TBQ codecs' ``codebook=``).
 CODEBOOK_NAMES = ("lloyd-max", "turboq-mtp")
@@ -136,30 +136,41 @@ def _as_f32_vector(values, label: str) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _lloyd_max_standard_normal(levels: int, tol: float = 1e-15, max_iter: int = 1_000_000, stall: int = 2000):
-    """Lloyd-Max levels of N(0, 1) in float64.
+def normal_pdf(t):
+    """The standard normal density ``exp(-t^2/2) / sqrt(2 pi)`` (float64; 0 at +-inf).
 
-    Starts from the Gaussian quantiles ``Phi^-1((i + 0.5) / levels)`` and
-    alternates the two optimality conditions: thresholds are midpoints of
+    >>> float(normal_pdf(0.0)) == 1 / math.sqrt(2 * math.pi)
+    True
+    """
+    t = np.asarray(t, dtype=np.float64)
+    return np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
+
+
+def lloyd_max_iterate(start, tol: float = 1e-15, max_iter: int = 1_000_000, stall: int | None = 2000):
+    """Lloyd-Max levels of N(0, 1) in float64, from the sorted centroids ``start``.
+
+    Alternates the two optimality conditions: thresholds are midpoints of
     adjacent centroids, and each centroid is the conditional mean of its cell,
     ``(phi(a) - phi(b)) / (Phi(b) - Phi(a))``. Stops when the largest centroid
     change is below ``tol``. With 64 or more levels the outer centroids are
     large enough that float64 rounding noise in the update exceeds 1e-15, so
-    the iteration also stops once the largest change has not reached a new
-    minimum for ``stall`` iterations while below 1e-12 (the fixed point to
-    float64 precision). Returns (centroids, iterations, last change).
+    (unless ``stall`` is None) the iteration also stops once the largest
+    change has not reached a new minimum for ``stall`` iterations while below
+    1e-12 (the fixed point to float64 precision). Returns (centroids,
+    iterations, last change). This is the one fitter in tbq: the shipped
+    tables (:func:`lloyd_max`) and the study's reference distortions
+    (:func:`tbq.metrics.lloyd_max_levels`) both use it.
     """
-    from scipy.special import ndtr, ndtri
+    from scipy.special import ndtr
 
-    c = ndtri((np.arange(levels) + 0.5) / levels)
-    pdf = lambda t: np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)  # noqa: E731
+    c = np.asarray(start, dtype=np.float64)
     best, best_it = math.inf, 0
     for it in range(1, max_iter + 1):
         edges = np.concatenate(([-np.inf], 0.5 * (c[1:] + c[:-1]), [np.inf]))
         a, b = edges[:-1], edges[1:]
         # Use the upper tail for positive cells so tiny probabilities keep precision.
         mass = np.where(a >= 0, ndtr(-a) - ndtr(-b), ndtr(b) - ndtr(a))
-        new = (pdf(a) - pdf(b)) / mass
+        new = (normal_pdf(a) - normal_pdf(b)) / mass
         new = 0.5 * (new - new[::-1])  # exact symmetry of the symmetric problem
         change = float(np.max(np.abs(new - c)))
         c = new
@@ -167,9 +178,16 @@ def _lloyd_max_standard_normal(levels: int, tol: float = 1e-15, max_iter: int = 
             return c, it, change
         if change < best:
             best, best_it = change, it
-        elif change < 1e-12 and it - best_it >= stall:
+        elif stall is not None and change < 1e-12 and it - best_it >= stall:
             return c, it, change
-    raise RuntimeError(f"Lloyd-Max did not converge in {max_iter} iterations")  # pragma: no cover
+    raise RuntimeError(f"Lloyd-Max did not reach {tol} in {max_iter} iterations")  # pragma: no cover
+
+
+def _lloyd_max_standard_normal(levels: int):
+    """Lloyd-Max levels of N(0, 1), started from the Gaussian quantiles ``Phi^-1((i + 0.5) / levels)``."""
+    from scipy.special import ndtri
+
+    return lloyd_max_iterate(ndtri((np.arange(levels) + 0.5) / levels))
 
 
 @functools.lru_cache(maxsize=None)

@@ -42,6 +42,7 @@ __all__ = [
     "TBQ3_0",
     "get_codec",
     "codec_from_config",
+    "codec_from",
     "register_codec",
     "codec_class",
     "quantize",
@@ -469,6 +470,30 @@ def get_codec(name: str, **config) -> Codec:
         return cls(**config)
     except TypeError as exc:
         raise ConfigError(f"bad configuration for {name}: {exc}") from None
+
+
+#: Keys of a codec config that are execution settings, not format options.
+EXECUTION_SETTINGS = ("backend", "threads", "on_overflow")
+
+
+def codec_from(fmt: str, config: dict | None = None, **settings) -> Codec:
+    """The codec of ``fmt`` with the format options of ``config`` and the execution ``settings``.
+
+    ``config`` may be a :meth:`Codec.get_config` dict (its ``name`` must match
+    and its ``backend``/``threads`` are dropped: the caller's ``settings``
+    decide where it runs) or a plain dict of format options.
+
+    >>> codec_from("tbq4_0", {"name": "tbq4_0", "signs": 7, "backend": "numba"}, backend="numpy")
+    TBQ4_0(codebook='lloyd-max', signs=7, backend='numpy', threads=None, on_overflow='raise')
+    """
+    cfg = dict(config or {})
+    name = cfg.pop("name", fmt)
+    if name != fmt:
+        raise ConfigError(f"the config is for {name!r}, not {fmt!r}")
+    for key in ("backend", "threads"):
+        cfg.pop(key, None)
+    cfg.update(settings)
+    return get_codec(fmt, **cfg)
 
 
 def codec_from_config(config: dict) -> Codec:

@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 
+from .codebooks import lloyd_max_iterate, normal_pdf
 from .errors import TbqValueError
 
 __all__ = [
@@ -463,7 +464,7 @@ def gaussian_distortion(centroids, thresholds, sigma: float = 1.0) -> float:
         raise TbqValueError(f"{c.size} centroids need {c.size - 1} thresholds, got {m.size}")
     a = np.concatenate(([-np.inf], m))
     b = np.concatenate((m, [np.inf]))
-    pdf = lambda t: np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)  # noqa: E731
+    pdf = normal_pdf
     tpdf = lambda t: np.where(np.isfinite(t), np.nan_to_num(t) * pdf(t), 0.0)  # noqa: E731
     mass = ndtr(b) - ndtr(a)
     d = (1.0 + c * c) * mass - (tpdf(b) - tpdf(a)) - 2.0 * c * (pdf(a) - pdf(b))
@@ -472,25 +473,13 @@ def gaussian_distortion(centroids, thresholds, sigma: float = 1.0) -> float:
 
 @functools.lru_cache(maxsize=None)
 def _lloyd_max_levels_cached(bits: int, tol: float):
-    from scipy.special import ndtr, ndtri
+    from scipy.special import ndtri
 
     levels = 1 << bits
     # Start at the quantiles of N(0, 3): the asymptotically optimal level density
     # of a Gaussian is proportional to pdf**(1/3) (Panter-Dite), which is N(0, 3).
-    c = math.sqrt(3.0) * ndtri((np.arange(levels) + 0.5) / levels)
-    pdf = lambda t: np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)  # noqa: E731
-    for _ in range(2_000_000):
-        edges = np.concatenate(([-np.inf], 0.5 * (c[1:] + c[:-1]), [np.inf]))
-        a, b = edges[:-1], edges[1:]
-        mass = np.where(a >= 0, ndtr(-a) - ndtr(-b), ndtr(b) - ndtr(a))
-        new = (pdf(a) - pdf(b)) / mass
-        new = 0.5 * (new - new[::-1])
-        change = float(np.max(np.abs(new - c)))
-        c = new
-        if change < tol:
-            break
-    else:  # pragma: no cover
-        raise RuntimeError(f"Lloyd-Max iteration for {bits} bits did not reach {tol}")
+    start = math.sqrt(3.0) * ndtri((np.arange(levels) + 0.5) / levels)
+    c, _, _ = lloyd_max_iterate(start, tol=tol, max_iter=2_000_000, stall=None)
     c.setflags(write=False)
     m = 0.5 * (c[1:] + c[:-1])
     m.setflags(write=False)

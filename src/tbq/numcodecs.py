@@ -90,10 +90,6 @@ from .formats import FORMATS
 
 __all__ = [
     "TbqCodec",
-    "Q8_0",
-    "Q4_0",
-    "TBQ4_0",
-    "TBQ3_0",
     "CODEC_IDS",
     "FORMAT_CODES",
     "MAGIC",
@@ -108,8 +104,8 @@ __all__ = [
 
 MAGIC = b"TBQ\x00"
 HEADER_VERSION = 1
-#: Format code stored at byte 5 of the header. Fixed forever: never renumber.
-FORMAT_CODES = {"q8_0": 1, "q4_0": 2, "tbq4_0": 3, "tbq3_0": 4}
+#: Format code stored at byte 5 of the header: each format's registry ``code``, fixed forever.
+FORMAT_CODES = {name: info.code for name, info in FORMATS.items()}
 _CODE_FORMATS = {v: k for k, v in FORMAT_CODES.items()}
 #: numcodecs codec id (and Zarr 3 codec name) of each format.
 CODEC_IDS = {fmt: f"tbq.{fmt}" for fmt in FORMAT_CODES}
@@ -326,35 +322,16 @@ class TbqCodec(_NumcodecsCodec):
         return ndarray_copy(dec, out)
 
 
-class Q8_0(TbqCodec):
-    """ggml Q8_0 numcodecs codec (id ``tbq.q8_0``): 34 bytes per 32 values."""
-
-    codec_id = CODEC_IDS["q8_0"]
-    fmt = "q8_0"
-
-
-class Q4_0(TbqCodec):
-    """ggml Q4_0 numcodecs codec (id ``tbq.q4_0``): 18 bytes per 32 values."""
-
-    codec_id = CODEC_IDS["q4_0"]
-    fmt = "q4_0"
+def _numcodec_class(fmt: str) -> type[TbqCodec]:
+    info = FORMATS[fmt]
+    doc = f"{info.description} numcodecs codec (id ``tbq.{fmt}``): {info.type_size} bytes per {info.block_size} values."
+    return type(fmt.upper(), (TbqCodec,), {"codec_id": CODEC_IDS[fmt], "fmt": fmt, "__doc__": doc, "__module__": __name__})
 
 
-class TBQ4_0(TbqCodec):
-    """TBQ4_0 numcodecs codec (id ``tbq.tbq4_0``): 66 bytes per 128 values."""
-
-    codec_id = CODEC_IDS["tbq4_0"]
-    fmt = "tbq4_0"
-
-
-class TBQ3_0(TbqCodec):
-    """TBQ3_0 numcodecs codec (id ``tbq.tbq3_0``): 50 bytes per 128 values."""
-
-    codec_id = CODEC_IDS["tbq3_0"]
-    fmt = "tbq3_0"
-
-
-_CLASSES: dict[str, type[TbqCodec]] = {c.fmt: c for c in (Q8_0, Q4_0, TBQ4_0, TBQ3_0)}
+#: One numcodecs class per format of the registry, named like the format (``Q8_0``, ``TBQ4_0``, ...).
+_CLASSES: dict[str, type[TbqCodec]] = {fmt: _numcodec_class(fmt) for fmt in FORMATS}
+globals().update({c.__name__: c for c in _CLASSES.values()})
+__all__ += [c.__name__ for c in _CLASSES.values()]
 
 for _cls in _CLASSES.values():
     _numcodecs_register(_cls)

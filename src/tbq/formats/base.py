@@ -224,6 +224,10 @@ class Format:
         """numba decode of clean blocks into ``out``."""
         raise NotImplementedError
 
+    def tables(self) -> dict:
+        """The exact value tables this instance uses (name -> array); ``{}`` for formats without any."""
+        return {}
+
     # -- scale overflow -------------------------------------------------------------
     def scale_overflows(self, trace: dict) -> np.ndarray:
         """bool (blocks,): blocks whose stored scale would be infinite (fp16: ``|d| >= 65520``)."""

@@ -35,8 +35,8 @@ The package, bottom to top (each module imports only those above it in this list
 - :mod:`~tbq.golden.manifest`: manifest building and loading, SHA-256 of
   arrays, :func:`hex_literal`, exact tables as JSON;
 - :mod:`~tbq.golden.cheader`: the C header writer :func:`c_header`;
-- :mod:`~tbq.golden.fragility`: :func:`fragility` masks and
-  :func:`rotated_coordinates`;
+- :mod:`~tbq.golden.fragility`: :func:`fragility` masks, built on each
+  format's trace (:meth:`tbq.formats.Format.reference_encode`);
 - :mod:`~tbq.golden.generate`: :func:`build_format`, :func:`build_attention`,
   :class:`GoldenSet`, :func:`write_set`, :class:`Summary`, :func:`generate`,
   :func:`regenerate`, :func:`verify`.
@@ -76,15 +76,8 @@ from .families import (
     family_seed,
     make_inputs,
 )
-from .fragility import (  # the three private code functions: kept for existing callers
-    DEFAULT_K,
-    TBQ_ULP_FLOOR,
-    _q4_code_t,
-    _q4_code_v,
-    _roundf64,
-    fragility,
-    rotated_coordinates,
-)
+from ..formats.tbq import TBQ_ULP_FLOOR
+from .fragility import DEFAULT_K, fragility
 from .generate import (
     DEFAULT_ATTENTION_PAIRS,
     GoldenSet,
@@ -119,7 +112,6 @@ __all__ = [
     "family_seed",
     "attention_seed",
     "make_inputs",
-    "rotated_coordinates",
     "fragility",
     "build_format",
     "build_attention",

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import reference
 from ..codebooks import Codebook, get_codebook
 from ..errors import ConfigError, TbqValueError
+from ..formats import FORMAT_CLASSES, FORMATS, get_format
 from ..rotation import RandomizedHadamard, get_rotation
 
 ROW_SIZE = 128
@@ -128,7 +128,8 @@ def _rows_per_family(rows_per_family=None, blocks=None) -> int:
 # tables (codebooks and sign vectors)
 # ---------------------------------------------------------------------------
 
-_TBQ_BITS = {"tbq4_0": 4, "tbq3_0": 3}
+#: Formats that take a ``codebook`` option, with their index bits (from the registry: tbq4_0, tbq3_0).
+_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,10 @@ def _resolve_tables(codebook="lloyd-max", signs="turboq-mtp") -> _Tables:
     elif isinstance(codebook, (Codebook, dict)):
         c = codebook.centroids if isinstance(codebook, Codebook) else codebook.get("centroids", [])
         n = len(c)
-        fmt = {16: "tbq4_0", 8: "tbq3_0"}.get(n)
+        fmt = {1 << bits: name for name, bits in _TBQ_BITS.items()}.get(n)
         if fmt is None:
-            raise ConfigError(f"a codebook for the golden set needs 16 (tbq4_0) or 8 (tbq3_0) centroids, got {n}")
+            need = " or ".join(f"{1 << b} ({f})" for f, b in _TBQ_BITS.items())
+            raise ConfigError(f"a codebook for the golden set needs {need} centroids, got {n}")
         per = {fmt: codebook}
     elif isinstance(codebook, str):
         per = {f: codebook for f in _TBQ_BITS}
@@ -172,9 +174,11 @@ def _tables(codebook, signs) -> _Tables:
 # ---------------------------------------------------------------------------
 
 
-def _tbq_scale(x: np.ndarray, bits: int, cb: Codebook, rot: RandomizedHadamard) -> np.float32:
+def _scale(fmt: str, x: np.ndarray, tables: _Tables) -> np.float32:
+    """The float32 scale ``d`` of one row ``x`` in ``fmt`` with the golden tables (the format's trace)."""
+    f = get_format(fmt, codebook=tables.codebooks[fmt], signs=tables.rotation)
     with np.errstate(all="ignore"):
-        return reference.encode_tbq(np.ascontiguousarray(x[None, :], np.float32), bits, cb, rot)[1][0]
+        return f.reference_encode(np.ascontiguousarray(x[None, :], np.float32))[1]["d"][0]
 
 
 def _fp16_midpoint_near(d: float) -> float:
@@ -250,13 +254,12 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
             x[b : b + 32] = vals.astype(f32)
         return x
     if kind == "fp16_tie_tbq4":
-        cb, rot = tables.codebooks["tbq4_0"], tables.rotation
         g = rng.standard_normal(n, dtype=f32).astype(np.float64)
-        mid = _fp16_midpoint_near(float(_tbq_scale(g.astype(f32), 4, cb, rot)))
+        mid = _fp16_midpoint_near(float(_scale("tbq4_0", g.astype(f32), tables)))
         best, best_dist, c = g.astype(f32), math.inf, 1.0
         for _ in range(16):
             y = (g * c).astype(f32)
-            d = float(_tbq_scale(y, 4, cb, rot))
+            d = float(_scale("tbq4_0", y, tables))
             dist = abs(d - mid)
             if dist < best_dist:
                 best, best_dist = y, dist

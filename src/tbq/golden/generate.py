@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from ..attention import SINK_FORMATS, attention_dequantized, attention_rotated, encode_kv, f32_tolerance, score_condition
-from ..codecs import Codec, get_codec
+from ..codecs import Codec, codec_from
 from ..errors import ConfigError, TbqTypeError, TbqValueError
-from ..formats import FORMATS, format_info
+from ..formats import FORMATS, format_info, get_format
 from .cheader import c_header
 from .families import (
     DEFAULT_SEED,
@@ -34,13 +34,12 @@ from .families import (
     _rows_per_family,
     _tables,
     _Tables,
-    _TBQ_BITS,
     attention_inputs,
     attention_seed,
     family_seed,
     make_inputs,
 )
-from .fragility import DEFAULT_K, TBQ_ULP_FLOOR, fragility
+from .fragility import DEFAULT_K, fragility
 from .manifest import (
     MANIFEST_KINDS,
     _exact_config,
@@ -151,9 +150,7 @@ def check_out_dir(out) -> Path:
 
 
 def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy") -> Codec:
-    cfg = _exact_config(fmt, tables)
-    del cfg["name"]
-    return get_codec(fmt, backend=backend, **cfg)
+    return codec_from(fmt, _exact_config(fmt, tables), backend=backend)
 
 
 def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray):
@@ -212,7 +209,8 @@ def build_format(
     decoded = codec.decode(data)
     backend_check = _backend_check(ref_codec, xb, data, decoded) if codec.backend != "numpy" else "numpy only"
     fr = fragility(ref_codec, xb, data, k, ulp_floor)
-    floor = (TBQ_ULP_FLOOR if ulp_floor is None else float(ulp_floor)) if info.rotated else 0.0
+    # the floor the format's fragility rule used (formats without one ignore ulp_floor: recorded as 0)
+    floor = (codec.format.ulp_floor if ulp_floor is None else float(ulp_floor)) if codec.format.ulp_floor else 0.0
     arrays = {
         "input": _le(xb),
         "bytes": data,
@@ -223,14 +221,9 @@ def build_format(
         "family": np.repeat(inputs["family"], per_row).astype(np.uint8),
         "kind": np.repeat(inputs["kind"], per_row).astype(np.uint8),
     }
-    if info.rotated:
-        arrays.update(
-            norm=_le(fr["norm"]),
-            centroids=_le(codec.codebook.centroids.copy()),
-            thresholds=_le(codec.codebook.thresholds.copy()),
-            signs1=codec.rotation.signs1.astype(np.int8),
-            signs2=codec.rotation.signs2.astype(np.int8),
-        )
+    if "norm" in fr:
+        arrays["norm"] = _le(fr["norm"])
+    arrays.update({key: _le(a) for key, a in codec.format.tables().items()})  # TBQ: centroids, thresholds, signs
     for key in ("input", "decoded", "scale_f32"):
         if not np.isfinite(arrays[key]).all():  # pragma: no cover - cannot happen by construction
             raise AssertionError(f"{fmt}: {key} holds a non-finite value")
@@ -323,11 +316,10 @@ def build_attention(
         arrays["v_sink"] = V.sink
     arrays.update(out_dequantized=_le(ref), out_rotated_f64=_le(rot64), out_rotated_f32=_le(rot32))
     for name, tb_fmt in (("k", k_fmt), ("v", v_fmt)):
-        if tb_fmt in _TBQ_BITS:
-            c = _codec(tb_fmt, tables)
-            arrays[f"{name}_centroids"] = _le(c.codebook.centroids.copy())
-            arrays[f"{name}_signs1"] = c.rotation.signs1.astype(np.int8)
-            arrays[f"{name}_signs2"] = c.rotation.signs2.astype(np.int8)
+        tabs = _codec(tb_fmt, tables).format.tables()
+        for key in ("centroids", "signs1", "signs2"):  # what a fused rotated-domain kernel reads
+            if key in tabs:
+                arrays[f"{name}_{key}"] = _le(tabs[key])
     stem = f"attention_{k_fmt}_{v_fmt}"
     summary = [
         {
@@ -531,7 +523,7 @@ def regenerate(manifest, out=None) -> GoldenSet:
                 families=fams,
                 codebook=tables,
                 k=m["fragility"]["k"],
-                ulp_floor=m["fragility"]["ulp_floor"] if format_info(fmt).rotated else None,
+                ulp_floor=m["fragility"]["ulp_floor"] if get_format(fmt).ulp_floor else None,
             )
         else:
             fmts = (m["k_format"], m["v_format"])

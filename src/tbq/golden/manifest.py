@@ -30,7 +30,6 @@ from .families import (
     ROW_SIZE,
     _resolve_tables,
     _Tables,
-    _TBQ_BITS,
 )
 
 #: The ``kind`` of a format manifest and of an attention manifest.
@@ -114,7 +113,7 @@ def _hex_table(values) -> dict:
 def _exact_config(fmt: str, tables: _Tables) -> dict:
     """Codec config of ``fmt`` with exact tables (accepted by :func:`tbq.codec_from_config`)."""
     cfg = {"name": fmt, "on_overflow": "raise"}
-    if fmt in _TBQ_BITS:
+    if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)
     return cfg
@@ -203,16 +202,14 @@ def format_manifest(
             "blocks": "fp16(d - w) != fp16(d + w), w = k * float32_ulp(|d|), d the float32 scale",
         },
         "arrays": _array_entries(arrays),
-        "array_meaning": dict(FORMAT_ARRAYS, **(TBQ_ARRAYS if info.rotated else {})),
+        "array_meaning": dict(FORMAT_ARRAYS, **(TBQ_ARRAYS if codec.format.tables() else {})),
         "sha256_of": "the array's bytes in C order, dtypes as listed (little-endian)",
         "summary": summary,
         "regenerate": f"tbq golden --from-manifest {fmt}.json --out DIR (or tbq.golden.regenerate('{fmt}.json', DIR))",
     }
-    if info.rotated:
-        manifest["tables"] = {
-            "centroids": _hex_table(codec.codebook.centroids),
-            "thresholds": _hex_table(codec.codebook.thresholds),
-        }
+    tabs = codec.format.tables()
+    if tabs:
+        manifest["tables"] = {key: _hex_table(tabs[key]) for key in ("centroids", "thresholds")}
     return manifest
 
 
