@@ -47,6 +47,7 @@ def assert_bits_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
     a = np.asarray(a, np.float32)
     b = np.asarray(b, np.float32)
     assert a.shape == b.shape, (what, a.shape, b.shape)
+    a, b = np.atleast_1d(a), np.atleast_1d(b)  # np.argwhere of a 0-d array finds nothing, even when it differs
     ua, ub = a.view(np.uint32), b.view(np.uint32)
     bad = np.argwhere(ua != ub)
     assert bad.size == 0, f"{what}: {len(bad)} float32 values differ; first at {tuple(bad[0])}: {a[tuple(bad[0])]!r} != {b[tuple(bad[0])]!r}"
@@ -55,5 +56,221 @@ def assert_bits_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
 def assert_bytes_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
     assert a.dtype == np.uint8 and b.dtype == np.uint8, (a.dtype, b.dtype)
     assert a.shape == b.shape, (what, a.shape, b.shape)
+    a, b = np.atleast_1d(a), np.atleast_1d(b)
     bad = np.argwhere(a != b)
     assert bad.size == 0, f"{what}: {len(bad)} bytes differ; first at {tuple(bad[0])}: {a[tuple(bad[0])]:#04x} != {b[tuple(bad[0])]:#04x}"
+
+
+# ---------------------------------------------------------------------------
+# The shared format battery (the numcodecs tests/common.py pattern)
+# ---------------------------------------------------------------------------
+
+
+def conformance_cases(fmt: str) -> list[tuple[str, dict]]:
+    """(vector file stem, format options) of every strict conformance file for ``fmt``."""
+    cases = [(stem, codec_config(cb)) for stem, f, cb in CONFORMANCE_CASES if f == fmt]
+    if not cases and (DATA / f"{fmt}__strict.npz").exists():
+        cases = [(f"{fmt}__strict", {})]
+    return cases
+
+
+def battery_inputs(fmt: str, n_rows: int = 3, seed: int = 0) -> dict:
+    """Named float32 inputs (rows of whole blocks) that every format must encode."""
+    import tbq
+
+    bs = tbq.format_info(fmt).block_size
+    n = max(bs, 128 // bs * bs)
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal((n_rows, n), dtype=np.float32)
+    tie = (rng.integers(-8, 8, (n_rows, n)) + 0.5).astype(np.float32)
+    return {
+        "gaussian": g,
+        "tiny": g * np.float32(1e-6),
+        "subnormal": g * np.float32(1e-40),
+        "large": g * np.float32(1e3),
+        "zeros": np.zeros((n_rows, n), np.float32),
+        "neg_zeros": np.full((n_rows, n), -0.0, np.float32),
+        "constant": np.full((n_rows, n), 0.75, np.float32),
+        "half_integers": tie,
+        "one_hot": np.where(np.arange(n) == 5, np.float32(3.0), np.float32(0.0)).astype(np.float32)[None, :].repeat(n_rows, 0),
+    }
+
+
+def _check_round_trip_and_shapes(fmt, opts):
+    import tbq
+
+    info = tbq.format_info(fmt)
+    bs, ts = info.block_size, info.type_size
+    codec = tbq.get_codec(fmt, backend="numpy", **opts)
+    for shape in [(bs,), (3, 2 * bs), (2, 0, bs), (0, bs), (2, 3, bs)]:
+        x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        q = codec.encode(x)
+        assert q.dtype == np.uint8 and q.shape == shape[:-1] + (shape[-1] // bs * ts,), (fmt, shape, q.shape)
+        y = codec.decode(q)
+        assert y.dtype == np.float32 and y.shape == shape, (fmt, shape, y.shape)
+    x = np.random.default_rng(2).standard_normal((4, 2 * bs)).astype(np.float32)
+    q = codec.encode(x)
+    # other float widths are converted to float32 first
+    assert np.array_equal(codec.encode(x.astype(np.float64)), q)
+    assert np.array_equal(codec.encode(x.astype(">f4")), q)
+    # bytes-like input decodes like the uint8 array
+    assert_bits_equal(codec.decode(q[0].tobytes()), codec.decode(q[0]), f"{fmt} bytes input")
+    # out= receives the same result
+    out = np.empty_like(q)
+    assert codec.encode(x, out=out) is out and np.array_equal(out, q)
+    yout = np.empty(x.shape, np.float32)
+    assert codec.decode(q, out=yout) is yout
+    assert_bits_equal(yout, codec.decode(q), f"{fmt} out=")
+    # finite input whose scales fit decodes to finite values
+    assert np.isfinite(codec.decode(q)).all()
+
+
+def _check_backends_agree(fmt, opts):
+    import tbq
+
+    info = tbq.format_info(fmt)
+    ref = tbq.get_codec(fmt, backend="numpy", on_overflow="inf", **opts)
+    for threads in (1, 2):
+        fast = tbq.get_codec(fmt, backend="numba", threads=threads, on_overflow="inf", **opts)
+        for name, x in battery_inputs(fmt).items():
+            qa, qb = ref.encode(x), fast.encode(x)
+            assert_bytes_equal(qb, qa, f"{fmt} {name} numba(threads={threads}) vs numpy encode")
+            assert_bits_equal(fast.decode(qa), ref.decode(qa), f"{fmt} {name} numba vs numpy decode")
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (64, 4 * info.type_size), dtype=np.uint8)  # any bytes decode: Inf/NaN/subnormal scales
+    ya, yb = ref.decode(raw), tbq.get_codec(fmt, backend="numba", **opts).decode(raw)
+    nan = np.isnan(ya)
+    assert np.array_equal(nan, np.isnan(yb)), f"{fmt}: NaN positions differ on random bytes"
+    assert np.array_equal(ya.view(np.uint32)[~nan], yb.view(np.uint32)[~nan]), f"{fmt}: numba vs numpy decode of random bytes"
+
+
+def _check_conformance(fmt, opts):
+    import tbq
+
+    cases = conformance_cases(fmt)
+    x = load_npz("inputs")["x"]
+    for stem, case_opts in cases:
+        if opts and case_opts and case_opts != opts:
+            continue
+        ref = load_npz(stem)
+        for backend in BACKENDS:
+            q = tbq.quantize(x, fmt, backend=backend, **case_opts)
+            assert_bytes_equal(q, ref["q"], f"{stem} {backend} encode")
+            y = tbq.dequantize(ref["q"], fmt, backend=backend, **case_opts)
+            assert_bits_equal(y, ref["y"], f"{stem} {backend} decode")
+    return len(cases)
+
+
+def _check_bad_input(fmt, opts):
+    import pytest
+
+    import tbq
+
+    info = tbq.format_info(fmt)
+    bs, ts = info.block_size, info.type_size
+    for backend in BACKENDS:
+        codec = tbq.get_codec(fmt, backend=backend, **opts)
+        good = np.ones((2, 2 * bs), np.float32)
+        if bs > 1:
+            with pytest.raises(tbq.BlockShapeError, match=str(bs)):
+                codec.encode(np.ones(bs + 1, np.float32))
+        with pytest.raises(tbq.BlockShapeError):
+            codec.encode(np.float32(1.0))
+        for bad_dtype in (np.int32, np.bool_, np.complex64):
+            with pytest.raises(tbq.TbqTypeError):
+                codec.encode(good.astype(bad_dtype))
+        for bad in (np.nan, np.inf, -np.inf):
+            x = good.copy()
+            x[1, bs + 1] = bad  # row 1, second block: flat block 3
+            with pytest.raises(tbq.NonFiniteError, match="block 3") as e:
+                codec.encode(x)
+            assert e.value.block == 3
+            assert isinstance(e.value, ValueError) and isinstance(e.value, tbq.TbqError)
+        with pytest.raises(tbq.TbqTypeError):
+            codec.decode(np.zeros(ts, np.int8))
+        with pytest.raises(tbq.EncodedLengthError, match=str(ts)):
+            codec.decode(np.zeros(ts + 1, np.uint8))
+        with pytest.raises(tbq.TbqValueError):
+            codec.encode(good, out=np.empty((2, 3), np.uint8))
+        with pytest.raises(tbq.TbqTypeError):
+            codec.encode(good, out=np.empty((2, 2 * ts), np.int8))
+        # a scale that does not fit the format raises (and says which block), unless on_overflow="inf"
+        huge = np.full((1, bs), 3e38, np.float32)
+        huge[0, 0] = 1.0
+        _, trace = codec.format.reference_encode(huge)
+        if codec.format.scale_overflows(trace).any():
+            with pytest.raises(tbq.ScaleOverflowError, match="block 0"):
+                codec.encode(huge)
+            tbq.get_codec(fmt, backend=backend, on_overflow="inf", **opts).encode(huge)
+    with pytest.raises(tbq.ConfigError):
+        tbq.get_codec(fmt, no_such_option=1)
+    with pytest.raises(tbq.ConfigError):
+        tbq.get_codec(fmt, backend="fortran")
+
+
+def _check_config(fmt, opts):
+    import json
+
+    import tbq
+
+    for backend in BACKENDS:
+        codec = tbq.get_codec(fmt, backend=backend, threads=2, on_overflow="inf", **opts)
+        cfg = codec.get_config()
+        assert cfg["name"] == fmt
+        assert json.loads(json.dumps(cfg)) == cfg, "config must be plain JSON data"
+        again = tbq.codec_from_config(cfg)
+        assert again == codec and hash(again) == hash(codec)
+        assert again.get_config() == cfg
+        assert repr(again) == repr(codec) and fmt.upper() in repr(codec)
+        assert codec != tbq.get_codec(fmt, backend=backend, threads=1, on_overflow="inf", **opts)
+        assert codec.format == tbq.get_format(fmt, **opts)
+
+
+def _check_trace(fmt, opts):
+    import tbq
+
+    from naive import decode_block, encode_block, has_model
+
+    f = tbq.get_format(fmt, **opts)
+    info = f.info
+    for name, x in battery_inputs(fmt).items():
+        q, trace = f.encode(x, trace=True)
+        assert_bytes_equal(q, tbq.quantize(x, fmt, backend="numpy", **opts), f"{fmt} {name}: Format.encode vs quantize")
+        nb = x.shape[-1] // info.block_size
+        for key, a in trace.items():
+            assert a.dtype == np.float32 and a.shape[:2] == (x.shape[0], nb), (fmt, name, key, a.dtype, a.shape)
+        fields = f.fields(q)
+        assert set(fields) == {fl.name for fl in info.layout}
+        if "d" in trace:
+            # the stored scale is the traced float32 d rounded to fp16 (bit for bit, signed zeros included)
+            d16 = np.asarray(trace["d"], np.float32).astype(np.float16).astype(np.float32)
+            assert_bits_equal(fields["d"], d16, f"{fmt} {name}: fields d vs fp16(trace d)")
+        assert_bits_equal(f.decode(q), tbq.dequantize(q, fmt, backend="numpy", **opts), f"{fmt} {name}: Format.decode")
+        if has_model(fmt):  # the slow model agrees on the first block of each input
+            xb = np.ascontiguousarray(x.reshape(-1, info.block_size)[:2])
+            for i, row in enumerate(xb):
+                b, tr = encode_block(f, row)
+                assert bytes(q.reshape(-1, info.type_size)[i]) == b, f"{fmt} {name} block {i}: bytes vs tests/naive.py"
+                for key, v in tr.items():
+                    got = trace[key].reshape((-1,) + trace[key].shape[2:])[i]
+                    assert_bits_equal(got, np.asarray(v, np.float32), f"{fmt} {name} block {i}: trace {key} vs tests/naive.py")
+                y = decode_block(f, b)
+                assert_bits_equal(f.decode(np.frombuffer(b, np.uint8)), np.array(y, np.float32), f"{fmt} {name} block {i}: decode vs tests/naive.py")
+
+
+def check_format(fmt: str, **options) -> None:
+    """Every check one format must pass, with its format ``options``; each format's test module calls this.
+
+    Round trip and shapes; numpy == numba on bytes and float32 bits (threads 1
+    and 2, finite inputs and random bytes); the conformance vectors whenever a
+    file for the format exists in tests/data/conformance; every bad-input kind;
+    config round trip; trace consistency (the traced bytes are the encoder's,
+    the stored scale is fp16 of the traced ``d``, fields match the layout, and
+    the slow model of tests/naive.py agrees where it has one).
+    """
+    _check_round_trip_and_shapes(fmt, options)
+    _check_backends_agree(fmt, options)
+    _check_conformance(fmt, options)
+    _check_bad_input(fmt, options)
+    _check_config(fmt, options)
+    _check_trace(fmt, options)

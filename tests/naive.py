@@ -55,7 +55,9 @@ def fp16_value(bits: int) -> F32:
 
 
 def roundf(v: F32) -> F32:
-    """C roundf: half away from zero."""
+    """C roundf: half away from zero (non-finite values pass through)."""
+    if not math.isfinite(v):
+        return v
     t = F32(math.trunc(float(v)))
     frac = F32(v - t)
     if frac >= F32(0.5):
@@ -201,6 +203,11 @@ def decode_tbq(block: bytes, fmt: str, centroids, signs1, signs2) -> list[F32]:
 
 def encode_block(fmt_obj, x) -> tuple[bytes, dict]:
     """The naive model of ``fmt_obj`` (a :class:`tbq.formats.Format`) on one block: (bytes, trace)."""
+    with np.errstate(all="ignore"):  # 1/d may overflow for tiny blocks, as in C
+        return _encode_block(fmt_obj, x)
+
+
+def _encode_block(fmt_obj, x):
     name = fmt_obj.name
     if name == "q8_0":
         b, d = encode_q8_0(x)
