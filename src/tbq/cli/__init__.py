@@ -2,7 +2,16 @@
 
 Each sub-command lives in the module that owns its concern; that module
 provides ``add_arguments(parser)`` and ``run_cli(args) -> int``. This file only
-wires them together, importing each module when its command runs.
+wires them together, importing each module when its command runs, and turns
+the failures a user can cause into one line on stderr and exit status 2:
+
+- bad arguments (argparse; the message says ``see tbq COMMAND --help``),
+- :class:`~tbq.errors.TbqError` raised by the library or the command,
+- :class:`OSError` (a file that cannot be read or written).
+
+Anything else is a bug and keeps its traceback. Ctrl-C exits with status 130
+and no traceback. The helpers below (argument types, output-path checks) are
+shared by the command modules.
 """
 
 from __future__ import annotations
@@ -11,9 +20,10 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from .. import __version__
-from ..errors import TbqError
+from ..errors import TbqError, TbqValueError
 
 # command name -> (module, one-line help)
 COMMANDS = {
@@ -23,33 +33,132 @@ COMMANDS = {
 }
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line: ``tbq compare: error: ... (see tbq compare --help)``."""
+
+    def error(self, message: str):  # noqa: D102 (argparse API)
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already mentions a default.
+
+    Options without a meaningful default (``None``, ``False``) are left alone.
+    """
+
+    def _get_help_string(self, action):
+        help_ = action.help or ""
+        if "default" in help_ or action.default is None or action.default is False or not action.option_strings:
+            return help_
+        if action.default == argparse.SUPPRESS or (isinstance(action.default, (list, tuple)) and not action.default):
+            return help_
+        return help_ + " (default: %(default)s)"
+
+
+def int_at_least(minimum: int):
+    """An argparse ``type``: an integer >= ``minimum``, else a one-line usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def check_output_file(path: str, flag: str) -> Path:
+    """Check, before any work, that ``path`` can be written as a file; return it as a Path.
+
+    Missing parent directories are fine (they are created when the file is
+    written), but the nearest existing ancestor must be a writable directory,
+    and ``path`` must not be a directory or a read-only file.
+    """
+    p = Path(path)
+    if not str(path).strip():
+        raise TbqValueError(f"{flag}: the file name is empty")
+    if p.is_dir():
+        raise TbqValueError(f"{flag} {path}: is a directory; give a file name, e.g. {p / 'figure.png'}")
+    if p.exists():
+        if not os.access(p, os.W_OK):
+            raise TbqValueError(f"{flag} {path}: the file exists and is not writable")
+        return p
+    ancestor = p.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise TbqValueError(f"{flag} {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise TbqValueError(f"{flag} {path}: cannot create files in {ancestor} (permission denied)")
+    return p
+
+
+def check_figure_file(path: str, flag: str) -> Path:
+    """:func:`check_output_file` plus: matplotlib is installed and can write the file's extension."""
+    from ..plots import require_matplotlib
+
+    p = check_output_file(path, flag)
+    require_matplotlib(flag)
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    ext = p.suffix[1:].lower()
+    if ext and ext not in kinds:
+        raise TbqValueError(f"{flag} {path}: matplotlib cannot write .{ext} files; use one of .{', .'.join(sorted(kinds))}")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tbq", description="Bit-exact KV-cache block quantization codecs.")
+    parser = ArgumentParser(prog="tbq", description="Bit-exact KV-cache block quantization codecs.")
     parser.add_argument("--version", action="version", version=f"tbq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (modname, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
-        p.set_defaults(_module=modname)
+        p = sub.add_parser(name, help=help_, description=help_, formatter_class=HelpFormatter)
+        p.set_defaults(_module=modname, _parser=p)
         importlib.import_module(modname).add_arguments(p)
     return parser
 
 
+def _oserror_message(exc: OSError) -> str:
+    if exc.strerror and exc.filename is not None:
+        names = str(exc.filename) + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+        return f"{names}: {exc.strerror}"
+    return " ".join(str(exc).split())
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``tbq`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status (0 ok, 2 error)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:  # usage errors, --help and --version end in SystemExit: return its status instead
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the sub-command's parser, so the message names it
+            (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if args.command is None:
-        parser.print_help()
+        print(f"tbq: error: give a command: {', '.join(COMMANDS)} (see tbq --help)", file=sys.stderr)
         return 2
+    prog = f"tbq {args.command}"
     module = importlib.import_module(args._module)
     try:
         return int(module.run_cli(args) or 0)
     except TbqError as exc:
-        print(f"tbq {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like: stop quietly
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
         return 0
+    except OSError as exc:  # a file that cannot be read or written: the user's to fix, not a bug
+        print(f"{prog}: error: {_oserror_message(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover
