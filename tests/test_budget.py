@@ -438,9 +438,20 @@ def test_budget_report_weights_traffic_defaults_to_weights():
 
 
 def test_module_doctests():
-    # every example in the docstrings is true
-    result = doctest.testmod(budget)
-    assert result.attempted >= 30 and result.failed == 0
+    # every example in the docstrings is true (the unit parsing moved to tbq.units)
+    from tbq import units
+
+    results = [doctest.testmod(budget), doctest.testmod(units)]
+    assert sum(r.attempted for r in results) >= 40 and sum(r.failed for r in results) == 0
+
+
+def test_old_names_still_import_from_budget():
+    # parse_bytes & co. live in tbq.units now; tbq.budget re-exports them, plot_report draws through tbq.plots
+    from tbq import plots, units
+
+    for name in units.__all__:
+        assert getattr(budget, name) is getattr(units, name) and name in budget.__all__
+    assert callable(budget.plot_report) and callable(plots.plot_budget)
 
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "budget.md"
@@ -463,7 +474,8 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     r = budget_report(32768, "f16", "8K")
-    with pytest.raises(ConfigError, match=r"pip install 'tbq\[plot\]'"):
+    # tbq is installed from its checkout: the extra is '.[plot]' (a 'tbq' on PyPI would be another package)
+    with pytest.raises(ConfigError, match=r"pip install '\.\[plot\]'"):
         budget.plot_report(r, str(tmp_path / "x.png"))
 
 
@@ -591,3 +603,46 @@ def test_docs_cli_output_is_real(cli_main, capsys, tmp_path, monkeypatch):
             pytest.importorskip("matplotlib")
         assert cli_main(shlex.split(command)) == 0
         assert capsys.readouterr().out.rstrip("\n") == "\n".join(lines).rstrip("\n"), command
+
+
+# --------------------------------------------------------------------------- head sizes a block format cannot store
+
+
+def test_block_sizes_come_from_the_format_table():
+    for name, info in FORMATS.items():
+        assert budget.format_block_size(name) == info.block_size
+    assert budget.format_block_size("nvfp4") == 16 and budget.format_block_size("mxfp4") == 32
+    assert budget.format_block_size("f16") is None and budget.format_block_size(5.5) is None
+    # 100 = 3 x 32 + 4 = 0 x 128 + 100: no block format tiles it; 96 = 3 x 32 is fine for the 32-value blocks
+    assert budget.incompatible_formats(100, "f16,q8_0,q4_0,nvfp4,tbq4_0,tbq3_0,6") == [
+        ("q8_0", 32), ("q4_0", 32), ("nvfp4", 16), ("tbq4_0", 128), ("tbq3_0", 128)]
+    assert budget.incompatible_formats(96, "q8_0,mxfp4,tbq4_0") == [("tbq4_0", 128)]
+    assert budget.incompatible_formats(256, budget.DEFAULT_FORMATS) == []
+
+
+def test_cli_default_formats_leave_out_what_the_head_cannot_use(cli_main, capsys):
+    assert cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K"]) == 0
+    lines = _lines(capsys.readouterr().out)
+    assert any(line.startswith("Note: head_dim 96 is not a multiple of the block size of tbq4_0, tbq3_0 (128 values)")
+               for line in lines)
+    assert "q8_0 8.5 52,224 51.00 KiB" in lines  # 2 x 32 x 8 x 96 = 49,152 values x 8.5 / 8
+    assert not any(line.startswith("tbq4_0") for line in lines)
+    assert cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [f["format"] for f in d["formats"]] == ["f16", "q8_0", "q4_0"] and "head_dim 96" in d["notes"][0]
+
+
+def test_cli_named_formats_that_cannot_store_the_head_are_an_error(cli_main, capsys):
+    argv = ["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--formats", "f16,tbq3_0"]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--head-dim 96 is not a multiple of the block size of tbq3_0 (128 values)" in err
+    # --values-per-token and --measured carry no head size: nothing to check
+    assert cli_main(["budget", "--values-per-token", "49152", "--formats", "tbq3_0", "--contexts", "8K"]) == 0
+
+
+def test_cli_plot_hint_names_the_checkout_extra(cli_main, capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli_main(["budget", "--values-per-token", "1", "--plot", str(tmp_path / "b.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install '.[plot]'" in err and "tbq[plot]" not in err

@@ -9,7 +9,8 @@ writes a PNG there (creating the directory) and returns the path.
 
 Helpers for the notebooks: :func:`small_mode` (the ``TBQ_NOTEBOOK_SMALL``
 environment variable, set by the test suite to shrink the data) and
-:func:`figure_path` (``TBQ_FIGURE_DIR``, default ``figures``).
+:func:`figure_path` (``TBQ_FIGURE_DIR``, default ``figures`` in the working
+directory).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "small_mode",
     "figure_path",
     "plot_compare",
+    "plot_budget",
     "plot_rate_distortion",
     "plot_rotation_block",
     "plot_lines",
@@ -38,14 +40,19 @@ __all__ = [
 DPI = 110
 
 
+#: How to install the optional plotting dependency. tbq is installed from its
+#: checkout, so the extra is spelled ``'.[plot]'`` (a ``tbq`` on PyPI is not this package).
+INSTALL_HINT = "pip install '.[plot]' in the tbq checkout, or pip install matplotlib"
+
+
 def require_matplotlib(what: str = "plotting"):
     """Import and return matplotlib, or raise :class:`~tbq.errors.ConfigError` saying how to install it."""
     try:
         import matplotlib
     except ImportError:
         raise ConfigError(
-            f"{what} needs matplotlib, which is not installed; install it with `pip install 'tbq[plot]'` "
-            "(or `tbq[notebooks]` for the study notebooks)"
+            f"{what} needs matplotlib, which is not installed: {INSTALL_HINT} "
+            "('.[notebooks]' for the study notebooks)"
         ) from None
     return matplotlib
 
@@ -56,14 +63,18 @@ def small_mode() -> bool:
 
 
 def figure_path(name: str) -> Path:
-    """``$TBQ_FIGURE_DIR/name`` (default directory ``figures`` under the working directory), directory created."""
+    """``$TBQ_FIGURE_DIR/name``, the directory created; without the variable, ``figures/name`` in the working directory.
+
+    Jupyter starts a notebook's kernel in the notebook's directory, so a
+    notebook opened there saves to ``notebooks/figures/`` (git-ignored).
+    """
     d = Path(os.environ.get("TBQ_FIGURE_DIR", "figures"))
     d.mkdir(parents=True, exist_ok=True)
     return d / name
 
 
-def _figure(nrows=1, ncols=1, width=None, height=None, **kw):
-    require_matplotlib()
+def _figure(nrows=1, ncols=1, width=None, height=None, *, what: str = "plotting", **kw):
+    require_matplotlib(what)
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width or 4.6 * ncols, height or 3.6 * nrows), layout="constrained")
@@ -118,6 +129,79 @@ def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
     axes[0][0].legend(fontsize="small")
     if title:
         fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# tbq budget
+# ---------------------------------------------------------------------------
+
+
+def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
+    """Cache size and predicted tokens/s against context per format, with the VRAM budget line.
+
+    ``report`` is a :class:`tbq.budget.BudgetReport`; the tokens/s panel is
+    drawn when it has a bandwidth. ``what`` names the caller in the message
+    raised when matplotlib is missing.
+    """
+    from .budget import decode_tokens_per_s
+    from .units import format_bytes, format_context, format_rate
+
+    r = report
+    speed = r.bandwidth_bytes_per_s is not None
+    ctxs = sorted(r.contexts)
+    lo, hi = max(1, ctxs[0]), max(ctxs[-1], 2)
+    if lo == hi:
+        lo = max(1, hi // 8)
+    n = 200
+    grid = sorted({round(lo * (hi / lo) ** (i / (n - 1))) for i in range(n)} | set(ctxs))
+
+    fig, axes = _figure(1, 2 if speed else 1, width=12 if speed else 7, height=4.8, what=what)
+    axes = axes[0]
+    gib = float(2**30)
+    ax = axes[0]
+    for f in r.formats:
+        kv = f.kv_bytes_per_token
+        label = f"{f.format} ({f.kv_per_token}/token)"
+        (line,) = ax.plot(grid, [c * kv * r.sequences / gib for c in grid], label=label)
+        ax.plot(ctxs, [c * kv * r.sequences / gib for c in ctxs], "o", color=line.get_color(), markersize=4)
+    if r.available_bytes is not None:
+        ax.axhline(
+            r.available_bytes / gib,
+            color="black",
+            linestyle="--",
+            label=f"KV budget: VRAM - weights - workspace = {format_bytes(r.available_bytes)}",
+        )
+    seq = f", {r.sequences} sequences" if r.sequences != 1 else ""
+    ax.set_title(f"KV cache size{seq}")
+    ax.set_ylabel("KV cache (GiB)")
+    ax.legend(fontsize="small")
+
+    if speed:
+        ax = axes[1]
+        for f in r.formats:
+            kv = f.kv_bytes_per_token
+
+            def speed_at(c: int, kv=kv) -> float:
+                return decode_tokens_per_s(r.weights_traffic_bytes, kv, c, r.bandwidth_bytes_per_s, r.sequences)
+
+            (line,) = ax.plot(grid, [speed_at(c) for c in grid], label=f.format)
+            ax.plot(ctxs, [speed_at(c) for c in ctxs], "o", color=line.get_color(), markersize=4)
+        if r.weights_only_tokens_per_s:
+            ax.axhline(r.weights_only_tokens_per_s, color="gray", linestyle=":", label="weights only")
+        ax.set_title(f"Predicted decode tokens/s (bandwidth {format_rate(r.bandwidth_bytes_per_s)})")
+        ax.set_ylabel("tokens/s per sequence" if r.sequences != 1 else "tokens/s")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ctxs)
+        ax.set_xticklabels([format_context(c) for c in ctxs])
+        ax.minorticks_off()
+        ax.set_xlabel("context (tokens, K = 1024)")
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(f"KV cache budget: {r.source}")
     return _save(fig, path)
 
 

@@ -6,6 +6,7 @@ import sys
 from fractions import Fraction
 from typing import Any
 
+from . import check_figure_file, int_at_least
 from ..budget import (
     _BITS,
     DEFAULT_CONTEXTS,
@@ -15,25 +16,26 @@ from ..budget import (
     _out,
     _parse_formats,
     budget_report,
-    format_bytes,
     format_report,
+    incompatible_formats,
     kv_values_per_token,
-    parse_bytes,
-    parse_contexts,
     parse_measured,
-    parse_rate,
-    plot_report,
     values_per_token,
 )
 from ..errors import TbqValueError
+from ..plots import INSTALL_HINT
+from ..units import format_bytes, parse_bytes, parse_contexts, parse_rate
 
 
 def add_arguments(parser: Any) -> None:
     """Add the ``tbq budget`` options to an argparse (sub-)parser."""
     g = parser.add_argument_group("model (the geometry, or --values-per-token, or --measured)")
-    g.add_argument("--layers", type=int, help="number of full-attention layers (not linear-attention ones)")
-    g.add_argument("--kv-heads", type=int, help="KV heads per layer")
-    g.add_argument("--head-dim", type=int, help="head dimension")
+    g.add_argument("--layers", type=int_at_least(1), help="number of full-attention layers (not linear-attention ones)")
+    g.add_argument("--kv-heads", type=int_at_least(1), help="KV heads per layer")
+    g.add_argument(
+        "--head-dim", type=int_at_least(1),
+        help="head dimension; a block format is only offered when its block size divides it",
+    )
     src = g.add_mutually_exclusive_group()
     src.add_argument(
         "--values-per-token", metavar="N", help="cached values per token (2 x layers x kv-heads x head-dim)"
@@ -46,15 +48,16 @@ def add_arguments(parser: Any) -> None:
     s = parser.add_argument_group("sweep")
     s.add_argument(
         "--formats",
-        default=",".join(DEFAULT_FORMATS),
-        help=f"comma-separated formats ({', '.join(_BITS)}) or bits per value (default: %(default)s)",
+        default=None,
+        help=f"comma-separated formats ({', '.join(_BITS)}) or bits per value (default: {','.join(DEFAULT_FORMATS)}, "
+        "without the block formats whose blocks do not divide --head-dim)",
     )
     s.add_argument(
         "--contexts",
         default=",".join(DEFAULT_CONTEXTS),
         help="comma-separated contexts in tokens; K = 1024, so 256K = 262144 (default: %(default)s)",
     )
-    s.add_argument("--sequences", type=int, default=1, help="concurrent sequences (default: 1)")
+    s.add_argument("--sequences", type=int_at_least(1), default=1, help="concurrent sequences (default: 1)")
     m = parser.add_argument_group("memory and bandwidth (explicit units: GB = 10^9 bytes, GiB = 2^30 bytes)")
     m.add_argument("--vram", metavar="SIZE", help="device memory, e.g. 32GB")
     m.add_argument("--weights", metavar="SIZE", help="resident weights, e.g. 18.8GiB")
@@ -65,7 +68,7 @@ def add_arguments(parser: Any) -> None:
     m.add_argument("--bandwidth", metavar="RATE", help="memory bandwidth, e.g. 1296GB/s")
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
-    o.add_argument("--plot", metavar="FILE.png", help="save a plot (needs matplotlib: pip install 'tbq[plot]')")
+    o.add_argument("--plot", metavar="FILE.png", help=f"save a plot (needs matplotlib: {INSTALL_HINT})")
 
 
 def _flag(flag: str, fn: Any, value: Any) -> Any:
@@ -73,6 +76,15 @@ def _flag(flag: str, fn: Any, value: Any) -> Any:
         return fn(value)
     except TbqValueError as exc:
         raise type(exc)(f"{flag}: {exc}") from None
+
+
+def _by_block(bad: list[tuple[str, int]]) -> str:
+    """``q8_0, q4_0 (32 values) and tbq4_0 (128 values)`` from (format, block size) pairs."""
+    sizes: dict[int, list[str]] = {}
+    for name, size in bad:
+        sizes.setdefault(size, []).append(name)
+    parts = [f"{', '.join(names)} ({size} values)" for size, names in sizes.items()]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def _report_from_args(args: Any) -> BudgetReport:
@@ -120,7 +132,22 @@ def _report_from_args(args: Any) -> BudgetReport:
     contexts = _flag("--contexts", parse_contexts, args.contexts)
     if 0 in contexts:
         raise TbqValueError("--contexts: a context must be at least 1 token")
-    formats = _flag("--formats", _parse_formats, args.formats)
+    formats = _flag("--formats", _parse_formats, args.formats if args.formats is not None else DEFAULT_FORMATS)
+    notes = []
+    if geometry is not None:
+        bad = incompatible_formats(args.head_dim, [n for n, _ in formats])
+        if bad and args.formats is not None:
+            raise TbqValueError(
+                f"--head-dim {args.head_dim} is not a multiple of the block size of {_by_block(bad)}: "
+                "a block never spans two heads, so these formats cannot store this cache; leave them out of --formats"
+            )
+        if bad:
+            dropped = {n for n, _ in bad}
+            formats = [f for f in formats if f[0] not in dropped]
+            notes.append(
+                f"head_dim {args.head_dim} is not a multiple of the block size of {_by_block(bad)}, "
+                "which cannot store such heads; they are left out (--formats to choose)"
+            )
     sizes = {}
     for attr in ("vram", "weights", "workspace", "weights_traffic"):
         flag, value = "--" + attr.replace("_", "-"), getattr(args, attr)
@@ -145,17 +172,22 @@ def _report_from_args(args: Any) -> BudgetReport:
         source=source,
         geometry=geometry,
         measured=measured,
+        notes=notes,
     )
 
 
 def run_cli(args: Any) -> int:
     """Run ``tbq budget`` with parsed arguments; prints the tables (or JSON) and returns 0."""
+    if args.plot:  # before any work: matplotlib installed, the file writable
+        check_figure_file(args.plot, "--plot")
     report = _report_from_args(args)
     if args.json:
         print(report.to_json())
     else:
         print(format_report(report))
     if args.plot:
-        plot_report(report, args.plot)
+        from ..plots import plot_budget
+
+        plot_budget(report, args.plot, what="tbq budget --plot")
         print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
