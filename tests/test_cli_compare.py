@@ -46,3 +46,100 @@ def test_compare_unreadable_file(tmp_path, capsys):
     f.write_text("not numpy")
     assert cli.main(["compare", str(f)]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- what the output says
+
+def _small(tmp_path, name="kv.npy", shape=(16, 2, 128), seed=0):
+    f = tmp_path / name
+    np.save(f, np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+    return f
+
+
+def test_default_table_fits_100_columns_and_wide_has_every_column(capsys):
+    assert cli.main(["compare", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "top-8" in out and "--wide" in out  # the legend says where the other columns are
+    assert cli.main(["compare", "--repeat", "1", "--wide", "--formats", "q8_0"]) == 0
+    wide = capsys.readouterr().out
+    assert "max abs err" in wide and "mean cos" in wide and "bytes" in wide
+
+
+def test_user_file_says_it_is_read_as_keys_and_why_out_nmse_is_missing(tmp_path, capsys):
+    f = _small(tmp_path)
+    assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "read as keys (--role)" in out.splitlines()[0]
+    assert "16 tokens (axis 0) x 2 heads of 128 values" in out
+    assert "shows - for a single file" in out
+    assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1", "--role", "values"]) == 0
+    out = capsys.readouterr().out
+    assert "read as values" in out and "\nvalues  q8_0" in out
+
+
+def test_topk_defaults_to_the_tokens_when_fewer_than_8(tmp_path, capsys):
+    f = _small(tmp_path, shape=(4, 128))
+    assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1"]) == 0
+    assert "top-4" in capsys.readouterr().out
+
+
+def test_npz_with_one_array_or_a_chosen_one(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    one, two = tmp_path / "one.npz", tmp_path / "two.npz"
+    np.savez(one, k=rng.standard_normal((8, 128)).astype(np.float32))
+    np.savez(two, k=rng.standard_normal((8, 128)).astype(np.float32), v=rng.standard_normal((8, 256)))
+    assert cli.main(["compare", str(one), "--formats", "q4_0", "--repeat", "1"]) == 0
+    assert f"{one}[k]: shape (8, 128)" in capsys.readouterr().out
+    assert cli.main(["compare", str(two), "--array", "v", "--formats", "q4_0", "--repeat", "1"]) == 0
+    assert f"{two}[v]: shape (8, 256)" in capsys.readouterr().out
+
+
+def test_json_is_the_only_thing_on_stdout(tmp_path, capsys):
+    import json
+
+    f = _small(tmp_path)
+    argv = ["compare", str(f), "--formats", "q8_0,tbq3_0", "--repeat", "1", "--json", "--queries", "4"]
+    assert cli.main(argv) == 0
+    cap = capsys.readouterr()
+    d = json.loads(cap.out)
+    assert cap.err == ""  # not a terminal: no progress either
+    assert d["input"]["role"] == "keys" and d["input"]["shape"] == [16, 2, 128]
+    assert d["settings"]["queries"] == 4 and d["settings"]["topk"] == 8
+    assert [r["format"] for r in d["rows"]] == ["q8_0", "tbq3_0"]
+    r = d["rows"][0]
+    assert r["bits_per_value"] == 8.5 and 0 < r["nmse"] < 1e-3 and r["output_nmse"] is None
+
+
+def test_on_overflow_inf_is_passed_to_the_codecs(tmp_path, capsys):
+    x = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
+    x[0, 0] = 1e30
+    f = tmp_path / "big.npy"
+    np.save(f, x)
+    assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1"]) == 2
+    assert "Pass --on-overflow inf" in capsys.readouterr().err
+    assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1", "--on-overflow", "inf", "--json"]) == 0
+    cap = capsys.readouterr()
+    import json
+
+    assert json.loads(cap.out)["rows"][0]["nmse"] is None  # not finite: null in strict JSON
+    assert "Warning" not in cap.err
+
+
+def test_progress_on_a_terminal_and_quiet(tmp_path, capsys, monkeypatch):
+    import tbq.progress
+
+    f = _small(tmp_path)
+    argv = ["compare", str(f), "--formats", "q8_0,q4_0", "--repeat", "1"]
+    monkeypatch.setattr(tbq.progress, "stderr_is_terminal", lambda stream=None: True)
+    assert cli.main(argv) == 0
+    assert "tbq compare: 2/2 keys q4_0" in capsys.readouterr().err
+    assert cli.main(argv + ["--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_help_shows_the_defaults(capsys):
+    assert cli.main(["compare", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "timed runs per throughput figure (the best counts) (default: 3)" in out
+    assert "(default: raise)" in out and "(default: 16)" in out and "(default: 0)" in out

@@ -16,11 +16,16 @@ tokens that stay in the top k; for the built-in ``values`` these do not apply
 attention output when only this array is quantized (the other one of the
 built-in pair exact); it needs both keys and values and shows ``-`` for a
 user file. ``--plot FILE.png`` draws the table (needs matplotlib).
+
+This module computes and formats; it prints nothing. The command line
+(:mod:`tbq.cli.compare`) reads files, reports progress and prints.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -29,7 +34,7 @@ from .errors import BlockShapeError, TbqTypeError, TbqValueError
 from .formats import formats
 from .metrics import attention_error, error_summary, random_queries
 
-__all__ = ["compare", "format_table", "attention_columns"]
+__all__ = ["compare", "format_table", "attention_columns", "to_records", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
 
 #: Head size of the attention metrics: every 128 values of a token are one head.
 HEAD_DIM = 128
@@ -50,6 +55,41 @@ COLUMNS = [
     ("enc Mv/s", "{:.0f}"),
     ("dec Mv/s", "{:.0f}"),
 ]
+
+
+#: The default (compact) table: under 100 characters for the built-in data.
+#: (row key, header, format, group); the groups are printed above the headers.
+COMPACT_COLUMNS = [
+    ("data", "data", "{}", ""),
+    ("format", "format", "{}", ""),
+    ("bits/value", "bits", "{:g}", ""),
+    ("NMSE", "NMSE", "{:.2e}", "tensor error"),
+    ("SNR dB", "SNR dB", "{:.2f}", "tensor error"),
+    ("logit rmse", "logit", "{:.2e}", "attention"),
+    ("softmax KL", "KL", "{:.2e}", "attention"),
+    ("top-k", "top-k", "{:.3f}", "attention"),
+    ("out NMSE", "out NMSE", "{:.2e}", "attention"),
+    ("enc Mv/s", "enc", "{:.0f}", "Mv/s"),
+    ("dec Mv/s", "dec", "{:.0f}", "Mv/s"),
+]
+
+#: Row key -> key of :func:`to_records` (``--json``): snake_case, units in the name.
+JSON_KEYS = {
+    "data": "data",
+    "format": "format",
+    "bits/value": "bits_per_value",
+    "bytes": "bytes",
+    "NMSE": "nmse",
+    "SNR dB": "snr_db",
+    "max abs err": "max_abs_error",
+    "mean cos": "mean_cosine",
+    "logit rmse": "logit_rmse",
+    "softmax KL": "softmax_kl",
+    "top-k": "topk_agreement",
+    "out NMSE": "output_nmse",
+    "enc Mv/s": "encode_mvalues_per_s",
+    "dec Mv/s": "decode_mvalues_per_s",
+}
 
 
 def _best_time(fn, repeat: int) -> float:
@@ -92,6 +132,39 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     return out
 
 
+def _check_count(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TbqTypeError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise TbqValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def tokens_of(x) -> int:
+    """Tokens of an array as :func:`compare` reads it: ``shape[0]``, or 1 for a 1-D array."""
+    shape = np.shape(x)
+    return 1 if len(shape) <= 1 else int(shape[0])
+
+
+def check_array(label: str, x) -> np.ndarray:
+    """``x`` as float32 if :func:`compare` can study it, else a :class:`~tbq.errors.TbqError` naming ``label``.
+
+    It must be a float16/32/64 array (any byte order) with at least one value
+    and a last axis that is a whole number of 128-value heads.
+    """
+    x = np.asarray(x)
+    if x.dtype.kind != "f" or x.dtype.itemsize not in (2, 4, 8):
+        raise TbqTypeError(f"{label}: expected a float16, float32 or float64 array, got dtype {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] % HEAD_DIM:
+        raise BlockShapeError(
+            f"{label}: the last axis must be a multiple of {HEAD_DIM} (one attention head; also the largest "
+            f"block size), got shape {x.shape}"
+        )
+    if x.size == 0:
+        raise TbqValueError(f"{label}: the array has no values (shape {x.shape})")
+    return x.astype(np.float32, copy=False)
+
+
 def compare(
     data: dict[str, np.ndarray],
     fmts=None,
@@ -101,6 +174,7 @@ def compare(
     n_queries: int = 16,
     topk: int = 8,
     query_seed: int = 0,
+    on_row: Callable[[dict], None] | None = None,
     **config,
 ) -> list[dict]:
     """Round-trip every array of ``data`` through every format; one result row per pair.
@@ -110,22 +184,30 @@ def compare(
 
     With ``attention`` (default) each row also holds the attention columns of
     :func:`attention_columns` against ``n_queries`` seeded N(0, 1) queries per
-    head (seed ``query_seed``), with top-``topk`` agreement. An array labelled
-    ``"values"`` is treated as values and every other one as keys; when
-    ``data`` holds both ``"keys"`` and ``"values"`` of the same shape each is the
-    exact partner of the other. Without ``attention`` those columns are ``None``.
+    head (seed ``query_seed``), with top-``topk`` agreement (``topk`` at most
+    the number of tokens). An array labelled ``"values"`` is treated as values
+    and every other one as keys; when ``data`` holds both ``"keys"`` and
+    ``"values"`` of the same shape each is the exact partner of the other.
+    Without ``attention`` those columns are ``None``.
+
+    ``config`` goes to :func:`tbq.get_codec` (``codebook`` and ``signs`` only
+    for the TBQ formats), e.g. ``on_overflow="inf"``; metrics of a
+    reconstruction holding infinities are then ``inf`` or ``nan``.
+    ``on_row(row)``, if given, is called after each row (progress reports).
     """
     fmts = tuple(fmts) if fmts is not None else formats()
-    arrays = {}
-    for label, x in data.items():
-        x = np.asarray(x)
-        if x.dtype not in (np.float16, np.float32, np.float64):
-            raise TbqTypeError(f"{label}: expected a float array, got dtype {x.dtype}")
-        if x.ndim == 0 or x.shape[-1] % 128:
-            raise BlockShapeError(
-                f"{label}: the last axis must be a multiple of 128 (the largest block size), got shape {x.shape}"
-            )
-        arrays[label] = x.astype(np.float32, copy=False)
+    repeat = _check_count(repeat, "repeat")
+    if attention:
+        n_queries = _check_count(n_queries, "n_queries")
+        topk = _check_count(topk, "topk")
+    arrays = {label: check_array(label, x) for label, x in data.items()}
+    if attention:
+        for label, x in arrays.items():
+            if topk > tokens_of(x):
+                raise TbqValueError(
+                    f"{label}: topk={topk} is more than its {tokens_of(x)} tokens (axis 0); "
+                    "top-k agreement needs topk <= tokens"
+                )
     paired = "keys" in arrays and "values" in arrays and arrays["keys"].shape == arrays["values"].shape
     rows = []
     for label, x in arrays.items():
@@ -142,27 +224,85 @@ def compare(
             t_enc = _best_time(lambda: codec.encode(x, out=q), repeat)
             t_dec = _best_time(lambda: codec.decode(q, out=y), repeat)
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
-            s = error_summary(x, y)
-            row.update({"NMSE": s["nmse"], "SNR dB": s["snr_db"], "max abs err": s["max_abs_error"], "mean cos": s["mean_cosine"]})
-            if attention:
-                row.update(attention_columns(x, y, role=role, partner=partner, queries=queries, topk=topk))
-            else:
-                row.update({"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None})
+            with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
+                s = error_summary(x, y)
+                row.update(
+                    {"NMSE": s["nmse"], "SNR dB": s["snr_db"], "max abs err": s["max_abs_error"], "mean cos": s["mean_cosine"]}
+                )
+                if attention:
+                    row.update(attention_columns(x, y, role=role, partner=partner, queries=queries, topk=topk))
+                else:
+                    row.update({"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None})
             row["enc Mv/s"] = x.size / t_enc / 1e6
             row["dec Mv/s"] = x.size / t_dec / 1e6
             rows.append(row)
+            if on_row is not None:
+                on_row(row)
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    """Aligned text table of :func:`compare` rows."""
-    cells = [[name for name, _ in COLUMNS]] + [
-        ["-" if r.get(name) is None else fmt.format(r[name]) for name, fmt in COLUMNS] for r in rows
-    ]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+def to_records(rows: list[dict]) -> list[dict]:
+    """:func:`compare` rows with the snake_case keys of :data:`JSON_KEYS`, ready for ``json.dumps``.
+
+    Columns that do not apply stay ``None`` (JSON ``null``); so do values
+    that are not finite (strict JSON has no NaN or infinity).
+
+    >>> to_records([{"data": "keys", "format": "q8_0", "NMSE": 1e-4, "top-k": None, "SNR dB": float("nan")}])
+    [{'data': 'keys', 'format': 'q8_0', 'nmse': 0.0001, 'topk_agreement': None, 'snr_db': None}]
+    """
+    out = []
+    for r in rows:
+        rec = {}
+        for k, v in r.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None
+            rec[JSON_KEYS.get(k, k)] = v
+        out.append(rec)
+    return out
+
+
+def _cell(value, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return fmt.format(value)
+
+
+def format_table(rows: list[dict], *, wide: bool = True, topk: int | None = None) -> str:
+    """Aligned text table of :func:`compare` rows.
+
+    ``wide=True`` (default) has one column per row key (:data:`COLUMNS`);
+    ``wide=False`` is the compact table of :data:`COMPACT_COLUMNS` (no bytes,
+    max abs error or cosine; short headers under group labels) that fits
+    100 columns for the built-in data. ``topk`` names the top-k column
+    (``top-8``).
+    """
+    if wide:
+        spec = [(key, key, fmt, "") for key, fmt in COLUMNS]
+    else:
+        spec = COMPACT_COLUMNS
+    if topk is not None:
+        spec = [(k, f"top-{topk}" if k == "top-k" else h, f, g) for k, h, f, g in spec]
+    cells = [[header for _, header, _, _ in spec]] + [[_cell(r.get(key), fmt) for key, _, fmt, _ in spec] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(spec))]
     lines = []
+    groups = [g for _, _, _, g in spec]
+    if any(groups):
+        line = ""
+        i = 0
+        while i < len(spec):
+            j = i
+            while j + 1 < len(spec) and groups[j + 1] == groups[i]:
+                j += 1
+            span = sum(widths[i : j + 1]) + 2 * (j - i)
+            label = f" {groups[i]} " if groups[i] else ""
+            text = label.center(span, "-") if groups[i] else " " * span
+            line += ("  " if i else "") + text
+            i = j + 1
+        lines.append(line.rstrip())
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -1,73 +1,234 @@
-"""``tbq compare``: arguments and printing; the computation is :func:`tbq.compare.compare`."""
+"""``tbq compare``: arguments, reading the file, progress and printing; the computation is :func:`tbq.compare.compare`."""
 
 from __future__ import annotations
 
+import json
+import sys
+import textwrap
+import zipfile
+
 import numpy as np
 
-from ..compare import compare, format_table
-from ..errors import TbqValueError
-from ..formats import formats
+from . import check_figure_file, int_at_least
+from ..compare import HEAD_DIM, check_array, compare, format_table, to_records, tokens_of
+from ..errors import ScaleOverflowError, TbqValueError
+from ..formats import format_info, formats
+
+DEFAULT_TOPK = 8
 
 
 def add_arguments(p) -> None:
-    p.add_argument("file", nargs="?", help=".npy file to study (last axis a multiple of 128); default: built-in synthetic KV")
-    p.add_argument("--formats", default=",".join(formats()), help="comma-separated formats (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in data set (default 0)")
-    p.add_argument("--codebook", default="lloyd-max", help="TBQ codebook: lloyd-max or turboq-mtp")
-    p.add_argument("--signs", default="turboq-mtp", help="TBQ sign tables: turboq-mtp or an integer seed")
-    p.add_argument("--backend", default=None, choices=("numpy", "numba"), help="default: numba")
-    p.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (best is reported)")
-    p.add_argument("--queries", type=int, default=16, help="random N(0,1) queries per head for the attention metrics (default 16)")
-    p.add_argument("--topk", type=int, default=8, help="k of the top-k agreement column (default 8)")
-    p.add_argument("--plot", metavar="FILE.png", default=None, help="also save a figure of the error per format (needs matplotlib)")
+    p.add_argument(
+        "file",
+        nargs="?",
+        help=".npy or .npz file of keys or values, shape (tokens, ..., n x 128), float16/32/64; "
+        "default: the built-in synthetic keys and values",
+    )
+    d = p.add_argument_group("data")
+    d.add_argument("--role", choices=("keys", "values"), default=None,
+                   help="what FILE holds; keys get the logit/KL/top-k columns (default: keys)")
+    d.add_argument("--array", metavar="NAME", help="the array of a .npz FILE to use (needed when it holds several)")
+    d.add_argument("--seed", type=int_at_least(0), default=0,
+                   help="seed of the built-in data set and of the random queries")
+    c = p.add_argument_group("codecs")
+    c.add_argument("--formats", default=",".join(formats()), help="comma-separated formats")
+    c.add_argument("--codebook", default="lloyd-max", help="TBQ codebook: lloyd-max or turboq-mtp")
+    c.add_argument("--signs", default="turboq-mtp", help="TBQ sign tables: turboq-mtp or an integer seed")
+    c.add_argument("--backend", default=None, choices=("numba", "numpy"),
+                   help="codec implementation (default: numba when it is installed, else numpy)")
+    c.add_argument("--on-overflow", default="raise", choices=("raise", "inf"),
+                   help="a block whose float16 scale (or norm) overflows: stop with an error, "
+                   "or store an infinite scale as the C reference does")
+    m = p.add_argument_group("measurement")
+    m.add_argument("--repeat", type=int_at_least(1), default=3, help="timed runs per throughput figure (the best counts)")
+    m.add_argument("--queries", type=int_at_least(1), default=16, help="random N(0,1) queries per head for the attention columns")
+    m.add_argument("--topk", type=int_at_least(1), default=None,
+                   help=f"k of the top-k agreement, at most the number of tokens (default: {DEFAULT_TOPK}, "
+                   "or the number of tokens if fewer)")
+    o = p.add_argument_group("output")
+    o.add_argument("--wide", action="store_true",
+                   help="the full table (bytes, max abs error, mean cosine; long headers): about 140 columns")
+    o.add_argument("--json", action="store_true",
+                   help="print the settings and rows as JSON on stdout (nothing else goes to stdout)")
+    o.add_argument("--plot", metavar="FILE.png",
+                   help="also save a figure of the errors (needs matplotlib; missing directories are created)")
+    o.add_argument("--quiet", action="store_true", help="no progress messages on stderr (they appear only on a terminal)")
+
+
+# --------------------------------------------------------------------------- input
+
+
+def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
+    """The array of a .npy file, or of one entry of a .npz file, and the entry's name."""
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        reason = getattr(exc, "strerror", None) or " ".join(str(exc).split()) or type(exc).__name__
+        raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
+    if isinstance(loaded, np.ndarray):
+        if array is not None:
+            raise TbqValueError(f"--array {array}: {path} is a .npy file with a single array; --array is for .npz files")
+        return loaded, None
+    with loaded:  # an NpzFile
+        names = list(loaded.files)
+        if not names:
+            raise TbqValueError(f"{path} is a .npz file with no arrays in it")
+        if array is None:
+            if len(names) > 1:
+                raise TbqValueError(
+                    f"{path} holds {len(names)} arrays ({', '.join(names)}); pick one with --array NAME"
+                )
+            array = names[0]
+        elif array not in names:
+            raise TbqValueError(f"--array {array}: {path} has no such array; it holds {', '.join(names)}")
+        try:
+            return loaded[array], array
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise TbqValueError(f"cannot read array {array!r} of {path!r}: {' '.join(str(exc).split())}") from None
+
+
+def _load(args) -> tuple[dict, dict, list[str]]:
+    """(data for :func:`compare`, a description for --json, header lines for the table)."""
+    from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
+
+    if not args.file:
+        for flag, value in (("--role", args.role), ("--array", args.array)):
+            if value is not None:
+                raise TbqValueError(f"{flag} describes FILE; without a file the built-in keys and values are used")
+        data = builtin_kv(seed=args.seed)
+        shape = data["keys"].shape
+        channels = ", ".join(map(str, DEFAULT_OUTLIER_CHANNELS))
+        info = {"source": "built-in", "seed": args.seed, "arrays": ["keys", "values"], "shape": list(shape), "dtype": "float32"}
+        header = [
+            f"built-in synthetic KV (seed {args.seed}): keys and values of shape {shape} (tokens, heads, head_dim)",
+            f"keys: N(0, 1) with outlier channels {channels} (x20); values: N(0, 1)",
+        ]
+        return data, info, header
+    arr, name = _read_file(args.file, args.array)
+    role = args.role or "keys"
+    label = args.file if name is None else f"{args.file}[{name}]"
+    try:
+        arr = check_array(label, arr)  # before any work: dtype, shape, empty
+    except MemoryError:
+        raise TbqValueError(f"{label}: not enough memory to convert the array to float32") from None
+    tokens, heads = tokens_of(arr), arr.size // tokens_of(arr) // HEAD_DIM
+    info = {"source": args.file, "array": name, "role": role, "shape": list(arr.shape), "tokens": tokens, "heads": heads}
+    header = [
+        f"{label}: shape {arr.shape}, read as {role} (--role): {tokens} token{'s' if tokens != 1 else ''} "
+        f"(axis 0) x {heads} head{'s' if heads != 1 else ''} of {HEAD_DIM} values"
+    ]
+    return {role: arr}, info, header
+
+
+def _legend(rows: list[dict], args, topk: int, wide: bool, width: int = 100) -> list[str]:
+    """The lines under the table that say what the columns are, wrapped to fit ``width`` columns."""
+    logit, kl, speed = ("logit rmse", "softmax KL", "enc/dec Mv/s") if wide else ("logit", "KL", "enc, dec")
+    items = [
+        "bits: storage bits per value, scales included. NMSE: |x - x^|^2 / |x|^2; SNR dB: -10 log10 NMSE.",
+        f"attention: {args.queries} random N(0,1) queries per head (seed {args.seed}). {logit}: RMS error of the "
+        f"logits q.k/sqrt({HEAD_DIM}); {kl}: mean softmax KL(p || p^) in nats; top-{topk}: share of the exact "
+        f"top-{topk} tokens kept. Keys only: values do not enter the logits, so these show - for values.",
+        "out NMSE: error of the attention output with only this tensor quantized and the other one exact"
+        + (
+            "; it needs keys and values of the same shape, so it shows - for a single file."
+            if any(r.get("out NMSE") is None for r in rows)
+            else "."
+        ),
+        f"{speed}: million values per second, best of {args.repeat} run{'s' if args.repeat != 1 else ''}.",
+    ]
+    if not wide:
+        items.append("--wide adds bytes, max abs error and mean cosine; --json gives every column to scripts.")
+    return [line for item in items for line in textwrap.wrap(item, width - 1, subsequent_indent="  ")]
+
+
+def _overflow_message(exc: ScaleOverflowError) -> str:
+    text = " ".join(str(exc).split())
+    text = text.split(" Pass on_overflow=")[0].rstrip(". ")
+    return (f"{text}. Pass --on-overflow inf to store an infinite scale as the C reference does "
+            "(the errors of such rows are then inf or nan)")
+
+
+# --------------------------------------------------------------------------- run
 
 
 def run_cli(args) -> int:
-    from ..synthetic import builtin_kv
+    from ..codecs import get_codec
+    from ..progress import Progress, slow_notice
 
-    fmts = [f.strip() for f in args.formats.split(",") if f.strip()]
-    if args.file:
-        try:
-            arr = np.load(args.file, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise TbqValueError(f"cannot read {args.file!r} as a .npy array: {exc}") from None
-        data = {args.file: arr}
-        desc = f"{args.file}: shape {arr.shape}, dtype {arr.dtype}"
-    else:
-        data = builtin_kv(seed=args.seed)
-        k = data["keys"]
-        desc = (
-            f"built-in synthetic KV (seed {args.seed}): keys and values of shape {k.shape} "
-            "(tokens, heads, head_dim); keys have outlier channels 5, 37, 64, 111 (x20), values are N(0, 1)"
-        )
+    fmts = list(dict.fromkeys(f.strip() for f in args.formats.split(",") if f.strip()))
+    if not fmts:
+        raise TbqValueError(f"--formats: no format given; choose from {', '.join(formats())}")
     signs = int(args.signs) if args.signs.lstrip("-").isdigit() else args.signs
-    if args.queries < 1 or args.topk < 1:
-        raise TbqValueError("--queries and --topk must be at least 1")
+    config = {"codebook": args.codebook, "signs": signs, "backend": args.backend, "on_overflow": args.on_overflow}
+    codecs = {}
+    for fmt in fmts:  # every configuration error before any work
+        try:
+            format_info(fmt)
+        except TbqValueError as exc:
+            raise TbqValueError(f"--formats: {exc}") from None
+        cfg = {k: v for k, v in config.items() if fmt.startswith("tbq") or k not in ("codebook", "signs")}
+        try:
+            codecs[fmt] = get_codec(fmt, **cfg)
+        except TbqValueError as exc:
+            msg = " ".join(str(exc).split())
+            flag = "--codebook: " if "codebook" in msg else "--signs: " if "sign" in msg else ""
+            raise TbqValueError(flag + msg) from None
     if args.plot:
-        from ..plots import require_matplotlib
+        check_figure_file(args.plot, "--plot")
 
-        require_matplotlib("tbq compare --plot")
-    print(desc)
-    rows = compare(
-        data,
-        fmts,
-        repeat=args.repeat,
-        codebook=args.codebook,
-        signs=signs,
-        backend=args.backend,
-        n_queries=args.queries,
-        topk=args.topk,
-        query_seed=args.seed,
-    )
-    print(format_table(rows))
-    print(
-        f"attention: {args.queries} random N(0,1) queries per head (seed {args.seed}), logits q.k/sqrt(128); "
-        f"softmax KL in nats; top-k = share of the exact top-{args.topk} tokens kept; "
-        "out NMSE = attention output error with only this tensor quantized"
-    )
+    data, info, header = _load(args)
+    tokens = min(tokens_of(x) for x in data.values())
+    if args.topk is not None and args.topk > tokens:
+        raise TbqValueError(
+            f"--topk {args.topk} is more than the {tokens} tokens of the data; top-k agreement needs k <= tokens"
+        )
+    topk = args.topk if args.topk is not None else min(DEFAULT_TOPK, tokens)
+
+    show = False if args.quiet else None  # None: only when stderr is a terminal
+    out = sys.stderr if args.json else sys.stdout
+    if not args.json:
+        print("\n".join(header), flush=True)
+    # The first run in a fresh environment compiles the numba kernels (~10 s): say so instead of hanging.
+    first = next(iter(data.values()))
+    probe = np.zeros((1,) * (first.ndim - 1) + (first.shape[-1],), np.float32)
+    with slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=show):
+        for codec in codecs.values():
+            codec.decode(codec.encode(probe))
+    with Progress(len(data) * len(fmts), "tbq compare", enabled=show) as bar:
+        try:
+            rows = compare(
+                data,
+                fmts,
+                repeat=args.repeat,
+                n_queries=args.queries,
+                topk=topk,
+                query_seed=args.seed,
+                on_row=lambda r: bar.step(f"{r['data']} {r['format']}"),
+                **config,
+            )
+        except ScaleOverflowError as exc:
+            raise TbqValueError(_overflow_message(exc)) from None
+        except MemoryError:
+            raise TbqValueError(
+                f"not enough memory for this data with {args.queries} queries per head; "
+                "try fewer --queries or a smaller file"
+            ) from None
+
+    if args.json:
+        settings = {
+            "formats": fmts, "codebook": args.codebook, "signs": signs,
+            "backend": getattr(next(iter(codecs.values())), "backend", args.backend),
+            "on_overflow": args.on_overflow, "repeat": args.repeat, "queries": args.queries, "topk": topk,
+            "query_seed": args.seed,
+        }
+        print(json.dumps({"input": info, "settings": settings, "rows": to_records(rows)}, indent=2))
+    else:
+        print(format_table(rows, wide=args.wide, topk=topk))
+        print("\n".join(_legend(rows, args, topk, args.wide)))
     if args.plot:
         from ..plots import plot_compare
 
-        path = plot_compare(rows, args.plot, title=desc.split(":")[0])
-        print(f"figure saved to {path}")
+        title = header[0].split(":")[0]
+        path = plot_compare(rows, args.plot, title=title)
+        print(f"figure saved to {path}", file=out)
     return 0
