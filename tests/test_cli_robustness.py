@@ -1,0 +1,212 @@
+"""Every sub-command fed malformed arguments and files: one line on stderr, exit status 2, no traceback.
+
+The cases run in-process through ``tbq.cli.main(argv)`` (fast); a few run in a
+subprocess, to prove that no traceback reaches a real terminal either. Every
+error must come before any work: the cases use the default sizes and would
+take seconds if they computed anything first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tbq import cli
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A directory of bad (and a few good) inputs; ``{d}`` in a case's argv is this directory."""
+    d = tmp_path_factory.mktemp("robust")
+    rng = np.random.default_rng(0)
+    np.save(d / "empty.npy", np.zeros((0, 8, 128), np.float32))
+    np.save(d / "zerowidth.npy", np.zeros((4, 0), np.float32))
+    np.save(d / "small.npy", rng.standard_normal((4, 128)).astype(np.float32))
+    np.save(d / "ints.npy", np.zeros((4, 128), np.int32))
+    np.save(d / "scalar.npy", np.float32(1.0))
+    np.save(d / "width96.npy", np.zeros((4, 96), np.float32))
+    huge = rng.standard_normal((4, 128)).astype(np.float32)
+    huge[0, 0] = 1e30
+    np.save(d / "huge.npy", huge)
+    nan = rng.standard_normal((4, 128)).astype(np.float32)
+    nan[1, 3] = np.nan
+    np.save(d / "nan.npy", nan)
+    np.savez(d / "two.npz", keys=np.zeros((4, 128), np.float32), values=np.zeros((4, 128), np.float32))
+    np.savez(d / "none.npz")
+    (d / "corrupt.npz").write_bytes(b"PK\x03\x04 not really a zip file")
+    (d / "text.npy").write_text("not numpy\n")
+    full = (d / "small.npy").read_bytes()
+    (d / "truncated.npy").write_bytes(full[: len(full) // 2])
+    (d / "afile").write_text("a regular file\n")
+    (d / "adir").mkdir()
+    (d / "bad.json").write_text("{not json")
+    return d
+
+
+# (argv with {d} for the files directory, text the one-line message must contain)
+CASES = [
+    # --- tbq compare: files
+    (["compare", "{d}/empty.npy"], "no values"),
+    (["compare", "{d}/zerowidth.npy"], "no values"),
+    (["compare", "{d}/two.npz"], "pick one with --array"),
+    (["compare", "{d}/two.npz", "--array", "nope"], "no such array; it holds keys, values"),
+    (["compare", "{d}/none.npz"], "no arrays"),
+    (["compare", "{d}/corrupt.npz"], "cannot read"),
+    (["compare", "{d}/text.npy"], "cannot read"),
+    (["compare", "{d}/truncated.npy"], "cannot read"),
+    (["compare", "{d}/missing.npy"], "No such file or directory"),
+    (["compare", "{d}/adir"], "cannot read"),
+    (["compare", "{d}/ints.npy"], "float16, float32 or float64"),
+    (["compare", "{d}/scalar.npy"], "multiple of 128"),
+    (["compare", "{d}/width96.npy"], "multiple of 128"),
+    (["compare", "{d}/huge.npy", "--repeat", "1"], "--on-overflow inf"),
+    (["compare", "{d}/nan.npy", "--repeat", "1"], "non-finite"),
+    (["compare", "{d}/small.npy", "--array", "keys"], "--array is for .npz files"),
+    (["compare", "--role", "keys"], "--role describes FILE"),
+    # --- tbq compare: numbers and names
+    (["compare", "--repeat", "0"], "--repeat: must be at least 1"),
+    (["compare", "--repeat", "x"], "--repeat: expected an integer"),
+    (["compare", "--queries", "0"], "--queries: must be at least 1"),
+    (["compare", "--topk", "0"], "--topk: must be at least 1"),
+    (["compare", "--topk", "100000"], "--topk 100000 is more than the 512 tokens"),
+    (["compare", "{d}/small.npy", "--topk", "5"], "--topk 5 is more than the 4 tokens"),
+    (["compare", "--seed", "-1"], "--seed: must be at least 0"),
+    (["compare", "--formats", "q9_0"], "--formats: unknown format 'q9_0'"),
+    (["compare", "--formats", ","], "--formats: no format given"),
+    (["compare", "--codebook", "nope"], "--codebook"),
+    (["compare", "--signs", "nope"], "--signs"),
+    (["compare", "--backend", "cuda"], "--backend: invalid choice"),
+    (["compare", "--on-overflow", "clip"], "--on-overflow: invalid choice"),
+    (["compare", "--role", "queries"], "--role: invalid choice"),
+    (["compare", "--bogus"], "unrecognized arguments: --bogus"),
+    # --- tbq compare: output paths, checked before any work
+    (["compare", "--plot", "{d}/afile/x.png"], "is a file, not a directory"),
+    (["compare", "--plot", "{d}/adir"], "is a directory"),
+    (["compare", "--plot", "{d}/x.notanimage"], "--plot"),
+    # --- tbq budget
+    (["budget"], "give the model geometry"),
+    (["budget", "--layers", "0", "--kv-heads", "8", "--head-dim", "128"], "--layers: must be at least 1"),
+    (["budget", "--layers", "4", "--kv-heads", "x", "--head-dim", "128"], "--kv-heads: expected an integer"),
+    (["budget", "--layers", "4", "--kv-heads", "8", "--head-dim", "100", "--formats", "f16,q8_0,tbq4_0"],
+     "--head-dim 100 is not a multiple of the block size of q8_0 (32 values) and tbq4_0 (128 values)"),
+    (["budget", "--values-per-token", "1e5", "--sequences", "0"], "--sequences: must be at least 1"),
+    (["budget", "--values-per-token", "abc"], "--values-per-token: expected a number"),
+    (["budget", "--values-per-token", "-5"], "--values-per-token must be positive"),
+    (["budget", "--values-per-token", "1e5", "--contexts", "0"], "at least 1 token"),
+    (["budget", "--values-per-token", "1e5", "--formats", "q5_k"], "unknown KV format 'q5_k'"),
+    (["budget", "--values-per-token", "1e5", "--vram", "32G", "--weights", "1GB"], "'32G' is ambiguous"),
+    (["budget", "--measured", "4224MiB"], "expected SIZE@CONTEXT:FORMAT"),
+    (["budget", "--values-per-token", "1e5", "--plot", "{d}/afile/x.png"], "is a file, not a directory"),
+    # --- tbq golden (another module's code; the dispatcher makes its failures one line)
+    (["golden"], "--out"),
+    (["golden", "--out", "{d}/g", "--formats", "q9_0"], "unknown format 'q9_0'"),
+    (["golden", "--out", "{d}/g", "--blocks", "0"], "must be a positive integer, got 0"),
+    (["golden", "--out", "{d}/g", "--blocks", "x"], "--blocks: invalid int value"),
+    (["golden", "--out", "{d}/afile"], "afile"),
+    (["golden", "--out", "{d}/afile/sub"], "afile/sub"),
+    (["golden", "--out", "{d}/g", "--families", "nope"], "unknown family 'nope'"),
+    (["golden", "--out", "{d}/g", "--seed", "-1"], "seed"),
+    (["golden", "--out", "{d}/g", "--codebook", "{d}/bad.json"], "bad.json"),
+    (["golden", "--out", "{d}/g", "--from-manifest", "{d}/missing.json"], "missing.json"),
+    (["golden", "--out", "{d}/g", "--attention", "--kv-heads", "3"], "multiple of"),
+    (["golden", "--out", "{d}/g", "--blocks", "1", "--formats", "q8_0", "--ulp-floor", "-1"], "ulp"),
+    # --- the dispatcher
+    ([], "give a command"),
+    (["nope"], "invalid choice: 'nope'"),
+]
+
+
+def _argv(argv, d):
+    return [a.replace("{d}", str(d)) for a in argv]
+
+
+def _assert_one_line_error(rc, err, needle):
+    assert rc == 2, err
+    assert "Traceback" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
+    assert ": error: " in err and err.startswith("tbq"), err
+    assert needle in err, err
+
+
+def _values(case):
+    """(argv, needle) of a case, plain or ``pytest.param``."""
+    return case.values if hasattr(case, "marks") else case
+
+
+def _case_id(case):
+    return " ".join(a.replace("{d}/", "") for a in _values(case)[0])[:60] or "no-command"
+
+
+@pytest.mark.parametrize("argv, needle", CASES, ids=[_case_id(c) for c in CASES])
+def test_malformed_input_is_one_line_exit_2(files, capsys, argv, needle):
+    rc = cli.main(_argv(argv, files))
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, needle)
+
+
+def test_there_are_enough_cases():
+    assert len(CASES) >= 25
+    assert {(_values(c)[0] or [""])[0] for c in CASES} >= {"compare", "budget", "golden", ""}
+
+
+def test_output_paths_are_checked_before_any_work(files, capsys, monkeypatch):
+    import tbq.cli.budget
+    import tbq.cli.compare
+
+    def boom(*a, **k):
+        raise AssertionError("the computation ran before the output path was checked")
+
+    monkeypatch.setattr(tbq.cli.compare, "compare", boom)
+    monkeypatch.setattr(tbq.cli.budget, "budget_report", boom)
+    for argv in (["compare", "--plot", f"{files}/afile/x.png"], ["compare", "--plot", str(files / "adir")],
+                 ["budget", "--values-per-token", "1", "--plot", f"{files}/afile/x.png"]):
+        assert cli.main(argv) == 2
+        assert "--plot" in capsys.readouterr().err
+
+
+def test_oserror_while_writing_is_one_line(files, capsys, monkeypatch):
+    # a disk that fills up (or a file that vanishes) while writing: a message, not a traceback
+    import tbq.cli.budget
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device", str(files / "x.png"))
+
+    monkeypatch.setattr(tbq.cli.budget, "format_report", full)
+    rc = cli.main(["budget", "--values-per-token", "1", "--contexts", "8K"])
+    _assert_one_line_error(rc, capsys.readouterr().err, "x.png: No space left on device")
+
+
+def test_a_genuine_bug_keeps_its_traceback(monkeypatch):
+    # only the failures a user can cause become messages; anything else is a bug and must show where it is
+    import tbq.cli.budget
+
+    def bug(*a, **k):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(tbq.cli.budget, "format_report", bug)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["budget", "--values-per-token", "1", "--contexts", "8K"])
+
+
+# --------------------------------------------------------------------------- in a real process
+
+RUN_CLI = "import sys; from tbq.cli import main; sys.exit(main())"
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["compare", "{d}/two.npz"], "pick one with --array"),
+        (["compare", "--repeat", "0"], "--repeat: must be at least 1"),
+        (["budget", "--layers", "4", "--kv-heads", "8", "--head-dim", "100", "--formats", "q4_0"], "--head-dim 100"),
+    ],
+)
+def test_subprocess_prints_no_traceback(files, argv, needle):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-c", RUN_CLI, *_argv(argv, files)], capture_output=True, text=True, env=env)
+    _assert_one_line_error(proc.returncode, proc.stderr, needle)
+    assert proc.stdout == ""
