@@ -29,11 +29,17 @@ Prints a JSON report: shapes, bytes on disk, per-pass wall time and peak RSS
 process-wide ``ru_maxrss`` (self and children) and the metrics. ``--cleanup``
 deletes the stores at the end. ``tests/test_dask.py`` runs :func:`run` on a
 small array.
+
+Progress goes to stderr, so stdout stays the JSON report: one line per pass,
+and on the local schedulers a Dask progress bar for any computation longer
+than a second. It is shown only when stderr is a terminal; ``--quiet``
+turns it off.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +57,8 @@ import zarr
 import tbq
 import tbq.dask
 import tbq.numcodecs
+from tbq.progress import stderr_is_terminal
+from tbq.units import format_bytes
 
 OUTLIER_CHANNELS = (5, 37, 64, 111)
 
@@ -106,6 +114,24 @@ class Phase:
             "peak_is_per_phase": self.reset,
         }
         return False
+
+
+@contextlib.contextmanager
+def announce(text: str, *, show: bool, bar: bool):
+    """Progress of one pass on stderr: ``text``, then a Dask progress bar (``bar``) or the time taken."""
+    if not show:
+        yield
+        return
+    t0 = time.perf_counter()
+    print(text, file=sys.stderr, flush=True)
+    if bar:  # dask.diagnostics works with the local schedulers only
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar(minimum=1.0, dt=0.5, out=sys.stderr):
+            yield
+    else:
+        yield
+        print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------
@@ -173,8 +199,12 @@ def _du(path: Path) -> int:
 
 
 def run(root, *, tokens=32768, layers=32, heads=8, head_dim=128, chunk_tokens=1024, chunk_layers=4,
-        fmt="tbq4_0", seed=0, scheduler="threads", workers=2, cleanup=False, **config) -> dict:
-    """Run the three passes under ``root`` and return the report dict."""
+        fmt="tbq4_0", seed=0, scheduler="threads", workers=2, cleanup=False, progress=None, **config) -> dict:
+    """Run the three passes under ``root`` and return the report dict.
+
+    ``progress``: report each pass on stderr (``None``: only when stderr is a terminal).
+    """
+    show = stderr_is_terminal() if progress is None else bool(progress)
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     shape = (tokens, layers, heads, head_dim)
@@ -203,13 +233,27 @@ def run(root, *, tokens=32768, layers=32, heads=8, head_dim=128, chunk_tokens=10
         ctx = dask.config.set(scheduler=client)
     else:
         ctx = dask.config.set(scheduler=scheduler, num_workers=workers)
+    nbytes = report["float32_bytes"]
+    n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)]))
+    bar = scheduler != "distributed"
     try:
         with ctx:
-            with Phase("generate", report):
+            with Phase("generate", report), announce(
+                f"[1/3] generate: write {format_bytes(nbytes)} of float32 in {n_chunks} chunk{'s' if n_chunks != 1 else ''}"
+                f" to {root / 'kv.zarr'}",
+                show=show, bar=bar,
+            ):
                 generate(root, shape, chunks, seed)
-            with Phase("quantize_and_store", report):
+            with Phase("quantize_and_store", report), announce(
+                f"[2/3] quantize_and_store: read {format_bytes(nbytes)}, write {fmt} blocks and the serializer array"
+                " (the first run also compiles the numba kernels)",
+                show=show, bar=bar,
+            ):
                 quantize(root, fmt, **config)
-            with Phase("metrics_from_disk", report):
+            with Phase("metrics_from_disk", report), announce(
+                "[3/3] metrics_from_disk: read everything back, NMSE / SNR / max error and mismatches",
+                show=show, bar=bar,
+            ):
                 report["metrics"] = metrics(root, fmt, **config)
     finally:
         if client is not None:
@@ -248,10 +292,12 @@ def main(argv=None) -> int:
     p.add_argument("--scheduler", default="threads", choices=("threads", "sync", "distributed"))
     p.add_argument("--workers", type=int, default=2, help="threads (threads scheduler) or threads of the one local worker")
     p.add_argument("--cleanup", action="store_true", help="delete the stores at the end")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr (shown only on a terminal anyway)")
     a = p.parse_args(argv)
     report = run(
         a.root, tokens=a.tokens, layers=a.layers, heads=a.heads, head_dim=a.head_dim, chunk_tokens=a.chunk_tokens,
         chunk_layers=a.chunk_layers, fmt=a.format, seed=a.seed, scheduler=a.scheduler, workers=a.workers, cleanup=a.cleanup,
+        progress=False if a.quiet else None,
     )
     json.dump(report, sys.stdout, indent=2)
     print()
