@@ -199,6 +199,24 @@ def decode_tbq(block: bytes, fmt: str, centroids, signs1, signs2) -> list[F32]:
 
 
 # --- dispatch ----------------------------------------------------------------------
+#
+# The models above cover the formats of tbq/formats/q8_0.py, q4_0.py and tbq.py.
+# A format module tbq/formats/<module>.py may have its slow model in
+# tests/naive_<module>.py, providing encode_block(fmt_obj, x) -> (bytes, trace)
+# and decode_block(fmt_obj, block) -> list of float32; has_model finds it.
+
+
+def _module_of(fmt_obj) -> str:
+    return type(fmt_obj).__module__.rsplit(".", 1)[-1]
+
+
+def _extra(fmt_obj):
+    import importlib
+
+    try:
+        return importlib.import_module(f"naive_{_module_of(fmt_obj)}")
+    except ModuleNotFoundError:
+        return None
 
 
 def encode_block(fmt_obj, x) -> tuple[bytes, dict]:
@@ -218,7 +236,10 @@ def _encode_block(fmt_obj, x):
     if name in ("tbq4_0", "tbq3_0"):
         t = fmt_obj.tables()
         return encode_tbq(x, fmt_obj.info.index_bits, [F32(c) for c in t["centroids"]], [F32(m) for m in t["thresholds"]], t["signs1"], t["signs2"])
-    raise KeyError(f"no naive model of {name}")
+    mod = _extra(fmt_obj)
+    if mod is None:
+        raise KeyError(f"no naive model of {name}")
+    return mod.encode_block(fmt_obj, x)
 
 
 def decode_block(fmt_obj, block: bytes) -> list[F32]:
@@ -228,11 +249,16 @@ def decode_block(fmt_obj, block: bytes) -> list[F32]:
     if name in ("tbq4_0", "tbq3_0"):
         t = fmt_obj.tables()
         return decode_tbq(block, name, [F32(c) for c in t["centroids"]], t["signs1"], t["signs2"])
-    raise KeyError(f"no naive model of {name}")
+    mod = _extra(fmt_obj)
+    if mod is None:
+        raise KeyError(f"no naive model of {name}")
+    with np.errstate(all="ignore"):
+        return mod.decode_block(fmt_obj, block)
 
 
-def has_model(name: str) -> bool:
-    return name in ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
+def has_model(fmt_obj) -> bool:
+    """True when this file or a tests/naive_<module>.py models the format."""
+    return fmt_obj.name in ("q8_0", "q4_0", "tbq4_0", "tbq3_0") or _extra(fmt_obj) is not None
 
 
 def naive_attention(q, K, V, scale):

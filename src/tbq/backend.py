@@ -16,6 +16,7 @@ __all__ = [
     "STATUS_OK",
     "STATUS_NONFINITE",
     "STATUS_SCALE_OVERFLOW",
+    "STATUS_UNDEFINED",
 ]
 
 BACKENDS = ("numpy", "numba")
@@ -26,6 +27,9 @@ STATUS_OK = 0
 STATUS_NONFINITE = 1
 #: ``block``'s fp16 scale rounds to infinity and the caller asked to raise; nothing from it on was written.
 STATUS_SCALE_OVERFLOW = 2
+#: ``block`` is a case the C reference leaves undefined (e.g. an MXFP4 exponent below
+#: the E8M0 range) and the caller asked to raise; nothing from it on was written.
+STATUS_UNDEFINED = 3
 
 _numba_state: dict = {}
 

@@ -22,13 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, numba_available, resolve_backend
+from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, numba_available, resolve_backend  # noqa: F401 (re-exported)
 from .errors import (
     BlockShapeError,
     ConfigError,
     EncodedLengthError,
     NonFiniteError,
-    ScaleOverflowError,
     TbqTypeError,
     TbqValueError,
 )
@@ -292,30 +291,41 @@ class Codec:
         nblocks = src.n
         raise_overflow = self.on_overflow == "raise"
         fmt = self.format
-        chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
+        # A row-rule format sees whole rows: chunks (and threads) split only between rows.
+        unit = max(1, src.per_row) if fmt.row_rule else 1
+        row_kw = fmt._row_kw(unit)
+        chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // (bs * unit))
 
-        def work(s, e):
+        def work(su, eu):
+            s, e = su * unit, eu * unit
             xc = src.get(s, e)
             if self.backend == "numba":
-                b, status = fmt.kernel_encode(xc, out2[s:e], raise_overflow)
+                b, status = fmt.kernel_encode(xc, out2[s:e], raise_overflow, **row_kw)
                 return None if status == STATUS_OK else (s + int(b), int(status))
             if np.isfinite(xc).all():
                 first_bad = e - s
             else:
                 first_bad = int(np.argmax(~np.isfinite(xc).all(axis=1)))
+            keep = first_bad // unit * unit  # whole rows only (a row-rule block depends on its row)
             with np.errstate(all="ignore"):
-                data, trace = fmt.reference_encode(xc[:first_bad])
+                data, trace = fmt.reference_encode(xc[:keep], **row_kw)
             if raise_overflow:
-                over = fmt.scale_overflows(trace)  # exactly the scales that round to +-Inf
-                if over.any():
-                    i = int(np.argmax(over))
-                    out2[s : s + i] = data[:i]
-                    return (s + i, STATUS_SCALE_OVERFLOW)
-            out2[s : s + first_bad] = data
+                status = fmt.invalid_blocks(trace)
+                if status.size and status.any():
+                    i = int(np.argmax(status != 0))
+                    if i < first_bad:
+                        out2[s : s + i] = data[:i]
+                        return (s + i, int(status[i]))
+            if keep < first_bad:  # the rows before the non-finite block's row are written; its row is not
+                out2[s : s + keep] = data
+                return (s + first_bad, STATUS_NONFINITE)
+            out2[s : s + first_bad] = data[:first_bad]
             return None if first_bad == e - s else (s + first_bad, STATUS_NONFINITE)
 
         threads = self._n_threads() if self.backend == "numba" else 1
-        for r in _run_chunks(nblocks, chunk, threads, work, max(1, MIN_CHUNK_VALUES["encode"] // bs)):
+        n_units = nblocks // unit if unit else 0
+        min_units = max(1, MIN_CHUNK_VALUES["encode"] // (bs * unit))
+        for r in _run_chunks(n_units, chunk, threads, work, min_units):
             if r is not None:
                 self._raise_encode_error(src, *r)
         return out
@@ -332,15 +342,7 @@ class Codec:
                 "NaN and Inf cannot be encoded",
                 block=block,
             )
-        with np.errstate(all="ignore"):
-            d = float(self.format.reference_encode(vals[None, :])[1]["d"][0])
-        raise ScaleOverflowError(
-            f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 "
-            f"(it rounds to infinity; the largest finite fp16 is 65504). Pass on_overflow='inf' to store "
-            "an infinite scale as the C reference does",
-            block=block,
-            scale=d,
-        )
+        raise self.format.encode_error(kind, block, vals)
 
     # -- decode --
     def decode(self, data, out=None) -> np.ndarray:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from .backend import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW  # noqa: F401  (re-exported for the kernels)
+from .backend import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, STATUS_UNDEFINED  # noqa: F401  (re-exported for the kernels)
 
 F32 = np.float32
 _0 = F32(0.0)

@@ -8,8 +8,9 @@ the NumPy spec, the numba kernels, fields, trace and fragility). Modules:
 - :mod:`tbq.formats.q8_0`, :mod:`tbq.formats.q4_0`: ggml's types;
 - :mod:`tbq.formats.tbq`: TBQ4_0 and TBQ3_0.
 
-Each has a ``*_kernels`` sibling with its numba twins. Adding a format is the
-recipe in docs/architecture.md.
+Each has a ``*_kernels`` sibling with its numba twins. Every module of the
+package is imported (and so registered) automatically; listings follow the
+formats' numeric codes. Adding a format is the recipe in docs/architecture.md.
 
 >>> formats()[:4]
 ('q8_0', 'q4_0', 'tbq4_0', 'tbq3_0')
@@ -21,13 +22,31 @@ from __future__ import annotations
 
 import numpy as np  # noqa: F401  (doctest namespace)
 
+import importlib
+import pkgutil
+
 from ..errors import ConfigError
 from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo
 
-# Registration order is the order of docs/formats.md and of every listing.
-from . import q8_0 as _q8_0  # noqa: E402,F401
-from . import q4_0 as _q4_0  # noqa: E402,F401
-from . import tbq as _tbq  # noqa: E402,F401
+
+def _discover() -> None:
+    """Import every format module of this package (a module defining a Format subclass registers it).
+
+    ``*_kernels`` modules (numba) are left for first use. Afterwards the
+    registry is ordered by the formats' stable numeric codes, the order of
+    docs/formats.md and of every listing.
+    """
+    for m in pkgutil.iter_modules(__path__):
+        if m.name != "base" and not m.name.endswith("_kernels") and not m.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{m.name}")
+    order = sorted(FORMATS, key=lambda name: FORMATS[name].code)
+    for registry in (FORMATS, FORMAT_CLASSES):
+        items = {name: registry[name] for name in order}
+        registry.clear()
+        registry.update(items)
+
+
+_discover()
 
 __all__ = ["FormatInfo", "Format", "Field", "FORMATS", "formats", "format_info", "format_class", "get_format"]
 

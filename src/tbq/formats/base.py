@@ -34,7 +34,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError
+from ..backend import STATUS_SCALE_OVERFLOW
+from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
 
 __all__ = ["Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band"]
@@ -157,6 +158,10 @@ class Format:
     #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid), ``"thresholds"``
     #: (codebook decision thresholds in a rotated domain).
     hazards: ClassVar[dict] = {}
+    #: True when a block's bytes depend on earlier blocks of the same row (IQ4_NL's
+    #: tiny-block rule). The codec then never splits a row between chunks and passes
+    #: ``row_blocks`` (blocks per row) to :meth:`reference_encode` and :meth:`kernel_encode`.
+    row_rule: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -199,6 +204,9 @@ class Format:
     def reference_encode(self, x: np.ndarray) -> tuple[np.ndarray, dict]:
         """Encode clean float32 blocks ``x`` (blocks, block_size): ``(bytes, trace)``.
 
+        (A ``row_rule`` format takes ``row_blocks`` too: ``x`` is whole rows of
+        that many blocks.)
+
         ``bytes`` is uint8 (blocks, type_size). ``trace`` maps names to the
         float32 intermediates of docs/formats.md, one row per block; formats
         with an fp16 scale include ``"d"``, the float32 scale before rounding.
@@ -228,13 +236,39 @@ class Format:
         """The exact value tables this instance uses (name -> array); ``{}`` for formats without any."""
         return {}
 
-    # -- scale overflow -------------------------------------------------------------
+    # -- what the codec refuses (unless on_overflow="inf") ------------------------------
     def scale_overflows(self, trace: dict) -> np.ndarray:
         """bool (blocks,): blocks whose stored scale would be infinite (fp16: ``|d| >= 65520``)."""
         d = trace.get("d")
         if d is None:
             return np.zeros(0, bool)
         return ~(np.abs(d) < np.float32(F16_OVERFLOW))  # NaN counts as overflow too
+
+    def invalid_blocks(self, trace: dict) -> np.ndarray:
+        """int (blocks,): 0 for a block the codec writes, else the status that refuses it.
+
+        Default: ``STATUS_SCALE_OVERFLOW`` where :meth:`scale_overflows`.
+        Formats with other refusals (a value that overflows f16, an exponent
+        the C code leaves undefined) override this; the numba kernels return
+        the same status for the same first block.
+        """
+        over = self.scale_overflows(trace)
+        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+
+    def encode_error(self, status: int, block: int, values: np.ndarray) -> Exception:
+        """The exception for refused ``block`` (its float32 ``values``) with ``status`` (not NONFINITE)."""
+        with np.errstate(all="ignore"):
+            d = float(self.reference_encode(values[None, :], **self._row_kw(1))[1]["d"][0])
+        return ScaleOverflowError(
+            f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 "
+            f"(it rounds to infinity; the largest finite fp16 is 65504). Pass on_overflow='inf' to store "
+            "an infinite scale as the C reference does",
+            block=block,
+            scale=d,
+        )
+
+    def _row_kw(self, row_blocks: int) -> dict:
+        return {"row_blocks": row_blocks} if self.row_rule else {}
 
     # -- structure ----------------------------------------------------------------------
     def fields(self, data) -> dict:
@@ -293,7 +327,7 @@ class Format:
         lead, nb = a.shape[:-1], a.shape[-1] // self.block_size
         x2 = np.ascontiguousarray(a, np.float32).reshape(-1, self.block_size)
         with np.errstate(all="ignore"):
-            data, tr = self.reference_encode(x2)
+            data, tr = self.reference_encode(x2, **self._row_kw(nb))
         data = data.reshape(lead + (nb * self.type_size,))
         if not trace:
             return data
