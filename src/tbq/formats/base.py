@@ -305,6 +305,18 @@ class Format:
         with np.errstate(all="ignore"):
             return (d64 - w).astype(np.float16) != (d64 + w).astype(np.float16)
 
+    def decode_tolerance(self, data: np.ndarray) -> np.ndarray:
+        """float32 (blocks, block_size): the largest legitimate ``|y' - y|`` of a decoded value.
+
+        0 where every correct decoder must return the spec's exact float32
+        (the default: products of a code and a scale are exact). Formats whose
+        decoder arithmetic a fused multiply-add changes (planar/iso rotations)
+        return a derived bound, so golden vectors can tell kernel authors how
+        far an FMA build may legitimately be.
+        """
+        blocks = np.asarray(data).reshape(-1, self.type_size)
+        return np.zeros((blocks.shape[0], self.block_size), np.float32)
+
     # -- public convenience (validated NumPy reference) ----------------------------------------
     def encode(self, x, *, trace: bool = False):
         """Encode float values with the NumPy reference: uint8 (..., n // block_size * type_size).
