@@ -286,3 +286,31 @@ def test_bad_arguments_raise_invalid_argument_with_the_fix(call, fix):
     with pytest.raises(InvalidArgument) as info:
         call()  # raised when the strategy is created, before any example is drawn
     assert fix in str(info.value), str(info.value)
+
+
+def test_a_plain_given_test_passes_the_default_deadline_in_a_fresh_process(tmp_path):
+    """The fuzzing trap: numba's first load used to exceed hypothesis's 200 ms deadline on example one.
+
+    Building the strategy warms the format's kernels, so a user's plain @given test with
+    hypothesis's default settings (deadline 200 ms) passes in a fresh interpreter.
+    """
+    import subprocess
+    import sys
+    import textwrap
+
+    test = tmp_path / "test_user_fuzz.py"
+    test.write_text(textwrap.dedent('''
+        from hypothesis import given, settings
+        import tbq
+        from tbq.testing import strategies as tst
+
+        @settings(max_examples=5, deadline=200)  # hypothesis's default deadline, stated
+        @given(tst.float_blocks("tbq4_0"))
+        def test_user(x):
+            q = tbq.quantize(x, "tbq4_0")
+            assert tbq.dequantize(q, "tbq4_0").shape == x.shape
+    '''))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(test)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout

@@ -12,7 +12,13 @@ the oracle), or to test tbq itself::
         assert (my_quantize_q8_0(x) == tbq.quantize(x, "q8_0", backend="numpy")).all()
 
 Requires the ``hypothesis`` package (``pip install 'tbq[test]'``); this is the
-only module of tbq that imports it. Bad arguments raise
+only module of tbq that imports it.
+
+Building a strategy for a format loads that format's numba kernels (compiling
+them on a cold cache), so the first example of your test does not pay for it
+and a plain ``@given`` test passes hypothesis's default 200 ms deadline. Your
+own kernel's first call may still be slow: give such tests
+``@settings(deadline=None)``. Bad arguments raise
 :class:`hypothesis.errors.InvalidArgument` when the strategy is created, with a
 message that says what to pass instead.
 
@@ -48,6 +54,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 
 import tbq
+from tbq.backend import numba_available
 from tbq.codebooks import Codebook, get_codebook
 from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
 from tbq.rotation import get_rotation, turboq_mtp_signs
@@ -79,7 +86,7 @@ FAMILIES: dict[str, str] = {
     "ulp from one (exact zeros and +-2**-149 for the middle threshold 0)",
     "constant": "every value equal (any sign and magnitude)",
     "zero": "+0.0, -0.0 or a mix of signed zeros",
-    "sparse": "one-hot, a few equal-magnitude spikes, and (TBQ) blocks that rotate to an exact one-hot",
+    "sparse": "one-hot, a few equal-magnitude spikes, and (TBQ, Hadamard rotation) blocks that rotate to an exact one-hot",
     "overflow": "opt-in: finite values whose scale does not fit fp16 (encode raises ScaleOverflowError)",
     "nonfinite": "opt-in: blocks holding NaN, +Inf or -Inf (encode raises NonFiniteError)",
 }
@@ -152,11 +159,12 @@ class _Fmt:
         self.codebook = codebook
         self.rotation = rotation
         kw = {}
-        if self.rotated:
+        if codebook is not None:
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
         self.format = get_format(name, **kw)
         self.hazards = self.format.hazards
         self.codec = tbq.get_codec(name, backend="numpy", on_overflow="inf", **kw)
+        _warm(name, kw)
 
     def scales(self, x2: np.ndarray) -> np.ndarray:
         """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace)."""
@@ -175,10 +183,28 @@ class _Fmt:
         return self.rotation.matrix(np.float64)
 
 
+def _warm(name, kw):
+    """Load (or compile) the format's numba kernels now, when the strategy is built.
+
+    A hypothesis test that calls ``tbq.quantize`` would otherwise pay for
+    numba loading its cache (several hundred ms; seconds on a cold cache) on
+    its first example, and fail with ``DeadlineExceeded`` under hypothesis's
+    default 200 ms deadline. Warming here makes a plain ``@given`` test work.
+    """
+    if not numba_available():  # pragma: no cover - numba is a runtime dependency
+        return
+    c = tbq.get_codec(name, backend="numba", on_overflow="inf", **kw)
+    c.decode(c.encode(np.zeros(c.block_size, F32)))
+
+
+def _takes_tables(name) -> bool:
+    """True for formats configured by a codebook and sign vectors (the TBQ formats)."""
+    return "codebook" in FORMAT_CLASSES[name].options
+
+
 @functools.lru_cache(maxsize=64)
 def _fmt_cached(name, cb_key, sign_key):
-    info = FORMATS[name]
-    if not info.rotated:
+    if not _takes_tables(name):
         return _Fmt(name)
     cb = _CB_OBJECTS[cb_key]
     rot = _ROT_OBJECTS[sign_key]
@@ -194,7 +220,7 @@ def _resolve_fmt(func, fmt, codebook, signs) -> _Fmt:
         if codebook is not None or signs is not None:
             _fail(func, "pass codebook= and signs= only with a format name; a Codec already carries its own")
         name = fmt.name
-        if FORMATS[name].rotated:
+        if _takes_tables(name):
             codebook, signs = fmt.codebook, fmt.rotation
     elif isinstance(fmt, str) and fmt in FORMATS:
         name = fmt
@@ -204,7 +230,7 @@ def _resolve_fmt(func, fmt, codebook, signs) -> _Fmt:
             f"unknown format {fmt!r}. Pass one of {', '.join(repr(f) for f in FORMATS)} (tbq.formats()) or a tbq.Codec "
             "such as tbq.get_codec('tbq4_0', codebook='turboq-mtp')",
         )
-    if not FORMATS[name].rotated:
+    if not _takes_tables(name):
         if codebook is not None or signs is not None:
             _fail(func, f"codebook= and signs= apply to the TBQ formats only, not to {name!r}; drop them")
         return _fmt_cached(name, None, None)
@@ -439,7 +465,7 @@ def _fam_zero(draw, rng, ctx):
 
 def _fam_sparse(draw, rng, ctx):
     bs = ctx.bs
-    modes = ["one_hot", "spikes"] + (["rotated_one_hot"] if ctx.rotated else [])
+    modes = ["one_hot", "spikes"] + (["rotated_one_hot"] if ctx.rotation is not None else [])
     mode = draw(st.sampled_from(modes))
     blk = np.zeros(bs, F32)
     if mode == "one_hot":
