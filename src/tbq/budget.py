@@ -630,6 +630,10 @@ class BudgetReport:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
+    def tokens_per_s(self, kv_bytes_per_token: Any, context: Any) -> float:
+        """:func:`decode_tokens_per_s` with this report's weights traffic, bandwidth and sequences."""
+        return decode_tokens_per_s(self.weights_traffic_bytes, kv_bytes_per_token, context, self.bandwidth_bytes_per_s, self.sequences)
+
     def row(self, fmt: str, context: int) -> SweepRow:
         """The sweep row of one format and context."""
         for r in self.sweep:

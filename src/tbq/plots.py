@@ -144,7 +144,6 @@ def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
     drawn when it has a bandwidth. ``what`` names the caller in the message
     raised when matplotlib is missing.
     """
-    from .budget import decode_tokens_per_s
     from .units import format_bytes, format_context, format_rate
 
     r = report
@@ -183,7 +182,7 @@ def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
             kv = f.kv_bytes_per_token
 
             def speed_at(c: int, kv=kv) -> float:
-                return decode_tokens_per_s(r.weights_traffic_bytes, kv, c, r.bandwidth_bytes_per_s, r.sequences)
+                return r.tokens_per_s(kv, c)
 
             (line,) = ax.plot(grid, [speed_at(c) for c in grid], label=f.format)
             ax.plot(ctxs, [speed_at(c) for c in ctxs], "o", color=line.get_color(), markersize=4)
