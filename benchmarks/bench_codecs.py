@@ -276,7 +276,7 @@ def _plot(results, path: Path, machine: dict) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no plot (pip install 'tbq[plot]')", file=sys.stderr)
+        print("matplotlib is not installed: no plot (pip install '.[plot]' in the tbq checkout)", file=sys.stderr)
         return
     fmts = list(dict.fromkeys(r["format"] for r in results))
     fig, axes = plt.subplots(2, len(fmts), figsize=(4 * len(fmts), 7), sharex=True, squeeze=False)

@@ -2,7 +2,7 @@
 
     python benchmarks/profile_stages.py
 
-The TBQ kernels in ``tbq/kernels.py`` mark their stages with ``# stage: NAME``
+The TBQ kernels in ``tbq/formats/tbq_kernels.py`` mark their stages with ``# stage: NAME``
 comments. For every stage this script compiles a copy of the kernel that keeps
 only that stage (plus the loop over block groups and the code between stages),
 with the same numba flags (no fastmath, numpy error model, no bounds checks),
@@ -24,7 +24,7 @@ import numba as nb
 import numpy as np
 
 import tbq
-from tbq import kernels
+from tbq.formats import tbq_kernels as kernels
 from tbq.half import f16_table
 
 N_BLOCKS = 1 << 15
@@ -65,15 +65,15 @@ def best(f, args) -> float:
 
 def profile(fmt: str, direction: str) -> list[tuple[str, float]]:
     codec = tbq.get_codec(fmt)
-    k = codec._k
+    k = codec.format._k
     x = np.random.default_rng(0).standard_normal((N_BLOCKS, 128), dtype=np.float32)
     q = codec.encode(x)
     bits = codec.info.index_bits
     if direction == "encode":
-        fn = kernels.encode_tbq
+        fn = kernels.encode
         args = (x, np.empty_like(q), bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], True, kernels.LANES)
     else:
-        fn = kernels.decode_tbq
+        fn = kernels.decode
         args = (q, np.empty_like(x), bits, k["centroids"], k["s2"], k["cs1"], f16_table(), kernels.LANES)
     full, secs = variant(fn)
     rows = [("whole kernel", best(full, args))]
