@@ -1,0 +1,296 @@
+"""numba twins of :mod:`tbq.formats.planar_iso` (same bytes, same float32 bits).
+
+Like :mod:`tbq.formats.tbq_kernels`, the kernels work on ``lanes`` blocks at a
+time, transposed into a scratch array T[j, lane]: coordinate j of every block
+in the group sits in one row. Each Givens pair (rows 2p, 2p+1) and each
+quaternion group (rows 4g..4g+3) is then a plain SIMD loop over lanes, and
+the spec's sequential sums (sum of x_j^2, sum of C[idx_j]^2) stay sequential
+in j for each block while ``lanes`` independent chains run side by side. No
+rounding changes: every block sees exactly the spec's operations in the
+spec's order. The lane count is a run-time value on purpose (a literal trip
+count gets fully unrolled and then not vectorised).
+
+No FMA: the kernels are compiled without fastmath, so ``c*u0 - s*u1`` is a
+rounded product, a rounded product and a rounded difference, as in the strict
+C build (an FMA would change decoded bits in every value; see the spec's FMA
+section).
+
+Rotation tables come in as four float32 arrays: (cos, sin, -sin, unused) for
+the Givens rotation, (w, x, y, z) for the quaternions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import (
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_SCALE_OVERFLOW,
+    block_finite,
+    f16_is_inf,
+    f32_to_f16_bits,
+    jit,
+    load_f16,
+    store_f16,
+)
+from ..packing_kernels import hi4, lo4, pair4
+
+F32 = np.float32
+_0 = F32(0.0)
+_1 = F32(1.0)
+_EPS_NORM = F32(1e-10)  # 1e-10f = 0x2edbe6ff, the C constant
+_FLT_MAX = F32(3.4028234663852886e38)
+
+LANES = 32
+
+
+# --- the 3-bit planes: lane helpers of this layout (not in packing_kernels: only these formats use it) ---
+
+
+@jit
+def qs_byte(i0, i1, i2, i3):
+    """One ``qs`` byte: the low 2 bits of four consecutive indices, the first in the lowest bits."""
+    return (np.int32(i0) & 3) | ((np.int32(i1) & 3) << 2) | ((np.int32(i2) & 3) << 4) | ((np.int32(i3) & 3) << 6)
+
+
+@jit
+def signs_byte(i0, i1, i2, i3, i4, i5, i6, i7):
+    """One ``signs`` byte: bit 2 of eight consecutive indices, the first in bit 0."""
+    return (
+        ((np.int32(i0) >> 2) & 1) | (((np.int32(i1) >> 2) & 1) << 1) | (((np.int32(i2) >> 2) & 1) << 2)
+        | (((np.int32(i3) >> 2) & 1) << 3) | (((np.int32(i4) >> 2) & 1) << 4) | (((np.int32(i5) >> 2) & 1) << 5)
+        | (((np.int32(i6) >> 2) & 1) << 6) | (((np.int32(i7) >> 2) & 1) << 7)
+    )
+
+
+@jit
+def idx3_planes(q, sg, t, k):
+    """Index of a 3-bit block: low 2 bits at position ``t`` (0..3) of qs byte ``q``, bit 2 at bit ``k`` (0..7) of ``sg``."""
+    return ((np.int32(q) >> (2 * t)) & 3) | (((np.int32(sg) >> k) & 1) << 2)
+
+
+# --- encode ------------------------------------------------------------------------------------
+
+
+@jit
+def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_overflow, lanes):
+    """PLANAR/ISO encoder (``quat`` False: Givens tables (cos, sin, -, -); True: (w, x, y, z)), ``lanes`` blocks at a time.
+
+    ``centroids_sq`` is ``C*C`` in float32, the exact terms of the recon sum.
+    """
+    nblk = x.shape[0]
+    n = x.shape[1]
+    nb = n // 4 + n // 8 if bits == 3 else n // 2  # payload bytes
+    T = np.zeros((n, lanes), np.float32)
+    Tf = T.reshape(n * lanes)
+    K = np.zeros((n, lanes), np.int32)
+    P = np.zeros((nb, lanes), np.int32)
+    norm2 = np.zeros(lanes, np.float32)
+    norm = np.zeros(lanes, np.float32)
+    scale = np.zeros(lanes, np.float32)
+    recon2 = np.zeros(lanes, np.float32)
+    for g0 in range(0, nblk, lanes):
+        L = min(lanes, nblk - g0)
+        # stage: transpose-in
+        for l in range(L):  # flat pointer steps are faster than 2-D indexing
+            row = x[g0 + l]
+            p = l
+            for j in range(n):
+                Tf[p] = row[j]
+                p += lanes
+        for l in range(L, lanes):
+            for j in range(n):
+                T[j, l] = _0
+        # stage: norm
+        # 1. norm^2: a sequential float32 sum per block (one chain per lane)
+        for l in range(lanes):
+            norm2[l] = _0
+        for j in range(n):
+            for l in range(lanes):
+                norm2[l] += T[j, l] * T[j, l]
+        bad = L  # first lane whose input is not finite (norm^2 is Inf/NaN; finite overflow is not "bad")
+        for l in range(L):
+            if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
+                bad = l
+                break
+        # 2. inv = 1/norm, or 0 when norm <= 1e-10 (norm = +inf passes: 1/inf = +0, so u = +-0)
+        for l in range(lanes):
+            nv = np.sqrt(norm2[l])
+            norm[l] = nv
+            scale[l] = _1 / nv if nv > _EPS_NORM else _0
+        # stage: rotate
+        # 3. u = x * inv (rounded), then the rotation, each line in the C expression's order
+        if quat:
+            for g in range(n // 4):
+                w, qx, qy, qz = ta[g], tb[g], tc[g], td[g]
+                j = 4 * g
+                for l in range(lanes):
+                    sc = scale[l]
+                    u0 = T[j, l] * sc
+                    u1 = T[j + 1, l] * sc
+                    u2 = T[j + 2, l] * sc
+                    u3 = T[j + 3, l] * sc
+                    T[j, l] = ((w * u0 - qx * u1) - qy * u2) - qz * u3
+                    T[j + 1, l] = ((w * u1 + qx * u0) + qy * u3) - qz * u2
+                    T[j + 2, l] = ((w * u2 - qx * u3) + qy * u0) + qz * u1
+                    T[j + 3, l] = ((w * u3 + qx * u2) - qy * u1) + qz * u0
+        else:
+            for pr in range(n // 2):
+                c, s = ta[pr], tb[pr]
+                j = 2 * pr
+                for l in range(lanes):
+                    sc = scale[l]
+                    u0 = T[j, l] * sc
+                    u1 = T[j + 1, l] * sc
+                    T[j, l] = c * u0 - s * u1
+                    T[j + 1, l] = s * u0 + c * u1
+        # stage: index
+        # 4. idx = #{k : r >= t_k} (branch-free; equals the C nearest-centroid search, see the spec);
+        # NaN r compares false everywhere: index 0, as in C
+        if bits == 4:
+            m0, m1, m2, m3, m4, m5, m6, m7 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6], thresholds[7]
+            m8, m9, m10, m11, m12, m13, m14 = thresholds[8], thresholds[9], thresholds[10], thresholds[11], thresholds[12], thresholds[13], thresholds[14]
+            for j in range(n):
+                for l in range(lanes):
+                    r = T[j, l]
+                    K[j, l] = (
+                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
+                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6) + np.int32(r >= m7)
+                        + np.int32(r >= m8) + np.int32(r >= m9) + np.int32(r >= m10) + np.int32(r >= m11)
+                        + np.int32(r >= m12) + np.int32(r >= m13) + np.int32(r >= m14)
+                    )
+        else:
+            m0, m1, m2, m3, m4, m5, m6 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6]
+            for j in range(n):
+                for l in range(lanes):
+                    r = T[j, l]
+                    K[j, l] = (
+                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
+                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6)
+                    )
+        # stage: recon
+        # 5. recon^2: a sequential float32 sum of C[idx]^2 per block (C*C is the exact rounded product)
+        for l in range(lanes):
+            recon2[l] = _0
+        for j in range(n):
+            for l in range(lanes):
+                recon2[l] += centroids_sq[K[j, l]]
+        # stage: pack+store
+        # 6. pack the indices of all lanes at once, then store block by block
+        if bits == 4:
+            for k in range(n // 2):
+                for l in range(lanes):
+                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
+        else:
+            for k in range(n // 4):
+                for l in range(lanes):
+                    P[k, l] = qs_byte(K[4 * k, l], K[4 * k + 1, l], K[4 * k + 2, l], K[4 * k + 3, l])
+            o = n // 4
+            for m in range(n // 8):
+                for l in range(lanes):
+                    P[o + m, l] = signs_byte(
+                        K[8 * m, l], K[8 * m + 1, l], K[8 * m + 2, l], K[8 * m + 3, l],
+                        K[8 * m + 4, l], K[8 * m + 5, l], K[8 * m + 6, l], K[8 * m + 7, l],
+                    )
+        for l in range(bad):
+            recon = np.sqrt(recon2[l])
+            nv = norm[l]
+            d = nv / recon if recon > _EPS_NORM else nv
+            h = f32_to_f16_bits(d)
+            if raise_overflow and f16_is_inf(h):
+                return g0 + l, STATUS_SCALE_OVERFLOW
+            row = g0 + l
+            store_f16(out, row, h)
+            orow = out[row]
+            for k in range(nb):
+                orow[2 + k] = np.uint8(P[k, l])
+        # stage: end
+        if bad < L:
+            return g0 + bad, STATUS_NONFINITE
+    return -1, STATUS_OK
+
+
+# --- decode ------------------------------------------------------------------------------------
+
+
+@jit
+def decode(data, out, bits, quat, centroids, ta, tb, tc, td, table, lanes):
+    """PLANAR/ISO decoder, ``lanes`` blocks at a time: ``y = R^-1(C[idx]) * d``.
+
+    Tables: (cos, sin, -sin, unused) for Givens, (w, x, y, z) for quaternions
+    (the conjugate's negated x, y, z are folded into the line signs, which is
+    bit-identical: ``a - (-b) == a + b`` and ``(-x)*v == -(x*v)``).
+    """
+    nblk = data.shape[0]
+    n = out.shape[1]
+    T = np.zeros((n, lanes), np.float32)
+    Tf = T.reshape(n * lanes)
+    D = np.zeros(lanes, np.float32)
+    for g0 in range(0, nblk, lanes):
+        L = min(lanes, nblk - g0)
+        # stage: unpack
+        for l in range(L):  # unpack and look up, transposing into T (flat pointer steps)
+            row = g0 + l
+            D[l] = load_f16(data, row, table)
+            drow = data[row]
+            p = l
+            if bits == 4:
+                for k in range(n // 2):
+                    byte = drow[2 + k]
+                    Tf[p] = centroids[lo4(byte)]
+                    Tf[p + lanes] = centroids[hi4(byte)]
+                    p += 2 * lanes
+            else:
+                o = 2 + n // 4
+                for m in range(n // 8):  # 8 indices: qs bytes 2m, 2m+1 and signs byte m, unrolled by hand
+                    qa = drow[2 + 2 * m]
+                    qb = drow[3 + 2 * m]
+                    sg = drow[o + m]
+                    Tf[p] = centroids[idx3_planes(qa, sg, 0, 0)]
+                    Tf[p + lanes] = centroids[idx3_planes(qa, sg, 1, 1)]
+                    Tf[p + 2 * lanes] = centroids[idx3_planes(qa, sg, 2, 2)]
+                    Tf[p + 3 * lanes] = centroids[idx3_planes(qa, sg, 3, 3)]
+                    Tf[p + 4 * lanes] = centroids[idx3_planes(qb, sg, 0, 4)]
+                    Tf[p + 5 * lanes] = centroids[idx3_planes(qb, sg, 1, 5)]
+                    Tf[p + 6 * lanes] = centroids[idx3_planes(qb, sg, 2, 6)]
+                    Tf[p + 7 * lanes] = centroids[idx3_planes(qb, sg, 3, 7)]
+                    p += 8 * lanes
+        for l in range(L, lanes):
+            D[l] = _0
+            for j in range(n):
+                T[j, l] = _0
+        # stage: rotate
+        # R^-1, each line in the C expression's order, then one rounded product with D
+        if quat:
+            for g in range(n // 4):
+                w, qx, qy, qz = ta[g], tb[g], tc[g], td[g]
+                j = 4 * g
+                for l in range(lanes):
+                    dl = D[l]
+                    v0 = T[j, l]
+                    v1 = T[j + 1, l]
+                    v2 = T[j + 2, l]
+                    v3 = T[j + 3, l]
+                    T[j, l] = (((w * v0 + qx * v1) + qy * v2) + qz * v3) * dl
+                    T[j + 1, l] = (((w * v1 - qx * v0) - qy * v3) + qz * v2) * dl
+                    T[j + 2, l] = (((w * v2 + qx * v3) - qy * v0) - qz * v1) * dl
+                    T[j + 3, l] = (((w * v3 - qx * v2) + qy * v1) - qz * v0) * dl
+        else:
+            for pr in range(n // 2):
+                c, s, ns = ta[pr], tb[pr], tc[pr]
+                j = 2 * pr
+                for l in range(lanes):
+                    dl = D[l]
+                    q0 = T[j, l]
+                    q1 = T[j + 1, l]
+                    T[j, l] = (c * q0 + s * q1) * dl
+                    T[j + 1, l] = (ns * q0 + c * q1) * dl  # (-s)*q0: the C code's negated sine
+        # stage: transpose-out
+        for l in range(L):
+            orow = out[g0 + l]
+            p = l
+            for j in range(n):
+                orow[j] = Tf[p]
+                p += lanes
+    return out
