@@ -1,4 +1,4 @@
-"""Regression target: the 3-bit shift bug (SPEC.md, "The 3-bit shift bug").
+"""Regression target: the 3-bit shift bug (docs/formats.md, "The 3-bit shift bug").
 
 An earlier TBQ3 packer OR-ed indices 3..7 of every 8-index lane into byte 0
 (shift ``bit < 8 ? bit : 0``) and shifted by a negative amount into byte 1
