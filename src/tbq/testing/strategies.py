@@ -54,7 +54,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 
 import tbq
-from tbq.backend import numba_available
+from tbq.backend import STATUS_UNDEFINED, numba_available
 from tbq.codebooks import Codebook, get_codebook
 from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
 from tbq.rotation import get_rotation, turboq_mtp_signs
@@ -84,6 +84,14 @@ FAMILIES: dict[str, str] = {
     "scales exactly halfway between two fp16 numbers; +a and -a both at the largest magnitude",
     "thresholds": "rotated codebook formats (TBQ): blocks with rotated, normalised coordinates exactly on a decision threshold or one float32 "
     "ulp from one (exact zeros and +-2**-149 for the middle threshold 0)",
+    "min_ties": "min/scale grids (Q4_1, Q5_1): (x - min) / d exactly a rounding tie k + 1/2 (or one ulp from one), "
+    "min and max pinned, power-of-two and fp16-midpoint scales",
+    "grid_ties": "value-table grids (IQ4_NL): x / d0 exactly halfway between two table values (ties go up) or one ulp "
+    "from it, and blocks at and around the 1e-15 tiny-block threshold",
+    "ue4m3": "NVFP4: sub-block scales amax/6 exactly on a UE4M3 rounding boundary (round half up), one ulp from it, in "
+    "the subnormal clamp range and at saturation; values on E2M1 midpoints",
+    "binade_tops": "MXFP4: largest magnitudes among the top floats of a binade (where log2f rounds up to the next "
+    "exponent) and next to them; values on E2M1 midpoints",
     "constant": "every value equal (any sign and magnitude)",
     "zero": "+0.0, -0.0 or a mix of signed zeros",
     "sparse": "one-hot, a few equal-magnitude spikes, and (TBQ, Hadamard rotation) blocks that rotate to an exact one-hot",
@@ -92,10 +100,13 @@ FAMILIES: dict[str, str] = {
 }
 
 #: Families that every format gets by default (all finite, every scale fits fp16).
-DEFAULT_FAMILIES = ("gaussian", "outliers", "heavy_tail", "subnormal", "huge", "ties", "thresholds", "constant", "zero", "sparse")
+DEFAULT_FAMILIES = (
+    "gaussian", "outliers", "heavy_tail", "subnormal", "huge", "ties", "thresholds", "min_ties", "grid_ties", "ue4m3",
+    "binade_tops", "constant", "zero", "sparse",
+)
 
 #: Families that apply to a format only when it lists them in ``Format.hazards``.
-_HAZARD_FAMILIES = ("ties", "thresholds")
+_HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops")
 #: Old spellings still accepted (golden vectors and the strategies share family names).
 _ALIASES = {"heavy_tails": "heavy_tail"}
 _UNFIT = ("overflow", "nonfinite")
@@ -163,13 +174,33 @@ class _Fmt:
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
         self.format = get_format(name, **kw)
         self.hazards = self.format.hazards
+        self.row_kw = self.format._row_kw(1)  # each drawn block is a row of its own for the trace
+        if self.codebook is None and hasattr(self.format, "thresholds") and hasattr(self.format, "centroids"):
+            # a rotated format with fixed tables (planar/iso): its thresholds drive the family
+            self.codebook = Codebook(self.format.centroids, self.format.thresholds)
         self.codec = tbq.get_codec(name, backend="numpy", on_overflow="inf", **kw)
         _warm(name, kw)
 
-    def scales(self, x2: np.ndarray) -> np.ndarray:
-        """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace)."""
+    def trace(self, x2: np.ndarray) -> dict:
+        """The format's trace of each block of ``x2`` (one block per row, each its own row)."""
         with np.errstate(all="ignore"):
-            return self.format.reference_encode(np.ascontiguousarray(x2, F32))[1]["d"]
+            return self.format.reference_encode(np.ascontiguousarray(x2, F32), **self.row_kw)[1]
+
+    def scales(self, x2: np.ndarray) -> np.ndarray:
+        """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace).
+
+        Formats without one scale per block (f16, bf16, NVFP4) use the block's
+        largest magnitude instead, which is what the families size blocks by.
+        """
+        d = self.trace(x2).get("d")
+        if d is not None and np.ndim(d) == 1:
+            return d
+        return np.max(np.abs(np.asarray(x2, F32)), axis=1)
+
+    def status(self, blk: np.ndarray) -> int:
+        """0 when the codec encodes ``blk`` with on_overflow='raise', else the refusing status."""
+        s = self.format.invalid_blocks(self.trace(blk[None, :]))
+        return int(s[0]) if np.size(s) else 0
 
     def encode(self, x: np.ndarray) -> np.ndarray:
         return self.codec.encode(x)
@@ -180,7 +211,11 @@ class _Fmt:
 
     @functools.cached_property
     def rotation_matrix(self) -> np.ndarray:
-        return self.rotation.matrix(np.float64)
+        if self.rotation is not None:
+            return self.rotation.matrix(np.float64)
+        # Fixed-table rotations (planar/iso): the encoder's own rotation of the unit vectors
+        # (norm 1, so r = R e_j up to float32 rounding); a starting point for the exact search.
+        return self.rotated_coords(np.eye(self.bs, dtype=F32)).T.astype(np.float64)
 
 
 def _warm(name, kw):
@@ -288,11 +323,15 @@ def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
 
 
 def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
-    """Shrink ``blk`` until its scale rounds to a finite fp16 (encode with on_overflow='raise' succeeds)."""
+    """Move ``blk`` until the codec encodes it with on_overflow='raise' (its scale fits, nothing undefined)."""
     for _ in range(64):
-        d = float(ctx.scales(blk[None, :])[0])
-        if _f16_finite(d):
+        status = ctx.status(blk)
+        if status == 0:
             return blk
+        if status == STATUS_UNDEFINED:  # e.g. an MXFP4 exponent below E8M0's range: grow
+            blk = np.ldexp(blk, 16).astype(F32)
+            continue
+        d = float(ctx.scales(blk[None, :])[0])
         if not math.isfinite(d):  # e.g. the TBQ norm overflowed float32
             blk = np.ldexp(blk, -64).astype(F32)
             continue
@@ -321,7 +360,7 @@ def _fam_gaussian(draw, rng, ctx):
 def _fam_outliers(draw, rng, ctx):
     s = 2.0 ** draw(st.integers(-10, 6))
     blk = _gauss(rng, ctx.bs, s)
-    n = draw(st.integers(1, 4))
+    n = draw(st.integers(1, min(4, ctx.bs)))
     chans = draw(st.lists(st.integers(0, ctx.bs - 1), min_size=n, max_size=n, unique=True))
     mult = draw(st.sampled_from([10.0, 25.0, 100.0, 1000.0, 10000.0]))
     for c in chans:  # at least mult * s in magnitude
@@ -473,7 +512,7 @@ def _fam_sparse(draw, rng, ctx):
         blk[draw(st.integers(0, bs - 1))] = draw(st.sampled_from([mag, -mag]))
         return blk
     if mode == "spikes":
-        n = draw(st.integers(2, 4))
+        n = draw(st.integers(min(2, bs), min(4, bs)))  # a one-value block (f16, bf16) has one spike
         pos = draw(st.lists(st.integers(0, bs - 1), min_size=n, max_size=n, unique=True))
         mag = F32(2.0 ** draw(st.integers(-10, 6)))
         for p in pos:
@@ -603,6 +642,137 @@ def _fam_thresholds(draw, rng, ctx):
     return np.ldexp(x, e).astype(F32)
 
 
+# --- families aimed at the newer formats' hazards ------------------------------------
+
+
+def _fam_min_ties(draw, rng, ctx):
+    """Q4_1/Q5_1: v = (x - min) * (1/d) exactly k + 1/2, where t = v + 0.5 is an integer (round half up)."""
+    levels = int(ctx.hazards["min_ties"]["levels"])
+    bs = ctx.bs
+    mode = draw(st.sampled_from(["pow2", "near", "min_fp16_tie", "random_rest"]))
+    _event(f"min_ties: {mode}")
+    d = 2.0 ** draw(st.integers(-14, 6))
+    if mode == "min_fp16_tie":  # min exactly halfway between two fp16 numbers
+        h = draw(st.integers(0x0400, 0x7000))
+        lo_, hi_ = (float(np.array(v, np.uint16).view(np.float16)) for v in (h, h + 1))
+        mn = -F32((lo_ + hi_) / 2)
+        d = 2.0 ** math.floor(math.log2(abs(float(mn)) / 4096)) if mn else d  # keep x - min exact
+    else:
+        mn = F32(draw(st.integers(-64, 64)) * d)
+    blk = np.empty(bs, F32)
+    k = rng.integers(0, levels, bs)
+    blk[:] = (float(mn) + (k + 0.5) * d)
+    if mode == "near":
+        blk = np.nextafter(blk, np.where(rng.random(bs) < 0.5, np.inf, -np.inf).astype(F32), dtype=F32)
+    if mode == "random_rest":
+        rest = rng.random(bs) < 0.5
+        blk[rest] = (float(mn) + rng.uniform(0, levels, rest.sum()) * d).astype(F32)
+    p, q = draw(st.lists(st.integers(0, bs - 1), min_size=2, max_size=2, unique=True))
+    blk[p] = mn  # pin min and max: d = (max - min) / levels exactly
+    blk[q] = F32(float(mn) + levels * d)
+    return blk.astype(F32)
+
+
+def _fam_grid_ties(draw, rng, ctx):
+    """IQ4_NL: a = x / d0 exactly halfway between two table values (the tie goes to the upper index)."""
+    table = np.asarray(ctx.hazards["grid_ties"]["table"], np.float64)
+    divisor = F32(ctx.hazards["grid_ties"]["divisor"])
+    bs = ctx.bs
+    mode = draw(st.sampled_from(["pow2", "pow2", "general", "near", "tiny"]))
+    _event(f"grid_ties: {mode}")
+    if mode == "tiny":  # max |x| at, just below or just above the 1e-15 tiny-block threshold
+        lim = F32(1e-15)
+        amax = draw(st.sampled_from([lim, _next32(lim, 0), _next32(lim, np.inf), F32(0), F32(1e-20)]))
+        blk = (rng.uniform(-1, 1, bs) * float(amax)).astype(F32)
+        blk[draw(st.integers(0, bs - 1))] = amax
+        return blk
+    mids = (table[1:] + table[:-1]) / 2
+    sign = draw(st.sampled_from([F32(1), F32(-1)]))
+    e = draw(st.integers(-20, 6))
+    amax = F32(abs(float(divisor)) * 2.0**e) if mode != "general" else F32(2.0 ** rng.uniform(-10, 6))
+    m = sign * amax
+    d0 = F32(m / divisor)
+    inv = F32(F32(1) / d0)
+    blk = (rng.uniform(-0.9, 0.9, bs) * float(amax)).astype(F32)
+    pos = draw(st.integers(0, bs - 1))
+    for j in rng.choice(bs, bs // 2, replace=False):
+        if j == pos:
+            continue
+        target = F32(rng.choice(mids))
+        if mode == "near":
+            target = _next32(target, rng.choice([np.inf, -np.inf]))
+        x = F32(float(target) / float(inv))
+        for _ in range(6):  # walk a few ulps until the float32 product hits the target
+            if F32(x * inv) == target:
+                break
+            x = _next32(x, np.inf if F32(x * inv) < target else -np.inf)
+        if abs(x) < amax:
+            blk[j] = x
+    blk[pos] = m  # the first value of largest magnitude, written last so nothing above overrides it
+    blk[np.abs(blk) >= amax] = (blk[np.abs(blk) >= amax] * F32(0.5)).astype(F32)
+    blk[pos] = m
+    return blk
+
+
+def _e2m1_midpoints(blk_scale: float) -> np.ndarray:
+    """Midpoints of the doubled E2M1 grid 0, 1, 2, 3, 4, 6, 8, 12 times ``blk_scale`` (exact ties: smaller magnitude wins)."""
+    v = np.array([0, 1, 2, 3, 4, 6, 8, 12], np.float64)
+    return (v[1:] + v[:-1]) / 2 * blk_scale
+
+
+def _fp4_fill(rng, amax, scale, n):
+    """``n`` values below ``amax``: half uniform, half on E2M1 midpoints of ``scale`` (either sign)."""
+    vals = rng.uniform(-1, 1, n) * float(amax)
+    mids = _e2m1_midpoints(float(scale))
+    mids = mids[mids < float(amax)]
+    if mids.size and float(scale) > 0:
+        on = rng.random(n) < 0.5
+        vals[on] = rng.choice(mids, on.sum()) * rng.choice([-1.0, 1.0], on.sum())
+    return vals.astype(F32)
+
+
+def _fam_ue4m3(draw, rng, ctx):
+    """NVFP4: each sub-block's s = amax/6 on a UE4M3 rounding boundary (half up), near it, subnormal or saturated."""
+    sub = int(ctx.hazards["ue4m3"].get("sub_block", 16))
+    bs = ctx.bs
+    blk = np.empty(bs, F32)
+    for s0 in range(0, bs, sub):
+        mode = draw(st.sampled_from(["half_up", "near", "subnormal", "saturate", "random"]))
+        _event(f"ue4m3: {mode}")
+        if mode in ("half_up", "near"):
+            ue, mnt = draw(st.integers(1, 14)), draw(st.integers(0, 7))
+            s = (1 + (mnt + 0.5) / 8) * 2.0 ** (ue - 7)  # the first dropped mantissa bit is 1, the rest 0
+        elif mode == "subnormal":
+            s = draw(st.sampled_from([7.5 * 2**-9, float(_next32(2.0**-6, 0)), 2.0**-10, (draw(st.integers(0, 6)) + 0.5) * 2**-9]))
+        elif mode == "saturate":
+            s = draw(st.sampled_from([240.0, 248.0, 250.0, 256.0, 447.0, 448.0, 1000.0]))
+        else:
+            s = 2.0 ** rng.uniform(-12, 8)
+        amax = F32(6 * s)  # s has at most 5 significant bits: 6 * s and amax / 6 are exact
+        if mode == "near":
+            amax = _next32(amax, draw(st.sampled_from([np.inf, -np.inf])))
+        vals = _fp4_fill(rng, amax, float(amax) / 6 / 1.0, sub)
+        vals[draw(st.integers(0, sub - 1))] = amax * draw(st.sampled_from([F32(1), F32(-1)]))
+        blk[s0 : s0 + sub] = vals
+    return blk
+
+
+def _fam_binade_tops(draw, rng, ctx):
+    """MXFP4: amax among the top floats of its binade, where floor(log2f(amax)) rounds up to the next exponent."""
+    bs = ctx.bs
+    b = draw(st.integers(-40, 40))
+    i = draw(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 21, 22, 23, 43, 44, 45]))
+    top = np.float32(2.0 ** (b + 1))
+    amax = top
+    for _ in range(i + 1):
+        amax = _next32(amax, 0)  # i + 1 ulps below the next power of two
+    _event(f"binade_tops: {i + 1} ulps below 2**{b + 1}")
+    d = float(ctx.scales(np.full((1, bs), amax, F32))[0])  # the format's own scale for this amax
+    blk = _fp4_fill(rng, amax, d, bs)
+    blk[draw(st.integers(0, bs - 1))] = amax * draw(st.sampled_from([F32(1), F32(-1)]))
+    return blk
+
+
 def _fam_overflow(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)
     which = draw(st.sampled_from(["at_limit", "range", "extreme"]))
@@ -616,7 +786,7 @@ def _fam_overflow(draw, rng, ctx):
 
 def _fam_nonfinite(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)
-    n = draw(st.integers(1, 3))
+    n = draw(st.integers(1, min(3, ctx.bs)))
     for p in draw(st.lists(st.integers(0, ctx.bs - 1), min_size=n, max_size=n, unique=True)):
         blk[p] = draw(st.sampled_from([F32(np.nan), F32(np.inf), F32(-np.inf)]))
     return blk
@@ -629,6 +799,10 @@ _FAMILY_FUNCS = {
     "subnormal": _fam_subnormal,
     "huge": _fam_huge,
     "ties": _fam_ties,
+    "min_ties": _fam_min_ties,
+    "grid_ties": _fam_grid_ties,
+    "ue4m3": _fam_ue4m3,
+    "binade_tops": _fam_binade_tops,
     "thresholds": _fam_thresholds,
     "constant": _fam_constant,
     "zero": _fam_zero,
