@@ -49,6 +49,13 @@ def _c_array(name: str, a: np.ndarray, size: str, comment: str = "") -> str:
     return f"{head}static const {_CTYPE[a.dtype]} {name}[{size}] TBQ_GOLDEN_UNUSED = {{\n    {body}\n}};\n"
 
 
+#: Arrays the header writes by name; any other array of a format set is a table written as is.
+_KNOWN = {
+    "input", "bytes", "decoded", "fragile", "scale_fragile", "scale_f32", "decode_tolerance", "family", "kind",
+    "norm", "centroids", "thresholds", "signs1", "signs2",
+}
+
+
 def c_header(gs) -> str:
     """The C/C++ header text of a golden set (self-contained, ``static const`` arrays).
 
@@ -112,15 +119,22 @@ def c_header(gs) -> str:
         out.append(_c_array(f"{p}_decoded", A["decoded"], V, "decoded values of _bytes (bit-exact)"))
         out.append(_c_array(f"{p}_fragile", A["fragile"], V, "per value: 1 = the code may be the neighbouring one"))
         out.append(_c_array(f"{p}_scale_fragile", A["scale_fragile"], B, "per block: 1 = the fp16 scale may be the neighbouring fp16 value"))
-        out.append(_c_array(f"{p}_scale_f32", A["scale_f32"], B, "per block: the float32 scale before fp16 rounding"))
+        if "scale_f32" in A:
+            out.append(_c_array(f"{p}_scale_f32", A["scale_f32"], B, "per block: the float32 scale before fp16 rounding"))
+        if "decode_tolerance" in A:
+            out.append(_c_array(f"{p}_decode_tolerance", A["decode_tolerance"], V, "per value: largest legitimate |y - decoded| of an FMA decoder"))
         out.append(_c_array(f"{p}_family", A["family"], B, "per block: family index"))
         out.append(_c_array(f"{p}_kind", A["kind"], B, "per block: edge kind index or 255"))
-        if "centroids" in A:
+        if "norm" in A:
             out.append(_c_array(f"{p}_norm", A["norm"], B, "per block: float32 norm of encoder step 1 (to recompute d from other indices)"))
+        if "centroids" in A:
             out.append(_c_array(f"{p}_centroids", A["centroids"], f"{P}_N_CENTROIDS", "codebook centroids"))
             out.append(_c_array(f"{p}_thresholds", A["thresholds"], f"{P}_N_CENTROIDS - 1", "codebook decision thresholds"))
+        if "signs1" in A:
             out.append(_c_array(f"{p}_signs1", A["signs1"], "128", "rotation sign vector s1: R(x) = s2 * H(s1 * x)"))
             out.append(_c_array(f"{p}_signs2", A["signs2"], "128", "rotation sign vector s2"))
+        for key in [k for k in A if k not in _KNOWN]:  # other exact tables (planar/iso rotations)
+            out.append(_c_array(f"{p}_{key}", A[key], str(A[key].size), f"the format's {key} table"))
     else:
         kf, vf = m["k_format"], m["v_format"]
         out.append(

@@ -18,12 +18,14 @@ from ..errors import TbqValueError
 DEFAULT_K = 4
 
 
-def fragility(codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K, ulp_floor: float | None = None) -> dict:
+def fragility(
+    codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K, ulp_floor: float | None = None, *, row_blocks: int = 1
+) -> dict:
     """Fragility masks of blocks ``xb`` (float32 ``(blocks, block_size)``) encoded as ``data``.
 
     Returns ``{"fragile": uint8 (blocks, block_size), "scale_fragile": uint8
-    (blocks,), "scale_f32": float32 (blocks,)}`` plus ``"norm"`` where the
-    format traces one (TBQ).
+    (blocks,)}``, plus ``"scale_f32"`` (float32 (blocks,)) for formats with an
+    fp16 scale and ``"norm"`` where the format traces one (TBQ, planar/iso).
 
     Built on the format's trace (:meth:`tbq.formats.Format.reference_encode`):
     the encoder's own float32 intermediates, so the masks describe the
@@ -39,6 +41,9 @@ def fragility(codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K
       integers of ``t`` where ``min(15, trunc(t))`` changes; a value is
       fragile if a k-ulp change of ``v`` *or* of ``t`` can change the code.
 
+    ``row_blocks``: blocks per row of ``xb`` for a row-rule format (IQ4_NL),
+    whose blocks depend on earlier blocks of their row.
+
     Per block, the float32 scale ``d`` is fragile when ``fp16(d - w) != fp16(d
     + w)`` with ``w = k * ulp(d)``: an fp16 rounding boundary (a midpoint) lies
     within k ulps.
@@ -50,7 +55,7 @@ def fragility(codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K
     xb = np.ascontiguousarray(xb, np.float32)
     data = np.ascontiguousarray(data, np.uint8)
     with np.errstate(all="ignore"):
-        traced, trace = fmt.reference_encode(xb)
+        traced, trace = fmt.reference_encode(xb, **fmt._row_kw(row_blocks))
         if not np.array_equal(traced, data):
             bad = int(np.argmax((traced != data).any(axis=1)))
             raise AssertionError(f"{fmt.name}: the traced encode differs from the encoded bytes (first in block {bad})")
@@ -60,6 +65,12 @@ def fragility(codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K
     if "norm" in trace:
         out["norm"] = np.asarray(trace["norm"], np.float32)
     out["fragile"] = fragile.astype(np.uint8)
-    out["scale_fragile"] = scale_fragile.astype(np.uint8)
-    out["scale_f32"] = np.asarray(trace["d"], np.float32)
+    out["scale_fragile"] = np.asarray(scale_fragile).astype(np.uint8)
+    if has_f16_scale(fmt):  # the float32 d the stored fp16 scale rounds from
+        out["scale_f32"] = np.asarray(trace["d"], np.float32)
     return out
+
+
+def has_f16_scale(fmt) -> bool:
+    """True when the format stores one fp16 scale ``d`` per block (its layout has an ``f16`` field named ``d``)."""
+    return any(f.name == "d" and f.kind == "f16" for f in fmt.info.layout)

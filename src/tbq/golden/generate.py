@@ -161,7 +161,7 @@ def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: 
     library defect worth knowing about; the golden files keep the default
     backend's output, which is what ``tbq.quantize`` returns.
     """
-    ref = ref_codec.encode(xb)
+    ref = ref_codec.encode(xb).reshape(data.shape)
     enc_bad = np.flatnonzero((ref != data).any(axis=1))
     dec_bad = np.flatnonzero((ref_codec.decode(data).view(np.uint32) != decoded.view(np.uint32)).any(axis=1))
     if not enc_bad.size and not dec_bad.size:
@@ -205,10 +205,12 @@ def build_format(
     codec = _codec(fmt, tables, backend=None)  # what tbq.quantize uses (numba when it imports)
     ref_codec = _codec(fmt, tables, backend="numpy")
     xb = np.ascontiguousarray(inputs["x"].reshape(-1, info.block_size))
-    data = codec.encode(xb)  # raises ScaleOverflowError if a scale does not fit fp16
+    # Encode rows of ROW_SIZE values, as the C vectors do (one call per row): a row-rule
+    # format (IQ4_NL) depends on earlier blocks of the same row.
+    data = codec.encode(inputs["x"]).reshape(-1, info.type_size)  # raises ScaleOverflowError if a scale does not fit
     decoded = codec.decode(data)
-    backend_check = _backend_check(ref_codec, xb, data, decoded) if codec.backend != "numpy" else "numpy only"
-    fr = fragility(ref_codec, xb, data, k, ulp_floor)
+    backend_check = _backend_check(ref_codec, inputs["x"], data, decoded) if codec.backend != "numpy" else "numpy only"
+    fr = fragility(ref_codec, xb, data, k, ulp_floor, row_blocks=per_row)
     # the floor the format's fragility rule used (formats without one ignore ulp_floor: recorded as 0)
     floor = (codec.format.ulp_floor if ulp_floor is None else float(ulp_floor)) if codec.format.ulp_floor else 0.0
     arrays = {
@@ -217,15 +219,20 @@ def build_format(
         "decoded": _le(decoded),
         "fragile": fr["fragile"],
         "scale_fragile": fr["scale_fragile"],
-        "scale_f32": _le(fr["scale_f32"]),
+        "scale_f32": _le(fr["scale_f32"]) if "scale_f32" in fr else None,
         "family": np.repeat(inputs["family"], per_row).astype(np.uint8),
         "kind": np.repeat(inputs["kind"], per_row).astype(np.uint8),
     }
+    if arrays["scale_f32"] is None:  # no fp16 scale (f16, bf16, MXFP4, NVFP4)
+        del arrays["scale_f32"]
+    tol = codec.format.decode_tolerance(data)
+    if np.any(tol):  # decoders an FMA build may legitimately change (planar/iso)
+        arrays["decode_tolerance"] = _le(np.asarray(tol, np.float32))
     if "norm" in fr:
         arrays["norm"] = _le(fr["norm"])
     arrays.update({key: _le(a) for key, a in codec.format.tables().items()})  # TBQ: centroids, thresholds, signs
     for key in ("input", "decoded", "scale_f32"):
-        if not np.isfinite(arrays[key]).all():  # pragma: no cover - cannot happen by construction
+        if key in arrays and not np.isfinite(arrays[key]).all():  # pragma: no cover - cannot happen by construction
             raise AssertionError(f"{fmt}: {key} holds a non-finite value")
     fam_info = [dict(f, blocks=[f["rows"][0] * per_row, f["rows"][1] * per_row]) for f in inputs["families"]]
     summary = []

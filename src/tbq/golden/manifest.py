@@ -43,6 +43,8 @@ FORMAT_ARRAYS = {
     "fragile": "uint8 (blocks, block_size): 1 where the value's code may legitimately differ by one",
     "scale_fragile": "uint8 (blocks,): 1 where the fp16 scale may legitimately be the neighbouring fp16 value",
     "scale_f32": "float32 (blocks,): the float32 scale d before rounding to fp16",
+    "decode_tolerance": "float32 (blocks, block_size): the largest legitimate |difference| of a decoded value from "
+    "`decoded` (an FMA build of the decoder); only for formats whose decoder arithmetic FMA changes (planar/iso)",
     "family": "uint8 (blocks,): index into the manifest's families",
     "kind": "uint8 (blocks,): index into edge_kinds for the edge family, 255 otherwise",
 }
@@ -108,6 +110,23 @@ def _exact_signs(rot: RandomizedHadamard) -> dict:
 def _hex_table(values) -> dict:
     a = np.asarray(values, np.float32)
     return {"hex": [hex_literal(v, "") for v in a], "float32_bits": [f"0x{int(b):08x}" for b in a.view(np.uint32)]}
+
+
+#: What scale_fragile means for formats whose block scales are not one fp16 number.
+OTHER_SCALE_FRAGILE = (
+    "uint8 (blocks,): 1 where a stored scale of the block (E8M0 exponent, UE4M3 sub-block scales) may legitimately "
+    "be the neighbouring representable value; 0 for formats without a scale (f16, bf16)"
+)
+
+
+def _array_meaning(arrays: dict) -> dict:
+    """The meaning of each array the set holds (FORMAT_ARRAYS, then TBQ_ARRAYS), in that order."""
+    meaning = {k: v for k, v in FORMAT_ARRAYS.items() if k in arrays}
+    if "scale_f32" not in arrays and "scale_fragile" in meaning:
+        meaning["scale_fragile"] = OTHER_SCALE_FRAGILE
+    meaning.update({k: v for k, v in TBQ_ARRAYS.items() if k in arrays})
+    meaning.update({k: "float32 table of the format (exact values; see docs/formats.md)" for k in arrays if k not in meaning})
+    return meaning
 
 
 def _exact_config(fmt: str, tables: _Tables) -> dict:
@@ -202,7 +221,7 @@ def format_manifest(
             "blocks": "fp16(d - w) != fp16(d + w), w = k * float32_ulp(|d|), d the float32 scale",
         },
         "arrays": _array_entries(arrays),
-        "array_meaning": dict(FORMAT_ARRAYS, **(TBQ_ARRAYS if codec.format.tables() else {})),
+        "array_meaning": _array_meaning(arrays),
         "sha256_of": "the array's bytes in C order, dtypes as listed (little-endian)",
         "summary": summary,
         "regenerate": f"tbq golden --from-manifest {fmt}.json --out DIR (or tbq.golden.regenerate('{fmt}.json', DIR))",
