@@ -119,7 +119,7 @@ def test_shape_and_dtype_errors():
     with pytest.raises(tbq.TbqTypeError, match="uint8"):
         td.dequantize(da.zeros((4, 66), chunks=(2, 66), dtype=np.float32), "tbq4_0")
     with pytest.raises(tbq.ConfigError):
-        td.quantize(da.zeros((4, 128), chunks=(2, 128), dtype=np.float32), "q5_0")
+        td.quantize(da.zeros((4, 128), chunks=(2, 128), dtype=np.float32), "q9_9")
     with pytest.raises(tbq.ConfigError):  # config is validated eagerly, not at compute time
         td.quantize(da.zeros((4, 128), chunks=(2, 128), dtype=np.float32), "tbq4_0", codebook="nope")
 

@@ -124,7 +124,7 @@ def test_invalid_signs(signs, match):
 
 def test_unknown_format_and_options():
     with pytest.raises(tbq.ConfigError, match="known formats"):
-        tbq.get_codec("q5_0")
+        tbq.get_codec("q9_9")
     with pytest.raises(tbq.ConfigError, match="backend"):
         tbq.get_codec("q8_0", backend="cuda")
     with pytest.raises(tbq.ConfigError, match="threads"):

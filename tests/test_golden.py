@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import naive
+from helpers import assert_bits_equal, assert_bytes_equal
 import tbq
 from tbq import golden
 from tbq.cli import golden as golden_cli
@@ -42,10 +43,13 @@ def run_golden(argv):
 
 @pytest.fixture(scope="module")
 def gdir(tmp_path_factory):
-    """All four formats (default rows = one per edge kind), attention with and without sinks."""
+    """The four original formats (default rows = one per edge kind), attention with and without sinks.
+
+    (Every other registered format is checked by test_every_format_gets_a_consistent_golden_set.)
+    """
     d = tmp_path_factory.mktemp("golden")
     summary = golden.generate(
-        d, attention=True, attention_pairs=[("tbq4_0", "tbq4_0"), ("q8_0", "tbq3_0")], tokens=12, n_head=4, n_head_kv=2,
+        d, formats=FORMATS, attention=True, attention_pairs=[("tbq4_0", "tbq4_0"), ("q8_0", "tbq3_0")], tokens=12, n_head=4, n_head_kv=2,
         n_sink=2, sink_format="q8_0",
     )
     golden.write_set(golden.build_attention("tbq4_0", "q4_0", tokens=8, n_head=2, n_head_kv=1), d)
@@ -571,7 +575,7 @@ def test_cli_codebook_and_signs_from_json(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv,exc,msg",
     [
-        (["--formats", "q5_0"], ConfigError, "unknown format"),
+        (["--formats", "q9_9"], ConfigError, "unknown format"),
         (["--families", "gaussian,laplace"], ConfigError, "unknown family"),
         (["--rows-per-family", "0"], TbqValueError, "positive integer"),
         (["--blocks", "-3"], TbqValueError, "positive integer"),
@@ -623,7 +627,7 @@ def _cli_error(capsys, argv) -> str:
         (["-k", "-1"], "fragility margin"),
         (["--heads", "6", "--kv-heads", "4"], "n_head (6) must be a multiple of n_head_kv (4)"),
         (["--kv-heads", "0"], "n_head_kv must be an integer >= 1"),
-        (["--formats", "q4_0,q5_0"], "unknown format"),
+        (["--formats", "q4_0,q9_9"], "unknown format"),
         (["--families", "gaussian,laplace"], "unknown family 'laplace'"),
         (["--seed", "-2"], "seed must be a non-negative integer"),
     ],
@@ -768,3 +772,30 @@ def test_golden_trace_fields_equal_the_encoder_on_zero_and_tie_edges(tmp_path, f
     if fmt == "q4_0":
         neg = np.flatnonzero(a["kind"] == golden.EDGE_KINDS.index("neg_zero"))
         assert np.signbit(a["scale_f32"][neg]).all() and (a["bytes"][neg, :2] == [0, 0x80]).all()
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_every_format_gets_a_consistent_golden_set(tmp_path, fmt):
+    """Any registered format: bytes and decoded floats equal the library's, masks are 0/1 and shaped,
+    scale_f32 exists exactly for fp16-scale formats, and the set regenerates from its manifest bit for bit."""
+    gs = golden.build_format(fmt, rows_per_family=3, seed=2)
+    a, m = gs.arrays, gs.manifest
+    info = tbq.format_info(fmt)
+    rows = a["input"].reshape(-1, 128)
+    assert_bytes_equal(a["bytes"].reshape(rows.shape[0], -1), tbq.quantize(rows, fmt, backend="numpy"), fmt)
+    assert_bits_equal(a["decoded"], tbq.dequantize(a["bytes"], fmt, backend="numpy"), fmt)
+    nb = rows.shape[0] * 128 // info.block_size
+    assert a["fragile"].shape == (nb, info.block_size) and set(np.unique(a["fragile"])) <= {0, 1}
+    assert a["scale_fragile"].shape == (nb,) and set(np.unique(a["scale_fragile"])) <= {0, 1}
+    has_d = any(f.name == "d" and f.kind == "f16" for f in info.layout)
+    assert ("scale_f32" in a) == has_d
+    if has_d:  # the stored fp16 scale is fp16 of scale_f32, signed zeros included
+        stored = tbq.get_format(fmt).fields(a["bytes"])["d"].reshape(-1)
+        assert_bits_equal(stored, a["scale_f32"].astype(np.float16).astype(np.float32), fmt)
+    if "decode_tolerance" in a:
+        assert (a["decode_tolerance"] >= 0).all() and a["decode_tolerance"].shape == a["decoded"].shape
+    assert set(m["array_meaning"]) == set(a)
+    golden.write_set(gs, tmp_path)
+    again = golden.regenerate(tmp_path / f"{fmt}.json")
+    for key in a:
+        assert np.array_equal(again.arrays[key].view(np.uint8), a[key].view(np.uint8)), (fmt, key)

@@ -301,7 +301,7 @@ def test_decode_errors():
 
 def test_config_errors():
     with pytest.raises(tbq.ConfigError):
-        tn.get_numcodec("q5_0")
+        tn.get_numcodec("q9_9")
     with pytest.raises(tbq.ConfigError):
         tn.Q8_0(name="q8_0")
     with pytest.raises(tbq.ConfigError, match="bad configuration"):

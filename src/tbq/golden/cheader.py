@@ -30,12 +30,16 @@ def _literals(a: np.ndarray) -> list[str]:
         return [hex_literal(v, "f") for v in a.tolist()]
     if a.dtype == np.float64:
         return [hex_literal(v, "") for v in a.tolist()]
-    if a.dtype in (np.uint8, np.int8):
-        return [str(int(v)) for v in a.tolist()]
+    if a.dtype.kind in "iu":
+        return [str(int(v)) + ("u" if a.dtype.kind == "u" and a.dtype.itemsize >= 4 else "") for v in a.tolist()]
     raise TypeError(a.dtype)  # pragma: no cover
 
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t"}
+_CTYPE = {
+    np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+    np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.uint16): "uint16_t", np.dtype(np.int16): "int16_t",
+    np.dtype(np.uint32): "uint32_t", np.dtype(np.int32): "int32_t",
+}
 
 
 def _c_array(name: str, a: np.ndarray, size: str, comment: str = "") -> str:

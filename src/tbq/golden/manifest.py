@@ -228,7 +228,7 @@ def format_manifest(
     }
     tabs = codec.format.tables()
     if tabs:
-        manifest["tables"] = {key: _hex_table(tabs[key]) for key in ("centroids", "thresholds")}
+        manifest["tables"] = {key: _hex_table(v) for key, v in tabs.items() if np.asarray(v).dtype.kind == "f"}
     return manifest
 
 
