@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import concurrent.futures
+import dataclasses
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -46,6 +48,7 @@ __all__ = [
     "codec_class",
     "quantize",
     "dequantize",
+    "clear_caches",
     "resolve_backend",
     "numba_available",
     "BACKENDS",
@@ -66,12 +69,130 @@ NUMPY_CHUNK_VALUES = 1 << 15
 #: below it, handing work to a thread costs more than it saves. Decoding is about
 #: ten times cheaper per value than encoding, so its minimum is larger.
 MIN_CHUNK_VALUES = {"encode": 1 << 17, "decode": 1 << 20}
+#: Calls up to this many values are a single chunk on one thread whatever the
+#: settings (see ``_run_chunks``), so a C-contiguous input takes the short path.
+_FAST_VALUES = {k: min(v, CHUNK_VALUES) for k, v in MIN_CHUNK_VALUES.items()}
+_F32 = np.dtype(np.float32)
+_U8 = np.dtype(np.uint8)
 
 def _default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+# ---------------------------------------------------------------------------
+# Caches of data-independent work: format instances and the shortcuts' codecs
+# ---------------------------------------------------------------------------
+
+
+class _Uncacheable(Exception):
+    """An option value :func:`_option_key` cannot turn into a value key (the object is then built afresh)."""
+
+
+def _option_key(v):
+    """A hashable key that equals another's exactly when the two option values are the same data.
+
+    Every key carries the value's exact type, so ``True``, ``1``, ``1.0`` and
+    ``np.int64(1)`` never share an entry (``signs=True`` must still raise),
+    and floats compare by their bits (``-0.0`` is not ``0.0``). Arrays are
+    keyed by dtype, shape and bytes, so an array mutated after a call is a
+    new key; lists, tuples and dicts by their items; frozen dataclasses (a
+    :class:`~tbq.codebooks.Codebook`) by their fields. Anything else (object
+    arrays, mutable objects of unknown kinds) raises :class:`_Uncacheable`.
+    """
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return (t, v)
+    if t is float:
+        return (t, v.hex())
+    if isinstance(v, np.ndarray):
+        if v.dtype.hasobject:
+            raise _Uncacheable
+        return (t, v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, np.generic) and not isinstance(v, np.object_):
+        return (t, v.dtype.str, v.tobytes())
+    if t is tuple or t is list:
+        return (t, tuple(_option_key(e) for e in v))
+    if t is dict:
+        return (t, tuple((_option_key(k), _option_key(e)) for k, e in v.items()))
+    params = getattr(t, "__dataclass_params__", None)
+    if params is not None and params.frozen:
+        return (t, tuple(_option_key(getattr(v, f.name)) for f in dataclasses.fields(v)))
+    raise _Uncacheable
+
+
+def _private_copy(v):
+    """``v`` with every array, list and dict copied: a cached object must not alias the caller's mutable data."""
+    if isinstance(v, np.ndarray):
+        return v.copy()
+    if type(v) is list:
+        return [_private_copy(e) for e in v]
+    if type(v) is tuple:
+        return tuple(_private_copy(e) for e in v)
+    if type(v) is dict:
+        return {k: _private_copy(e) for k, e in v.items()}
+    return v
+
+
+class _LRU:
+    """A small thread-safe least-recently-used map (building twice in a race is harmless)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.data: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            v = self.data.get(key)
+            if v is not None:
+                self.data.move_to_end(key)
+            return v
+
+    def put(self, key, value):
+        with self.lock:
+            self.data[key] = value
+            self.data.move_to_end(key)
+            while len(self.data) > self.size:
+                self.data.popitem(last=False)
+
+    def clear(self):
+        with self.lock:
+            self.data.clear()
+
+
+#: ``(format name, option key) -> Format``: building a format (TBQ: resolving the
+#: codebook and the sign tables, the kernel tables) does not depend on the data,
+#: so it happens once per distinct configuration.
+_FORMAT_CACHE = _LRU(256)
+#: ``(format name, config key) -> Codec`` for :func:`quantize` / :func:`dequantize`
+#: (private: never handed to the caller, who could change its settings).
+_CODEC_CACHE = _LRU(256)
+
+
+def _build_format(name: str, options: dict) -> Format:
+    """The format ``name`` with ``options``, from the cache when the same options were seen before."""
+    cls = format_class(name)
+    if not options:
+        key = (name,)
+    else:
+        try:
+            key = (name, _option_key(options))
+        except _Uncacheable:
+            return cls(**options)
+    fmt = _FORMAT_CACHE.get(key)
+    if fmt is None:
+        fmt = cls(**_private_copy(options)) if options else cls()
+        _FORMAT_CACHE.put(key, fmt)
+    return fmt
+
+
+def clear_caches() -> None:
+    """Forget the cached formats and codecs (they are rebuilt on the next call; results never change)."""
+    _FORMAT_CACHE.clear()
+    _CODEC_CACHE.clear()
 
 
 _pool_lock = threading.Lock()
@@ -208,7 +329,7 @@ class Codec:
         if not self.name:
             raise ConfigError("Codec needs a format name, e.g. Codec('q8_0')")
         #: the :class:`tbq.formats.Format` with this codec's format options
-        self.format: Format = format_class(self.name)(**format_options)
+        self.format: Format = _build_format(self.name, format_options)
         self.backend = resolve_backend(backend)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
             raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
@@ -276,6 +397,23 @@ class Codec:
         uint8 of shape ``x.shape[:-1] + (n // block_size * type_size,)``,
         written into ``out`` when given (uint8, that shape, C-contiguous).
         """
+        if out is None and type(x) is np.ndarray and x.dtype is _F32 and self.backend == "numba":
+            # Fast path for small calls (a fuzzer's one to four blocks): one chunk, no thread,
+            # no gathering; the same kernel call and the same errors as below.
+            n = x.shape[-1] if x.ndim else 0
+            bs = self.info.block_size
+            if 0 < x.size <= _FAST_VALUES["encode"] and n % bs == 0 and x.flags.c_contiguous:
+                ts = self.info.type_size
+                out = np.empty(x.shape[:-1] + (n // bs * ts,), np.uint8)
+                fmt = self.format
+                x2 = x.reshape(-1, bs)
+                if fmt.row_rule:
+                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", row_blocks=n // bs)
+                else:
+                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise")
+                if status != STATUS_OK:
+                    self._raise_encode_error(_Blocks(x, bs, np.float32), int(b), int(status))
+                return out
         x = _check_float_input(x)
         bs, ts = self.block_size, self.type_size
         n = x.shape[-1]
@@ -354,6 +492,14 @@ class Codec:
         ``out`` when given. Any byte content decodes: fp16 scales that are
         Inf, NaN or subnormal give what the C decoder gives (Inf/NaN products).
         """
+        if out is None and type(data) is np.ndarray and data.dtype is _U8 and self.backend == "numba":
+            nbytes = data.shape[-1] if data.ndim else 0
+            ts = self.info.type_size
+            if 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
+                bs = self.info.block_size
+                out = np.empty(data.shape[:-1] + (nbytes // ts * bs,), np.float32)
+                self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))
+                return out
         data = _check_byte_input(data)
         bs, ts = self.block_size, self.type_size
         nbytes = data.shape[-1]
@@ -506,13 +652,34 @@ def codec_from_config(config: dict) -> Codec:
     return get_codec(cfg.pop("name"), **cfg)
 
 
+def _shortcut_codec(fmt, config: dict) -> Codec:
+    """The codec of :func:`quantize` / :func:`dequantize`: built once per distinct configuration.
+
+    ``backend=None`` resolves the same way on every call (numba when it
+    imports) and ``threads=None`` is read at call time, so a cached codec
+    behaves exactly like a new one.
+    """
+    try:
+        key = (fmt, _option_key(config)) if config else (fmt,)
+        hash(key)
+    except (_Uncacheable, TypeError):
+        return get_codec(fmt, **config)
+    codec = _CODEC_CACHE.get(key)
+    if codec is None:
+        codec = get_codec(fmt, **config)
+        _CODEC_CACHE.put(key, codec)
+    return codec
+
+
 def quantize(x, fmt: str, *, out=None, **config) -> np.ndarray:
     """Encode ``x`` (float, last axis a multiple of the block size) in format ``fmt``.
+
+    The codec of a configuration is built once and reused (:func:`clear_caches`).
 
     >>> quantize(np.ones((3, 64), np.float32), "q4_0").shape
     (3, 36)
     """
-    return get_codec(fmt, **config).encode(x, out=out)
+    return _shortcut_codec(fmt, config).encode(x, out=out)
 
 
 def dequantize(data, fmt: str, *, out=None, **config) -> np.ndarray:
@@ -521,4 +688,4 @@ def dequantize(data, fmt: str, *, out=None, **config) -> np.ndarray:
     >>> dequantize(quantize(np.ones((3, 64), np.float32), "q4_0"), "q4_0")[0, :3]
     array([1., 1., 1.], dtype=float32)
     """
-    return get_codec(fmt, **config).decode(data, out=out)
+    return _shortcut_codec(fmt, config).decode(data, out=out)

@@ -35,6 +35,10 @@ def _code_v(v):
     return _code_t(t.astype(np.float64))
 
 
+#: kernel module name -> module
+_KERNELS: dict = {}
+
+
 class Q4_0(Format):
     info = FormatInfo(
         "q4_0", 32, 18, False, 4, "ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)", code=2,
@@ -67,6 +71,12 @@ class Q4_0(Format):
         d = get_f16_scale(data)
         q = _np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
         return q * d[:, None]
+
+    def kernels(self):
+        kn = _KERNELS.get(self.kernel_module)
+        if kn is None:  # imported once: importlib on every call costs about a microsecond
+            kn = _KERNELS[self.kernel_module] = super().kernels()
+        return kn
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)

@@ -27,6 +27,10 @@ def _roundf64(y: np.ndarray) -> np.ndarray:
     return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
 
 
+#: kernel module name -> module
+_KERNELS: dict = {}
+
+
 class Q8_0(Format):
     info = FormatInfo(
         "q8_0", 32, 34, False, 8, "ggml Q8_0: fp16 scale + 32 int8 codes", code=1,
@@ -53,6 +57,12 @@ class Q8_0(Format):
     def reference_decode(self, data):
         d = get_f16_scale(data)
         return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
+
+    def kernels(self):
+        kn = _KERNELS.get(self.kernel_module)
+        if kn is None:  # imported once: importlib on every call costs about a microsecond
+            kn = _KERNELS[self.kernel_module] = super().kernels()
+        return kn
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)

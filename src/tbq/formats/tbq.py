@@ -67,6 +67,10 @@ def _signs_config(spec, rot: RandomizedHadamard):
     return {"signs1": rot.signs1.tolist(), "signs2": rot.signs2.tolist()}
 
 
+#: kernel module name -> module (imported once: ``importlib`` on every call costs microseconds)
+_KERNELS: dict = {}
+
+
 class _TBQ(Format):
     """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
 
@@ -94,6 +98,7 @@ class _TBQ(Format):
             s2=s2,
             cs1=(C * s1).astype(np.float32),
             cs2=(C * s2).astype(np.float32),
+            f16=f16_table(),
         )
 
     def config(self):
@@ -133,13 +138,24 @@ class _TBQ(Format):
         return self.rotation.inverse(self.codebook.centroids[idx]) * d[:, None]
 
     # -- kernels ---------------------------------------------------------------------------
+    def kernels(self):
+        kn = _KERNELS.get(self.kernel_module)
+        if kn is None:
+            kn = _KERNELS[self.kernel_module] = super().kernels()
+        return kn
+
     def kernel_encode(self, x, out, raise_overflow):
         kn, k = self.kernels(), self._k
+        if x.shape[0] < kn.SMALL_BLOCKS:
+            return kn.encode_blocks(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow)
         return kn.encode(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES)
 
     def kernel_decode(self, data, out):
         kn, k = self.kernels(), self._k
-        kn.decode(data, out, self.bits, k["centroids"], k["s2"], k["cs1"], f16_table(), kn.LANES)
+        if data.shape[0] < kn.SMALL_BLOCKS:
+            kn.decode_blocks(data, out, self.bits, k["centroids"], k["s2"], k["cs1"], k["f16"])
+        else:
+            kn.decode(data, out, self.bits, k["centroids"], k["s2"], k["cs1"], k["f16"], kn.LANES)
 
     # -- structure ---------------------------------------------------------------------------
     def fragile_values(self, trace, k, ulp_floor=None):

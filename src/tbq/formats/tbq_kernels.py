@@ -36,6 +36,11 @@ _EPS_NORM = F32(1e-10)
 _FLT_MAX = F32(3.4028234663852886e38)
 
 LANES = 32
+#: Calls with fewer blocks than this run the one-block-at-a-time kernels
+#: (:func:`encode_blocks`, :func:`decode_blocks`): a 32-lane group costs as
+#: much for one block as for 32, and small calls (a fuzzer's one to four
+#: blocks) are about latency, not throughput.
+SMALL_BLOCKS = 8
 
 
 @jit
@@ -286,4 +291,118 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
                 orow[j] = Tf[p]
                 p += lanes
         # stage: end
+    return out
+
+
+# ---------------------------------------------------------------------------
+# One block at a time (small calls): the same operations in the same order
+# ---------------------------------------------------------------------------
+
+
+@jit
+def _butterfly_1d(v):
+    """:func:`_butterfly_lanes` for one block (``v`` of length n): the same additions, the same order."""
+    n = v.shape[0]
+    h = 1
+    while 2 * h < n:
+        for i in range(0, n, 4 * h):
+            for j in range(i, i + h):
+                a = v[j]
+                b = v[j + h]
+                c = v[j + 2 * h]
+                d = v[j + 3 * h]
+                ab = a + b
+                amb = a - b
+                cd = c + d
+                cmd = c - d
+                v[j] = ab + cd
+                v[j + h] = amb + cmd
+                v[j + 2 * h] = ab - cd
+                v[j + 3 * h] = amb - cmd
+        h *= 4
+    if h < n:
+        for j in range(h):
+            a = v[j]
+            c = v[j + h]
+            v[j] = a + c
+            v[j + h] = a - c
+
+
+@jit
+def encode_blocks(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow):
+    """:func:`encode` one block at a time (for calls of a few blocks); identical bytes and status."""
+    nblk = x.shape[0]
+    n = x.shape[1]
+    nt = thresholds.shape[0]
+    v = np.empty(n, np.float32)
+    K = np.empty(n, np.int32)
+    for b in range(nblk):
+        row = x[b]
+        norm2 = _0
+        for j in range(n):  # 1. a sequential float32 sum
+            norm2 += row[j] * row[j]
+        if not (norm2 <= _FLT_MAX) and not block_finite(x, b):
+            return b, STATUS_NONFINITE
+        nv = np.sqrt(norm2)
+        if bits == 4:  # 2. normalise, signs1, butterfly
+            sc = _1 / nv if nv > _EPS_NORM else _0
+            for j in range(n):
+                v[j] = (row[j] * sc) * s1[j]
+        else:
+            nv = nv if nv > _EPS_NORM else _EPS_NORM
+            for j in range(n):
+                v[j] = (row[j] / nv) * s1[j]
+        _butterfly_1d(v)
+        for j in range(n):  # 3. index = number of thresholds <= r
+            r = v[j] * cs2[j]
+            k = np.int32(0)
+            for i in range(nt):
+                k += np.int32(r >= thresholds[i])
+            K[j] = k
+        recon2 = _0
+        for j in range(n):  # 4. a sequential float32 sum of c[idx]^2
+            recon2 += centroids_sq[K[j]]
+        recon = np.sqrt(recon2)
+        if bits == 4:
+            d = nv / recon if recon > _EPS_NORM else nv
+        else:
+            d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+        h = f32_to_f16_bits(d)
+        if raise_overflow and f16_is_inf(h):
+            return b, STATUS_SCALE_OVERFLOW
+        store_f16(out, b, h)  # 5. store
+        orow = out[b]
+        if bits == 4:
+            for k in range(n // 2):
+                orow[2 + k] = pair4(K[2 * k], K[2 * k + 1])
+        else:
+            for g in range(n // 8):
+                store_lane3(orow, 2 + 3 * g, lane3(K[8 * g], K[8 * g + 1], K[8 * g + 2], K[8 * g + 3],
+                                                   K[8 * g + 4], K[8 * g + 5], K[8 * g + 6], K[8 * g + 7]))
+    return -1, STATUS_OK
+
+
+@jit
+def decode_blocks(data, out, bits, centroids, s2, cs1, table):
+    """:func:`decode` one block at a time (for calls of a few blocks); identical float32 bits."""
+    nblk = data.shape[0]
+    n = out.shape[1]
+    v = np.empty(n, np.float32)
+    for b in range(nblk):
+        d = load_f16(data, b, table)
+        drow = data[b]
+        if bits == 4:
+            for k in range(n // 2):
+                byte = drow[2 + k]
+                v[2 * k] = centroids[lo4(byte)] * s2[2 * k]
+                v[2 * k + 1] = centroids[hi4(byte)] * s2[2 * k + 1]
+        else:
+            for g in range(n // 8):
+                lane = load_lane3(drow, 2 + 3 * g)
+                for t in range(8):
+                    v[8 * g + t] = centroids[idx3(lane, t)] * s2[8 * g + t]
+        _butterfly_1d(v)
+        orow = out[b]
+        for j in range(n):
+            orow[j] = (v[j] * cs1[j]) * d
     return out
