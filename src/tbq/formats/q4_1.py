@@ -1,0 +1,164 @@
+"""Q4_1 (ggml): 32 values -> fp16 scale ``d`` + fp16 minimum ``m`` + 32 4-bit codes, 20 bytes.
+
+docs/formats.md, "Q4_1". Per block: ``min`` / ``max`` = the smallest / largest
+value (the first occurrence: the C loop updates on a strict comparison, which
+matters only for the sign of a zero), ``d = (max - min) / 15``, ``id = 1/d``
+(0 when ``d == 0``), ``v = (x - min) * id``, ``t = v + 0.5`` (three float32
+roundings: subtract, multiply, add), ``q = min(15, trunc(t))``; the codes use
+the float32 ``d``, ``id`` and ``min``, not their fp16 roundings. Stored:
+``fp16(d)``, ``fp16(min)``, the codes in ggml's split-half order (byte ``j`` =
+code ``j`` | code ``j+16`` << 4). Decode ``y = q * d16 + m16`` (an exact
+product, one rounding in the sum).
+
+A constant block (all-zero included) has ``d = 0``, codes 0 and decodes to
+``fp16(min)``. A block whose ``d`` or ``fp16(min)`` is infinite is refused
+(``ScaleOverflowError``) unless ``on_overflow="inf"``. When ``1/d`` overflows
+(``max - min`` below about 4.4e-38) the C conversion of ``+-inf``/NaN is
+undefined; tbq writes code 0 there, what x86-64 gcc produces.
+
+>>> b = Q4_1().encode(np.arange(32, dtype=np.float32))
+>>> b[:4].view("<f2").tolist(), b[4:8].tolist()  # d = 31/15, m = 0; codes 0,0,1,1 | 8,8,9,9 << 4
+([2.06640625, 0.0], [128, 128, 145, 145])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import STATUS_SCALE_OVERFLOW
+from ..errors import ScaleOverflowError
+from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
+from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
+from .base import Field, Format, FormatInfo, band
+
+F32 = np.float32
+_15 = F32(15.0)
+_HALF = F32(0.5)
+
+
+def first_min_max(x: np.ndarray):
+    """Row-wise ``(min, max)`` of float32 blocks, each the *first* element attaining it (C's strict updates).
+
+    ``np.argmin``/``np.argmax`` return the first index of the extreme value,
+    and ``+0 == -0``, so the kept zero is the first one, as in the C loop
+    (``np.min`` may return either zero).
+    """
+    rows = np.arange(x.shape[0])
+    return x[rows, np.argmin(x, axis=1)], x[rows, np.argmax(x, axis=1)]
+
+
+def put_f16_at(out: np.ndarray, offset: int, v: np.ndarray) -> None:
+    """Store float32 ``v`` as little-endian fp16 at bytes ``offset``, ``offset+1`` of each row of ``out``."""
+    out[:, offset : offset + 2] = f32_to_f16_bits(v).astype("<u2").view(np.uint8).reshape(-1, 2)
+
+
+def get_f16_at(data: np.ndarray, offset: int) -> np.ndarray:
+    """float32 values of the little-endian fp16 at bytes ``offset``, ``offset+1`` of each row of ``data``."""
+    bits = np.ascontiguousarray(data[:, offset : offset + 2]).view("<u2").reshape(-1)
+    return f16_table()[bits]
+
+
+def min_scale_trace(x: np.ndarray, levels: np.float32):
+    """Steps 1-3 shared by Q4_1 and Q5_1: ``(d, min, v, t)`` with ``d = (max - min) / levels``."""
+    mn, mx = first_min_max(x)
+    d = (mx - mn) / levels
+    inv = safe_reciprocal(d)
+    v = (x - mn[:, None]) * inv[:, None]  # two roundings: the difference, then the product
+    t = v + _HALF  # the third rounding
+    return d, mn, v, t
+
+
+def trunc_codes(t: np.ndarray, top: int | None) -> np.ndarray:
+    """``trunc(t)`` (capped at ``top`` when given) as int32; non-finite ``t`` (1/d overflowed) -> 0.
+
+    x86-64 converts +-inf/NaN to the "integer indefinite" 0x80000000, whose
+    low byte, the stored code, is 0.
+    """
+    q = np.trunc(t)
+    fin = np.isfinite(q)  # before the cap: min(15, inf) would be 15
+    if not fin.all():
+        q = np.where(fin, q, F32(0))
+    if top is not None:
+        q = np.minimum(q, F32(top))
+    return q.astype(np.int32)
+
+
+def min_overflow_status(fmt: Format, trace: dict) -> np.ndarray:
+    """Refusals of a format with an fp16 scale ``d`` and an fp16 minimum ``m``: either one infinite."""
+    m = np.asarray(trace["m"], np.float32)
+    over = fmt.scale_overflows(trace) | ~(np.abs(m) < F32(F16_OVERFLOW))
+    return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+
+
+def min_overflow_error(fmt: Format, block: int, values: np.ndarray) -> Exception:
+    with np.errstate(all="ignore"):
+        tr = fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
+    d, m = float(tr["d"][0]), float(tr["m"][0])
+    if not abs(d) < F16_OVERFLOW:
+        what, val = f"the scale d = (max - min) / {'15' if fmt.info.index_bits == 4 else '31'} is {d!r}", d
+    else:
+        what, val = f"the minimum m is {m!r}", m
+    return ScaleOverflowError(
+        f"{fmt.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; "
+        "the largest finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores "
+        "(an infinite fp16 field)",
+        block=block,
+        scale=val,
+    )
+
+
+def _code_t(t):
+    """The code as a function of ``t = v + 0.5`` (float64, exact)."""
+    return np.minimum(15.0, np.trunc(t))
+
+
+def _code_v(v):
+    """The code as a function of ``v = (x - min) * id``, with the encoder's float32 rounding of ``v + 0.5``."""
+    t = (np.asarray(v, np.float64) + 0.5).astype(np.float32)
+    return _code_t(t.astype(np.float64))
+
+
+class Q4_1(Format):
+    info = FormatInfo(
+        "q4_1", 32, 20, False, 4, "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)", code=7,
+        layout=(
+            Field("d", 0, 2, "f16", "scale (max - min)/15"),
+            Field("m", 2, 2, "f16", "the block's minimum"),
+            Field("qs", 4, 16, "u4_halves", "codes min(15, trunc((x - min)/d + 0.5)), byte j = q[j] | q[j+16] << 4"),
+        ),
+    )
+    kernel_module = "tbq.formats.q4_1_kernels"
+    hazards: dict = {}
+
+    def reference_encode(self, x):
+        d, mn, v, t = min_scale_trace(x, _15)
+        q = trunc_codes(t, 15)
+        out = np.empty((x.shape[0], 20), np.uint8)
+        put_f16_scale(out, d)
+        put_f16_at(out, 2, mn)
+        out[:, 4:] = _np_pack4_halves(q.astype(np.uint8))
+        return out, {"d": d, "m": mn, "v": v, "t": t}
+
+    def reference_decode(self, data):
+        d = get_f16_scale(data)
+        m = get_f16_at(data, 2)
+        q = _np_unpack4_halves(data[:, 4:]).astype(np.float32)
+        return q * d[:, None] + m[:, None]  # product, then sum: two roundings (the product is exact)
+
+    def kernel_encode(self, x, out, raise_overflow):
+        return self.kernels().encode(x, out, raise_overflow)
+
+    def kernel_decode(self, data, out):
+        self.kernels().decode(data, out, f16_table())
+
+    def invalid_blocks(self, trace):
+        return min_overflow_status(self, trace)
+
+    def encode_error(self, status, block, values):
+        return min_overflow_error(self, block, values)
+
+    def fragile_values(self, trace, k, ulp_floor=None):
+        # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change min(15, trunc(t)).
+        # (fragile_scales is the default on d; the minimum is one of the inputs, exact, and cannot move.)
+        return band(_code_v, trace["v"], k) | band(_code_t, trace["t"], k)

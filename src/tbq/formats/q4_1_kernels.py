@@ -1,0 +1,141 @@
+"""numba twins of :mod:`tbq.formats.q4_1` (same bytes, same float32 bits).
+
+The min/max search also serves :mod:`tbq.formats.q5_kernels` (Q5_1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import (
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_SCALE_OVERFLOW,
+    f16_is_inf,
+    f32_to_f16_bits,
+    f32_to_int32,
+    jit,
+    load_f16,
+    store_f16,
+)
+from ..packing_kernels import hi4, lo4, pair4
+
+F32 = np.float32
+_0 = F32(0.0)
+_1 = F32(1.0)
+_HALF = F32(0.5)
+_15 = F32(15.0)
+
+_KEY_POS_INF = 0x7F800000  # order key of +inf (any key >= it: +inf or a NaN with the sign bit clear)
+_KEY_NEG_INF = -0x7F800001  # order key of -inf (any key <= it: -inf or a NaN with the sign bit set)
+_KEY_BIG = 0x7FFFFFFF
+_KEY_SMALL = -0x80000000
+
+
+@jit
+def order_key(v):
+    """An integer that orders like the float32 ``v`` (finite values and infinities; ``-0`` just below ``+0``).
+
+    The sign-magnitude pattern becomes two's complement: negative patterns get
+    their magnitude bits flipped. Integer min/max reductions vectorise without
+    fastmath, where float ones (``v < m ? v : m``) do not.
+    """
+    u = np.int64(F32(v).view(np.int32))
+    return u ^ ((u >> 31) & 0x7FFFFFFF)
+
+
+@jit
+def _first_zero(xr, bs):
+    """The first element of ``xr`` that equals zero (``+0`` or ``-0``: the kept sign)."""
+    first = bs
+    for j in range(bs):
+        c = j if xr[j] == _0 else bs
+        first = c if c < first else first
+    return xr[first]
+
+
+@jit
+def first_min_max(xr, bs):
+    """``(min, max, finite)`` of one block: the values of the *first* elements attaining them, as C's strict loop.
+
+    One branch-free pass reduces the order keys. A non-zero extreme is then
+    the value itself (equal non-zero floats have equal bits); only a zero
+    extreme needs a second pass, for the first zero's sign (``+0 == -0``, so
+    C's ``if (v < min) min = v`` keeps the first zero). ``finite`` is False
+    when the block holds an Inf or a NaN (its key lies beyond an infinity's).
+    """
+    kmin = np.int64(_KEY_BIG)
+    kmax = np.int64(_KEY_SMALL)
+    for j in range(bs):
+        k = order_key(xr[j])
+        kmin = k if k < kmin else kmin
+        kmax = k if k > kmax else kmax
+    if not (kmax < _KEY_POS_INF and kmin > _KEY_NEG_INF):
+        return _0, _0, False
+    # the extreme values from their keys (the key map is its own inverse)
+    vmin = np.int32(kmin ^ ((kmin >> 31) & 0x7FFFFFFF)).view(np.float32)
+    vmax = np.int32(kmax ^ ((kmax >> 31) & 0x7FFFFFFF)).view(np.float32)
+    if vmin == _0:
+        vmin = _first_zero(xr, bs)
+    if vmax == _0:
+        vmax = _first_zero(xr, bs)
+    return vmin, vmax, True
+
+
+@jit
+def store_f16_at(out, row, off, bits):
+    """Write fp16 ``bits`` little-endian at bytes ``off``, ``off+1`` of ``out[row]``."""
+    out[row, off] = np.uint8(bits & np.uint16(0xFF))
+    out[row, off + 1] = np.uint8(bits >> np.uint16(8))
+
+
+@jit
+def load_f16_at(data, row, off, table):
+    """The float32 value of the fp16 at bytes ``off``, ``off+1`` of ``data[row]``."""
+    return table[np.int64(data[row, off]) | (np.int64(data[row, off + 1]) << 8)]
+
+
+@jit
+def _code(x, mn, inv):
+    """``min(15, trunc((x - min) * id + 0.5))``: three float32 roundings, none fused (no fastmath, no contraction)."""
+    t = (x - mn) * inv + _HALF
+    qi = f32_to_int32(t)  # +-Inf/NaN (1/d overflowed): 0, the low byte of x86's 0x80000000
+    return qi if qi < 15 else 15
+
+
+@jit
+def encode(x, out, raise_overflow):
+    bs = x.shape[1]
+    half = bs // 2
+    for b in range(x.shape[0]):
+        xr = x[b]
+        mn, mx, finite = first_min_max(xr, bs)
+        if not finite:
+            return b, STATUS_NONFINITE
+        d = (mx - mn) / _15
+        inv = _1 / d if d != _0 else _0
+        hd = f32_to_f16_bits(d)
+        hm = f32_to_f16_bits(mn)
+        if raise_overflow and (f16_is_inf(hd) or f16_is_inf(hm)):
+            return b, STATUS_SCALE_OVERFLOW
+        store_f16(out, b, hd)
+        store_f16_at(out, b, 2, hm)
+        orow = out[b]
+        for j in range(half):  # both halves in one pass: one vector of codes per output byte lane
+            orow[4 + j] = pair4(_code(xr[j], mn, inv), _code(xr[j + half], mn, inv))
+    return -1, STATUS_OK
+
+
+@jit
+def decode(data, out, table):
+    half = out.shape[1] // 2
+    for b in range(data.shape[0]):
+        d = load_f16(data, b, table)
+        m = load_f16_at(data, b, 2, table)
+        src = data[b]
+        dst = out[b]
+        for j in range(half):
+            v = src[4 + j]
+            dst[j] = F32(lo4(v)) * d + m  # exact product, then one rounding (not fused)
+            dst[j + half] = F32(hi4(v)) * d + m
+    return out
