@@ -1,0 +1,183 @@
+"""Q5_0 and Q5_1 (ggml): 32 5-bit codes per block, the fifth bits in a 32-bit plane ``qh``.
+
+docs/formats.md, "Q5_0" and "Q5_1". Codes ``c`` (0..31) are stored as their
+low 4 bits in ggml's split-half nibble order (byte ``j`` of ``qs`` = ``c[j] &
+15`` | ``(c[j+16] & 15) << 4``) and their bit 4 in the little-endian uint32
+``qh`` (bit ``i`` = bit 4 of ``c[i]``).
+
+- **Q5_0** (22 bytes: ``d`` fp16, ``qh``, ``qs``), like Q4_0 with 32 levels:
+  ``max`` = the signed value of largest magnitude (the first on a tie; ``+0``
+  for a block of zeros), ``d = max / -16``, ``id = 1/d`` (0 when ``d == 0``),
+  ``t = float32(float32(x * id) + 16.5)``, ``c = min(31, trunc(t))``; decode
+  ``y = (c - 16) * d16``. An all-zero block stores ``d = -0`` and codes 16
+  (bytes ``00 80 FF FF FF FF 00 ...``) and decodes to ``-0.0``.
+- **Q5_1** (24 bytes: ``d``, ``m`` fp16, ``qh``, ``qs``), like Q4_1 with 31
+  steps: ``d = (max - min) / 31``, ``c = trunc(float32(float32((x - min) *
+  id) + 0.5))`` with **no** clamp (``t < 32`` always); decode
+  ``y = c * d16 + m16``.
+
+Codes use the float32 ``d``/``id``/``min``, not the stored fp16 values. When
+``1/d`` overflows (tiny blocks) the C conversion of ``+-inf``/NaN is
+undefined; tbq writes code 0 there (what x86-64 gcc produces).
+
+>>> b = Q5_0().encode(np.float32([-16, 15.5] + [0] * 30))  # max = -16: d = 1; t = 0.5, 32 (-> 31), 16.5
+>>> b[:2].view("<f2")[0], hex(int(b[2:6].view("<u4")[0])), b[6:8].tolist()  # codes 0, 31, 16, ...
+(np.float16(1.0), '0xfffffffe', [0, 15])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..half import f16_table
+from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
+from .base import Field, Format, FormatInfo, _read_field, band
+from .q4_1 import get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
+
+F32 = np.float32
+_M16 = F32(-16.0)
+_16_5 = F32(16.5)
+_31 = F32(31.0)
+_BIT = np.arange(32, dtype=np.uint32)
+
+
+def pack_qh(c: np.ndarray) -> np.ndarray:
+    """Little-endian uint32 bytes (blocks, 4) of ``qh = sum(((c_i >> 4) & 1) << i)``."""
+    qh = np.zeros(c.shape[0], np.uint32)
+    for i in range(32):  # OR of disjoint bits: the order does not matter
+        qh |= ((c[:, i].astype(np.uint32) >> np.uint32(4)) & np.uint32(1)) << np.uint32(i)
+    return qh.astype("<u4").view(np.uint8).reshape(-1, 4)
+
+
+def unpack_codes(data: np.ndarray, qh_off: int) -> np.ndarray:
+    """The 5-bit codes (blocks, 32) from ``qh`` at ``qh_off`` and the 16 nibble bytes after it."""
+    qh = np.ascontiguousarray(data[:, qh_off : qh_off + 4]).view("<u4").reshape(-1, 1).astype(np.uint32)
+    lo = _np_unpack4_halves(data[:, qh_off + 4 : qh_off + 20]).astype(np.uint32)
+    return (lo | (((qh >> _BIT) & np.uint32(1)) << np.uint32(4))).astype(np.int32)
+
+
+class _Q5(Format):
+    """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
+
+    def fields(self, data):
+        blocks = self._blocks(data)
+        out = {}
+        for f in self.info.layout:
+            raw = np.ascontiguousarray(blocks[..., f.offset : f.offset + f.size])
+            out[f.name] = raw.view("<u4")[..., 0].astype(np.uint32) if f.kind == "u32" else _read_field(f.kind, raw)
+        return out
+
+
+def _code_t_q5_0(t):
+    """Q5_0's code as a function of ``t = x*id + 16.5`` (float64, exact)."""
+    return np.minimum(31.0, np.trunc(t))
+
+
+def _code_v_q5_0(v):
+    """Q5_0's code as a function of ``v = x*id``, with the encoder's float32 rounding of ``v + 16.5``."""
+    t = (np.asarray(v, np.float64) + 16.5).astype(np.float32)
+    return _code_t_q5_0(t.astype(np.float64))
+
+
+def _code_t_q5_1(t):
+    """Q5_1's code as a function of ``t = v + 0.5``: ``trunc`` with no clamp (``t < 32`` always)."""
+    return np.trunc(t)
+
+
+def _code_v_q5_1(v):
+    t = (np.asarray(v, np.float64) + 0.5).astype(np.float32)
+    return _code_t_q5_1(t.astype(np.float64))
+
+
+class Q5_0(_Q5):
+    info = FormatInfo(
+        "q5_0", 32, 22, False, 5, "ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)", code=8,
+        layout=(
+            Field("d", 0, 2, "f16", "scale max/-16"),
+            Field("qh", 2, 4, "u32", "bit i = bit 4 of code i"),
+            Field("qs", 6, 16, "u4_halves", "low 4 bits of codes min(31, trunc(x/d + 16.5)), byte j = q[j] | q[j+16] << 4"),
+        ),
+    )
+    kernel_module = "tbq.formats.q5_kernels"
+    hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
+
+    def reference_encode(self, x):
+        rows = np.arange(x.shape[0])
+        a = np.abs(x)
+        m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
+        # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a block of
+        # zeros (of either sign) has m = +0 and d = +0 / -16 = -0 (bytes 00 80).
+        m[a.max(axis=1) == 0] = F32(0)
+        d = m / _M16
+        inv = safe_reciprocal(d)
+        v = x * inv[:, None]
+        t = v + _16_5  # two roundings: product, then sum
+        c = trunc_codes(t, 31)
+        out = np.empty((x.shape[0], 22), np.uint8)
+        put_f16_scale(out, d)
+        out[:, 2:6] = pack_qh(c)
+        out[:, 6:] = _np_pack4_halves((c & 15).astype(np.uint8))
+        return out, {"d": d, "v": v, "t": t}
+
+    def reference_decode(self, data):
+        d = get_f16_scale(data)
+        c = unpack_codes(data, 2)
+        return (c - 16).astype(np.float32) * d[:, None]
+
+    def kernel_encode(self, x, out, raise_overflow):
+        return self.kernels().encode_q5_0(x, out, raise_overflow)
+
+    def kernel_decode(self, data, out):
+        self.kernels().decode_q5_0(data, out, f16_table())
+
+    def fragile_values(self, trace, k, ulp_floor=None):
+        # Fragile if a k-ulp change of v = x*id or of t = float32(v + 16.5) can change min(31, trunc(t)).
+        return band(_code_v_q5_0, trace["v"], k) | band(_code_t_q5_0, trace["t"], k)
+
+
+class Q5_1(_Q5):
+    info = FormatInfo(
+        "q5_1", 32, 24, False, 5, "ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)", code=9,
+        layout=(
+            Field("d", 0, 2, "f16", "scale (max - min)/31"),
+            Field("m", 2, 2, "f16", "the block's minimum"),
+            Field("qh", 4, 4, "u32", "bit i = bit 4 of code i"),
+            Field("qs", 8, 16, "u4_halves", "low 4 bits of codes trunc((x - min)/d + 0.5), byte j = q[j] | q[j+16] << 4"),
+        ),
+    )
+    kernel_module = "tbq.formats.q5_kernels"
+    hazards: dict = {}
+
+    def reference_encode(self, x):
+        d, mn, v, t = min_scale_trace(x, _31)
+        c = trunc_codes(t, None) & 0xFF  # C: (uint8_t)t, no clamp; t < 32, so the code is trunc(t)
+        out = np.empty((x.shape[0], 24), np.uint8)
+        put_f16_scale(out, d)
+        put_f16_at(out, 2, mn)
+        out[:, 4:8] = pack_qh(c)
+        out[:, 8:] = _np_pack4_halves((c & 15).astype(np.uint8))
+        return out, {"d": d, "m": mn, "v": v, "t": t}
+
+    def reference_decode(self, data):
+        d = get_f16_scale(data)
+        m = get_f16_at(data, 2)
+        c = unpack_codes(data, 4)
+        return c.astype(np.float32) * d[:, None] + m[:, None]  # exact product, one rounding in the sum
+
+    def kernel_encode(self, x, out, raise_overflow):
+        return self.kernels().encode_q5_1(x, out, raise_overflow)
+
+    def kernel_decode(self, data, out):
+        self.kernels().decode_q5_1(data, out, f16_table())
+
+    def invalid_blocks(self, trace):
+        return min_overflow_status(self, trace)
+
+    def encode_error(self, status, block, values):
+        return min_overflow_error(self, block, values)
+
+    def fragile_values(self, trace, k, ulp_floor=None):
+        # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change trunc(t).
+        # (fragile_scales is the default on d; the minimum is one of the inputs, exact, and cannot move.)
+        return band(_code_v_q5_1, trace["v"], k) | band(_code_t_q5_1, trace["t"], k)
