@@ -1,0 +1,162 @@
+"""Conformance and fuzz testing of other people's kernels, with a diagnosis: "your kernel is wrong on this block, in this way".
+
+Three kinds of target, one check (:mod:`tbq.check.runner`):
+
+- :func:`check_library`: a shared library with ggml's row functions
+  ``quantize_row_<fmt>_ref`` / ``dequantize_row_<fmt>`` (ctypes);
+- :func:`check_kernel`: Python callables (a NumPy, PyTorch or Triton kernel
+  you wrap), usable inside your own pytest suite;
+- :func:`check_program`: an external program that reads one file and writes
+  another (a GPU binary): ``"./mykernel {op} {in} {out}"``.
+
+Each direction the target implements goes through the golden families in
+bulk, a hypothesis fuzz (``examples`` examples or ``seconds`` seconds,
+shrunk to a minimal block on failure) and, for decoders, arbitrary bytes with
+special fp16 scales. Every block is ``exact``, ``fragile`` (a legitimate
+reduction-order or FMA difference inside the golden fragility masks; accepted
+unless ``exact=True``) or ``wrong`` (:mod:`tbq.check.classify`). The
+:class:`CheckReport` gives the counts per direction and phase, the first
+minimal failing block with its differing bytes, fields and tbq's trace, and
+the patterns it recognises (:mod:`tbq.check.diagnose`).
+
+Works for every registered format, with its options (TBQ's ``codebook`` and
+``signs``). The CLI is ``tbq check`` (docs/checking-kernels.md).
+
+>>> import tbq
+>>> report = check_kernel("q4_0", quantize=lambda x: tbq.quantize(x, "q4_0"), blocks=400, examples=0)
+>>> report.ok, report.counts("quantize")["wrong"]
+(True, 0)
+>>> def swapped(x):  # a Q4_0 encoder that swaps the nibbles of every code byte
+...     q = tbq.quantize(x, "q4_0").reshape(-1, 18)
+...     q[:, 2:] = (q[:, 2:] >> 4) | (q[:, 2:] << 4)
+...     return q
+>>> report = check_kernel("q4_0", quantize=swapped, blocks=400, examples=0)
+>>> report.ok, [d.name for d in report.diagnoses]
+(False, ['nibble_order'])
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from ..formats import Format, get_format
+from .classify import CLASSES, EXACT, FRAGILE, WRONG
+from .diagnose import Diagnosis
+from .report import CheckReport, Counterexample, PhaseResult
+from .runner import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, FuzzUnavailable, run_check
+from .targets import CallableTarget, LibraryTarget, ProgramTarget, Target, TargetError, default_symbol
+
+__all__ = [
+    "check_kernel",
+    "check_library",
+    "check_program",
+    "check_target",
+    "CheckReport",
+    "Counterexample",
+    "PhaseResult",
+    "Diagnosis",
+    "Target",
+    "LibraryTarget",
+    "CallableTarget",
+    "ProgramTarget",
+    "TargetError",
+    "FuzzUnavailable",
+    "default_symbol",
+    "resolve_format",
+    "CLASSES",
+    "EXACT",
+    "FRAGILE",
+    "WRONG",
+    "DEFAULT_BLOCKS",
+    "DEFAULT_EXAMPLES",
+    "DEFAULT_K",
+]
+
+
+def resolve_format(fmt, codebook=None, signs=None) -> Format:
+    """The :class:`~tbq.formats.Format` to check against: a name (with TBQ's ``codebook``/``signs``), a Format or a Codec.
+
+    >>> resolve_format("tbq3_0", codebook="turboq-mtp").config()["codebook"]
+    'turboq-mtp'
+    """
+    opts = {k: v for k, v in (("codebook", codebook), ("signs", signs)) if v is not None}
+    if isinstance(fmt, Format):
+        if opts:
+            raise ConfigError("pass codebook= and signs= with a format name; a Format already carries its options")
+        return fmt
+    inner = getattr(fmt, "__dict__", {}).get("format")
+    if isinstance(inner, Format):  # a tbq.Codec
+        if opts:
+            raise ConfigError("pass codebook= and signs= with a format name; a Codec already carries its options")
+        return inner
+    if not isinstance(fmt, str):
+        raise ConfigError(f"fmt must be a format name such as 'q8_0', a tbq Format or a tbq Codec, got {type(fmt).__name__}")
+    return get_format(fmt, **opts)
+
+
+def _finish(report: CheckReport, target: Target, out) -> CheckReport:
+    if out is not None and report.counterexamples:
+        report.save(out, target.format, {d: target.symbols.get(d) for d in report.counterexamples})
+    return report
+
+
+def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
+                 exact: bool = False, k: int = DEFAULT_K, seed: int = 0, out=None, progress: bool | None = False) -> CheckReport:
+    """Check any :class:`Target` (see :func:`check_kernel` for the settings); closes the target afterwards."""
+    try:
+        report = run_check(target, blocks=blocks, examples=examples, seconds=seconds, exact=exact, k=k, seed=seed, progress=progress)
+        return _finish(report, target, out)
+    finally:
+        target.close()
+
+
+def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=None, blocks: int = DEFAULT_BLOCKS,
+                 examples: int = DEFAULT_EXAMPLES, seconds: float | None = None, exact: bool = False, k: int = DEFAULT_K,
+                 seed: int = 0, out=None, progress: bool | None = False, name: str | None = None) -> CheckReport:
+    """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
+
+    ``quantize(x)`` takes float32 rows ``(rows, k)`` and returns the encoded
+    rows (uint8, anything array-like: NumPy, a PyTorch tensor on any device,
+    bytes); ``dequantize(data)`` takes uint8 rows and returns float32. Give
+    either or both.
+
+    Settings: ``blocks`` (golden and random-bytes blocks, default
+    20,000), ``examples`` (hypothesis examples per direction, default 100;
+    0 skips the fuzz phase, which needs hypothesis) or ``seconds`` (a time
+    budget per direction instead), ``exact`` (refuse fragile differences),
+    ``k`` (the fragility margin in float32 ulps, default 4), ``seed``,
+    ``out`` (a directory for the counterexamples' ``.npz`` and ``.c`` files,
+    written only when something fails), ``progress`` (``None``: on stderr
+    when it is a terminal).
+
+    In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
+    """
+    f = resolve_format(fmt, codebook, signs)
+    return check_target(CallableTarget(f, quantize, dequantize, name=name), blocks=blocks, examples=examples, seconds=seconds,
+                        exact=exact, k=k, seed=seed, out=out, progress=progress)
+
+
+def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
+                  codebook=None, signs=None, **settings) -> CheckReport:
+    """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
+
+    ``quantize`` / ``dequantize`` name other symbols; ``only`` (``"quantize"``
+    or ``"dequantize"``) checks one direction. ``settings`` as in
+    :func:`check_kernel`. A library that does not load or lacks a symbol
+    raises :class:`TargetError`.
+    """
+    f = resolve_format(fmt, codebook, signs)
+    return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only), **settings)
+
+
+def check_program(command: str, fmt, *, only: str | None = None, timeout: float = 600.0, codebook=None, signs=None, **settings) -> CheckReport:
+    """Check an external program: ``command`` with ``{in}``, ``{out}`` and optionally ``{op}``, ``{k}``, ``{rows}``, ``{format}``.
+
+    The program reads ``{in}`` (raw little-endian float32 to quantize, or
+    encoded bytes to dequantize; rows back to back) and writes ``{out}``.
+    Without ``{op}`` it implements one direction: say which with ``only``.
+    ``settings`` as in :func:`check_kernel`.
+    """
+    f = resolve_format(fmt, codebook, signs)
+    return check_target(ProgramTarget(command, f, only=only, timeout=timeout), **settings)

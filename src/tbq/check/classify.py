@@ -1,0 +1,315 @@
+"""Classification of every block a target got: ``exact``, ``fragile`` or ``wrong``.
+
+- **exact**: identical bytes (encoders) or identical float32 bits (decoders).
+- **fragile**: the difference is one a correct kernel with another reduction
+  order or fused multiply-adds may legitimately make:
+
+  - encoders (the golden fragility masks, built on the format's trace:
+    :meth:`~tbq.formats.Format.fragile_values` and
+    :meth:`~tbq.formats.Format.fragile_scales`, the machinery of
+    :func:`tbq.golden.fragility`): every differing value code is inside the
+    mask and one step from the reference's code; a differing scale ``d`` is
+    the neighbouring fp16 value of a block whose scale is fragile, or, for
+    rotated formats whose scale is the corrected norm (the trace has
+    ``norm``), the scale the target's own (legitimately different) codes
+    imply; every other field is identical;
+  - decoders: every differing value lies within
+    :meth:`~tbq.formats.Format.decode_tolerance` (0 for exact decoders), or
+    both values are NaN with different payloads (GPUs return a canonical
+    NaN).
+
+- **wrong**: anything else.
+
+Only the blocks that differ are classified, vectorised over the blocks.
+
+>>> import tbq
+>>> f = tbq.get_format("q8_0")
+>>> x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
+>>> ref = f.encode(x)
+>>> bad = ref.copy(); bad[0, 5] ^= 0x40  # a code of the first block
+>>> [CLASSES[c] for c in classify_encoded(f, x, ref, bad, k=4).cls]
+['wrong', 'exact']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formats import Format
+
+__all__ = ["EXACT", "FRAGILE", "WRONG", "CLASSES", "Classified", "classify_encoded", "classify_decoded", "encoder_trace",
+           "value_codes", "ordered_code", "row_kw"]
+
+EXACT, FRAGILE, WRONG = 0, 1, 2
+#: Class names, indexed by the class codes :data:`EXACT`, :data:`FRAGILE`, :data:`WRONG`.
+CLASSES = ("exact", "fragile", "wrong")
+#: Relative width of the window around the scale a rotated format's codes imply (k float32
+#: ulps of the norm plus the rounding of the decoded block's norm), in units of 2**-23.
+_SCALE_WINDOW_ULPS = 4
+
+
+@dataclass
+class Classified:
+    """The class of every block (``cls``, uint8) and the flat indices of the blocks that differ (``idx``)."""
+
+    cls: np.ndarray
+    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  #: flat indices of the differing blocks
+
+    def counts(self) -> tuple[int, int, int]:
+        c = np.bincount(self.cls, minlength=3)
+        return int(c[EXACT]), int(c[FRAGILE]), int(c[WRONG])
+
+
+def row_kw(fmt: Format, row_blocks: int) -> dict:
+    """The keyword a row-rule format's reference encoder needs (``{}`` for the others)."""
+    return {"row_blocks": int(row_blocks)} if fmt.row_rule else {}
+
+
+# ---------------------------------------------------------------------------
+# codes
+# ---------------------------------------------------------------------------
+
+
+def ordered_code(a: np.ndarray, kind: str = "") -> np.ndarray:
+    """Field values as integers where neighbours differ by one (int64).
+
+    Integer codes stay as they are. Float fields (an ``"f16"`` or ``"bf16"``
+    layout kind, else float32) map their bit patterns to the order of the
+    values: ``+0 -> 0``, the next positive value ``-> 1``, ``-0 -> -1``.
+
+    >>> ordered_code(np.float32([0.0, -0.0, 1.0, 1.0009766]), "f16").tolist()
+    [0, -1, 15360, 15361]
+    """
+    a = np.asarray(a)
+    if a.dtype.kind in "iub":
+        return a.astype(np.int64)
+    with np.errstate(all="ignore"):
+        if kind == "f16":
+            bits, top = a.astype(np.float16).view(np.uint16).astype(np.int64), 15
+        elif kind == "bf16":
+            bits, top = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.int64), 15
+        else:
+            bits, top = a.astype(np.float32).view(np.uint32).astype(np.int64), 31
+    mag = bits & ((1 << top) - 1)
+    return np.where(bits >> top, -mag - 1, mag)
+
+
+def _layout_kinds(fmt: Format) -> dict:
+    return {f.name: f.kind for f in fmt.info.layout}
+
+
+def _flat_fields(fmt: Format, data: np.ndarray) -> dict:
+    """``fmt.fields`` of blocks ``data`` (blocks, type_size), every entry shaped (blocks, m)."""
+    nb = data.shape[0]
+    return {name: np.asarray(v).reshape(nb, -1) for name, v in fmt.fields(data).items()}
+
+
+def value_codes(fmt: Format, fields: dict):
+    """The per-value code of each block ``(blocks, block_size)`` int64 from flattened fields, or None.
+
+    A field with ``block_size`` entries per block is a value code (the scale
+    ``d`` of a 1-value format excepted). Several such fields (a low and a
+    high part) are combined, the field with more bits per value in the low
+    bits (the widths come from the layout); a combination the layout cannot
+    order gives None.
+    """
+    bs = fmt.block_size
+    kinds = _layout_kinds(fmt)
+    sizes = {f.name: f.size for f in fmt.info.layout}
+    entries = [(n, a) for n, a in fields.items() if a.shape[1] == bs and not (n == "d" and bs == 1 and len(fields) > 1)]
+    if not entries:
+        return None
+    if len(entries) == 1:
+        n, a = entries[0]
+        return ordered_code(a, kinds.get(n, ""))
+    if not all(n in sizes and np.asarray(a).dtype.kind in "iub" for n, a in entries):
+        return None
+    entries.sort(key=lambda e: -sizes[e[0]])
+    code = np.zeros(entries[0][1].shape, np.int64)
+    shift = 0
+    for n, a in entries:
+        code |= a.astype(np.int64) << shift
+        shift += max(1, sizes[n] * 8 // bs)
+    return code
+
+
+def _value_names(fmt: Format, fields: dict) -> set:
+    bs = fmt.block_size
+    return {n for n, a in fields.items() if a.shape[1] == bs and not (n == "d" and bs == 1 and len(fields) > 1)}
+
+
+def _neq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise "not the same bits" (floats compared by their float32 pattern: -0 != +0, NaN payloads count)."""
+    if a.dtype.kind == "f" or b.dtype.kind == "f":
+        return np.asarray(a, np.float32).view(np.uint32) != np.asarray(b, np.float32).view(np.uint32)
+    return a != b
+
+
+# ---------------------------------------------------------------------------
+# encoders
+# ---------------------------------------------------------------------------
+
+
+def encoder_trace(fmt: Format, x_rows: np.ndarray, blocks: np.ndarray) -> tuple[dict, np.ndarray]:
+    """The reference trace and input values of the flat ``blocks`` of the rows ``x_rows`` (rows, k).
+
+    The trace is computed on the whole rows that hold them (a row-rule
+    block depends on earlier blocks of its row).
+    """
+    bs = fmt.block_size
+    per_row = x_rows.shape[1] // bs
+    rows = blocks // per_row
+    urows, inv = np.unique(rows, return_inverse=True)
+    xb = np.ascontiguousarray(x_rows[urows], np.float32).reshape(-1, bs)
+    with np.errstate(all="ignore"):
+        _, tr = fmt.reference_encode(xb, **row_kw(fmt, per_row))
+    sel = inv.reshape(-1) * per_row + blocks % per_row
+    n = xb.shape[0]
+    out = {}
+    for key, v in tr.items():
+        v = np.asarray(v)
+        out[key] = v[sel] if v.ndim and v.shape[0] == n else v
+    return out, xb[sel]
+
+
+def _fragile_scales(fmt: Format, trace: dict, k: int, nb: int) -> np.ndarray:
+    try:
+        with np.errstate(all="ignore"):
+            s = np.asarray(fmt.fragile_scales(trace, k), bool).reshape(-1)
+    except KeyError:  # a format without a traced scale
+        return np.zeros(nb, bool)
+    return s if s.size == nb else np.zeros(nb, bool)
+
+
+def _implied_scale_ok(fmt: Format, trace: dict, got: np.ndarray, d_got: np.ndarray, k: int) -> np.ndarray:
+    """Rotated corrected-norm formats: is the target's scale the one its own codes imply?
+
+    The scale is ``d = norm / recon`` with ``recon`` the norm of the block's
+    codebook values, so a legitimately different code changes ``d``. The
+    target's codes' ``recon`` is the norm of its block decoded at unit scale
+    (the rotation is orthonormal); the fp16 scale must round a value within
+    ``k + 4`` float32 ulps of ``norm / recon``.
+    """
+    d_field = next((f for f in fmt.info.layout if f.name == "d" and f.kind == "f16" and f.size == 2), None)
+    if d_field is None or "norm" not in trace:
+        return np.zeros(got.shape[0], bool)
+    unit = got.copy()
+    unit[:, d_field.offset : d_field.offset + 2] = np.array([0x00, 0x3C], np.uint8)  # fp16 1.0
+    with np.errstate(all="ignore"):
+        y1 = fmt.reference_decode(unit).astype(np.float64)
+        recon = np.sqrt((y1 * y1).sum(axis=1))
+        implied = np.asarray(trace["norm"], np.float64).reshape(-1) / recon
+        w = (k + _SCALE_WINDOW_ULPS) * 2.0**-23
+        lo = (implied * (1 - w)).astype(np.float16).astype(np.float64)
+        hi = (implied * (1 + w)).astype(np.float16).astype(np.float64)
+    d = np.asarray(d_got, np.float64).reshape(-1)
+    return np.isfinite(implied) & (d >= np.minimum(lo, hi)) & (d <= np.maximum(lo, hi))
+
+
+def _field_diffs(fmt: Format, ref: np.ndarray, got: np.ndarray):
+    """Fields of both sides, per-value codes, and which blocks could still be fragile (a cheap first pass)."""
+    nb = ref.shape[0]
+    kinds = _layout_kinds(fmt)
+    Fr, Fg = _flat_fields(fmt, ref), _flat_fields(fmt, got)
+    values = _value_names(fmt, Fr)
+    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
+    neq_v = np.zeros((nb, fmt.block_size), bool)
+    for n in values:
+        neq_v |= _neq(Fr[n], Fg[n])
+    code_changed = neq_v.any(axis=1)
+    adj = np.abs(cg - cr) == 1 if cr is not None else np.ones_like(neq_v)
+    maybe = ~(neq_v & ~adj).any(axis=1)
+    any_field = code_changed.copy()
+    d_neq = d_adj = None
+    for n in Fr:
+        if n in values:
+            continue
+        neq = _neq(Fr[n], Fg[n]).any(axis=1)
+        any_field |= neq
+        if n == "d" and Fr[n].shape[1] == 1:
+            kind = kinds.get("d", "f16")
+            d_neq = neq
+            d_adj = (np.abs(ordered_code(Fg[n], kind) - ordered_code(Fr[n], kind)) == 1).reshape(-1)
+            implied = code_changed if (fmt.info.rotated and fmt.info.layout) else np.zeros(nb, bool)
+            maybe &= ~neq | d_adj | implied
+        else:
+            maybe &= ~neq
+    maybe &= any_field  # bytes that differ where no field reads them are wrong
+    return dict(Fr=Fr, Fg=Fg, neq_v=neq_v, adj=adj, code_changed=code_changed, d_neq=d_neq, d_adj=d_adj, maybe=maybe)
+
+
+def classify_encoded_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray, k: int, diffs: dict | None = None) -> np.ndarray:
+    """Classes of blocks whose bytes differ: ``ref``/``got`` uint8 (blocks, type_size), ``trace`` of those blocks."""
+    nb = ref.shape[0]
+    if nb == 0:
+        return np.zeros(0, np.uint8)
+    f = diffs if diffs is not None else _field_diffs(fmt, ref, got)
+    ok = f["maybe"].copy()
+    with np.errstate(all="ignore"):
+        fragile_v = np.asarray(fmt.fragile_values(trace, k), bool).reshape(nb, -1)
+    ok &= ~(f["neq_v"] & ~(fragile_v & f["adj"])).any(axis=1)
+    if f["d_neq"] is not None:
+        neq = f["d_neq"]
+        okd = ~neq | (_fragile_scales(fmt, trace, k, nb) & f["d_adj"])
+        if fmt.info.rotated and "norm" in trace:
+            okd |= neq & f["code_changed"] & _implied_scale_ok(fmt, trace, got, f["Fg"]["d"], k)
+        ok &= okd
+    return np.where(ok, FRAGILE, WRONG).astype(np.uint8)
+
+
+def classify_encoded(fmt: Format, x_rows: np.ndarray, ref: np.ndarray, got: np.ndarray, k: int) -> Classified:
+    """Classify every block of an encoder's rows: ``x_rows`` float32 (rows, n), ``ref``/``got`` uint8 (rows, bytes).
+
+    A cheap pass over the fields first: a block whose codes differ by more
+    than one step, or whose other fields differ, is wrong without a trace;
+    only the rest get the reference trace and the fragility masks.
+    """
+    ts = fmt.type_size
+    rb = np.ascontiguousarray(ref).reshape(-1, ts)
+    gb = np.ascontiguousarray(got).reshape(-1, ts)
+    cls = np.zeros(rb.shape[0], np.uint8)
+    idx = np.flatnonzero((rb != gb).any(axis=1))
+    if not idx.size:
+        return Classified(cls)
+    cls[idx] = WRONG
+    f = _field_diffs(fmt, rb[idx], gb[idx])
+    cand = np.flatnonzero(f["maybe"])
+    if cand.size:
+        sub = {key: (v[cand] if isinstance(v, np.ndarray) and v.shape[:1] == (idx.size,) else v) for key, v in f.items()
+               if key not in ("Fr", "Fg")}
+        sub["Fr"] = {n: v[cand] for n, v in f["Fr"].items()}
+        sub["Fg"] = {n: v[cand] for n, v in f["Fg"].items()}
+        trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx[cand])
+        cls[idx[cand]] = classify_encoded_blocks(fmt, trace, rb[idx[cand]], gb[idx[cand]], k, sub)
+    return Classified(cls, idx)
+
+
+# ---------------------------------------------------------------------------
+# decoders
+# ---------------------------------------------------------------------------
+
+
+def classify_decoded(fmt: Format, data: np.ndarray, ref_y: np.ndarray, got_y: np.ndarray) -> Classified:
+    """Classify every block of a decoder's rows: ``data`` uint8 (rows, bytes), ``ref_y``/``got_y`` float32 (rows, n)."""
+    ts, bs = fmt.type_size, fmt.block_size
+    db = np.ascontiguousarray(data).reshape(-1, ts)
+    r = np.ascontiguousarray(ref_y, np.float32).reshape(-1, bs)
+    g = np.ascontiguousarray(got_y, np.float32).reshape(-1, bs)
+    neq = r.view(np.uint32) != g.view(np.uint32)
+    cls = np.zeros(db.shape[0], np.uint8)
+    idx = np.flatnonzero(neq.any(axis=1))
+    if not idx.size:
+        return Classified(cls)
+    rest = neq[idx] & ~(np.isnan(r[idx]) & np.isnan(g[idx]))  # NaN vs NaN (another payload) is fragile
+    ok = ~rest.any(axis=1)
+    tol = np.asarray(fmt.decode_tolerance(db[idx]), np.float32).reshape(idx.size, bs)
+    need = np.flatnonzero(~ok & (tol > 0).any(axis=1))
+    if need.size:
+        with np.errstate(all="ignore"):
+            r64, g64 = r[idx[need]].astype(np.float64), g[idx[need]].astype(np.float64)
+            within = np.isfinite(r64) & np.isfinite(g64) & (np.abs(g64 - r64) <= tol[need].astype(np.float64))
+        ok[need] = ~(rest[need] & ~within).any(axis=1)
+    cls[idx] = np.where(ok, FRAGILE, WRONG)
+    return Classified(cls, idx)

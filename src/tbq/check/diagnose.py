@@ -1,0 +1,705 @@
+"""Pattern diagnoses of wrong blocks: what kind of bug the differences point to, with the evidence.
+
+Each diagnosis looks at every wrong block kept by the check (up to
+:data:`KEEP_BLOCKS` per direction) and reports only what its evidence shows,
+with the numbers that show it. They key on the format's layout (field kinds
+and offsets), its ``info`` and its ``tables()``, never on its name:
+
+encoders
+    - ``shift_bug_3bit`` (``u3_lanes`` fields): codes 3-7 of every 8-value
+      group differ and bytes 1-2 of the 24-bit lanes are never written; the
+      fork's buggy packer applied to tbq's codes reproduces the bytes;
+    - ``nibble_order`` (``u4_halves`` / ``u4_pairs`` fields): another nibble
+      order (low/high swapped, split halves vs adjacent pairs) reads the
+      target's bytes as tbq's codes;
+    - ``scale_ulp``: every differing scale is one fp16 step away and the
+      codes are equal or fragile (FMA contraction, another reduction order);
+    - ``scale_conversion``: the scale bits are tbq's float32 scale converted
+      another way (truncated fp16, bfloat16, subnormals flushed);
+    - ``tie_rounding``: every differing code sits on an exact tie of a traced
+      intermediate (``x * id = k + 1/2``);
+    - ``rotated_sign`` / ``input_sign`` (rotated formats): the codes of fixed
+      rotated coordinates are mirrored, or the bytes are tbq's for the input
+      with one value negated: a sign table differs;
+    - ``permutation``: the codes are tbq's codes in another order;
+
+decoders
+    - ``nibble_order``: tbq's decoder gives the target's values after
+      reading the nibbles in another order;
+    - ``decoder_ulp``: every differing value is within a few float32 ulps;
+    - ``signed_zero``: only the sign of zeros differs;
+    - ``special_scales`` / ``flush_to_zero``: only blocks whose fp16 scale is
+      Inf/NaN, or subnormal (decoded as zeros), differ;
+    - ``output_sign`` / ``rotated_sign``: values (or rotated coordinates) at
+      fixed positions have the wrong sign;
+    - ``scale_factor``: the decoded block is tbq's times one factor per block.
+
+The round-trip diagnosis ("the target's own encode/decode round trip agrees,
+but decoding tbq's bytes does not") and the unwritten-bytes diagnosis need the
+target and are made by :mod:`tbq.check.runner`.
+
+>>> Diagnosis("demo", "a title", ["one fact"]).text()
+'a title\\n    - one fact'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..formats import Format
+from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack4_pairs
+from .classify import FRAGILE, WRONG, ordered_code, row_kw, value_codes
+from .targets import FILL_BYTE
+
+__all__ = ["Diagnosis", "Kept", "KEEP_BLOCKS", "diagnose_encoder", "diagnose_decoder", "diagnose_fragile", "describe_differences"]
+
+#: Failing blocks kept per direction for the diagnoses and the report.
+KEEP_BLOCKS = 4096
+#: Share of the evidence that must agree before a pattern is named.
+AGREE = 0.9
+
+
+@dataclass
+class Diagnosis:
+    """A recognised pattern: ``name`` (stable id), ``title`` (one line), ``evidence`` (facts that show it)."""
+
+    name: str
+    title: str
+    evidence: list = field(default_factory=list)
+    direction: str = ""
+    scope: str = "wrong"  #: the blocks it describes: "wrong", or "fragile" (a pattern hidden inside the fragility mask)
+
+    def text(self) -> str:
+        return "\n".join([self.title] + [f"    - {e}" for e in self.evidence])
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "direction": self.direction, "scope": self.scope, "title": self.title, "evidence": list(self.evidence)}
+
+
+class Kept:
+    """Failing blocks of one direction, kept for the diagnoses (at most :data:`KEEP_BLOCKS`).
+
+    Encoders: ``x`` (inputs), ``ref``/``got`` (bytes), ``trace``; decoders:
+    ``data`` (input bytes), ``ref``/``got`` (floats). ``cls`` holds each
+    block's class, ``where`` its ``(phase, block)``.
+    """
+
+    def __init__(self):
+        self.parts: list[dict] = []
+        self.n = 0
+
+    @property
+    def room(self) -> int:
+        """How many more blocks it keeps."""
+        return max(0, KEEP_BLOCKS - self.n)
+
+    def add(self, cls: np.ndarray, where: list, **arrays) -> None:
+        room = KEEP_BLOCKS - self.n
+        if room <= 0 or not cls.size:
+            return
+        take = slice(0, min(room, cls.size))
+        part = {"cls": cls[take], "where": where[take]}
+        for key, a in arrays.items():
+            if isinstance(a, dict):
+                part[key] = {k: (v[take] if np.ndim(v) and np.shape(v)[0] == cls.size else v) for k, v in a.items()}
+            else:
+                part[key] = None if a is None else a[take]
+        self.parts.append(part)
+        self.n += part["cls"].size
+
+    def get(self, which: str = "wrong") -> dict:
+        """The kept blocks as arrays (``{}`` when none): ``which`` is ``"wrong"``, ``"fragile"`` or ``"all"``."""
+        if not self.parts:
+            return {}
+        out: dict = {}
+        for key in self.parts[0]:
+            vals = [p[key] for p in self.parts]
+            if key == "where":
+                out[key] = [w for v in vals for w in v]
+            elif isinstance(vals[0], dict):
+                keys = [k for k in vals[0] if all(k in v for v in vals)]
+                out[key] = {k: _cat([v[k] for v in vals]) for k in keys}
+            elif vals[0] is None:
+                out[key] = None
+            else:
+                out[key] = np.concatenate(vals)
+        if which != "all":
+            sel = np.flatnonzero(out["cls"] == (WRONG if which == "wrong" else FRAGILE))
+            out = _select(out, sel)
+        return out if out["cls"].size else {}
+
+
+def _cat(vals):
+    if all(np.ndim(v) for v in vals):
+        try:
+            return np.concatenate(vals)
+        except ValueError:
+            return vals[0]
+    return vals[0]
+
+
+def _select(d: dict, sel: np.ndarray) -> dict:
+    n = d["cls"].size
+    out = {}
+    for key, v in d.items():
+        if key == "where":
+            out[key] = [v[i] for i in sel]
+        elif isinstance(v, dict):
+            out[key] = {k: (a[sel] if np.ndim(a) and np.shape(a)[0] == n else a) for k, a in v.items()}
+        elif v is None:
+            out[key] = None
+        else:
+            out[key] = v[sel]
+    return out
+
+
+def _pct(a: float) -> str:
+    return f"{100 * a:.0f}%"
+
+
+def _positions(ps) -> str:
+    ps = [int(p) for p in ps]
+    return ", ".join(map(str, ps[:12])) + (", ..." if len(ps) > 12 else "")
+
+
+def _flat_fields(fmt: Format, data: np.ndarray) -> dict:
+    return {n: np.asarray(v).reshape(data.shape[0], -1) for n, v in fmt.fields(data).items()}
+
+
+# ---------------------------------------------------------------------------
+# what differs (not a diagnosis: the facts every report shows)
+# ---------------------------------------------------------------------------
+
+
+def describe_differences(fmt: Format, direction: str, kept: dict) -> list[str]:
+    """One line per field (encoders) or one line (decoders) saying what differs in the wrong blocks."""
+    if not kept:
+        return []
+    n = kept["cls"].size
+    if direction == "dequantize":
+        neq = kept["ref"].view(np.uint32) != kept["got"].view(np.uint32)
+        return [f"{n} wrong blocks: {int(neq.sum())} of {neq.size} decoded values differ "
+                f"(per block: median {int(np.median(neq.sum(1)))}, at most {int(neq.sum(1).max())})"]
+    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
+    lines = []
+    for name in Fr:
+        a, b = Fr[name], Fg[name]
+        neq = (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32)) if a.dtype.kind == "f" else a != b
+        nb = int(neq.any(1).sum())
+        if not nb:
+            lines.append(f"{name}: identical in all {n} wrong blocks")
+        elif a.shape[1] == 1:
+            lines.append(f"{name}: differs in {nb} of {n} wrong blocks")
+        else:
+            lines.append(f"{name}: differs in {nb} of {n} wrong blocks ({int(neq.sum())} of {neq.size} entries)")
+    return lines
+
+
+# ---------------------------------------------------------------------------
+# encoders
+# ---------------------------------------------------------------------------
+
+
+def _fork_pack3(idx: np.ndarray) -> np.ndarray:
+    """The fork's buggy 3-bit packer (docs/formats.md, "The 3-bit shift bug"), on x86: nothing reaches bytes 1-2."""
+    lanes = idx.reshape(idx.shape[0], -1, 8).astype(np.uint32)
+    out = np.zeros(lanes.shape[:-1] + (3,), np.uint32)
+    for t in range(8):
+        bit = 3 * t
+        out[..., 0] |= (lanes[..., t] << (bit if bit < 8 else 0)) & 0xFF
+    return out.astype(np.uint8).reshape(idx.shape[0], -1)
+
+
+def _shift_bug(fmt, kept) -> Diagnosis | None:
+    for f in fmt.info.layout:
+        if f.kind != "u3_lanes":
+            continue
+        R = kept["ref"][:, f.offset : f.offset + f.size]
+        G = kept["got"][:, f.offset : f.offset + f.size]
+        rows = np.flatnonzero((R != G).any(axis=1))
+        if not rows.size:
+            continue
+        R, G = R[rows], G[rows]
+        cr, cg = unpack3(R, backend="numpy"), unpack3(G, backend="numpy")
+        neq = (cr != cg).reshape(rows.size, -1, 8)
+        per_t = neq.sum(axis=(0, 1))
+        total = int(per_t.sum())
+        late = per_t[3:].sum() / total if total else 0.0
+        lg, lr = G.reshape(rows.size, -1, 3), R.reshape(rows.size, -1, 3)
+        ref_high = (lr[..., 1:] != 0).any(-1)
+        unwritten = ((lg[..., 1:] == 0) | (lg[..., 1:] == FILL_BYTE)).all(-1)
+        high_lost = unwritten[ref_high].mean() if ref_high.any() else 0.0
+        repro = (_fork_pack3(cr) == G).all(axis=1)
+        if not (repro.mean() >= AGREE or (late >= 0.8 and high_lost >= AGREE)):
+            continue
+        groups = neq.shape[0] * neq.shape[1]
+        ev = [
+            f"differing {f.name} codes by position t in the 8-value group, t = 0..7: {per_t.tolist()} over {groups} groups "
+            f"of {rows.size} wrong blocks; t = 3..7 hold {_pct(late)} of them",
+            f"bytes 1 and 2 of {_pct(high_lost)} of the 24-bit lanes that tbq writes non-zero are 0 "
+            f"(or the unwritten fill 0x{FILL_BYTE:02X}) in the target's output",
+        ]
+        if repro.any():
+            ev.append(f"the fork's buggy packer (qs[0] |= idx << (bit < 8 ? bit : 0); for bit >= 8 qs[1] |= idx >> (8 - bit), "
+                      f"a negative shift) applied to tbq's codes reproduces the target's bytes in {int(repro.sum())} of {rows.size} blocks")
+        return Diagnosis("shift_bug_3bit", "3-bit packer shift bug: codes 3-7 of every 8-value group differ; only byte 0 of "
+                         "each 24-bit lane is written (docs/formats.md, \"The 3-bit shift bug\")", ev)
+    return None
+
+
+_READ4 = {"u4_halves": lambda b: unpack4_halves(b, backend="numpy"), "u4_pairs": lambda b: unpack4_pairs(b, backend="numpy")}
+_PACK4 = {"u4_halves": lambda q: pack4_halves(q, backend="numpy"), "u4_pairs": lambda q: pack4_pairs(q, backend="numpy")}
+_LAYOUT4 = {
+    ("u4_halves", False): "byte j = q[j] | q[j+16] << 4 (split halves)",
+    ("u4_halves", True): "byte j = q[j+16] | q[j] << 4 (split halves, high and low nibbles swapped)",
+    ("u4_pairs", False): "byte j = q[2j] | q[2j+1] << 4 (adjacent pairs)",
+    ("u4_pairs", True): "byte j = q[2j+1] | q[2j] << 4 (adjacent pairs, high and low nibbles swapped)",
+}
+
+
+def _swap_nibbles(b: np.ndarray) -> np.ndarray:
+    return ((b >> 4) | (b << 4)).astype(np.uint8)
+
+
+def _nibble_alternatives(kind: str):
+    other = "u4_pairs" if kind == "u4_halves" else "u4_halves"
+    return [(kind, True), (other, False), (other, True)]
+
+
+def _nibble_title(kind, alt_kind, swap) -> str:
+    if alt_kind == kind:
+        return "nibble order swapped: high and low nibbles are exchanged"
+    return f"nibble order swapped: {'adjacent pairs' if alt_kind == 'u4_pairs' else 'split halves'} instead of " \
+           f"{'split halves' if kind == 'u4_halves' else 'adjacent pairs'}" + (", high and low exchanged" if swap else "")
+
+
+def _nibble_encoder(fmt, kept) -> Diagnosis | None:
+    for f in fmt.info.layout:
+        if f.kind not in _READ4:
+            continue
+        R = kept["ref"][:, f.offset : f.offset + f.size]
+        G = kept["got"][:, f.offset : f.offset + f.size]
+        rows = np.flatnonzero((R != G).any(axis=1))
+        if not rows.size:
+            continue
+        cr = _READ4[f.kind](R[rows])
+        for alt, swap in _nibble_alternatives(f.kind):
+            G2 = _swap_nibbles(G[rows]) if swap else G[rows]
+            match = (_READ4[alt](G2) == cr).all(axis=1)
+            if match.mean() >= AGREE:
+                ev = [f"reading the target's {f.name} bytes as {_LAYOUT4[(alt, swap)]} gives exactly tbq's codes in "
+                      f"{int(match.sum())} of {rows.size} wrong blocks whose {f.name} differs",
+                      f"the format stores {_LAYOUT4[(f.kind, False)]}"]
+                return Diagnosis("nibble_order", _nibble_title(f.kind, alt, swap), ev)
+    return None
+
+
+def _fp16_step(d_ref, d_got, kind="f16"):
+    return np.abs(ordered_code(d_got, kind) - ordered_code(d_ref, kind)).reshape(-1)
+
+
+def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
+    if "d" not in kept.get("trace", {}):
+        return None
+    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
+    if "d" not in Fr or Fr["d"].shape[1] != 1:
+        return None
+    kind = {f.name: f.kind for f in fmt.info.layout}.get("d", "f16")
+    dneq = (Fr["d"].view(np.uint32) != Fg["d"].view(np.uint32)).reshape(-1)
+    if not dneq.any():
+        return None
+    step = _fp16_step(Fr["d"], Fg["d"], kind)[dneq]
+    if not (step == 1).all():
+        return None
+    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
+    if cr is not None:
+        with np.errstate(all="ignore"):
+            fragile = np.asarray(fmt.fragile_values(kept["trace"], k), bool).reshape(cr.shape)
+        codes_ok = ~((cr != cg) & ~(fragile & (np.abs(cr - cg) == 1))).any(axis=1)
+        if not codes_ok[dneq].all():
+            return None
+    for n in Fr:  # every other field must agree
+        if n != "d" and (cr is None or Fr[n].shape[1] != fmt.block_size):
+            if (Fr[n] != Fg[n]).any():
+                return None
+    # how far the target's float32 d must have been from tbq's to round to its fp16 value
+    d32 = np.asarray(kept["trace"]["d"], np.float64).reshape(-1)[dneq]
+    dg = Fg["d"].reshape(-1)[dneq].astype(np.float64)
+    with np.errstate(all="ignore"):
+        h = dg.astype(np.float16)
+        back = np.where(dg > d32, -np.inf, np.inf).astype(np.float16)  # toward tbq's side
+        nb = np.nextafter(h, back).astype(np.float64)  # the neighbouring fp16 value on tbq's side
+        boundary = (dg + nb) / 2
+        ulps = np.ceil(np.abs(boundary - d32) / np.spacing(np.abs(d32).astype(np.float32)).astype(np.float64))
+    ulps = ulps[np.isfinite(ulps)]
+    ev = [f"{int(dneq.sum())} wrong blocks differ in d, every one by exactly one fp16 step; their codes equal tbq's "
+          "or differ by one at fragile positions"]
+    if ulps.size:
+        ev.append(f"to round to the target's fp16 values its float32 d must have been {int(ulps.min())} to {int(ulps.max())} "
+                  f"float32 ulps from tbq's (median {int(np.median(ulps))}); the fragility margin is k = {k} "
+                  f"(--fragile-ulps {int(ulps.max())} would accept them as fragile)")
+    return Diagnosis("scale_ulp", "every differing scale is one fp16 ulp from tbq's: FMA contraction or another reduction "
+                     "order in the scale's arithmetic, beyond the fragility margin", ev)
+
+
+def _f16_bits(v64: np.ndarray) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.asarray(v64, np.float32).astype(np.float16).view(np.uint16).astype(np.int64)
+
+
+def _scale_conversion(fmt, kept) -> Diagnosis | None:
+    f = next((f for f in fmt.info.layout if f.name == "d" and f.kind == "f16" and f.size == 2), None)
+    if f is None or "d" not in kept.get("trace", {}):
+        return None
+    R = kept["ref"][:, f.offset : f.offset + 2].copy().view("<u2").reshape(-1).astype(np.int64)
+    G = kept["got"][:, f.offset : f.offset + 2].copy().view("<u2").reshape(-1).astype(np.int64)
+    rows = R != G
+    if not rows.any():
+        return None
+    d = np.asarray(kept["trace"]["d"], np.float32).reshape(-1)
+    u = d.view(np.uint32).astype(np.int64)
+    rne = _f16_bits(d)
+    with np.errstate(all="ignore"):
+        over = np.abs(rne.astype(np.uint16).view(np.float16).astype(np.float64)) > np.abs(d.astype(np.float64))
+    trunc = np.where(over & ((rne & 0x7FFF) > 0), rne - 1, rne)  # one step toward zero (magnitude - 1)
+    ftz = np.where((np.abs(d) < 2.0**-14), np.where(np.signbit(d), 0x8000, 0), rne)
+    bf16_rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+    alts = {
+        "the fp16 conversion truncates (rounds toward zero) instead of rounding to nearest even": trunc,
+        "subnormal fp16 scales are flushed to zero (FTZ)": ftz,
+        "the scale is stored as bfloat16 (the float32's top 16 bits, truncated)": (u >> 16) & 0xFFFF,
+        "the scale is stored as bfloat16 (rounded to nearest even), not fp16": bf16_rne,
+        "the scale field holds the low 16 bits of the float32 scale": u & 0xFFFF,
+    }
+    for title, alt in alts.items():
+        explains = alt[rows] == G[rows]
+        if explains.mean() >= AGREE and (alt != R).any():
+            ev = [f"in {int(explains.sum())} of {int(rows.sum())} wrong blocks whose d differs, the target's 2 scale bytes equal "
+                  f"that conversion of tbq's float32 d (e.g. d = {float(d[rows][0])!r}: tbq 0x{int(R[rows][0]):04X}, "
+                  f"target 0x{int(G[rows][0]):04X})"]
+            return Diagnosis("scale_conversion", title, ev)
+    return None
+
+
+def _ties(fmt, kept, min_codes: int = 4, need_rule: bool = False) -> Diagnosis | None:
+    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
+    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
+    if cr is None:
+        return None
+    diff = cr != cg
+    if not diff.any():
+        return None
+    for n in Fr:  # only the codes may differ
+        if Fr[n].shape[1] != fmt.block_size and (Fr[n].astype(np.float64) != Fg[n].astype(np.float64)).any():
+            return None
+    for name, T in kept["trace"].items():
+        T = np.asarray(T)
+        if T.dtype.kind != "f" or T.shape != diff.shape:
+            continue
+        t = T[diff].astype(np.float64)
+        if not (np.isfinite(t).all() and ((t - np.floor(t)) == 0.5).all()):
+            continue
+        step = (cg - cr)[diff]
+        if not (np.abs(step) == 1).all() or step.size < min_codes:
+            continue
+        ev = [f"all {int(diff.sum())} differing codes sit on exact ties: the traced {name} is exactly k + 1/2 there",
+              f"the target's code is tbq's - 1 in {int((step < 0).sum())} of them, + 1 in {int((step > 0).sum())}"]
+        title = "ties are rounded differently"
+        if (np.rint(t) == cg[diff]).all():
+            title = "ties are rounded to even (rintf, nearbyintf, cvtps2dq, __float2int_rn) where the spec rounds half away from zero (roundf)"
+            ev.append("the target's codes equal round-half-to-even of the traced value at every one of them")
+        elif (np.trunc(t) == cg[diff]).all():
+            title = "ties are rounded toward zero where the spec rounds half away from zero (roundf)"
+            ev.append("the target's codes equal the traced value truncated toward zero at every one of them")
+        elif need_rule:
+            return None
+        return Diagnosis("tie_rounding", title, ev)
+    return None
+
+
+def _rotated_sign(fmt, kept) -> Diagnosis | None:
+    if not fmt.info.rotated:
+        return None
+    tables = fmt.tables()
+    c = tables.get("centroids")
+    if c is None or not np.array_equal(np.asarray(c), -np.asarray(c)[::-1]):
+        return None
+    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
+    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
+    if cr is None:
+        return None
+    diff = cr != cg
+    blocks = diff.any(axis=1)
+    if not blocks.any():
+        return None
+    J = np.flatnonzero(diff.any(axis=0))
+    if J.size > 8:
+        return None
+    top = len(c) - 1
+    mirror = (cg == top - cr)[diff]
+    if mirror.mean() < AGREE:
+        return None
+    ev = [f"the codes differ only at rotated coordinate(s) {_positions(J)} ({int(blocks.sum())} wrong blocks)",
+          f"there the target's index is the mirror image {top} - idx of tbq's (the centroid of -r) in {int(mirror.sum())} "
+          f"of {mirror.size} differing codes"]
+    hint = ""
+    if "signs2" in tables:
+        hint = f": the target's signs2[{_positions(J)}] differs from tbq's (tbq: {_positions(np.asarray(tables['signs2'])[J])})"
+    return Diagnosis("rotated_sign", f"rotated coordinate(s) {_positions(J)} are negated before quantizing: a different "
+                     f"sign table or rotation{hint}", ev)
+
+
+def _input_sign(fmt, kept, tries: int = 4) -> Diagnosis | None:
+    if not fmt.info.rotated or fmt.row_rule or kept.get("x") is None:
+        return None
+    bs = fmt.block_size
+    found = []
+    for b in range(min(tries, kept["cls"].size)):
+        x = kept["x"][b]
+        cand = np.repeat(x[None, :], bs, axis=0)
+        cand[np.arange(bs), np.arange(bs)] *= np.float32(-1)
+        with np.errstate(all="ignore"):
+            enc, _ = fmt.reference_encode(cand, **row_kw(fmt, 1))
+        hits = set(np.flatnonzero((enc == kept["got"][b]).all(axis=1)).tolist())
+        if not hits:
+            return None
+        found.append(hits)
+    common = set.intersection(*found) if found else set()
+    if not common:
+        return None
+    i = min(common)
+    tables = fmt.tables()
+    hint = f": the target's signs1[{i}] differs from tbq's (tbq: {int(tables['signs1'][i])})" if "signs1" in tables else ""
+    ev = [f"in each of {len(found)} wrong blocks tried, tbq's encoding of the input with value {i} negated equals the target's bytes exactly"]
+    return Diagnosis("input_sign", f"the sign of input value {i} is flipped before the rotation: a different first sign table{hint}", ev)
+
+
+def _permutation(fmt, kept) -> Diagnosis | None:
+    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
+    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
+    if cr is None:
+        return None
+    rows = np.flatnonzero((cr != cg).any(axis=1))
+    if rows.size < 4:
+        return None
+    cr, cg = cr[rows], cg[rows]
+    same_multiset = (np.sort(cr, axis=1) == np.sort(cg, axis=1)).all(axis=1)
+    if same_multiset.mean() < AGREE:
+        return None
+    bs = fmt.block_size
+    perm = []
+    for j in range(bs):
+        src = np.flatnonzero((cg[:, j][:, None] == cr).all(axis=0))
+        if not src.size:
+            return Diagnosis("permutation", "the target's codes are tbq's codes in another order", [
+                f"in {int(same_multiset.sum())} of {rows.size} blocks whose codes differ, the target's codes are the same multiset as tbq's"])
+        perm.append(int(src[0]) if j not in src else j)
+    moved = [(j, p) for j, p in enumerate(perm) if p != j]
+    return Diagnosis("permutation", "the target's codes are tbq's codes in another order", [
+        f"in {int(same_multiset.sum())} of {rows.size} blocks whose codes differ, the target's codes are the same multiset as tbq's",
+        "value j holds the code of value p(j), consistently over those blocks: " + ", ".join(f"{j} <- {p}" for j, p in moved[:10])
+        + (", ..." if len(moved) > 10 else "")])
+
+
+def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
+    """Diagnoses of an encoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
+    if not kept:
+        return []
+    out = []
+    for fn in (_shift_bug, _nibble_encoder, lambda f, kp: _scale_ulp(f, kp, k), _scale_conversion, _ties, _rotated_sign, _input_sign):
+        with np.errstate(all="ignore"):
+            d = fn(fmt, kept)
+        if d is not None:
+            d.direction = "quantize"
+            out.append(d)
+    if not any(d.name in ("nibble_order", "shift_bug_3bit") for d in out):
+        d = _permutation(fmt, kept)
+        if d is not None:
+            d.direction = "quantize"
+            out.append(d)
+    return out
+
+
+def diagnose_fragile(fmt: Format, direction: str, kept: dict) -> list[Diagnosis]:
+    """Systematic patterns among fragile blocks (accepted, but a rounding-mode bug can hide there): exact ties."""
+    if not kept or direction != "quantize":
+        return []
+    with np.errstate(all="ignore"):
+        d = _ties(fmt, kept, min_codes=8, need_rule=True)
+    if d is None:
+        return []
+    d.direction, d.scope = direction, "fragile"
+    return [d]
+
+
+# ---------------------------------------------------------------------------
+# decoders
+# ---------------------------------------------------------------------------
+
+
+def _nibble_decoder(fmt, kept) -> Diagnosis | None:
+    data = kept["data"]
+    g = kept["got"].view(np.uint32)
+    for f in fmt.info.layout:
+        if f.kind not in _READ4:
+            continue
+        raw = data[:, f.offset : f.offset + f.size]
+        for alt, swap in _nibble_alternatives(f.kind):
+            codes = _READ4[alt](_swap_nibbles(raw) if swap else raw)
+            moved = data.copy()
+            moved[:, f.offset : f.offset + f.size] = _PACK4[f.kind](codes)
+            rows = np.flatnonzero((moved != data).any(axis=1))
+            if not rows.size:
+                continue
+            with np.errstate(all="ignore"):
+                y = fmt.reference_decode(moved[rows])
+            match = (y.view(np.uint32) == g[rows]).all(axis=1)
+            if match.mean() >= AGREE:
+                ev = [f"tbq's decoder gives exactly the target's values in {int(match.sum())} of {rows.size} wrong blocks once "
+                      f"{f.name} is read as {_LAYOUT4[(alt, swap)]}",
+                      f"the format stores {_LAYOUT4[(f.kind, False)]}"]
+                return Diagnosis("nibble_order", _nibble_title(f.kind, alt, swap), ev)
+    return None
+
+
+def _ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.abs(ordered_code(a.astype(np.float32)) - ordered_code(b.astype(np.float32)))
+
+
+def _decoder_values(fmt, kept) -> Diagnosis | None:
+    r, g = kept["ref"], kept["got"]
+    neq = r.view(np.uint32) != g.view(np.uint32)
+    fin = np.isfinite(r) & np.isfinite(g)
+    if not neq.any():
+        return None
+    if (neq & ~fin).any():
+        return None
+    dist = _ulp_distance(r[neq], g[neq])
+    zeros = (r[neq] == 0) & (g[neq] == 0)
+    if zeros.all():
+        return Diagnosis("signed_zero", "only the sign of zero differs", [
+            f"all {int(neq.sum())} differing values are zeros of the opposite sign (e.g. -0.0 where the C reference gives "
+            "+0.0): the order of a subtraction or a multiply by a signed zero scale differs from the spec's"])
+    if dist.max() <= 4:
+        tol = np.asarray(fmt.decode_tolerance(kept["data"]), np.float64)
+        exact = not (tol > 0).any()
+        ev = [f"all {int(neq.sum())} differing values are within {int(dist.max())} float32 ulp(s) of tbq's "
+              f"({int((dist == 1).sum())} at one ulp)"]
+        ev.append("the format's decoder is exact (products of a code and a scale), so tbq expects identical bits"
+                  if exact else "they lie beyond the format's decode_tolerance (the largest legitimate FMA difference)")
+        return Diagnosis("decoder_ulp", "decoded values off by a few float32 ulps: FMA contraction or another order of "
+                         "operations in the decoder", ev)
+    return None
+
+
+def _decoder_scales(fmt, kept) -> Diagnosis | None:
+    f = next((f for f in fmt.info.layout if f.kind == "f16" and f.size == 2 and f.offset == 0 and fmt.block_size > 1), None)
+    if f is None:
+        return None
+    bits = kept["data"][:, 0:2].copy().view("<u2").reshape(-1)
+    exp, mant = (bits >> 10) & 0x1F, bits & 0x3FF
+    special = exp == 0x1F
+    subnormal = (exp == 0) & (mant != 0)
+    n = bits.size
+    if special.all():
+        return Diagnosis("special_scales", "only blocks whose fp16 scale is Inf or NaN decode differently", [
+            f"every one of the {n} wrong blocks has an Inf or NaN scale (tbq returns what the C reference computes: "
+            "+-Inf for non-zero codes, NaN for a zero code times Inf, NaN for a NaN scale)"])
+    if subnormal.all():
+        g = kept["got"]
+        flushed = (g == 0).all(axis=1)
+        if flushed.mean() >= AGREE:
+            return Diagnosis("flush_to_zero", "subnormal fp16 scales are flushed to zero (FTZ/DAZ, e.g. CUDA's -ftz=true or "
+                             "--use_fast_math)", [f"every one of the {n} wrong blocks has a subnormal fp16 scale, and the target "
+                                                 f"decodes {int(flushed.sum())} of them to all zeros"])
+    return None
+
+
+def _output_sign(fmt, kept) -> Diagnosis | None:
+    r, g = kept["ref"], kept["got"]
+    rb, gb = r.view(np.uint32), g.view(np.uint32)
+    neg = gb == (rb ^ np.uint32(0x80000000))
+    neq = rb != gb
+    if not neq.any() or (neq & ~neg).any():
+        return None
+    J = np.flatnonzero(neq.any(axis=0))
+    if J.size > 8:
+        return None
+    tables = fmt.tables()
+    hint = f": the target's signs1[{_positions(J)}] differs from tbq's" if "signs1" in tables else ""
+    return Diagnosis("output_sign", f"decoded value(s) {_positions(J)} have the wrong sign{hint}", [
+        f"in all {kept['cls'].size} wrong blocks the only differences are exact negations, at value position(s) {_positions(J)}"])
+
+
+def _decoder_rotated_sign(fmt, kept) -> Diagnosis | None:
+    if not fmt.info.rotated or fmt.row_rule:
+        return None
+    r, g = kept["ref"], kept["got"]
+    ok = np.isfinite(r).all(1) & np.isfinite(g).all(1) & (np.abs(r).sum(1) > 0) & (np.abs(g).sum(1) > 0)
+    if ok.sum() < 1:
+        return None
+    with np.errstate(all="ignore"):
+        try:
+            tr_r = fmt.reference_encode(np.ascontiguousarray(r[ok]))[1].get("r")
+            tr_g = fmt.reference_encode(np.ascontiguousarray(g[ok]))[1].get("r")
+        except Exception:  # pragma: no cover - a format without a rotation trace
+            return None
+    if tr_r is None or tr_g is None:
+        return None
+    a, b = np.asarray(tr_r, np.float64), np.asarray(tr_g, np.float64)
+    scale = np.abs(a).max(axis=1, keepdims=True)
+    close = np.abs(a - b) <= 1e-3 * scale
+    flipped = (np.abs(a + b) <= 1e-3 * scale) & ~close
+    if not flipped.any() or not (close | flipped).all(axis=1).mean() >= AGREE:
+        return None
+    J = np.flatnonzero(flipped.any(axis=0))
+    if J.size > 8:
+        return None
+    tables = fmt.tables()
+    hint = f": the target's signs2[{_positions(J)}] differs from tbq's" if "signs2" in tables else ""
+    return Diagnosis("rotated_sign", f"rotated coordinate(s) {_positions(J)} are negated before the inverse rotation{hint}", [
+        f"rotating the target's decoded blocks with tbq's rotation gives tbq's rotated block with coordinate(s) "
+        f"{_positions(J)} negated in {int((close | flipped).all(axis=1).sum())} of {int(ok.sum())} wrong blocks"])
+
+
+def _scale_factor(fmt, kept) -> Diagnosis | None:
+    r, g = kept["ref"].astype(np.float64), kept["got"].astype(np.float64)
+    nz = (r != 0) & np.isfinite(r) & np.isfinite(g)
+    with np.errstate(all="ignore"):
+        ratio = np.where(nz, g / np.where(nz, r, 1), np.inf)
+        lo = np.where(nz.any(axis=1), np.min(np.where(nz, ratio, np.inf), axis=1), np.nan)
+        hi = np.where(nz.any(axis=1), np.max(np.where(nz, ratio, -np.inf), axis=1), np.nan)
+    const = np.isfinite(lo) & (np.abs(hi - lo) <= 1e-6 * np.abs(lo)) & (np.abs(lo - 1) > 1e-6)
+    if const.mean() < AGREE:
+        return None
+    f = lo[const]
+    ev = [f"in {int(const.sum())} of {const.size} wrong blocks the target's values are tbq's times one factor per block "
+          f"(median {float(np.median(f)):.6g}, from {float(f.min()):.6g} to {float(f.max()):.6g})"]
+    d_field = next((x for x in fmt.info.layout if x.name == "d" and x.kind == "f16" and x.size == 2), None)
+    title = "the decoded block is tbq's times a per-block factor: the scale is read or applied differently"
+    if d_field is not None:
+        swapped = kept["data"].copy()
+        o = d_field.offset
+        swapped[:, [o, o + 1]] = swapped[:, [o + 1, o]]
+        with np.errstate(all="ignore"):
+            y = fmt.reference_decode(swapped)
+        if (y.view(np.uint32) == kept["got"].view(np.uint32)).all(axis=1).mean() >= AGREE:
+            title = "the fp16 scale is read big-endian (its two bytes swapped)"
+            ev.append("tbq's decoder gives the target's values once the scale's two bytes are swapped")
+    return Diagnosis("scale_factor", title, ev)
+
+
+def diagnose_decoder(fmt: Format, kept: dict) -> list[Diagnosis]:
+    """Diagnoses of a decoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
+    if not kept:
+        return []
+    out = []
+    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _scale_factor):
+        with np.errstate(all="ignore"):
+            d = fn(fmt, kept)
+        if d is not None:
+            d.direction = "dequantize"
+            out.append(d)
+    return out

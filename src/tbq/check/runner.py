@@ -1,0 +1,575 @@
+"""The phases of a check, in order, for each direction the target implements.
+
+1. ``golden``: the golden input families of :mod:`tbq.golden` in bulk (every
+   edge kind, then Gaussian, outlier and heavy-tailed rows), in rows of 128
+   values; the decoder gets tbq's bytes of the same rows.
+2. ``fuzz``: a hypothesis search over :mod:`tbq.testing.strategies`
+   (``float_blocks`` for encoders; ``encoded_blocks``, valid and arbitrary,
+   for decoders) for ``examples`` examples or ``seconds`` seconds. Every
+   example is a batch of rows (one target call); hypothesis shrinks a failure
+   to a minimal example.
+3. ``bytes`` (decoders): arbitrary blocks (random bytes and fixed patterns),
+   most with special fp16 scales (+-Inf, NaN, subnormals, +-0, +-65504).
+
+Every block is classified by :mod:`tbq.check.classify` against tbq's own
+codec (numba when it imports; identical bytes and bits to the NumPy spec),
+with vectorised comparisons: only differing blocks are looked at closely.
+Then the first minimal failing block of each direction becomes the
+counterexample (hypothesis-shrunk when the fuzz phase found one, else the
+first failing golden/bytes block reduced by zeroing values while it still
+fails), and the diagnoses run over the kept failing blocks.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+
+from ..codecs import codec_from
+from ..errors import TbqValueError
+from ..formats import Format
+from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
+from ..progress import Progress
+from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
+from .diagnose import Diagnosis, Kept, describe_differences, diagnose_decoder, diagnose_encoder, diagnose_fragile
+from .report import CheckReport, PhaseResult, make_counterexample
+from .targets import Target, TargetError
+
+__all__ = ["DEFAULT_BLOCKS", "DEFAULT_EXAMPLES", "DEFAULT_K", "run_check", "golden_rows", "random_blocks", "require_hypothesis",
+           "FuzzUnavailable"]
+
+#: The fragility margin in float32 ulps unless told otherwise. ``tbq golden`` marks 4 ulps, but
+#: a TBQ kernel that sums the norm's squares pairwise instead of sequentially moves rotated
+#: coordinates by up to 6 ulps (measured on 100,000 golden blocks of TBQ4_0 and TBQ3_0; 5 leaves
+#: 10 blocks outside the mask), so the check accepts 8.
+DEFAULT_K = 8
+#: Blocks of the golden phase (and of the decoders' bytes phase) unless told otherwise.
+DEFAULT_BLOCKS = 20_000
+#: Blocks classified at a time in the bulk phases (bounds the memory of a check of millions of blocks).
+CHUNK_BLOCKS = 1 << 15
+#: Hypothesis examples per direction unless told otherwise.
+DEFAULT_EXAMPLES = 100
+#: Rows per fuzz example (each example is one target call).
+FUZZ_ROWS = 4
+#: At most this many target calls go into reducing a golden counterexample.
+SHRINK_CALLS = 200
+#: Examples per hypothesis run when the fuzz phase has a time budget (``seconds``).
+ROUND_EXAMPLES = 25
+
+#: At most this many rows of each edge kind (they are built one at a time; about 0.4 ms a row).
+EDGE_REPEATS = 32
+
+#: fp16 (and bfloat16) bit-pattern ranges the bytes phase writes into scale fields, inclusive.
+SPECIAL_F16 = {
+    "+inf": (0x7C00, 0x7C00), "-inf": (0xFC00, 0xFC00), "nan": (0x7C01, 0x7FFF), "-nan": (0xFC01, 0xFFFF),
+    "subnormal": (0x0001, 0x03FF), "-subnormal": (0x8001, 0x83FF), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
+    "max": (0x7BFF, 0x7BFF), "-max": (0xFBFF, 0xFBFF), "min_normal": (0x0400, 0x0400), "-min_normal": (0x8400, 0x8400),
+}
+SPECIAL_BF16 = {
+    "+inf": (0x7F80, 0x7F80), "-inf": (0xFF80, 0xFF80), "nan": (0x7F81, 0x7FFF), "-nan": (0xFF81, 0xFFFF),
+    "subnormal": (0x0001, 0x007F), "-subnormal": (0x8001, 0x807F), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
+    "max": (0x7F7F, 0x7F7F), "-max": (0xFF7F, 0xFF7F), "min_normal": (0x0080, 0x0080), "-min_normal": (0x8080, 0x8080),
+}
+
+
+class FuzzUnavailable(TbqValueError):
+    """The fuzz phase was asked for but hypothesis is not installed."""
+
+
+def require_hypothesis() -> None:
+    """Raise :class:`FuzzUnavailable` (one line) unless hypothesis imports."""
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise FuzzUnavailable("the fuzz phase needs the hypothesis package (pip install hypothesis, or pip install 'tbq[test]'); "
+                              "pass --examples 0 (examples=0 in Python) to skip the fuzz phase") from None
+
+
+# ---------------------------------------------------------------------------
+# inputs
+# ---------------------------------------------------------------------------
+
+
+def _row_len(fmt: Format) -> int:
+    bs = fmt.block_size
+    return ROW_SIZE if ROW_SIZE % bs == 0 else bs * -(-ROW_SIZE // bs)
+
+
+def _table_kw(fmt: Format) -> dict:
+    """The golden tables (codebook, signs) the edge rows are built with: the format's own where it has them."""
+    cfg = fmt.config()
+    return {key: cfg[key] for key in ("codebook", "signs") if key in cfg}
+
+
+def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
+    """float32 rows of 128 values holding about ``blocks`` blocks of ``fmt`` from the golden families.
+
+    Every edge kind of :data:`tbq.golden.EDGE_KINDS` at least once (about a
+    tenth of the rows, at most :data:`EDGE_REPEATS` of each), the rest split over the Gaussian, outlier and
+    heavy-tailed families; the same seeds as ``tbq golden --seed``.
+
+    >>> golden_rows(__import__("tbq").get_format("q4_0"), 400).shape
+    (100, 128)
+    """
+    per_row = _row_len(fmt) // fmt.block_size
+    n_rows = max(1, -(-blocks // per_row))
+    reps = max(1, min(EDGE_REPEATS, round(n_rows * 0.1 / len(EDGE_KINDS))))
+    edge_rows = len(EDGE_KINDS) * reps
+    rest = max(0, n_rows - edge_rows)
+    kw = _table_kw(fmt)
+    parts = [make_inputs(edge_rows, seed, ("edge",), **kw)["x"]]
+    if rest:
+        parts.append(make_inputs(-(-rest // 3), seed, ("gaussian", "outliers", "heavy_tail"), **kw)["x"])
+    x = np.concatenate(parts)
+    if _row_len(fmt) != ROW_SIZE:  # a block longer than a golden row, or one that does not divide it
+        flat = x.reshape(-1)
+        x = flat[: flat.size // _row_len(fmt) * _row_len(fmt)].reshape(-1, _row_len(fmt))
+    return np.ascontiguousarray(x[:n_rows], np.float32)
+
+
+def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
+    """uint8 rows of arbitrary encoded blocks: random bytes and patterns, most scale fields special values.
+
+    Every ``f16`` (or ``bf16``) field of the layout gets, in two blocks of
+    three, a pattern from :data:`SPECIAL_F16` (``SPECIAL_BF16``) in turn.
+
+    >>> random_blocks(__import__("tbq").get_format("q8_0"), 8).shape
+    (2, 136)
+    """
+    ts = fmt.type_size
+    per_row = _row_len(fmt) // fmt.block_size
+    n_rows = max(1, -(-blocks // per_row))
+    n = n_rows * per_row
+    rng = np.random.default_rng(seed * 1000 + 77)
+    data = rng.integers(0, 256, (n, ts), dtype=np.uint8)
+    for i, byte in enumerate((0x00, 0xFF, 0x0F, 0xF0, 0x55, 0xAA, 0x88, 0x77)):
+        if 8 * i < n:
+            data[8 * i] = byte
+    for f in fmt.info.layout:
+        table = {"f16": SPECIAL_F16, "bf16": SPECIAL_BF16}.get(f.kind)
+        if table is None or f.size % 2:
+            continue
+        kinds = list(table.values())
+        for off in range(f.offset, f.offset + f.size, 2):
+            pick = np.flatnonzero(np.arange(n) % 3 != 2)
+            which = (pick // 3 * 2 + pick % 3 + off) % len(kinds)
+            lo = np.array([kinds[w][0] for w in which])
+            hi = np.array([kinds[w][1] for w in which])
+            bits = (lo + rng.integers(0, 1 << 16, pick.size) % (hi - lo + 1)).astype("<u2")
+            data[pick, off : off + 2] = bits.view(np.uint8).reshape(-1, 2)
+    return data.reshape(n_rows, per_row * ts)
+
+
+# ---------------------------------------------------------------------------
+# the check
+# ---------------------------------------------------------------------------
+
+
+class _Abort(BaseException):
+    """Carries a TargetError out of hypothesis without a shrink (hypothesis would shrink an Exception)."""
+
+
+class _Direction:
+    def __init__(self, name: str):
+        self.name = name
+        self.phases: list[PhaseResult] = []
+        self.kept = {WRONG: Kept(), FRAGILE: Kept()}
+        self.first: dict = {}  # class -> (phase, input row(s), block index, how)
+
+
+class _Check:
+    def __init__(self, target: Target, *, blocks: int, examples: int, seconds, exact: bool, k: int, seed: int, progress):
+        self.target, self.fmt = target, target.format
+        self.blocks, self.examples, self.seconds = blocks, examples, seconds
+        self.exact, self.k, self.seed = exact, k, seed
+        self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow="inf")
+        self.dirs = {d: _Direction(d) for d in target.directions}
+        self.progress = progress
+        self.notes: list[str] = []
+        self.diagnoses: list[Diagnosis] = []
+        self.golden_x: np.ndarray | None = None
+
+    # -- one batch --------------------------------------------------------------------------
+    def _failing(self, cls: np.ndarray) -> np.ndarray:
+        return (cls == WRONG) | ((cls == FRAGILE) & self.exact)
+
+    def quantize_batch(self, x: np.ndarray):
+        """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
+        ref = self.codec.encode(x)
+        got = self.target.quantize(x)
+        return classify_encoded(self.fmt, x, ref, got, self.k), ref, got
+
+    def dequantize_batch(self, data: np.ndarray):
+        ref = self.codec.decode(data)
+        got = self.target.dequantize(data)
+        return classify_decoded(self.fmt, data, ref, got), ref, got
+
+    def _record(self, d: _Direction, phase: str, rows: np.ndarray, c, ref, got, offset: int = 0) -> None:
+        """Keep the non-exact blocks of a batch for the diagnoses and remember the first failing ones."""
+        ts, bs = self.fmt.type_size, self.fmt.block_size
+        per_row = (rows.shape[1] // bs) if d.name == "quantize" else (rows.shape[1] // ts)
+        idx = c.idx
+        if not idx.size:
+            return
+        for cls in (WRONG, FRAGILE):
+            bi = idx[c.cls[idx] == cls]
+            if not bi.size:
+                continue
+            if cls not in d.first:
+                b = int(bi[0])
+                d.first[cls] = (phase, rows[b // per_row].copy(), b % per_row, "")
+            keep = bi[: d.kept[cls].room]
+            if not keep.size:
+                continue
+            where = [(phase, offset + int(i)) for i in keep]
+            if d.name == "quantize":
+                trace, xb = encoder_trace(self.fmt, rows, keep)
+                d.kept[cls].add(c.cls[keep], where, x=xb, ref=ref.reshape(-1, ts)[keep], got=got.reshape(-1, ts)[keep], trace=trace)
+            else:
+                d.kept[cls].add(c.cls[keep], where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep],
+                                got=got.reshape(-1, bs)[keep])
+
+    def _phase(self, d: _Direction, phase: str, rows: np.ndarray) -> None:
+        """One bulk phase, in chunks of about :data:`CHUNK_BLOCKS` blocks (one target call per chunk where it allows)."""
+        t0 = time.perf_counter()
+        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
+        width = self.fmt.block_size if d.name == "quantize" else self.fmt.type_size
+        step = max(1, CHUNK_BLOCKS // max(1, rows.shape[1] // width))
+        counts = np.zeros(3, np.int64)
+        for r0 in range(0, rows.shape[0], step):
+            chunk = rows[r0 : r0 + step]
+            c, ref, got = run(chunk)
+            self._record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
+            counts += np.bincount(c.cls, minlength=3)
+        e, f, w = (int(v) for v in counts)
+        note = {"golden": "edge kinds + gaussian, outliers, heavy_tail", "bytes": "arbitrary bytes, special fp16 scales"}[phase]
+        d.phases.append(PhaseResult(d.name, phase, e + f + w, e, f, w, time.perf_counter() - t0, note))
+
+    # -- fuzz -------------------------------------------------------------------------------
+    def _strategy(self, direction: str):
+        from hypothesis import strategies as st
+
+        from ..testing import strategies as tst
+
+        bs = self.fmt.block_size
+        max_blocks = max(2, min(32, 128 // bs))
+        lead = st.integers(1, FUZZ_ROWS).map(lambda r: (r,))
+        if direction == "quantize":
+            return tst.float_blocks(self.codec, min_blocks=1, max_blocks=max_blocks, leading_shape=lead)
+        return st.one_of(tst.encoded_blocks(self.codec, valid=True, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
+                         tst.encoded_blocks(self.codec, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead))
+
+    def _fuzz(self, d: _Direction) -> None:
+        import hypothesis
+        from hypothesis import HealthCheck, Phase, Verbosity
+        from hypothesis.errors import HypothesisException, NoSuchExample
+
+        t0 = time.perf_counter()
+        strat = self._strategy(d.name)
+        counts = np.zeros(3, np.int64)
+        state = {"found": False, "examples": 0, "first": None}
+        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
+
+        def condition(rows):
+            rows = np.ascontiguousarray(rows)
+            if rows.ndim == 1:
+                rows = rows[None, :]
+            try:
+                c, ref, got = run(rows)
+            except TargetError as exc:
+                raise _Abort(exc) from None
+            failing = bool(self._failing(c.cls).any())
+            if not state["found"]:
+                state["examples"] += 1
+                counts[:] += np.bincount(c.cls, minlength=3)
+                self._record(d, "fuzz", rows, c, ref, got)
+                if failing:
+                    state["found"], state["first"] = True, rows.copy()
+            return failing
+
+        minimal, why = None, ""
+        rounds = 0
+        while True:
+            n = self.examples if not self.seconds else ROUND_EXAMPLES
+            settings = hypothesis.settings(max_examples=max(1, n), deadline=None, database=None, verbosity=Verbosity.quiet,
+                                           phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
+            try:
+                minimal = hypothesis.find(strat, condition, settings=settings, random=random.Random(self.seed * 7919 + rounds))
+                break
+            except NoSuchExample:
+                pass
+            except _Abort as a:
+                raise a.args[0] from None
+            except HypothesisException as exc:  # e.g. Flaky: the target answered the same input differently
+                why = f"hypothesis stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
+                self.notes.append(f"{d.name} fuzz: {why}")
+                break
+            rounds += 1
+            if not self.seconds or time.perf_counter() - t0 >= self.seconds:
+                break
+        if minimal is not None:
+            self._set_fuzz_first(d, np.ascontiguousarray(minimal), "shrunk by hypothesis")
+        elif state["first"] is not None:
+            self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
+        note = f"{state['examples']} hypothesis examples" + (" (stopped at the first failure)" if state["found"] else "")
+        e, f, w = (int(v) for v in counts)
+        d.phases.append(PhaseResult(d.name, "fuzz", e + f + w, e, f, w, time.perf_counter() - t0, note))
+
+    def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
+        """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
+        rows = rows if rows.ndim == 2 else rows[None, :]
+        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
+        c, _, _ = run(rows)
+        bad = np.flatnonzero(self._failing(c.cls))
+        if not bad.size:  # pragma: no cover - hypothesis only returns failing examples
+            return
+        width = self.fmt.block_size if d.name == "quantize" else self.fmt.type_size
+        per_row = rows.shape[1] // width
+        b = int(bad[0])
+        row, blk = rows[b // per_row], b % per_row
+        if not self.fmt.row_rule and per_row > 1:
+            row, blk = row[blk * width : (blk + 1) * width], 0
+        d.first[int(c.cls[b])] = ("fuzz", row.copy(), blk, how)
+
+    # -- counterexamples ---------------------------------------------------------------------
+    def _fails(self, d: _Direction, row: np.ndarray):
+        """``(failing, first failing block, its class, its signature)`` of one input row."""
+        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
+        c, ref, got = run(row[None, :])
+        bad = np.flatnonzero(self._failing(c.cls))
+        if not bad.size:
+            return False, -1, EXACT, None
+        b = int(bad[0])
+        return True, b, int(c.cls[b]), self._signature(d, ref, got, b)
+
+    def _signature(self, d: _Direction, ref, got, b: int):
+        """What kind of difference block ``b`` shows: the fields that differ (encoders), or whether
+        values differ beyond the sign of zero and NaN payloads (decoders). Reduction keeps it."""
+        if d.name == "quantize":
+            ts = self.fmt.type_size
+            e, g = ref.reshape(-1, ts)[b : b + 1], got.reshape(-1, ts)[b : b + 1]
+            Fe, Fg = self.fmt.fields(e), self.fmt.fields(g)
+            return tuple(n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8)))
+        bs = self.fmt.block_size
+        e, g = ref.reshape(-1, bs)[b].astype(np.float64), got.reshape(-1, bs)[b].astype(np.float64)
+        with np.errstate(all="ignore"):
+            return bool(((e != g) & ~(np.isnan(e) & np.isnan(g))).any())
+
+    def _reduce(self, d: _Direction, row: np.ndarray, blk: int) -> tuple[np.ndarray, int, str]:
+        """A smaller failing input: the block alone (when blocks are independent), then values zeroed while it
+        fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
+        width = self.fmt.block_size if d.name == "quantize" else self.fmt.type_size
+        calls = 1
+        cur = row
+        ok, first, _, sig = self._fails(d, cur)
+        if not ok:  # pragma: no cover - a target that does not answer the same input the same way
+            return row, blk, "not reduced: the target does not fail on it again"
+        blk = first
+        if not self.fmt.row_rule and row.size > width:
+            single = row[blk * width : (blk + 1) * width].copy()
+            calls += 1
+            ok, _, _, s1 = self._fails(d, single)
+            if ok and s1 == sig:
+                cur, blk = single, 0
+        bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
+        chunk = max(1, cur.size // 2)
+        zeroed = 0
+        while chunk >= 1 and calls < SHRINK_CALLS:
+            for i in range(0, cur.size, chunk):
+                if calls >= SHRINK_CALLS:
+                    break
+                if not bits[i : i + chunk].any():
+                    continue
+                cand = cur.copy()
+                cand[i : i + chunk] = 0
+                calls += 1
+                ok, first, _, s2 = self._fails(d, cand)
+                if ok and s2 == sig:
+                    zeroed += int(np.count_nonzero(bits[i : i + chunk]))
+                    cur, blk = cand, first
+                    bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
+            chunk //= 2
+        how = "the block alone" if cur.size == width else "its row (blocks depend on their row)"
+        how += f", {zeroed} {'values' if d.name == 'quantize' else 'bytes'} zeroed while it kept failing the same way ({calls} target calls)"
+        return cur, blk, how
+
+    def counterexample(self, d: _Direction):
+        pick = WRONG if WRONG in d.first else (FRAGILE if self.exact and FRAGILE in d.first else None)
+        if pick is None:
+            return None
+        phase, row, blk, how = d.first[pick]
+        row, blk, reduced = self._reduce(d, row, blk)
+        how = f"{how}; then {reduced}" if how else reduced
+        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
+        c, ref, got = run(row[None, :])
+        bad = np.flatnonzero(self._failing(c.cls))
+        if bad.size and blk not in bad:
+            blk = int(bad[0])
+        trace = None
+        if d.name == "quantize":
+            trace, _ = encoder_trace(self.fmt, row[None, :], np.array([blk]))
+        return make_counterexample(self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.k, how)
+
+    # -- diagnoses that need the target -----------------------------------------------------------
+    def _unwritten(self, d: _Direction, ce) -> Diagnosis | None:
+        if self.target.kind != "library" or ce is None:
+            return None
+        row = ce.input[None, :]
+        if d.name == "quantize":
+            a, b = self.target.quantize(row, fill=0x00), self.target.quantize(row, fill=0xFF)
+            width, unit = self.fmt.type_size, "byte"
+        else:
+            a, b = self.target.dequantize(row, fill=0x00000000), self.target.dequantize(row, fill=0xFFFFFFFF)
+            a, b = a.view(np.uint32), b.view(np.uint32)
+            width, unit = self.fmt.block_size, "value"
+        diff = np.flatnonzero((a != b).reshape(-1))
+        if not diff.size:
+            return None
+        names = {o: f.name for f in self.fmt.info.layout for o in range(f.offset, f.offset + f.size)}
+        where = sorted({names.get(int(o) % width, "?") for o in diff}) if d.name == "quantize" else []
+        return Diagnosis("unwritten", f"the kernel leaves part of its output unwritten ({diff.size} {unit}s of the counterexample)", [
+            f"{unit}s {', '.join(str(int(o)) for o in diff[:16])}{' ...' if diff.size > 16 else ''} of the output keep whatever the "
+            "buffer held before the call (they differ between a buffer filled with 0x00 and one filled with 0xFF)"
+            + (f"; fields: {', '.join(where)}" if where else "")], d.name)
+
+    def _round_trip(self) -> Diagnosis | None:
+        if len(self.dirs) < 2 or not any(self._direction_failed(d) for d in self.dirs.values()):
+            return None
+        kept = self.dirs["quantize"].kept[WRONG].get()
+        bs = self.fmt.block_size
+        if kept and kept["cls"].size >= 16 and not self.fmt.row_rule:
+            xs = kept["x"][:256]  # one block per row: the blocks are independent
+        elif self.golden_x is not None:
+            xs = self.golden_x[-min(64, self.golden_x.shape[0]) :]
+        else:
+            return None
+        xs = np.ascontiguousarray(xs, np.float32)
+        own_bytes = self.target.quantize(xs)
+        ref_bytes = self.codec.encode(xs)
+        if np.array_equal(own_bytes, ref_bytes):
+            return None
+        yt = self.target.dequantize(own_bytes).reshape(-1, bs).astype(np.float64)
+        yx = self.target.dequantize(ref_bytes).reshape(-1, bs).astype(np.float64)
+        yr = self.codec.decode(ref_bytes).reshape(-1, bs).astype(np.float64)
+        x = xs.reshape(-1, bs).astype(np.float64)
+        with np.errstate(all="ignore"):
+            nx = np.sqrt((x * x).sum(1))
+            keep = (nx > 0) & np.isfinite(nx)
+            if keep.sum() < 4:
+                return None
+            def err(y):
+                return np.sqrt(((y - x) ** 2).sum(1))[keep] / nx[keep]
+            et, ex, er = (float(np.nanmedian(err(y))) for y in (yt, yx, yr))
+        if not (np.isfinite(et) and et <= 1.25 * er + 1e-7 and (not np.isfinite(ex) or ex > 2 * er + 1e-6)):
+            return None
+        return Diagnosis("round_trip", "the target's own encode/decode round trip agrees, but decoding tbq's bytes does not: the "
+                         "target gives the bytes another meaning (a different sign table, rotation or codebook, or another packing)", [
+            f"median relative error over {int(keep.sum())} blocks: target encode + target decode {et:.4g}, tbq round trip {er:.4g}, "
+            f"target decoding tbq's bytes {ex:.4g}",
+            "so the target's encoder and decoder agree with each other but not with tbq's bytes"], "both")
+
+    def _direction_failed(self, d: _Direction) -> bool:
+        w = sum(p.wrong for p in d.phases)
+        f = sum(p.fragile for p in d.phases)
+        return bool(w or (self.exact and f) or self.target.faults.get(d.name))
+
+    # -- all of it -------------------------------------------------------------------------------
+    def run(self) -> CheckReport:
+        t0 = time.perf_counter()
+        fuzz = bool(self.examples) or bool(self.seconds)
+        steps = len(self.dirs) * (2 if self.blocks else 0) + (len(self.dirs) if fuzz else 0) + (1 if "dequantize" in self.dirs and self.blocks else 0)
+        with Progress(max(1, steps), "tbq check", enabled=self.progress) as bar:
+            self._smoke()
+            if self.blocks:
+                x = golden_rows(self.fmt, self.blocks, self.seed)
+                self.golden_x = x
+                ref_bytes = self.codec.encode(x)
+                for d in self.dirs.values():
+                    self._phase(d, "golden", x if d.name == "quantize" else ref_bytes)
+                    bar.step(f"{d.name} golden")
+            for d in self.dirs.values():
+                if fuzz:
+                    self._fuzz(d)
+                    bar.step(f"{d.name} fuzz")
+                else:
+                    d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
+            if "dequantize" in self.dirs and self.blocks:
+                self._phase(self.dirs["dequantize"], "bytes", random_blocks(self.fmt, self.blocks, self.seed))
+                bar.step("dequantize bytes")
+        report = CheckReport(self.fmt.name, self.fmt.config(), self.target.description, self._settings())
+        for d in self.dirs.values():
+            report.phases.extend(sorted(d.phases, key=lambda p: ("golden", "fuzz", "bytes").index(p.phase)))
+        for d in self.dirs.values():
+            report.diagnoses.extend(diagnose_fragile(self.fmt, d.name, d.kept[FRAGILE].get("fragile")))
+            if not self._direction_failed(d):
+                continue
+            ce = self.counterexample(d)
+            if ce is not None:
+                report.counterexamples[d.name] = ce
+            kept = d.kept[WRONG].get()
+            report.differences[d.name] = describe_differences(self.fmt, d.name, kept)
+            found = diagnose_encoder(self.fmt, kept, self.k) if d.name == "quantize" else diagnose_decoder(self.fmt, kept)
+            extra = self._unwritten(d, ce)
+            report.diagnoses.extend(([extra] if extra else []) + found)
+        rt = self._round_trip()
+        if rt is not None:
+            report.diagnoses.append(rt)
+        for name, msgs in self.target.faults.items():
+            report.faults[name] = list(msgs)
+        report.notes = self.notes
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def _smoke(self) -> None:
+        """One call per direction on a row of zeros, so a target that cannot run fails before any work."""
+        x = np.zeros((1, _row_len(self.fmt)), np.float32)
+        if "quantize" in self.dirs:
+            self.target.quantize(x)
+        if "dequantize" in self.dirs:
+            self.target.dequantize(self.codec.encode(x))
+
+    def _settings(self) -> dict:
+        try:
+            import hypothesis
+
+            hv = hypothesis.__version__
+        except ImportError:
+            hv = None
+        return {"blocks": self.blocks, "examples": self.examples, "seconds": self.seconds, "exact": self.exact,
+                "fragile_ulps": self.k, "seed": self.seed, "reference_backend": self.codec.backend, "hypothesis": hv}
+
+
+def _int(name: str, v, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise TbqValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
+              exact: bool = False, k: int = DEFAULT_K, seed: int = 0, progress: bool | None = False) -> CheckReport:
+    """Run every phase on ``target`` and return the :class:`~tbq.check.report.CheckReport`.
+
+    ``blocks``: blocks of the golden phase and of the decoders' bytes phase
+    (0 skips both); ``examples``: hypothesis examples per direction (0 skips
+    the fuzz phase), or ``seconds``: a time budget per direction instead;
+    ``exact``: fragile blocks fail too; ``k``: the fragility margin in
+    float32 ulps; ``seed``: the golden families' seed and the fuzz's;
+    ``progress``: ``None`` reports on stderr when it is a terminal.
+    """
+    blocks = _int("blocks", blocks, 0)
+    examples = _int("examples", examples, 0)
+    k = _int("k (the fragility margin in ulps)", k, 0)
+    seed = _int("seed", seed, 0)
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float, np.integer, np.floating)) or not seconds > 0:
+            raise TbqValueError(f"seconds must be a positive number of seconds or None, got {seconds!r}")
+        seconds = float(seconds)
+    if not isinstance(exact, (bool, np.bool_)):
+        raise TbqValueError(f"exact must be True or False, got {exact!r}")
+    if not target.directions:
+        raise TargetError(f"{target.description} implements neither quantize nor dequantize")
+    if examples or seconds:
+        require_hypothesis()
+    return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress).run()
