@@ -1,0 +1,119 @@
+"""``tbq check``: arguments and printing; the work is :mod:`tbq.check`.
+
+Exit status: 0 when nothing is wrong, 1 when a block is wrong (or fragile
+with ``--exact``, or the target wrote outside its buffers), 2 for a usage or
+loading error (a library that does not load, a missing symbol, an ``--exec``
+command that fails; one line on stderr, from the dispatcher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import check_output_file, int_at_least
+from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, ProgramTarget, check_target, resolve_format
+from ..check.runner import require_hypothesis
+from ..check.targets import PLACEHOLDERS
+from ..errors import ConfigError, TbqValueError
+from ..formats import formats
+from ..golden import check_out_dir
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return v
+
+
+def _table_spec(value, what: str):
+    """``--codebook`` / ``--signs``: a name, an integer seed (signs), or a JSON file with exact tables."""
+    if value is None:
+        return None
+    if value.lstrip("-").isdigit():
+        if what == "signs":
+            return int(value)
+        raise ConfigError(f"--codebook takes a name or a JSON file, got {value!r}")
+    p = Path(value)
+    if value.endswith(".json") or p.is_file():
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read --{what} file {value}: {exc}") from None
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of ``tbq check``."""
+    t = p.add_argument_group("the kernel under test (one of --lib and --exec)")
+    t.add_argument("--lib", metavar="PATH", help="shared library with ggml's row functions (loaded with ctypes)")
+    t.add_argument("--quantize", metavar="SYMBOL", help="--lib: the encoder's symbol (default: quantize_row_<fmt>_ref)")
+    t.add_argument("--dequantize", metavar="SYMBOL", help="--lib: the decoder's symbol (default: dequantize_row_<fmt>)")
+    t.add_argument("--exec", dest="exec_cmd", metavar="CMD",
+                   help="external program reading {in} and writing {out}, e.g. \"./kernel {op} {in} {out}\"; placeholders: "
+                   + ", ".join("{" + k + "}" for k in PLACEHOLDERS))
+    t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
+    t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
+    f = p.add_argument_group("format")
+    f.add_argument("--format", required=True, choices=formats(), metavar="FMT",
+                   help=f"the block format the kernel implements (required): {', '.join(formats())}")
+    f.add_argument("--codebook", help="formats with a codebook option (TBQ): lloyd-max, turboq-mtp or a JSON file of exact "
+                   "tables (default: the format's default)")
+    f.add_argument("--signs", help="formats with a signs option (TBQ): turboq-mtp, an integer seed or a JSON file "
+                   "{signs1, signs2} (default: the format's default)")
+    r = p.add_argument_group("what runs")
+    r.add_argument("--blocks", type=int_at_least(0), default=DEFAULT_BLOCKS, metavar="N",
+                   help="blocks of the golden phase and of the decoders' random-bytes phase; 0 skips both")
+    fz = r.add_mutually_exclusive_group()
+    fz.add_argument("--examples", type=int_at_least(0), default=DEFAULT_EXAMPLES, metavar="N",
+                    help="hypothesis examples per direction (each a batch of rows); 0 skips the fuzz phase")
+    fz.add_argument("--seconds", type=_positive_float, metavar="T", help="fuzz for T seconds per direction instead of --examples")
+    r.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the golden families and of the fuzz")
+    c = p.add_argument_group("classification")
+    c.add_argument("--exact", action="store_true", help="refuse fragile differences too (default: accepted)")
+    c.add_argument("-k", "--fragile-ulps", type=int_at_least(0), default=DEFAULT_K, metavar="K",
+                   help="fragility margin in float32 ulps")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, and the table goes to stderr)")
+    o.add_argument("--out", metavar="DIR", default=None,
+                   help="directory for the counterexamples (.npz and a C repro), written only when something fails "
+                   "(default: tbq-check-<fmt>)")
+    o.add_argument("--quiet", action="store_true", help="print the verdict line only, no progress")
+
+
+def _target(args, fmt):
+    if (args.lib is None) == (args.exec_cmd is None):
+        raise TbqValueError("give the kernel under test: --lib PATH (a shared library) or --exec CMD (a program), one of them")
+    if args.exec_cmd is not None:
+        for flag in ("quantize", "dequantize"):
+            if getattr(args, flag) is not None:
+                raise TbqValueError(f"--{flag} names a library symbol; with --exec use --only to pick a direction")
+        return ProgramTarget(args.exec_cmd, fmt, only=args.only, timeout=args.timeout)
+    return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only)
+
+
+def run_cli(args) -> int:
+    """Run ``tbq check``; prints the report. Returns 0 (nothing wrong) or 1 (something wrong)."""
+    fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"))
+    json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
+    out_dir = check_out_dir(args.out or f"tbq-check-{fmt.name}")
+    if args.examples or args.seconds:
+        require_hypothesis()  # before loading anything: say so at once
+    target = _target(args, fmt)
+    report = check_target(target, blocks=args.blocks, examples=args.examples if not args.seconds else 0, seconds=args.seconds,
+                          exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir,
+                          progress=False if args.quiet else None)
+    text_stream = sys.stderr if args.json == "-" else sys.stdout
+    print(report.verdict() if args.quiet else report.text(), file=text_stream)
+    if args.json == "-":
+        print(report.to_json())
+    elif json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(report.to_json() + "\n")
+    return 0 if report.ok else 1
