@@ -155,7 +155,7 @@ def _select(d: dict, sel: np.ndarray) -> dict:
     return out
 
 
-def _pct(a: float) -> str:
+def percent(a: float) -> str:
     return f"{100 * a:.0f}%"
 
 
@@ -237,8 +237,8 @@ def _shift_bug(fmt, kept) -> Diagnosis | None:
         groups = neq.shape[0] * neq.shape[1]
         ev = [
             f"differing {f.name} codes by position t in the 8-value group, t = 0..7: {per_t.tolist()} over {groups} groups "
-            f"of {rows.size} wrong blocks; t = 3..7 hold {_pct(late)} of them",
-            f"bytes 1 and 2 of {_pct(high_lost)} of the 24-bit lanes that tbq writes non-zero are 0 "
+            f"of {rows.size} wrong blocks; t = 3..7 hold {percent(late)} of them",
+            f"bytes 1 and 2 of {percent(high_lost)} of the 24-bit lanes that tbq writes non-zero are 0 "
             f"(or the unwritten fill 0x{FILL_BYTE:02X}) in the target's output",
         ]
         if repro.any():

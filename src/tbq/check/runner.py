@@ -33,7 +33,7 @@ from ..formats import Format
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..progress import Progress
 from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
-from .diagnose import Diagnosis, Kept, describe_differences, diagnose_decoder, diagnose_encoder, diagnose_fragile
+from .diagnose import Diagnosis, Kept, percent, describe_differences, diagnose_decoder, diagnose_encoder, diagnose_fragile
 from .report import CheckReport, PhaseResult, make_counterexample
 from .targets import Target, TargetError
 
@@ -461,13 +461,17 @@ class _Check:
                 return None
             def err(y):
                 return np.sqrt(((y - x) ** 2).sum(1))[keep] / nx[keep]
-            et, ex, er = (float(np.nanmedian(err(y))) for y in (yt, yx, yr))
-        if not (np.isfinite(et) and et <= 1.25 * er + 1e-7 and (not np.isfinite(ex) or ex > 2 * er + 1e-6)):
+
+            bt, bx, br = err(yt), err(yx), err(yr)
+            et, ex, er = (float(np.nanmedian(b)) for b in (bt, bx, br))
+            worse = float(np.mean(~(bx <= 1.01 * bt)))  # blocks where decoding tbq's bytes is worse than the own round trip
+        # the own round trip is as good as tbq's (within 10%), decoding tbq's bytes clearly worse, block after block
+        if not (np.isfinite(et) and et <= 1.1 * er + 1e-7 and not ex <= 1.25 * er + 1e-6 and worse >= 0.75):
             return None
         return Diagnosis("round_trip", "the target's own encode/decode round trip agrees, but decoding tbq's bytes does not: the "
                          "target gives the bytes another meaning (a different sign table, rotation or codebook, or another packing)", [
             f"median relative error over {int(keep.sum())} blocks: target encode + target decode {et:.4g}, tbq round trip {er:.4g}, "
-            f"target decoding tbq's bytes {ex:.4g}",
+            f"target decoding tbq's bytes {ex:.4g} (worse than the target's own round trip in {percent(worse)} of the blocks)",
             "so the target's encoder and decoder agree with each other but not with tbq's bytes"], "both")
 
     def _direction_failed(self, d: _Direction) -> bool:

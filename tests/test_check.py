@@ -1,0 +1,406 @@
+"""tbq.check / tbq check: small C kernels of our own (tests/c, written from docs/formats.md), correct and broken,
+must each be classified correctly, with the right diagnosis; Python callables and --exec programs take the same paths.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tbq
+from tbq.check import CheckReport, TargetError, check_kernel, check_library, check_program
+from tbq.check.classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded
+from tbq.cli import main
+from tbq.golden import hex_literal
+
+C_DIR = Path(__file__).parent / "c"
+CC = shutil.which("gcc") or shutil.which("cc")
+needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler (gcc or cc) on PATH: the C kernels of tests/c cannot be built")
+
+#: small runs: the phases, not their length, are under test (the suite stays well under a minute)
+FAST = dict(blocks=1500, examples=15)
+
+
+# ---------------------------------------------------------------------------
+# building the kernels
+# ---------------------------------------------------------------------------
+
+
+def _tables_header() -> str:
+    def arr(name, a):
+        return f"static const float {name}[{np.size(a)}] = {{{', '.join(hex_literal(float(v)) for v in np.ravel(a))}}};\n"
+
+    t4, t3 = tbq.get_format("tbq4_0").tables(), tbq.get_format("tbq3_0").tables()
+    return ("#pragma once\n" + arr("TBQ4_CENTROIDS", t4["centroids"]) + arr("TBQ4_THRESHOLDS", t4["thresholds"])
+            + arr("TBQ3_CENTROIDS", t3["centroids"]) + arr("TBQ3_THRESHOLDS", t3["thresholds"])
+            + arr("TBQ_SIGNS1", t4["signs1"]) + arr("TBQ_SIGNS2", t4["signs2"]))
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """``build(source, *defines, exe=False)``: compile a kernel of tests/c (cached), return its path."""
+    if CC is None:
+        pytest.skip("no C compiler (gcc or cc) on PATH: the C kernels of tests/c cannot be built")
+    out = tmp_path_factory.mktemp("kernels")
+    (out / "tbq_tables.h").write_text(_tables_header())
+    made = {}
+
+    def make(*sources, defines=(), exe=False, contract=False):
+        key = (sources, tuple(defines), exe, contract)
+        if key not in made:
+            name = "_".join(Path(s).stem for s in sources) + "".join("_" + d.replace("=", "") for d in defines)
+            path = out / (name if exe else f"lib{name}.so")
+            flags = ["-O2", f"-I{out}", f"-I{C_DIR}"] + ([] if exe else ["-shared", "-fPIC"])
+            flags += [] if contract else ["-ffp-contract=off"]  # the correct kernels: no FMA contraction
+            cmd = [CC, *flags, *(f"-D{d}" for d in defines), *(str(C_DIR / s) for s in sources), "-o", str(path), "-lm"]
+            subprocess.run(cmd, check=True, capture_output=True)
+            made[key] = path
+        return made[key]
+
+    return make
+
+
+KERNELS = {"q8_0": "q8_0.c", "q4_0": "q4_0.c", "tbq4_0": "tbq.c", "tbq3_0": "tbq.c"}
+
+
+def names(report: CheckReport, direction: str | None = None, scope: str = "wrong") -> list[str]:
+    return [d.name for d in report.diagnoses if (direction is None or d.direction in (direction, "both")) and d.scope == scope]
+
+
+def assert_counts_add_up(report: CheckReport) -> None:
+    for p in report.phases:
+        assert p.blocks == p.exact + p.fragile + p.wrong, p
+
+
+# ---------------------------------------------------------------------------
+# correct kernels pass, exactly
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+@pytest.mark.parametrize("fmt", list(KERNELS))
+def test_correct_kernel_passes_bit_exact(build, fmt):
+    report = check_library(build(KERNELS[fmt]), fmt, **FAST)
+    assert report.ok, report
+    assert_counts_add_up(report)
+    for d in ("quantize", "dequantize"):
+        c = report.counts(d)
+        assert c["exact"] == c["blocks"] and c["blocks"] >= 2 * FAST["blocks"] - (FAST["blocks"] if d == "quantize" else 0)
+        assert report.counts(d, "fuzz")["blocks"] > 0  # the fuzz phase ran
+    assert report.counts("dequantize", "bytes")["blocks"] >= FAST["blocks"]
+    assert not report.counterexamples and not report.diagnoses
+
+
+# ---------------------------------------------------------------------------
+# each broken kernel: the right class and the right diagnosis
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+def test_tbq3_shift_bug_is_wrong_in_the_golden_phase_with_the_shift_diagnosis(build):
+    report = check_library(build("tbq.c", defines=["SHIFT_BUG"]), "tbq3_0", blocks=500, examples=0)
+    golden = report.counts("quantize", "golden")
+    assert golden["wrong"] > 0.9 * golden["blocks"]
+    assert not report.failed("dequantize")  # only the packer is broken
+    assert names(report, "quantize")[0] == "shift_bug_3bit"
+    diag = next(d for d in report.diagnoses if d.name == "shift_bug_3bit")
+    assert any("reproduces the target's bytes in 500 of 500" in e for e in diag.evidence), diag.evidence
+    ce = report.counterexamples["quantize"]
+    assert ce.phase == "golden" and ce.classification == "wrong" and ce.input.size == 128
+    assert any(f["field"] == "idx" for f in ce.fields)
+
+
+@needs_cc
+@pytest.mark.parametrize("variant", ["FMA_SCALE", "PAIRWISE_NORM"])
+def test_tbq4_fma_scale_or_pairwise_norm_is_only_fragile(build, variant):
+    lib = build("tbq.c", defines=[variant])
+    report = check_library(lib, "tbq4_0", blocks=8000, examples=10)
+    assert report.ok, report
+    assert report.counts()["wrong"] == 0 and report.counts("quantize")["fragile"] > 0
+    assert not report.failed("dequantize") and report.counts("dequantize")["fragile"] == 0
+    strict = check_library(lib, "tbq4_0", blocks=8000, examples=0, exact=True)
+    assert not strict.ok and strict.counts()["wrong"] == 0 and strict.counts()["fragile"] > 0
+    assert strict.counterexamples["quantize"].classification == "fragile"
+
+
+@needs_cc
+def test_tbq4_one_flipped_sign_is_wrong_with_the_sign_table_diagnosis(build):
+    report = check_library(build("tbq.c", defines=["FLIP_SIGNS2=5"]), "tbq4_0", **FAST)
+    assert report.counts("quantize")["wrong"] > 0 and report.counts("dequantize")["wrong"] > 0
+    enc = next(d for d in report.diagnoses if d.name == "rotated_sign" and d.direction == "quantize")
+    dec = next(d for d in report.diagnoses if d.name == "rotated_sign" and d.direction == "dequantize")
+    assert "signs2[5]" in enc.title and "signs2[5]" in dec.title
+    assert "round_trip" in names(report)  # its own round trip agrees, decoding tbq's bytes does not
+    ce = report.counterexamples["quantize"]
+    assert [f["field"] for f in ce.fields] == ["idx"] and ce.fields[0]["positions"] == [5]
+
+
+@needs_cc
+def test_q4_0_swapped_nibbles_is_wrong_with_the_nibble_diagnosis(build):
+    report = check_library(build("q4_0.c", defines=["SWAP_NIBBLES"]), "q4_0", **FAST)
+    for d in ("quantize", "dequantize"):
+        assert report.counts(d, "golden")["wrong"] > 0
+        assert names(report, d)[0] == "nibble_order"
+        assert "high and low" in next(g for g in report.diagnoses if g.direction == d).title
+    # hypothesis found it and it was shrunk to a single block
+    ce = report.counterexamples["quantize"]
+    assert ce.phase == "fuzz" and "shrunk by hypothesis" in ce.how and ce.input.size == 32
+
+
+@needs_cc
+def test_round_half_even_hides_in_the_fragility_mask_but_is_named(build):
+    lib = build("q8_0.c", defines=["ROUND_HALF_EVEN"])
+    report = check_library(lib, "q8_0", blocks=2000, examples=0)
+    assert report.ok and report.counts()["fragile"] > 0  # exact ties are on the boundary: fragile by definition
+    assert names(report, "quantize", scope="fragile") == ["tie_rounding"]
+    assert "round-half-to-even" in report.text() and "ties are rounded to even" in report.text()
+    assert not check_library(lib, "q8_0", blocks=2000, examples=0, exact=True).ok
+
+
+@needs_cc
+def test_overrun_and_unwritten_bytes_are_faults(build):
+    over = check_library(build("q8_0.c", defines=["OVERRUN"]), "q8_0", only="quantize", blocks=200, examples=0)
+    assert not over.ok and over.counts()["wrong"] == 0
+    assert "writes past the end of its output" in over.faults["quantize"][0]
+    unw = check_library(build("q8_0.c", defines=["UNWRITTEN"]), "q8_0", only="quantize", blocks=200, examples=0)
+    assert unw.counts()["wrong"] > 0
+    diag = next(d for d in unw.diagnoses if d.name == "unwritten")
+    assert "bytes 33 of the output" in diag.evidence[0] and "fields: qs" in diag.evidence[0]
+
+
+# ---------------------------------------------------------------------------
+# Python callables and --exec programs go through the same paths
+# ---------------------------------------------------------------------------
+
+
+def _swapped_q4_0(x):
+    q = tbq.quantize(x, "q4_0").reshape(-1, 18)
+    q[:, 2:] = (q[:, 2:] >> 4) | (q[:, 2:] << 4)
+    return q
+
+
+def test_python_callable_is_classified_like_a_library():
+    good = check_kernel("q4_0", quantize=lambda x: tbq.quantize(x, "q4_0"), dequantize=lambda d: tbq.dequantize(d, "q4_0"), **FAST)
+    assert good.ok and good.counts()["exact"] == good.counts()["blocks"]
+    bad = check_kernel("q4_0", quantize=_swapped_q4_0, **FAST)
+    assert not bad.ok and bad.directions == ["quantize"]
+    assert names(bad) == ["nibble_order"]
+    with pytest.raises(AssertionError, match="nibble order swapped"):
+        bad.assert_ok()
+
+
+def test_python_callable_shapes_are_checked():
+    with pytest.raises(TargetError, match="returned 17 values"):
+        check_kernel("q8_0", quantize=lambda x: np.zeros(17, np.uint8), examples=0)
+    with pytest.raises(TargetError, match="dtype float64"):
+        check_kernel("q8_0", dequantize=lambda d: tbq.dequantize(d, "q8_0").astype(np.float64), examples=0)
+    with pytest.raises(TargetError, match="nothing to check"):
+        check_kernel("q8_0")
+
+
+@needs_cc
+def test_exec_program_is_classified_like_a_library(build, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    good = build("exec_main.c", "q8_0.c", defines=["FMT=q8_0", "TYPE_SIZE=34", "BLOCK=32"], exe=True)
+    assert main(["check", "--format", "q8_0", "--exec", f"{good} {{op}} {{in}} {{out}}", "--blocks", "600", "--examples", "8"]) == 0
+    out = capsys.readouterr()
+    assert "PASS" in out.out and out.err == ""  # no progress when stderr is not a terminal
+    bad = build("exec_main.c", "q4_0.c", defines=["FMT=q4_0", "TYPE_SIZE=18", "BLOCK=32", "SWAP_NIBBLES"], exe=True)
+    report = check_program(f"{bad} {{op}} {{in}} {{out}}", "q4_0", blocks=600, examples=8)
+    assert names(report, "quantize")[0] == "nibble_order" and names(report, "dequantize")[0] == "nibble_order"
+    one = check_program(f"{bad} quantize {{in}} {{out}}", "q4_0", only="quantize", blocks=600, examples=0)
+    assert one.directions == ["quantize"] and one.counts()["wrong"] > 0
+
+
+def test_exec_errors_are_target_errors(tmp_path):
+    with pytest.raises(TargetError, match="no {op} placeholder"):
+        check_program("prog {in} {out}", "q8_0")
+    with pytest.raises(TargetError, match="unknown placeholder {input}"):
+        check_program("prog {op} {input} {out}", "q8_0")
+    with pytest.raises(TargetError, match="command not found"):
+        check_program(f"{tmp_path / 'missing'} {{op}} {{in}} {{out}}", "q8_0", examples=0)
+    with pytest.raises(TargetError, match="exited with status 1"):
+        check_program("false {in} {out}", "q8_0", only="quantize", examples=0)
+    with pytest.raises(TargetError, match="wrote no {out} file"):
+        check_program("true {in} {out}", "q8_0", only="quantize", examples=0)
+
+
+# ---------------------------------------------------------------------------
+# every registered format is checkable with no code of its own
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_every_format_checks_its_reference_and_catches_a_flipped_code_bit(fmt):
+    def ref(x):
+        return tbq.quantize(x, fmt, on_overflow="inf")
+
+    report = check_kernel(fmt, quantize=ref, dequantize=lambda d: tbq.dequantize(d, fmt), blocks=300, examples=4)
+    assert report.ok and report.counts()["exact"] == report.counts()["blocks"], report
+    ts = tbq.format_info(fmt).type_size
+
+    def broken(x):  # bit 4 of the last byte of every block: a code (or, for 2-byte formats, the exponent)
+        q = ref(x).reshape(-1, ts)
+        q[:, -1] ^= 0x10
+        return q
+
+    bad = check_kernel(fmt, quantize=broken, blocks=300, examples=0)
+    assert bad.counts("quantize", "golden")["wrong"] > 0, bad
+    assert bad.counterexamples["quantize"].offsets  # the differing byte offsets are named
+
+
+def test_unknown_option_and_format_are_config_errors():
+    with pytest.raises(tbq.ConfigError, match="no option 'codebook'"):
+        check_kernel("q8_0", quantize=lambda x: x, codebook="lloyd-max")
+    with pytest.raises(tbq.ConfigError, match="unknown format"):
+        check_kernel("q9_9", quantize=lambda x: x)
+
+
+# ---------------------------------------------------------------------------
+# classification and diagnoses of decoders, on Python kernels
+# ---------------------------------------------------------------------------
+
+
+def test_classification_of_encoders_uses_the_fragility_mask():
+    f = tbq.get_format("q8_0")
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0], x[0, 1], x[0, 2] = 127.0, 2.5, 1.2  # d = 1: x*id = 2.5 is an exact tie (fragile), 1.2 is not
+    ref = f.encode(x)
+    tie, far, two = ref.copy(), ref.copy(), ref.copy()
+    tie[0, 3] -= 1  # the tie rounded the other way: fragile
+    far[0, 4] -= 1  # 1.2 -> 0: wrong
+    two[0, 3] -= 2  # two steps, even at a tie: wrong
+    classes = [classify_encoded(f, x, ref, got, k=4).cls[0] for got in (ref, tie, far, two)]
+    assert classes == [EXACT, FRAGILE, WRONG, WRONG]
+
+
+def test_classification_of_decoders_nan_payloads_are_fragile_values_are_exact():
+    f = tbq.get_format("q8_0")
+    data = np.zeros((1, 34), np.uint8)
+    data[0, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)  # inf * 0 = NaN
+    ref = f.decode(data)[None, :]
+    canonical = ref.copy()
+    canonical.view(np.uint32)[:] = 0x7FFFFFFF  # what a GPU returns for any NaN
+    off = ref.copy()
+    off[0, 0] = 1.0
+    assert [classify_decoded(f, data, ref, g).cls[0] for g in (ref, canonical, off)] == [EXACT, FRAGILE, WRONG]
+
+
+def test_flush_to_zero_decoder_is_diagnosed_in_the_bytes_phase():
+    def ftz(data):
+        y = tbq.dequantize(data, "q8_0").reshape(-1, 32)
+        bits = data.reshape(-1, 34)[:, :2].copy().view("<u2").reshape(-1)
+        y[((bits & 0x7C00) == 0) & ((bits & 0x3FF) != 0)] = 0.0  # subnormal fp16 scales flushed
+        return y
+
+    report = check_kernel("q8_0", dequantize=ftz, blocks=2000, examples=0)
+    assert report.counts("dequantize", "bytes")["wrong"] > 0
+    assert "flush_to_zero" in names(report, "dequantize")
+
+
+def test_scale_one_fp16_step_off_is_named():
+    def bumped(x):
+        q = tbq.quantize(x, "q8_0").reshape(-1, 34)
+        h = q[:, :2].copy().view("<u2")
+        h += (h & 0x7FFF) != 0x7BFF  # one fp16 step up (away from zero), codes untouched
+        q[:, :2] = h.view(np.uint8)
+        return q
+
+    report = check_kernel("q8_0", quantize=bumped, blocks=600, examples=0)
+    assert report.counts()["wrong"] > 0
+    d = next(g for g in report.diagnoses if g.name == "scale_ulp")
+    assert "--fragile-ulps" in d.evidence[1]
+
+
+def test_fuzz_finds_and_shrinks_what_the_golden_phase_skips():
+    def bad(x):  # wrong only on blocks whose first value is negative and large
+        q = tbq.quantize(x, "q8_0").reshape(-1, 34)
+        blocks = x.reshape(-1, 32)
+        q[blocks[:, 0] < -1000, 2] ^= 1
+        return q
+
+    report = check_kernel("q8_0", quantize=bad, blocks=0, examples=200)
+    assert report.counts("quantize", "fuzz")["wrong"] >= 1
+    ce = report.counterexamples["quantize"]
+    assert ce.phase == "fuzz" and "shrunk by hypothesis" in ce.how
+    assert ce.input.size == 32 and ce.input[0] < -1000 and np.count_nonzero(ce.input) <= 2
+
+
+def test_seconds_budget_runs_the_fuzz():
+    report = check_kernel("q4_0", quantize=lambda x: tbq.quantize(x, "q4_0"), blocks=0, seconds=0.5)
+    assert report.ok and report.counts("quantize", "fuzz")["blocks"] > 0
+
+
+# ---------------------------------------------------------------------------
+# the CLI: exit status, JSON, counterexample files, missing hypothesis
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+def test_cli_failure_writes_json_npz_and_a_c_repro_that_fails(build, tmp_path, capsys):
+    lib = build("q4_0.c", defines=["SWAP_NIBBLES"])
+    out = tmp_path / "ce"
+    js = tmp_path / "r.json"
+    code = main(["check", "--format", "q4_0", "--lib", str(lib), "--blocks", "500", "--examples", "5",
+                 "--out", str(out), "--json", str(js)])
+    text = capsys.readouterr().out
+    assert code == 1 and "FAIL" in text and "nibble order swapped" in text
+    data = json.loads(js.read_text())
+    assert data["ok"] is False and data["totals"]["quantize"]["wrong"] > 0
+    assert data["totals"]["quantize"]["blocks"] == sum(p["blocks"] for p in data["phases"] if p["direction"] == "quantize")
+    assert {d["name"] for d in data["diagnoses"]} >= {"nibble_order", "round_trip"}
+    z = np.load(out / "q4_0-quantize.npz")
+    assert z["input"].dtype == np.float32 and z["expected"].dtype == np.uint8
+    assert not np.array_equal(z["expected"], z["got"])
+    # the C repro: compiled against the broken kernel it fails, against the correct one it passes
+    for kernel, want in ((lib, 1), (build("q4_0.c"), 0)):
+        for direction in ("quantize", "dequantize"):
+            exe = tmp_path / f"repro_{want}_{direction}"
+            subprocess.run([CC, "-O2", str(out / f"q4_0-{direction}.c"), str(kernel), "-o", str(exe)], check=True)
+            res = subprocess.run([str(exe)], capture_output=True, text=True)
+            assert res.returncode == want, (direction, kernel, res.stdout)
+
+
+@needs_cc
+def test_cli_exit_2_for_loading_and_usage_errors(build, tmp_path, capsys):
+    lib = build("q4_0.c")
+    cases = [
+        (["--lib", str(lib), "--format", "q8_0"], "no symbol 'quantize_row_q8_0_ref'"),
+        (["--lib", str(lib), "--format", "q4_0", "--quantize", "nope"], "no symbol 'nope'"),
+        (["--lib", str(tmp_path / "missing.so"), "--format", "q4_0"], "no such file"),
+        (["--lib", __file__, "--format", "q4_0"], "cannot load"),
+        (["--format", "q4_0"], "give the kernel under test"),
+        (["--exec", "prog {in}", "--format", "q4_0"], "no {out} placeholder"),
+        (["--lib", str(lib), "--format", "q4_0", "--codebook", "lloyd-max"], "no option 'codebook'"),
+    ]
+    for argv, message in cases:
+        assert main(["check", *argv, "--examples", "0"]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+
+
+@needs_cc
+def test_cli_only_one_direction_and_json_on_stdout(build, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    lib = build("q8_0.c")
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "dequantize", "--blocks", "300", "--examples", "0",
+                 "--json", "-"]) == 0
+    out = capsys.readouterr()
+    data = json.loads(out.out)
+    assert list(data["totals"]) == ["dequantize"] and "PASS" in out.err
+
+
+def test_fuzz_without_hypothesis_is_a_clear_usage_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # `import hypothesis` now raises ImportError
+    with pytest.raises(tbq.TbqError, match="needs the hypothesis package.*--examples 0"):
+        check_kernel("q8_0", quantize=lambda x: tbq.quantize(x, "q8_0"), blocks=100)
+    assert check_kernel("q8_0", quantize=lambda x: tbq.quantize(x, "q8_0"), blocks=100, examples=0).ok
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--format", "q8_0", "--exec", "prog {op} {in} {out}"]) == 2
+    assert "needs the hypothesis package" in capsys.readouterr().err
