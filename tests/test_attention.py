@@ -201,7 +201,9 @@ def test_errors():
     with pytest.raises(NonFiniteError):
         attention_dequantized(bad, K, V)
     with pytest.raises(ConfigError):
-        KVCache.encode(k, "tbq4_0", n_sink=1, sink_format="q4_0")
+        KVCache.encode(k, "tbq4_0", n_sink=1, sink_format="q9_0")  # any registered format holds sinks; this is none
+    with pytest.raises(TbqValueError, match="multiple of 128"):
+        KVCache.encode(k[..., :96], "q8_0", n_sink=1, sink_format="tbq4_0")  # a sink format's block must divide head_dim
     with pytest.raises(TbqValueError, match="n_sink"):
         KVCache.encode(k, "tbq4_0", n_sink=9)
     big = k.copy()

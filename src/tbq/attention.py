@@ -13,6 +13,11 @@ sides so a kernel has something to be compared with:
 - :func:`attention_rotated`: the fused-kernel algorithm, in float32 (what a
   kernel computes) or float64.
 
+``attention_rotated(..., backend="numba")`` runs that algorithm as a
+compiled kernel (:mod:`tbq.attention_kernels`): one pass over the blocks with
+an online softmax over token chunks, GQA heads sharing each cache read, and
+threads over KV heads and token ranges.
+
 In float64 the two agree to about 1e-16 of the largest value (they differ
 only in rounding: the rotation is exactly orthonormal in exact arithmetic).
 The float32 variant agrees with the float64 reference within
@@ -32,10 +37,12 @@ Shapes
 - the softmax scale defaults to ``1/sqrt(head_dim)``.
 
 K and V may use different formats (``q8_0`` keys with ``tbq4_0`` values, for
-instance) and a cache can keep its first ``n_sink`` tokens in ``f16`` or
-``q8_0`` (an attention-sink-preserving cache); the rotated algorithm then
-handles those tokens in the original domain and adds their contribution after
-rotating the TBQ part back.
+instance) and a cache can keep its first ``n_sink`` tokens in ``f16``,
+``q8_0`` or any other registered format (an attention-sink-preserving cache);
+the rotated algorithm then handles those tokens in the original domain and
+adds their contribution after rotating the TBQ part back. Formats other than
+TBQ (whose blocks are read in the rotated domain) are read in the original
+domain through their decoder.
 
 Every reduction is a sequential sum in index order (tokens, then channels), as
 in the rest of the library, so results do not depend on the BLAS build. The
@@ -63,9 +70,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codecs import Codec, codec_from, get_codec
+from .codebooks import Codebook
+from .codecs import Codec, _default_threads, _executor, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
-from .formats import FORMATS, format_info
+from .formats import FORMATS, format_info, formats
+from .formats.q4_0 import Q4_0 as _Q4_0Format
+from .formats.q8_0 import Q8_0 as _Q8_0Format
+from .half import f16_table
+from .rotation import RandomizedHadamard
 
 __all__ = [
     "KVCache",
@@ -76,10 +88,16 @@ __all__ = [
     "f32_tolerance",
     "score_condition",
     "F32_TOLERANCE_FACTOR",
+    "ATTENTION_BACKENDS",
 ]
 
-#: Formats a sink-preserving cache may keep its first ``n_sink`` tokens in.
-SINK_FORMATS = ("f16", "q8_0")
+#: Formats a sink-preserving cache may keep its first ``n_sink`` tokens in: ``f16``,
+#: ``q8_0`` and every other registered format (they are decoded to float32 and read
+#: in the original domain). ``f16`` and ``q8_0`` are the ones golden headers describe.
+SINK_FORMATS = tuple(dict.fromkeys(("f16", "q8_0") + formats()))
+
+#: Backends of :func:`attention_rotated`: the NumPy model and the compiled kernel.
+ATTENTION_BACKENDS = ("numpy", "numba")
 
 #: Safety factor of :func:`f32_tolerance` over the worst measured float32 error.
 F32_TOLERANCE_FACTOR = 4.0
@@ -89,6 +107,24 @@ def _row_bytes(fmt: str, head_dim: int) -> int:
     if fmt == "f16":
         return 2 * head_dim
     return format_info(fmt).row_bytes(head_dim)
+
+
+def _sink_block(fmt: str) -> int:
+    return 1 if fmt == "f16" else format_info(fmt).block_size
+
+
+def _tbq_like(fmt) -> bool:
+    """True when a :class:`~tbq.formats.Format` is read in the rotated domain: a randomized
+    Hadamard rotation, a scalar codebook and fp16 + index fields (TBQ4_0, TBQ3_0)."""
+    layout = fmt.info.layout
+    return (
+        fmt.info.rotated
+        and isinstance(getattr(fmt, "rotation", None), RandomizedHadamard)
+        and isinstance(getattr(fmt, "codebook", None), Codebook)
+        and len(layout) == 2
+        and layout[0].kind == "f16"
+        and layout[1].kind in ("u4_pairs", "u3_lanes")
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,8 +143,8 @@ class KVCache:
         e.g. ``{"codebook": "turboq-mtp", "signs": 7}``; empty for the defaults).
     sink : uint8 ``(n_sink, n_head_kv, sink_row_bytes)`` or ``None``: the first
         ``n_sink`` tokens in ``sink_format`` (``f16``: little-endian binary16,
-        2 bytes per value; ``q8_0``: ``head_dim / 32`` blocks).
-    sink_format : ``"f16"`` or ``"q8_0"``.
+        2 bytes per value; a block format: ``head_dim / block_size`` blocks).
+    sink_format : one of :data:`SINK_FORMATS` (``"f16"``, ``"q8_0"``, any registered format).
     """
 
     fmt: str
@@ -124,8 +160,9 @@ class KVCache:
             raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {self.sink_format!r}")
         if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1 or self.head_dim % info.block_size:
             raise TbqValueError(f"head_dim must be a positive multiple of {self.fmt}'s block size {info.block_size}, got {self.head_dim!r}")
-        if self.sink_format == "q8_0" and self.head_dim % 32:
-            raise TbqValueError(f"a q8_0 sink needs head_dim to be a multiple of 32, got {self.head_dim}")
+        sb = _sink_block(self.sink_format)
+        if self.head_dim % sb:
+            raise TbqValueError(f"a {self.sink_format} sink needs head_dim to be a multiple of {sb}, got {self.head_dim}")
         data = np.asarray(self.data)
         if data.dtype != np.uint8:
             raise TbqTypeError(f"cache data must be uint8, got {data.dtype}")
@@ -161,7 +198,7 @@ class KVCache:
         if sink_format not in SINK_FORMATS:
             raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {sink_format!r}")
         config = dict(config or {})
-        codec = _codec(fmt, config)
+        codec = codec_from(fmt, config)  # the fast backend: the same bytes as the NumPy spec
         if x.shape[2] % codec.block_size:
             raise TbqValueError(f"head_dim {x.shape[2]} is not a multiple of {fmt}'s block size {codec.block_size}")
         data = codec.encode(x[n_sink:])
@@ -177,7 +214,9 @@ class KVCache:
                     raise TbqValueError("a sink value does not fit float16 (|x| >= 65520); use sink_format='q8_0'")
                 sink = np.ascontiguousarray(h).view(np.uint8)
             else:
-                sink = get_codec("q8_0", backend="numpy").encode(xs)
+                if xs.shape[2] % _sink_block(sink_format):
+                    raise TbqValueError(f"a {sink_format} sink needs head_dim to be a multiple of {_sink_block(sink_format)}, got {xs.shape[2]}")
+                sink = get_codec(sink_format, backend="numpy").encode(xs)
         return cls(fmt, data, int(x.shape[2]), config, sink, sink_format)
 
     # -- facts --
@@ -198,6 +237,11 @@ class KVCache:
         return FORMATS[self.fmt].rotated
 
     @property
+    def _rotated_read(self) -> bool:
+        """True when the attention algorithms read this cache's blocks in the rotated domain (TBQ)."""
+        return _tbq_like(self.codec.format)
+
+    @property
     def codec(self) -> Codec:
         return _codec(self.fmt, self.config)
 
@@ -215,12 +259,12 @@ class KVCache:
         return f["idx"], f["d"]
 
     def _sink_values(self) -> np.ndarray:
-        """float32 ``(n_sink, n_head_kv, head_dim)``; exact (f16 and q8_0 decode without rounding)."""
+        """float32 ``(n_sink, n_head_kv, head_dim)``: the sink format's decoder (f16 and q8_0 decode without rounding)."""
         if self.sink is None:
             return np.zeros((0, self.n_head_kv, self.head_dim), np.float32)
         if self.sink_format == "f16":
             return np.ascontiguousarray(self.sink).view("<f2").astype(np.float32)
-        return get_codec("q8_0", backend="numpy").decode(self.sink)
+        return get_codec(self.sink_format, backend="numpy").decode(self.sink)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
         """All ``T`` tokens as ``(T, n_head_kv, head_dim)`` floats.
@@ -236,7 +280,7 @@ class KVCache:
         if dtype not in (np.float32, np.float64):
             raise TbqTypeError(f"dtype must be float32 or float64, got {dtype}")
         sink = self._sink_values().astype(dtype)
-        if dtype == np.float32 or not self.rotated:
+        if dtype == np.float32 or not self._rotated_read:
             main = self.codec.decode(self.data).astype(dtype)
         else:
             codec = self.codec
@@ -345,7 +389,7 @@ def _scores(qd: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarra
         ks = cache._sink_values().astype(dtype)[:, kvh, :].transpose(1, 0, 2)
         parts.append(_seq_dot(qd[:, None, :], ks))
     if cache.data.shape[0]:
-        if cache.rotated:
+        if cache._rotated_read:
             codec = cache.codec
             nb = dim // codec.block_size
             qr = codec.rotation.forward(qd.reshape(n_head, nb, codec.block_size))  # rotate the query once
@@ -371,7 +415,7 @@ def _values(p: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray
     out = None
     if cache.data.shape[0]:
         pm = p[:, ns:]
-        if cache.rotated:
+        if cache._rotated_read:
             codec = cache.codec
             nb = dim // codec.block_size
             idx, d = cache.fields()
@@ -391,24 +435,142 @@ def _values(p: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray
     return out
 
 
-def attention_rotated(q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32) -> np.ndarray:
+def attention_rotated(q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32, backend: str = "numpy", threads=None) -> np.ndarray:
     """The fused-kernel algorithm of ``SPEC.md`` in ``dtype`` (float32 or float64).
 
     For a TBQ K cache: ``q' = R(q)`` once per head, then for each token
     ``s_t = scale * d_t * (q' . c[idx_t])`` straight from the block fields.
     For a TBQ V cache: ``o' = sum_t (p_t * d_t) * c[idx_t]``, then ``o = R^-1(o')``
-    once. Q8_0/Q4_0 caches and sink tokens (f16/q8_0) are read in the original
-    domain (their dequantized values are exact in float32). ``p`` is the
-    softmax of the scores (max-subtracted). Every sum is sequential in index
-    order. Returns ``(n_head, head_dim)`` in ``dtype``.
+    once. Q8_0/Q4_0 caches and sink tokens are read in the original domain
+    (Q8_0/Q4_0/f16 values are exact in float32; other formats through their
+    decoder). ``p`` is the softmax of the scores (max-subtracted).
+
+    ``backend="numpy"`` (default) is the model: every sum sequential in index
+    order, the golden vectors' ``out_rotated_*``. ``backend="numba"`` is the
+    compiled kernel (float32 only; ``threads`` workers, default all cores):
+    the same algorithm in one pass with an online softmax over token chunks,
+    within :func:`f32_tolerance` of :func:`attention_dequantized` like the
+    float32 model (its sums are chunked, so its bits differ from the model's).
+    Returns ``(n_head, head_dim)`` in ``dtype``.
     """
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise TbqTypeError(f"dtype must be float32 or float64, got {dtype}")
+    if backend not in ATTENTION_BACKENDS:
+        raise ConfigError(f"backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
+        raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
+    if backend == "numba":
+        if dtype != np.float32:
+            raise TbqTypeError("the numba attention kernel computes in float32; use backend='numpy' for float64")
+        q, scale, _ = _check(q, k, v, scale, dtype)
+        return _attention_kernel(q, k, v, scale, threads)
     q, scale, kvh = _check(q, k, v, scale, dtype)
     s = _scores(q, k, kvh, dtype) * scale
     p = _softmax(s, dtype)
     return _values(p, v, kvh, dtype)
+
+
+# ---------------------------------------------------------------------------
+# the compiled kernel: preparing the caches, splitting the work, merging
+# ---------------------------------------------------------------------------
+
+#: A token range handed to one thread is at least this long (shorter ranges
+#: cost more in thread handoff and merging than they save).
+MIN_TOKENS_PER_TASK = 2048
+
+_NO_BYTES = np.zeros((0, 1, 1), np.uint8)
+_NO_DENSE = np.zeros((0, 1, 1), np.float32)
+_NO_PAIR = np.zeros((1, 2), np.float32)
+
+
+def _pair_table(fmt) -> np.ndarray:
+    """float32 ``(pairs, 2)``: the two centroids of every byte (4 bits) or 6-bit pair (3 bits) of indices."""
+    c = np.asarray(fmt.codebook.centroids, np.float32)
+    bits = fmt.info.index_bits
+    v = np.arange(1 << (2 * bits))
+    return np.ascontiguousarray(np.stack([c[v & ((1 << bits) - 1)], c[v >> bits]], axis=1))
+
+
+def _kernel_operand(cache: "KVCache", kn):
+    """``(kind, blocks, dense rows, pair table, type size)`` of a cache's main part for :func:`tbq.attention_kernels.attend`."""
+    fmt = cache.codec.format
+    if _tbq_like(fmt):
+        kind = kn.KIND_TBQ4 if fmt.info.layout[1].kind == "u4_pairs" else kn.KIND_TBQ3
+        return kind, np.ascontiguousarray(cache.data), _NO_DENSE, _pair_table(fmt), fmt.info.type_size
+    if type(fmt) is _Q8_0Format:
+        return kn.KIND_Q8_0, np.ascontiguousarray(cache.data), _NO_DENSE, _NO_PAIR, fmt.info.type_size
+    if type(fmt) is _Q4_0Format:
+        return kn.KIND_Q4_0, np.ascontiguousarray(cache.data), _NO_DENSE, _NO_PAIR, fmt.info.type_size
+    # any other format: its decoder's float32 rows (the library decoder is the format's spec)
+    dense = codec_from(cache.fmt, cache.config).decode(cache.data)
+    return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(dense, np.float32), _NO_PAIR, fmt.info.type_size
+
+
+def _attention_kernel(q: np.ndarray, k: "KVCache", v: "KVCache", scale, threads) -> np.ndarray:
+    from . import attention_kernels as kn
+
+    n_head, dim = q.shape
+    G = k.n_head_kv
+    R = n_head // G
+    f16 = f16_table()
+    qo = np.ascontiguousarray(q, np.float32).reshape(G, R, dim)
+    kfmt, vfmt = k.codec.format, v.codec.format
+    T = k.data.shape[0]
+    if T and _tbq_like(kfmt):  # rotate the query once, per 128-value block, with the key cache's rotation
+        qr = np.ascontiguousarray(kfmt.rotation.forward(qo.reshape(G, R, dim // 128, 128)).reshape(G, R, dim), np.float32)
+    else:
+        qr = qo
+    n_threads = threads if threads is not None else _default_threads()
+    tasks = []  # (K operand, V operand, KV head, first token, end token)
+    if T:
+        kop, vop = _kernel_operand(k, kn), _kernel_operand(v, kn)
+        splits = max(1, min(-(-n_threads // G), T // MIN_TOKENS_PER_TASK))
+        bounds = np.linspace(0, T, splits + 1).astype(int)
+        for g in range(G):
+            for i in range(splits):
+                tasks.append((kop, vop, g, int(bounds[i]), int(bounds[i + 1])))
+    if k.n_sink:  # the sink tokens: float32 rows in the original domain
+        ks = (kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(k._sink_values()), _NO_PAIR, 1)
+        vs = (kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(v._sink_values()), _NO_PAIR, 1)
+        for g in range(G):
+            tasks.append((ks, vs, g, 0, k.n_sink))
+    n = len(tasks)
+    m = np.empty((n, R), np.float32)
+    l = np.empty((n, R), np.float32)
+    accr = np.empty((n, R, dim), np.float32)
+    acco = np.empty((n, R, dim), np.float32)
+    sc = np.float32(scale)
+
+    def run(ids):
+        for i in ids:
+            (kk, kd, kdn, kp, kts), (vk, vd, vdn, vp, vts), g, t0, t1 = tasks[i]
+            kn.attend(qr[g], qo[g], sc, kk, kd, kdn, kp, kts, vk, vd, vdn, vp, vts, f16, g, t0, t1, kn.CHUNK, m[i], l[i], accr[i], acco[i])
+
+    groups = np.array_split(np.arange(n), max(1, min(n_threads, n)))
+    futures = [_executor().submit(run, ids) for ids in groups[1:]]
+    try:
+        run(groups[0])
+    finally:  # never return while workers still write
+        for f in futures:
+            f.result()
+    # merge the partial softmax sums of each query head (float64: a handful of terms)
+    M = np.full((G, R), -np.inf)
+    for i, t in enumerate(tasks):
+        M[t[2]] = np.maximum(M[t[2]], m[i])
+    L = np.zeros((G, R))
+    AR = np.zeros((G, R, dim))
+    AO = np.zeros((G, R, dim))
+    for i, t in enumerate(tasks):
+        g = t[2]
+        w = np.exp(m[i].astype(np.float64) - M[g])
+        L[g] += w * l[i]
+        AR[g] += w[:, None] * accr[i]
+        AO[g] += w[:, None] * acco[i]
+    out = AO.reshape(n_head, dim)
+    if T and _tbq_like(vfmt):  # rotate the output back once
+        out = out + vfmt.rotation.inverse(AR.reshape(n_head, dim // 128, 128)).reshape(n_head, dim)
+    return (out / L.reshape(n_head, 1)).astype(np.float32)
 
 
 def score_condition(q, k: KVCache, *, scale=None) -> float:

@@ -1,0 +1,173 @@
+"""The fused rotated-domain attention kernel (``attention_rotated(..., backend="numba")``).
+
+It must agree with the float64 reference :func:`tbq.attention.attention_dequantized`
+within :func:`tbq.attention.f32_tolerance`, like the float32 NumPy model: on the
+cases of tests/test_attention.py, on the golden attention sets, on long caches
+split over threads and chunks, and on fuzzed caches. Its speed is measured by
+``benchmarks/bench_attention.py``, not here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tbq
+from tbq import attention as att
+from tbq.attention import KVCache, attention_dequantized, attention_rotated, encode_kv, f32_tolerance
+from tbq.errors import ConfigError, TbqTypeError
+
+from test_attention import CASES, build, data
+
+CORE = ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
+
+
+def check(q, K, V, **kw):
+    """The kernel's error against the float64 reference, in units of f32_tolerance; also the model's."""
+    ref = attention_dequantized(q, K, V, scale=kw.get("scale"))
+    tol = f32_tolerance(q, K, V, scale=kw.get("scale"))
+    out = attention_rotated(q, K, V, backend="numba", **kw)
+    assert out.dtype == np.float32 and out.shape == q.shape
+    err = float(np.max(np.abs(out.astype(np.float64) - ref)))
+    assert err <= tol, (err, tol)
+    return err / tol
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-T{c[2]}-H{c[3]}x{c[4]}-sink{c[5]}{c[6]}-d{c[7]}-x{c[8]}")
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_kernel_within_tolerance_on_the_reference_cases(case, threads):
+    q, K, V = build(case, CASES.index(case))
+    check(q, K, V, threads=threads)
+
+
+def test_kernel_on_the_golden_attention_sets():
+    """Every K/V pair of the core formats, with and without sinks, on the golden data (tbq golden --attention)."""
+    from tbq.golden import build_attention
+
+    for kf in CORE:
+        for vf in CORE:
+            for n_sink, sink in ((0, "f16"), (3, "q8_0")):
+                gs = build_attention(kf, vf, seed=5, tokens=40, n_head=8, n_head_kv=2, n_sink=n_sink, sink_format=sink)
+                a = gs.arrays
+                q, k, v = (a[n].astype(np.float32) for n in ("q", "k_input", "v_input"))
+                K, V = encode_kv(k, v, kf, vf, n_sink=n_sink, sink_format=sink)
+                assert np.array_equal(K.data, a["k_bytes"]) and np.array_equal(V.data, a["v_bytes"])
+                out = attention_rotated(q, K, V, backend="numba")
+                err = np.max(np.abs(out.astype(np.float64) - a["out_dequantized"].astype(np.float64)))
+                assert err <= f32_tolerance(q, K, V), (kf, vf, n_sink)
+
+
+@pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 200, 5000])
+def test_chunk_and_split_boundaries(T, monkeypatch):
+    monkeypatch.setattr(att, "MIN_TOKENS_PER_TASK", 16)  # split short caches over threads too
+    q, k, v = data(T, T, 8, 2)
+    K, V = encode_kv(k, v, "tbq4_0", "tbq3_0", n_sink=min(2, T - 1))
+    r1 = check(q, K, V, threads=1)
+    r3 = check(q, K, V, threads=3)
+    assert max(r1, r3) < 0.5  # well inside: a few float32 roundings, not a systematic error
+
+
+def test_long_cache_over_threads():
+    q, k, v = data(7, 20000, 4, 1)
+    for kf, vf in (("tbq4_0", "tbq4_0"), ("q8_0", "q4_0")):
+        K, V = encode_kv(k, v, kf, vf, n_sink=4)
+        assert check(q, K, V, threads=2) < 0.5
+
+
+@pytest.mark.parametrize("sink_format", att.SINK_FORMATS)
+def test_any_registered_format_holds_the_sinks(sink_format):
+    q, k, v = data(11, 50, 4, 2, dim=256)
+    K, V = encode_kv(k, v, "tbq4_0", "tbq4_0", n_sink=5, sink_format=sink_format)
+    assert K.n_sink == 5 and K.sink_format == sink_format
+    if sink_format != "f16":
+        assert np.array_equal(K.sink, tbq.get_codec(sink_format, backend="numpy").encode(k[:5]))
+        assert np.array_equal(K.dequantize()[:5], tbq.dequantize(K.sink, sink_format))
+    ref = attention_dequantized(q, K, V)
+    assert np.max(np.abs(attention_rotated(q, K, V, dtype=np.float64) - ref)) < 1e-12
+    check(q, K, V)
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_any_registered_format_as_the_main_cache(fmt):
+    """Formats without a dedicated kernel path are read through their decoder (original domain)."""
+    q, k, v = data(12, 40, 4, 2)
+    K, V = encode_kv(k, v, fmt, "tbq4_0", n_sink=2)
+    check(q, K, V)
+    K, V = encode_kv(k, v, "tbq3_0", fmt)
+    check(q, K, V)
+
+
+def test_the_f16_and_q8_0_sinks_are_unchanged():
+    """The sink bytes and values of f16 and q8_0 are exactly what they were before any format could hold sinks."""
+    q, k, v = data(3, 20, 4, 2)
+    k[0, 0, 0] = 1e-3
+    K, _ = encode_kv(k, v, "tbq3_0", "tbq4_0", n_sink=5, sink_format="f16")
+    assert np.array_equal(K.sink, np.ascontiguousarray(k[:5].astype("<f2")).view(np.uint8))
+    assert np.array_equal(K._sink_values(), k[:5].astype(np.float16).astype(np.float32))
+    K, _ = encode_kv(k, v, "tbq3_0", "tbq4_0", n_sink=5, sink_format="q8_0")
+    assert np.array_equal(K.sink, tbq.get_codec("q8_0", backend="numpy").encode(k[:5]))
+
+
+def test_expf():
+    from numba import njit
+
+    from tbq.attention_kernels import expf
+
+    @njit
+    def run(x, out):
+        for i in range(x.size):
+            out[i] = expf(x[i])
+
+    x = np.concatenate([np.linspace(-87.3, 0, 200_001).astype(np.float32), np.float32([-0.0, -1e-30, -87.4, -100, -np.inf])])
+    y = np.empty_like(x)
+    run(x, y)
+    exact = np.exp(x.astype(np.float64))
+    ok = exact >= np.finfo(np.float32).tiny
+    ulp = np.abs(y[ok] - exact[ok]) / np.spacing(exact[ok].astype(np.float32)).astype(np.float64)
+    assert ulp.max() <= 1.0
+    assert np.array_equal(y[~ok], np.zeros((~ok).sum(), np.float32))
+    assert y[-5] == 1.0
+
+
+def test_kernel_errors():
+    q, k, v = data(5, 8, 4, 2)
+    K, V = encode_kv(k, v, "tbq4_0", "tbq4_0")
+    with pytest.raises(ConfigError):
+        attention_rotated(q, K, V, backend="cuda")
+    with pytest.raises(TbqTypeError):
+        attention_rotated(q, K, V, backend="numba", dtype=np.float64)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ConfigError):
+            attention_rotated(q, K, V, backend="numba", threads=bad)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    kf=st.sampled_from(CORE),
+    vf=st.sampled_from(CORE),
+    T=st.integers(1, 300),
+    heads=st.sampled_from([(1, 1), (4, 1), (4, 2), (6, 3), (8, 8)]),
+    dim=st.sampled_from([128, 256]),
+    n_sink=st.integers(0, 4),
+    sink_format=st.sampled_from(["f16", "q8_0"]),
+    key_scale=st.sampled_from([0.01, 1.0, 4.0, 16.0]),
+    seed=st.integers(0, 2**31),
+    threads=st.integers(1, 3),
+)
+def test_fuzzed_caches(kf, vf, T, heads, dim, n_sink, sink_format, key_scale, seed, threads):
+    H, G = heads
+    q, k, v = data(seed, T, H, G, dim, key_scale)
+    n_sink = min(n_sink, T)
+    K, V = encode_kv(k, v, kf, vf, n_sink=n_sink, sink_format=sink_format)
+    check(q, K, V, threads=threads)
+
+
+def test_kvcache_from_parts_reads_the_same_in_both_backends():
+    q, k, v = data(9, 70, 4, 2)
+    K, V = encode_kv(k, v, "tbq4_0", "q8_0", n_sink=3, sink_format="q8_0")
+    K2 = KVCache(K.fmt, np.asfortranarray(K.data), K.head_dim, K.config, K.sink, K.sink_format)  # any layout
+    a = attention_rotated(q, K, V, backend="numba", threads=1)
+    b = attention_rotated(q, K2, V, backend="numba", threads=1)
+    assert np.array_equal(a, b)
