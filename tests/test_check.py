@@ -142,6 +142,16 @@ def test_tbq4_one_flipped_sign_is_wrong_with_the_sign_table_diagnosis(build):
 
 
 @needs_cc
+def test_kernel_built_with_another_codebook_names_it(build):
+    # the kernel has the lloyd-max tables; checking it as turboq-mtp (the fork's tables) fails and says which it uses
+    report = check_library(build("tbq.c"), "tbq3_0", codebook="turboq-mtp", blocks=600, examples=0)
+    assert report.counts("quantize")["wrong"] > 0
+    d = next(g for g in report.diagnoses if g.name == "codebook")
+    assert "'lloyd-max'" in d.title
+    assert check_library(build("tbq.c"), "tbq3_0", codebook="lloyd-max", blocks=600, examples=0).ok
+
+
+@needs_cc
 def test_q4_0_swapped_nibbles_is_wrong_with_the_nibble_diagnosis(build):
     report = check_library(build("q4_0.c", defines=["SWAP_NIBBLES"]), "q4_0", **FAST)
     for d in ("quantize", "dequantize"):

@@ -664,6 +664,68 @@ def _decoder_rotated_sign(fmt, kept) -> Diagnosis | None:
         f"{_positions(J)} negated in {int((close | flipped).all(axis=1).sum())} of {int(ok.sum())} wrong blocks"])
 
 
+def _decoder_codebook(fmt, kept) -> Diagnosis | None:
+    """Rotated formats: read the target's codebook back from its decoded blocks (R(y) / d = the centroids of the codes)."""
+    if not fmt.info.rotated or fmt.row_rule or "centroids" not in fmt.tables():
+        return None
+    ours = np.asarray(fmt.tables()["centroids"], np.float64)
+    F = _flat_fields(fmt, kept["data"])
+    codes = value_codes(fmt, F)
+    if codes is None or "d" not in F or F["d"].shape[1] != 1:
+        return None
+    d = F["d"].reshape(-1).astype(np.float64)
+    g = kept["got"].astype(np.float64)
+    ok = np.isfinite(d) & (d > 2.0**-14) & np.isfinite(g).all(axis=1) & (np.abs(g).sum(axis=1) > 0)
+    if ok.sum() < 4:
+        return None
+    with np.errstate(all="ignore"):
+        norm, r = _rotate_trace(fmt, kept["got"][ok])
+        if r is None:
+            return None
+        c = r * (norm / d[ok])[:, None]  # the target's centroid of each code
+    levels, spread = [], []
+    for i in range(ours.size):
+        v = c[codes[ok] == i]
+        if v.size < 4:
+            return None
+        med = float(np.median(v))
+        levels.append(med)
+        spread.append(float(np.max(np.abs(v - med))))
+    levels = np.asarray(levels)
+    if not (np.asarray(spread) <= 1e-3 * np.abs(levels).max()).all():
+        return None  # not one level per code: the rotation differs, not (only) the codebook
+    if np.allclose(levels, ours, rtol=1e-4, atol=1e-7):
+        return None
+    ev = [f"rotating the target's decoded blocks with tbq's rotation gives one value per code over {int(ok.sum())} wrong blocks: "
+          f"its centroids are {', '.join(f'{v:.6g}' for v in levels)}",
+          f"tbq's ({fmt.config().get('codebook', 'this format') if isinstance(fmt.config().get('codebook'), str) else 'custom'}) "
+          f"are {', '.join(f'{v:.6g}' for v in ours)}"]
+    title = "the decoder uses another codebook"
+    if "codebook" in fmt.options:
+        from ..codebooks import CODEBOOK_NAMES, named_codebook
+
+        for name in CODEBOOK_NAMES:
+            try:
+                cb = named_codebook(name, fmt.info.index_bits).centroids.astype(np.float64)
+            except Exception:  # noqa: BLE001 - a name without a table of this width
+                continue
+            if cb.size == levels.size and np.allclose(levels, cb, rtol=1e-4, atol=1e-7):
+                title = f"the decoder uses the {name!r} codebook (check with --codebook {name})"
+                break
+    return Diagnosis("codebook", title, ev)
+
+
+def _rotate_trace(fmt, y):
+    """``(norm, r)`` of blocks ``y`` from the format's reference trace (None when it traces no rotation)."""
+    try:
+        _, tr = fmt.reference_encode(np.ascontiguousarray(y, np.float32))
+    except Exception:  # noqa: BLE001 - a format without a rotation trace
+        return None, None
+    if "r" not in tr or "norm" not in tr:
+        return None, None
+    return np.asarray(tr["norm"], np.float64), np.asarray(tr["r"], np.float64)
+
+
 def _scale_factor(fmt, kept) -> Diagnosis | None:
     r, g = kept["ref"].astype(np.float64), kept["got"].astype(np.float64)
     nz = (r != 0) & np.isfinite(r) & np.isfinite(g)
@@ -696,7 +758,7 @@ def diagnose_decoder(fmt: Format, kept: dict) -> list[Diagnosis]:
     if not kept:
         return []
     out = []
-    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _scale_factor):
+    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _decoder_codebook, _scale_factor):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:

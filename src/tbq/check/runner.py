@@ -313,7 +313,8 @@ class _Check:
             self._set_fuzz_first(d, np.ascontiguousarray(minimal), "shrunk by hypothesis")
         elif state["first"] is not None:
             self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
-        note = f"{state['examples']} hypothesis examples" + (" (stopped at the first failure)" if state["found"] else "")
+        n = state["examples"]
+        note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (" (stopped at the first failure)" if state["found"] else "")
         e, f, w = (int(v) for v in counts)
         d.phases.append(PhaseResult(d.name, "fuzz", e + f + w, e, f, w, time.perf_counter() - t0, note))
 

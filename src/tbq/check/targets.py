@@ -378,12 +378,12 @@ class ProgramTarget(Target):
         if res.returncode != 0:
             tail = (res.stderr or res.stdout or b"").decode(errors="replace").strip().splitlines()
             why = f": {tail[-1]}" if tail else ""
-            raise TargetError(f"--exec: `{shlex.join(argv)}` exited with status {res.returncode} ({op}, {payload.shape[0]} rows of k = {k}){why}")
+            raise TargetError(f"--exec: `{shlex.join(argv)}` exited with status {res.returncode} ({op}, {payload.shape[0]} row(s) of k = {k}){why}")
         if not dst.exists():
             raise TargetError(f"--exec: the program exited with status 0 but wrote no {{out}} file ({op})")
         data = dst.read_bytes()
         if len(data) != out_bytes:
-            raise TargetError(f"--exec: the program wrote {len(data)} bytes to {{out}} for {op} of {payload.shape[0]} rows of "
+            raise TargetError(f"--exec: the program wrote {len(data)} bytes to {{out}} for {op} of {payload.shape[0]} row(s) of "
                               f"k = {k}; expected {out_bytes}")
         return data
 
