@@ -99,13 +99,14 @@ def test_bits_per_value_table():
     assert bits_per_value("q4_0") == 4.5  # 18 x 8 / 32
     assert bits_per_value("tbq4_0") == 4.125  # 66 x 8 / 128
     assert bits_per_value("tbq3_0") == 3.125  # 50 x 8 / 128
-    assert bits_per_value("nvfp4") == 4.5  # 4 bits + one 8-bit scale per 16 values: 4 + 8 / 16
+    assert bits_per_value("nvfp4") == 4.5  # 4 bits + four 8-bit scales per 64 values: 4 + 32 / 64
     assert bits_per_value("mxfp4") == 4.25  # 4 bits + one 8-bit scale per 32 values: 4 + 8 / 32
     # the block formats come from tbq.formats, not from a second copy of the numbers
     for name, info in FORMATS.items():
         assert KV_FORMAT_BITS[name] == info.bits_per_value
         assert bits_per_value(info) == info.bits_per_value
-    assert set(KV_FORMAT_BITS) == {"f32", "f16", "bf16", "fp8", "q8_0", "q4_0", "nvfp4", "mxfp4", "tbq4_0", "tbq3_0"}
+    assert set(KV_FORMAT_BITS) == {"f32", "fp8"} | set(FORMATS)
+    assert list(KV_FORMAT_BITS)[:4] == ["f32", "f16", "bf16", "fp8"]
 
 
 def test_format_names_and_numbers():
@@ -611,11 +612,11 @@ def test_docs_cli_output_is_real(cli_main, capsys, tmp_path, monkeypatch):
 def test_block_sizes_come_from_the_format_table():
     for name, info in FORMATS.items():
         assert budget.format_block_size(name) == info.block_size
-    assert budget.format_block_size("nvfp4") == 16 and budget.format_block_size("mxfp4") == 32
-    assert budget.format_block_size("f16") is None and budget.format_block_size(5.5) is None
+    assert budget.format_block_size("nvfp4") == 64 and budget.format_block_size("mxfp4") == 32  # ggml's blocks
+    assert budget.format_block_size("f16") == 1 and budget.format_block_size("f32") is None and budget.format_block_size(5.5) is None
     # 100 = 3 x 32 + 4 = 0 x 128 + 100: no block format tiles it; 96 = 3 x 32 is fine for the 32-value blocks
     assert budget.incompatible_formats(100, "f16,q8_0,q4_0,nvfp4,tbq4_0,tbq3_0,6") == [
-        ("q8_0", 32), ("q4_0", 32), ("nvfp4", 16), ("tbq4_0", 128), ("tbq3_0", 128)]
+        ("q8_0", 32), ("q4_0", 32), ("nvfp4", 64), ("tbq4_0", 128), ("tbq3_0", 128)]
     assert budget.incompatible_formats(96, "q8_0,mxfp4,tbq4_0") == [("tbq4_0", 128)]
     assert budget.incompatible_formats(256, budget.DEFAULT_FORMATS) == []
 

@@ -14,7 +14,7 @@ def _modules():
 
     names = ["tbq"]
     for info in pkgutil.walk_packages(tbq.__path__, "tbq."):
-        if info.name.endswith("_kernels") or info.name == "tbq.kernels":
+        if info.name.endswith(("_kernels", "__main__")) or info.name == "tbq.kernels":
             continue
         names.append(info.name)
     return names

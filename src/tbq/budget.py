@@ -86,21 +86,15 @@ Number = Union[int, float]
 # Format table
 # ---------------------------------------------------------------------------
 
-#: Formats without a codec in this package: name -> (bits per value, description).
-#: The four block formats (q8_0, q4_0, tbq4_0, tbq3_0) come from ``FORMATS``.
+#: Cache types without a codec in this package: name -> (bits per value, description).
+#: Every registered format (``tbq.formats()``) comes from ``FORMATS`` with its exact bits.
 _OTHER_FORMATS: dict[str, tuple[Fraction, str]] = {
     "f32": (Fraction(32), "IEEE float32"),
-    "f16": (Fraction(16), "IEEE float16"),
-    "bf16": (Fraction(16), "bfloat16"),
     "fp8": (Fraction(8), "8-bit float (E4M3 or E5M2); a per-tensor scale is not counted"),
-    "nvfp4": (Fraction(9, 2), "NVFP4: 4-bit E2M1 values + one 8-bit E4M3 scale per 16 values"),
-    "mxfp4": (Fraction(17, 4), "MXFP4: 4-bit E2M1 values + one 8-bit E8M0 scale per 32 values"),
 }
 
-#: Values per block of the micro-scaled formats above (one shared scale per block).
-_OTHER_BLOCK_SIZES: dict[str, int] = {"nvfp4": 16, "mxfp4": 32}
-
-_ORDER = ("f32", "f16", "bf16", "fp8", "q8_0", "q4_0", "nvfp4", "mxfp4", "tbq4_0", "tbq3_0")
+#: Listing order: the per-value types first, then the registry's order.
+_ORDER = ("f32", "f16", "bf16", "fp8")
 
 _ALIASES = {"fp32": "f32", "float32": "f32", "fp16": "f16", "float16": "f16", "bfloat16": "bf16"}
 
@@ -119,7 +113,7 @@ def _build_bits() -> dict[str, Fraction]:
 
 _BITS: dict[str, Fraction] = _build_bits()
 
-#: Bits per value of every named KV format, block scales included.
+#: Bits per value of every named KV format, block scales included, e.g.
 #: ``f32`` 32, ``f16``/``bf16`` 16, ``fp8`` 8, ``q8_0`` 8.5, ``q4_0`` 4.5,
 #: ``nvfp4`` 4.5, ``mxfp4`` 4.25, ``tbq4_0`` 4.125, ``tbq3_0`` 3.125.
 KV_FORMAT_BITS: dict[str, float] = {name: float(bits) for name, bits in _BITS.items()}
@@ -165,18 +159,18 @@ def bits_per_value(fmt: Any) -> float:
 
 
 def format_block_size(fmt: Any) -> int | None:
-    """Values per block of a block format (``None`` for per-value formats and plain bit counts).
+    """Values per block of a format (from :func:`tbq.format_info`; ``None`` for f32, fp8 and plain bit counts).
 
-    The four codec formats take theirs from :func:`tbq.format_info`; nvfp4
-    shares a scale per 16 values and mxfp4 per 32.
+    ggml's NVFP4 block is 64 values (four 16-value sub-blocks with their own
+    scales), so a head must be a multiple of 64 values.
 
     >>> format_block_size("q8_0"), format_block_size("tbq3_0"), format_block_size("nvfp4"), format_block_size("f16")
-    (32, 128, 16, None)
+    (32, 128, 64, 1)
     """
     name, _ = _format_bits(fmt)
     if name in FORMATS:
         return format_info(name).block_size
-    return _OTHER_BLOCK_SIZES.get(name)
+    return None
 
 
 def incompatible_formats(head_dim: int, formats: Any) -> list[tuple[str, int]]:
@@ -189,8 +183,8 @@ def incompatible_formats(head_dim: int, formats: Any) -> list[tuple[str, int]]:
 
     >>> incompatible_formats(100, "f16,q8_0,tbq4_0")
     [('q8_0', 32), ('tbq4_0', 128)]
-    >>> incompatible_formats(96, "q8_0,q4_0,nvfp4,tbq3_0")
-    [('tbq3_0', 128)]
+    >>> incompatible_formats(96, "q8_0,q4_0,mxfp4,nvfp4,tbq3_0")
+    [('nvfp4', 64), ('tbq3_0', 128)]
     """
     head_dim = _count(head_dim, "head_dim")
     out = []
