@@ -570,8 +570,12 @@ def _ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _decoder_values(fmt, kept) -> Diagnosis | None:
     r, g = kept["ref"], kept["got"]
-    neq = r.view(np.uint32) != g.view(np.uint32)
+    tol = np.asarray(fmt.decode_tolerance(kept["data"]), np.float64).reshape(r.shape)
     fin = np.isfinite(r) & np.isfinite(g)
+    with np.errstate(all="ignore"):
+        within = fin & (np.abs(r.astype(np.float64) - g.astype(np.float64)) <= tol)
+    # the values that make the blocks wrong: not a NaN pair, not within the format's tolerance
+    neq = (r.view(np.uint32) != g.view(np.uint32)) & ~(np.isnan(r) & np.isnan(g)) & ~within
     if not neq.any():
         return None
     if (neq & ~fin).any():
@@ -583,7 +587,6 @@ def _decoder_values(fmt, kept) -> Diagnosis | None:
             f"all {int(neq.sum())} differing values are zeros of the opposite sign (e.g. -0.0 where the C reference gives "
             "+0.0): the order of a subtraction or a multiply by a signed zero scale differs from the spec's"])
     if dist.max() <= 4:
-        tol = np.asarray(fmt.decode_tolerance(kept["data"]), np.float64)
         exact = not (tol > 0).any()
         ev = [f"all {int(neq.sum())} differing values are within {int(dist.max())} float32 ulp(s) of tbq's "
               f"({int((dist == 1).sum())} at one ulp)"]
