@@ -20,36 +20,9 @@ def f32(bits):
     return np.asarray(bits, np.uint32).view(np.float32)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="tests/helpers.py _check_bad_input writes x[1, bs + 1] into a (2, 2*bs) array: out of range for block "
-    "size 1 (x[1, 2 * bs - 1] is flat block 3 for every block size). Remove this mark once helpers.py is fixed.",
-)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_passes_the_format_battery(fmt):
     check_format(fmt)
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_battery_parts_after_the_bad_input_check(fmt):
-    """The battery's checks that check_format cannot reach for block size 1 yet (see the xfail above)."""
-    from helpers import _check_config, _check_trace
-
-    _check_config(fmt, {})
-    _check_trace(fmt, {})
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_bad_input_for_block_size_one(fmt, backend):
-    """helpers._check_bad_input's non-finite case, with an index that exists for block size 1."""
-    x = np.ones((2, 2), np.float32)
-    for bad in (np.nan, np.inf, -np.inf):
-        x[1, 1] = bad  # flat value = block 3
-        with pytest.raises(tbq.NonFiniteError, match="block 3") as e:
-            tbq.quantize(x, fmt, backend=backend)
-        assert e.value.block == 3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

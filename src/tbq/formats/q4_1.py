@@ -84,6 +84,23 @@ def trunc_codes(t: np.ndarray, top: int | None) -> np.ndarray:
     return q.astype(np.int32)
 
 
+def add_min(prod: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``prod + m`` per block, with a fixed NaN payload: a NaN product is kept as it is.
+
+    When both operands are NaN, x86 returns the first operand's payload, and
+    which operand comes first is the compiler's choice (numpy's broadcasting
+    loop puts ``m`` first, LLVM may swap a commutative add). Taking the
+    product's NaN when there is one (what gcc's ``mulss; addss m`` sequence
+    for ``x0*d + m`` gives) makes both backends bit-identical on any bytes.
+    Not reached by finite fields: a product of a code and a finite d is finite.
+    """
+    y = prod + m[:, None]
+    nan = np.isnan(prod)
+    if nan.any():
+        y[nan] = prod[nan]
+    return y
+
+
 def min_overflow_status(fmt: Format, trace: dict) -> np.ndarray:
     """Refusals of a format with an fp16 scale ``d`` and an fp16 minimum ``m``: either one infinite."""
     m = np.asarray(trace["m"], np.float32)
@@ -119,6 +136,10 @@ def _code_v(v):
     return _code_t(t.astype(np.float64))
 
 
+#: kernel module name -> module
+_KERNELS: dict = {}
+
+
 class Q4_1(Format):
     info = FormatInfo(
         "q4_1", 32, 20, False, 4, "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)", code=7,
@@ -144,7 +165,13 @@ class Q4_1(Format):
         d = get_f16_scale(data)
         m = get_f16_at(data, 2)
         q = _np_unpack4_halves(data[:, 4:]).astype(np.float32)
-        return q * d[:, None] + m[:, None]  # product, then sum: two roundings (the product is exact)
+        return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
+
+    def kernels(self):
+        kn = _KERNELS.get(self.kernel_module)
+        if kn is None:  # imported once: importlib on every call costs about a microsecond
+            kn = _KERNELS[self.kernel_module] = super().kernels()
+        return kn
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)

@@ -25,6 +25,7 @@ _0 = F32(0.0)
 _1 = F32(1.0)
 _HALF = F32(0.5)
 _15 = F32(15.0)
+_F16_MAX = F32(65504.0)
 
 _KEY_POS_INF = 0x7F800000  # order key of +inf (any key >= it: +inf or a NaN with the sign bit clear)
 _KEY_NEG_INF = -0x7F800001  # order key of -inf (any key <= it: -inf or a NaN with the sign bit set)
@@ -103,6 +104,31 @@ def _code(x, mn, inv):
     return qi if qi < 15 else 15
 
 
+with np.errstate(invalid="ignore"):
+    #: The platform's default NaN, what the hardware gives for 0 * inf (0xFFC00000 on x86), as float32 bits.
+    _DEFAULT_NAN = np.uint32((np.zeros(1, np.float32) * np.float32(np.inf)).view(np.uint32)[0])
+
+
+@jit
+def add_min_nonfinite(c, d, m):
+    """``c * d + m`` for a block whose fp16 ``d`` is inf or NaN (arbitrary bytes only), with fixed NaN payloads.
+
+    When the product is NaN and ``m`` is NaN too, x86 returns the first
+    operand's payload, and LLVM may swap the operands of the commutative add
+    (and fold a float "isnan ? p : p + m" select back into the add). So the
+    product's NaN is written from integers: ``d``'s pattern quieted when ``d``
+    is NaN, the platform's default NaN for ``0 * inf``; this is what the NumPy
+    reference (:func:`tbq.formats.q4_1.add_min`) returns. Every other case has
+    at most one NaN operand, so its payload is fixed.
+    """
+    db = F32(d).view(np.uint32)
+    if (db & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint32(db | np.uint32(0x00400000)).view(np.float32)
+    if c == 0:
+        return np.uint32(_DEFAULT_NAN).view(np.float32)
+    return F32(c) * d + m
+
+
 @jit
 def encode(x, out, raise_overflow):
     bs = x.shape[1]
@@ -134,8 +160,14 @@ def decode(data, out, table):
         m = load_f16_at(data, b, 2, table)
         src = data[b]
         dst = out[b]
-        for j in range(half):
-            v = src[4 + j]
-            dst[j] = F32(lo4(v)) * d + m  # exact product, then one rounding (not fused)
-            dst[j + half] = F32(hi4(v)) * d + m
+        if abs(d) <= _F16_MAX:  # every decoded fp16 is finite here: no product is NaN
+            for j in range(half):
+                v = src[4 + j]
+                dst[j] = F32(lo4(v)) * d + m  # exact product, then one rounding (not fused)
+                dst[j + half] = F32(hi4(v)) * d + m
+        else:  # an inf/NaN d (random bytes): NaN payloads fixed, see add_min_nonfinite
+            for j in range(half):
+                v = src[4 + j]
+                dst[j] = add_min_nonfinite(lo4(v), d, m)
+                dst[j + half] = add_min_nonfinite(hi4(v), d, m)
     return out

@@ -33,7 +33,7 @@ from ..half import f16_table
 from ..packing import _np_pack4_halves, _np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, _read_field, band
-from .q4_1 import get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
+from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
 _M16 = F32(-16.0)
@@ -57,8 +57,18 @@ def unpack_codes(data: np.ndarray, qh_off: int) -> np.ndarray:
     return (lo | (((qh >> _BIT) & np.uint32(1)) << np.uint32(4))).astype(np.int32)
 
 
+#: kernel module name -> module
+_KERNELS: dict = {}
+
+
 class _Q5(Format):
     """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
+
+    def kernels(self):
+        kn = _KERNELS.get(self.kernel_module)
+        if kn is None:  # imported once: importlib on every call costs about a microsecond
+            kn = _KERNELS[self.kernel_module] = super().kernels()
+        return kn
 
     def fields(self, data):
         blocks = self._blocks(data)
@@ -163,7 +173,7 @@ class Q5_1(_Q5):
         d = get_f16_scale(data)
         m = get_f16_at(data, 2)
         c = unpack_codes(data, 4)
-        return c.astype(np.float32) * d[:, None] + m[:, None]  # exact product, one rounding in the sum
+        return add_min(c.astype(np.float32) * d[:, None], m)  # exact product, one rounding in the sum
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode_q5_1(x, out, raise_overflow)

@@ -22,7 +22,7 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import hi4, lo4, pair4
-from .q4_1_kernels import first_min_max, load_f16_at, store_f16_at
+from .q4_1_kernels import add_min_nonfinite, first_min_max, load_f16_at, store_f16_at
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -31,6 +31,7 @@ _HALF = F32(0.5)
 _M16 = F32(-16.0)
 _16_5 = F32(16.5)
 _31 = F32(31.0)
+_F16_MAX = F32(65504.0)
 
 
 @jit
@@ -158,8 +159,14 @@ def decode_q5_1(data, out, table):
         qh = load_u32_at(data, b, 4)
         src = data[b]
         dst = out[b]
-        for j in range(half):
-            v = src[8 + j]
-            dst[j] = F32(lo4(v) | hi_bit(qh, j)) * d + m  # exact product, then one rounding (not fused)
-            dst[j + half] = F32(hi4(v) | hi_bit(qh, j + half)) * d + m
+        if abs(d) <= _F16_MAX:  # every decoded fp16 is finite here: no product is NaN
+            for j in range(half):
+                v = src[8 + j]
+                dst[j] = F32(lo4(v) | hi_bit(qh, j)) * d + m  # exact product, then one rounding (not fused)
+                dst[j + half] = F32(hi4(v) | hi_bit(qh, j + half)) * d + m
+        else:  # an inf/NaN d (random bytes): NaN payloads fixed, see q4_1_kernels.add_min_nonfinite
+            for j in range(half):
+                v = src[8 + j]
+                dst[j] = add_min_nonfinite(lo4(v) | hi_bit(qh, j), d, m)
+                dst[j + half] = add_min_nonfinite(hi4(v) | hi_bit(qh, j + half), d, m)
     return out
