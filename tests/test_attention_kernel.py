@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import tbq
 from tbq import attention as att
 from tbq.attention import KVCache, attention_dequantized, attention_rotated, encode_kv, f32_tolerance
-from tbq.errors import ConfigError, TbqTypeError
+from tbq.errors import ConfigError, TbqTypeError, TbqValueError
 
 from test_attention import CASES, build, data
 
@@ -171,3 +171,33 @@ def test_kvcache_from_parts_reads_the_same_in_both_backends():
     a = attention_rotated(q, K, V, backend="numba", threads=1)
     b = attention_rotated(q, K2, V, backend="numba", threads=1)
     assert np.array_equal(a, b)
+
+
+def test_k_and_v_with_different_sink_counts():
+    q, k, v = data(13, 60, 4, 2)
+    for nk, nv in ((2, 5), (5, 0), (0, 3)):
+        K = KVCache.encode(k, "tbq4_0", n_sink=nk)
+        V = KVCache.encode(v, "tbq3_0", n_sink=nv, sink_format="q8_0")
+        ref = attention_dequantized(q, K, V)
+        assert np.max(np.abs(attention_rotated(q, K, V, dtype=np.float64) - ref)) < 1e-12
+        check(q, K, V, threads=2)
+
+
+def test_attention_fused_on_exact_rows():
+    """Float rows on either side (tbq compare's exact reference and its one-side-quantized outputs)."""
+    q, k, v = data(14, 90, 8, 2)
+    K, V = encode_kv(k, v, "tbq4_0", "q4_0", n_sink=3)
+    exact = att.attention_fused(q, k, v)
+    s = np.einsum("hd,thd->ht", q.astype(np.float64), k.astype(np.float64)[:, np.arange(8) // 4]) / np.sqrt(128)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = np.einsum("ht,thd->hd", p / p.sum(axis=1, keepdims=True), v.astype(np.float64)[:, np.arange(8) // 4])
+    assert np.max(np.abs(exact - want)) < 1e-5
+    for kk, vv in ((K, v), (k, V), (K, V)):
+        kd = kk.dequantize(np.float64) if isinstance(kk, KVCache) else kk.astype(np.float64)
+        vd = vv.dequantize(np.float64) if isinstance(vv, KVCache) else vv.astype(np.float64)
+        s = np.einsum("hd,thd->ht", q.astype(np.float64), kd[:, np.arange(8) // 4]) / np.sqrt(128)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        want = np.einsum("ht,thd->hd", p / p.sum(axis=1, keepdims=True), vd[:, np.arange(8) // 4])
+        assert np.max(np.abs(att.attention_fused(q, kk, vv, threads=2) - want)) < 1e-5
+    with pytest.raises(TbqValueError):
+        att.attention_fused(q, k[:10], v)

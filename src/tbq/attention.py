@@ -89,6 +89,7 @@ __all__ = [
     "score_condition",
     "F32_TOLERANCE_FACTOR",
     "ATTENTION_BACKENDS",
+    "attention_fused",
 ]
 
 #: Formats a sink-preserving cache may keep its first ``n_sink`` tokens in: ``f16``,
@@ -492,49 +493,96 @@ def _pair_table(fmt) -> np.ndarray:
     return np.ascontiguousarray(np.stack([c[v & ((1 << bits) - 1)], c[v >> bits]], axis=1))
 
 
-def _kernel_operand(cache: "KVCache", kn):
-    """``(kind, blocks, dense rows, pair table, type size)`` of a cache's main part for :func:`tbq.attention_kernels.attend`."""
+def _kernel_operand(cache, kn, n_sink: int):
+    """``(kind, blocks, dense rows, pair table, type size)`` of tokens ``n_sink ..`` for :func:`tbq.attention_kernels.attend`."""
+    if isinstance(cache, np.ndarray):  # exact float rows
+        return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(cache[n_sink:], np.float32), _NO_PAIR, 1
     fmt = cache.codec.format
+    data = np.ascontiguousarray(cache.data[n_sink - cache.n_sink :])  # a view of a C-contiguous cache
     if _tbq_like(fmt):
         kind = kn.KIND_TBQ4 if fmt.info.layout[1].kind == "u4_pairs" else kn.KIND_TBQ3
-        return kind, np.ascontiguousarray(cache.data), _NO_DENSE, _pair_table(fmt), fmt.info.type_size
+        return kind, data, _NO_DENSE, _pair_table(fmt), fmt.info.type_size
     if type(fmt) is _Q8_0Format:
-        return kn.KIND_Q8_0, np.ascontiguousarray(cache.data), _NO_DENSE, _NO_PAIR, fmt.info.type_size
+        return kn.KIND_Q8_0, data, _NO_DENSE, _NO_PAIR, fmt.info.type_size
     if type(fmt) is _Q4_0Format:
-        return kn.KIND_Q4_0, np.ascontiguousarray(cache.data), _NO_DENSE, _NO_PAIR, fmt.info.type_size
+        return kn.KIND_Q4_0, data, _NO_DENSE, _NO_PAIR, fmt.info.type_size
     # any other format: its decoder's float32 rows (the library decoder is the format's spec)
-    dense = codec_from(cache.fmt, cache.config).decode(cache.data)
+    dense = codec_from(cache.fmt, cache.config).decode(data)
     return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(dense, np.float32), _NO_PAIR, fmt.info.type_size
 
 
-def _attention_kernel(q: np.ndarray, k: "KVCache", v: "KVCache", scale, threads) -> np.ndarray:
+def _sink_rows(cache, n_sink: int) -> np.ndarray:
+    """float32 ``(n_sink, n_head_kv, head_dim)``: the first ``n_sink`` tokens as rows (the sinks, then decoded tokens)."""
+    if isinstance(cache, np.ndarray):
+        return np.ascontiguousarray(cache[:n_sink], np.float32)
+    rows = cache._sink_values()
+    if n_sink > cache.n_sink:  # the other cache keeps more sink tokens: read these few in the original domain too
+        extra = cache.codec.decode(cache.data[: n_sink - cache.n_sink])
+        rows = np.concatenate([rows, extra], axis=0)
+    return np.ascontiguousarray(rows, np.float32)
+
+
+def attention_fused(q, k, v, *, scale=None, threads=None) -> np.ndarray:
+    """The numba kernel on caches and/or exact float rows: float32 ``(n_head, head_dim)``.
+
+    ``k`` and ``v`` are each a :class:`KVCache` or a float array ``(T,
+    n_head_kv, head_dim)`` of exact rows (read in the original domain), so
+    that the same kernel computes a reference output from the exact data and
+    the output of a quantized cache (``tbq compare``'s ``out NMSE``).
+    ``attention_rotated(q, K, V, backend="numba")`` is this with two caches.
+    """
+    k = k if isinstance(k, KVCache) else _float_rows(k, "k")
+    v = v if isinstance(v, KVCache) else _float_rows(v, "v")
+    q = np.asarray(q)
+    if q.dtype.kind != "f" or q.ndim != 2:
+        raise TbqTypeError(f"q must be a float array (n_head, head_dim), got {q.dtype} {q.shape}")
+    shapes = [(x.n_tokens, x.n_head_kv, x.head_dim) if isinstance(x, KVCache) else x.shape for x in (k, v)]
+    if shapes[0] != shapes[1] or shapes[0][2] != q.shape[1] or q.shape[0] % shapes[0][1] or not shapes[0][0]:
+        raise TbqValueError(f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1")
+    if not np.isfinite(q).all():
+        raise NonFiniteError("q holds a non-finite value")
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else float(scale)
+    return _attention_kernel(q.astype(np.float32), k, v, scale, threads)
+
+
+def _float_rows(x, name) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype.kind != "f" or a.ndim != 3:
+        raise TbqTypeError(f"{name} must be a KVCache or float rows (T, n_head_kv, head_dim), got {a.dtype} {a.shape}")
+    return np.ascontiguousarray(a, np.float32)
+
+
+def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
     from . import attention_kernels as kn
 
     n_head, dim = q.shape
-    G = k.n_head_kv
+    rows_k, rows_v = not isinstance(k, KVCache), not isinstance(v, KVCache)
+    G = k.shape[1] if rows_k else k.n_head_kv
     R = n_head // G
     f16 = f16_table()
     qo = np.ascontiguousarray(q, np.float32).reshape(G, R, dim)
-    kfmt, vfmt = k.codec.format, v.codec.format
-    T = k.data.shape[0]
-    if T and _tbq_like(kfmt):  # rotate the query once, per 128-value block, with the key cache's rotation
+    kfmt = None if rows_k else k.codec.format
+    vfmt = None if rows_v else v.codec.format
+    n_sink = max(0 if rows_k else k.n_sink, 0 if rows_v else v.n_sink)  # K and V may keep different numbers
+    T = (k.shape[0] if rows_k else k.n_tokens) - n_sink
+    if T and kfmt is not None and _tbq_like(kfmt):  # rotate the query once, per 128-value block, with the key cache's rotation
         qr = np.ascontiguousarray(kfmt.rotation.forward(qo.reshape(G, R, dim // 128, 128)).reshape(G, R, dim), np.float32)
     else:
         qr = qo
     n_threads = threads if threads is not None else _default_threads()
     tasks = []  # (K operand, V operand, KV head, first token, end token)
     if T:
-        kop, vop = _kernel_operand(k, kn), _kernel_operand(v, kn)
+        kop, vop = _kernel_operand(k, kn, n_sink), _kernel_operand(v, kn, n_sink)
         splits = max(1, min(-(-n_threads // G), T // MIN_TOKENS_PER_TASK))
         bounds = np.linspace(0, T, splits + 1).astype(int)
         for g in range(G):
             for i in range(splits):
                 tasks.append((kop, vop, g, int(bounds[i]), int(bounds[i + 1])))
-    if k.n_sink:  # the sink tokens: float32 rows in the original domain
-        ks = (kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(k._sink_values()), _NO_PAIR, 1)
-        vs = (kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(v._sink_values()), _NO_PAIR, 1)
+    if n_sink:  # the sink tokens: float32 rows in the original domain
+        ks = (kn.KIND_DENSE, _NO_BYTES, _sink_rows(k, n_sink), _NO_PAIR, 1)
+        vs = (kn.KIND_DENSE, _NO_BYTES, _sink_rows(v, n_sink), _NO_PAIR, 1)
         for g in range(G):
-            tasks.append((ks, vs, g, 0, k.n_sink))
+            tasks.append((ks, vs, g, 0, n_sink))
     n = len(tasks)
     m = np.empty((n, R), np.float32)
     l = np.empty((n, R), np.float32)
@@ -568,7 +616,7 @@ def _attention_kernel(q: np.ndarray, k: "KVCache", v: "KVCache", scale, threads)
         AR[g] += w[:, None] * accr[i]
         AO[g] += w[:, None] * acco[i]
     out = AO.reshape(n_head, dim)
-    if T and _tbq_like(vfmt):  # rotate the output back once
+    if T and vfmt is not None and _tbq_like(vfmt):  # rotate the output back once
         out = out + vfmt.rotation.inverse(AR.reshape(n_head, dim // 128, 128)).reshape(n_head, dim)
     return (out / L.reshape(n_head, 1)).astype(np.float32)
 

@@ -23,18 +23,24 @@ This module computes and formats; it prints nothing. The command line
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from .attention import KVCache, attention_fused
 from .codecs import get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
-from .formats import formats
-from .metrics import attention_error, error_summary, random_queries
+from .formats import format_class, formats
+from .metrics import attention_error, error_summary, nmse, random_queries, softmax_kl, topk_agreement
 
-__all__ = ["compare", "format_table", "attention_columns", "to_records", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
+__all__ = ["compare", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
 
 #: Head size of the attention metrics: every 128 values of a token are one head.
 HEAD_DIM = 128
@@ -108,7 +114,19 @@ def _heads(x: np.ndarray) -> np.ndarray:
     return x.reshape(x.shape[0], -1, HEAD_DIM)
 
 
-def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, topk: int = 8) -> dict:
+def _logits(queries: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """``q.k / sqrt(128)`` in float64, ``(heads, n, tokens)``, one BLAS product per head
+    (the values of :func:`tbq.metrics.attention_logits`, without its einsum's cost)."""
+    q = np.asarray(queries, np.float64)
+    if q.ndim == 2:
+        q = np.broadcast_to(q[:, None, :], (q.shape[0], X.shape[1], q.shape[1]))
+    out = np.empty((X.shape[1], q.shape[0], X.shape[0]))
+    for h in range(X.shape[1]):
+        np.matmul(q[:, h, :], X[:, h, :].astype(np.float64).T, out=out[h])
+    return out * (1.0 / math.sqrt(HEAD_DIM))
+
+
+def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, topk: int = 8, encoded=None, threads=None) -> dict:
     """The attention columns of a :func:`compare` row for reference ``x`` and reconstruction ``y``.
 
     ``role="keys"``: logit RMSE, softmax KL and top-k agreement of ``y`` as the
@@ -116,10 +134,20 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     output error with ``partner`` as the exact other half of the pair (values
     for keys, keys for values), ``None`` without a partner. ``queries`` are
     ``(n, heads, 128)`` or ``(n, 128)``.
+
+    With ``encoded=(bytes, codec)`` (the encoding of ``x`` that ``y``
+    decodes) the attention outputs come from the fused kernel
+    (:func:`tbq.attention.attention_fused`) reading the quantized blocks
+    directly, the exact output from the same kernel on ``x``, and the logits
+    from one BLAS product per head: the same metrics, cheap for long caches
+    (the outputs are float32, whose rounding is about 1e-7 of the output, far
+    below any quantization error).
     """
     X, Y = _heads(np.asarray(x, np.float32)), _heads(np.asarray(y, np.float32))
     P = None if partner is None else _heads(np.asarray(partner, np.float32))
     out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+    if encoded is not None:
+        return _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads)
     if role == "keys":
         m = attention_error(queries, X, P, k_hat=Y, topk=topk)
         out.update({"logit rmse": m["logit_rmse"], "softmax KL": m["kl_mean"], "top-k": m["topk_agreement"]})
@@ -129,6 +157,32 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
         m = {}
     if P is not None:
         out["out NMSE"] = m["output_nmse"]
+    return out
+
+
+def _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads) -> dict:
+    out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+    if role == "keys":
+        a, b = _logits(queries, X), _logits(queries, Y)
+        e = b - a
+        out["logit rmse"] = math.sqrt(float(np.mean(e * e)))
+        out["softmax KL"] = float(np.mean(softmax_kl(a, b)))
+        out["top-k"] = float(np.mean(topk_agreement(a, b, topk)))
+        del a, b, e
+    if P is not None:
+        data, codec = encoded
+        heads = X.shape[1]
+        q = np.asarray(queries, np.float32)
+        if q.ndim == 2:
+            q = np.broadcast_to(q[:, None, :], (q.shape[0], heads, q.shape[1]))
+        q = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(-1, HEAD_DIM)  # query heads (head, query): GQA over the heads
+        cache = KVCache(codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), HEAD_DIM, codec.format.config())
+        with np.errstate(all="ignore"):
+            if role == "keys":
+                exact, approx = attention_fused(q, X, P, threads=threads), attention_fused(q, cache, P, threads=threads)
+            else:
+                exact, approx = attention_fused(q, P, X, threads=threads), attention_fused(q, P, cache, threads=threads)
+            out["out NMSE"] = nmse(exact, approx)
     return out
 
 
@@ -230,7 +284,7 @@ def compare(
                     {"NMSE": s["nmse"], "SNR dB": s["snr_db"], "max abs err": s["max_abs_error"], "mean cos": s["mean_cosine"]}
                 )
                 if attention:
-                    row.update(attention_columns(x, y, role=role, partner=partner, queries=queries, topk=topk))
+                    row.update(attention_columns(x, y, role=role, partner=partner, queries=queries, topk=topk, encoded=(q, codec)))
                 else:
                     row.update({"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None})
             row["enc Mv/s"] = x.size / t_enc / 1e6
@@ -239,6 +293,108 @@ def compare(
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+# ---------------------------------------------------------------------------
+# the first run: compiling the numba kernels, on every core
+# ---------------------------------------------------------------------------
+
+
+def _kernel_units(fmts, attention: bool) -> list[str]:
+    """The kernel modules a comparison compiles (formats sharing a module share its kernels)."""
+    units = [format_class(f).kernel_module for f in fmts]
+    if attention:
+        units.append("tbq.attention_kernels")
+    return [u for u in dict.fromkeys(units) if u]
+
+
+def kernels_cached(fmts, attention: bool = True) -> bool | None:
+    """True when numba's cache holds compiled kernels of every module ``fmts`` (and attention) use.
+
+    ``False`` means a module was never compiled here (the first run in a fresh
+    environment); ``None`` when numba's cache cannot be inspected. A cache
+    that numba finds stale (the source changed) still counts as present.
+    """
+    import importlib
+
+    try:
+        from numba.core.registry import CPUDispatcher
+    except ImportError:  # pragma: no cover - numba is a dependency
+        return None
+    try:
+        for unit in _kernel_units(fmts, attention):
+            mod = importlib.import_module(unit)
+            disps = [v for v in vars(mod).values() if isinstance(v, CPUDispatcher) and v.__module__ == unit]
+            paths = [d._cache._cache_file._index_path for d in disps if getattr(d, "_cache", None) is not None]
+            if paths and not any(os.path.exists(p) for p in paths):
+                return False
+    except Exception:  # numba internals moved: say nothing rather than guess
+        return None
+    return True
+
+
+def _warm(fmts, config: dict, attention: bool) -> None:
+    """Compile (or load from the cache) the kernels a comparison of ``fmts`` uses, on small inputs of the same types."""
+    x = np.zeros((64, 1024), np.float32)  # 64 rows of 8 heads: whole blocks of every format, >= 32 blocks a call
+    x[:, ::7] = 1.0
+    for f in fmts:
+        cfg = {k: v for k, v in config.items() if f.startswith("tbq") or k not in ("codebook", "signs")}
+        cfg["on_overflow"] = "inf"
+        c = get_codec(f, **cfg)
+        if c.backend == "numba":
+            c.decode(c.encode(x))
+    if attention:  # one kernel for every kind of cache (the kind is a run-time argument)
+        rows = x.reshape(64, 8, HEAD_DIM)
+        attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
+
+
+def warm_up(fmts, config: dict | None = None, *, attention: bool = True, processes: int | None = None) -> float:
+    """Compile the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores at once.
+
+    Numba compiles one function at a time per process, so a cold start runs
+    ``processes - 1`` helper interpreters (``python -c``), each compiling its
+    share of the kernel modules into the shared on-disk cache, while this
+    process compiles its own share; afterwards every kernel loads from the
+    cache. Shares are balanced by the size of the kernel modules' source (a
+    proxy for compile time); formats that share a module stay together.
+    Returns the seconds spent. ``processes=1`` compiles everything here.
+    """
+    t0 = time.perf_counter()
+    config = dict(config or {})
+    fmts = list(fmts)
+    if processes is None:
+        try:
+            processes = len(os.sched_getaffinity(0))
+        except AttributeError:  # pragma: no cover
+            processes = os.cpu_count() or 1
+    import importlib.util
+
+    units = _kernel_units(fmts, attention)
+    weight = {}
+    for u in units:
+        spec = importlib.util.find_spec(u)
+        weight[u] = Path(spec.origin).stat().st_size if spec and spec.origin else 1
+    shares: list[list[str]] = [[] for _ in range(max(1, min(processes, len(units))))]
+    load = [0] * len(shares)
+    for u in sorted(units, key=lambda u: -weight[u]):
+        i = load.index(min(load))
+        shares[i].append(u)
+        load[i] += weight[u]
+
+    def fmts_of(share):
+        return [f for f in fmts if format_class(f).kernel_module in share]
+
+    procs = []
+    for share in shares[1:]:
+        job = {"formats": fmts_of(share), "config": config, "attention": "tbq.attention_kernels" in share}
+        code = f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); c._warm(j['formats'], j['config'], j['attention'])"
+        procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        _warm(fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0])
+    finally:
+        for pr in procs:
+            pr.wait()
+    return time.perf_counter() - t0
 
 
 def to_records(rows: list[dict]) -> list[dict]:

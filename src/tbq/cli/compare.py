@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import zipfile
@@ -10,7 +11,7 @@ import zipfile
 import numpy as np
 
 from . import check_figure_file, int_at_least
-from ..compare import HEAD_DIM, check_array, compare, format_table, to_records, tokens_of
+from ..compare import HEAD_DIM, check_array, compare, format_table, kernels_cached, to_records, tokens_of, warm_up
 from ..errors import ScaleOverflowError, TbqValueError
 from ..formats import format_info, formats
 
@@ -151,6 +152,13 @@ def _overflow_message(exc: ScaleOverflowError) -> str:
 # --------------------------------------------------------------------------- run
 
 
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def run_cli(args) -> int:
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
@@ -188,12 +196,18 @@ def run_cli(args) -> int:
     out = sys.stderr if args.json else sys.stdout
     if not args.json:
         print("\n".join(header), flush=True)
-    # The first run in a fresh environment compiles the numba kernels (~10 s): say so instead of hanging.
-    first = next(iter(data.values()))
-    probe = np.zeros((1,) * (first.ndim - 1) + (first.shape[-1],), np.float32)
-    with slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=show):
-        for codec in codecs.values():
-            codec.decode(codec.encode(probe))
+    # The first run in a fresh environment compiles the numba kernels: say so at once, and
+    # compile on every core (helper processes fill numba's on-disk cache in parallel).
+    numba_fmts = [f for f, c in codecs.items() if c.backend == "numba"]
+    attention = "keys" in data and "values" in data  # out NMSE runs the fused attention kernel
+    cores = _cores()
+    cold = bool(numba_fmts) and kernels_cached(numba_fmts, attention) is False
+    if cold:
+        notice = slow_notice(f"compiling numba kernels on {cores} core{'s' if cores != 1 else ''} (first run only)...", after=0.0, enabled=show)
+    else:  # cached (or a stale cache numba recompiles): a notice only if it takes long
+        notice = slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=show)
+    with notice:
+        warm_up(numba_fmts, config, attention=attention, processes=cores if cold else 1)
     with Progress(len(data) * len(fmts), "tbq compare", enabled=show) as bar:
         try:
             rows = compare(

@@ -1,0 +1,64 @@
+"""``tbq compare`` with the fused attention kernel, and its cold start (compiling on every core)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tbq
+from tbq.compare import attention_columns, compare
+from tbq.metrics import random_queries
+from tbq.synthetic import builtin_kv
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "tbq4_0", "tbq3_0", "iq4_nl"])
+def test_fused_attention_columns_equal_the_dense_metrics(fmt):
+    """The kernel path (blocks read directly, BLAS logits) gives the metrics of tbq.metrics.attention_error."""
+    if fmt not in tbq.formats():
+        pytest.skip(f"{fmt} is not registered")
+    d = builtin_kv(seed=1)
+    x, p = d["keys"][:200], d["values"][:200]
+    c = tbq.get_codec(fmt)
+    queries = random_queries(16, 128, 8, seed=3)
+    for role, a, b in (("keys", x, p), ("values", p, x)):
+        q = c.encode(a)
+        y = c.decode(q)
+        dense = attention_columns(a, y, role=role, partner=b, queries=queries, topk=8)
+        fused = attention_columns(a, y, role=role, partner=b, queries=queries, topk=8, encoded=(q, c))
+        for key, want in dense.items():
+            if want is None:
+                assert fused[key] is None
+            elif key == "top-k":
+                assert fused[key] == want
+            else:
+                assert fused[key] == pytest.approx(want, rel=1e-4, abs=1e-12), key
+        single = attention_columns(a, y, role=role, queries=queries, encoded=(q, c))
+        assert single["out NMSE"] is None
+
+
+def test_compare_rows_carry_the_fused_out_nmse():
+    d = builtin_kv(seed=0)
+    rows = compare({"keys": d["keys"][:128], "values": d["values"][:128]}, ["tbq4_0"], repeat=1)
+    assert all(r["out NMSE"] is not None and 0 < r["out NMSE"] < 1 for r in rows)
+
+
+def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
+    """In a fresh numba cache, kernels_cached says so, and warm_up on two processes fills it."""
+    code = (
+        "import json, tbq.compare as c\n"
+        "f = ['q8_0', 'q4_0']\n"
+        "before = c.kernels_cached(f, attention=False)\n"
+        "c.warm_up(f, {}, attention=False, processes=2)\n"
+        "print(json.dumps([before, c.kernels_cached(f, attention=False)]))\n"
+    )
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True]
+    names = {p.name.split(".")[0] for p in (tmp_path / "numba").rglob("*.nbi")}
+    assert {"q8_0_kernels", "q4_0_kernels"} <= names  # both modules compiled (one of them by the helper process)
