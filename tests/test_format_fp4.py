@@ -13,6 +13,7 @@ import numba
 import numpy as np
 import pytest
 
+import naive
 import tbq
 from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 from tbq.formats.fp4 import e8m0_boundaries, e8m0_byte, e8m0_exponent, e8m0_half, fp4_codes, ue4m3_from_f32, ue4m3_to_f32
@@ -395,3 +396,20 @@ def test_nvfp4_fragility():
     fr = f.fragile_values(tr, 1)
     assert fr[0, 1] and not fr[0, 2] and not fr[0, 0]
     assert f.fragile_scales(tr, 1).tolist() == [False, True]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_regression_huge_values_over_a_saturated_scale_tie_to_the_first_code(backend):
+    """Found by the property tests: with NVFP4's sub-block scale saturated at 448 (dd = 224), a value
+    ~2**25 times the grid makes fl(|x| - g) equal for several grid values g; the literal search keeps
+    the first (smallest magnitude) of the tied minima, and code 0 when even fl(|x| - 0) ties. The
+    numba kernel's midpoint shortcut once saturated to code 7 there."""
+    x = np.full(64, 1e10, np.float32)
+    x[1], x[2], x[3] = -3.4e10, 1e12, 5e9
+    q = tbq.quantize(x, "nvfp4", backend=backend, on_overflow="inf")
+    b, _ = naive.encode_block(tbq.get_format("nvfp4"), x)
+    assert bytes(q) == b
+    c = tbq.get_format("nvfp4").fields(q)["qs"].reshape(-1)
+    assert c[2] == 0  # 1e12: every error rounds to 1e12, code 0 (decodes to 0)
+    assert c[0] == 7  # 1e10: fl(1e10 - 12 dd) is still the single smallest error
+    assert c[1] == 8 + 5  # -3.4e10 (ulp 2048): |x| - 6dd, - 8dd and - 12dd all round to |x| - 2048; -6dd comes first

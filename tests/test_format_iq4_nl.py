@@ -252,3 +252,14 @@ def test_fragile_values_mark_ties_and_follow_carried_indices():
     x2 = np.zeros(32, np.float32)
     _, tr2 = f.encode(x2, trace=True)
     assert not f.fragile_values(tr2, 4).any()  # index 8 by definition: nothing to round
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_regression_nonfinite_first_block_of_a_row_raises_nonfinite_error(backend):
+    """Found by the property tests: a NaN in a row's first block left the NumPy path no whole row
+    to encode before it, and an empty reference_encode failed with a reshape error."""
+    x = np.zeros((2, 64), np.float32)
+    x[1, 0] = np.nan
+    with pytest.raises(tbq.NonFiniteError) as e:
+        tbq.quantize(x, "iq4_nl", backend=backend)
+    assert e.value.block == 2

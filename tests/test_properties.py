@@ -110,8 +110,13 @@ import tbq
 from tbq import packing
 from tbq.errors import NonFiniteError, ScaleOverflowError
 from tbq.half import f16_table
+
+from helpers import assert_bytes_equal
 from tbq.rotation import hadamard_scale
+from tbq.formats import FORMAT_CLASSES
 from tbq.testing import strategies as tst
+
+import naive
 
 F32 = np.float32
 U = 2.0**-24
@@ -119,6 +124,11 @@ SLACK = 1 + 2.0**-40
 FORMATS = tbq.formats()
 Q_FORMATS = ("q8_0", "q4_0")
 TBQ_FORMATS = ("tbq4_0", "tbq3_0")
+#: The formats whose error bounds and decoders this module derives by hand (docstring above);
+#: every other format is checked against its slow model in tests/naive_<module>.py.
+DERIVED = Q_FORMATS + TBQ_FORMATS
+#: Families that apply only to the formats listing them in Format.hazards.
+HAZARD_FAMILIES = set(tst.HAZARD_FAMILIES)
 BACKENDS = ("numpy", "numba")
 ALL_FAMILIES = [*tst.DEFAULT_FAMILIES, "overflow", "nonfinite"]
 
@@ -130,8 +140,24 @@ def codec(fmt, backend="numpy", threads=None, on_overflow="raise", codebook=None
 
 
 def families_for(fmt, extra=()):
-    drop = "thresholds" if fmt in Q_FORMATS else "ties"
-    return [f for f in [*tst.DEFAULT_FAMILIES, *extra] if f != drop]
+    """The default families that apply to ``fmt`` (its own hazard families only), plus ``extra``."""
+    own = FORMAT_CLASSES[fmt].hazards
+    return [f for f in [*tst.DEFAULT_FAMILIES, *extra] if f not in HAZARD_FAMILIES or f in own]
+
+
+def f16_scale_layout(fmt) -> bool:
+    """True when the block starts with one fp16 scale d at bytes 0-1 (what scale_f32 reads)."""
+    lay = tbq.format_info(fmt).layout
+    return lay[0].name == "d" and lay[0].kind == "f16" and lay[0].offset == 0
+
+
+def naive_encode(fmt_obj, x2):
+    """Bytes of blocks ``x2`` by the slow model (whole rows for a row-rule format)."""
+    out = []
+    for row in x2:
+        b, _ = naive.encode_block(fmt_obj, row)
+        out.append(np.frombuffer(b, np.uint8))
+    return np.stack(out)
 
 
 # ---------------------------------------------------------------------------
@@ -279,7 +305,13 @@ def test_pack3_exhaustive_all_lanes():
 
 
 def decode_model(fmt, b2, c):
-    """What the C decoder computes: float(code) * float(d16) in IEEE float32 (Inf/NaN products included)."""
+    """What the C decoder computes: float(code) * float(d16) in IEEE float32 (Inf/NaN products included).
+
+    Formats other than Q8_0/Q4_0/TBQ: their slow models (tests/naive_<module>.py), block by block.
+    """
+    if fmt not in DERIVED:
+        with np.errstate(all="ignore"):
+            return np.array([naive.decode_block(c.format, bytes(row)) for row in b2], F32)
     d, _ = scale_f32(b2)
     q = unpack_codes(fmt, b2)
     with np.errstate(all="ignore"):
@@ -414,8 +446,12 @@ def test_encode_finite_never_raises_and_meets_the_error_bound(fmt, backend, data
         check_q8_0(x2, b2, y2)
     elif fmt == "q4_0":
         check_q4_0(x2, b2, y2)
-    else:
+    elif fmt in TBQ_FORMATS:
         check_tbq(fmt, c, x2, b2, y2)
+    else:  # the independent slow model of the spec gives the same bytes (rows whole: the row rule of IQ4_NL)
+        rows = x.reshape(-1, x.shape[-1]) if c.format.row_rule else x2
+        want = naive_encode(c.format, rows).reshape(b2.shape)
+        assert_bytes_equal(b2, want, f"{fmt} vs tests/naive")
 
 
 @pytest.mark.parametrize("fmt", TBQ_FORMATS)

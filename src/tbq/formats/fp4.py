@@ -270,7 +270,7 @@ class MXFP4(Format):
         ),
     )
     kernel_module = "tbq.formats.fp4_kernels"
-    hazards: dict = {}
+    hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
 
     def reference_encode(self, x):
         n = x.shape[0]
@@ -357,7 +357,7 @@ class NVFP4(Format):
         ),
     )
     kernel_module = "tbq.formats.fp4_kernels"
-    hazards: dict = {}
+    hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
 
     def reference_encode(self, x):
         n = x.shape[0]

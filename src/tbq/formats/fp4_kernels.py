@@ -9,7 +9,9 @@ differences ``|x| - g_i`` and ``g_{i+1} - |x|`` are exact (Sterbenz; for i = 0
 ``|x| - 0`` is exact and ``d - |x| > |x|`` below d/2), so "``err_{i+1} <
 err_i``" is exactly "``|x| > midpoint``", an exact tie keeping the smaller
 magnitude; a negative code's error is never below the matching positive
-code's, and the zero codes 0/8 tie, so code 0 wins. ``m * d`` is exact (d a
+code's, and the zero codes 0/8 tie, so code 0 wins. Above the top grid value
+the differences are inexact for very large ``|x|``, and the kernel counts the
+rounded ties there (see ``_codes``). ``m * d`` is exact (d a
 power of two, or a 4-bit UE4M3 value). Where ``V * d`` overflows float32 (MXFP4
 e = 253, and the wrapped e >= 254 of the undefined case) its error is inf and
 never wins: its threshold is +inf. NVFP4's ``dd = 0`` makes every error
@@ -76,6 +78,11 @@ def _gt(a, t):
 
 
 @jit
+def _eq(a, b):
+    return np.int32(1) if a == b else np.int32(0)
+
+
+@jit
 def _codes(xr, lo, hi, d, c):
     """Codes of ``xr[lo:hi]`` into ``c[0:hi-lo]`` for grid ``V * d`` (d > 0); the literal argmin's result (module docstring)."""
     t0 = _thr(d, _G1, _T0)
@@ -85,10 +92,22 @@ def _codes(xr, lo, hi, d, c):
     t4 = _thr(d, _G5, _T4)
     t5 = _thr(d, _G6, _T5)
     t6 = _thr(d, _G7, _T6)
+    top = _G7 * d
+    g0, g1, g2, g3, g4, g5, g6 = _0, _G1 * d, _G2 * d, _G3 * d, _G4 * d, _G5 * d, _G6 * d
     for j in range(lo, hi):
         v = xr[j]
         a = abs(v)
         mag = _gt(a, t0) + _gt(a, t1) + _gt(a, t2) + _gt(a, t3) + _gt(a, t4) + _gt(a, t5) + _gt(a, t6)
+        # Beyond the top grid value the differences |x| - g are no longer exact: when |x| is
+        # ~2**22 times the grid or more, fl(|x| - g) rounds equal for the top values, and the
+        # literal search keeps the FIRST (smallest-magnitude) of the tied minima; if even
+        # fl(|x| - 0) ties, every code ties and code 0 wins. (NVFP4 reaches this when a
+        # sub-block scale saturates at 448.) The minimum is fl(|x| - 12d); count how many
+        # smaller grid values tie with it.
+        e = a - top
+        ties = (_eq(a - g0, e) + _eq(a - g1, e) + _eq(a - g2, e) + _eq(a - g3, e)
+                + _eq(a - g4, e) + _eq(a - g5, e) + _eq(a - g6, e))
+        mag = mag if not (a > t6) else np.int32(7) - ties
         neg = np.int32(8) if (v < _0 and mag != 0) else np.int32(0)  # -0 and values rounding to 0: code 0
         c[j - lo] = mag + neg
 

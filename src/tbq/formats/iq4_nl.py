@@ -107,13 +107,19 @@ class IQ4_NL(Format):
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"
-    hazards: dict = {}
+    #: the strategies aim at x/d0 halfway between two table values (ties go up) and at the 1e-15 tiny-block rule
+    hazards = {"grid_ties": {"table": tuple(int(v) for v in IQ4_NL_VALUES), "divisor": -127.0}}
     row_rule = True
 
     # -- spec ----------------------------------------------------------------------
     def reference_encode(self, x, row_blocks=None):
         """Encode whole rows of ``row_blocks`` blocks each (None: all of ``x`` is one row, one C call)."""
         n = x.shape[0]
+        if n == 0:  # no rows (e.g. a row whose first block is not finite: nothing before it to write)
+            z = np.zeros(0, np.float32)
+            return np.empty((0, self.info.type_size), np.uint8), {
+                "d0": z, "a": np.zeros((0, 32), np.float32), "d": z, "carried": z,
+            }
         rows = np.arange(n)
         ax = np.abs(x)
         amax = ax.max(axis=1)

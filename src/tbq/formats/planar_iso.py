@@ -118,7 +118,7 @@ class _PlanarIso(Format):
     """Shared body of the four formats: they differ in the rotation (``_rot``) and the codebook (``index_bits``)."""
 
     _rot = ""  # "givens" or "quat"
-    hazards = {}
+    hazards = {"thresholds": {}}  # rotated coordinates on the (asymmetric) derived thresholds
 
     def __init__(self, **options):
         super().__init__(**options)

@@ -62,6 +62,7 @@ from tbq.rotation import get_rotation, turboq_mtp_signs
 __all__ = [
     "FAMILIES",
     "DEFAULT_FAMILIES",
+    "HAZARD_FAMILIES",
     "SPECIAL_SCALES",
     "float_blocks",
     "encoded_blocks",
@@ -106,7 +107,7 @@ DEFAULT_FAMILIES = (
 )
 
 #: Families that apply to a format only when it lists them in ``Format.hazards``.
-_HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops")
+HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops")
 #: Old spellings still accepted (golden vectors and the strategies share family names).
 _ALIASES = {"heavy_tails": "heavy_tail"}
 _UNFIT = ("overflow", "nonfinite")
@@ -930,7 +931,7 @@ def _resolve_families(func, ctx, families):
 
 
 def _applies(fam, ctx):
-    return fam not in _HAZARD_FAMILIES or fam in ctx.hazards
+    return fam not in HAZARD_FAMILIES or fam in ctx.hazards
 
 
 # ---------------------------------------------------------------------------
