@@ -74,6 +74,31 @@ def f32_to_f16_bits(f):
 
 
 @jit
+def f32_to_f16_bits_finite(f):
+    """:func:`f32_to_f16_bits` without branches, for finite and infinite ``f`` (a NaN gives a quiet NaN).
+
+    The FP16 library's ``fp16_ieee_from_fp32_value`` (ggml's software
+    conversion): two exact multiplications by powers of two and one float
+    addition do the round-to-nearest-even in the float unit, so a loop over it
+    vectorises. Bit-identical to :func:`f32_to_f16_bits` for every float32
+    pattern except the NaNs (their payloads), which the encoders never store:
+    they refuse non-finite blocks first (checked on all 2**32 patterns,
+    tests/test_latency_caching.py checks a sample of every exponent).
+    """
+    w = f32_bits(f)
+    base = (abs(f) * np.uint32(0x77800000).view(np.float32)) * np.uint32(0x08800000).view(np.float32)
+    shl1_w = np.uint32(w + w)
+    sign = w & np.uint32(0x80000000)
+    bias = shl1_w & np.uint32(0xFF000000)
+    bias = bias if bias >= np.uint32(0x71000000) else np.uint32(0x71000000)
+    base = np.uint32((bias >> np.uint32(1)) + np.uint32(0x07800000)).view(np.float32) + base
+    bits = f32_bits(base)
+    nonsign = np.uint32((bits >> np.uint32(13)) & np.uint32(0x00007C00)) + (bits & np.uint32(0x00000FFF))
+    r = (sign >> np.uint32(16)) | (np.uint32(0x7E00) if shl1_w > np.uint32(0xFF000000) else nonsign)
+    return np.uint16(r & np.uint32(0xFFFF))
+
+
+@jit
 def f16_is_inf(h):
     """True when fp16 bits ``h`` are +-Inf (the scale overflowed)."""
     return (h & np.uint16(0x7FFF)) == np.uint16(0x7C00)

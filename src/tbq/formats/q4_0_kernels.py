@@ -8,9 +8,9 @@ from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    abs_bits_max,
     f16_is_inf,
-    f32_to_f16_bits,
+    f32_bits,
+    f32_to_f16_bits_finite,
     f32_to_int32,
     jit,
     load_f16,
@@ -25,31 +25,55 @@ _M8 = F32(-8.0)
 _8_5 = F32(8.5)
 
 
+#: Blocks whose scalar work (largest magnitude, scale, reciprocal, fp16) is done side by side.
+GROUP = 16
+
+
 @jit
 def encode(x, out, raise_overflow):
+    """Q4_0 encoder, ``GROUP`` blocks at a time: one pass finds every block's signed maximum, one SIMD
+    pass computes the group's scales, reciprocals and fp16 bits, then each block is coded and packed."""
+    nblk = x.shape[0]
     bs = x.shape[1]
     half = bs // 2
-    q = np.empty(bs, np.int32)
-    for b in range(x.shape[0]):
-        abits, first = abs_bits_max(x, b, bs)
-        if abits >= np.uint32(0x7F800000):  # Inf or NaN
-            return b, STATUS_NONFINITE
-        m = x[b, first] if abits != np.uint32(0) else _0  # signed, first of equal magnitudes; +0 for a zero block (ggml)
-        d = m / _M8
-        inv = _1 / d if d != _0 else _0
-        h = f32_to_f16_bits(d)
-        if raise_overflow and f16_is_inf(h):
-            return b, STATUS_SCALE_OVERFLOW
-        store_f16(out, b, h)
-        xr = x[b]
-        for j in range(bs):
-            p = xr[j] * inv
-            t = p + _8_5  # rounded separately: no contraction without fastmath
-            qi = f32_to_int32(t)  # +-Inf/NaN (1/d overflowed): 0, as x86 C
-            q[j] = qi if qi < 15 else 15
-        orow = out[b]
-        for j in range(half):
-            orow[2 + j] = pair4(q[j], q[j + half])
+    AB = np.empty(GROUP, np.uint32)
+    M = np.empty(GROUP, np.float32)
+    INV = np.empty(GROUP, np.float32)
+    H = np.empty(GROUP, np.uint16)
+    for g0 in range(0, nblk, GROUP):
+        L = min(GROUP, nblk - g0)
+        for l in range(L):
+            xr = x[g0 + l]
+            key = np.uint64(0)
+            for j in range(bs):  # the largest |x| bits and its first index: one max of (bits << 8 | 255 - j)
+                a = np.uint64(f32_bits(xr[j]) & np.uint32(0x7FFFFFFF))
+                k = (a << np.uint64(8)) | np.uint64(255 - j)
+                key = k if k > key else key
+            ab = np.uint32(key >> np.uint64(8))
+            AB[l] = ab
+            # signed, first of equal magnitudes; +0 for a zero block (ggml)
+            M[l] = xr[255 - np.int64(key & np.uint64(255))] if ab != np.uint32(0) else _0
+        for l in range(L):
+            d = M[l] / _M8
+            INV[l] = _1 / d if d != _0 else _0
+            H[l] = f32_to_f16_bits_finite(d)  # a NaN block's d is never stored (refused below)
+        for l in range(L):
+            b = g0 + l
+            if AB[l] >= np.uint32(0x7F800000):  # Inf or NaN
+                return b, STATUS_NONFINITE
+            h = H[l]
+            if raise_overflow and f16_is_inf(h):
+                return b, STATUS_SCALE_OVERFLOW
+            store_f16(out, b, h)
+            xr = x[b]
+            orow = out[b]
+            inv = INV[l]
+            for j in range(half):
+                p0 = xr[j] * inv
+                p1 = xr[j + half] * inv
+                q0 = f32_to_int32(p0 + _8_5)  # rounded separately: no contraction without fastmath
+                q1 = f32_to_int32(p1 + _8_5)  # +-Inf/NaN (1/d overflowed): 0, as x86 C
+                orow[2 + j] = pair4(q0 if q0 < 15 else 15, q1 if q1 < 15 else 15)
     return -1, STATUS_OK
 
 

@@ -14,9 +14,9 @@ from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    abs_bits_max,
     f16_is_inf,
-    f32_to_f16_bits,
+    f32_bits,
+    f32_to_f16_bits_finite,
     f32_to_int32,
     jit,
     load_f16,
@@ -30,25 +30,46 @@ _1 = F32(1.0)
 _127 = F32(127.0)
 
 
+#: Blocks whose scalar work (largest magnitude, scale, reciprocal, fp16) is done side by side.
+GROUP = 16
+
+
 @jit
 def encode(x, out, raise_overflow):
+    """Q8_0 encoder, ``GROUP`` blocks at a time: the scales, reciprocals and fp16 bits of a group in
+    one SIMD pass, then each block's codes."""
+    nblk = x.shape[0]
     bs = x.shape[1]
-    for b in range(x.shape[0]):
-        abits, first = abs_bits_max(x, b, bs)
-        if abits >= np.uint32(0x7F800000):  # Inf or NaN
-            return b, STATUS_NONFINITE
-        amax = abs(x[b, first])
-        d = amax / _127
-        inv = _1 / d if d != _0 else _0
-        h = f32_to_f16_bits(d)
-        if raise_overflow and f16_is_inf(h):
-            return b, STATUS_SCALE_OVERFLOW
-        store_f16(out, b, h)
-        xr = x[b]
-        orow = out[b]
-        for j in range(bs):
-            # +-Inf/NaN (1/d overflowed) give code 0, as x86 C does
-            orow[2 + j] = np.uint8(f32_to_int32(roundf(xr[j] * inv)) & np.int32(0xFF))  # int8 two's complement
+    AB = np.empty(GROUP, np.uint32)
+    INV = np.empty(GROUP, np.float32)
+    H = np.empty(GROUP, np.uint16)
+    for g0 in range(0, nblk, GROUP):
+        L = min(GROUP, nblk - g0)
+        for l in range(L):
+            xr = x[g0 + l]
+            amax = np.uint32(0)
+            for j in range(bs):  # |x| as uint32 bits: ordered like |x|, and a vectorisable max
+                a = f32_bits(xr[j]) & np.uint32(0x7FFFFFFF)
+                amax = a if a > amax else amax
+            AB[l] = amax
+        for l in range(L):
+            d = np.uint32(AB[l]).view(np.float32) / _127
+            INV[l] = _1 / d if d != _0 else _0
+            H[l] = f32_to_f16_bits_finite(d)  # a NaN block's d is never stored (refused below)
+        for l in range(L):
+            b = g0 + l
+            if AB[l] >= np.uint32(0x7F800000):  # Inf or NaN
+                return b, STATUS_NONFINITE
+            h = H[l]
+            if raise_overflow and f16_is_inf(h):
+                return b, STATUS_SCALE_OVERFLOW
+            store_f16(out, b, h)
+            xr = x[b]
+            orow = out[b]
+            inv = INV[l]
+            for j in range(bs):
+                # +-Inf/NaN (1/d overflowed) give code 0, as x86 C does
+                orow[2 + j] = np.uint8(f32_to_int32(roundf(xr[j] * inv)) & np.int32(0xFF))  # int8 two's complement
     return -1, STATUS_OK
 
 
