@@ -1,6 +1,6 @@
 """F16 and BF16 (ggml): one 16-bit float per value, 2 bytes, no scale.
 
-docs/formats.md, "F16" and "BF16". A "block" is one value (block size 1):
+docs/formats.md, "F16 / BF16". A "block" is one value (block size 1):
 value ``i`` of a row is the little-endian 16-bit word at byte ``2i``.
 
 - **F16** encode ``h = fp16(x)``: round to nearest, ties to even, subnormals

@@ -1,6 +1,6 @@
 """Q5_0 and Q5_1 (ggml): 32 5-bit codes per block, the fifth bits in a 32-bit plane ``qh``.
 
-docs/formats.md, "Q5_0" and "Q5_1". Codes ``c`` (0..31) are stored as their
+docs/formats.md, "Q5_0 / Q5_1". Codes ``c`` (0..31) are stored as their
 low 4 bits in ggml's split-half nibble order (byte ``j`` of ``qs`` = ``c[j] &
 15`` | ``(c[j+16] & 15) << 4``) and their bit 4 in the little-endian uint32
 ``qh`` (bit ``i`` = bit 4 of ``c[i]``).
