@@ -361,6 +361,22 @@ def test_scale_one_fp16_step_off_is_named():
     assert "--fragile-ulps" in d.evidence[1]
 
 
+def test_truncating_fp16_conversion_is_named_not_blamed_on_fma():
+    f = tbq.get_format("q8_0")
+
+    def truncated(x):  # the scale converted to fp16 toward zero instead of to nearest even
+        q = tbq.quantize(x, "q8_0").reshape(-1, 34)
+        d = f.encode(x.reshape(-1, 32), trace=True)[1]["d"].reshape(-1)
+        h = d.astype(np.float16)
+        bits = h.view(np.uint16).astype(np.int64)
+        bits = np.where(np.abs(h.astype(np.float64)) > np.abs(d), bits - 1, bits)
+        q[:, :2] = bits.astype("<u2").view(np.uint8).reshape(-1, 2)
+        return q
+
+    report = check_kernel("q8_0", quantize=truncated, blocks=600, examples=0)
+    assert names(report) == ["scale_conversion"] and "truncates" in report.diagnoses[0].title
+
+
 def test_fuzz_finds_and_shrinks_what_the_golden_phase_skips():
     def bad(x):  # wrong only on blocks whose first value is negative and large
         q = tbq.quantize(x, "q8_0").reshape(-1, 34)

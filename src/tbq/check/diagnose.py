@@ -340,6 +340,9 @@ def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
         ev.append(f"to round to the target's fp16 values its float32 d must have been {int(ulps.min())} to {int(ulps.max())} "
                   f"float32 ulps from tbq's (median {int(np.median(ulps))}); the fragility margin is k = {k} "
                   f"(--fragile-ulps {int(ulps.max())} would accept them as fragile)")
+    if ulps.size and ulps.min() > 64:  # no reduction order moves a float32 scale that far
+        return Diagnosis("scale_ulp", "every differing scale is one fp16 step from tbq's, too far from tbq's float32 scale "
+                         "for a reduction-order difference: the conversion to fp16 rounds differently", ev)
     return Diagnosis("scale_ulp", "every differing scale is one fp16 ulp from tbq's: FMA contraction or another reduction "
                      "order in the scale's arithmetic, beyond the fragility margin", ev)
 
@@ -514,6 +517,8 @@ def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
         if d is not None:
             d.direction = "quantize"
             out.append(d)
+    if any(d.name == "scale_conversion" for d in out):  # the specific explanation of a one-step scale difference
+        out = [d for d in out if d.name != "scale_ulp"]
     if not any(d.name in ("nibble_order", "shift_bug_3bit") for d in out):
         d = _permutation(fmt, kept)
         if d is not None:

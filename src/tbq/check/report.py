@@ -29,7 +29,6 @@ import numpy as np
 
 from ..formats import Format
 from .classify import CLASSES, ordered_code
-from .diagnose import Diagnosis
 from .targets import DIRECTIONS, default_symbol
 
 __all__ = ["PhaseResult", "Counterexample", "CheckReport", "make_counterexample"]
@@ -244,7 +243,6 @@ def make_counterexample(fmt: Format, direction: str, phase: str, inp: np.ndarray
                         block: int, cls: int, trace: dict | None, k: int, how: str) -> Counterexample:
     """Describe block ``block`` of one failing row: differing offsets, fields and tbq's trace."""
     bs, ts = fmt.block_size, fmt.type_size
-    names = _byte_fields(fmt)
     fields, tr = [], {}
     if direction == "quantize":
         e = expected.reshape(-1, ts)[block]

@@ -484,7 +484,8 @@ class _Check:
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
         fuzz = bool(self.examples) or bool(self.seconds)
-        steps = len(self.dirs) * (2 if self.blocks else 0) + (len(self.dirs) if fuzz else 0) + (1 if "dequantize" in self.dirs and self.blocks else 0)
+        golden = len(self.dirs) if self.blocks else 0
+        steps = golden + (len(self.dirs) if fuzz else 0) + (1 if "dequantize" in self.dirs and self.blocks else 0)
         with Progress(max(1, steps), "tbq check", enabled=self.progress) as bar:
             self._smoke()
             if self.blocks:
