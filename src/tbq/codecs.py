@@ -444,19 +444,18 @@ class Codec:
                 first_bad = e - s
             else:
                 first_bad = int(np.argmax(~np.isfinite(xc).all(axis=1)))
-            keep = first_bad // unit * unit  # whole rows only (a row-rule block depends on its row)
+            # Encode through the end of the row holding the first non-finite block: a row-rule
+            # block depends only on earlier blocks of its row, so the blocks before the bad one
+            # come out exactly as without it (what follows is discarded).
+            keep = -(-first_bad // unit) * unit
             with np.errstate(all="ignore"):
                 data, trace = fmt.reference_encode(xc[:keep], **row_kw)
             if raise_overflow:
-                status = fmt.invalid_blocks(trace)
+                status = np.asarray(fmt.invalid_blocks(trace))[:first_bad]
                 if status.size and status.any():
                     i = int(np.argmax(status != 0))
-                    if i < first_bad:
-                        out2[s : s + i] = data[:i]
-                        return (s + i, int(status[i]))
-            if keep < first_bad:  # the rows before the non-finite block's row are written; its row is not
-                out2[s : s + keep] = data
-                return (s + first_bad, STATUS_NONFINITE)
+                    out2[s : s + i] = data[:i]
+                    return (s + i, int(status[i]))
             out2[s : s + first_bad] = data[:first_bad]
             return None if first_bad == e - s else (s + first_bad, STATUS_NONFINITE)
 

@@ -80,12 +80,8 @@ def encode(x, out, raise_overflow, row_blocks):
     firsts = np.empty(R, np.int64)
     for r in range(n // R):
         b0 = r * R
-        # The codec's NumPy path refuses a row holding a non-finite block before it looks at
-        # the scales of that row; scanning the row first gives the same (block, status).
         for i in range(R):
             abits, first = abs_bits_max(x, b0 + i, bs)
-            if abits >= _NONFINITE_BITS:
-                return b0 + i, STATUS_NONFINITE
             amaxs[i] = abits
             firsts[i] = first
         for j in range(bs):
@@ -93,6 +89,8 @@ def encode(x, out, raise_overflow, row_blocks):
         for i in range(R):
             b = b0 + i
             orow = out[b]
+            if amaxs[i] >= _NONFINITE_BITS:  # blocks are refused in order: earlier blocks' refusals come first
+                return b, STATUS_NONFINITE
             if amaxs[i] < _TINY_BITS:  # tiny block: d = +0, the row's current indices
                 orow[0] = np.uint8(0)
                 orow[1] = np.uint8(0)
