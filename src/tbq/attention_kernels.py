@@ -16,7 +16,7 @@ How each cache is read (``kind``):
   rotated once by the caller; a value block adds ``(p_t * d) * c[idx]`` to a
   rotated-domain accumulator that the caller rotates back once. The indices
   are looked up two at a time in a pair table (``(c[lo], c[hi])`` per byte for
-  4 bits, per 6-bit pair for 3 bits).
+  4 bits, per 6-bit pair for 3 bits), one 8-byte copy per pair.
 - ``KIND_Q8_0`` / ``KIND_Q4_0``: in the original domain, ``code * d`` (exact
   in float32) read from the blocks.
 - ``KIND_DENSE``: float32 rows (the sink tokens, and formats without a
@@ -24,10 +24,13 @@ How each cache is read (``kind``):
 
 No dequantize pass, no float copy of a TBQ/Q8_0/Q4_0 cache: a chunk of
 ``chunk`` tokens is decoded into a scratch of ``128 x chunk`` floats that
-stays in L1. Keys are decoded transposed (``B[j, t]``) so that a score
-``sum_j q_j k_tj`` is a sequential sum over ``j`` for every token while the
-loop runs SIMD across tokens (the TBQ codec kernels' lane trick); values are
-decoded by rows so that the accumulation runs SIMD along the head dimension.
+stays in L1. Keys are decoded transposed (``B[j, t]``) so that the loop of a
+score ``sum_j q_j k_tj`` runs SIMD across tokens (the TBQ codec kernels' lane
+trick); values are decoded by rows so that the accumulation runs SIMD along
+the head dimension. Sums take two channels (or two tokens) per step, so their
+order differs from the NumPy model's strictly sequential one; the float32
+error stays within :func:`tbq.attention.f32_tolerance` (measured in
+tests/test_attention_kernel.py: under 0.4 of it).
 
 The exponential is :func:`expf` below (Cody-Waite reduction and a degree-6
 polynomial, float32, branch-free so it vectorises; within 1 ulp of the
@@ -98,34 +101,67 @@ def expf(x):
 
 
 @jit
-def _load_keys(kind, data, dense, pair, f16, g, c0, n, b, ts, D, B, DB):
-    """Decode block ``b`` (TBQ) or the whole row (other kinds) of tokens ``c0 .. c0+n`` transposed into ``B[j, t]``.
+def _tbq_scale(row, off, f16):
+    return f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
 
-    TBQ: ``B[j, t] = c[idx_j]`` and ``DB[t]`` the block's scale. Q8_0/Q4_0/dense:
-    ``B[j, t]`` the exact float32 value of channel ``j``.
-    """
+
+@jit
+def _load_key_pairs(kind, data, pair64, f16, g, c0, n, b, ts, B64, DB):
+    """TBQ keys of tokens ``c0 .. c0+n``, block ``b``: ``B64[k, t]`` holds the centroids of channels 2k
+    and 2k+1 of token t (one 8-byte copy from the pair table per byte of indices); ``DB[t]`` the scale."""
+    off = b * ts
     if kind == KIND_TBQ4:
-        off = b * ts
         for t in range(n):
             row = data[c0 + t, g]
-            DB[t] = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
+            DB[t] = _tbq_scale(row, off, f16)
             for k in range(64):
-                byte = np.int64(row[off + 2 + k])
-                B[2 * k, t] = pair[byte, 0]
-                B[2 * k + 1, t] = pair[byte, 1]
-    elif kind == KIND_TBQ3:
-        off = b * ts
+                B64[k, t] = pair64[np.int64(row[off + 2 + k])]
+    else:
         for t in range(n):
             row = data[c0 + t, g]
-            DB[t] = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
+            DB[t] = _tbq_scale(row, off, f16)
             for lg in range(16):
                 o = off + 2 + 3 * lg
                 lane = np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
-                j = 8 * lg
-                for u in range(4):
-                    pr = (lane >> (6 * u)) & 63
-                    B[j + 2 * u, t] = pair[pr, 0]
-                    B[j + 2 * u + 1, t] = pair[pr, 1]
+                B64[4 * lg, t] = pair64[lane & 63]
+                B64[4 * lg + 1, t] = pair64[(lane >> 6) & 63]
+                B64[4 * lg + 2, t] = pair64[(lane >> 12) & 63]
+                B64[4 * lg + 3, t] = pair64[(lane >> 18) & 63]
+
+
+@jit
+def _load_value_pairs(kind, data, pair64, f16, g, c0, n, b, ts, V64, DV):
+    """TBQ values by rows: ``V64[t, k]`` holds the centroids of channels 2k and 2k+1 of token t."""
+    off = b * ts
+    if kind == KIND_TBQ4:
+        for t in range(n):
+            row = data[c0 + t, g]
+            DV[t] = _tbq_scale(row, off, f16)
+            vt = V64[t]
+            for k in range(64):
+                vt[k] = pair64[np.int64(row[off + 2 + k])]
+    else:
+        for t in range(n):
+            row = data[c0 + t, g]
+            DV[t] = _tbq_scale(row, off, f16)
+            vt = V64[t]
+            for lg in range(16):
+                o = off + 2 + 3 * lg
+                lane = np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
+                vt[4 * lg] = pair64[lane & 63]
+                vt[4 * lg + 1] = pair64[(lane >> 6) & 63]
+                vt[4 * lg + 2] = pair64[(lane >> 12) & 63]
+                vt[4 * lg + 3] = pair64[(lane >> 18) & 63]
+
+
+@jit
+def _load_keys(kind, data, dense, f16, g, c0, n, D, B):
+    """Decode the rows of tokens ``c0 .. c0+n`` (Q8_0, Q4_0, dense) transposed into ``B[j, t]``: exact float32 values."""
+    if kind == KIND_DENSE:
+        for t in range(n):
+            src = dense[c0 + t, g]
+            for j in range(D):
+                B[j, t] = src[j]
     elif kind == KIND_Q8_0:
         for t in range(n):
             row = data[c0 + t, g]
@@ -144,40 +180,17 @@ def _load_keys(kind, data, dense, pair, f16, g, c0, n, b, ts, D, B, DB):
                     v = np.int32(row[off + 2 + j])
                     B[32 * blk + j, t] = F32((v & 15) - 8) * d
                     B[32 * blk + j + 16, t] = F32((v >> 4) - 8) * d
-    else:
-        for t in range(n):
-            src = dense[c0 + t, g]
-            for j in range(D):
-                B[j, t] = src[j]
 
 
 @jit
-def _load_values(kind, data, dense, pair, f16, g, c0, n, b, ts, D, V, DV):
-    """Decode values by rows: ``V[t, j]`` (block ``b`` of TBQ, with ``DV[t]`` its scale; whole rows otherwise)."""
-    if kind == KIND_TBQ4:
-        off = b * ts
+def _load_values(kind, data, dense, f16, g, c0, n, D, V):
+    """Decode the rows of tokens ``c0 .. c0+n`` (Q8_0, Q4_0, dense) into ``V[t, j]``: exact float32 values."""
+    if kind == KIND_DENSE:
         for t in range(n):
-            row = data[c0 + t, g]
-            DV[t] = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
+            src = dense[c0 + t, g]
             vt = V[t]
-            for k in range(64):
-                byte = np.int64(row[off + 2 + k])
-                vt[2 * k] = pair[byte, 0]
-                vt[2 * k + 1] = pair[byte, 1]
-    elif kind == KIND_TBQ3:
-        off = b * ts
-        for t in range(n):
-            row = data[c0 + t, g]
-            DV[t] = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
-            vt = V[t]
-            for lg in range(16):
-                o = off + 2 + 3 * lg
-                lane = np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
-                j = 8 * lg
-                for u in range(4):
-                    pr = (lane >> (6 * u)) & 63
-                    vt[j + 2 * u] = pair[pr, 0]
-                    vt[j + 2 * u + 1] = pair[pr, 1]
+            for j in range(D):
+                vt[j] = src[j]
     elif kind == KIND_Q8_0:
         for t in range(n):
             row = data[c0 + t, g]
@@ -198,12 +211,6 @@ def _load_values(kind, data, dense, pair, f16, g, c0, n, b, ts, D, V, DV):
                     v = np.int32(row[off + 2 + j])
                     vt[32 * blk + j] = F32((v & 15) - 8) * d
                     vt[32 * blk + j + 16] = F32((v >> 4) - 8) * d
-    else:
-        for t in range(n):
-            src = dense[c0 + t, g]
-            vt = V[t]
-            for j in range(D):
-                vt[j] = src[j]
 
 
 @jit
@@ -236,7 +243,13 @@ def attend(
     DB = np.empty(chunk, np.float32)
     V = np.empty((chunk, rows), np.float32)
     S = np.empty((R, chunk), np.float32)
-    P = np.empty(chunk, np.float32)
+    B64 = np.empty((64, chunk), np.uint64)
+    Bf = B64.view(np.float32)  # (64, 2 * chunk): channel 2k of token t at [k, 2t], channel 2k+1 at [k, 2t+1]
+    V64 = np.empty((chunk, 64), np.uint64)
+    Vf = V64.view(np.float32)  # (chunk, 128): the channels of token t in order
+    P2 = np.empty(2 * chunk, np.float32)
+    kp64 = kpair.view(np.uint64).reshape(kpair.shape[0])
+    vp64 = vpair.view(np.uint64).reshape(vpair.shape[0])
     for r in range(R):
         m_out[r] = _NEG_INF
         l_out[r] = _0
@@ -253,25 +266,37 @@ def attend(
                 S[r, t] = _0
         if rotated_k:
             for b in range(nbk):
-                _load_keys(kind_k, kdata, kdense, kpair, f16, g, c0, n, b, kts, D, B, DB)
+                _load_key_pairs(kind_k, kdata, kp64, f16, g, c0, n, b, kts, B64, DB)
                 for r in range(R):
-                    for t in range(n):
-                        P[t] = _0
-                    for j in range(128):  # sequential in j for every token, SIMD across tokens
-                        qv = qr[r, 128 * b + j]
-                        bj = B[j]
+                    for u in range(2 * n):
+                        P2[u] = _0
+                    for k in range(0, 64, 2):  # even and odd channels in two partial sums, SIMD across tokens
+                        qe0 = qr[r, 128 * b + 2 * k]
+                        qo0 = qr[r, 128 * b + 2 * k + 1]
+                        qe1 = qr[r, 128 * b + 2 * k + 2]
+                        qo1 = qr[r, 128 * b + 2 * k + 3]
+                        b0 = Bf[k]
+                        b1 = Bf[k + 1]
                         for t in range(n):
-                            P[t] += qv * bj[t]
+                            P2[2 * t] += qe0 * b0[2 * t] + qe1 * b1[2 * t]
+                            P2[2 * t + 1] += qo0 * b0[2 * t + 1] + qo1 * b1[2 * t + 1]
                     sr = S[r]
                     for t in range(n):  # score = sum over blocks of d_b * (q'_b . c_b)
-                        sr[t] += DB[t] * P[t]
+                        sr[t] += DB[t] * (P2[2 * t] + P2[2 * t + 1])
         else:
-            _load_keys(kind_k, kdata, kdense, kpair, f16, g, c0, n, 0, kts, D, B, DB)
+            _load_keys(kind_k, kdata, kdense, f16, g, c0, n, D, B)
             for r in range(R):
                 sr = S[r]
-                for j in range(D):
-                    qv = qo[r, j]
-                    bj = B[j]
+                for j in range(0, D - 1, 2):  # two channels per pass over the tokens, SIMD across tokens
+                    q0 = qo[r, j]
+                    q1 = qo[r, j + 1]
+                    b0 = B[j]
+                    b1 = B[j + 1]
+                    for t in range(n):
+                        sr[t] += q0 * b0[t] + q1 * b1[t]
+                if D % 2:
+                    qv = qo[r, D - 1]
+                    bj = B[D - 1]
                     for t in range(n):
                         sr[t] += qv * bj[t]
         # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
@@ -299,17 +324,39 @@ def attend(
         # values: acc += p_t * v_t
         if rotated_v:
             for b in range(nbk):
-                _load_values(kind_v, vdata, vdense, vpair, f16, g, c0, n, b, vts, D, V, DB)
-                for t in range(n):
-                    vt = V[t]
+                _load_value_pairs(kind_v, vdata, vp64, f16, g, c0, n, b, vts, V64, DB)
+                t = 0
+                while t + 1 < n:  # two tokens per pass over the accumulator
+                    v0 = Vf[t]
+                    v1 = Vf[t + 1]
                     for r in range(R):
-                        w = S[r, t] * DB[t]  # (p_t * d_t) * c[idx_t], as the model
+                        w0 = S[r, t] * DB[t]  # (p_t * d_t) * c[idx_t], as the model
+                        w1 = S[r, t + 1] * DB[t + 1]
+                        ar = accr[r]
+                        for j in range(128):
+                            ar[128 * b + j] += w0 * v0[j] + w1 * v1[j]
+                    t += 2
+                if t < n:
+                    vt = Vf[t]
+                    for r in range(R):
+                        w = S[r, t] * DB[t]
                         ar = accr[r]
                         for j in range(128):
                             ar[128 * b + j] += w * vt[j]
         else:
-            _load_values(kind_v, vdata, vdense, vpair, f16, g, c0, n, 0, vts, D, V, DB)
-            for t in range(n):
+            _load_values(kind_v, vdata, vdense, f16, g, c0, n, D, V)
+            t = 0
+            while t + 1 < n:
+                v0 = V[t]
+                v1 = V[t + 1]
+                for r in range(R):
+                    w0 = S[r, t]
+                    w1 = S[r, t + 1]
+                    ar = acco[r]
+                    for j in range(D):
+                        ar[j] += w0 * v0[j] + w1 * v1[j]
+                t += 2
+            if t < n:
                 vt = V[t]
                 for r in range(R):
                     w = S[r, t]
