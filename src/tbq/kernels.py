@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from .backend import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, STATUS_UNDEFINED  # noqa: F401  (re-exported for the kernels)
 
@@ -169,3 +172,61 @@ def roundf(v):
 def f32_to_int32(v):
     """C's ``(int)v`` on x86 for float32 ``v``: truncation, and INT_MIN's low bits (0) for +-Inf/NaN/out of range."""
     return np.int32(v) if abs(v) < _2P31 else np.int32(0)
+
+
+# --- data movement ------------------------------------------------------------------
+
+_SHUF = (
+    ([0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]),  # interleave pairs of rows
+    ([0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]),  # interleave pairs of pairs
+    ([0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]),  # join the halves
+)
+
+
+@intrinsic
+def transpose8(typingctx, src, si, ss, dst, di, ds):
+    """Copy an 8 x 8 float32 tile transposed: ``dst[di + c*ds + r] = src[si + r*ss + c]`` for ``r, c < 8``.
+
+    ``src`` and ``dst`` are C-contiguous float32 arrays addressed by flat
+    indices (``si``, ``di``) and row strides in elements (``ss``, ``ds``). It
+    emits eight 8-wide vector loads, the classic 24 ``shufflevector`` steps
+    and eight vector stores (LLVM IR, so any target; on x86 unpck/shuf/perm
+    instructions), which numba's loops cannot express: the scalar
+    transposition into the TBQ kernels' lane layout was their largest single
+    cost. A pure copy: no value changes.
+    """
+    sig = types.void(src, si, ss, dst, di, ds)
+
+    def codegen(context, builder, signature, args):
+        s_arr = context.make_array(signature.args[0])(context, builder, args[0])
+        d_arr = context.make_array(signature.args[3])(context, builder, args[3])
+        i64 = ir.IntType(64)
+        vt = ir.VectorType(ir.FloatType(), 8)
+
+        def as64(k):
+            return context.cast(builder, args[k], signature.args[k], types.int64)
+
+        si_, ss_, di_, ds_ = as64(1), as64(2), as64(4), as64(5)
+
+        def ptr(arr, base, stride, k):
+            off = builder.add(base, builder.mul(stride, ir.Constant(i64, k)))
+            return builder.bitcast(builder.gep(arr.data, [off]), vt.as_pointer())
+
+        def sh(a, b, mask):
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+
+        rows = [builder.load(ptr(s_arr, si_, ss_, r), align=4) for r in range(8)]
+        lo, hi = _SHUF[0]
+        t = [v for i in range(4) for v in (sh(rows[2 * i], rows[2 * i + 1], lo), sh(rows[2 * i], rows[2 * i + 1], hi))]
+        lo, hi = _SHUF[1]
+        u = [None] * 8
+        for base in (0, 4):
+            u[base], u[base + 1] = sh(t[base], t[base + 2], lo), sh(t[base], t[base + 2], hi)
+            u[base + 2], u[base + 3] = sh(t[base + 1], t[base + 3], lo), sh(t[base + 1], t[base + 3], hi)
+        lo, hi = _SHUF[2]
+        for k in range(4):
+            builder.store(sh(u[k], u[k + 4], lo), ptr(d_arr, di_, ds_, k), align=4)
+            builder.store(sh(u[k], u[k + 4], hi), ptr(d_arr, di_, ds_, k + 4), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

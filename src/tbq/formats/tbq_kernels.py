@@ -26,6 +26,7 @@ from ..kernels import (
     jit,
     load_f16,
     store_f16,
+    transpose8,
 )
 from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
 
@@ -35,6 +36,7 @@ _1 = F32(1.0)
 _EPS_NORM = F32(1e-10)
 _FLT_MAX = F32(3.4028234663852886e38)
 
+#: Blocks per group; a multiple of 8 (the transposition works on 8 x 8 tiles).
 LANES = 32
 #: Calls with fewer blocks than this run the one-block-at-a-time kernels
 #: (:func:`encode_blocks`, :func:`decode_blocks`): a 32-lane group costs as
@@ -93,6 +95,7 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     n = x.shape[1]
     T = np.zeros((n, lanes), np.float32)
     Tf = T.reshape(n * lanes)
+    xf = x.reshape(x.size)
     K = np.zeros((n, lanes), np.int32)
     C2 = np.zeros((n, lanes), np.float32)
     P = np.zeros((n // 2, lanes), np.int32)
@@ -103,7 +106,11 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         # stage: transpose-in
-        for l in range(L):  # transpose in; flat pointer steps are faster than 2-D indexing
+        L8 = L - L % 8
+        for l0 in range(0, L8, 8):  # transpose in, 8 x 8 tiles of vector shuffles
+            for j0 in range(0, n, 8):
+                transpose8(xf, (g0 + l0) * n + j0, n, Tf, j0 * lanes + l0, lanes)
+        for l in range(L8, L):  # the rest one by one; flat pointer steps are faster than 2-D indexing
             row = x[g0 + l]
             p = l
             for j in range(n):
