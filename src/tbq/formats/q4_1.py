@@ -150,7 +150,7 @@ class Q4_1(Format):
         ),
     )
     kernel_module = "tbq.formats.q4_1_kernels"
-    hazards: dict = {}
+    hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
 
     def reference_encode(self, x):
         d, mn, v, t = min_scale_trace(x, _15)

@@ -157,7 +157,7 @@ class Q5_1(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
-    hazards: dict = {}
+    hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
 
     def reference_encode(self, x):
         d, mn, v, t = min_scale_trace(x, _31)

@@ -176,6 +176,7 @@ class _Fmt:
         self.format = get_format(name, **kw)
         self.hazards = self.format.hazards
         self.row_kw = self.format._row_kw(1)  # each drawn block is a row of its own for the trace
+        self.has_min = any(f.name == "m" and f.kind == "f16" for f in self.info.layout)  # Q4_1/Q5_1
         if self.codebook is None and hasattr(self.format, "thresholds") and hasattr(self.format, "centroids"):
             # a rotated format with fixed tables (planar/iso): its thresholds drive the family
             self.codebook = Codebook(self.format.centroids, self.format.thresholds)
@@ -414,9 +415,13 @@ def _fam_huge(draw, rng, ctx):
         target = float(_next32(_F16_LIMIT, 0))
     else:
         target = 2.0 ** draw(st.floats(14.01, 15.99))
+    if ctx.has_min:  # a min/scale format stores fp16(min) too: keep the block non-negative so the min fits
+        blk = np.abs(blk).astype(F32)
+        blk[draw(st.integers(0, ctx.bs - 1))] = F32(0)
     out = _rescale(ctx, blk, target)
     if not abs(float(ctx.scales(out[None, :])[0])) >= 2.0**14:  # e.g. a subnormal constant: d underflowed
-        out = _rescale(ctx, _gauss(rng, ctx.bs), target)
+        g = np.abs(_gauss(rng, ctx.bs)) if ctx.has_min else _gauss(rng, ctx.bs)
+        out = _rescale(ctx, g.astype(F32), target)
     return out
 
 
@@ -528,7 +533,7 @@ def _fam_sparse(draw, rng, ctx):
 
 def _threshold_targets(ctx):
     thr = ctx.codebook.thresholds
-    return [float(t) for t in thr if t != 0 and abs(t) < 0.7]
+    return [float(t) for t in thr if abs(t) > 2.0**-20 and abs(t) < 0.7]  # (a threshold next to 0 is hit by the zero modes)
 
 
 def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
@@ -546,6 +551,9 @@ def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
     r[J] = T
     r[rest] *= math.sqrt(room / float(np.sum(r[rest] ** 2)))
     x = (M.T @ r).astype(F32)
+    # perturb only the inputs the target coordinates depend on (all of them for a Hadamard
+    # rotation; the pair or group of a Givens or quaternion rotation)
+    support = np.flatnonzero(np.abs(M[J]).sum(axis=0) > 1e-12)
     spacing_T = np.spacing(np.abs(T)).astype(np.float64)
     best_err = None
     for it in range(iters):
@@ -553,7 +561,7 @@ def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
         if it or best_err is None:
             scale = 1 if best_err is None else max(1, int(min(64, best_err)))
             k = rng.integers(1, 9)
-            cols = rng.integers(0, bs, (ncand, k))
+            cols = rng.choice(support, (ncand, k))
             steps = rng.integers(-scale, scale + 1, (ncand, k))
             rows = np.repeat(np.arange(ncand)[:, None], k, axis=1)
             ulp = np.spacing(np.abs(cand[rows, cols])).astype(np.float64)
@@ -738,7 +746,8 @@ def _fam_ue4m3(draw, rng, ctx):
     bs = ctx.bs
     blk = np.empty(bs, F32)
     for s0 in range(0, bs, sub):
-        mode = draw(st.sampled_from(["half_up", "near", "subnormal", "saturate", "random"]))
+        kinds = ["half_up", "near", "subnormal", "saturate"] + (["random"] if s0 else [])  # sub-block 0 always aims
+        mode = draw(st.sampled_from(kinds))
         _event(f"ue4m3: {mode}")
         if mode in ("half_up", "near"):
             ue, mnt = draw(st.integers(1, 14)), draw(st.integers(0, 7))
