@@ -155,9 +155,9 @@ def test_fma_decoder_of_a_rotated_format_is_fragile_within_decode_tolerance(buil
 
 
 @needs_cc
-@pytest.mark.xfail(strict=True, reason="planar_iso.decode_tolerance multiplies by the signed scale: a negative fp16 "
-                   "scale (arbitrary bytes) gets a negative tolerance, so an FMA decoder is 'wrong' there")
 def test_fma_decoder_of_a_rotated_format_passes_on_arbitrary_bytes(build):
+    """Regression: decode_tolerance once took the signed scale, so a negative fp16 scale (arbitrary
+    bytes) got a negative tolerance and an FMA decoder was called wrong there."""
     report = check_library(build("planar_iso.c", defines=["FMA_DECODE"]), "planar3_0", only="dequantize", blocks=1500, examples=0)
     assert report.ok, report
 

@@ -520,3 +520,14 @@ def test_rotate_is_the_encoders_rotation(fmt):
     live = norm > 1e-10
     rn = np.sqrt((r[live].astype(np.float64) ** 2).sum(1))
     assert np.abs(rn - 1).max() < 1e-6
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_decode_tolerance_is_never_negative_even_for_negative_scales(fmt):
+    """Arbitrary bytes may hold a negative fp16 scale; the tolerance is a bound on |y' - y| (found by tbq check)."""
+    f = tbq.get_format(fmt)
+    data = np.random.default_rng(3).integers(0, 256, (200, f.type_size), dtype=np.uint8)
+    data[:, 1] |= 0x80  # negative scales
+    data[:, 1] &= 0xFB  # keep them finite (exponent not all ones)
+    tol = f.decode_tolerance(data)
+    assert (tol >= 0).all() and (tol > 0).any()

@@ -286,7 +286,7 @@ class _PlanarIso(Format):
         # bound is at most ~1.2 (planar) / ~3.4 (iso) * 2**-24 * d; the spec measured
         # 1.14 * 2**-24 * d. D = 0 gives +-0 either way (0); Inf/NaN D: unbounded (inf).
         blocks = np.asarray(data, np.uint8).reshape(-1, self.type_size)
-        D = get_f16_scale(blocks).astype(np.float64)[:, None]
+        D = np.abs(get_f16_scale(blocks).astype(np.float64))[:, None]  # a bound: |D| (arbitrary bytes may hold a negative scale)
         v = self.centroids[self._indices(blocks[:, 2:])].astype(np.float64)
         n = 2 if self._rot == "givens" else 4
         if n == 2:
