@@ -1,22 +1,28 @@
-"""Side-by-side throughput of every codec and backend, in one run on the same data.
+"""Throughput of every registered format, side by side with an in-run C anchor, in one run.
 
-    python benchmarks/bench_codecs.py                 # sizes 4K .. 64M values
-    python benchmarks/bench_codecs.py --sizes 4K,1M   # a quick look
+    python benchmarks/bench_codecs.py                     # anchor table (16M values, 5 rounds) + size sweep
+    python benchmarks/bench_codecs.py --no-sweep --rounds 9
+    python benchmarks/bench_codecs.py --markdown benchmarks/results/bench.json   # the README table
+    python benchmarks/bench_codecs.py --targets  benchmarks/results/bench.json   # the issue's targets
 
-For every format x direction (encode, decode) x size it times the NumPy
-reference, numba on 1 thread and numba on all cores, plus gguf-py for q8_0 and
-q4_0 when the ``gguf`` package is installed, on the same standard-normal
-float32 input. Each figure is the median of ``--repeat`` runs after a warm-up
-run, writing into a preallocated ``out=`` array. It prints a table (million
-values per second, GB/s of float32 traffic, ratios to gguf-py and to the NumPy
-path, peak extra memory of one call), and writes ``results/bench.json`` and
-``results/throughput.png`` (throughput against size, log axes).
+**The anchor table.** For every format at ``--values`` (16M) float32 values it
+times, in interleaved rounds on the same data: the C kernel of ``tests/c``
+compiled now with ``cc -O2 -ffp-contract=off`` (``benchmarks/c_anchor.py``;
+checked to write tbq's bytes and bits first), tbq's numba kernels on one
+thread, and on all cores. Each figure is the median over ``--rounds`` rounds;
+the spread (max - min) / median is recorded for every figure. Single-thread
+figures are also taken in thread CPU time (``time.thread_time``), which other
+processes on a shared machine do not inflate; the ratios to C are reported in
+both clocks. The fork's C reference figures the formats were specified
+against (:data:`FORK_C`) are listed next to them. A plain memory copy is timed
+on one and two threads in the same run: it is the bandwidth ceiling of the
+decoders and of the two-thread ratios.
 
-Peak memory is what one call allocates beyond its inputs and output, measured
-with ``tracemalloc`` (which sees NumPy's allocations; the numba kernels'
-scratch is a few tens of kB per call and is not seen by it). The JIT section
-measures a cold first call (empty numba cache) and a warm one (cache filled by
-the previous process) in fresh subprocesses.
+**The size sweep** (``--sizes``, default 4K,1M,16M): NumPy reference, numba on
+one thread and on all cores, gguf-py for the formats it has, and peak extra
+memory of a call; ``results/throughput.png`` plots it.
+
+Writes ``results/bench.json`` (and the plot).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tracemalloc
 from pathlib import Path
@@ -38,22 +45,159 @@ import numpy as np
 import tbq
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from c_anchor import build_anchor, check_anchor  # noqa: E402
+
 SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20}
+
+#: The fork's C reference on this machine kind, single thread, million values per second,
+#: (quantize, dequantize) as (low, high) of the runs the format engineers were given.
+FORK_C = {
+    "f16": ((211, 211), (425, 425)),
+    "bf16": ((563, 563), (1130, 1130)),
+    "q4_1": ((361, 361), (1500, 1500)),
+    "q5_0": ((165, 165), (373, 373)),
+    "q5_1": ((206, 206), (381, 381)),
+    "iq4_nl": ((31, 31), (614, 614)),
+    "mxfp4": ((25, 25), (627, 627)),
+    "nvfp4": ((23, 23), (452, 452)),
+    "planar3_0": ((43, 43), (240, 240)),
+    "iso3_0": ((34, 34), (158, 158)),
+    "planar4_0": ((33, 33), (508, 508)),
+    "iso4_0": ((39, 39), (193, 193)),
+    "q8_0": ((110, 166), (1442, 1568)),
+    "q4_0": ((313, 321), (1468, 1591)),
+    "tbq4_0": ((37, 39), (99, 167)),
+    "tbq3_0": ((46, 47), (86, 101)),
+}
+
+#: The performance issue's single-thread targets, as multiples of the C reference:
+#: (quantize, dequantize); None = "at least today's ratio" (TODAY).
+TARGETS = {"tbq4_0": (8.0, 3.5), "tbq3_0": (8.0, 3.5), "q4_0": (2.0, None), "q8_0": (None, None)}
+#: The issue's "today" ratios (tbq / C), single thread: (quantize, dequantize).
+TODAY = {"q8_0": (2.87, 0.93), "q4_0": (1.29, 1.02), "tbq4_0": (6.72, 2.78), "tbq3_0": (7.11, 3.28)}
 
 
 def parse_size(s: str) -> int:
     s = s.strip().upper()
-    if s[-1] in SIZE_UNITS:
-        return int(s[:-1]) * SIZE_UNITS[s[-1]]
-    return int(s)
+    return int(s[:-1]) * SIZE_UNITS[s[-1]] if s[-1] in SIZE_UNITS else int(s)
 
 
 def label(n: int) -> str:
     return f"{n >> 20}M" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n >> 10}K"
 
 
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def spread(v) -> float:
+    return (max(v) - min(v)) / statistics.median(v) if v else 0.0
+
+
+# --------------------------------------------------------------------------- memory copy
+
+
+def copy_rate(nbytes: int = 256 << 20, rounds: int = 5) -> dict:
+    """GB/s of ``np.copyto`` (read + write counted once, as 'moves N bytes') on one and two threads."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+
+    def one(a, b):
+        np.copyto(b, a)
+
+    def two():
+        h = src.size // 2
+        t = threading.Thread(target=one, args=(src[h:], dst[h:]))
+        t.start()
+        one(src[:h], dst[:h])
+        t.join()
+
+    one(src, dst)
+    two()
+    t1, t2 = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        one(src, dst)
+        t1.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        two()
+        t2.append(time.perf_counter() - t0)
+    return {
+        "bytes": nbytes,
+        "gb_per_s_1_thread": nbytes / statistics.median(t1) / 1e9,
+        "gb_per_s_2_threads": nbytes / statistics.median(t2) / 1e9,
+        "float32_mvalues_per_s_1_thread": nbytes / 4 / statistics.median(t1) / 1e6,
+        "spread": max(spread(t1), spread(t2)),
+    }
+
+
+# --------------------------------------------------------------------------- the anchor table
+
+
+def anchor_table(fmts, n: int, rounds: int, log) -> list[dict]:
+    """C anchor / numba-1 / numba-all, both directions, interleaved rounds, for every format."""
+    threads_all = cores()
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal(n, dtype=np.float32)
+    log(f"building the C anchor (tests/c, cc {' '.join(['-O2', '-ffp-contract=off'])}) ...")
+    anchor = build_anchor(fmts, log=log)
+    rows = []
+    for fmt in fmts:
+        c1 = tbq.get_codec(fmt, threads=1)
+        call = tbq.get_codec(fmt, threads=threads_all)
+        x = data.reshape(-1, 128 if 128 % c1.block_size == 0 else c1.block_size)
+        q = c1.encode(x)
+        y = c1.decode(q)
+        ck = anchor.get(fmt)
+        problem = check_anchor(ck, data[: 1 << 16].reshape(-1, 128)) if ck else "no C kernel"
+        if problem and ck:
+            log(f"  {fmt}: the C anchor differs from tbq ({problem}); not timed")
+        use_c = ck is not None and problem is None
+        qa, ya = np.empty_like(q), np.empty_like(y)
+        fns = {
+            ("numba-1", "encode"): lambda: c1.encode(x, out=q),
+            ("numba-1", "decode"): lambda: c1.decode(q, out=y),
+            (f"numba-{threads_all}", "encode"): lambda: call.encode(x, out=q),
+            (f"numba-{threads_all}", "decode"): lambda: call.decode(q, out=y),
+        }
+        if use_c:
+            xc = np.ascontiguousarray(x)
+            fns[("C", "encode")] = lambda: ck.quantize(xc, qa)
+            fns[("C", "decode")] = lambda: ck.dequantize(q, ya)
+        for fn in fns.values():
+            fn()  # warm-up (compiles numba kernels)
+        wall = {k: [] for k in fns}
+        cpu = {k: [] for k in fns if k[0] in ("C", "numba-1")}
+        for _ in range(rounds):
+            for k, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                t1, c1_ = time.perf_counter(), time.thread_time()
+                wall[k].append(t1 - t0)
+                if k in cpu:
+                    cpu[k].append(c1_ - c0)
+        for (backend, direction), ts in wall.items():
+            rows.append({
+                "format": fmt, "direction": direction, "backend": backend, "values": n,
+                "mvalues_per_s": n / statistics.median(ts) / 1e6, "spread": spread(ts),
+                "mvalues_per_s_cpu": n / statistics.median(cpu[(backend, direction)]) / 1e6 if (backend, direction) in cpu else None,
+                "rounds": rounds,
+            })
+        by = {(r["backend"], r["direction"]): r for r in rows if r["format"] == fmt}
+        msg = "  ".join(
+            f"{b} {by[(b, 'encode')]['mvalues_per_s']:.0f}/{by[(b, 'decode')]['mvalues_per_s']:.0f}"
+            for b in ("C", "numba-1", f"numba-{threads_all}") if (b, "encode") in by
+        )
+        log(f"  {fmt:9s} {msg}  (Mv/s enc/dec, largest spread {max(by[k]['spread'] for k in by):.0%})")
+    return rows
+
+
+# --------------------------------------------------------------------------- the size sweep
+
+
 def timed(fn, repeat: int) -> float:
-    fn()  # warm-up (compiles numba kernels on the first call)
+    fn()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -71,31 +215,44 @@ def peak_extra(fn) -> int:
     return peak
 
 
-def runners(fmt: str, x: np.ndarray, q: np.ndarray, threads_all: int):
-    """(backend label, encode callable, decode callable, returns-out) for one format."""
-    out_y = np.empty_like(x)
-    out_q = np.empty_like(q)
-    rows = []
-    for lab, cfg in (("numpy", {"backend": "numpy"}), ("numba-1", {"backend": "numba", "threads": 1}), (f"numba-{threads_all}", {"backend": "numba", "threads": threads_all})):
-        c = tbq.get_codec(fmt, **cfg)
-        rows.append((lab, lambda c=c: c.encode(x, out=out_q), lambda c=c: c.decode(q, out=out_y)))
-    if fmt in ("q8_0", "q4_0"):
-        try:
-            import gguf
-            from gguf import quants
-        except ImportError:
-            pass
-        else:
-            qt = getattr(gguf.GGMLQuantizationType, fmt.upper())
-            rows.append(("gguf-py", lambda: quants.quantize(x, qt), lambda: quants.dequantize(q, qt)))
-    return rows
+def sweep(fmts, sizes, repeat: int, log) -> list[dict]:
+    threads_all = cores()
+    data = np.random.default_rng(0).standard_normal(max(sizes), dtype=np.float32)
+    results = []
+    for n in sizes:
+        for fmt in fmts:
+            x = data[:n].reshape(-1, 128)
+            q = tbq.quantize(x, fmt)
+            out_y, out_q = np.empty_like(x), np.empty_like(q)
+            runs = []
+            for lab, cfg in (("numpy", {"backend": "numpy"}), ("numba-1", {"threads": 1}), (f"numba-{threads_all}", {"threads": threads_all})):
+                c = tbq.get_codec(fmt, **cfg)
+                runs.append((lab, lambda c=c: c.encode(x, out=out_q), lambda c=c: c.decode(q, out=out_y)))
+            try:
+                import gguf
+                from gguf import quants
+
+                qt = getattr(gguf.GGMLQuantizationType, fmt.upper(), None)
+                if qt is not None and fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "f16", "bf16"):
+                    runs.append(("gguf-py", lambda: quants.quantize(x, qt), lambda: quants.dequantize(q, qt)))
+            except ImportError:
+                pass
+            for lab, enc, dec in runs:
+                if lab in ("numpy", "gguf-py") and n > (1 << 20):
+                    continue  # the slow references only up to 1M values (minutes otherwise)
+                for direction, fn in (("encode", enc), ("decode", dec)):
+                    t = timed(fn, repeat)
+                    results.append({"format": fmt, "direction": direction, "values": n, "backend": lab, "seconds": t,
+                                    "mvalues_per_s": n / t / 1e6, "peak_extra_bytes": peak_extra(fn)})
+            log(f"  sweep {fmt:9s} {label(n):>4s} done")
+    return results
 
 
 def jit_times() -> dict:
-    """First-call time in a fresh process with an empty numba cache, then with the cache filled."""
+    """First calls in fresh processes: an empty numba cache, then the cache filled (every format)."""
     code = (
         "import time; t0 = time.perf_counter(); import numpy as np, tbq; t1 = time.perf_counter()\n"
-        "x = np.ones((4, 128), np.float32)\n"
+        "x = np.ones((64, 128), np.float32)\n"
         "for f in tbq.formats():\n"
         "    tbq.dequantize(tbq.quantize(x, f), f)\n"
         "t2 = time.perf_counter(); print(t1 - t0, t2 - t1)"
@@ -110,74 +267,103 @@ def jit_times() -> dict:
     return out
 
 
-def markdown_table(path: Path, values: int = 1 << 24) -> str:
-    """The README's performance table, from a ``bench.json`` written by this script."""
+# --------------------------------------------------------------------------- tables
+
+
+def _by(doc):
+    return {(r["format"], r["direction"], r["backend"]): r for r in doc.get("anchor", [])}
+
+
+def markdown_table(path: Path) -> str:
+    """Every registered format against the C figures: the fork's reference and the in-run anchor."""
     doc = json.loads(Path(path).read_text())
-    rows = [r for r in doc["results"] if r["values"] == values]
-    backends = list(dict.fromkeys(r["backend"] for r in rows))
-    by = {(r["format"], r["direction"], r["backend"]): r for r in rows}
-    head = "| format | direction | " + " | ".join(backends) + " | numba-1 / gguf-py | numba-all / numba-1 |"
-    lines = [head, "|" + "---|" * (len(backends) + 4)]
-    all_lab = [b for b in backends if b.startswith("numba-") and b != "numba-1"][0]
-    for fmt in dict.fromkeys(r["format"] for r in rows):
-        for d in ("encode", "decode"):
-            cells = [f"{by[(fmt, d, b)]['mvalues_per_s']:.0f}" if (fmt, d, b) in by else "–" for b in backends]
-            g = by.get((fmt, d, "gguf-py"))
-            one = by[(fmt, d, "numba-1")]["mvalues_per_s"]
-            vs_g = f"{one / g['mvalues_per_s']:.1f}x" if g else "–"
-            scale = by[(fmt, d, all_lab)]["mvalues_per_s"] / one
-            lines.append(f"| {fmt} | {d} | " + " | ".join(cells) + f" | {vs_g} | {scale:.2f}x |")
-    m = doc["machine"]
-    jit = doc.get("jit")
+    by = _by(doc)
+    nall = f"numba-{doc['machine']['cores']}"
+    lines = [
+        "| format | C fork (given) q / dq | C in-run q / dq | numba 1 thread q / dq | x C fork q / dq | x C in-run q / dq | 2 threads / 1 q / dq |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    fmts = list(dict.fromkeys(r["format"] for r in doc.get("anchor", [])))
+    for fmt in fmts:
+        def v(b, d):
+            r = by.get((fmt, d, b))
+            return r["mvalues_per_s"] if r else None
+
+        q1, d1 = v("numba-1", "encode"), v("numba-1", "decode")
+        qc, dc = v("C", "encode"), v("C", "decode")
+        qa, da = v(nall, "encode"), v(nall, "decode")
+        fork = FORK_C.get(fmt)
+
+        def rng(p):
+            return f"{p[0]}" if p[0] == p[1] else f"{p[0]}-{p[1]}"
+
+        def xr(a, p):
+            if a is None or p is None:
+                return "–"
+            lo, hi = a / p[1], a / p[0]
+            return f"{lo:.1f}x" if abs(hi - lo) < 0.05 else f"{lo:.1f}-{hi:.1f}x"
+
+        cells = [
+            fmt,
+            f"{rng(fork[0])} / {rng(fork[1])}" if fork else "–",
+            f"{qc:.0f} / {dc:.0f}" if qc else "–",
+            f"{q1:.0f} / {d1:.0f}",
+            f"{xr(q1, fork[0]) if fork else '–'} / {xr(d1, fork[1]) if fork else '–'}",
+            f"{q1 / qc:.2f}x / {d1 / dc:.2f}x" if qc else "–",
+            f"{qa / q1:.2f} / {da / d1:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    m, cp = doc["machine"], doc.get("copy", {})
     note = (
-        f"\nMillion values per second at {label(values)} values (median of the run's repeats), "
-        f"{m['processor']}, {m['cores']} cores, Python {m['python']}, numpy {m['numpy']}, numba {m.get('numba', '?')}."
+        f"\nMillion values per second at {label(doc['anchor_values'])} values, median of {doc['rounds']} interleaved rounds, "
+        f"{m['processor']}, {m['cores']} cores, load average {doc['load_before'][0]:.1f} before / {doc['load_after'][0]:.1f} after the run. "
+        f"C in-run: tests/c compiled with `cc -O2 -ffp-contract=off` in the same run (checked bit-exact first). "
+        f"A plain memory copy moved {cp.get('gb_per_s_1_thread', float('nan')):.1f} GB/s on one thread and "
+        f"{cp.get('gb_per_s_2_threads', float('nan')):.1f} GB/s on two."
     )
-    if jit:
-        note += (
-            f" First calls in a fresh process: {jit['cold']['first_calls_s']:.1f} s with an empty numba cache, "
-            f"{jit['warm']['first_calls_s']:.2f} s with the cache filled (`cache=True`)."
-        )
     return "\n".join(lines) + "\n" + note
 
 
-#: Single-thread figures of the C reference (gcc -O2, no contraction) on this
-#: machine kind, 16M values, from the performance issue: (quantize, dequantize).
-C_REFERENCE = {"q8_0": (311, 4089), "q4_0": (732, 4007), "tbq4_0": (59, 287), "tbq3_0": (93, 295)}
-#: The issue's single-thread targets: (multiple of the C figure, M values/s) for
-#: (quantize, dequantize); the TBQ figures are the issue's rounded 500 / 750 / 900.
-TARGETS = {
-    "q8_0": ((2, 622), (0.8, 3271)),
-    "q4_0": ((2, 1464), (0.8, 3206)),
-    "tbq4_0": ((8, 500), (3, 900)),
-    "tbq3_0": ((8, 750), (3, 900)),
-}
-
-
-def targets_table(path: Path, values: int = 1 << 24) -> str:
-    """Measured numba single-thread throughput against the performance issue's targets."""
+def targets_table(path: Path) -> str:
+    """The issue's single-thread targets against the in-run anchor and against the fork's figures."""
     doc = json.loads(Path(path).read_text())
-    by = {(r["format"], r["direction"], r["backend"]): r for r in doc["results"] if r["values"] == values}
-    lines = ["| codec | direction | C reference | target | numba-1 | x C | met |", "|---|---|---|---|---|---|---|"]
-    for fmt, (cq, cd) in C_REFERENCE.items():
-        for d, c, (f, t) in (("encode", cq, TARGETS[fmt][0]), ("decode", cd, TARGETS[fmt][1])):
-            r = by.get((fmt, d, "numba-1"))
-            if r is None:
+    by = _by(doc)
+    nall = f"numba-{doc['machine']['cores']}"
+    lines = [
+        "| codec | direction | target (x C) | numba-1 Mv/s | x C in-run (wall) | x C in-run (CPU time) | x C fork | met vs in-run | met vs fork | 2 threads / 1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for fmt in ("q8_0", "q4_0", "tbq4_0", "tbq3_0"):
+        for i, d in enumerate(("encode", "decode")):
+            r1, rc, ra = by.get((fmt, d, "numba-1")), by.get((fmt, d, "C")), by.get((fmt, d, nall))
+            if r1 is None:
                 continue
-            v = r["mvalues_per_s"]
-            lines.append(f"| {fmt} | {d} | {c} | >= {t} ({f:g}x C) | {v:.0f} | {v / c:.2f}x | {'yes' if v >= t else 'no'} |")
+            target = TARGETS[fmt][i] if TARGETS[fmt][i] is not None else TODAY[fmt][i]
+            tlabel = f">= {target:g}" + ("" if TARGETS[fmt][i] is not None else " (today)")
+            xw = r1["mvalues_per_s"] / rc["mvalues_per_s"] if rc else None
+            xc = r1["mvalues_per_s_cpu"] / rc["mvalues_per_s_cpu"] if rc and rc.get("mvalues_per_s_cpu") else None
+            lo, hi = FORK_C[fmt][i]
+            xf = (r1["mvalues_per_s"] / hi, r1["mvalues_per_s"] / lo)
+            lines.append(
+                f"| {fmt} | {d} | {tlabel} | {r1['mvalues_per_s']:.0f} | {xw:.2f} | {xc:.2f} | {xf[0]:.1f}-{xf[1]:.1f} | "
+                f"{'yes' if xw is not None and xw >= target else 'no'} | {'yes' if xf[0] >= target else 'no'} | "
+                f"{ra['mvalues_per_s'] / r1['mvalues_per_s']:.2f} |"
+            )
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="4K,64K,1M,16M,64M", help="values per run, comma separated (K = 1024, M = 1024K)")
     p.add_argument("--formats", default=",".join(tbq.formats()))
-    p.add_argument("--repeat", type=int, default=5, help="timed runs per figure (median reported)")
-    p.add_argument("--out", default=str(HERE / "results"), help="folder for bench.json and throughput.png")
-    p.add_argument("--no-jit", action="store_true", help="skip the JIT compile-time measurement")
-    p.add_argument("--markdown", metavar="BENCH_JSON", help="print the README table from an existing bench.json and exit")
-    p.add_argument("--targets", metavar="BENCH_JSON", help="print the table of the performance targets from an existing bench.json and exit")
+    p.add_argument("--values", default="16M", help="values per call of the anchor table (default 16M)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the anchor table (medians reported)")
+    p.add_argument("--sizes", default="4K,1M,16M", help="sizes of the sweep (K = 1024, M = 1024K)")
+    p.add_argument("--repeat", type=int, default=5, help="timed runs per sweep figure (median)")
+    p.add_argument("--no-sweep", action="store_true", help="only the anchor table")
+    p.add_argument("--no-jit", action="store_true", help="skip the cold/warm first-call measurement")
+    p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--markdown", metavar="BENCH_JSON", help="print the all-format table from a bench.json and exit")
+    p.add_argument("--targets", metavar="BENCH_JSON", help="print the targets table from a bench.json and exit")
     args = p.parse_args(argv)
     if args.markdown:
         print(markdown_table(Path(args.markdown)))
@@ -185,77 +371,37 @@ def main(argv=None) -> int:
     if args.targets:
         print(targets_table(Path(args.targets)))
         return 0
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
-    fmts = args.formats.split(",")
-    threads_all = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    rng = np.random.default_rng(0)
-    data = rng.standard_normal(max(sizes), dtype=np.float32)
 
-    results = []
-    for n in sizes:
-        x = data[:n].reshape(-1, 128)
-        for fmt in fmts:
-            q = tbq.quantize(x, fmt)
-            for lab, enc, dec in runners(fmt, x, q, threads_all):
-                for direction, fn in (("encode", enc), ("decode", dec)):
-                    reps = args.repeat if n <= (1 << 22) or lab != "numpy" else max(1, min(args.repeat, 3))
-                    t = timed(fn, reps)
-                    results.append(
-                        {
-                            "format": fmt,
-                            "direction": direction,
-                            "values": n,
-                            "backend": lab,
-                            "seconds": t,
-                            "mvalues_per_s": n / t / 1e6,
-                            "float32_gb_per_s": 4 * n / t / 1e9,
-                            "peak_extra_bytes": peak_extra(fn),
-                        }
-                    )
-                    print(f"  {fmt:7s} {direction:6s} {label(n):>4s} {lab:8s} {n / t / 1e6:9.1f} Mv/s", file=sys.stderr)
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
 
-    by = {(r["format"], r["direction"], r["values"], r["backend"]): r for r in results}
-    for r in results:
-        g = by.get((r["format"], r["direction"], r["values"], "gguf-py"))
-        npy = by[(r["format"], r["direction"], r["values"], "numpy")]
-        r["vs_gguf"] = r["mvalues_per_s"] / g["mvalues_per_s"] if g else None
-        r["vs_numpy"] = r["mvalues_per_s"] / npy["mvalues_per_s"]
-
-    header = f"{'format':7s} {'dir':6s} {'values':>6s} {'backend':8s} {'Mv/s':>9s} {'GB/s':>7s} {'x gguf':>7s} {'x numpy':>8s} {'peak extra':>11s}"
-    lines = [header, "-" * len(header)]
-    for r in results:
-        vg = f"{r['vs_gguf']:.2f}" if r["vs_gguf"] is not None else "-"
-        lines.append(
-            f"{r['format']:7s} {r['direction']:6s} {label(r['values']):>6s} {r['backend']:8s} {r['mvalues_per_s']:9.1f} "
-            f"{r['float32_gb_per_s']:7.2f} {vg:>7s} {r['vs_numpy']:8.2f} {r['peak_extra_bytes'] / 2**20:9.2f}MiB"
-        )
-    print("\n".join(lines))
-
+    fmts = [f for f in args.formats.split(",") if f]
+    load_before = os.getloadavg()
+    copy = copy_rate()
+    log(f"memory copy: {copy['gb_per_s_1_thread']:.1f} GB/s (1 thread), {copy['gb_per_s_2_threads']:.1f} GB/s (2 threads)")
+    n = parse_size(args.values)
+    anchor = anchor_table(fmts, n, args.rounds, log)
+    results = [] if args.no_sweep else sweep(fmts, [parse_size(s) for s in args.sizes.split(",")], args.repeat, log)
     jit = None if args.no_jit else jit_times()
-    if jit:
-        print(
-            f"\nJIT: cold first calls (empty numba cache) {jit['cold']['first_calls_s']:.1f} s; "
-            f"warm (cache filled) {jit['warm']['first_calls_s']:.2f} s; import {jit['warm']['import_s']:.2f} s"
-        )
-    machine = {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "processor": _cpu_name(),
-        "cores": threads_all,
-        "tbq": tbq.__version__,
-    }
+    machine = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
+               "processor": _cpu_name(), "cores": cores(), "tbq": tbq.__version__}
     try:
         import numba
 
         machine["numba"] = numba.__version__
     except ImportError:  # pragma: no cover
         pass
+    doc = {"machine": machine, "load_before": load_before, "load_after": os.getloadavg(), "copy": copy,
+           "anchor_values": n, "rounds": args.rounds, "anchor": anchor, "jit": jit, "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"machine": machine, "jit": jit, "results": results}, indent=1))
-    _plot(results, out / "throughput.png", machine)
-    print(f"\nwrote {out / 'bench.json'} and {out / 'throughput.png'}")
+    (out / "bench.json").write_text(json.dumps(doc, indent=1))
+    print(markdown_table(out / "bench.json"))
+    print()
+    print(targets_table(out / "bench.json"))
+    if results:
+        _plot(results, out / "throughput.png", machine)
+    print(f"\nwrote {out / 'bench.json'}", file=sys.stderr)
     return 0
 
 
@@ -276,29 +422,30 @@ def _plot(results, path: Path, machine: dict) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no plot (pip install '.[plot]' in the tbq checkout)", file=sys.stderr)
+        print("matplotlib is not installed: no plot", file=sys.stderr)
         return
     fmts = list(dict.fromkeys(r["format"] for r in results))
-    fig, axes = plt.subplots(2, len(fmts), figsize=(4 * len(fmts), 7), sharex=True, squeeze=False)
-    for col, fmt in enumerate(fmts):
-        for row, direction in enumerate(("encode", "decode")):
-            ax = axes[row][col]
+    cols = min(4, len(fmts))
+    rows_n = -(-len(fmts) // cols)
+    fig, axes = plt.subplots(2 * rows_n, cols, figsize=(4 * cols, 3.2 * 2 * rows_n), squeeze=False)
+    for i, fmt in enumerate(fmts):
+        for k, direction in enumerate(("encode", "decode")):
+            ax = axes[2 * (i // cols) + k][i % cols]
             for backend in dict.fromkeys(r["backend"] for r in results):
                 pts = [(r["values"], r["mvalues_per_s"]) for r in results if r["format"] == fmt and r["direction"] == direction and r["backend"] == backend]
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=backend)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title(f"{fmt} {direction}")
+            ax.set_title(f"{fmt} {direction}", fontsize=9)
             ax.grid(True, which="both", alpha=0.3)
-            if col == 0:
-                ax.set_ylabel("million values / s")
-            if row == 1:
-                ax.set_xlabel("values per call")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"tbq throughput ({machine['processor']}, {machine['cores']} cores)")
+    for j in range(len(fmts), rows_n * cols):
+        for k in range(2):
+            axes[2 * (j // cols) + k][j % cols].axis("off")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"tbq throughput, million values/s ({machine['processor']}, {machine['cores']} cores)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":
