@@ -28,7 +28,7 @@ from ..kernels import (
     store_f16,
     transpose8,
 )
-from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
+from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3  # noqa: F401
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -242,61 +242,75 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
 
 @jit
 def decode(data, out, bits, centroids, s2, cs1, table, lanes):
-    """TBQ decoder, ``lanes`` blocks at a time: ``y = (H(s2 * c[idx]) * (C * s1)) * d``."""
+    """TBQ decoder, ``lanes`` blocks at a time: ``y = (H(s2 * c[idx]) * (C * s1)) * d``.
+
+    The scratch holds channel pairs: ``T[k, 2l + e]`` is channel ``2k + e`` of
+    block ``l``, so the two centroids of a byte of indices (4 bits) or of a
+    6-bit pair (3 bits) are one 8-byte copy from a pair table, and so is each
+    pair on the way out. The butterfly's first stage (channels 2k, 2k+1) runs
+    inside the rows; its other stages run on the rows with
+    :func:`_butterfly_lanes`. Every value sees the spec's operations in the
+    spec's order.
+    """
     nblk = data.shape[0]
     n = out.shape[1]
-    T = np.zeros((n, lanes), np.float32)
-    Tf = T.reshape(n * lanes)
+    h = n // 2
+    T = np.zeros((h, 2 * lanes), np.float32)
+    T64 = T.view(np.uint64)  # (h, lanes): the pair of channels 2k, 2k+1 of block l
+    out64 = out.view(np.uint64)  # (blocks, h)
+    nc = centroids.shape[0]
+    pair = np.empty(2 * nc * nc, np.float32)
+    for v in range(nc * nc):  # pair v = (c[v % nc], c[v // nc]): a byte (4 bits) or a 6-bit pair (3 bits)
+        pair[2 * v] = centroids[v % nc]
+        pair[2 * v + 1] = centroids[v // nc]
+    pair64 = pair.view(np.uint64)
     d = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         # stage: unpack
-        for l in range(L):  # unpack and look up, transposing into T (flat pointer steps)
+        for l in range(L):  # look up the pairs, transposing into T
             row = g0 + l
             d[l] = load_f16(data, row, table)
             drow = data[row]
-            p = l
             if bits == 4:
-                for k in range(n // 2):
-                    byte = drow[2 + k]
-                    Tf[p] = centroids[lo4(byte)]
-                    Tf[p + lanes] = centroids[hi4(byte)]
-                    p += 2 * lanes
+                for k in range(h):
+                    T64[k, l] = pair64[np.int64(drow[2 + k])]
             else:
                 for g in range(n // 8):
-                    lane = load_lane3(drow, 2 + 3 * g)  # the 8 indices unrolled by hand (faster than a loop)
-                    Tf[p] = centroids[idx3(lane, 0)]
-                    Tf[p + lanes] = centroids[idx3(lane, 1)]
-                    Tf[p + 2 * lanes] = centroids[idx3(lane, 2)]
-                    Tf[p + 3 * lanes] = centroids[idx3(lane, 3)]
-                    Tf[p + 4 * lanes] = centroids[idx3(lane, 4)]
-                    Tf[p + 5 * lanes] = centroids[idx3(lane, 5)]
-                    Tf[p + 6 * lanes] = centroids[idx3(lane, 6)]
-                    Tf[p + 7 * lanes] = centroids[idx3(lane, 7)]
-                    p += 8 * lanes
+                    lane = np.int64(load_lane3(drow, 2 + 3 * g))
+                    T64[4 * g, l] = pair64[lane & 63]
+                    T64[4 * g + 1, l] = pair64[(lane >> 6) & 63]
+                    T64[4 * g + 2, l] = pair64[(lane >> 12) & 63]
+                    T64[4 * g + 3, l] = pair64[(lane >> 18) & 63]
         # stage: end
         for l in range(L, lanes):
-            for j in range(n):
-                T[j, l] = _0
+            for k in range(h):
+                T64[k, l] = np.uint64(0)
         # stage: signs2
-        for j in range(n):  # signs2: exact
-            sj = s2[j]
+        for k in range(h):  # signs2 (exact), then the butterfly's first stage: channels 2k and 2k+1
+            se = s2[2 * k]
+            so = s2[2 * k + 1]
+            tk = T[k]
             for l in range(lanes):
-                T[j, l] = T[j, l] * sj
+                a = tk[2 * l] * se
+                b = tk[2 * l + 1] * so
+                tk[2 * l] = a + b
+                tk[2 * l + 1] = a - b
         # stage: butterfly
-        _butterfly_lanes(T)
+        _butterfly_lanes(T)  # stages 2 .. n/2 of the channels are stages 1 .. n/4 of the rows
         # stage: scale
-        for j in range(n):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
-            cj = cs1[j]
+        for k in range(h):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
+            ce = cs1[2 * k]
+            co = cs1[2 * k + 1]
+            tk = T[k]
             for l in range(lanes):
-                T[j, l] = (T[j, l] * cj) * d[l]
+                tk[2 * l] = (tk[2 * l] * ce) * d[l]
+                tk[2 * l + 1] = (tk[2 * l + 1] * co) * d[l]
         # stage: transpose-out
-        for l in range(L):  # transpose out
-            orow = out[g0 + l]
-            p = l
-            for j in range(n):
-                orow[j] = Tf[p]
-                p += lanes
+        for l in range(L):  # transpose out, a pair at a time
+            o = out64[g0 + l]
+            for k in range(h):
+                o[k] = T64[k, l]
         # stage: end
     return out
 
