@@ -103,6 +103,12 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     norm = np.zeros(lanes, np.float32)
     scale = np.zeros(lanes, np.float32)
     recon2 = np.zeros(lanes, np.float32)
+    nq = centroids_sq.shape[0]
+    sqpair = np.empty(2 * nq * nq, np.float32)
+    for v in range(nq * nq):  # (c[v % nq]^2, c[v // nq]^2): the two terms of a byte of 4-bit indices
+        sqpair[2 * v] = centroids_sq[v % nq]
+        sqpair[2 * v + 1] = centroids_sq[v // nq]
+    sqpair64 = sqpair.view(np.uint64)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         # stage: transpose-in
@@ -195,20 +201,22 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
                     C2[j, l] = v
         # stage: recon
         if bits == 4:
-            for j in range(n):
+            # pack first; then one 8-byte look-up per byte gives (c[lo]^2, c[hi]^2), added in channel order
+            for k in range(n // 2):
                 for l in range(lanes):
-                    recon2[l] += centroids_sq[K[j, l]]
+                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
+            for k in range(n // 2):
+                for l in range(lanes):
+                    v = sqpair64[P[k, l]]
+                    recon2[l] += np.uint32(v & np.uint64(0xFFFFFFFF)).view(np.float32)
+                    recon2[l] += np.uint32(v >> np.uint64(32)).view(np.float32)
         else:
             for j in range(n):
                 for l in range(lanes):
                     recon2[l] += C2[j, l]
         # stage: pack+store
-        # 5. pack the indices of all lanes at once, then store block by block
-        if bits == 4:
-            for k in range(n // 2):
-                for l in range(lanes):
-                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
-        else:
+        # 5. pack the indices of all lanes at once (TBQ4: done above), then store block by block
+        if bits == 3:
             for g in range(n // 8):
                 for l in range(lanes):
                     P[g, l] = lane3(
