@@ -168,7 +168,7 @@ def c_header(gs) -> str:
             ("V_BLOCK_SIZE", format_info(vf).block_size),
             ("V_TYPE_SIZE", format_info(vf).type_size),
             ("V_ROW_BYTES", rb(vf)),
-            ("SINK_ROW_BYTES", 2 * m["head_dim"] if m["sink_format"] == "f16" else format_info("q8_0").row_bytes(m["head_dim"])),
+            ("SINK_ROW_BYTES", format_info(m["sink_format"]).row_bytes(m["head_dim"])),
             ("SINK_IS_F16", 1 if m["sink_format"] == "f16" else 0),
             ("SCALE", hex_literal(m["scale"], "")),
             ("F32_TOLERANCE", hex_literal(m["f32_tolerance"], "")),
