@@ -1,9 +1,14 @@
 """tbq: bit-exact reference codecs for KV-cache block quantization.
 
-Formats: ggml's Q8_0 and Q4_0, and the rotated TBQ4_0 / TBQ3_0 (randomized
-Walsh-Hadamard transform + Lloyd-Max codebook). See ``docs/formats.md``.
+Formats: every KV-cache type of llama.cpp and its TurboQuant fork (ggml's
+f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl; the rotated tbq4_0, tbq3_0,
+planar3_0, iso3_0, planar4_0, iso4_0) and ggml's FP4 types (mxfp4, nvfp4).
+See ``docs/formats.md``; ``tbq.formats()`` lists them and ``tbq.formats`` is
+also the package of format modules.
 
 >>> import numpy as np, tbq
+>>> len(tbq.formats()), tbq.formats.FORMATS["iq4_nl"].type_size
+(16, 18)
 >>> x = np.linspace(-1, 1, 256, dtype=np.float32).reshape(2, 128)
 >>> q = tbq.quantize(x, "tbq4_0")
 >>> q.shape, q.dtype
@@ -24,7 +29,8 @@ from .errors import (  # noqa: E402
     TbqTypeError,
     TbqValueError,
 )
-from .formats import FORMATS, FormatInfo, format_info, formats, get_format  # noqa: E402
+from . import formats  # noqa: E402  (the package; calling it, tbq.formats(), lists the names)
+from .formats import FORMATS, FormatInfo, format_info, get_format  # noqa: E402
 from .codebooks import Codebook  # noqa: E402
 from .codecs import Codec, codec_from_config, dequantize, get_codec, quantize  # noqa: E402
 

@@ -24,6 +24,8 @@ import numpy as np  # noqa: F401  (doctest namespace)
 
 import importlib
 import pkgutil
+import sys
+import types
 
 from ..errors import ConfigError
 from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo
@@ -81,3 +83,17 @@ def get_format(name: str, **options) -> Format:
     'turboq-mtp'
     """
     return format_class(name)(**options)
+
+
+class _CallableModule(types.ModuleType):
+    """``tbq.formats`` is this package *and* callable: ``tbq.formats()`` lists the names.
+
+    So ``tbq.formats()``, ``tbq.formats.FORMATS`` and ``import tbq.formats.q4_0``
+    all work, with no function shadowing the package.
+    """
+
+    def __call__(self) -> tuple[str, ...]:
+        return formats()
+
+
+sys.modules[__name__].__class__ = _CallableModule
