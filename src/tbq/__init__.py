@@ -17,7 +17,7 @@ also the package of format modules.
 (2, 128)
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .errors import (  # noqa: E402
     BlockShapeError,
