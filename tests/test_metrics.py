@@ -220,3 +220,106 @@ def test_bounds_and_entropy_and_shape_statistics():
     one_hot[3] = 5.0
     assert metrics.peak_to_rms(one_hot) == pytest.approx(math.sqrt(128))
     assert metrics.peak_to_rms(np.ones(8)) == 1.0
+
+
+# ---------------------------------------------------------------- value tables against Lloyd-Max
+
+
+def test_table_mse_hand_values_and_scale():
+    assert metrics.table_mse([0.1, 0.9, 1.6], [0.0, 1.0, 2.0]) == pytest.approx(0.18 / 3, rel=1e-12)
+    x = rng(20).standard_normal(1000)
+    assert metrics.table_mse(x, x) == 0.0  # every sample is a level
+    assert metrics.table_mse(x, [3.0, -1.0, 3.0]) == metrics.table_mse(x, [-1.0, 3.0])  # sorted and deduplicated
+    # scaling the table by g is scaling the samples by 1/g (the MSE by g^2)
+    lv = np.array([-1.5, -0.5, 0.5, 1.5])
+    assert metrics.table_mse(x, lv, 2.0) == pytest.approx(4 * metrics.table_mse(x / 2, lv), rel=1e-12)
+    # a unit grid on values spread evenly over its cells: MSE 1/12 (midpoint sums of k/n offsets)
+    n = 2000
+    u = (np.arange(8)[:, None] + (np.arange(n) + 0.5) / n - 0.5).ravel()
+    assert metrics.table_mse(u, np.arange(8.0)) == pytest.approx((1 - 1 / n**2) / 12, rel=1e-9)
+
+
+def test_lloyd_max_samples_fixed_point_and_exact_cases():
+    # at most n_levels distinct values: the values themselves, zero error
+    c, m, mse = metrics.lloyd_max_samples([2.0, -1.0, 2.0, 0.5], 4)
+    assert c.tolist() == [-1.0, 0.5, 2.0] and mse == 0.0
+    x = rng(21).standard_normal(100_000)
+    c, m, mse = metrics.lloyd_max_samples(x, 8)
+    # the two Lloyd conditions hold: thresholds are midpoints, each centroid is the mean of its cell
+    assert np.allclose(m, 0.5 * (c[1:] + c[:-1]), rtol=0, atol=1e-15)
+    cell = np.searchsorted(m, x, side="right")
+    means = np.array([x[cell == i].mean() for i in range(8)])
+    assert np.allclose(c, means, rtol=0, atol=1e-9)
+    assert mse == pytest.approx(metrics.table_mse(x, c), rel=1e-12)
+    # a Gaussian sample: close to the Gaussian Lloyd-Max distortion, and no worse than the Gaussian table on it
+    from tbq.codebooks import lloyd_max
+
+    assert mse == pytest.approx(metrics.lloyd_max_distortion(3), rel=0.02)
+    assert mse <= metrics.table_mse(x, lloyd_max(3, 1.0).centroids) * (1 + 1e-9)
+    # uniform samples: the optimum is the uniform grid, MSE width^2 / (12 L^2)
+    u = rng(22).uniform(-1, 1, 200_000)
+    c, _, mse = metrics.lloyd_max_samples(u, 16)
+    assert np.allclose(np.diff(c), 2 / 16, atol=0.01)
+    assert mse == pytest.approx(4 / (12 * 256), rel=0.02)
+    with pytest.raises(TbqValueError):
+        metrics.lloyd_max_samples(x, 0)
+    with pytest.raises(TbqValueError):
+        metrics.lloyd_max_samples([np.nan, 1.0], 2)
+
+
+def test_table_distortion_gaussian_closed_form():
+    from tbq.codebooks import SIGMA_128, lloyd_max
+
+    # a Lloyd-Max table is its own reference
+    for b in (1, 3, 4):
+        d = metrics.table_distortion(lloyd_max(b).centroids, sigma=SIGMA_128)
+        assert d["ratio"] == pytest.approx(1.0, abs=1e-6) and d["best_ratio"] == pytest.approx(1.0, abs=1e-6)
+        assert d["best_scale"] == pytest.approx(1.0, abs=1e-4) and d["n_levels"] == 1 << b
+        assert np.allclose(d["lloyd_max_levels"], lloyd_max(b).centroids, rtol=1e-6)
+    # two levels at +-1: MSE 2 - 2 sqrt(2/pi); the best scale is the 1-bit Lloyd-Max level sqrt(2/pi)
+    d = metrics.table_distortion([-1.0, 1.0], sigma=1.0)
+    assert d["mse"] == pytest.approx(2 - 2 * math.sqrt(2 / math.pi), rel=1e-9)
+    assert d["ratio"] == pytest.approx((2 - 2 * math.sqrt(2 / math.pi)) / (1 - 2 / math.pi), rel=1e-9)
+    assert d["best_scale"] == pytest.approx(math.sqrt(2 / math.pi), rel=1e-6)
+    assert d["best_ratio"] == pytest.approx(1.0, abs=1e-9)
+    # sigma is a unit: the same table scaled with sigma has the same ratio
+    d2 = metrics.table_distortion([-3.0, 3.0], sigma=3.0)
+    assert d2["ratio"] == pytest.approx(d["ratio"], rel=1e-9) and d2["mse"] == pytest.approx(9 * d["mse"], rel=1e-9)
+    # n_levels charges unused codes: the 1-bit table against 2-bit Lloyd-Max
+    assert metrics.table_distortion([-1.0, 1.0], sigma=1.0, n_levels=4)["ratio"] == pytest.approx(
+        (2 - 2 * math.sqrt(2 / math.pi)) / metrics.lloyd_max_distortion(2), rel=1e-9
+    )
+    with pytest.raises(TbqValueError):
+        metrics.table_distortion([-1.0, 0.0, 1.0], sigma=1.0)  # 3 levels: no 2**b Gaussian reference
+    with pytest.raises(TbqValueError):
+        metrics.table_distortion([-1.0, 1.0], sigma=1.0, samples=[0.0, 1.0])
+    with pytest.raises(TbqValueError):
+        metrics.table_distortion([-1.0, 1.0])
+
+
+def test_every_shipped_rotated_table_is_at_least_lloyd_max_on_the_gaussian():
+    """Lloyd-Max is the global optimum for the (log-concave) Gaussian: every table's ratio is >= 1, at any scale."""
+    from tbq.codebooks import SIGMA_128
+
+    for fmt, opts in (("tbq4_0", {}), ("tbq3_0", {}), ("tbq4_0", {"codebook": "turboq-mtp"}), ("tbq3_0", {"codebook": "turboq-mtp"}),
+                      ("planar4_0", {}), ("planar3_0", {})):
+        c = tbq.get_format(fmt, **opts).tables()["centroids"]
+        d = metrics.table_distortion(c, sigma=SIGMA_128)
+        assert d["ratio"] >= 1 - 1e-6 and 1 - 1e-6 <= d["best_ratio"] <= d["ratio"] + 1e-12, (fmt, opts, d)
+    # the fork's 3-bit levels are 7.29x to 8.66x Lloyd-Max's: the scale that fits them lies in between
+    d = metrics.table_distortion(tbq.get_format("tbq3_0", codebook="turboq-mtp").tables()["centroids"], sigma=SIGMA_128)
+    assert 1 / 8.66 < d["best_scale"] < 1 / 7.29
+
+
+def test_table_distortion_on_samples():
+    x = rng(23).standard_normal(200_000)
+    c, _, mse = metrics.lloyd_max_samples(x, 16)
+    d = metrics.table_distortion(c, samples=x)
+    assert d["ratio"] == pytest.approx(1.0, abs=1e-12) and d["lloyd_max_mse"] == mse
+    # the measured ratio of a Gaussian table agrees with the closed form on a large sample
+    from tbq.codebooks import lloyd_max
+
+    two = [-1.0, 1.0]
+    assert metrics.table_distortion(two, samples=x)["ratio"] == pytest.approx(metrics.table_distortion(two, sigma=1.0)["ratio"], rel=0.01)
+    d = metrics.table_distortion(2.0 * lloyd_max(4, 1.0).centroids, samples=x)
+    assert d["ratio"] > 1.5 and d["best_scale"] == pytest.approx(0.5, rel=0.02) and d["best_ratio"] == pytest.approx(1.0, abs=0.01)

@@ -1,5 +1,7 @@
 """tbq.study: comparison quantizers and cache policies; tbq.plots; tbq compare's attention columns and --plot."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -224,6 +226,21 @@ def test_plots_write_pngs(tmp_path):
         plots.plot_bars({"p": {"a": 1.0, "b": 2.0}}, tmp_path / "bars.png", hline={"p": (1.5, "ref")}),
         plots.plot_codebooks({"3 bits": cb}, tmp_path / "cb.png", sigma=0.088),
         plots.plot_index_histograms({"h": {"a": [1, 2, 3], "b": [3, 2, 1]}}, tmp_path / "h.png"),
+        plots.plot_format_metrics(
+            [
+                {"dataset": d, "name": n, "bits_per_value": b, "nmse": e, "kl_mean": e / 2}
+                for d in ("g", "o") for n, b, e in (("q4_0", 4.5, 0.007), ("tbq4_0", 4.125, 0.009), ("f16", 16.0, 4e-8))
+            ],
+            tmp_path / "fm.png",
+            metrics={"nmse": "NMSE", "kl_mean": "KL"},
+            groups={"q4_0": "grid", "tbq4_0": "rotation"},
+        ),
+        plots.plot_rotated_blocks(
+            {"a": np.arange(128.0), "b": np.ones(128)}, tmp_path / "rb.png", mark=[4, 5], distributions={"d": {"x": [1.0, 2.0]}}
+        ),
+        plots.plot_value_tables(
+            {"t": {"samples": np.linspace(-1, 1, 100), "tables": {"a": [-0.5, 0.5], "b": [-0.6, 0.6]}}}, tmp_path / "vt.png"
+        ),
     ]
     for p in paths:
         assert p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG"
@@ -248,3 +265,100 @@ def test_small_mode_and_figure_path(monkeypatch, tmp_path):
     monkeypatch.setenv("TBQ_FIGURE_DIR", str(tmp_path / "figs"))
     assert plots.figure_path("a.png") == tmp_path / "figs" / "a.png"
     assert (tmp_path / "figs").is_dir()
+
+
+# ---------------------------------------------------------------- rate-distortion rows, tables, rotated NMSE
+
+
+def test_rate_distortion_rows_cover_every_format_and_match_direct_computation():
+    x = synthetic.keys_with_outliers(64, 2, seed=6)
+    rows = study.rate_distortion_rows({"k": x}, n_queries=4, topk=4, seed=9)
+    assert [r["name"] for r in rows] == list(tbq.formats())
+    q = metrics.random_queries(4, 128, 2, seed=9)
+    for r in rows:
+        c = tbq.get_codec(r["name"])
+        y = c.decode(c.encode(x))
+        assert r["bits_per_value"] == tbq.format_info(r["name"]).bits_per_value
+        assert r["nmse"] == metrics.nmse(x, y) and r["snr_db"] == pytest.approx(metrics.snr_db(x, y))
+        att = metrics.attention_error(q, x, None, y, topk=4)
+        assert (r["logit_rmse"], r["kl_mean"], r["topk_agreement"]) == (att["logit_rmse"], att["kl_mean"], att["topk_agreement"])
+    by = {r["name"]: r for r in rows}
+    # round to nearest: relative error <= 2^-11 (f16) and 2^-8 (bf16) per value, so NMSE <= their squares
+    assert by["f16"]["nmse"] <= 2.0**-22 and by["bf16"]["nmse"] <= 2.0**-16
+    # a quantizer spec is a row too, charged its own bits
+    r = study.rate_distortion_rows({"k": x}, ["kivi3-g32-channel"], n_queries=2)[0]
+    assert r["name"] == "kivi3-g32-channel" and r["bits_per_value"] == 4.0 and r["code_bits"] == 3
+    with pytest.raises(TbqValueError):
+        study.rate_distortion_rows({"flat": x.reshape(-1)}, ["q8_0"])
+
+
+def test_table_levels_are_the_spec_tables():
+    from importlib import import_module
+
+    iq4 = import_module("tbq.formats.iq4_nl")
+    fp4 = import_module("tbq.formats.fp4")
+    assert np.array_equal(study.table_levels("q4_0"), np.arange(-8, 8))
+    assert np.array_equal(study.table_levels("q5_0"), np.arange(-16, 16))
+    assert np.array_equal(study.table_levels("q8_0"), np.arange(-128, 128))
+    assert np.array_equal(study.table_levels("q4_1"), np.arange(16))
+    assert np.array_equal(study.table_levels("q5_1"), np.arange(32))
+    assert np.array_equal(study.table_levels("iq4_nl"), iq4.IQ4_NL_VALUES)
+    for f in ("mxfp4", "nvfp4"):
+        assert np.array_equal(study.table_levels(f), np.sort(fp4.E2M1_VALUES))
+    for f in ("tbq4_0", "tbq3_0", "planar4_0", "planar3_0", "iso4_0", "iso3_0"):
+        assert np.array_equal(study.table_levels(f), tbq.get_format(f).tables()["centroids"])
+    fork = tbq.get_format("tbq3_0", codebook="turboq-mtp").tables()["centroids"]
+    assert np.array_equal(study.table_levels("tbq3_0", codebook="turboq-mtp"), fork)
+    for f in ("f16", "bf16"):
+        with pytest.raises(ConfigError):
+            study.table_levels(f)
+
+
+def _nearest(levels, v):
+    c = np.unique(levels)
+    return c[np.searchsorted(0.5 * (c[1:] + c[:-1]), v, side="right")]
+
+
+def test_table_inputs_rounded_to_the_table_are_the_stored_codes():
+    """The values table_inputs reports, rounded to the nearest level, are the codes each encoder writes."""
+    x = synthetic.heavy_tailed_values(16, 2, seed=7)
+    for f in ("q4_0", "q5_0", "q8_0", "q4_1", "q5_1"):
+        fm = tbq.get_format(f)
+        data = fm.encode(x)
+        fl = fm.fields(data)
+        d = fl["d"].astype(np.float64)
+        m = fl["m"].astype(np.float64) if "m" in fl else 0.0
+        y = fm.decode(data).reshape(d.shape + (-1,)).astype(np.float64)
+        stored = (y - (m[..., None] if "m" in fl else 0.0)) / d[..., None]  # the integer level of every value
+        got = _nearest(study.table_levels(f), study.table_inputs(f, x))
+        assert np.array_equal(got, np.rint(stored).ravel()) and np.allclose(stored, np.rint(stored), atol=1e-3), f
+    fm = tbq.get_format("iq4_nl")
+    idx = fm.fields(fm.encode(x))["qs"].ravel()
+    assert np.array_equal(_nearest(study.table_levels("iq4_nl"), study.table_inputs("iq4_nl", x)), fm.tables()["values"][idx])
+    for f in ("mxfp4", "nvfp4"):  # codes 0..15 -> doubled E2M1 values; ties (to the smaller magnitude) do not occur here
+        fm = tbq.get_format(f)
+        codes = fm.fields(fm.encode(x))["qs"].ravel()
+        assert np.array_equal(_nearest(study.table_levels(f), study.table_inputs(f, x)), fm.tables()["values"][codes].astype(np.float64)), f
+    for f in ("tbq4_0", "tbq3_0", "planar4_0", "iso3_0"):
+        fm = tbq.get_format(f)
+        key = [k for k in fm.fields(fm.encode(x)) if k != "d"][0]
+        idx = fm.fields(fm.encode(x))[key].ravel()
+        assert np.array_equal(_nearest(study.table_levels(f), study.table_inputs(f, x)), fm.tables()["centroids"][idx].astype(np.float64)), f
+
+
+def test_rotated_nmse_reproduces_the_format_and_swaps_tables():
+    from tbq.codebooks import lloyd_max
+
+    for x in (synthetic.gaussian(32, 2, seed=8), synthetic.keys_with_outliers(32, 2, seed=8)):
+        for f in ("tbq4_0", "tbq3_0", "planar4_0", "planar3_0", "iso4_0", "iso3_0"):
+            real = metrics.nmse(x, study.get_quantizer(f)(x))
+            mine = study.rotated_nmse(f, x)
+            # they differ only by the fp16 rounding of the stored norm (relative 2^-11 on every decoded value)
+            # and float32 rounding: |sqrt(real) - sqrt(mine)| <= 2^-11 (1 + sqrt(mine)) + slack
+            assert abs(math.sqrt(real) - math.sqrt(mine)) <= 2.0**-11 * (1 + math.sqrt(mine)) + 1e-5, (f, real, mine)
+            assert study.rotated_nmse(f, x, tbq.get_format(f).tables()["centroids"]) == mine
+    # on Gaussian data every rotation gives Gaussian coordinates: planar's rotation with TBQ's table is TBQ's error
+    g = synthetic.gaussian(256, 2, seed=9)
+    assert study.rotated_nmse("planar4_0", g, lloyd_max(4).centroids) == pytest.approx(study.rotated_nmse("tbq4_0", g), rel=0.05)
+    with pytest.raises(ConfigError):
+        study.rotated_nmse("q4_0", g)

@@ -23,6 +23,18 @@ callable as ``q(x)``; input float, output float32 of the same shape):
 :func:`get_quantizer` builds one from a short name (see its docstring), and
 :class:`CachePolicy` combines a K quantizer, a V quantizer and the first
 ``n_sink`` tokens kept in f16 or q8_0.
+
+Measurements over the real formats:
+
+- :func:`rate_distortion_rows`: bits per value, NMSE and the attention
+  metrics of every format (or quantizer) on every data set, one row each.
+- :func:`table_levels` and :func:`table_inputs`: a format's value table and
+  the values it meets, read from the format's own encoder trace (for the
+  rotated formats the unit-norm rotated coordinates), to set against the
+  Lloyd-Max optimum with :func:`tbq.metrics.table_distortion`.
+- :func:`rotated_nmse`: the NMSE of a rotated format with its own rotation
+  and any value table, to separate what the rotation does from what the
+  table does.
 """
 
 from __future__ import annotations
@@ -32,10 +44,11 @@ import re
 
 import numpy as np
 
+from . import metrics
 from .codebooks import Codebook, get_codebook, lloyd_max
 from .codecs import Codec, get_codec
 from .errors import ConfigError, TbqValueError
-from .formats import FORMATS
+from .formats import FORMATS, format_info, get_format
 from .rotation import get_rotation
 
 __all__ = [
@@ -50,6 +63,10 @@ __all__ = [
     "CachePolicy",
     "round_f16_down",
     "round_f16_up",
+    "rate_distortion_rows",
+    "table_levels",
+    "table_inputs",
+    "rotated_nmse",
 ]
 
 
@@ -298,9 +315,7 @@ def _gaussian_codebook(bits: int, sigma: float) -> Codebook:
     """Lloyd-Max codebook of N(0, sigma^2): the library's tables up to 5 bits, the study fitter above."""
     if bits <= 5:
         return lloyd_max(bits, sigma)
-    from .metrics import lloyd_max_levels
-
-    c, m = lloyd_max_levels(bits)
+    c, m = metrics.lloyd_max_levels(bits)
     return Codebook((c * sigma).astype(np.float32), (m * sigma).astype(np.float32))
 
 
@@ -508,3 +523,175 @@ class CachePolicy:
 
     def __repr__(self):
         return f"<CachePolicy {self.label}>"
+
+
+
+# ---------------------------------------------------------------------------
+# Measurements over the real formats
+# ---------------------------------------------------------------------------
+
+
+def rate_distortion_rows(datasets: dict, specs=None, *, n_queries: int = 16, topk: int = 8, seed: int = 0) -> list[dict]:
+    """One row per data set and format: bits per value, vector error and what attention sees.
+
+    ``datasets``: ``{name: array}``, each ``(tokens, heads, head_dim)`` or
+    ``(tokens, head_dim)``, quantized as a **key** cache. ``specs``: formats
+    or quantizer specs (:func:`get_quantizer`), by default every format of
+    :func:`tbq.formats`. The queries are :func:`tbq.metrics.random_queries`
+    (``n_queries`` per head, ``seed``), the same for every format of a data
+    set. Each row holds ``dataset``, ``name``, ``bits_per_value`` (for a
+    format, ``tbq.format_info(name).bits_per_value``: every scale and minimum
+    included), ``code_bits``, ``nmse``, ``snr_db``, and from
+    :func:`tbq.metrics.attention_error` with only the keys quantized
+    ``logit_rmse``, ``kl_mean`` (softmax KL, nats) and ``topk_agreement``
+    (share of the exact top-``topk`` tokens kept), plus ``topk``.
+
+    >>> from tbq import synthetic
+    >>> rows = rate_distortion_rows({"g": synthetic.gaussian(64, 2, seed=0)}, ["q8_0", "tbq3_0"], n_queries=4)
+    >>> [(r["name"], r["bits_per_value"], r["nmse"] < 0.04, r["topk_agreement"] <= 1) for r in rows]
+    [('q8_0', 8.5, True, True), ('tbq3_0', 3.125, True, True)]
+    """
+    specs = list(FORMATS) if specs is None else list(specs)
+    rows = []
+    for ds, x in datasets.items():
+        x = _as_f32(x)
+        if x.ndim not in (2, 3):
+            raise TbqValueError(f"data set {ds!r}: expected (tokens, heads, head_dim) or (tokens, head_dim), got {x.shape}")
+        q = metrics.random_queries(n_queries, x.shape[-1], x.shape[1] if x.ndim == 3 else None, seed=seed)
+        for spec in specs:
+            quant = get_quantizer(spec)
+            y = quant(x)
+            att = metrics.attention_error(q, x, None, y, topk=topk)
+            fmt = quant.codec.name if isinstance(quant, CodecQuantizer) else None
+            e = metrics.nmse(x, y)
+            rows.append(
+                {
+                    "dataset": ds,
+                    "name": quant.name,
+                    "bits_per_value": format_info(fmt).bits_per_value if fmt else quant.bits_per_value,
+                    "code_bits": quant.code_bits,
+                    "nmse": e,
+                    "snr_db": float(-10.0 * np.log10(e)) if e > 0 else math.inf,
+                    "logit_rmse": att["logit_rmse"],
+                    "kl_mean": att["kl_mean"],
+                    "topk_agreement": att["topk_agreement"],
+                    "topk": topk,
+                }
+            )
+    return rows
+
+
+def _table(fmt, trace, **options):
+    """``(levels, inputs)`` of a format from its encoder trace (see :func:`table_levels`)."""
+    fm = get_format(fmt, **options)
+    info = fm.info
+    if info.block_size == 1:
+        raise ConfigError(f"{fmt} stores every value on its own (no scale, no value table)")
+    tables = fm.tables()
+    b = info.index_bits
+    if "r" in trace and "centroids" in tables:  # rotated: unit-norm block, rotation, nearest centroid
+        return np.asarray(tables["centroids"], np.float64), np.asarray(trace["r"], np.float64).ravel()
+    if "a" in trace and "values" in tables:  # a = x / d0, nearest entry of the int8 table
+        return np.asarray(tables["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
+    if "x" in trace and "values" in tables:  # FP4: x / d, nearest (doubled) E2M1 value
+        x = np.asarray(trace["x"], np.float64)
+        d = np.asarray(trace["dd" if "dd" in trace else "d"], np.float64)
+        x = x.reshape(d.shape + (-1,))
+        keep = np.broadcast_to(d[..., None] > 0, x.shape)  # a flushed (zero-scale) sub-block meets no table
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = x / d[..., None]
+        return np.asarray(tables["values"], np.float64), v[keep]
+    if "v" in trace:  # integer codes: v = x / d (signed) or (x - min) / d, rounded half up
+        v = np.asarray(trace["v"], np.float64).ravel()
+        if "t" in trace:  # t = v + offset + 1/2, code = trunc(t) in 0 .. 2**b - 1, level = code - offset
+            offset = round(float(np.median(np.asarray(trace["t"], np.float64).ravel() - v)) - 0.5)
+            return np.arange(1 << b, dtype=np.float64) - offset, v
+        return np.arange(-(1 << (b - 1)), 1 << (b - 1), dtype=np.float64), v  # int8 codes round(v)
+    raise ConfigError(f"{fmt}: no value table this function knows how to read")  # pragma: no cover
+
+
+def table_levels(fmt: str, **options) -> np.ndarray:
+    """The values a format's codes decode to, sorted, in the units of :func:`table_inputs` (float64).
+
+    ``options`` are format options (TBQ's ``codebook=``). Read from the
+    format (:meth:`~tbq.formats.Format.tables` and the structure of its
+    encoder trace, docs/formats.md):
+
+    ========================== =========================== ===========================================
+    formats                    levels                      units (what :func:`table_inputs` returns)
+    ========================== =========================== ===========================================
+    tbq, planar, iso           the codebook's centroids    ``r``: the unit-norm block, rotated
+    iq4_nl                     the int8 table ``K``        ``a = x / d0``, ``d0 = max / -127``
+    mxfp4, nvfp4               the doubled E2M1 values     ``x / d`` with the block's (sub-block's) halved scale
+    q4_0, q5_0                 ``-2**(b-1) .. 2**(b-1)-1`` ``v = x / d``, ``d = max / -2**(b-1)``
+    q4_1, q5_1                 ``0 .. 2**b - 1``           ``v = (x - min) / d``
+    q8_0                       ``-128 .. 127``             ``v = x / d``, ``d = amax / 127``
+    ========================== =========================== ===========================================
+
+    Duplicates are kept (FP4 has two codes for zero), so ``len`` is the
+    number of codes, ``2**index_bits``; f16 and bf16 have no table.
+
+    >>> table_levels("q4_0")[[0, -1]], table_levels("iq4_nl")[:3], len(table_levels("mxfp4"))
+    (array([-8.,  7.]), array([-127., -104.,  -83.]), 16)
+    """
+    info = format_info(fmt)
+    probe = np.linspace(-1.0, 1.0, info.block_size, dtype=np.float32)
+    _, trace = get_format(fmt, **options).encode(probe, trace=True)
+    return np.sort(_table(fmt, trace, **options)[0])
+
+
+def table_inputs(fmt: str, x, **options) -> np.ndarray:
+    """The values a format's table meets when it encodes ``x``, from its encoder trace (flat float64).
+
+    The units and quantities are those of :func:`table_levels`'s table: for a
+    rotated format the coordinates of the unit-norm block after the format's
+    own rotation (about N(0, 1/128) when the rotation makes them Gaussian),
+    for the block formats the block-normalised values the encoder rounds.
+    FP4 sub-blocks whose scale is zero are left out.
+
+    >>> from tbq import synthetic
+    >>> r = table_inputs("tbq4_0", synthetic.gaussian(64, 2, seed=0))
+    >>> r.size, round(float(np.sum(r * r)) / 128, 4)  # 128 blocks of unit norm
+    (16384, 1.0)
+    """
+    a = _as_f32(x)
+    _, trace = get_format(fmt, **options).encode(a, trace=True)
+    return _table(fmt, trace, **options)[1]
+
+
+def rotated_nmse(fmt: str, x, levels=None, **options) -> float:
+    """NMSE of a rotated format's scheme with its own rotation and the value table ``levels``.
+
+    The format's encoder (with its ``options``) supplies the unit-norm rotated
+    coordinates ``r`` and the norms of every block; each coordinate is rounded
+    to the nearest of ``levels`` (default: the format's own centroids), and
+    the block is rescaled by the corrected norm ``norm / |c|`` as the format
+    does. The rotation is orthonormal, so the error in the rotated domain is
+    the error of the decoded block:
+    ``sum_blocks norm**2 |r - c / |c||**2 / sum_blocks norm**2``, in float64
+    and without the fp16 rounding of the stored norm. With the format's own
+    table this is the format's NMSE to within that rounding; with another
+    table it is what the same rotation would give with that table.
+
+    >>> from tbq import synthetic
+    >>> from tbq.codebooks import lloyd_max
+    >>> k = synthetic.keys_with_outliers(64, 2, seed=1)
+    >>> own, lm = rotated_nmse("planar4_0", k), rotated_nmse("planar4_0", k, lloyd_max(4).centroids)
+    >>> lm < own  # planar4_0's rotation with TBQ's 4-bit Lloyd-Max table instead of its own
+    True
+    """
+    fm = get_format(fmt, **options)
+    if not fm.info.rotated:
+        raise ConfigError(f"{fmt} is not a rotated format")
+    a = _as_f32(x)
+    _, trace = fm.encode(a, trace=True)
+    n = fm.info.block_size
+    r = np.asarray(trace["r"], np.float64).reshape(-1, n)
+    norm = np.asarray(trace["norm"], np.float64).reshape(-1)
+    c = np.unique(np.asarray(fm.tables()["centroids"] if levels is None else levels, np.float64).ravel())
+    q = c[np.searchsorted(0.5 * (c[1:] + c[:-1]), r, side="right")]
+    qn = np.sqrt(np.sum(q * q, axis=1, keepdims=True))
+    est = np.where(qn > 0, q / np.where(qn > 0, qn, 1.0), 0.0)
+    err = np.sum((r - est) ** 2, axis=1) * norm * norm
+    den = float(np.sum(norm * norm))
+    return float(np.sum(err) / den) if den > 0 else 0.0
