@@ -35,6 +35,9 @@ __all__ = [
     "plot_bars",
     "plot_codebooks",
     "plot_index_histograms",
+    "plot_format_metrics",
+    "plot_rotated_blocks",
+    "plot_value_tables",
 ]
 
 DPI = 110
@@ -486,6 +489,206 @@ def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Pat
         ax.set_title(t)
         ax.legend(fontsize="small")
         ax.grid(axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+
+# ---------------------------------------------------------------------------
+# Every format, every metric
+# ---------------------------------------------------------------------------
+
+
+def plot_format_metrics(
+    rows: list[dict],
+    path,
+    *,
+    metrics: dict,
+    groups: dict | None = None,
+    logy=True,
+    compress_above: float = 9.0,
+    title: str | None = None,
+) -> Path:
+    """Metrics against bits per value: one column per data set, one row per metric, one marker per format.
+
+    ``rows``: dicts with ``dataset``, ``name``, ``bits_per_value`` and the
+    keys of ``metrics`` = ``{key: axis label}`` (e.g. the rows of
+    :func:`tbq.study.rate_distortion_rows`). ``groups``: optional ``{name:
+    group}``; formats of a group share a colour and differ by marker (the
+    legend says ``name (group)``, grouped). ``logy``: a bool or ``{key:
+    bool}``. The x axis is linear up to ``compress_above`` bits per value and
+    compressed seven-fold beyond it (so 16-bit formats fit next to 3-bit ones
+    without squeezing the interesting range); the tick labels are true values.
+    """
+    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    groups = groups or {}
+    glist = list(dict.fromkeys(groups.get(n, n) for n in names))
+    gcol = dict(zip(glist, _colors(len(glist))))
+    names = sorted(names, key=lambda n: glist.index(groups.get(n, n)))  # legend grouped
+    cut = float(compress_above)
+
+    def fwd(b):
+        b = np.asarray(b, dtype=np.float64)
+        return np.where(b <= cut, b, cut + (b - cut) / 7.0)
+
+    def inv(u):
+        u = np.asarray(u, dtype=np.float64)
+        return np.where(u <= cut, u, cut + (u - cut) * 7.0)
+
+    markers = "osD^v<>pPhX*"
+    seen_in_group: dict = {}
+    style = {}
+    for n in names:
+        g = groups.get(n, n)
+        k = seen_in_group.get(g, 0)
+        seen_in_group[g] = k + 1
+        style[n] = (gcol[g], markers[k % len(markers)], f"{n} ({g})" if n in groups else n)
+    keys = list(metrics)
+    nr, nc = len(keys), len(datasets)
+    fig, axes = _figure(nr, nc, width=4.6 * nc + 2.4, height=2.9 * nr + 0.6, sharex=True)
+    bits = sorted({float(r["bits_per_value"]) for r in rows})
+    ticks = list(range(math.floor(min(bits)), math.ceil(min(max(bits), cut)) + 1))
+    ticks += sorted({round(b) for b in bits if b > cut})
+    for j, ds in enumerate(datasets):
+        for i, key in enumerate(keys):
+            ax = axes[i][j]
+            for n in names:
+                for r in rows:
+                    if r["dataset"] == ds and r["name"] == n and r.get(key) is not None:
+                        c, m, lab = style[n]
+                        ax.plot(r["bits_per_value"], r[key], m, color=c, ms=7, label=lab, alpha=0.9)
+            ax.set_xscale("function", functions=(fwd, inv))
+            ax.set_xticks(ticks)
+            ax.set_xticklabels([str(t) for t in ticks])
+            ax.set_xlim(min(bits) - 0.4, max(bits) + 0.6 * (7.0 if max(bits) > cut else 1.0))
+            if max(bits) > cut:
+                ax.axvline(cut, color="0.5", lw=0.8, ls=":")
+            ly = logy.get(key, True) if isinstance(logy, dict) else logy
+            if ly:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3, which="both")
+            if i == 0:
+                ax.set_title(str(ds))
+            if j == 0:
+                ax.set_ylabel(metrics[key])
+            if i == nr - 1:
+                ax.set_xlabel(f"bits per value (axis compressed above {cut:g})" if max(bits) > cut else "bits per value")
+    seen = {}
+    for row in axes:
+        for ax in row:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(lab, h)
+    fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# Rotations compared
+# ---------------------------------------------------------------------------
+
+
+def plot_rotated_blocks(
+    blocks: dict, path, *, mark=None, distributions: dict | None = None, ncols: int = 3, title: str | None = None
+) -> Path:
+    """One block in several domains, coordinate by coordinate, and per-block statistics as histograms.
+
+    ``blocks``: ``{panel title: 1-D array}`` (e.g. a key block before any
+    rotation and after each rotation), drawn as ``value / RMS`` per
+    coordinate; ``mark``: coordinate indices to shade in those panels (e.g.
+    the outlier channels and their Givens pairs or quaternion groups).
+    ``distributions``: ``{panel title: {label: per-block values}}``, drawn as
+    overlaid histograms (e.g. max/RMS for each rotation).
+    """
+    distributions = distributions or {}
+    n = len(blocks) + len(distributions)
+    nrows = math.ceil(n / ncols)
+    fig, axes = _figure(nrows, ncols, width=4.8 * ncols, height=3.4 * nrows)
+    flat = [ax for row in axes for ax in row]
+    lim = 0.0
+    scaled = {}
+    for t, b in blocks.items():
+        b = np.asarray(b, dtype=np.float64)
+        rms = math.sqrt(float(np.mean(b * b))) or 1.0
+        scaled[t] = b / rms
+        lim = max(lim, float(np.max(np.abs(scaled[t]))))
+    for ax, (t, v) in zip(flat, scaled.items()):
+        idx = np.arange(v.size)
+        if mark is not None and len(mark):
+            for m in np.asarray(mark).ravel():
+                ax.axvspan(m - 0.5, m + 0.5, color="0.85", lw=0)
+        ax.vlines(idx, 0, v, lw=1.2)
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set_ylim(-1.08 * lim, 1.08 * lim)
+        ax.set_xlim(-1, v.size)
+        ax.set_title(t, fontsize="medium")
+        ax.set_xlabel("coordinate")
+        ax.set_ylabel("value / block RMS")
+    for ax, (t, series) in zip(flat[len(blocks):], distributions.items()):
+        allv = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in series.values()])
+        bins = np.linspace(float(allv.min()), float(allv.max()) * 1.02 + 1e-12, 60)
+        for (lab, v), c in zip(series.items(), _colors(len(series))):
+            ax.hist(np.asarray(v, dtype=np.float64).ravel(), bins=bins, alpha=0.55, color=c, label=lab)
+        ax.set_title(t, fontsize="medium")
+        ax.set_ylabel("blocks")
+        ax.legend(fontsize="small")
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
+# ---------------------------------------------------------------------------
+# Value tables over the values they meet
+# ---------------------------------------------------------------------------
+
+
+def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None = None) -> Path:
+    """Value tables drawn over the distribution of the values they quantize.
+
+    ``panels``: ``{panel title: {"samples": array, "tables": {label: levels}}}``.
+    The samples are drawn as a density histogram (log scale), each table's
+    levels as a row of ticks above it (e.g. a shipped table and the Lloyd-Max
+    table of the same samples).
+    """
+    titles = list(panels)
+    nrows = math.ceil(len(titles) / ncols)
+    fig, axes = _figure(nrows, ncols, width=4.4 * ncols, height=3.1 * nrows + 0.5)
+    flat = [ax for row in axes for ax in row]
+    labels = list(dict.fromkeys(lab for p in panels.values() for lab in p.get("tables", {})))
+    colors = dict(zip(labels, _colors(len(labels))))
+    for ax, t in zip(flat, titles):
+        s = np.asarray(panels[t]["samples"], dtype=np.float64).ravel()
+        tabs = panels[t].get("tables", {})
+        lo, hi = float(s.min()), float(s.max())
+        for lv in tabs.values():
+            lv = np.asarray(lv, dtype=np.float64)
+            lo, hi = min(lo, float(lv.min())), max(hi, float(lv.max()))
+        pad = 0.04 * (hi - lo or 1.0)
+        h, edges = np.histogram(s, bins=120, range=(lo - pad, hi + pad), density=True)
+        ax.stairs(h, edges, fill=True, color="0.75", label="values met")
+        top = float(h.max()) if h.size and h.max() > 0 else 1.0
+        floor = top * 1e-4
+        ax.set_yscale("log")
+        for k, (lab, lv) in enumerate(tabs.items()):
+            y0, y1 = top * 2.0 * 2.2**k, top * 2.0 * 2.2**k * 1.8
+            ax.vlines(np.asarray(lv, dtype=np.float64), y0, y1, color=colors[lab], lw=1.6, label=lab)
+        ax.set_ylim(floor, top * 2.0 * 2.2 ** len(tabs) * 1.2)
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.set_title(t, fontsize="medium")
+        ax.set_yticks([])
+        ax.minorticks_off()
+    for ax in flat[len(titles):]:
+        ax.set_visible(False)
+    seen = {}
+    for ax in flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(lab, h)
+    fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
     if title:
         fig.suptitle(title)
     return _save(fig, path)
