@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # Fitted Lloyd–Max tables vs the `turboq-mtp` tables of the llama.cpp fork
+# # Value tables against the Lloyd–Max optimum: TBQ's fitted and `turboq-mtp` tables, and every other shipped table
 #
 # A TBQ block is normalised to unit norm and rotated; its 128 coordinates are
 # then close to N(0, σ²) with σ = 1/√128, and each is coded with the nearest
@@ -23,8 +23,11 @@
 #
 # This notebook compares the two for TBQ4 and TBQ3: the levels, how the
 # rotated coordinates fall into the cells (index histograms and their entropy),
-# the resulting error, and what it means for attention. It ends with the
-# conclusion for a user of the fork.
+# the resulting error, and what it means for attention, with the conclusion
+# for a user of the fork. The last part holds **every** value table the
+# sixteen formats ship (TBQ's two sets, the planar/iso centroids, iq4_nl's
+# grid, FP4's E2M1 grid, the uniform grids of the integer formats) against the
+# Lloyd–Max optimum of the distribution each one actually meets.
 
 # %%
 import numpy as np
@@ -184,4 +187,178 @@ print(
     "What to do: with that fork, prefer tbq4_0 (unaffected) or q8_0 for the cache; if you use tbq3_0, rebuild "
     "with the fitted 3-bit table (tbq's default 'lloyd-max'), which is a table change, not a format change: "
     "the bytes layout is identical, but caches written with one table must be read with the same one."
+)
+
+# %% [markdown]
+# ## Every shipped table against the Lloyd–Max optimum of what it meets
+#
+# A scalar table is only as good as its fit to the values it is given. For
+# each table below, `tbq.study.table_inputs` reads those values from the
+# format's own encoder trace, in the units of the table
+# (`tbq.study.table_levels`):
+#
+# * rotated formats (tbq, planar, iso): the coordinates `r` of the unit-norm
+#   block after the format's own rotation; about N(0, 1/128) when the rotation
+#   makes them Gaussian;
+# * iq4_nl: `a = x / d0` with `d0 = max / -127`, the values its nearest-entry
+#   search rounds to the int8 table (the stored scale is refitted afterwards);
+# * mxfp4, nvfp4: `x / d` with the halved block (or sub-block) scale, rounded
+#   to the doubled E2M1 values `0, ±1, ±2, ±3, ±4, ±6, ±8, ±12`;
+# * the integer formats: `v = x / d` (q4_0, q5_0, q8_0) or `(x - min) / d`
+#   (q4_1, q5_1), rounded to the uniform grid of their codes.
+#
+# The **distortion ratio** (`tbq.metrics.table_distortion`) is the table's MSE
+# on those values divided by the MSE of the Lloyd–Max quantizer of the same
+# values with as many levels as the format has codes (`2^b`: FP4 spends two
+# codes on zero, q8_0 never uses code -128, and both count against them). It
+# is 1 for a Lloyd–Max table and above 1 for any other. For the rotated
+# formats it is also computed in closed form against N(0, 1/128)
+# (`tbq.metrics.gaussian_distortion`, `tbq.metrics.lloyd_max_levels`). The
+# *best-scale* ratio rescales the table first: what its shape alone costs,
+# with the scale set right.
+#
+# The values come from the Gaussian data above, and for the rotated formats
+# also from the keys with outlier channels. The ratio concerns the table at
+# the point where the encoder rounds; a format's final error also depends on
+# what it does with the scale afterwards (TBQ's corrected norm, iq4_nl's
+# least-squares scale), which the `formats` notebook measures.
+
+# %%
+SHIPPED = [  # (label, format, format options)
+    ("TBQ4 lloyd-max", "tbq4_0", {}),
+    ("TBQ4 turboq-mtp", "tbq4_0", {"codebook": "turboq-mtp"}),
+    ("TBQ3 lloyd-max", "tbq3_0", {}),
+    ("TBQ3 turboq-mtp", "tbq3_0", {"codebook": "turboq-mtp"}),
+    ("planar/iso 4-bit in planar4_0", "planar4_0", {}),
+    ("planar/iso 4-bit in iso4_0", "iso4_0", {}),
+    ("planar/iso 3-bit in planar3_0", "planar3_0", {}),
+    ("planar/iso 3-bit in iso3_0", "iso3_0", {}),
+    ("iq4_nl K", "iq4_nl", {}),
+    ("E2M1 in mxfp4", "mxfp4", {}),
+    ("E2M1 in nvfp4", "nvfp4", {}),
+    ("q4_0 grid", "q4_0", {}),
+    ("q5_0 grid", "q5_0", {}),
+    ("q8_0 grid", "q8_0", {}),
+    ("q4_1 grid", "q4_1", {}),
+    ("q5_1 grid", "q5_1", {}),
+]
+inputs, dist = {}, {}
+for label, fmt, opts in SHIPPED:
+    levels = study.table_levels(fmt, **opts)
+    n = 1 << tbq.format_info(fmt).index_bits
+    assert len(levels) == n
+    row = {"format": fmt, "levels": levels, "n": n}
+    for ds in ("gaussian", "outlier keys") if tbq.format_info(fmt).rotated else ("gaussian",):
+        inputs[label, ds] = study.table_inputs(fmt, data[ds], **opts)
+        row[ds] = metrics.table_distortion(levels, samples=inputs[label, ds], n_levels=n)
+    if tbq.format_info(fmt).rotated:
+        row["N(0, 1/128)"] = metrics.table_distortion(levels, sigma=SIGMA_128, n_levels=n)
+    dist[label] = row
+
+print(f"{'table':30s} {'codes':>5s} {'N(0,1/128)':>10s} {'gaussian data':>13s} {'best scale':>10s} {'at scale':>8s} {'outlier keys':>12s}")
+for label, row in dist.items():
+    g = row["gaussian"]
+    closed = f"{row['N(0, 1/128)']['ratio']:10.3f}" if "N(0, 1/128)" in row else f"{'':10s}"
+    outl = f"{row['outlier keys']['ratio']:12.3f}" if "outlier keys" in row else ""
+    print(f"{label:30s} {row['n']:5d} {closed} {g['ratio']:13.3f} {g['best_ratio']:10.3f} {g['best_scale']:8.3f} {outl}")
+print(
+    "Columns: the distortion ratio in closed form on N(0, 1/128) (rotated formats), measured on the values the table meets "
+    "with Gaussian data, the same at the best scale and that scale, and measured on the keys with outlier channels."
+)
+
+# %% [markdown]
+# What the rotations deliver to their tables: the measured coordinates'
+# standard deviation (times √128, so 1 means σ = 1/√128) and excess kurtosis
+# (0 for a Gaussian; the coordinates of a uniformly random unit vector in 128
+# dimensions have `-6/130`).
+
+# %%
+for label, fmt in (("TBQ4 lloyd-max", "Hadamard (tbq)"), ("planar/iso 4-bit in planar4_0", "Givens pairs (planar)"),
+                   ("planar/iso 4-bit in iso4_0", "quaternion groups (iso)")):
+    for ds in ("gaussian", "outlier keys"):
+        r = inputs[label, ds]
+        print(f"{fmt:24s} {ds:13s} std x sqrt(128) {np.std(r) * np.sqrt(128):7.4f}   excess kurtosis {metrics.kurtosis(r):7.3f}")
+print(f"a uniformly random unit vector in 128 dimensions: excess kurtosis {-6 / 130:.3f}")
+
+# %%
+PANELS = ["TBQ4 lloyd-max", "TBQ3 lloyd-max", "TBQ4 turboq-mtp", "TBQ3 turboq-mtp", "planar/iso 4-bit in planar4_0",
+          "planar/iso 3-bit in planar3_0", "iq4_nl K", "E2M1 in mxfp4", "E2M1 in nvfp4", "q4_0 grid", "q5_0 grid", "q8_0 grid"]
+path = plots.plot_value_tables(
+    {
+        f"{lab} (ratio {dist[lab]['gaussian']['ratio']:.2f})": {
+            "samples": inputs[lab, "gaussian"],
+            "tables": {"shipped table": dist[lab]["levels"], "Lloyd-Max of these values": dist[lab]["gaussian"]["lloyd_max_levels"]},
+        }
+        for lab in PANELS
+    },
+    plots.figure_path("codebooks_shipped.png"),
+    title="Shipped value tables over the values they meet (Gaussian data), with the Lloyd-Max table of those values",
+)
+display(Image(filename=str(path)))
+
+# %%
+path = plots.plot_bars(
+    {
+        "distortion ratio, Gaussian data": {lab: row["gaussian"]["ratio"] for lab, row in dist.items()},
+        "at the best scale": {lab: row["gaussian"]["best_ratio"] for lab, row in dist.items()},
+        "outlier keys (rotated formats)": {lab: row["outlier keys"]["ratio"] for lab, row in dist.items() if "outlier keys" in row},
+    },
+    plots.figure_path("codebooks_ratios.png"),
+    ncols=3,
+    hline={k: (1.0, "Lloyd-Max") for k in ("distortion ratio, Gaussian data", "at the best scale", "outlier keys (rotated formats)")},
+    title="Table MSE / Lloyd-Max MSE at the same number of codes",
+)
+display(Image(filename=str(path)))
+
+# %% [markdown]
+# ### What the tables show
+
+# %%
+R = lambda lab, key="ratio", ds="gaussian": dist[lab][ds][key]  # noqa: E731
+C = lambda lab, key="ratio": dist[lab]["N(0, 1/128)"][key]  # noqa: E731
+print(
+    f"TBQ's fitted tables are Lloyd-Max for N(0, 1/128) by construction (closed-form ratio {C('TBQ4 lloyd-max'):.4f} and "
+    f"{C('TBQ3 lloyd-max'):.4f}) and stay there on the measured coordinates ({R('TBQ4 lloyd-max'):.3f}, "
+    f"{R('TBQ3 lloyd-max'):.3f}); the fork's 4-bit table is the same ({R('TBQ4 turboq-mtp'):.3f})."
+)
+print(
+    f"The fork's 3-bit table has ratio {R('TBQ3 turboq-mtp'):.1f} at the scale the encoder uses; rescaled it would be "
+    f"{R('TBQ3 turboq-mtp', 'best_ratio'):.3f}: the right shape, for a Gaussian {1 / C('TBQ3 turboq-mtp', 'best_scale'):.2f} "
+    "times wider than the rotated coordinates (TBQ's corrected norm recovers part of the loss; the NMSE above is what remains)."
+)
+p3, p4 = "planar/iso 3-bit in planar3_0", "planar/iso 4-bit in planar4_0"
+print(
+    f"planar/iso 3-bit: ratio {C(p3):.3f} on N(0, 1/128) and {R(p3):.3f} measured: "
+    + ("a Lloyd-Max table for the Gaussian the rotations deliver on Gaussian data." if R(p3) < 1.02 else "not quite Lloyd-Max.")
+    + f" planar/iso 4-bit: ratio {C(p4):.2f} on N(0, 1/128) and {R(p4):.2f} measured; it fits best a Gaussian "
+    f"{1 / C(p4, 'best_scale'):.2f} times as wide (sigma {SIGMA_128 / C(p4, 'best_scale'):.4f}), where its ratio is "
+    f"{C(p4, 'best_ratio'):.3f}: too narrow for the coordinates it meets"
+    + (", and not a Lloyd-Max shape even at its best scale." if C(p4, "best_ratio") > 1.02 else ".")
+)
+print(
+    f"On keys with outlier channels the planar/iso tables meet coordinates that the small rotations left spiky: "
+    f"ratio {R(p4, ds='outlier keys'):.1f} (4-bit, Givens), {R('planar/iso 4-bit in iso4_0', ds='outlier keys'):.1f} "
+    f"(4-bit, quaternion), {R(p3, ds='outlier keys'):.1f} and {R('planar/iso 3-bit in iso3_0', ds='outlier keys'):.1f} (3-bit), "
+    f"against {R('TBQ4 lloyd-max', ds='outlier keys'):.2f} and {R('TBQ3 lloyd-max', ds='outlier keys'):.2f} for TBQ's tables "
+    "behind the Hadamard rotation (whose coordinates are then lighter-tailed than a Gaussian, so a table fitted to them "
+    "could do a little better)."
+)
+mx = inputs["E2M1 in mxfp4", "gaussian"].reshape(-1, tbq.format_info("mxfp4").block_size)
+mx_top = float(np.max(dist["E2M1 in mxfp4"]["levels"]))
+mx_sat = float(np.mean(np.max(np.abs(mx), axis=1) > mx_top))
+print(
+    f"iq4_nl's non-uniform int8 table: ratio {R('iq4_nl K'):.3f} on the block-normalised Gaussian values x/d0"
+    + (": close to the Lloyd-Max table of what it meets." if R("iq4_nl K") < 1.05 else ".")
+    + f" The E2M1 grid: {R('E2M1 in mxfp4'):.2f} in mxfp4 ({R('E2M1 in mxfp4', 'best_ratio'):.2f} at the best scale: "
+    f"its power-of-two scale puts the largest values of {mx_sat:.0%} of the blocks beyond the top level, where they "
+    "saturate) and "
+    f"{R('E2M1 in nvfp4'):.2f} in nvfp4 ({R('E2M1 in nvfp4', 'best_ratio'):.2f} at the best scale): a float grid, dense "
+    "near zero and coarse at the top, is a poor shape for block-normalised Gaussian values."
+)
+print(
+    "The uniform grids: "
+    + ", ".join(f"{lab.split()[0]} {R(lab):.3f}" for lab in ("q4_0 grid", "q5_0 grid", "q8_0 grid", "q4_1 grid", "q5_1 grid"))
+    + f": a uniform grid over the block's range loses between {min(R(l) for l in ('q4_0 grid', 'q5_0 grid', 'q8_0 grid', 'q4_1 grid', 'q5_1 grid')) - 1:.0%} "
+    f"and {max(R(l) for l in ('q4_0 grid', 'q5_0 grid', 'q8_0 grid', 'q4_1 grid', 'q5_1 grid')) - 1:.0%} "
+    "to the optimal non-uniform one; iq4_nl's table shows how much of that a fixed non-uniform grid recovers."
 )

@@ -12,16 +12,20 @@
 # ---
 
 # %% [markdown]
-# # Formats between the bounds: NMSE and SNR against bits per value
+# # Formats between the bounds: NMSE, SNR and attention against bits per value
 #
 # Every KV format trades bits for error. This notebook measures the normalised
 # mean squared error (NMSE, `sum((x_hat - x)^2) / sum(x^2)`) and the SNR
-# (`-10 log10 NMSE`) of every format in `tbq` and of the comparison quantizers of
-# `tbq.study`, on two kinds of data:
+# (`-10 log10 NMSE`) of all sixteen formats of `tbq` and of the comparison
+# quantizers of `tbq.study`, and what the error does to attention when the data
+# is a key cache, on three kinds of data:
 #
 # * **gaussian**: i.i.d. N(0, 1), the case the TBQ codebooks are fitted for;
 # * **outlier channels**: Gaussian keys whose channels 5, 37, 64 and 111 are 20
-#   times larger (`tbq.synthetic.keys_with_outliers`), like real keys.
+#   times larger (`tbq.synthetic.keys_with_outliers`), like real keys;
+# * **heavy tails**: Student-t values with five degrees of freedom, scaled to
+#   unit variance (`tbq.synthetic.heavy_tailed_values`): occasional large
+#   values in every channel.
 #
 # Three anchors frame the picture, as functions of the bit width `b`:
 #
@@ -33,10 +37,18 @@
 #   (random rotation, then a scalar quantizer per coordinate).
 #
 # The x axis is the *storage* cost in bits per value, including every scale and
-# zero point (q4_0 pays 16 bits per 32 values, TBQ 16 per 128, KIVI two fp16
-# numbers per group). The comparison quantizers (KIVI, Lloyd–Max without
-# rotation, rotated Lloyd–Max at other widths) are *not* byte formats: they
-# compute a reconstruction and account for the bits they would need.
+# zero point (`tbq.format_info(name).bits_per_value`: q4_0 pays 16 bits per 32
+# values, TBQ 16 per 128, MXFP4 8 per 32, KIVI two fp16 numbers per group). The
+# comparison quantizers (KIVI, Lloyd–Max without rotation, rotated Lloyd–Max at
+# other widths) are *not* byte formats: they compute a reconstruction and
+# account for the bits they would need.
+#
+# The attention metrics (`tbq.metrics.attention_error`, through
+# `tbq.study.rate_distortion_rows`) treat each data set as the key cache of
+# exact float64 softmax attention, with seeded random N(0, 1) queries per head
+# and only the keys quantized: the logit RMSE (softmax units), the softmax KL
+# divergence `KL(p ‖ p̂)` in nats, and the share of the exact top-8 tokens that
+# stay in the top 8.
 #
 # Set `TBQ_NOTEBOOK_SMALL=1` to run on a small sample (the test suite does).
 
@@ -44,11 +56,12 @@
 import numpy as np
 from IPython.display import Image, display
 
+import tbq
 from tbq import metrics, plots, study, synthetic
 
 SMALL = plots.small_mode()
-TOKENS, HEADS = (64, 2) if SMALL else (2048, 8)
-print(f"data: {TOKENS} tokens x {HEADS} heads x 128 channels = {TOKENS * HEADS * 128:,} values per data set")
+TOKENS, HEADS, NQ = (64, 2, 8) if SMALL else (2048, 8, 32)
+print(f"data: {TOKENS} tokens x {HEADS} heads x 128 channels = {TOKENS * HEADS * 128:,} values per data set; {NQ} queries per head")
 
 # %% [markdown]
 # ## The anchors
@@ -77,10 +90,11 @@ print(
 data = {
     "gaussian": synthetic.gaussian(TOKENS, HEADS, seed=0),
     "outlier channels": synthetic.keys_with_outliers(TOKENS, HEADS, seed=1),
+    "heavy tails": synthetic.heavy_tailed_values(TOKENS, HEADS, seed=2),
 }
 
 # Real byte formats (drawn as single points) and comparison families (drawn as lines).
-POINTS = ["q8_0", "q4_0", "tbq4_0", "tbq3_0"]
+POINTS = list(tbq.formats())
 FAMILIES = {
     "rotated Lloyd-Max (TBQ at any b)": [f"rlm{b}" for b in range(1, 9)],
     "Lloyd-Max, no rotation": [f"lm{b}" for b in (2, 3, 4, 5)],
@@ -88,25 +102,16 @@ FAMILIES = {
     "KIVI per token, g32": [f"kivi{b}-g32-token" for b in (2, 3, 4)],
 }
 
-results = []
-for ds, x in data.items():
-    for spec in POINTS:
-        q = study.get_quantizer(spec)
-        results.append(dict(dataset=ds, name=q.name, family=None, quantizer=q, nmse=metrics.nmse(x, q(x))))
-    for fam, specs in FAMILIES.items():
-        for spec in specs:
-            q = study.get_quantizer(spec)
-            results.append(dict(dataset=ds, name=q.name, family=fam, quantizer=q, nmse=metrics.nmse(x, q(x))))
+results = [dict(r, family=None) for r in study.rate_distortion_rows(data, POINTS, n_queries=NQ, topk=8, seed=3)]
+for fam, specs in FAMILIES.items():
+    results += [dict(r, family=fam) for r in study.rate_distortion_rows(data, specs, n_queries=NQ, topk=8, seed=3)]
 for r in results:
-    q = r["quantizer"]
-    r["bits_per_value"] = q.bits_per_value
-    r["code_bits"] = q.code_bits
-    r["snr_db"] = -10 * np.log10(r["nmse"])
     # Where the point sits between the bounds, on a log scale: 0 = Shannon bound, 1 = upper bound.
-    r["x_shannon"] = r["nmse"] / metrics.shannon_lower_bound(q.bits_per_value)
+    r["x_shannon"] = r["nmse"] / metrics.shannon_lower_bound(r["bits_per_value"])
     r["position"] = np.log(r["x_shannon"]) / np.log(metrics.TURBOQUANT_UPPER_FACTOR)
-    r["x_shannon_code"] = r["nmse"] / metrics.shannon_lower_bound(q.code_bits)
-    r["x_lloyd_max"] = r["nmse"] / metrics.lloyd_max_distortion(q.code_bits)
+    r["x_shannon_code"] = r["nmse"] / metrics.shannon_lower_bound(r["code_bits"])
+    r["x_lloyd_max"] = r["nmse"] / metrics.lloyd_max_distortion(r["code_bits"]) if r["code_bits"] <= 8 else float("nan")
+assert all(r["bits_per_value"] == tbq.format_info(r["name"]).bits_per_value for r in results if r["family"] is None)
 
 # %%
 for ds in data:
@@ -124,11 +129,14 @@ for ds in data:
 # `position` its logarithm in units of the gap to the upper bound: 0 is on the
 # Shannon bound, 1 on the upper bound, above 1 is worse than the upper bound.
 # `x LM(code b)` compares with the Gaussian Lloyd–Max distortion at the number
-# of bits of the codes alone (ignoring the scales).
+# of bits of the codes alone (ignoring the scales). The figure below leaves out
+# f16 and bf16 (sixteen bits per value, far right of its axis); the next
+# section draws every format.
 
 # %%
+RD_MAX_BITS = 9
 path = plots.plot_rate_distortion(
-    [{k: r[k] for k in ("dataset", "name", "family", "bits_per_value", "nmse")} for r in results],
+    [{k: r[k] for k in ("dataset", "name", "family", "bits_per_value", "nmse")} for r in results if r["bits_per_value"] <= RD_MAX_BITS],
     plots.figure_path("formats_rate_distortion.png"),
     title="NMSE against bits per value, with the Shannon bound, Gaussian Lloyd-Max and the TurboQuant upper bound",
 )
@@ -193,6 +201,224 @@ print(
 # width) runs parallel to the Shannon bound, on top of the Gaussian Lloyd–Max
 # points and below the upper bound, shifted right by the scale's bits per
 # value. The integer formats sit further from the bound at the same cost. On
-# keys with outlier channels, every rotated point stays where it was, the
-# unrotated ones move up, and KIVI per channel holds up because its groups run
-# along the channels. The printed lines above give the numbers.
+# keys with outlier channels, the Hadamard-rotated points (TBQ) stay where they
+# were, the unrotated ones move up, the planar and iso points (small rotations,
+# see the `rotation` notebook) move up with them, and KIVI per channel holds up
+# because its groups run along the channels. The printed lines above give the
+# numbers.
+
+# %% [markdown]
+# ## All sixteen formats: error and attention
+#
+# The same rows, every format, with what the error does to attention. Colours
+# group the formats by how they code a block: an integer grid with an absmax
+# scale (q4_0, q5_0, q8_0), with a minimum and a range (q4_1, q5_1), a fixed
+# non-uniform table (iq4_nl), the FP4 grid with a power-of-two or an FP8 scale
+# (mxfp4, nvfp4), a rotation of the whole 128-block before a scalar codebook
+# (TBQ's randomized Hadamard), a rotation of pairs (planar: Givens) or of groups
+# of four (iso: quaternions), and no scale at all (f16, bf16).
+
+# %%
+GROUPS = {
+    "q8_0": "absmax integer", "q4_0": "absmax integer", "q5_0": "absmax integer",
+    "q4_1": "min + range integer", "q5_1": "min + range integer",
+    "iq4_nl": "non-uniform table",
+    "mxfp4": "FP4 grid", "nvfp4": "FP4 grid",
+    "tbq4_0": "Hadamard rotation", "tbq3_0": "Hadamard rotation",
+    "planar4_0": "Givens pairs", "planar3_0": "Givens pairs",
+    "iso4_0": "quaternion groups", "iso3_0": "quaternion groups",
+    "f16": "16-bit float", "bf16": "16-bit float",
+}
+assert set(GROUPS) == set(tbq.formats())
+fmt_rows = [r for r in results if r["family"] is None]
+for r in fmt_rows:
+    r["topk_missed"] = 1 - r["topk_agreement"]
+path = plots.plot_format_metrics(
+    fmt_rows,
+    plots.figure_path("formats_attention.png"),
+    metrics={
+        "nmse": "NMSE",
+        "logit_rmse": "logit RMSE",
+        "kl_mean": "softmax KL (nats)",
+        "topk_missed": "share of the top-8 lost",
+    },
+    groups=GROUPS,
+    title="Every format as a key cache: vector error and attention against bits per value",
+)
+display(Image(filename=str(path)))
+
+# %%
+for ds in data:
+    print(f"\n{ds} (keys quantized, {NQ} queries per head)")
+    print(f"{'format':10s} {'bits/val':>8s} {'NMSE':>10s} {'NMSE*4^b':>9s} {'logit RMSE':>10s} {'softmax KL':>10s} {'top-8 kept':>10s}")
+    for r in sorted((r for r in fmt_rows if r["dataset"] == ds), key=lambda r: (r["bits_per_value"], r["nmse"])):
+        print(
+            f"{r['name']:10s} {r['bits_per_value']:8.3f} {r['nmse']:10.3e} {r['x_shannon']:9.2f} {r['logit_rmse']:10.4f} "
+            f"{r['kl_mean']:10.3e} {r['topk_agreement']:10.3f}"
+        )
+
+# %%
+from scipy.stats import spearmanr
+
+for ds in data:
+    rows = [r for r in fmt_rows if r["dataset"] == ds]
+    e = [r["nmse"] for r in rows]
+    print(
+        f"{ds}: rank correlation over the {len(rows)} formats of the NMSE with the softmax KL "
+        f"{spearmanr(e, [r['kl_mean'] for r in rows])[0]:.3f}, with the top-8 loss {spearmanr(e, [r['topk_missed'] for r in rows])[0]:.3f}"
+    )
+
+# %% [markdown]
+# `NMSE*4^b` is the `xShannon` of the first table: the NMSE scaled by the bits
+# it was bought with. Along the Shannon bound (and along the rotated Lloyd–Max
+# curve) each extra bit divides the NMSE by four, so this product compares
+# formats of different sizes: lower is better at any rate.
+#
+# ## At four to five bits per value: which cache type loses least?
+#
+# The formats between four and five bits per value, ranked per data set by
+# NMSE, by the softmax KL of attention over the quantized keys, and by the
+# rate-adjusted `NMSE*4^b`. Then the question behind the choice: does rotating
+# the block (and using a Gaussian Lloyd–Max codebook) beat a better scalar grid
+# without rotation (iq4_nl's non-uniform table, nvfp4's FP4 grid with a scale
+# per sixteen values, q4_1's minimum and range)?
+
+# %%
+LO, HI = 4.0, 5.0
+window = [r for r in fmt_rows if LO <= r["bits_per_value"] <= HI]
+WINDOW = list(dict.fromkeys(r["name"] for r in window))
+ROTATED = {f for f in tbq.formats() if tbq.format_info(f).rotated}
+best = {}
+for ds in data:
+    rows = [r for r in window if r["dataset"] == ds]
+    best[ds] = {k: sorted(rows, key=lambda r: r[key]) for k, key in (("nmse", "nmse"), ("kl", "kl_mean"), ("rate", "x_shannon"))}
+    print(f"\n{ds}: ranked by NMSE (softmax KL, top-8 kept, NMSE*4^b)")
+    for i, r in enumerate(best[ds]["nmse"], 1):
+        print(
+            f"  {i:2d}. {r['name']:10s} {r['bits_per_value']:5.3f} bits  NMSE {r['nmse']:.4f}  KL {r['kl_mean']:.4f}  "
+            f"top-8 {r['topk_agreement']:.3f}  NMSE*4^b {r['x_shannon']:.2f}"
+        )
+    print(
+        f"  least NMSE: {best[ds]['nmse'][0]['name']}; least softmax KL: {best[ds]['kl'][0]['name']}; "
+        f"least NMSE*4^b: {best[ds]['rate'][0]['name']}"
+    )
+
+worst = {
+    f: {k: max(r[k] for r in window if r["name"] == f) for k in ("nmse", "kl_mean", "x_shannon")} for f in WINDOW
+}
+print("\nWorst case over the three data sets (the data a cache will meet is not known in advance):")
+for f in sorted(WINDOW, key=lambda f: worst[f]["nmse"]):
+    print(
+        f"  {f:10s} {tbq.format_info(f).bits_per_value:5.3f} bits  worst NMSE {worst[f]['nmse']:.4f}  "
+        f"worst KL {worst[f]['kl_mean']:.4f}  worst NMSE*4^b {worst[f]['x_shannon']:.2f}"
+    )
+
+# %% [markdown]
+# In the outlier-channel data every outlier channel lies in its own
+# sixteen-value sub-block, so half of nvfp4's sub-blocks see no outlier at all.
+# A harder layout for a per-sub-block scale, **dense outliers**, puts one
+# outlier channel in every sub-block (channels 5, 21, 37, 53, 69, 85, 101 and
+# 117, scaled by 20):
+
+# %%
+EVERY = (5, 21, 37, 53, 69, 85, 101, 117)
+dense = {"dense outliers": synthetic.keys_with_outliers(TOKENS, HEADS, seed=4, channels=EVERY)}
+dense_rows = {r["name"]: r for r in study.rate_distortion_rows(dense, WINDOW, n_queries=NQ, topk=8, seed=3)}
+print("dense outliers: ranked by NMSE (softmax KL, top-8 kept, NMSE*4^b)")
+for r in sorted(dense_rows.values(), key=lambda r: r["nmse"]):
+    r["x_shannon"] = r["nmse"] / metrics.shannon_lower_bound(r["bits_per_value"])
+    print(
+        f"  {r['name']:10s} {r['bits_per_value']:5.3f} bits  NMSE {r['nmse']:.4f}  KL {r['kl_mean']:.4f}  "
+        f"top-8 {r['topk_agreement']:.3f}  NMSE*4^b {r['x_shannon']:.2f}"
+    )
+dn, dt = dense_rows["nvfp4"], dense_rows["tbq4_0"]
+print(
+    f"With an outlier in every sub-block nvfp4 has NMSE {dn['nmse']:.4f} against tbq4_0's {dt['nmse']:.4f} "
+    f"({dn['nmse'] / dt['nmse']:.1f}x): "
+    + ("its per-sub-block scale no longer isolates the outliers." if dn["nmse"] > 1.5 * dt["nmse"] else "its per-sub-block scale still copes.")
+)
+
+# %% [markdown]
+# ### Rotation or a better scalar grid?
+#
+# `tbq4_0` rotates the whole block and codes it with the Gaussian Lloyd–Max
+# table; the unrotated formats of the window put their effort into the grid
+# (iq4_nl's non-uniform table, FP4's float grid, q4_1's minimum) or into finer
+# scales (nvfp4). Below, each one's NMSE as a multiple of tbq4_0's, with the
+# bits per value it spends beyond tbq4_0's.
+
+# %%
+def close(a, b, tol=0.05):
+    """True when a and b are within a relative tolerance (a tie for the reader)."""
+    return abs(a / b - 1) <= tol
+
+
+T4 = "tbq4_0"
+GRIDS = [f for f in WINDOW if f not in ROTATED]
+sets = {**{ds: {r["name"]: r for r in window if r["dataset"] == ds} for ds in data}, **{k: dense_rows for k in dense}}
+print(f"NMSE / {T4}'s NMSE")
+print(f"{'format':10s} {'+bits':>6s} " + " ".join(f"{ds:>17s}" for ds in sets))
+for f in GRIDS:
+    extra = tbq.format_info(f).bits_per_value - tbq.format_info(T4).bits_per_value
+    print(f"{f:10s} {extra:+6.3f} " + " ".join(f"{sets[ds][f]['nmse'] / sets[ds][T4]['nmse']:>16.2f}x" for ds in sets))
+wins = {}
+for ds, rows in sets.items():
+    t = rows[T4]
+    g = min((rows[f] for f in GRIDS), key=lambda r: r["nmse"])
+    wins[ds] = (t["nmse"] < g["nmse"] and not close(t["nmse"], g["nmse"]), close(t["nmse"], g["nmse"]), t["x_shannon"] < g["x_shannon"])
+    outright, tie, per_bit = wins[ds]
+    if outright:
+        verdict = f"the rotation wins outright: less error than the best unrotated grid, with fewer bits"
+    elif tie:
+        verdict = f"a tie on error, with {g['bits_per_value'] - t['bits_per_value']:.3f} fewer bits per value for {T4}"
+    elif per_bit:
+        verdict = (
+            f"the grid has less error for {g['bits_per_value'] - t['bits_per_value']:.3f} more bits per value; per bit "
+            f"(NMSE*4^b {t['x_shannon']:.2f} against {g['x_shannon']:.2f}) the rotation wins"
+        )
+    else:
+        verdict = "the grid wins even per bit"
+    print(
+        f"{ds}: {T4} NMSE {t['nmse']:.4f} (KL {t['kl_mean']:.4f}); best unrotated {g['name']} "
+        f"({g['bits_per_value']:.3f} bits) NMSE {g['nmse']:.4f} (KL {g['kl_mean']:.4f}): {verdict}."
+    )
+
+for ds in data:
+    rows = sets[ds]
+    t, p, i, q = rows[T4], rows["planar4_0"], rows["iso4_0"], rows["q4_0"]
+    print(
+        f"{ds}: the fork's small rotations at the same bits per value: planar4_0 NMSE {p['nmse']:.4f} and iso4_0 "
+        f"{i['nmse']:.4f}, {p['nmse'] / t['nmse']:.1f}x and {i['nmse'] / t['nmse']:.1f}x tbq4_0's "
+        f"({'above' if min(p['nmse'], i['nmse']) > q['nmse'] else 'below'} q4_0's {q['nmse']:.4f})."
+    )
+
+# %%
+def leaders(ds):
+    a, b = best[ds]["nmse"][0]["name"], best[ds]["kl"][0]["name"]
+    return f"{a} has the least NMSE and softmax KL" if a == b else f"{a} has the least NMSE and {b} the least softmax KL"
+
+
+robust = sorted(WINDOW, key=lambda f: worst[f]["nmse"])
+small_rot_lose = all(min(sets[ds]["planar4_0"]["nmse"], sets[ds]["iso4_0"]["nmse"]) > sets[ds][T4]["nmse"] for ds in sets)
+print("Answer, at four to five bits per value:")
+print("- least error, per data set: " + "; ".join(f"{ds}: {leaders(ds)}" for ds in data) + ".")
+print(
+    f"- least worst case over the three data sets: {robust[0]} (worst NMSE {worst[robust[0]]['nmse']:.4f}), then "
+    f"{robust[1]} ({worst[robust[1]]['nmse']:.4f}); {robust[-1]} is last ({worst[robust[-1]]['nmse']:.4f})."
+)
+per_bit_all = all(w[2] for w in wins.values())
+print(
+    "- rotation against a better scalar grid: "
+    + ("per bit spent, the Hadamard rotation (tbq4_0) wins on every data set, including the dense outliers; "
+       if per_bit_all else "per bit spent, the Hadamard rotation does not win everywhere; ")
+    + "in absolute error "
+    + ", ".join(
+        f"{ds}: " + ("rotation ahead" if w[0] else "a tie" if w[1] else "a grid ahead, for more bits")
+        for ds, w in wins.items()
+    )
+    + "."
+)
+print(
+    "- rotations of pairs or groups of four (planar4_0, iso4_0) "
+    + ("lose to tbq4_0 on every data set." if small_rot_lose else "do not lose everywhere.")
+)

@@ -13,10 +13,10 @@ NB_DIR = ROOT / "notebooks"
 
 #: figures each notebook saves (through tbq.plots into $TBQ_FIGURE_DIR)
 FIGURES = {
-    "formats": ["formats_rate_distortion.png"],
-    "rotation": ["rotation_block.png", "rotation_channels.png", "rotation_error.png"],
+    "formats": ["formats_rate_distortion.png", "formats_attention.png"],
+    "rotation": ["rotation_block.png", "rotation_channels.png", "rotation_error.png", "rotation_planar_iso.png", "rotation_nmse.png"],
     "keys_vs_values": ["kv_context.png", "kv_key_axis.png", "kv_bits.png", "kv_sinks.png"],
-    "codebooks": ["codebooks_tables.png", "codebooks_indices.png"],
+    "codebooks": ["codebooks_tables.png", "codebooks_indices.png", "codebooks_shipped.png", "codebooks_ratios.png"],
 }
 NAMES = list(FIGURES)
 
