@@ -439,8 +439,6 @@ def get_quantizer(spec, *, role: str | None = None, **config) -> Quantizer:
         return CodecQuantizer(name, **cfg)
     if suffix:
         raise ConfigError(f"only format names take a ':codebook' suffix, got {spec!r}")
-    if name == "f16":
-        return F16Quantizer()
     if name in ("f32", "none"):
         return Identity()
     m = _KIVI_RE.match(name)
