@@ -570,30 +570,32 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
     else:
         qr = qo
     n_threads = threads if threads is not None else _default_threads()
-    tasks = []  # (K operand, V operand, KV head, first token, end token)
+    tasks = []  # (K operand, V operand, first KV head, end KV head, first token, end token)
     if T:
         kop, vop = _kernel_operand(k, kn, n_sink), _kernel_operand(v, kn, n_sink)
-        splits = max(1, min(-(-n_threads // G), T // MIN_TOKENS_PER_TASK))
-        bounds = np.linspace(0, T, splits + 1).astype(int)
-        for g in range(G):
-            for i in range(splits):
-                tasks.append((kop, vop, g, int(bounds[i]), int(bounds[i + 1])))
+        # token ranges first (each range reads its bytes once for all heads), heads when the cache is short
+        splits = max(1, min(n_threads, T // MIN_TOKENS_PER_TASK))
+        hsplits = max(1, min(G, -(-n_threads // splits)))
+        tb = np.linspace(0, T, splits + 1).astype(int)
+        hb = np.linspace(0, G, hsplits + 1).astype(int)
+        for i in range(splits):
+            for j in range(hsplits):
+                tasks.append((kop, vop, int(hb[j]), int(hb[j + 1]), int(tb[i]), int(tb[i + 1])))
     if n_sink:  # the sink tokens: float32 rows in the original domain
         ks = (kn.KIND_DENSE, _NO_BYTES, _sink_rows(k, n_sink), _NO_PAIR, 1)
         vs = (kn.KIND_DENSE, _NO_BYTES, _sink_rows(v, n_sink), _NO_PAIR, 1)
-        for g in range(G):
-            tasks.append((ks, vs, g, 0, n_sink))
+        tasks.append((ks, vs, 0, G, 0, n_sink))
     n = len(tasks)
-    m = np.empty((n, R), np.float32)
-    l = np.empty((n, R), np.float32)
-    accr = np.empty((n, R, dim), np.float32)
-    acco = np.empty((n, R, dim), np.float32)
+    m = [np.empty((t[3] - t[2], R), np.float32) for t in tasks]
+    l = [np.empty((t[3] - t[2], R), np.float32) for t in tasks]
+    accr = [np.empty((t[3] - t[2], R, dim), np.float32) for t in tasks]
+    acco = [np.empty((t[3] - t[2], R, dim), np.float32) for t in tasks]
     sc = np.float32(scale)
 
     def run(ids):
         for i in ids:
-            (kk, kd, kdn, kp, kts), (vk, vd, vdn, vp, vts), g, t0, t1 = tasks[i]
-            kn.attend(qr[g], qo[g], sc, kk, kd, kdn, kp, kts, vk, vd, vdn, vp, vts, f16, g, t0, t1, kn.CHUNK, m[i], l[i], accr[i], acco[i])
+            (kk, kd, kdn, kp, kts), (vk, vd, vdn, vp, vts), g0, g1, t0, t1 = tasks[i]
+            kn.attend(qr, qo, sc, kk, kd, kdn, kp, kts, vk, vd, vdn, vp, vts, f16, g0, g1, t0, t1, kn.CHUNK, m[i], l[i], accr[i], acco[i])
 
     groups = np.array_split(np.arange(n), max(1, min(n_threads, n)))
     futures = [_executor().submit(run, ids) for ids in groups[1:]]
@@ -605,16 +607,16 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
     # merge the partial softmax sums of each query head (float64: a handful of terms)
     M = np.full((G, R), -np.inf)
     for i, t in enumerate(tasks):
-        M[t[2]] = np.maximum(M[t[2]], m[i])
+        M[t[2] : t[3]] = np.maximum(M[t[2] : t[3]], m[i])
     L = np.zeros((G, R))
     AR = np.zeros((G, R, dim))
     AO = np.zeros((G, R, dim))
     for i, t in enumerate(tasks):
-        g = t[2]
+        g = slice(t[2], t[3])
         w = np.exp(m[i].astype(np.float64) - M[g])
         L[g] += w * l[i]
-        AR[g] += w[:, None] * accr[i]
-        AO[g] += w[:, None] * acco[i]
+        AR[g] += w[..., None] * accr[i]
+        AO[g] += w[..., None] * acco[i]
     out = AO.reshape(n_head, dim)
     if T and vfmt is not None and _tbq_like(vfmt):  # rotate the output back once
         out = out + vfmt.rotation.inverse(AR.reshape(n_head, dim // 128, 128)).reshape(n_head, dim)

@@ -215,28 +215,32 @@ def _load_values(kind, data, dense, f16, g, c0, n, D, V):
 
 @jit
 def attend(
-    qr, qo, scale,
+    QR, QO, scale,
     kind_k, kdata, kdense, kpair, kts,
     kind_v, vdata, vdense, vpair, vts,
-    f16, g, t0, t1, chunk,
-    m_out, l_out, accr, acco,
+    f16, g0, g1, t0, t1, chunk,
+    M, L, AR, AO,
 ):
-    """Attention of the query heads ``qr``/``qo`` (R, D) over tokens ``t0 .. t1`` of KV head ``g``.
+    """Attention over tokens ``t0 .. t1`` of KV heads ``g0 .. g1``, for the query heads of each.
 
-    ``qr``: the queries rotated per 128-value block with the K cache's rotation
-    (read for TBQ keys); ``qo``: the queries as given (other keys); ``scale``:
-    the softmax scale. ``kdata``/``vdata``: uint8 ``(T, G, row_bytes)`` blocks,
-    ``kdense``/``vdense``: float32 ``(T, G, D)`` rows (``KIND_DENSE``),
-    ``kpair``/``vpair``: float32 pair tables of the TBQ codebooks, ``kts``/``vts``:
-    bytes per block, ``f16``: :func:`tbq.half.f16_table`.
+    ``QR``: the queries ``(G, R, D)`` (R query heads per KV head) rotated per
+    128-value block with the K cache's rotation (read for TBQ keys); ``QO``:
+    the queries as given (other keys); ``scale``: the softmax scale.
+    ``kdata``/``vdata``: uint8 ``(T, G, row_bytes)`` blocks, ``kdense``/``vdense``:
+    float32 ``(T, G, D)`` rows (``KIND_DENSE``), ``kpair``/``vpair``: float32
+    pair tables of the TBQ codebooks, ``kts``/``vts``: bytes per block, ``f16``:
+    :func:`tbq.half.f16_table`.
 
-    Writes the running maximum ``m_out`` (R,), the sum ``l_out`` (R,) of
-    ``exp(s_t - m)`` and the unnormalised sums ``accr`` (R, D; rotated
-    domain, TBQ values) and ``acco`` (R, D; original domain, other values),
-    all float32. The attention output is ``(R^-1(accr) + acco) / l``.
+    Tokens are the outer loop and KV heads the inner one, so the bytes of a
+    chunk of tokens (all heads, contiguous in the cache) are read from memory
+    once. Writes, per KV head ``g`` (row ``g - g0``): the running maximum
+    ``M`` (., R), the sum ``L`` (., R) of ``exp(s_t - m)`` and the
+    unnormalised sums ``AR`` (., R, D; rotated domain, TBQ values) and ``AO``
+    (., R, D; original domain, other values), all float32. The attention
+    output of a head is ``(R^-1(accr) + acco) / l``.
     """
-    R = qo.shape[0]
-    D = qo.shape[1]
+    R = QO.shape[1]
+    D = QO.shape[2]
     nbk = D // 128
     rows = D if D > 128 else 128
     B = np.empty((rows, chunk), np.float32)
@@ -250,116 +254,124 @@ def attend(
     P2 = np.empty(2 * chunk, np.float32)
     kp64 = kpair.view(np.uint64).reshape(kpair.shape[0])
     vp64 = vpair.view(np.uint64).reshape(vpair.shape[0])
-    for r in range(R):
-        m_out[r] = _NEG_INF
-        l_out[r] = _0
-        for j in range(D):
-            accr[r, j] = _0
-            acco[r, j] = _0
+    for i in range(g1 - g0):
+        for r in range(R):
+            M[i, r] = _NEG_INF
+            L[i, r] = _0
+            for j in range(D):
+                AR[i, r, j] = _0
+                AO[i, r, j] = _0
     rotated_k = kind_k == KIND_TBQ4 or kind_k == KIND_TBQ3
     rotated_v = kind_v == KIND_TBQ4 or kind_v == KIND_TBQ3
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
-        # scores s[r, t] = scale * q . k_t
-        for r in range(R):
-            for t in range(n):
-                S[r, t] = _0
-        if rotated_k:
-            for b in range(nbk):
-                _load_key_pairs(kind_k, kdata, kp64, f16, g, c0, n, b, kts, B64, DB)
+        for g in range(g0, g1):
+            qr = QR[g]
+            qo = QO[g]
+            m_out = M[g - g0]
+            l_out = L[g - g0]
+            accr = AR[g - g0]
+            acco = AO[g - g0]
+            # scores s[r, t] = scale * q . k_t
+            for r in range(R):
+                for t in range(n):
+                    S[r, t] = _0
+            if rotated_k:
+                for b in range(nbk):
+                    _load_key_pairs(kind_k, kdata, kp64, f16, g, c0, n, b, kts, B64, DB)
+                    for r in range(R):
+                        for u in range(2 * n):
+                            P2[u] = _0
+                        for k in range(0, 64, 2):  # even and odd channels in two partial sums, SIMD across tokens
+                            qe0 = qr[r, 128 * b + 2 * k]
+                            qo0 = qr[r, 128 * b + 2 * k + 1]
+                            qe1 = qr[r, 128 * b + 2 * k + 2]
+                            qo1 = qr[r, 128 * b + 2 * k + 3]
+                            b0 = Bf[k]
+                            b1 = Bf[k + 1]
+                            for t in range(n):
+                                P2[2 * t] += qe0 * b0[2 * t] + qe1 * b1[2 * t]
+                                P2[2 * t + 1] += qo0 * b0[2 * t + 1] + qo1 * b1[2 * t + 1]
+                        sr = S[r]
+                        for t in range(n):  # score = sum over blocks of d_b * (q'_b . c_b)
+                            sr[t] += DB[t] * (P2[2 * t] + P2[2 * t + 1])
+            else:
+                _load_keys(kind_k, kdata, kdense, f16, g, c0, n, D, B)
                 for r in range(R):
-                    for u in range(2 * n):
-                        P2[u] = _0
-                    for k in range(0, 64, 2):  # even and odd channels in two partial sums, SIMD across tokens
-                        qe0 = qr[r, 128 * b + 2 * k]
-                        qo0 = qr[r, 128 * b + 2 * k + 1]
-                        qe1 = qr[r, 128 * b + 2 * k + 2]
-                        qo1 = qr[r, 128 * b + 2 * k + 3]
-                        b0 = Bf[k]
-                        b1 = Bf[k + 1]
-                        for t in range(n):
-                            P2[2 * t] += qe0 * b0[2 * t] + qe1 * b1[2 * t]
-                            P2[2 * t + 1] += qo0 * b0[2 * t + 1] + qo1 * b1[2 * t + 1]
                     sr = S[r]
-                    for t in range(n):  # score = sum over blocks of d_b * (q'_b . c_b)
-                        sr[t] += DB[t] * (P2[2 * t] + P2[2 * t + 1])
-        else:
-            _load_keys(kind_k, kdata, kdense, f16, g, c0, n, D, B)
+                    for j in range(0, D - 1, 2):  # two channels per pass over the tokens, SIMD across tokens
+                        q0 = qo[r, j]
+                        q1 = qo[r, j + 1]
+                        b0 = B[j]
+                        b1 = B[j + 1]
+                        for t in range(n):
+                            sr[t] += q0 * b0[t] + q1 * b1[t]
+                    if D % 2:
+                        qv = qo[r, D - 1]
+                        bj = B[D - 1]
+                        for t in range(n):
+                            sr[t] += qv * bj[t]
+            # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
             for r in range(R):
                 sr = S[r]
-                for j in range(0, D - 1, 2):  # two channels per pass over the tokens, SIMD across tokens
-                    q0 = qo[r, j]
-                    q1 = qo[r, j + 1]
-                    b0 = B[j]
-                    b1 = B[j + 1]
-                    for t in range(n):
-                        sr[t] += q0 * b0[t] + q1 * b1[t]
-                if D % 2:
-                    qv = qo[r, D - 1]
-                    bj = B[D - 1]
-                    for t in range(n):
-                        sr[t] += qv * bj[t]
-        # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
-        for r in range(R):
-            sr = S[r]
-            for t in range(n):
-                sr[t] = sr[t] * scale
-            mc = m_out[r]
-            for t in range(n):
-                mc = sr[t] if sr[t] > mc else mc
-            if mc > m_out[r]:
-                if l_out[r] != _0:
-                    alpha = expf(m_out[r] - mc)
-                    l_out[r] *= alpha
-                    for j in range(D):
-                        accr[r, j] *= alpha
-                        acco[r, j] *= alpha
-                m_out[r] = mc
-            for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
-                sr[t] = expf(sr[t] - mc)
-            ls = _0
-            for t in range(n):
-                ls += sr[t]
-            l_out[r] += ls
-        # values: acc += p_t * v_t
-        if rotated_v:
-            for b in range(nbk):
-                _load_value_pairs(kind_v, vdata, vp64, f16, g, c0, n, b, vts, V64, DB)
+                for t in range(n):
+                    sr[t] = sr[t] * scale
+                mc = m_out[r]
+                for t in range(n):
+                    mc = sr[t] if sr[t] > mc else mc
+                if mc > m_out[r]:
+                    if l_out[r] != _0:
+                        alpha = expf(m_out[r] - mc)
+                        l_out[r] *= alpha
+                        for j in range(D):
+                            accr[r, j] *= alpha
+                            acco[r, j] *= alpha
+                    m_out[r] = mc
+                for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
+                    sr[t] = expf(sr[t] - mc)
+                ls = _0
+                for t in range(n):
+                    ls += sr[t]
+                l_out[r] += ls
+            # values: acc += p_t * v_t
+            if rotated_v:
+                for b in range(nbk):
+                    _load_value_pairs(kind_v, vdata, vp64, f16, g, c0, n, b, vts, V64, DB)
+                    t = 0
+                    while t + 1 < n:  # two tokens per pass over the accumulator
+                        v0 = Vf[t]
+                        v1 = Vf[t + 1]
+                        for r in range(R):
+                            w0 = S[r, t] * DB[t]  # (p_t * d_t) * c[idx_t], as the model
+                            w1 = S[r, t + 1] * DB[t + 1]
+                            ar = accr[r]
+                            for j in range(128):
+                                ar[128 * b + j] += w0 * v0[j] + w1 * v1[j]
+                        t += 2
+                    if t < n:
+                        vt = Vf[t]
+                        for r in range(R):
+                            w = S[r, t] * DB[t]
+                            ar = accr[r]
+                            for j in range(128):
+                                ar[128 * b + j] += w * vt[j]
+            else:
+                _load_values(kind_v, vdata, vdense, f16, g, c0, n, D, V)
                 t = 0
-                while t + 1 < n:  # two tokens per pass over the accumulator
-                    v0 = Vf[t]
-                    v1 = Vf[t + 1]
+                while t + 1 < n:
+                    v0 = V[t]
+                    v1 = V[t + 1]
                     for r in range(R):
-                        w0 = S[r, t] * DB[t]  # (p_t * d_t) * c[idx_t], as the model
-                        w1 = S[r, t + 1] * DB[t + 1]
-                        ar = accr[r]
-                        for j in range(128):
-                            ar[128 * b + j] += w0 * v0[j] + w1 * v1[j]
+                        w0 = S[r, t]
+                        w1 = S[r, t + 1]
+                        ar = acco[r]
+                        for j in range(D):
+                            ar[j] += w0 * v0[j] + w1 * v1[j]
                     t += 2
                 if t < n:
-                    vt = Vf[t]
+                    vt = V[t]
                     for r in range(R):
-                        w = S[r, t] * DB[t]
-                        ar = accr[r]
-                        for j in range(128):
-                            ar[128 * b + j] += w * vt[j]
-        else:
-            _load_values(kind_v, vdata, vdense, f16, g, c0, n, D, V)
-            t = 0
-            while t + 1 < n:
-                v0 = V[t]
-                v1 = V[t + 1]
-                for r in range(R):
-                    w0 = S[r, t]
-                    w1 = S[r, t + 1]
-                    ar = acco[r]
-                    for j in range(D):
-                        ar[j] += w0 * v0[j] + w1 * v1[j]
-                t += 2
-            if t < n:
-                vt = V[t]
-                for r in range(R):
-                    w = S[r, t]
-                    ar = acco[r]
-                    for j in range(D):
-                        ar[j] += w * vt[j]
+                        w = S[r, t]
+                        ar = acco[r]
+                        for j in range(D):
+                            ar[j] += w * vt[j]
