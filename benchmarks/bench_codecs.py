@@ -233,9 +233,10 @@ def sweep(fmts, sizes, repeat: int, log) -> list[dict]:
                 from gguf import quants
 
                 qt = getattr(gguf.GGMLQuantizationType, fmt.upper(), None)
-                if qt is not None and fmt in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "f16", "bf16"):
+                if qt is not None:
+                    quants.dequantize(quants.quantize(x[:1], qt), qt)  # raises when gguf-py lacks this type
                     runs.append(("gguf-py", lambda: quants.quantize(x, qt), lambda: quants.dequantize(q, qt)))
-            except ImportError:
+            except (ImportError, NotImplementedError, KeyError, ValueError, TypeError):
                 pass
             for lab, enc, dec in runs:
                 if lab in ("numpy", "gguf-py") and n > (1 << 20):
