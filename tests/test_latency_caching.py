@@ -220,3 +220,23 @@ def test_branch_free_fp16_conversion_equals_the_reference_conversion():
     both(u, a, b)
     assert np.array_equal(a, b)
     assert np.array_equal(a, u.view(np.float32).astype(np.float16).view(np.uint16))
+
+
+@pytest.mark.parametrize("fmt", ["tbq4_0", "tbq3_0"])
+def test_streaming_store_decode_is_bit_exact(fmt):
+    """Outputs of STREAM_BYTES or more are written with non-temporal stores: the same float32 bits."""
+    from tbq.formats import tbq_kernels as kn
+
+    c = tbq.get_codec(fmt, threads=2)
+    nblk = kn.STREAM_BYTES // (128 * 4) + 37  # just over the threshold, not a whole number of lane groups
+    rng = np.random.default_rng(5)
+    data = rng.integers(0, 256, (nblk, c.type_size), dtype=np.uint8)
+    data[:, 1] &= 0x3F  # finite scales mostly (arbitrary bytes decode too)
+    y = np.empty((nblk, 128), np.float32)
+    f = c.format
+    k = f._k
+    kn.decode(data, y, f.bits, k["centroids"], k["s2"], k["cs1"], k["f16"], kn.LANES)
+    assert y.nbytes >= kn.STREAM_BYTES
+    want = tbq.get_codec(fmt, backend="numpy").decode(data)
+    assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(c.decode(data).view(np.uint32), want.view(np.uint32))

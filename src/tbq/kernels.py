@@ -230,3 +230,37 @@ def transpose8(typingctx, src, si, ss, dst, di, ds):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def store_nontemporal(typingctx, arr, idx, val):
+    """``arr.flat[idx] = val`` (C-contiguous ``arr``) as a non-temporal (streaming) store.
+
+    A large output written this way goes to memory without first being read
+    into the cache (no read-for-ownership) and without evicting the working
+    set. The value is exactly the same; only its way to memory differs. Call
+    :func:`store_fence` before the kernel returns.
+    """
+    sig = types.void(arr, idx, val)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.int64)
+        v = context.cast(builder, args[2], signature.args[2], signature.args[0].dtype)
+        st = builder.store(v, builder.gep(a.data, [i]))
+        st.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def store_fence(typingctx):
+    """A full memory fence: streaming stores are ordered before anything the caller does next."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+
+    return sig, codegen

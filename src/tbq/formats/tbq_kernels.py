@@ -26,6 +26,8 @@ from ..kernels import (
     jit,
     load_f16,
     store_f16,
+    store_fence,
+    store_nontemporal,
     transpose8,
 )
 from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3  # noqa: F401
@@ -248,6 +250,10 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     return -1, STATUS_OK
 
 
+#: Outputs of at least this many bytes are written with streaming stores (larger than a core's L2).
+STREAM_BYTES = 1 << 21
+
+
 @jit
 def decode(data, out, bits, centroids, s2, cs1, table, lanes):
     """TBQ decoder, ``lanes`` blocks at a time: ``y = (H(s2 * c[idx]) * (C * s1)) * d``.
@@ -258,7 +264,9 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
     pair on the way out. The butterfly's first stage (channels 2k, 2k+1) runs
     inside the rows; its other stages run on the rows with
     :func:`_butterfly_lanes`. Every value sees the spec's operations in the
-    spec's order.
+    spec's order. An output of ``STREAM_BYTES`` or more is written with
+    streaming stores: at 16M values the decoder was bound by reading the
+    output's cache lines before writing them (about +50% without).
     """
     nblk = data.shape[0]
     n = out.shape[1]
@@ -266,6 +274,8 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
     T = np.zeros((h, 2 * lanes), np.float32)
     T64 = T.view(np.uint64)  # (h, lanes): the pair of channels 2k, 2k+1 of block l
     out64 = out.view(np.uint64)  # (blocks, h)
+    outf64 = out64.reshape(out64.size)
+    stream = out.size * 4 >= STREAM_BYTES
     nc = centroids.shape[0]
     pair = np.empty(2 * nc * nc, np.float32)
     for v in range(nc * nc):  # pair v = (c[v % nc], c[v // nc]): a byte (4 bits) or a 6-bit pair (3 bits)
@@ -315,11 +325,19 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
                 tk[2 * l] = (tk[2 * l] * ce) * d[l]
                 tk[2 * l + 1] = (tk[2 * l + 1] * co) * d[l]
         # stage: transpose-out
-        for l in range(L):  # transpose out, a pair at a time
-            o = out64[g0 + l]
-            for k in range(h):
-                o[k] = T64[k, l]
+        if stream:  # a large output: streaming stores (no read-for-ownership of the output's cache lines)
+            for l in range(L):
+                base = (g0 + l) * h
+                for k in range(h):
+                    store_nontemporal(outf64, base + k, T64[k, l])
+        else:
+            for l in range(L):  # transpose out, a pair at a time
+                o = out64[g0 + l]
+                for k in range(h):
+                    o[k] = T64[k, l]
         # stage: end
+    if stream:
+        store_fence()
     return out
 
 
