@@ -240,3 +240,16 @@ def test_streaming_store_decode_is_bit_exact(fmt):
     want = tbq.get_codec(fmt, backend="numpy").decode(data)
     assert np.array_equal(y.view(np.uint32), want.view(np.uint32))
     assert np.array_equal(c.decode(data).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_streaming_store_decode_is_bit_exact_q(fmt):
+    kn = tbq.get_codec(fmt).format.kernels()
+    nblk = kn.STREAM_BYTES // (32 * 4) + 3
+    data = np.random.default_rng(6).integers(0, 256, (nblk, tbq.get_codec(fmt).type_size), dtype=np.uint8)
+    want = tbq.get_codec(fmt, backend="numpy").decode(data)
+    got = tbq.get_codec(fmt, threads=1).decode(data)
+    assert got.nbytes >= kn.STREAM_BYTES
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    small = tbq.get_codec(fmt).decode(data[:100])
+    assert np.array_equal(small.view(np.uint32), want[:100].view(np.uint32))
