@@ -68,13 +68,14 @@ def markdown_table(path: Path) -> str:
     doc = json.loads(Path(path).read_text())
     by = {(r["format"], r["blocks"], r["call"]): r for r in doc["rows"]}
     fmts = list(dict.fromkeys(r["format"] for r in doc["rows"]))
-    head = "| format | " + " | ".join(f"{nb} block{'s' if nb > 1 else ''}: encode / decode, codec | shortcuts" for nb in BLOCKS) + " |"
-    lines = [head, "|---|" + "---|" * len(BLOCKS)]
+    head = "| format | " + " | ".join(f"{nb} block{'s' if nb > 1 else ''}: codec | {nb}: quantize / dequantize" for nb in BLOCKS) + " |"
+    lines = [head, "|---|" + "---|---|" * len(BLOCKS)]
     for fmt in fmts:
         cells = []
         for nb in BLOCKS:
             g = lambda c: by[(fmt, nb, c)]["us_median"]  # noqa: E731
-            cells.append(f"{g('codec.encode'):.1f} / {g('codec.decode'):.1f} &#124; {g('tbq.quantize'):.1f} / {g('tbq.dequantize'):.1f}")
+            cells.append(f"{g('codec.encode'):.1f} / {g('codec.decode'):.1f}")
+            cells.append(f"{g('tbq.quantize'):.1f} / {g('tbq.dequantize'):.1f}")
         lines.append(f"| {fmt} | " + " | ".join(cells) + " |")
     worst = max(r["spread"] for r in doc["rows"])
     one = [r for r in doc["rows"] if r["blocks"] == 1]
