@@ -105,13 +105,11 @@ F32_TOLERANCE_FACTOR = 4.0
 
 
 def _row_bytes(fmt: str, head_dim: int) -> int:
-    if fmt == "f16":
-        return 2 * head_dim
     return format_info(fmt).row_bytes(head_dim)
 
 
 def _sink_block(fmt: str) -> int:
-    return 1 if fmt == "f16" else format_info(fmt).block_size
+    return format_info(fmt).block_size
 
 
 def _tbq_like(fmt) -> bool:
@@ -206,18 +204,10 @@ class KVCache:
         sink = None
         if n_sink:
             xs = x[:n_sink]
-            if sink_format == "f16":
-                if not np.isfinite(xs).all():
-                    raise NonFiniteError("the sink tokens hold a non-finite value")
-                with np.errstate(over="ignore"):
-                    h = xs.astype("<f2")
-                if not np.isfinite(h).all():
-                    raise TbqValueError("a sink value does not fit float16 (|x| >= 65520); use sink_format='q8_0'")
-                sink = np.ascontiguousarray(h).view(np.uint8)
-            else:
-                if xs.shape[2] % _sink_block(sink_format):
-                    raise TbqValueError(f"a {sink_format} sink needs head_dim to be a multiple of {_sink_block(sink_format)}, got {xs.shape[2]}")
-                sink = get_codec(sink_format, backend="numpy").encode(xs)
+            if xs.shape[2] % _sink_block(sink_format):
+                raise TbqValueError(f"a {sink_format} sink needs head_dim to be a multiple of {_sink_block(sink_format)}, got {xs.shape[2]}")
+            # the sink format's own codec: f16 refuses a value that rounds to inf (use sink_format='q8_0' there)
+            sink = get_codec(sink_format, backend="numpy").encode(xs)
         return cls(fmt, data, int(x.shape[2]), config, sink, sink_format)
 
     # -- facts --
@@ -263,8 +253,6 @@ class KVCache:
         """float32 ``(n_sink, n_head_kv, head_dim)``: the sink format's decoder (f16 and q8_0 decode without rounding)."""
         if self.sink is None:
             return np.zeros((0, self.n_head_kv, self.head_dim), np.float32)
-        if self.sink_format == "f16":
-            return np.ascontiguousarray(self.sink).view("<f2").astype(np.float32)
         return get_codec(self.sink_format, backend="numpy").decode(self.sink)
 
     def dequantize(self, dtype=np.float32) -> np.ndarray:
