@@ -10,9 +10,11 @@ examples per property, no deadline, every health check off), ``--jobs``
 processes at a time (default: one per core). The examples hypothesis ran
 (passing, failing, invalid) come from its statistics, the wall time from the
 process. A property still running when ``--budget`` seconds have passed since
-the start is stopped and recorded as such (hypothesis prints no statistics
-for a killed run). With ``--examples N`` a temporary profile with N examples
-replaces ``fuzz`` (same settings otherwise), to estimate the cost per example.
+the start is stopped and recorded as such; hypothesis prints no statistics
+for a killed run, so a small plugin counts the test function's executions
+(every example, valid or not) into a file as it goes. With ``--examples N`` a
+temporary profile with N examples replaces ``fuzz`` (same settings
+otherwise), to estimate the cost per example.
 
 Writes ``results/fuzz.json`` (or ``--out``).
 """
@@ -51,6 +53,38 @@ _PLUGIN = '''
 from hypothesis import HealthCheck, settings
 settings.register_profile("runfuzz", max_examples={n}, deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))
 '''
+#: A pytest plugin that counts the test function's executions (every example hypothesis runs,
+#: valid or not) into the file $TBQ_FUZZ_COUNT_FILE, so that a run stopped by the budget still
+#: says how far it got (hypothesis prints its statistics only at the end).
+_COUNTER = '''
+import atexit, os, time
+import hypothesis.core as _core
+
+_path = os.environ.get("TBQ_FUZZ_COUNT_FILE")
+_orig = _core.StateForActualGivenExecution.execute_once
+_state = {"n": 0, "t": 0.0}
+
+
+def _write():
+    if _path:
+        with open(_path, "w") as f:
+            f.write(str(_state["n"]))
+
+
+def execute_once(self, *args, **kwargs):
+    _state["n"] += 1
+    now = time.monotonic()
+    if now - _state["t"] > 1.0:  # at most a second behind when the run is stopped
+        _state["t"] = now
+        _write()
+    return _orig(self, *args, **kwargs)
+
+
+atexit.register(_write)
+
+
+_core.StateForActualGivenExecution.execute_once = execute_once
+'''
 
 
 def main(argv=None) -> int:
@@ -67,11 +101,11 @@ def main(argv=None) -> int:
         return 0
     nodes = args.nodes or PLAN
     env = dict(os.environ)
-    plugin_dir = None
+    plugin_dir = tempfile.mkdtemp(prefix="tbq-fuzz-")
+    Path(plugin_dir, "tbq_runfuzz_counter.py").write_text(_COUNTER)
+    env["PYTHONPATH"] = plugin_dir + os.pathsep + env.get("PYTHONPATH", "")
     if args.examples:
-        plugin_dir = tempfile.mkdtemp(prefix="tbq-fuzz-")
         Path(plugin_dir, "tbq_runfuzz_profile.py").write_text(_PLUGIN.format(n=args.examples))
-        env["PYTHONPATH"] = plugin_dir + os.pathsep + env.get("PYTHONPATH", "")
         env["TBQ_HYPOTHESIS_PROFILE"] = "runfuzz"
     else:
         env["TBQ_HYPOTHESIS_PROFILE"] = "fuzz"
@@ -83,24 +117,32 @@ def main(argv=None) -> int:
     results = []
 
     def start(node):
-        cmd = [sys.executable, "-m", "pytest", node, "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics", "-p", "no:randomly"]
-        if plugin_dir:
+        cmd = [sys.executable, "-m", "pytest", node, "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics", "-p", "no:randomly",
+               "-p", "tbq_runfuzz_counter"]
+        if args.examples:
             cmd[3:3] = ["-p", "tbq_runfuzz_profile"]
         log = tempfile.TemporaryFile(mode="w+")
-        running[node] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter())
+        count_file = Path(plugin_dir, f"count-{len(results) + len(running)}.txt")
+        penv = dict(env, TBQ_FUZZ_COUNT_FILE=str(count_file))
+        running[node] = (subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter(), count_file)
         print(f"[{time.perf_counter() - t_start:6.0f} s] start {node}", file=sys.stderr, flush=True)
 
     def finish(node, killed=False):
-        proc, log, t0 = running.pop(node)
+        proc, log, t0, count_file = running.pop(node)
         if killed:
             proc.kill()
         proc.wait()
+        try:
+            executed = int(count_file.read_text())
+        except (OSError, ValueError):
+            executed = None
         log.seek(0)
         text = log.read()
         m = _STATS.findall(text)
         passing, failing, invalid = (int(v) for v in m[-1]) if m else (None, None, None)
         status = "stopped by the budget" if killed else ("pass" if proc.returncode == 0 else f"fail (exit {proc.returncode})")
-        r = {"node": node, "status": status, "seconds": time.perf_counter() - t0, "passing": passing, "failing": failing, "invalid": invalid}
+        r = {"node": node, "status": status, "seconds": time.perf_counter() - t0, "passing": passing, "failing": failing, "invalid": invalid,
+             "executions_counted": executed}
         if proc.returncode not in (0, None) and not killed:
             r["tail"] = text[-3000:]
         results.append(r)
@@ -133,7 +175,12 @@ def main(argv=None) -> int:
 def markdown(doc: dict) -> str:
     lines = ["| property | examples (passing + invalid) | wall time | result |", "|---|---|---|---|"]
     for r in doc["results"]:
-        ex = "unknown" if r["passing"] is None else f"{r['passing']:,} + {r['invalid']:,}"
+        if r["passing"] is not None:
+            ex = f"{r['passing']:,} + {r['invalid']:,}"
+        elif r.get("executions_counted"):
+            ex = f"about {r['executions_counted']:,} executed (counted; no statistics for a stopped run)"
+        else:
+            ex = "unknown" if r["seconds"] else "–"
         lines.append(f"| `{r['node'].split('::')[1]}` | {ex} | {r['seconds']:.0f} s | {r['status']} |")
     lines.append("")
     lines.append(f"Profile `{doc['profile']}` ({doc['examples']:,} examples per property), {doc['jobs']} processes at a time, "
