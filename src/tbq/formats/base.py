@@ -38,7 +38,7 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
 
-__all__ = ["Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band"]
+__all__ = ["Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,27 @@ def band(code, v, k: int, floor: float = 0.0) -> np.ndarray:
     v64 = np.asarray(v, np.float64)
     w = k * ulp32(np.maximum(np.abs(v64), floor))
     return code(v64 - w) != code(v64 + w)
+
+
+def offset_trunc_fragility(v, t, k: int, offset: float, top: float | None = None) -> np.ndarray:
+    """Fragility of codes ``min(top, trunc(t))`` with ``t = float32(v + offset)`` (Q4_0, Q5_0, Q4_1, Q5_1).
+
+    A value is fragile when a k-ulp change of ``v`` (through the encoder's
+    float32 rounding of ``v + offset``) *or* of ``t`` can change its code.
+    ``top=None``: no clamp.
+
+    >>> offset_trunc_fragility(np.float32([0.5, 0.25]), np.float32([9.0, 8.75]), 1, 8.5, 15).tolist()
+    [True, False]
+    """
+
+    def code_t(tt):
+        c = np.trunc(tt)
+        return c if top is None else np.minimum(float(top), c)
+
+    def code_v(vv):
+        return code_t((np.asarray(vv, np.float64) + offset).astype(np.float32).astype(np.float64))
+
+    return band(code_v, v, k) | band(code_t, t, k)
 
 
 # ---------------------------------------------------------------------------

@@ -17,22 +17,11 @@ import numpy as np
 from ..half import f16_table
 from ..packing import _np_pack4_halves, _np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, offset_trunc_fragility
 
 F32 = np.float32
 _M8 = F32(-8.0)
 _8_5 = F32(8.5)
-
-
-def _code_t(t):
-    """The code as a function of ``t = x*id + 8.5`` (float64, exact)."""
-    return np.minimum(15.0, np.trunc(t))
-
-
-def _code_v(v):
-    """The code as a function of ``v = x*id``, with the encoder's float32 rounding of ``v + 8.5``."""
-    t = (np.asarray(v, np.float64) + 8.5).astype(np.float32)
-    return _code_t(t.astype(np.float64))
 
 
 #: kernel module name -> module
@@ -86,4 +75,4 @@ class Q4_0(Format):
 
     def fragile_values(self, trace, k, ulp_floor=None):
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 8.5) can change min(15, trunc(t)).
-        return band(_code_v, trace["v"], k) | band(_code_t, trace["t"], k)
+        return offset_trunc_fragility(trace["v"], trace["t"], k, 8.5, 15)

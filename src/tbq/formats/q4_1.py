@@ -30,7 +30,7 @@ from ..errors import ScaleOverflowError
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import _np_pack4_halves, _np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, offset_trunc_fragility
 
 F32 = np.float32
 _15 = F32(15.0)
@@ -125,17 +125,6 @@ def min_overflow_error(fmt: Format, block: int, values: np.ndarray) -> Exception
     )
 
 
-def _code_t(t):
-    """The code as a function of ``t = v + 0.5`` (float64, exact)."""
-    return np.minimum(15.0, np.trunc(t))
-
-
-def _code_v(v):
-    """The code as a function of ``v = (x - min) * id``, with the encoder's float32 rounding of ``v + 0.5``."""
-    t = (np.asarray(v, np.float64) + 0.5).astype(np.float32)
-    return _code_t(t.astype(np.float64))
-
-
 #: kernel module name -> module
 _KERNELS: dict = {}
 
@@ -188,4 +177,4 @@ class Q4_1(Format):
     def fragile_values(self, trace, k, ulp_floor=None):
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change min(15, trunc(t)).
         # (fragile_scales is the default on d; the minimum is one of the inputs, exact, and cannot move.)
-        return band(_code_v, trace["v"], k) | band(_code_t, trace["t"], k)
+        return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5, 15)

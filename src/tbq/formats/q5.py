@@ -32,7 +32,7 @@ import numpy as np
 from ..half import f16_table
 from ..packing import _np_pack4_halves, _np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, _read_field, band
+from .base import Field, Format, FormatInfo, _read_field, offset_trunc_fragility
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
@@ -79,27 +79,6 @@ class _Q5(Format):
         return out
 
 
-def _code_t_q5_0(t):
-    """Q5_0's code as a function of ``t = x*id + 16.5`` (float64, exact)."""
-    return np.minimum(31.0, np.trunc(t))
-
-
-def _code_v_q5_0(v):
-    """Q5_0's code as a function of ``v = x*id``, with the encoder's float32 rounding of ``v + 16.5``."""
-    t = (np.asarray(v, np.float64) + 16.5).astype(np.float32)
-    return _code_t_q5_0(t.astype(np.float64))
-
-
-def _code_t_q5_1(t):
-    """Q5_1's code as a function of ``t = v + 0.5``: ``trunc`` with no clamp (``t < 32`` always)."""
-    return np.trunc(t)
-
-
-def _code_v_q5_1(v):
-    t = (np.asarray(v, np.float64) + 0.5).astype(np.float32)
-    return _code_t_q5_1(t.astype(np.float64))
-
-
 class Q5_0(_Q5):
     info = FormatInfo(
         "q5_0", 32, 22, False, 5, "ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)", code=8,
@@ -143,7 +122,7 @@ class Q5_0(_Q5):
 
     def fragile_values(self, trace, k, ulp_floor=None):
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 16.5) can change min(31, trunc(t)).
-        return band(_code_v_q5_0, trace["v"], k) | band(_code_t_q5_0, trace["t"], k)
+        return offset_trunc_fragility(trace["v"], trace["t"], k, 16.5, 31)
 
 
 class Q5_1(_Q5):
@@ -190,4 +169,4 @@ class Q5_1(_Q5):
     def fragile_values(self, trace, k, ulp_floor=None):
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change trunc(t).
         # (fragile_scales is the default on d; the minimum is one of the inputs, exact, and cannot move.)
-        return band(_code_v_q5_1, trace["v"], k) | band(_code_t_q5_1, trace["t"], k)
+        return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5)  # no clamp: t < 32 always
