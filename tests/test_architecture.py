@@ -20,7 +20,7 @@ LAYERS = [
     {"rotation", "codebooks"},
     {"formats"},
     {"codecs"},
-    {"golden", "attention", "attention_kernels", "metrics", "study", "budget", "numcodecs", "dask", "testing", "compare", "synthetic", "plots", "check"},
+    {"golden", "attention", "attention_kernels", "metrics", "study", "budget", "numcodecs", "dask", "testing", "compare", "synthetic", "plots", "check", "hf"},
     {"cli"},
 ]
 TOP = {"tbq"}  # the package __init__: the public API, may import any layer below cli
