@@ -19,7 +19,7 @@ import numpy as np
 from .backend import resolve_backend
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
 
-__all__ = ["pack4_pairs", "unpack4_pairs", "pack4_halves", "unpack4_halves", "pack3", "unpack3"]
+__all__ = ["pack4_pairs", "unpack4_pairs", "pack4_halves", "unpack4_halves", "pack3", "unpack3", "pack3_fork_bug"]
 
 
 def _uint8(a, what: str) -> np.ndarray:
@@ -152,6 +152,30 @@ def pack3(idx, *, backend=None) -> np.ndarray:
     _check_len(idx, 8, "pack3")
     _check_max(idx, 8)
     return _run(_np_pack3, "pack3", idx, backend, idx.shape[-1] // 8 * 3)
+
+
+def pack3_fork_bug(idx) -> np.ndarray:
+    """The TurboQuant fork's original 3-bit packer, as it behaved with gcc on x86-64 (NumPy only).
+
+    docs/formats.md, "The 3-bit shift bug": index ``t`` of each 8-index lane
+    (``bit = 3t``) is OR-ed into byte 0 as ``idx << (bit < 8 ? bit : 0)``
+    truncated to 8 bits, and ``qs[1] |= idx >> (8 - bit)`` for ``bit >= 8`` is
+    a negative shift that the reference build evaluated to no change: bytes 1
+    and 2 of every lane stay 0. Kept to reproduce what the fork's caches store.
+
+    >>> pack3_fork_bug(np.arange(8, dtype=np.uint8))
+    array([143,   0,   0], dtype=uint8)
+    """
+    idx = _uint8(idx, "indices")
+    _check_len(idx, 8, "pack3_fork_bug")
+    _check_max(idx, 8)
+    lead, n = idx.shape[:-1], idx.shape[-1]
+    lanes = idx.reshape(lead + (n // 8, 8)).astype(np.uint32)
+    out = np.zeros(lanes.shape[:-1] + (3,), np.uint32)
+    for t in range(8):
+        bit = 3 * t
+        out[..., 0] |= (lanes[..., t] << np.uint32(bit if bit < 8 else 0)) & 0xFF
+    return out.astype(np.uint8).reshape(lead + (n // 8 * 3,))
 
 
 def unpack3(data, *, backend=None) -> np.ndarray:

@@ -30,6 +30,7 @@ COMMANDS = {
     "compare": ("tbq.cli.compare", "encode/decode a KV data set with every format and print an error table"),
     "budget": ("tbq.cli.budget", "KV cache memory and bandwidth budget for a model geometry"),
     "golden": ("tbq.cli.golden", "write golden test vectors (inputs, bytes, decoded floats, fragility masks, C headers) for kernel tests"),
+    "eval": ("tbq.cli.eval", "a model's predictions with its KV cache in tbq formats: perplexity, KL, top-1, greedy, per layer"),
     "check": ("tbq.cli.check", "check a kernel (shared library, program) against tbq: exact, fragile or wrong, with a diagnosis"),
 }
 

@@ -1,0 +1,155 @@
+"""``tbq eval``: a model's predictions with its KV cache stored in tbq formats; the computation is :func:`tbq.hf.evaluate`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import check_figure_file, check_output_file, int_at_least
+from ..errors import ConfigError, TbqValueError
+from ..formats import formats
+from ..hf import ENGINES
+
+
+def default_cache_types() -> list[str]:
+    """Every format as K = V, then the mixes users run (:data:`tbq.hf.evaluate.DEFAULT_MIXES`)."""
+    from ..hf.evaluate import DEFAULT_MIXES
+
+    return [f"{f}:{f}" for f in formats() if f != "f16"] + list(DEFAULT_MIXES)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", nargs="?", help="a Hugging Face model directory or a .gguf file (default: the shipped model)")
+    d = p.add_argument_group("text")
+    src = d.add_mutually_exclusive_group()
+    src.add_argument("--text", metavar="FILE", help="a UTF-8 text file, tokenized by the model's tokenizer "
+                     "with BOS first, as llama-perplexity does (default: the shipped held-out text)")
+    src.add_argument("--tokens", metavar="FILE.npy", help="a 1-d integer .npy array of token ids, used as it is")
+    d.add_argument("--context", type=int_at_least(4), default=512, help="tokens per chunk (llama-perplexity's -c)")
+    d.add_argument("--chunks", type=int_at_least(1), default=None,
+                   help="chunks to evaluate (llama-perplexity's --chunks; default: all the text holds)")
+    c = p.add_argument_group("cache")
+    c.add_argument("--cache-types", metavar="K:V,...", default=None,
+                   help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32 "
+                   "(default: every format as K = V plus q8_0:q4_0, q8_0:tbq4_0, tbq4_0:tbq3_0, f16:tbq3_0, ...)")
+    c.add_argument("--engine", choices=ENGINES, default="llama.cpp",
+                   help="what stores the rows: llama.cpp's -ctk/-ctv semantics, the same with the TurboQuant "
+                   "fork's defects, or plain rows")
+    c.add_argument("--no-attn-rot", action="store_true",
+                   help="no attention rotation (llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)")
+    c.add_argument("--sinks", type=int_at_least(0), default=0, help="the first N tokens of each chunk in --sink-type")
+    c.add_argument("--sink-type", default="f16", help="the format of the sink tokens")
+    a = p.add_argument_group("analysis")
+    a.add_argument("--per-layer", action="store_true", help="also one run per layer with only that layer in the type")
+    a.add_argument("--roles", action="store_true", help="also K-only (K:f16) and V-only (f16:V) runs")
+    a.add_argument("--generate", type=int_at_least(0), default=32,
+                   help="greedy tokens generated with each cache; the table shows the first that departs from f16's")
+    a.add_argument("--capture", metavar="FILE.npz",
+                   help="also save the model's real post-RoPE K and V of the first chunk (arrays layer<L>_k, layer<L>_v)")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print the settings and rows as JSON on stdout")
+    o.add_argument("--plot", metavar="FILE.png", help="also save a figure of the results (needs matplotlib)")
+    o.add_argument("--quiet", action="store_true", help="no progress on stderr (it appears only on a terminal)")
+
+
+def _cache_types(args) -> list:
+    from ..hf.evaluate import parse_cache_type
+
+    specs = default_cache_types() if args.cache_types is None else [s for s in args.cache_types.split(",")]
+    if any(not s.strip() for s in specs):
+        raise TbqValueError(f"--cache-types {args.cache_types!r}: an empty entry")
+    return [parse_cache_type(s, engine=args.engine) for s in specs]
+
+
+def _tokens(args, tokenizer, model) -> np.ndarray:
+    if args.tokens is not None:
+        try:
+            t = np.load(args.tokens, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise TbqValueError(f"--tokens {args.tokens}: cannot read it as a .npy file: {exc}") from None
+        if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
+            raise TbqValueError(f"--tokens {args.tokens}: expected a 1-d integer array, got {t.dtype} of shape {t.shape}")
+        vocab = model.config.get_text_config().vocab_size
+        if t.size and (t.min() < 0 or t.max() >= vocab):
+            raise TbqValueError(f"--tokens {args.tokens}: token ids must be in 0..{vocab - 1}, got {t.min()}..{t.max()}")
+        return t.astype(np.int64)
+    if args.text is not None:
+        try:
+            text = Path(args.text).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise TbqValueError(f"--text {args.text}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    else:
+        from ..hf.shipped import heldout_text
+
+        text = heldout_text()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    bos = getattr(model.config, "bos_token_id", None)
+    return np.asarray(([bos] if bos is not None else []) + list(ids), dtype=np.int64)
+
+
+def run_cli(args) -> int:
+    from ..progress import Progress
+
+    # everything that can be checked before loading the model
+    types = _cache_types(args)
+    plot = check_figure_file(args.plot, "--plot") if args.plot else None
+    capture = check_output_file(args.capture, "--capture") if args.capture else None
+    if args.text is not None and not Path(args.text).is_file():
+        raise TbqValueError(f"--text {args.text}: no such file")
+    if args.tokens is not None and not Path(args.tokens).is_file():
+        raise TbqValueError(f"--tokens {args.tokens}: no such file")
+    try:
+        from ..hf import evaluate as ev
+        from ..hf.load import load, resolve_model_path
+    except ImportError as exc:  # the hf extra is missing
+        raise ConfigError(f"tbq eval needs the hf extra ({exc.name} is not installed): pip install '.[hf]'") from None
+    path = resolve_model_path(args.model)
+    if args.sink_type not in ("f32",) + tuple(formats()):
+        raise TbqValueError(f"--sink-type {args.sink_type!r}: unknown format; known: f32, {', '.join(formats())}")
+    model, tokenizer = load(path, tokenizer=args.tokens is None)
+    tokens = _tokens(args, tokenizer, model)
+    name = "shipped model" if args.model is None else str(args.model)
+    bar = Progress(1, "tbq eval", enabled=False if args.quiet else None)
+
+    def progress(done, total, label):
+        bar.total = total
+        bar.done = done - 1
+        bar.step(label)
+
+    result = ev.evaluate(
+        model,
+        tokens,
+        types,
+        context=args.context,
+        chunks=args.chunks,
+        sinks=args.sinks,
+        sink_type=args.sink_type,
+        per_layer=args.per_layer,
+        roles=args.roles,
+        generate=args.generate,
+        rotate_attention=not args.no_attn_rot,
+        model_name=Path(name).name if args.model else name,
+        progress=progress,
+    )
+    bar.close()
+    if capture is not None:
+        from ..hf.capture import capture_kv, save_kv
+
+        kv = capture_kv(model, tokens[: args.context])
+        written = save_kv(capture, kv)
+        print(f"tbq eval: wrote the K and V of {len(kv)} layers ({args.context} tokens) to {written}", file=sys.stderr)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(result.table())
+        greedy = f"greedy: the first of {args.generate} generated tokens that departs from f16's; " if args.generate else ""
+        print(f"({greedy}B/token: every layer's K and V rows; engine {args.engine}"
+              f"{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)")
+    if plot is not None:
+        from ..hf.plot import plot_eval
+
+        written = plot_eval(result, plot)
+        print(f"tbq eval: wrote {written}", file=sys.stderr)
+    return 0

@@ -1,0 +1,49 @@
+"""tbq.hf: a model's KV cache stored bit-exactly in any tbq format (Hugging Face transformers on PyTorch).
+
+Needs the ``hf`` extra (``pip install 'tbq[hf]'``: torch, transformers,
+tokenizers, safetensors, gguf). The names below import torch and
+transformers on first use, so ``import tbq.hf`` (and :mod:`tbq.hf.shipped`)
+stays light.
+
+- :class:`TbqCache`: a transformers cache whose layers store K and V as
+  :func:`tbq.quantize` bytes, mirroring llama.cpp's ``-ctk/-ctv`` by default
+  (:mod:`tbq.hf.engine`);
+- :func:`prepare`: sets the ``"tbq"`` attention that applies the engine's
+  Q transforms (:mod:`tbq.hf.attention`);
+- :func:`load`: a causal LM and its tokenizer from a HF directory or a GGUF file;
+- :func:`evaluate`: perplexity, KL, top-1 and greedy agreement of cache types
+  against the f16 and f32 caches, llama-perplexity's chunking;
+- :func:`capture_kv`: the real post-RoPE K and V of a model.
+
+See docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: The engines a cache can mirror (:mod:`tbq.hf.engine`); here so the CLI can name them without torch.
+ENGINES = ("llama.cpp", "llama.cpp-fork", "plain")
+
+__all__ = ["TbqCache", "prepare", "load", "evaluate", "capture_kv", "save_kv", "load_kv", "EvalResult"]
+
+_LAZY = {
+    "TbqCache": "tbq.hf.cache",
+    "prepare": "tbq.hf.attention",
+    "load": "tbq.hf.load",
+    "evaluate": "tbq.hf.evaluate",
+    "EvalResult": "tbq.hf.evaluate",
+    "capture_kv": "tbq.hf.capture",
+    "save_kv": "tbq.hf.capture",
+    "load_kv": "tbq.hf.capture",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tbq.hf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,350 @@
+"""What an inference engine does to K and V around its cache: llama.cpp's ``-ctk/-ctv`` semantics.
+
+A cache type is only half of what a model sees: the engine decides which
+rows are quantized, in which channel order, after which rotation, and what
+happens to Q before the K.Q products. :class:`Engine` holds those decisions
+for one layer and applies them to torch tensors; :mod:`tbq.hf.cache` stores
+the rows it produces with :func:`tbq.quantize`, and :mod:`tbq.hf.attention`
+computes attention in the domain the rows were stored in.
+
+Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
+
+``"llama.cpp"`` (the default)
+    What llama.cpp's CPU backend does with ``-ctk K -ctv V -fa on``:
+
+    - one row per token and layer of ``n_kv_heads x head_dim`` values,
+      quantized in blocks along it; a ggml type's block must divide head_dim,
+      the fork's TBQ types' blocks only the row (:func:`check_block_rule`);
+    - K in llama.cpp's channel order: for architectures whose GGUF conversion
+      permutes Q/K (llama.cpp applies RoPE to adjacent pairs, transformers to
+      the two halves), per head ``gguf[2i] = hf[i]``, ``gguf[2i+1] = hf[i + head_dim/2]``;
+    - attention rotation: a quantized K cache (not f16/bf16/f32) with head_dim
+      a multiple of 64 stores ``K @ H_n`` and multiplies Q by ``H_n`` (the
+      orthonormal Sylvester Walsh-Hadamard matrix, ``n`` the largest power
+      of two >= 64 dividing head_dim, in n-value blocks); a quantized V cache
+      stores ``V @ H_64`` in 64-value blocks and multiplies the attention
+      output by ``H_64`` (``H @ H = I``);
+    - Q converted for the K.Q products as ggml's ``vec_dot_type`` of the K
+      type says: q8_0 blocks (the CPU backend's SIMD quantizer: ``d = amax/127``
+      stored as fp16, codes ``rint(x * 127/amax)``, ties to even) for the
+      ggml block types, f32 otherwise;
+    - the fork's TBQ types use the fork's own tables (``codebook="turboq-mtp"``)
+      unless the caller passes options.
+
+``"llama.cpp-fork"``
+    The same, plus the TurboQuant fork's two defects found on its CPU build,
+    named as such: a tbq4_0/tbq3_0 K cache whose head_dim is not a multiple
+    of 256 gets Q converted to q8_K (256-value blocks), so the dot product
+    sees no block and every attention score is 0; tbq3_0 rows are packed by
+    the fork's buggy 3-bit packer (:func:`tbq.packing.pack3_fork_bug`).
+
+``"plain"``
+    The rows as the model computes them: no permutation, no rotation, Q in f32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .. import packing
+from ..codecs import Codec, get_codec
+from ..errors import ConfigError, TbqValueError
+from ..formats import FORMATS, get_format
+from . import ENGINES
+
+__all__ = [
+    "ENGINES",
+    "F32",
+    "Engine",
+    "check_block_rule",
+    "gguf_permutation",
+    "hadamard",
+    "make_engine",
+    "q8_0_simd",
+    "rotate",
+]
+
+
+#: The pseudo-format that stores float32 rows as they are (4 bytes a value).
+F32 = "f32"
+
+#: Cache types llama.cpp treats as unquantized (``ggml_is_quantized`` is false): no attention rotation.
+_UNQUANTIZED = (F32, "f16", "bf16")
+
+#: K types whose ggml ``vec_dot_type`` is a q8 block type (q8_0; q8_1 for q4_1/q5_1, whose codes and
+#: scale are q8_0's): Q is converted to q8_0 blocks before the K.Q products.
+_Q8_VEC_DOT = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")
+
+#: The fork's types whose block need only divide the row (llama-context.cpp checks n_embd_k_gqa for them).
+_ROW_BLOCK_TYPES = ("tbq3_0", "tbq4_0")
+
+#: The fork's types whose K.Q dot takes Q as q8_K (256-value blocks): no block for a shorter head.
+_Q8_K_VEC_DOT = ("tbq3_0", "tbq4_0")
+
+#: transformers model types whose llama.cpp GGUF conversion permutes Q/K (convert_hf_to_gguf's LlamaModel).
+PERMUTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "granite")
+
+
+# ---------------------------------------------------------------------------
+# the transforms
+# ---------------------------------------------------------------------------
+
+
+def hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Sylvester Walsh-Hadamard matrix of order ``n`` (float64, entries +-1/sqrt(n)).
+
+    >>> hadamard(2) * 2 ** 0.5
+    tensor([[ 1.,  1.],
+            [ 1., -1.]], dtype=torch.float64)
+    """
+    if n < 1 or n & (n - 1):
+        raise TbqValueError(f"the Walsh-Hadamard order must be a power of two, got {n}")
+    h = torch.ones((1, 1), dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h / math.sqrt(n)
+
+
+def rotate(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32, last axis a multiple of ``h``'s order) times ``h`` in blocks along the last axis.
+
+    Computed in float64 and rounded once to float32. ``h`` is symmetric and
+    orthonormal, so ``rotate(rotate(x, h), h)`` is ``x`` up to that rounding.
+    """
+    n = h.shape[0]
+    shape = x.shape
+    y = x.reshape(*shape[:-1], shape[-1] // n, n).to(torch.float64) @ h
+    return y.reshape(shape).to(torch.float32)
+
+
+def gguf_permutation(head_dim: int) -> np.ndarray:
+    """Indices ``p`` with ``gguf_row = hf_row[p]`` per head: ``p[2i] = i``, ``p[2i+1] = i + head_dim/2``.
+
+    >>> gguf_permutation(8)
+    array([0, 4, 1, 5, 2, 6, 3, 7])
+    """
+    if head_dim % 2:
+        raise TbqValueError(f"head_dim {head_dim} is odd: no RoPE pair permutation")
+    half = head_dim // 2
+    p = np.empty(head_dim, np.int64)
+    p[0::2] = np.arange(half)
+    p[1::2] = np.arange(half) + half
+    return p
+
+
+def q8_0_simd(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32, last axis a multiple of 32) through ggml's CPU-backend q8_0 quantizer, decoded.
+
+    Per 32 values: ``amax = max |x|``, ``d = fp16(amax / 127)``, codes
+    ``rint(x * (127 / amax))`` rounded half to even (``_mm256_round_ps``;
+    ``quantize_row_q8_0_ref`` rounds half away instead), 0 when ``amax`` is
+    0; the value a dot product sees is ``code * d`` (exact in float32).
+
+    >>> q8_0_simd(torch.full((32,), 0.5)).unique()
+    tensor([0.5000])
+    """
+    shape = x.shape
+    b = x.reshape(*shape[:-1], shape[-1] // 32, 32).to(torch.float32)
+    amax = b.abs().amax(dim=-1, keepdim=True)
+    d = (amax / 127.0).to(torch.float16).to(torch.float32)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = torch.where(amax > 0, torch.tensor(127.0, dtype=torch.float32) / safe, torch.zeros_like(amax))
+    codes = torch.round(b * inv)  # torch.round: half to even
+    return (codes * d).reshape(shape)
+
+
+# ---------------------------------------------------------------------------
+# rules
+# ---------------------------------------------------------------------------
+
+
+def check_block_rule(name: str, block_size: int, head_dim: int, kv_heads: int, role: str) -> None:
+    """Refuse a cache type llama.cpp refuses: a block must divide head_dim (the fork's TBQ types: the row).
+
+    >>> check_block_rule("tbq4_0", 128, 64, 2, "K")   # one TBQ block holds two heads: allowed
+    >>> check_block_rule("q8_0", 32, 80, 2, "K")
+    Traceback (most recent call last):
+    ...
+    tbq.errors.TbqValueError: K cache type q8_0: its 32-value block does not divide head_dim 80 (llama.cpp requires it)
+    """
+    row = head_dim * kv_heads
+    if name in _ROW_BLOCK_TYPES:
+        if row % block_size:
+            raise TbqValueError(
+                f"{role} cache type {name}: its {block_size}-value block does not divide the row of "
+                f"{kv_heads} x {head_dim} = {row} values (llama.cpp requires it)"
+            )
+    elif head_dim % block_size:
+        raise TbqValueError(
+            f"{role} cache type {name}: its {block_size}-value block does not divide head_dim {head_dim} (llama.cpp requires it)"
+        )
+
+
+def _k_rotation_order(head_dim: int) -> int:
+    """The largest power of two >= 64 dividing head_dim (head_dim a multiple of 64)."""
+    n = 64
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+# ---------------------------------------------------------------------------
+# the engine of one layer
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Side:
+    """How one of K or V is stored: the codec (None for f32), and the domain it lives in."""
+
+    name: str
+    codec: Codec | None
+    rotation: torch.Tensor | None = field(default=None, repr=False)
+    permutation: np.ndarray | None = field(default=None, repr=False)
+    fork_pack3: bool = False
+
+    @property
+    def bytes_per_value(self) -> float:
+        return 4.0 if self.codec is None else self.codec.type_size / self.codec.block_size
+
+    def row_bytes(self, row: int) -> int:
+        """Bytes of one stored row of ``row`` values."""
+        return row * 4 if self.codec is None else row // self.codec.block_size * self.codec.type_size
+
+    # -- model domain <-> stored domain, on (batch, tokens, heads, head_dim) float32 tensors
+    def to_stored(self, x: torch.Tensor) -> torch.Tensor:
+        if self.permutation is not None:
+            x = x[..., torch.from_numpy(self.permutation)]
+        if self.rotation is not None:
+            x = rotate(x, self.rotation)
+        return x
+
+    def to_model(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rotation is not None:
+            x = rotate(x, self.rotation)
+        if self.permutation is not None:
+            x = x[..., torch.from_numpy(np.argsort(self.permutation))]
+        return x
+
+    @property
+    def transformed(self) -> bool:
+        return self.rotation is not None or self.permutation is not None
+
+    # -- rows <-> bytes, on numpy (..., row) arrays
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if self.codec is None:
+            return rows.view(np.uint8).copy()
+        data = self.codec.encode(rows)
+        if self.fork_pack3:
+            data = _fork_tbq3(data)
+        return data
+
+    def decode(self, data: np.ndarray, row: int) -> np.ndarray:
+        if self.codec is None:
+            return data.view(np.float32).reshape(data.shape[:-1] + (row,))
+        return self.codec.decode(data)
+
+
+def _fork_tbq3(data: np.ndarray) -> np.ndarray:
+    """TBQ3_0 bytes re-packed by the fork's buggy 3-bit packer: same norm, codes' bytes 1-2 of each lane lost."""
+    lead = data.shape[:-1]
+    blocks = data.reshape(-1, 50)
+    idx = packing.unpack3(blocks[:, 2:])
+    out = blocks.copy()
+    out[:, 2:] = packing.pack3_fork_bug(idx)
+    return out.reshape(lead + (data.shape[-1],))
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One layer's K and V sides and the Q transform the attention applies."""
+
+    name: str
+    k: Side
+    v: Side
+    head_dim: int
+    kv_heads: int
+    q_to_q8_0: bool = False
+    zero_scores: bool = False
+
+    @property
+    def q_transformed(self) -> bool:
+        """True when the K.Q products need Q in K's stored domain (rotated, or converted, or replaced).
+
+        A permutation alone reorders both operands of every dot product, so
+        without it the attention reads K back in the model's own order.
+        """
+        return self.k.rotation is not None or self.q_to_q8_0 or self.zero_scores
+
+    def query(self, q: torch.Tensor) -> torch.Tensor:
+        """Q (batch, heads, tokens, head_dim) as the K.Q products of this engine see it."""
+        if self.zero_scores:
+            return torch.zeros_like(q)
+        q = self.k.to_stored(q)
+        if self.q_to_q8_0:
+            q = q8_0_simd(q)
+        return q
+
+    def output(self, out: torch.Tensor) -> torch.Tensor:
+        """The attention output (..., head_dim) back from V's stored domain."""
+        return out if self.v.rotation is None else rotate(out, self.v.rotation)
+
+
+def _codec(spec, engine: str) -> tuple[str, Codec | None]:
+    """A cache type as (name, codec): a format name, ``"f32"``, a :class:`tbq.Codec`, or ``(name, options)``."""
+    if isinstance(spec, Codec):
+        return spec.name, spec
+    options = {}
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict):
+        spec, options = spec
+    if not isinstance(spec, str):
+        raise ConfigError(f"a cache type is a format name, 'f32', a tbq.Codec or (name, options), got {spec!r}")
+    if spec == F32:
+        if options:
+            raise ConfigError("the f32 cache type takes no options")
+        return F32, None
+    if spec not in FORMATS:
+        raise ConfigError(f"unknown cache type {spec!r}; known: f32, {', '.join(FORMATS)}")
+    if engine != "plain" and not options and "codebook" in get_format(spec).options:
+        # llama.cpp stores the fork's types with the fork's own tables
+        options = {"codebook": "turboq-mtp"}
+    return spec, get_codec(spec, **options)
+
+
+def make_engine(engine: str, k, v, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True) -> Engine:
+    """The :class:`Engine` of one layer with K cache type ``k`` and V cache type ``v``.
+
+    ``permute``: the model's K rows are stored in llama.cpp's GGUF channel
+    order (see :data:`PERMUTED_MODEL_TYPES`). ``rotate_attention=False`` is
+    llama.cpp's ``LLAMA_ATTN_ROT_DISABLE=1``.
+    """
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    k_name, k_codec = _codec(k, engine)
+    v_name, v_codec = _codec(v, engine)
+    for role, name, codec in (("K", k_name, k_codec), ("V", v_name, v_codec)):
+        if codec is not None:
+            check_block_rule(name, codec.block_size, head_dim, kv_heads, role)
+    if engine == "plain":
+        return Engine(engine, Side(k_name, k_codec), Side(v_name, v_codec), head_dim, kv_heads)
+    fork = engine == "llama.cpp-fork"
+    k_quantized, v_quantized = k_name not in _UNQUANTIZED, v_name not in _UNQUANTIZED
+    k_rot = hadamard(_k_rotation_order(head_dim)) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
+    v_rot = hadamard(64) if rotate_attention and v_quantized and head_dim % 64 == 0 else None
+    perm = gguf_permutation(head_dim) if permute else None
+    k_side = Side(k_name, k_codec, k_rot, perm, fork_pack3=fork and k_name == "tbq3_0")
+    v_side = Side(v_name, v_codec, v_rot, None, fork_pack3=fork and v_name == "tbq3_0")
+    return Engine(
+        engine,
+        k_side,
+        v_side,
+        head_dim,
+        kv_heads,
+        q_to_q8_0=k_name in _Q8_VEC_DOT,
+        zero_scores=fork and k_name in _Q8_K_VEC_DOT and head_dim % 256 != 0,
+    )

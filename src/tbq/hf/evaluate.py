@@ -1,0 +1,425 @@
+"""What a cache type does to a model's predictions: perplexity, KL, top-1 and greedy agreement.
+
+The text is cut like llama.cpp's ``llama-perplexity``: chunks of
+``context`` tokens, each starting with BOS (the chunk's first token
+replaced), each run with a fresh cache as one batch, only the second half
+of each chunk scored (logits at positions ``context/2 .. context-2``
+predicting the next token), ``PPL = exp(mean NLL)``. So ``evaluate``'s
+perplexity of a cache type is comparable with ``llama-perplexity -c
+CONTEXT --chunks N -ctk K -ctv V -fa on`` on the same tokens.
+
+Every cache type is held against two baselines computed on the same
+chunks: the f16 cache (llama.cpp's default) and the f32 cache (the model's
+own K/V). Per cache type: perplexity and its change against f16, mean and
+99th-percentile KL divergence ``KL(base || type)`` of the next-token
+distributions, top-1 agreement, and (``generate=N``) the index of the first
+token where greedy generation from a prompt departs from the f16 cache's.
+``per_layer=True`` adds one run per layer with only that layer in the type
+(the rest f16), ``roles=True`` K-only and V-only runs.
+
+>>> result = evaluate(model, tokens, ["q8_0", "q4_0:q4_0"], context=512, chunks=4)   # doctest: +SKIP
+>>> print(result.table())                                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import ConfigError, TbqValueError
+from .engine import ENGINES, F32
+
+__all__ = ["CacheType", "EvalResult", "Row", "evaluate", "parse_cache_type", "perplexity_chunks", "DEFAULT_MIXES"]
+
+#: The K:V mixes users run, added to every format as K=V by ``tbq eval``'s default list.
+DEFAULT_MIXES = ("q8_0:q4_0", "q8_0:q5_0", "q8_0:tbq4_0", "q8_0:tbq3_0", "tbq4_0:tbq3_0", "f16:q4_0", "f16:tbq3_0")
+
+
+#: Short engine names in cache-type labels and specs (``"tbq4_0@fork"``).
+_SHORT = {"llama.cpp-fork": "fork"}
+_ALIASES = {v: k for k, v in _SHORT.items()}
+
+
+@dataclass(frozen=True)
+class CacheType:
+    """A K:V pair of cache types and the engine that stores them."""
+
+    k: object
+    v: object
+    engine: str = "llama.cpp"
+
+    @property
+    def label(self) -> str:
+        def name(t):
+            return t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
+
+        text = f"{name(self.k)}:{name(self.v)}"
+        return text if self.engine == "llama.cpp" else f"{text}@{_SHORT.get(self.engine, self.engine)}"
+
+
+def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
+    """``"q8_0"`` (K = V), ``"q8_0:q4_0"``, ``"tbq4_0:tbq4_0@llama.cpp-fork"`` (or ``@fork``), a ``(k, v)`` pair or a :class:`CacheType`.
+
+    >>> parse_cache_type("q8_0:tbq4_0@plain")
+    CacheType(k='q8_0', v='tbq4_0', engine='plain')
+    """
+    if isinstance(spec, CacheType):
+        return spec
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return CacheType(spec[0], spec[1], engine)
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"a cache type is 'K', 'K:V' or 'K:V@ENGINE', got {spec!r}")
+    text = spec.strip()
+    if "@" in text:
+        text, engine = text.split("@", 1)
+        engine = _ALIASES.get(engine, engine)
+        if engine not in ENGINES:
+            raise ConfigError(f"cache type {spec!r}: unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    parts = text.split(":")
+    if len(parts) > 2 or not all(parts):
+        raise ConfigError(f"cache type {spec!r}: expected 'K', 'K:V' or 'K:V@ENGINE'")
+    return CacheType(parts[0], parts[-1], engine)
+
+
+def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int | None = None) -> np.ndarray:
+    """The ``(chunks, context)`` token array llama-perplexity evaluates; ``chunks=None``: as many as the text holds.
+
+    Refused (one line) when the text holds fewer than two chunks (llama-perplexity
+    needs ``2 * context`` tokens) or fewer than ``chunks``.
+
+    >>> perplexity_chunks(np.arange(10), 4, bos=99)
+    array([[99,  1,  2,  3],
+           [99,  5,  6,  7]])
+    """
+    t = np.asarray(tokens)
+    if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
+        raise TbqValueError(f"tokens must be a 1-d integer array, got {t.dtype} of shape {t.shape}")
+    if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 4 or context % 2:
+        raise TbqValueError(f"context must be an even integer of at least 4, got {context!r}")
+    held = t.size // context
+    if t.size < 2 * context:
+        raise TbqValueError(
+            f"the text has {t.size} tokens; llama-perplexity's chunking needs at least 2 x context = {2 * context}"
+        )
+    if chunks is None:
+        chunks = held
+    elif isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
+        raise TbqValueError(f"chunks must be a positive integer or None, got {chunks!r}")
+    elif chunks > held:
+        raise TbqValueError(f"the text holds {held} chunks of {context} tokens ({t.size} tokens), not {chunks}")
+    out = t[: chunks * context].reshape(chunks, context).astype(np.int64).copy()
+    if bos is not None:
+        out[:, 0] = bos
+    return out
+
+
+@dataclass
+class Row:
+    """One cache type's figures (baselines included), as the table and the JSON show them."""
+
+    cache: str
+    engine: str
+    bytes_per_token: int
+    ppl: float
+    delta_ppl_pct: float
+    kl_mean: float
+    kl_p99: float
+    top1: float
+    kl_f32_mean: float
+    top1_f32: float
+    #: the first greedy token that departs from the f16 cache's (None: none did, or no generation)
+    first_diff: int | None = None
+    layer: int | None = None
+    role: str = "K+V"
+
+
+@dataclass
+class EvalResult:
+    """The result of :func:`evaluate`: one :class:`Row` per run, the settings, the wall time."""
+
+    rows: list
+    settings: dict
+    seconds: float = 0.0
+    per_layer: list = field(default_factory=list)
+
+    def row(self, cache: str, *, layer: int | None = None, role: str = "K+V") -> Row:
+        for r in self.rows + self.per_layer:
+            if r.cache == cache and r.layer == layer and r.role == role:
+                return r
+        raise KeyError(cache)
+
+    def to_dict(self) -> dict:
+        return {
+            "settings": self.settings,
+            "seconds": self.seconds,
+            "rows": [asdict(r) for r in self.rows],
+            "per_layer": [asdict(r) for r in self.per_layer],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_json_default)
+
+    def table(self) -> str:
+        """The rows as a text table (under 100 columns)."""
+        s = self.settings
+        head = (
+            f"{s['model']}: {s['chunks']} chunks x {s['context']} tokens, {s['scored']} scored; "
+            f"KL, top-1 and greedy against the f16 cache"
+        )
+        lines = [head, _HEADER, "-" * len(_HEADER)]
+        lines += [_format_row(r) for r in self.rows]
+        if self.per_layer:
+            lines += ["", "one layer (or one role) in the cache type, the rest f16:", _HEADER, "-" * len(_HEADER)]
+            lines += [_format_row(r) for r in self.per_layer]
+        return "\n".join(lines)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(type(o).__name__)
+
+
+_HEADER = f"{'cache K:V':<26} {'layer':>5} {'B/token':>8} {'PPL':>9} {'dPPL %':>8} {'KL mean':>8} {'KL p99':>8} {'top-1':>6} {'greedy':>7}"
+
+
+def _format_row(r: Row) -> str:
+    label = r.cache if r.role == "K+V" else f"{r.cache} ({r.role})"
+    layer = "all" if r.layer is None else str(r.layer)
+    greedy = "same" if r.first_diff is None else str(r.first_diff)
+    return (
+        f"{label[:26]:<26} {layer:>5} {r.bytes_per_token:>8} {r.ppl:>9.4f} {r.delta_ppl_pct:>+8.3f} "
+        f"{r.kl_mean:>8.5f} {r.kl_p99:>8.5f} {r.top1:>6.3f} {greedy:>7}"
+    )
+
+
+# ---------------------------------------------------------------------------
+# the runs
+# ---------------------------------------------------------------------------
+
+
+def _log_softmax(logits):
+    import torch
+
+    return torch.log_softmax(logits.to(torch.float64), dim=-1)
+
+
+class _Runner:
+    """Forward passes of one model over fixed chunks with a fresh cache each."""
+
+    def __init__(self, model, chunks: np.ndarray, *, sinks: int, sink_type, rotate_attention: bool):
+        import torch
+
+        from .attention import prepare
+        from .cache import TbqCache
+
+        self.torch, self.TbqCache = torch, TbqCache
+        self.model = prepare(model)
+        self.chunks = torch.from_numpy(chunks)
+        self.first = chunks.shape[1] // 2
+        self.sinks, self.sink_type, self.rotate = sinks, sink_type, rotate_attention
+
+    def cache(self, ct: CacheType, layers: dict | None = None, *, baseline: bool = False):
+        base_layers = None
+        k, v = ct.k, ct.v
+        if layers is not None:  # only these layers in the type: the rest f16
+            base_layers, k, v = layers, "f16", "f16"
+        return self.TbqCache(
+            self.model.config,
+            k,
+            v,
+            layers=base_layers,
+            sinks=0 if baseline else self.sinks,
+            sink_type=self.sink_type,
+            engine=ct.engine,
+            rotate_attention=self.rotate,
+        )
+
+    def log_probs(self, i: int, ct: CacheType, layers: dict | None = None, *, baseline: bool = False):
+        """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
+        torch = self.torch
+        cache = self.cache(ct, layers, baseline=baseline)
+        with torch.no_grad():
+            logits = self.model(self.chunks[i : i + 1], cache=cache, use_cache=True).logits[0]
+        return _log_softmax(logits[self.first : -1]), cache.bytes_per_token()
+
+    def greedy(self, ct: CacheType, prompt, n: int, layers: dict | None = None, *, baseline: bool = False) -> list:
+        torch = self.torch
+        cache = self.cache(ct, layers, baseline=baseline)
+        ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
+        out = []
+        with torch.no_grad():
+            for _ in range(n):
+                logits = self.model(ids, cache=cache, use_cache=True).logits[0, -1]
+                nxt = int(torch.argmax(logits))
+                out.append(nxt)
+                ids = torch.tensor([[nxt]])
+        return out
+
+
+class _Stats:
+    """Per-position NLL, KL against the two baselines and top-1 agreement, accumulated over chunks."""
+
+    def __init__(self):
+        self.nll, self.kl16, self.kl32, self.top16, self.top32 = [], [], [], [], []
+        self.bytes_per_token = 0
+
+    def add(self, lp, targets, base16, base32, bytes_per_token):
+        torch = __import__("torch")
+        self.bytes_per_token = bytes_per_token
+        self.nll.append(-lp.gather(1, targets[:, None])[:, 0].numpy())
+        for base, kl, top in ((base16, self.kl16, self.top16), (base32, self.kl32, self.top32)):
+            if base is None:
+                continue
+            p = base.exp()
+            kl.append(torch.clamp((p * (base - lp)).sum(-1), min=0.0).numpy())
+            top.append((base.argmax(-1) == lp.argmax(-1)).numpy())
+
+    def row(self, label: str, engine: str, ppl16: float | None, **extra) -> Row:
+        nll = np.concatenate(self.nll)
+        ppl = float(math.exp(nll.mean()))
+        kl16 = np.concatenate(self.kl16) if self.kl16 else np.zeros(1)
+        kl32 = np.concatenate(self.kl32) if self.kl32 else np.zeros(1)
+        return Row(
+            cache=label,
+            engine=engine,
+            bytes_per_token=int(self.bytes_per_token),
+            ppl=ppl,
+            delta_ppl_pct=0.0 if ppl16 is None else 100.0 * (ppl / ppl16 - 1.0),
+            kl_mean=float(kl16.mean()),
+            kl_p99=float(np.percentile(kl16, 99)),
+            top1=float(np.concatenate(self.top16).mean()) if self.top16 else 1.0,
+            kl_f32_mean=float(kl32.mean()),
+            top1_f32=float(np.concatenate(self.top32).mean()) if self.top32 else 1.0,
+            **extra,
+        )
+
+
+def _first_diff(a: list, b: list) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None
+
+
+def evaluate(
+    model,
+    tokens,
+    cache_types=("q8_0", "q4_0"),
+    *,
+    context: int = 512,
+    chunks: int | None = None,
+    bos: int | None | bool = None,
+    sinks: int = 0,
+    sink_type="f16",
+    per_layer: bool = False,
+    roles: bool = False,
+    generate: int = 0,
+    prompt=None,
+    rotate_attention: bool = True,
+    model_name: str = "model",
+    progress=None,
+) -> EvalResult:
+    """Evaluate ``cache_types`` on ``tokens`` against the f16 and f32 caches (see the module docstring).
+
+    Parameters
+    ----------
+    model : a transformers causal LM (its attention is set to ``"tbq"`` in place, :func:`tbq.hf.prepare`).
+    tokens : 1-d integer array of the text's tokens.
+    cache_types : ``"K"``, ``"K:V"``, ``"K:V@ENGINE"``, ``(k, v)`` or :class:`CacheType` entries.
+    context, chunks : llama-perplexity's ``-c`` and ``--chunks`` (``None``: every chunk the text holds).
+    bos : the token that replaces each chunk's first; ``None`` takes ``model.config.bos_token_id``,
+        ``False`` keeps the text's own first token.
+    sinks, sink_type : the first ``sinks`` tokens of every chunk in ``sink_type`` (not in the baselines).
+    per_layer : add one run per layer and cache type with only that layer in the type.
+    roles : add K-only (``K:f16``) and V-only (``f16:V``) runs.
+    generate : greedy tokens to generate from ``prompt`` (default: the first chunk's first
+        ``context // 4`` tokens), reporting the first index that departs from the f16 cache's.
+    progress : ``callable(done, total, label)`` called after each run.
+    """
+    types = [parse_cache_type(c) for c in cache_types]
+    if not types:
+        raise ConfigError("no cache types to evaluate")
+    if bos is None:
+        bos = getattr(model.config, "bos_token_id", None)
+    elif bos is False:
+        bos = None
+    data = perplexity_chunks(tokens, context, chunks, bos)
+    if isinstance(generate, bool) or not isinstance(generate, (int, np.integer)) or generate < 0:
+        raise TbqValueError(f"generate must be a non-negative integer, got {generate!r}")
+    import torch
+
+    t0 = time.perf_counter()
+    runner = _Runner(model, data, sinks=sinks, sink_type=sink_type, rotate_attention=rotate_attention)
+    n_layers = len(runner.cache(CacheType("f16", "f16"), baseline=True).layers)
+    for ct in types:  # refuse a bad type before any work
+        runner.cache(ct)
+    f16, f32 = CacheType("f16", "f16"), CacheType(F32, F32)
+
+    jobs = [(ct.label, ct, None, "K+V") for ct in types]
+    extra = []
+    for ct in types:
+        if roles:
+            extra.append((ct.label, CacheType(ct.k, "f16", ct.engine), None, "K"))
+            extra.append((ct.label, CacheType("f16", ct.v, ct.engine), None, "V"))
+        if per_layer:
+            extra += [(ct.label, ct, layer, "K+V") for layer in range(n_layers)]
+    total = (2 + len(jobs) + len(extra)) * data.shape[0] + (len(jobs) + 1 if generate else 0)
+    done = 0
+
+    def tick(label):
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, label)
+
+    stats = {key: _Stats() for key in ["f32", "f16"] + [j[:1] + j[2:] for j in jobs + extra]}
+    first = data.shape[1] // 2
+    for i in range(data.shape[0]):
+        targets = torch.from_numpy(data[i, first + 1 :])
+        b32, bpt32 = runner.log_probs(i, f32, baseline=True)
+        tick(f"chunk {i + 1}: f32")
+        b16, bpt16 = runner.log_probs(i, f16, baseline=True)
+        tick(f"chunk {i + 1}: f16")
+        stats["f32"].add(b32, targets, b16, b32, bpt32)
+        stats["f16"].add(b16, targets, b16, b32, bpt16)
+        for label, ct, layer, role in jobs + extra:
+            layers = None if layer is None else {layer: (ct.k, ct.v)}
+            lp, bpt = runner.log_probs(i, ct, layers)
+            stats[(label, layer, role)].add(lp, targets, b16, b32, bpt)
+            tick(f"chunk {i + 1}: {label}" + ("" if layer is None else f" layer {layer}") + ("" if role == "K+V" else f" {role}"))
+
+    greedy = {}
+    if generate:
+        if prompt is None:
+            prompt = data[0, : max(1, data.shape[1] // 4)]
+        greedy["f16"] = runner.greedy(f16, prompt, generate, baseline=True)
+        tick("greedy: f16")
+        for label, ct, _, _ in jobs:
+            greedy[label] = runner.greedy(ct, prompt, generate)
+            tick(f"greedy: {label}")
+
+    ppl16 = float(math.exp(np.concatenate(stats["f16"].nll).mean()))
+    rows = [stats["f32"].row("f32:f32", "llama.cpp", ppl16), stats["f16"].row("f16:f16", "llama.cpp", ppl16)]
+    for label, ct, _, _ in jobs:
+        rows.append(stats[(label, None, "K+V")].row(label, ct.engine, ppl16, first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, []))))
+    layer_rows = [stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role) for label, ct, layer, role in extra]
+    settings = {
+        "model": model_name,
+        "context": int(data.shape[1]),
+        "chunks": int(data.shape[0]),
+        "scored": int(data.shape[0] * (data.shape[1] - 1 - first)),
+        "bos": None if bos is None else int(bos),
+        "sinks": int(sinks),
+        "sink_type": sink_type if isinstance(sink_type, str) else getattr(sink_type, "name", str(sink_type)),
+        "rotate_attention": bool(rotate_attention),
+        "generate": int(generate),
+        "greedy_f16": greedy.get("f16"),
+    }
+    return EvalResult(rows, settings, time.perf_counter() - t0, layer_rows)
