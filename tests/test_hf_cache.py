@@ -108,6 +108,23 @@ def _gguf_order(k):
     return out
 
 
+def _simd_q8_0(rows):
+    """ggml's AVX quantize_row_q8_0, written out again in NumPy: fp16(amax/127), rint(x * (127/amax)) half to even."""
+    b = rows.reshape(*rows.shape[:-1], -1, 32).astype(np.float32)
+    amax = np.abs(b).max(-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    codes = np.rint(b * inv).astype(np.int8)
+    d = (amax / np.float32(127)).astype(np.float16)
+    out = np.concatenate([d.view(np.uint8), codes.view(np.uint8)], axis=-1)
+    return out.reshape(*rows.shape[:-1], -1)
+
+
+def _llama_cpp_bytes(rows, fmt, **options):
+    """What llama.cpp's CPU backend writes: quantize_row_*_ref (tbq.quantize), except q8_0's SIMD quantizer."""
+    return _simd_q8_0(rows) if fmt == "q8_0" else tbq.quantize(rows, fmt, **options)
+
+
 def _rot(x, n):
     h = scipy.linalg.hadamard(n).astype(np.float64) / math.sqrt(n)
     s = x.shape
@@ -143,8 +160,8 @@ def test_stored_bytes_are_tbq_quantize_of_llama_cpp_rows(model, ids, k, v):
         if k not in ("f16", "bf16"):
             rows_k = _rot(rows_k, 128)  # head_dim 128: H_128
         rows_v = values if v in ("f16", "bf16") else _rot(values, 64)  # V: H_64 blocks
-        want_k = tbq.quantize(rows_k.reshape(len(rows_k), -1), k, **opts(k))
-        want_v = tbq.quantize(rows_v.reshape(len(rows_v), -1), v, **opts(v))
+        want_k = _llama_cpp_bytes(rows_k.reshape(len(rows_k), -1), k, **opts(k))
+        want_v = _llama_cpp_bytes(rows_v.reshape(len(rows_v), -1), v, **opts(v))
         np.testing.assert_array_equal(layer.key_bytes[0], want_k)
         np.testing.assert_array_equal(layer.value_bytes[0], want_v)
 
@@ -161,8 +178,8 @@ def test_no_rotation_stores_permuted_unrotated_rows(model, ids):
     cache = TbqCache(model.config, "q8_0", "q8_0", rotate_attention=False)
     kv = _run_kv(model, ids, cache)
     keys, values = kv[0]
-    np.testing.assert_array_equal(cache.layers[0].key_bytes[0], tbq.quantize(_gguf_order(keys).reshape(len(keys), -1), "q8_0"))
-    np.testing.assert_array_equal(cache.layers[0].value_bytes[0], tbq.quantize(values.reshape(len(values), -1), "q8_0"))
+    np.testing.assert_array_equal(cache.layers[0].key_bytes[0], _simd_q8_0(_gguf_order(keys).reshape(len(keys), -1)))
+    np.testing.assert_array_equal(cache.layers[0].value_bytes[0], _simd_q8_0(values.reshape(len(values), -1)))
 
 
 def test_generation_appends_rows_token_by_token(model, ids):
@@ -282,6 +299,11 @@ def test_q8_0_simd_rounds_ties_to_even_with_the_fp16_scale():
     want = np.rint(x * inv) * d  # np.rint: half to even
     np.testing.assert_array_equal(got, want)
     assert got[0, 1] == np.float32(-14.0)  # -14.5 -> -14 (even), not -15
+    # the cache's q8_0 bytes: the same rule, Q8_0's layout (tbq.dequantize reads them); _ref rounds the tie away
+    b = eng.q8_0_simd_encode(x)
+    np.testing.assert_array_equal(b, _simd_q8_0(x))
+    np.testing.assert_array_equal(tbq.dequantize(b, "q8_0"), got)
+    assert not np.array_equal(b[0], tbq.quantize(x[0], "q8_0")) and np.array_equal(b[2:], tbq.quantize(x[2:], "q8_0"))
 
 
 # --------------------------------------------------------------------------- the fork's defects

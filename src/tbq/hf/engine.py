@@ -28,6 +28,9 @@ Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
       type says: q8_0 blocks (the CPU backend's SIMD quantizer: ``d = amax/127``
       stored as fp16, codes ``rint(x * 127/amax)``, ties to even) for the
       ggml block types, f32 otherwise;
+    - the rows written by the CPU backend's ``from_float``: ``quantize_row_*_ref``
+      (:func:`tbq.quantize`) for every type but q8_0, whose SIMD quantizer
+      rounds differently (:func:`q8_0_simd_encode`);
     - the fork's TBQ types use the fork's own tables (``codebook="turboq-mtp"``)
       unless the caller passes options.
 
@@ -65,6 +68,7 @@ __all__ = [
     "hadamard",
     "make_engine",
     "q8_0_simd",
+    "q8_0_simd_encode",
     "rotate",
 ]
 
@@ -78,6 +82,9 @@ _UNQUANTIZED = (F32, "f16", "bf16")
 #: K types whose ggml ``vec_dot_type`` is a q8 block type (q8_0; q8_1 for q4_1/q5_1, whose codes and
 #: scale are q8_0's): Q is converted to q8_0 blocks before the K.Q products.
 _Q8_VEC_DOT = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")
+
+#: The type whose CPU-backend quantizer (``from_float``) is not its ``_ref``: written with :func:`q8_0_simd_encode`.
+_SIMD_Q8_0 = "q8_0"
 
 #: The fork's types whose block need only divide the row (llama-context.cpp checks n_embd_k_gqa for them).
 _ROW_BLOCK_TYPES = ("tbq3_0", "tbq4_0")
@@ -136,25 +143,53 @@ def gguf_permutation(head_dim: int) -> np.ndarray:
     return p
 
 
-def q8_0_simd(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (float32, last axis a multiple of 32) through ggml's CPU-backend q8_0 quantizer, decoded.
+def _q8_0_simd_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's CPU-backend q8_0 quantizer (``quantize_row_q8_0``, AVX): per 32 values, the fp16 scale and the codes.
 
-    Per 32 values: ``amax = max |x|``, ``d = fp16(amax / 127)``, codes
-    ``rint(x * (127 / amax))`` rounded half to even (``_mm256_round_ps``;
-    ``quantize_row_q8_0_ref`` rounds half away instead), 0 when ``amax`` is
-    0; the value a dot product sees is ``code * d`` (exact in float32).
-
-    >>> q8_0_simd(torch.full((32,), 0.5)).unique()
-    tensor([0.5000])
+    ``amax = max |x|``, ``d = fp16(amax / 127)``, codes ``rint(x * (127 / amax))``
+    rounded half to even (``_mm256_round_ps``), 0 when ``amax`` is 0.
+    ``quantize_row_q8_0_ref`` (``tbq.quantize(x, "q8_0")``) differs in two
+    places: it multiplies by ``1 / d`` (``1/(amax/127)``, which can be one ulp
+    away from ``127/amax``) and rounds half away from zero.
     """
     shape = x.shape
     b = x.reshape(*shape[:-1], shape[-1] // 32, 32).to(torch.float32)
     amax = b.abs().amax(dim=-1, keepdim=True)
-    d = (amax / 127.0).to(torch.float16).to(torch.float32)
+    d = (amax / 127.0).to(torch.float16)
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
     inv = torch.where(amax > 0, torch.tensor(127.0, dtype=torch.float32) / safe, torch.zeros_like(amax))
     codes = torch.round(b * inv)  # torch.round: half to even
-    return (codes * d).reshape(shape)
+    return d, codes
+
+
+def q8_0_simd(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (float32, last axis a multiple of 32) through ggml's SIMD q8_0 quantizer, decoded: ``code * d``.
+
+    What a q8_0 x q8_0 dot product sees of Q (exact in float32); see :func:`q8_0_simd_encode`.
+
+    >>> q8_0_simd(torch.full((32,), 0.5)).unique()
+    tensor([0.5000])
+    """
+    d, codes = _q8_0_simd_parts(x)
+    return (codes * d.to(torch.float32)).reshape(x.shape)
+
+
+def q8_0_simd_encode(rows: np.ndarray) -> np.ndarray:
+    """q8_0 bytes of float32 ``rows`` (..., n x 32) as ggml's CPU backend writes a q8_0 KV cache.
+
+    The layout is Q8_0's (fp16 scale, 32 int8 codes per block); the rule is
+    :func:`_q8_0_simd_parts`'s. ``tbq.dequantize(..., "q8_0")`` reads them.
+
+    >>> q8_0_simd_encode(np.full((32,), 0.5, np.float32))[:3]
+    array([  8,  28, 127], dtype=uint8)
+    """
+    d, codes = _q8_0_simd_parts(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)))
+    lead = rows.shape[:-1]
+    nb = rows.shape[-1] // 32
+    out = np.empty(lead + (nb, 34), np.uint8)
+    out[..., :2] = d.numpy().view(np.uint8).reshape(lead + (nb, 2))
+    out[..., 2:] = codes.to(torch.int8).numpy().view(np.uint8).reshape(lead + (nb, 32))
+    return out.reshape(lead + (nb * 34,))
 
 
 # ---------------------------------------------------------------------------
@@ -206,6 +241,7 @@ class Side:
     rotation: torch.Tensor | None = field(default=None, repr=False)
     permutation: np.ndarray | None = field(default=None, repr=False)
     fork_pack3: bool = False
+    simd_q8_0: bool = False
 
     @property
     def bytes_per_value(self) -> float:
@@ -239,6 +275,8 @@ class Side:
         rows = np.ascontiguousarray(rows, dtype=np.float32)
         if self.codec is None:
             return rows.view(np.uint8).copy()
+        if self.simd_q8_0:
+            return q8_0_simd_encode(rows)
         data = self.codec.encode(rows)
         if self.fork_pack3:
             data = _fork_tbq3(data)
@@ -337,8 +375,8 @@ def make_engine(engine: str, k, v, *, head_dim: int, kv_heads: int, permute: boo
     k_rot = hadamard(_k_rotation_order(head_dim)) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
     v_rot = hadamard(64) if rotate_attention and v_quantized and head_dim % 64 == 0 else None
     perm = gguf_permutation(head_dim) if permute else None
-    k_side = Side(k_name, k_codec, k_rot, perm, fork_pack3=fork and k_name == "tbq3_0")
-    v_side = Side(v_name, v_codec, v_rot, None, fork_pack3=fork and v_name == "tbq3_0")
+    k_side = Side(k_name, k_codec, k_rot, perm, fork_pack3=fork and k_name == "tbq3_0", simd_q8_0=k_name == _SIMD_Q8_0)
+    v_side = Side(v_name, v_codec, v_rot, None, fork_pack3=fork and v_name == "tbq3_0", simd_q8_0=v_name == _SIMD_Q8_0)
     return Engine(
         engine,
         k_side,
