@@ -1,0 +1,151 @@
+"""``tbq eval`` on the command line: a random-weight model directory and GGUF made here, and the shipped model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tbq.cli import main
+from tbq.hf.shipped import MODEL_DIR
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _save(path, head_dim=128, kv_heads=2, heads=4, vocab=1024):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+                      num_hidden_layers=2, intermediate_size=96, vocab_size=vocab, max_position_embeddings=1024,
+                      bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    for f in TOKENIZER_FILES:
+        shutil.copy(MODEL_DIR / f, path / f)
+    return path
+
+
+@pytest.fixture(scope="module")
+def rand_dir(tmp_path_factory):
+    return _save(tmp_path_factory.mktemp("rand") / "model")
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    p = tmp_path_factory.mktemp("text") / "text.txt"
+    p.write_text((MODEL_DIR / "heldout.txt").read_text()[:12000])
+    return p
+
+
+def _run(capsys, *argv):
+    code = main(["eval", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_eval_json_rows_and_capture(rand_dir, text, tmp_path, capsys):
+    cap = tmp_path / "kv.npz"
+    code, out, err = _run(capsys, rand_dir, "--text", text, "--context", 256, "--chunks", 2,
+                          "--cache-types", "q8_0,q4_0:tbq3_0,tbq4_0@fork", "--generate", 4, "--json", "--capture", cap)
+    assert code == 0, err
+    res = json.loads(out)
+    assert [r["cache"] for r in res["rows"]] == ["f32:f32", "f16:f16", "q8_0:q8_0", "q4_0:tbq3_0", "tbq4_0:tbq4_0@fork"]
+    assert res["settings"]["chunks"] == 2 and res["settings"]["scored"] == 2 * 127
+    assert res["rows"][2]["bytes_per_token"] == 2 * 2 * (256 // 32 * 34)
+    with np.load(cap) as z:
+        assert sorted(z.files) == ["layer0_k", "layer0_v", "layer1_k", "layer1_v"]
+        assert z["layer0_k"].shape == (256, 2, 128) and z["layer0_k"].dtype == np.float32
+    # the captured keys are a tbq compare input
+    assert main(["compare", str(cap), "--array", "layer0_k", "--formats", "q8_0", "--json", "--quiet"]) == 0
+    capsys.readouterr()
+
+
+def test_eval_table_fits_100_columns_and_plots(rand_dir, text, tmp_path, capsys):
+    png = tmp_path / "eval.png"
+    code, out, err = _run(capsys, rand_dir, "--text", text, "--context", 256, "--chunks", 2, "--cache-types", "q4_0",
+                          "--per-layer", "--roles", "--generate", 0, "--plot", png)
+    assert code == 0, err
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "q4_0:q4_0 (K)" in out and "q4_0:q4_0 (V)" in out
+    assert png.stat().st_size > 10_000
+
+
+def test_eval_reads_a_gguf_file(rand_dir, text, tmp_path, capsys):
+    from tbq.hf.gguf_export import export_gguf
+
+    gguf = export_gguf(rand_dir, tmp_path / "rand.gguf")
+    for f in TOKENIZER_FILES:  # transformers reads the tokenizer from the GGUF itself
+        assert not (tmp_path / f).exists()
+    args = ("--text", text, "--context", 256, "--chunks", 2, "--cache-types", "q4_0", "--generate", 0, "--json")
+    code_g, out_g, err = _run(capsys, gguf, *args)
+    assert code_g == 0, err
+    code_h, out_h, _ = _run(capsys, rand_dir, *args)
+    g, h = json.loads(out_g)["rows"], json.loads(out_h)["rows"]
+    assert [r["ppl"] for r in g] == [r["ppl"] for r in h]  # the same model, the same tokens, the same figures
+
+
+def test_eval_tokens_file(rand_dir, tmp_path, capsys):
+    t = tmp_path / "t.npy"
+    np.save(t, np.random.default_rng(0).integers(0, 1024, 600))
+    code, out, err = _run(capsys, rand_dir, "--tokens", t, "--context", 256, "--cache-types", "q8_0", "--generate", 0)
+    assert code == 0, err
+    assert "2 chunks x 256 tokens" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["/no/such/model"], "no such file or directory"),
+        (["{rand}", "--cache-types", "q4_0,q3_k"], "unknown cache type 'q3_k'"),
+        (["{rand}", "--cache-types", "q4_0,"], "an empty entry"),
+        (["{rand}", "--cache-types", "q4_0@vllm"], "unknown engine 'vllm'"),
+        (["{rand}", "--text", "{short}"], "needs at least 2 x context = 1024"),
+        (["{rand}", "--text", "{text}", "--context", "256", "--chunks", "99"], "not 99"),
+        (["{rand}", "--text", "/no/such.txt"], "--text /no/such.txt: no such file"),
+        (["{rand}", "--tokens", "{badtok}"], "token ids must be in 0..1023"),
+        (["{rand}", "--sink-type", "q9"], "--sink-type 'q9': unknown format"),
+        (["{rand80}", "--cache-types", "q8_0", "--text", "{text}", "--context", "256"],
+         "its 32-value block does not divide head_dim 80"),
+        (["{bert}"], "cannot be loaded as a causal language model"),
+        (["{rand}", "--context", "0"], "must be at least 4"),
+        (["{rand}", "--plot", "{tmp}"], "is a directory"),
+    ],
+)
+def test_eval_bad_input_is_one_line_and_exit_2(argv, message, rand_dir, text, tmp_path, capsys):
+    from transformers import DistilBertConfig, DistilBertModel
+
+    short = tmp_path / "short.txt"
+    short.write_text("def f():\n    return 1\n")
+    badtok = tmp_path / "bad.npy"
+    np.save(badtok, np.arange(2000) + 1000)
+    names = {"rand": rand_dir, "text": text, "short": short, "badtok": badtok, "tmp": tmp_path}
+    if any("{rand80}" in a for a in argv):
+        names["rand80"] = _save(tmp_path / "m80", head_dim=80, kv_heads=1, heads=2)
+    if any("{bert}" in a for a in argv):
+        DistilBertModel(DistilBertConfig(n_layers=1, dim=32, hidden_dim=32, n_heads=2, vocab_size=50)).save_pretrained(tmp_path / "bert")
+        names["bert"] = tmp_path / "bert"
+    code, out, err = _run(capsys, *[a.format(**names) for a in argv])
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("tbq eval: error:"), err
+    assert message in err
+    assert out == ""
+
+
+def test_eval_default_run_in_a_fresh_process():
+    """``tbq eval`` with no arguments: the shipped model, held-out text, every format and the mixes."""
+    from tbq.cli.eval import default_cache_types
+
+    proc = subprocess.run([sys.executable, "-m", "tbq.cli", "eval", "--json"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    caches = [r["cache"] for r in res["rows"]]
+    assert caches == ["f32:f32", "f16:f16"] + default_cache_types()
+    rows = {r["cache"]: r for r in res["rows"]}
+    # a trained model: f16 is nearly free, q8_0 close to it, 3-bit costs more than q8_0
+    assert abs(rows["f16:f16"]["ppl"] / rows["f32:f32"]["ppl"] - 1) < 1e-3
+    assert rows["q8_0:q8_0"]["kl_mean"] < rows["tbq3_0:tbq3_0"]["kl_mean"]
+    assert res["seconds"] < 300
