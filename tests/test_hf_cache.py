@@ -126,9 +126,18 @@ def _llama_cpp_bytes(rows, fmt, **options):
 
 
 def _rot(x, n):
-    h = scipy.linalg.hadamard(n).astype(np.float64) / math.sqrt(n)
+    """x times H_n / sqrt(n) in n-value blocks: the spec's in-place butterfly in float32, written out again."""
     s = x.shape
-    return (x.reshape(*s[:-1], s[-1] // n, n).astype(np.float64) @ h).reshape(s).astype(np.float32)
+    w = x.reshape(-1, n).astype(np.float32).copy()
+    h = 1
+    while h < n:
+        for start in range(0, n, 2 * h):
+            a = w[:, start : start + h].copy()
+            b = w[:, start + h : start + 2 * h].copy()
+            w[:, start : start + h] = a + b
+            w[:, start + h : start + 2 * h] = a - b
+        h *= 2
+    return (w * np.float32(1.0 / math.sqrt(n))).reshape(s)
 
 
 # --------------------------------------------------------------------------- exactness
@@ -283,6 +292,10 @@ def test_tbq_block_spans_two_heads_at_head_dim_64():
 def test_rotation_order_and_hadamard():
     assert [eng._k_rotation_order(d) for d in (64, 128, 192, 256, 320)] == [64, 128, 64, 256, 64]
     np.testing.assert_array_equal(eng.hadamard(16).numpy(), scipy.linalg.hadamard(16) / 4.0)
+    # the rotation the cache applies is H_n: against the float64 matrix, within float32 rounding
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32))
+    want = (x.double().reshape(8, 2, 128) @ eng.hadamard(128)).reshape(8, 256)
+    torch.testing.assert_close(eng.rotate(x, 128).double(), want, rtol=0, atol=1e-5)
 
 
 def test_q8_0_simd_rounds_ties_to_even_with_the_fp16_scale():

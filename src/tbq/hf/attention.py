@@ -33,10 +33,8 @@ def tbq_attention(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     eng = read.engine
     dtype = query.dtype
-    if eng.q_transformed:
-        q, k = eng.query(query.float()), read.keys
-    else:
-        q, k = query.float(), key.float()
+    q = eng.query(query.float()) if eng.q_transformed else query.float()
+    k = read.keys if eng.q_transformed else key.float()
     v = read.values if eng.v.rotation is not None else value.float()
     out, weights = sdpa_attention_forward(module, q, k, v, attention_mask, **kwargs)
     return eng.output(out).to(dtype), weights

@@ -120,9 +120,13 @@ class TbqLayer(CacheLayerMixin):
     is_croppable = False
     is_sliding = False
 
-    def __init__(self, engine: Engine, *, sinks: int = 0, sink_type=None, residual: int = 0, sink_engine: Engine | None = None):
+    def __init__(self, engine: Engine, *, sinks: int = 0, sink_type=None, residual: int = 0, sink_engine: Engine | None = None,
+                 tbq_attention: bool = False):
         super().__init__()
         self.engine = engine
+        #: the "tbq" attention reads K (V) in the stored domain: update() returns that side untransformed
+        self.stored_k = tbq_attention and engine.q_transformed
+        self.stored_v = tbq_attention and engine.v.rotation is not None
         self.sinks, self.residual = int(sinks), int(residual)
         row = engine.kv_heads * engine.head_dim
         ks = vs = None
@@ -202,13 +206,14 @@ class TbqLayer(CacheLayerMixin):
         if self.residual:
             self._k.flush(self.residual)
             self._v.flush(self.residual)
-        k_model = self.engine.k.to_model(k_stored).transpose(1, 2)
-        v_model = self.engine.v.to_model(v_stored).transpose(1, 2)
+        read = LayerRead(self.engine, k_stored.transpose(1, 2), v_stored.transpose(1, 2))
+        # With the "tbq" attention, a side it reads in the stored domain is returned as it is (no transform
+        # back); any other attention gets the model's domain.
+        k_model = read.keys if self.stored_k else self.engine.k.to_model(k_stored).transpose(1, 2)
+        v_model = read.values if self.stored_v else self.engine.v.to_model(v_stored).transpose(1, 2)
         k_model = k_model.to(device=self.device, dtype=self.dtype)
         v_model = v_model.to(device=self.device, dtype=self.dtype)
-        read = LayerRead(self.engine, k_stored.transpose(1, 2), v_stored.transpose(1, 2))
-        # the "tbq" attention finds the stored domain here; any other attention uses the tensors as they are
-        k_model._tbq_read = read
+        k_model._tbq_read = read  # where the "tbq" attention finds the stored domain
         return k_model, v_model
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -298,13 +303,14 @@ class TbqCache(Cache):
         if permute is None:
             model_type = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", "")
             permute = engine != "plain" and model_type in PERMUTED_MODEL_TYPES
+        tbq_attention = getattr(config, "_attn_implementation", None) == "tbq"  # tbq.hf.prepare(model) sets it
         kw = dict(head_dim=head_dim, kv_heads=kv_heads, permute=bool(permute) and engine != "plain", rotate_attention=rotate_attention)
         sink_engine = make_engine(engine, sink_type, sink_type, **kw) if sinks else None
         built = []
         for idx in range(n_layers):
             lk, lv = per_layer.get(idx, (k, v))
             eng = make_engine(engine, lk, lv, **kw)
-            built.append(TbqLayer(eng, sinks=sinks, residual=residual, sink_engine=sink_engine))
+            built.append(TbqLayer(eng, sinks=sinks, residual=residual, sink_engine=sink_engine, tbq_attention=tbq_attention))
         super().__init__(layers=built)
         self.engine, self.sinks, self.residual = engine, sinks, residual
         self.kv_heads, self.head_dim = kv_heads, head_dim

@@ -56,6 +56,7 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
+from ..rotation import fwht
 from ..formats import FORMATS, get_format
 from . import ENGINES
 
@@ -116,16 +117,17 @@ def hadamard(n: int) -> torch.Tensor:
     return h / math.sqrt(n)
 
 
-def rotate(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """``x`` (float32, last axis a multiple of ``h``'s order) times ``h`` in blocks along the last axis.
+def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` (float32, last axis a multiple of ``n``) times the orthonormal ``H_n`` in n-value blocks along the last axis.
 
-    Computed in float64 and rounded once to float32. ``h`` is symmetric and
-    orthonormal, so ``rotate(rotate(x, h), h)`` is ``x`` up to that rounding.
+    The spec's in-place butterfly in float32 (:func:`tbq.rotation.fwht`, one
+    multiplication by ``float32(1/sqrt(n))`` at the end), O(n log n) per block.
+    ``H_n`` is symmetric and orthonormal, so ``rotate(rotate(x, n), n)`` is ``x``
+    up to float32 rounding.
     """
-    n = h.shape[0]
     shape = x.shape
-    y = x.reshape(*shape[:-1], shape[-1] // n, n).to(torch.float64) @ h
-    return y.reshape(shape).to(torch.float32)
+    a = np.ascontiguousarray(x.detach().to(device="cpu", dtype=torch.float32).numpy()).reshape(-1, n)
+    return torch.from_numpy(fwht(a).reshape(shape))
 
 
 def gguf_permutation(head_dim: int) -> np.ndarray:
@@ -238,7 +240,7 @@ class Side:
 
     name: str
     codec: Codec | None
-    rotation: torch.Tensor | None = field(default=None, repr=False)
+    rotation: int | None = None  # the Walsh-Hadamard order, or None
     permutation: np.ndarray | None = field(default=None, repr=False)
     fork_pack3: bool = False
     simd_q8_0: bool = False
@@ -372,8 +374,8 @@ def make_engine(engine: str, k, v, *, head_dim: int, kv_heads: int, permute: boo
         return Engine(engine, Side(k_name, k_codec), Side(v_name, v_codec), head_dim, kv_heads)
     fork = engine == "llama.cpp-fork"
     k_quantized, v_quantized = k_name not in _UNQUANTIZED, v_name not in _UNQUANTIZED
-    k_rot = hadamard(_k_rotation_order(head_dim)) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
-    v_rot = hadamard(64) if rotate_attention and v_quantized and head_dim % 64 == 0 else None
+    k_rot = _k_rotation_order(head_dim) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
+    v_rot = 64 if rotate_attention and v_quantized and head_dim % 64 == 0 else None
     perm = gguf_permutation(head_dim) if permute else None
     k_side = Side(k_name, k_codec, k_rot, perm, fork_pack3=fork and k_name == "tbq3_0", simd_q8_0=k_name == _SIMD_Q8_0)
     v_side = Side(v_name, v_codec, v_rot, None, fork_pack3=fork and v_name == "tbq3_0", simd_q8_0=v_name == _SIMD_Q8_0)
