@@ -296,6 +296,9 @@ def test_rotation_order_and_hadamard():
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32))
     want = (x.double().reshape(8, 2, 128) @ eng.hadamard(128)).reshape(8, 256)
     torch.testing.assert_close(eng.rotate(x, 128).double(), want, rtol=0, atol=1e-5)
+    # and bit for bit the spec's NumPy butterfly
+    for n in (64, 128, 256):
+        np.testing.assert_array_equal(eng.rotate(x, n).numpy().view(np.uint32), tbq.rotation.fwht(x.numpy().reshape(-1, n)).reshape(8, 256).view(np.uint32))
 
 
 def test_q8_0_simd_rounds_ties_to_even_with_the_fp16_scale():

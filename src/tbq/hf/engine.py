@@ -56,7 +56,8 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
-from ..rotation import fwht
+from ..kernels import jit
+from ..rotation import hadamard_scale
 from ..formats import FORMATS, get_format
 from . import ENGINES
 
@@ -120,14 +121,39 @@ def hadamard(n: int) -> torch.Tensor:
 def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     """``x`` (float32, last axis a multiple of ``n``) times the orthonormal ``H_n`` in n-value blocks along the last axis.
 
-    The spec's in-place butterfly in float32 (:func:`tbq.rotation.fwht`, one
-    multiplication by ``float32(1/sqrt(n))`` at the end), O(n log n) per block.
+    The spec's in-place butterfly in float32 (:func:`tbq.rotation.fwht`'s
+    operations, one multiplication by ``float32(1/sqrt(n))`` at the end, in a
+    numba kernel), O(n log n) per block.
     ``H_n`` is symmetric and orthonormal, so ``rotate(rotate(x, n), n)`` is ``x``
     up to float32 rounding.
     """
     shape = x.shape
-    a = np.ascontiguousarray(x.detach().to(device="cpu", dtype=torch.float32).numpy()).reshape(-1, n)
-    return torch.from_numpy(fwht(a).reshape(shape))
+    a = np.array(x.detach().to(device="cpu", dtype=torch.float32).numpy(), dtype=np.float32, order="C").reshape(-1, n)
+    _fwht_rows(a, hadamard_scale(n, np.float32))
+    return torch.from_numpy(a.reshape(shape))
+
+
+@jit
+def _fwht_rows(w, scale):
+    """In place, every row of ``w`` (float32, n a power of two): :func:`tbq.rotation.fwht`'s butterfly, then ``* scale``.
+
+    The same float32 operations in the same order as the NumPy butterfly
+    (stage h: ``(a, b) -> (a + b, a - b)`` for each pair ``j, j + h``), so the
+    bits are identical (tests/test_hf_cache.py checks it).
+    """
+    rows, n = w.shape
+    for r in range(rows):
+        h = 1
+        while h < n:
+            for start in range(0, n, 2 * h):
+                for j in range(start, start + h):
+                    a = w[r, j]
+                    b = w[r, j + h]
+                    w[r, j] = a + b
+                    w[r, j + h] = a - b
+            h *= 2
+        for j in range(n):
+            w[r, j] = w[r, j] * scale
 
 
 def gguf_permutation(head_dim: int) -> np.ndarray:
