@@ -11,6 +11,7 @@ permutation), so the model computes in transformers' channel order and
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import TbqValueError
@@ -35,6 +36,19 @@ def resolve_model_path(path=None) -> Path:
     return p
 
 
+@contextmanager
+def _quiet_tqdm():
+    """transformers' GGUF loader wraps its tensor loop in a plain tqdm bar (not its logging's): pass the loop through."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    old = getattr(gguf_utils, "tqdm", None)
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = old
+
+
 def load(path=None, *, dtype="float32", tokenizer: bool = True):
     """``(model, tokenizer)`` from a HF directory, a ``.gguf`` file, or the shipped model (``path=None``).
 
@@ -56,7 +70,8 @@ def load(path=None, *, dtype="float32", tokenizer: bool = True):
     else:
         where, kw = str(p.parent), {"gguf_file": p.name}
     try:
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, local_files_only=True, **kw)
+        with _quiet_tqdm():  # transformers' GGUF loader draws a plain tqdm bar
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, local_files_only=True, **kw)
     except (ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TbqValueError(f"model {str(p)!r} cannot be loaded as a causal language model: {first}") from None
