@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from tbq.hf import TbqCache, prepare
-from tbq.hf.load import load
+from tbq.hf.loader import load
 
 DEFAULT_FORMATS = "f16,q8_0,q4_0,q5_1,iq4_nl,tbq4_0,tbq3_0,planar3_0,nvfp4"
 

@@ -65,8 +65,8 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
-    from tbq.hf.evaluate import CacheType, evaluate
-    from tbq.hf.load import load
+    from tbq.hf.evaluation import CacheType, evaluate
+    from tbq.hf.loader import load
     from tbq.hf.shipped import MODEL_DIR, gguf_path
 
     gguf = args.gguf or gguf_path()

@@ -21,7 +21,7 @@ from tbq.errors import ConfigError, TbqValueError
 from tbq.hf import TbqCache, prepare
 from tbq.hf import engine as eng
 from tbq.hf.capture import capture_kv, load_kv, save_kv
-from tbq.hf.evaluate import evaluate, parse_cache_type, perplexity_chunks
+from tbq.hf.evaluation import evaluate, parse_cache_type, perplexity_chunks
 
 
 def _model(head_dim=128, kv_heads=2, heads=4, layers=3, seed=0, vocab=97):

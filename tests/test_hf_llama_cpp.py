@@ -39,7 +39,7 @@ def llama_perplexity(gguf: Path, text: Path, k: str, v: str, tries: int = 6) -> 
 
 @pytest.fixture(scope="module")
 def shipped():
-    from tbq.hf.load import load
+    from tbq.hf.loader import load
     from tbq.hf.shipped import MODEL_DIR, gguf_path
 
     model, tokenizer = load(gguf_path())
@@ -50,7 +50,7 @@ def shipped():
 
 
 def test_tbq_eval_agrees_with_llama_perplexity(shipped):
-    from tbq.hf.evaluate import evaluate
+    from tbq.hf.evaluation import evaluate
 
     model, tokens, gguf, text = shipped
     res = evaluate(model, tokens, ["q8_0", "q4_0"], context=CONTEXT, chunks=CHUNKS)

@@ -17,6 +17,7 @@ FIGURES = {
     "rotation": ["rotation_block.png", "rotation_channels.png", "rotation_error.png", "rotation_planar_iso.png", "rotation_nmse.png"],
     "keys_vs_values": ["kv_context.png", "kv_key_axis.png", "kv_bits.png", "kv_sinks.png"],
     "codebooks": ["codebooks_tables.png", "codebooks_indices.png", "codebooks_shipped.png", "codebooks_ratios.png"],
+    "real_model": ["real_kl.png", "real_key_channels.png", "real_layers.png"],
 }
 NAMES = list(FIGURES)
 

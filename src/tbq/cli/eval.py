@@ -14,8 +14,8 @@ from ..hf import ENGINES
 
 
 def default_cache_types() -> list[str]:
-    """Every format as K = V, then the mixes users run (:data:`tbq.hf.evaluate.DEFAULT_MIXES`)."""
-    from ..hf.evaluate import DEFAULT_MIXES
+    """Every format as K = V, then the mixes users run (:data:`tbq.hf.evaluation.DEFAULT_MIXES`)."""
+    from ..hf.evaluation import DEFAULT_MIXES
 
     return [f"{f}:{f}" for f in formats() if f != "f16"] + list(DEFAULT_MIXES)
 
@@ -55,7 +55,7 @@ def add_arguments(p) -> None:
 
 
 def _cache_types(args) -> list:
-    from ..hf.evaluate import parse_cache_type
+    from ..hf.evaluation import parse_cache_type
 
     specs = default_cache_types() if args.cache_types is None else [s for s in args.cache_types.split(",")]
     if any(not s.strip() for s in specs):
@@ -101,8 +101,8 @@ def run_cli(args) -> int:
     if args.tokens is not None and not Path(args.tokens).is_file():
         raise TbqValueError(f"--tokens {args.tokens}: no such file")
     try:
-        from ..hf import evaluate as ev
-        from ..hf.load import load, resolve_model_path
+        from ..hf import evaluation as ev
+        from ..hf.loader import load, resolve_model_path
     except ImportError as exc:  # the hf extra is missing
         raise ConfigError(f"tbq eval needs the hf extra ({exc.name} is not installed): pip install '.[hf]'") from None
     path = resolve_model_path(args.model)

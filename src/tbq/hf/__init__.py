@@ -3,7 +3,8 @@
 Needs the ``hf`` extra (``pip install 'tbq[hf]'``: torch, transformers,
 tokenizers, safetensors, gguf). The names below import torch and
 transformers on first use, so ``import tbq.hf`` (and :mod:`tbq.hf.shipped`)
-stays light.
+stays light. (Their modules are named apart from them, :mod:`tbq.hf.loader`
+and :mod:`tbq.hf.evaluation`, so importing a module never shadows a function.)
 
 - :class:`TbqCache`: a transformers cache whose layers store K and V as
   :func:`tbq.quantize` bytes, mirroring llama.cpp's ``-ctk/-ctv`` by default
@@ -30,9 +31,9 @@ __all__ = ["TbqCache", "prepare", "load", "evaluate", "capture_kv", "save_kv", "
 _LAZY = {
     "TbqCache": "tbq.hf.cache",
     "prepare": "tbq.hf.attention",
-    "load": "tbq.hf.load",
-    "evaluate": "tbq.hf.evaluate",
-    "EvalResult": "tbq.hf.evaluate",
+    "load": "tbq.hf.loader",
+    "evaluate": "tbq.hf.evaluation",
+    "EvalResult": "tbq.hf.evaluation",
     "capture_kv": "tbq.hf.capture",
     "save_kv": "tbq.hf.capture",
     "load_kv": "tbq.hf.capture",
