@@ -13,6 +13,19 @@ from ..formats import formats
 from ..hf import ENGINES
 
 
+#: Chunks ``tbq eval`` scores unless told: enough for stable figures, few enough to finish in a minute or two.
+DEFAULT_CHUNKS = 8
+
+
+def _chunks_arg(text: str):
+    if text.strip().lower() == "all":
+        return "all"
+    return int_at_least(1)(text)
+
+
+_chunks_arg.__name__ = "a positive integer or 'all'"
+
+
 def default_cache_types() -> list[str]:
     """Every format as K = V, then the mixes users run (:data:`tbq.hf.evaluation.DEFAULT_MIXES`)."""
     from ..hf.evaluation import DEFAULT_MIXES
@@ -28,8 +41,9 @@ def add_arguments(p) -> None:
                      "with BOS first, as llama-perplexity does (default: the shipped held-out text)")
     src.add_argument("--tokens", metavar="FILE.npy", help="a 1-d integer .npy array of token ids, used as it is")
     d.add_argument("--context", type=int_at_least(4), default=512, help="tokens per chunk (llama-perplexity's -c)")
-    d.add_argument("--chunks", type=int_at_least(1), default=None,
-                   help="chunks to evaluate (llama-perplexity's --chunks; default: all the text holds)")
+    d.add_argument("--chunks", type=_chunks_arg, default=None,
+                   help="chunks to evaluate (llama-perplexity's --chunks), or 'all' "
+                   f"(default: {DEFAULT_CHUNKS}, or all the text holds if fewer)")
     c = p.add_argument_group("cache")
     c.add_argument("--cache-types", metavar="K:V,...", default=None,
                    help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32 "
@@ -118,12 +132,16 @@ def run_cli(args) -> int:
         bar.done = done - 1
         bar.step(label)
 
+    if args.chunks is None:
+        chunks = min(DEFAULT_CHUNKS, len(tokens) // args.context) or None  # None: let evaluate refuse a short text
+    else:
+        chunks = None if args.chunks == "all" else args.chunks
     result = ev.evaluate(
         model,
         tokens,
         types,
         context=args.context,
-        chunks=args.chunks,
+        chunks=chunks,
         sinks=args.sinks,
         sink_type=args.sink_type,
         per_layer=args.per_layer,
