@@ -7,7 +7,7 @@ tokens (the model's tokenizer, BOS first), and the relative difference.
 The fork's TBQ rows are shown with the engine that reproduces its defects
 (``@fork``) and with the correct one.
 
-    python benchmarks/eval_vs_llama_cpp.py [--llama-cpp ../shared/llama.cpp/bin] [--gguf FILE] [--text FILE]
+    python benchmarks/eval_vs_llama_cpp.py [--llama-cpp ../shared/llama.cpp] [--gguf FILE] [--text FILE]
                                            [--context 512] [--chunks 4] [--markdown]
 
 Without ``--gguf`` it uses the shipped model's GGUF and held-out text.
@@ -16,15 +16,12 @@ Without ``--gguf`` it uses the shipped model's GGUF and held-out text.
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BIN = ROOT.parent / "shared" / "llama.cpp" / "bin"
+DEFAULT_DIR = ROOT.parent / "shared" / "llama.cpp"
 
 #: (K, V, rotation, tbq engine): what is compared
 CASES = [
@@ -35,6 +32,8 @@ CASES = [
     ("q4_0", "q4_0", False, "llama.cpp"),
     ("q5_1", "q5_1", True, "llama.cpp"),
     ("iq4_nl", "iq4_nl", True, "llama.cpp"),
+    ("q8_0", "q4_0", True, "llama.cpp"),
+    ("q4_0", "q8_0", True, "llama.cpp"),
     ("tbq4_0", "tbq4_0", True, "llama.cpp-fork"),
     ("tbq4_0", "tbq4_0", True, "llama.cpp"),
     ("tbq3_0", "tbq3_0", True, "llama.cpp-fork"),
@@ -42,23 +41,9 @@ CASES = [
 ]
 
 
-def llama_perplexity(binary: Path, gguf, text, context, chunks, k, v, rotate: bool, tries: int = 6) -> float | None:
-    env = dict(os.environ)
-    if not rotate:
-        env["LLAMA_ATTN_ROT_DISABLE"] = "1"
-    cmd = [str(binary), "-m", str(gguf), "-f", str(text), "-c", str(context), "--chunks", str(chunks),
-           "-t", "2", "-ctk", k, "-ctv", v, "-fa", "on", "--no-warmup"]
-    for _ in range(tries):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", proc.stdout + proc.stderr)
-        if m:
-            return float(m.group(1))
-    return None
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--llama-cpp", type=Path, default=DEFAULT_BIN, help="the folder holding llama-perplexity")
+    p.add_argument("--llama-cpp", type=Path, default=DEFAULT_DIR, help="the llama.cpp folder (its bin/ holds llama-perplexity)")
     p.add_argument("--gguf", type=Path)
     p.add_argument("--text", type=Path)
     p.add_argument("--context", type=int, default=512)
@@ -66,12 +51,13 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
     from tbq.hf.evaluation import CacheType, evaluate
+    from tbq.hf.gguf_export import run_llama_perplexity
     from tbq.hf.loader import load
     from tbq.hf.shipped import MODEL_DIR, gguf_path
 
     gguf = args.gguf or gguf_path()
     text = args.text or MODEL_DIR / "heldout.txt"
-    binary = args.llama_cpp / "llama-perplexity"
+    binary = args.llama_cpp / "bin" / "llama-perplexity"
     if not binary.exists():
         raise SystemExit(f"no llama-perplexity at {binary}; pass --llama-cpp")
     model, tok = load(gguf)
@@ -84,7 +70,11 @@ def main(argv=None) -> int:
                        context=args.context, chunks=args.chunks, rotate_attention=rotate)
         for k, v, _, e in cases:
             ours = res.row(f"{k}:{v}" if k == "f16" else CacheType(k, v, e).label).ppl
-            theirs = llama_perplexity(binary, gguf, text, args.context, args.chunks, k, v, rotate)
+            try:
+                theirs = run_llama_perplexity(args.llama_cpp, gguf, text, args.context, args.chunks, cache_type=k,
+                                              v_type=v, rotate=rotate)["ppl"]
+            except RuntimeError:  # e.g. an illegal instruction on this CPU: reported as no output
+                theirs = None
             rows.append((f"{k}:{v}", "on" if rotate else "off", e, theirs, ours))
     print(f"{gguf.name}, {text.name}: -c {args.context} --chunks {args.chunks}, -fa on, 2 threads")
     if args.markdown:

@@ -8,33 +8,21 @@ reason, where ../shared is absent (users' machines); CI has it.
 
 from __future__ import annotations
 
-import re
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp" / "bin"
-PERPLEXITY = SHARED / "llama-perplexity"
+from tbq.hf.gguf_export import run_llama_perplexity
+
+LLAMA_CPP = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp"
+PERPLEXITY = LLAMA_CPP / "bin" / "llama-perplexity"
 
 pytestmark = pytest.mark.skipif(
     not PERPLEXITY.exists(), reason=f"llama.cpp's llama-perplexity is not at {PERPLEXITY} (../shared is absent)"
 )
 
 CONTEXT, CHUNKS = 512, 4
-
-
-def llama_perplexity(gguf: Path, text: Path, k: str, v: str, tries: int = 6) -> float:
-    """``Final estimate: PPL = ...`` of one llama-perplexity run (retried: some runs lose the tail of their output)."""
-    cmd = [str(PERPLEXITY), "-m", str(gguf), "-f", str(text), "-c", str(CONTEXT), "--chunks", str(CHUNKS),
-           "-t", "2", "-ctk", k, "-ctv", v, "-fa", "on", "--no-warmup"]
-    for _ in range(tries):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        m = re.search(r"Final estimate: PPL = ([0-9.]+)", proc.stdout + proc.stderr)
-        if m:
-            return float(m.group(1))
-    raise AssertionError(f"no 'Final estimate' line in {tries} runs of {' '.join(cmd)}:\n{proc.stderr[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -56,5 +44,5 @@ def test_tbq_eval_agrees_with_llama_perplexity(shipped):
     res = evaluate(model, tokens, ["q8_0", "q4_0"], context=CONTEXT, chunks=CHUNKS)
     for cache in ("f16", "q8_0", "q4_0"):
         ours = res.row(f"{cache}:{cache}").ppl
-        theirs = llama_perplexity(gguf, text, cache, cache)
+        theirs = run_llama_perplexity(LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
         assert abs(ours / theirs - 1) <= 1e-3, (cache, ours, theirs)

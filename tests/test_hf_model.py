@@ -17,6 +17,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, TokenType
 
+from tbq.hf.loader import load
 from tbq.hf import gguf_export, shipped, train
 
 LLAMA_CPP = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp"
@@ -35,12 +36,14 @@ def config():
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(2)
-    return shipped.load_model()
+    return load(tokenizer=False)[0]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return shipped.load_tokenizer()
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(shipped.MODEL_DIR))
 
 
 @pytest.fixture(scope="module")

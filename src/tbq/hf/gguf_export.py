@@ -227,27 +227,35 @@ _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 
 def run_llama_perplexity(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, n_ctx: int = 512,
-                         n_chunks: int = 4, threads: int = 2, cache_type: str = "f16", retries: int = 6) -> dict:
-    """``llama-perplexity -m GGUF -f TEXT -c n_ctx --chunks n -t threads -ctk T -ctv T -fa on --no-warmup``.
+                         n_chunks: int = 4, threads: int = 2, cache_type: str = "f16", retries: int = 6, *,
+                         v_type: str | None = None, rotate: bool = True) -> dict:
+    """``llama-perplexity -m GGUF -f TEXT -c n_ctx --chunks n -t threads -ctk K -ctv V -fa on --no-warmup``.
 
-    Retried when the asynchronous logger loses the ``Final estimate`` line at
-    exit. ``--no-warmup``: the shared build was compiled with ``GGML_NATIVE`` on
+    ``cache_type`` is K's type, ``v_type`` V's (default: the same);
+    ``rotate=False`` sets ``LLAMA_ATTN_ROT_DISABLE=1``. Retried when the
+    asynchronous logger loses the ``Final estimate`` line at exit.
+    ``--no-warmup``: the shared build was compiled with ``GGML_NATIVE`` on
     a CPU with AVX512-FP16; its warm-up (a 1-token batch) takes flash
     attention's one-row path, whose ``ggml_vec_dot_f16`` executes
     ``vfmadd231ph`` and dies with SIGILL on CPUs without AVX512-FP16 (AMD EPYC
     here). The 512-token chunks take the tiled path (f32 arithmetic) and run;
     the warm-up changes no result (its cache is cleared).
     """
+    import os
+
+    env = dict(os.environ)
+    if not rotate:
+        env["LLAMA_ATTN_ROT_DISABLE"] = "1"
     cmd = [str(Path(llama_dir) / "bin" / "llama-perplexity"), "-m", str(gguf_path), "-f", str(text_path),
-           "-c", str(n_ctx), "--chunks", str(n_chunks), "-t", str(threads), "-ctk", cache_type, "-ctv", cache_type,
+           "-c", str(n_ctx), "--chunks", str(n_chunks), "-t", str(threads), "-ctk", cache_type, "-ctv", v_type or cache_type,
            "-fa", "on", "--no-warmup"]
     for attempt in range(1, retries + 1):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         m = _FINAL.search(proc.stdout + proc.stderr)
         if m:
             return {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "attempts": attempt,
                     "command": " ".join(["llama-perplexity"] + cmd[1:]), "output": proc.stdout + proc.stderr}
-    raise RuntimeError(f"no 'Final estimate' line in {retries} runs of {' '.join(cmd)}:\n{proc.stdout}{proc.stderr}")
+    raise RuntimeError(f"no 'Final estimate' line in {retries} runs of {' '.join(cmd)}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
 
 def run_dump_logits(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, out_bin: Path | str,

@@ -44,18 +44,3 @@ def train_log() -> dict:
     import json
 
     return json.loads((MODEL_DIR / "train_log.json").read_text())
-
-
-def load_tokenizer():
-    """``AutoTokenizer.from_pretrained(MODEL_DIR)``: ids 0 = ``<|bos|>`` (prepended by default), 1 = ``<|eos|>``."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(MODEL_DIR))
-
-
-def load_model(dtype=None):
-    """``AutoModelForCausalLM.from_pretrained(MODEL_DIR)`` in float32 (or ``dtype``), in eval mode."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(MODEL_DIR), dtype=dtype or torch.float32).eval()
