@@ -183,6 +183,11 @@ class Format:
     #: tiny-block rule). The codec then never splits a row between chunks and passes
     #: ``row_blocks`` (blocks per row) to :meth:`reference_encode` and :meth:`kernel_encode`.
     row_rule: ClassVar[bool] = False
+    #: The codec's ``on_overflow`` choices for this format, the default first: ``"raise"``
+    #: refuses a value or scale that does not fit (naming it), ``"inf"`` stores what the C
+    #: code stores. A format with more ways of storing it (FP8's ``"saturate"``) lists them
+    #: and maps each to keyword arguments of its encoders in :meth:`overflow_kw`.
+    overflow_modes: ClassVar[tuple] = ("raise", "inf")
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -287,6 +292,14 @@ class Format:
             block=block,
             scale=d,
         )
+
+    def overflow_kw(self, on_overflow: str) -> dict:
+        """Keyword arguments of :meth:`reference_encode` and :meth:`kernel_encode` for ``on_overflow``.
+
+        ``{}`` for formats with the two common modes (whose encoders store the
+        ``"inf"`` result; ``"raise"`` refuses through :meth:`invalid_blocks`).
+        """
+        return {}
 
     def _row_kw(self, row_blocks: int) -> dict:
         return {"row_blocks": row_blocks} if self.row_rule else {}
