@@ -55,6 +55,10 @@ class Field:
     size: int  #: bytes
     kind: str
     description: str = ""
+    #: Special bit patterns of this field that arbitrary-byte fuzzing injects, ``((name, lowest, highest), ...)``
+    #: (inclusive, little-endian integers of the field's bytes). Empty: the fp16 scale patterns of
+    #: :data:`tbq.testing.strategies.SPECIAL_SCALES` at bytes 0-1.
+    specials: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)

@@ -134,13 +134,19 @@ class _FP8(Format):
     kernel_module = "tbq.formats.fp8_kernels"
     options = {"scale": 1.0}
     overflow_modes = ("raise", "inf", "saturate")
-    hazards = {"fp8": {}}
+    hazards = {"fp8_grid": {}}  #: per instance: the grid, its limits and the scale (see ``__init__``)
     grid: Grid
 
     def __init__(self, *, scale=1.0):
         self.scale = _scale_f32(scale, self.info.name)
         self._table = (self.grid.values * self.scale).view(np.uint32)  # spec decode: float32(fp8) * s
         self._table.setflags(write=False)
+        g = self.grid.values.astype(np.float64)
+        fin = np.unique(np.abs(g[np.isfinite(g)]))
+        self.hazards = {"fp8_grid": {
+            "values": tuple(fin.tolist()), "limit": float(fin[-1] + (fin[-1] - fin[-2]) / 2),
+            "min_normal": 2.0 ** (1 - self.grid.bias), "scale": float(self.scale),
+        }}
 
     def config(self):
         return {"scale": float(self.scale)}
@@ -211,7 +217,10 @@ class FP8_E4M3(_FP8):
 
     info = FormatInfo(
         "fp8_e4m3", 1, 1, False, 8, "FP8 E4M3 per value (vLLM fp8_e4m3), per-tensor float32 scale", code=17,
-        layout=(Field("q", 0, 1, "uint8", "E4M3 byte of x / scale, round to nearest even"),),
+        layout=(Field("q", 0, 1, "uint8", "E4M3 byte of x / scale, round to nearest even", specials=(
+            ("+0", 0x00, 0x00), ("-0", 0x80, 0x80), ("nan", 0x7F, 0x7F), ("-nan", 0xFF, 0xFF), ("max", 0x7E, 0x7E),
+            ("-max", 0xFE, 0xFE), ("subnormal", 0x01, 0x07), ("-subnormal", 0x81, 0x87),
+        )),),
     )
     grid = E4M3
 
@@ -221,7 +230,10 @@ class FP8_E5M2(_FP8):
 
     info = FormatInfo(
         "fp8_e5m2", 1, 1, False, 8, "FP8 E5M2 per value (vLLM fp8_e5m2), per-tensor float32 scale", code=18,
-        layout=(Field("q", 0, 1, "uint8", "E5M2 byte of x / scale, round to nearest even"),),
+        layout=(Field("q", 0, 1, "uint8", "E5M2 byte of x / scale, round to nearest even", specials=(
+            ("+0", 0x00, 0x00), ("-0", 0x80, 0x80), ("+inf", 0x7C, 0x7C), ("-inf", 0xFC, 0xFC), ("nan", 0x7D, 0x7F),
+            ("-nan", 0xFD, 0xFF), ("max", 0x7B, 0x7B), ("-max", 0xFB, 0xFB), ("subnormal", 0x01, 0x03), ("-subnormal", 0x81, 0x83),
+        )),),
     )
     grid = E5M2
 

@@ -93,6 +93,8 @@ FAMILIES: dict[str, str] = {
     "the subnormal clamp range and at saturation; values on E2M1 midpoints",
     "binade_tops": "MXFP4: largest magnitudes among the top floats of a binade (where log2f rounds up to the next "
     "exponent) and next to them; values on E2M1 midpoints",
+    "fp8_grid": "FP8 (E4M3, E5M2): x / scale exactly on a rounding midpoint of the grid (ties to even) or one ulp from one, "
+    "at the saturation edge, in the subnormal range, and inputs where x / scale and x * (1 / scale) differ",
     "constant": "every value equal (any sign and magnitude)",
     "zero": "+0.0, -0.0 or a mix of signed zeros",
     "sparse": "one-hot, a few equal-magnitude spikes, and (TBQ, Hadamard rotation) blocks that rotate to an exact one-hot",
@@ -103,11 +105,11 @@ FAMILIES: dict[str, str] = {
 #: Families that every format gets by default (all finite, every scale fits fp16).
 DEFAULT_FAMILIES = (
     "gaussian", "outliers", "heavy_tail", "subnormal", "huge", "ties", "thresholds", "min_ties", "grid_ties", "ue4m3",
-    "binade_tops", "constant", "zero", "sparse",
+    "binade_tops", "fp8_grid", "constant", "zero", "sparse",
 )
 
 #: Families that apply to a format only when it lists them in ``Format.hazards``.
-HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops")
+HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops", "fp8_grid")
 #: Old spellings still accepted (golden vectors and the strategies share family names).
 _ALIASES = {"heavy_tails": "heavy_tail"}
 _UNFIT = ("overflow", "nonfinite")
@@ -327,7 +329,7 @@ def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
 
 def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
     """Move ``blk`` until the codec encodes it with on_overflow='raise' (its scale fits, nothing undefined)."""
-    for _ in range(64):
+    for attempt in range(64):
         status = ctx.status(blk)
         if status == 0:
             return blk
@@ -338,7 +340,7 @@ def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
         if not math.isfinite(d):  # e.g. the TBQ norm overflowed float32
             blk = np.ldexp(blk, -64).astype(F32)
             continue
-        if abs(d) < 2 * _F16_LIMIT:  # just above the limit: step down a few ulps at a time
+        if abs(d) < 2 * _F16_LIMIT and attempt < 8:  # just above the limit: step down a few ulps at a time
             blk = (blk * F32(1 - 2.0**-12)).astype(F32)
             continue
         k = math.ceil(math.log2(abs(d) / _F16_MAX))
@@ -786,6 +788,50 @@ def _fam_binade_tops(draw, rng, ctx):
     return blk
 
 
+def _fam_fp8_grid(draw, rng, ctx):
+    """One value (block size 1) whose quotient v = x / s sits on an FP8 hazard; ``hazards["fp8_grid"]`` gives the
+    grid's finite magnitudes, the overflow limit (the midpoint above the largest value) and the scale."""
+    h = ctx.hazards["fp8_grid"]
+    grid = np.asarray(h["values"], np.float64)
+    s = F32(h["scale"])
+    mids = (grid[:-1] + grid[1:]) / 2
+    mode = draw(st.sampled_from(["tie", "near_tie", "saturation", "subnormal", "division"]))
+    _event(f"fp8_grid: {mode}")
+    sign = draw(st.sampled_from([F32(1), F32(-1)]))
+    if mode == "saturation":
+        v = draw(st.sampled_from([grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]))
+    elif mode == "subnormal":
+        sub = grid[grid < float(h["min_normal"])]
+        v = float(draw(st.sampled_from(list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2])))
+    else:
+        v = float(mids[draw(st.integers(0, mids.size - 1))])
+    target = F32(v)
+    if mode == "near_tie":
+        target = _next32(target, draw(st.sampled_from([np.inf, -np.inf])))
+    with np.errstate(all="ignore"):
+        x = F32(float(target) * float(s))
+        best = x
+        for _ in range(8):  # walk a few ulps until the float32 quotient hits the target
+            q = F32(x / s)
+            if q == target:
+                best = x
+                break
+            x = _next32(x, np.inf if q < target else -np.inf)
+        if mode == "division":  # the nearest input whose x / s and x * (1/s) differ, if one is close
+            inv = F32(F32(1) / s)
+            for k in range(64):
+                c = (best.view(np.uint32) + np.uint32(k)).view(F32)
+                if F32(c / s) != F32(c * inv):
+                    best = c
+                    break
+    blk = np.array([sign * best], F32)
+    for _ in range(16):  # at the saturation edge: the largest value below the overflow that still encodes
+        if mode != "saturation" or ctx.status(blk) == 0:
+            break
+        blk = np.array([_next32(blk[0], 0)], F32)
+    return blk
+
+
 def _fam_overflow(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)
     which = draw(st.sampled_from(["at_limit", "range", "extreme"]))
@@ -816,6 +862,7 @@ _FAMILY_FUNCS = {
     "grid_ties": _fam_grid_ties,
     "ue4m3": _fam_ue4m3,
     "binade_tops": _fam_binade_tops,
+    "fp8_grid": _fam_fp8_grid,
     "thresholds": _fam_thresholds,
     "constant": _fam_constant,
     "zero": _fam_zero,
@@ -968,16 +1015,19 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
     else:
         data = np.tile(np.array([0x0F, 0xF0, 0x55, 0xAA], np.uint8), (nblocks, ctx.ts // 4 + 1))[:, : ctx.ts].copy()
     if special_scales:
-        names = list(SPECIAL_SCALES)
+        first = ctx.info.layout[0] if ctx.info.layout else None
+        table = {n: (lo, hi) for n, lo, hi in first.specials} if first is not None and first.specials else SPECIAL_SCALES
+        off, size = (first.offset, first.size) if table is not SPECIAL_SCALES else (0, 2)
+        names = list(table)
         for b in range(nblocks):
             if draw(st.integers(0, 3)) == 0:
                 continue  # keep the random scale
             kind = draw(st.sampled_from(names))
             _event(f"scale: {kind}")
-            lo, hi = SPECIAL_SCALES[kind]
+            lo, hi = table[kind]
             bits = draw(st.integers(lo, hi))
-            data[b, 0] = bits & 0xFF
-            data[b, 1] = bits >> 8
+            for k in range(size):
+                data[b, off + k] = (bits >> (8 * k)) & 0xFF
     return data.reshape(lead + (nb * ctx.ts,))
 
 
