@@ -50,7 +50,10 @@ def _discover() -> None:
 
 _discover()
 
-__all__ = ["FormatInfo", "Format", "Field", "FORMATS", "formats", "format_info", "format_class", "get_format"]
+__all__ = [
+    "FormatInfo", "Format", "Field", "FORMATS", "formats", "format_info", "format_class", "get_format",
+    "options_of", "takes_option", "config_for", "check_options", "parse_option",
+]
 
 
 def formats() -> tuple[str, ...]:
@@ -83,6 +86,68 @@ def get_format(name: str, **options) -> Format:
     'turboq-mtp'
     """
     return format_class(name)(**options)
+
+
+def options_of(name: str) -> dict:
+    """``{option: default}`` of the format ``name``'s own options (``{}`` for most ggml types).
+
+    >>> options_of("fp8_e4m3"), options_of("q8_0")
+    ({'scale': 1.0}, {})
+    """
+    return dict(format_class(name).options)
+
+
+def takes_option(name: str, option: str) -> bool:
+    return option in format_class(name).options
+
+
+def config_for(name: str, config: dict) -> dict:
+    """``config`` without the format options that ``name`` does not take (execution settings are kept).
+
+    One options mapping can so configure a comparison of several formats: TBQ's
+    ``codebook`` reaches the TBQ formats, FP8's ``scale`` the FP8 formats.
+
+    >>> config_for("q8_0", {"scale": 0.5, "codebook": "turboq-mtp", "backend": "numpy"})
+    {'backend': 'numpy'}
+    """
+    every = {o for cls in FORMAT_CLASSES.values() for o in cls.options}
+    own = format_class(name).options
+    return {k: v for k, v in config.items() if k in own or k not in every}
+
+
+def check_options(names, options: dict) -> None:
+    """Refuse an option that no format of ``names`` takes, naming the formats that do.
+
+    >>> check_options(["q8_0"], {"codebook": "turboq-mtp"})
+    Traceback (most recent call last):
+    ...
+    tbq.errors.ConfigError: option 'codebook' is not an option of q8_0; the formats that take it: tbq4_0, tbq3_0
+    """
+    names = list(names)
+    for opt in options:
+        if not any(takes_option(n, opt) for n in names):
+            users = [n for n, cls in FORMAT_CLASSES.items() if opt in cls.options]
+            who = f"the formats that take it: {', '.join(users)}" if users else "no format takes it"
+            raise ConfigError(f"option {opt!r} is not an option of {', '.join(names)}; {who}")
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """``"name=value"`` (the CLI's ``--option``) as ``(name, value)``: an int, else a float, else the string.
+
+    >>> parse_option("scale=0.0173"), parse_option("signs=7"), parse_option("codebook=turboq-mtp")
+    (('scale', 0.0173), ('signs', 7), ('codebook', 'turboq-mtp'))
+    """
+    name, sep, value = str(text).partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(f"an option is NAME=VALUE, e.g. scale=0.0173, got {text!r}")
+    value = value.strip()
+    for conv in (int, float):
+        try:
+            return name, conv(value)
+        except ValueError:
+            pass
+    return name, value
 
 
 class _CallableModule(types.ModuleType):

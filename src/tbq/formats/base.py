@@ -192,6 +192,10 @@ class Format:
     #: code stores. A format with more ways of storing it (FP8's ``"saturate"``) lists them
     #: and maps each to keyword arguments of its encoders in :meth:`overflow_kw`.
     overflow_modes: ClassVar[tuple] = ("raise", "inf")
+    #: The ``on_overflow`` mode golden vectors are written with: what the format's writers store.
+    #: ``"raise"`` (the golden inputs fit); FP8 ``"saturate"`` (vLLM saturates: the shared golden
+    #: inputs reach 464 and beyond, E4M3's limit at scale 1).
+    golden_overflow: ClassVar[str] = "raise"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

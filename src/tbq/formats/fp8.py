@@ -134,6 +134,7 @@ class _FP8(Format):
     kernel_module = "tbq.formats.fp8_kernels"
     options = {"scale": 1.0}
     overflow_modes = ("raise", "inf", "saturate")
+    golden_overflow = "saturate"
     hazards = {"fp8_grid": {}}  #: per instance: the grid, its limits and the scale (see ``__init__``)
     grid: Grid
 
@@ -201,8 +202,9 @@ class _FP8(Format):
         return np.zeros(np.asarray(trace["v"]).shape[0], bool)  # no stored scale
 
     def tables(self) -> dict:
-        """The decode table of this instance: float32 (256,) = the value of every byte times the scale."""
-        return {"decode": self._table.view(np.float32).copy()}
+        """The decode table of this instance as float32 bit patterns: uint32 (256,), the value of every byte times
+        the scale (bits, because NaN and inf entries have no C float literal)."""
+        return {"decode_bits": self._table.copy()}
 
 
 def _kernel_grid(g: Grid) -> tuple:

@@ -55,7 +55,7 @@ def fragility(
     xb = np.ascontiguousarray(xb, np.float32)
     data = np.ascontiguousarray(data, np.uint8)
     with np.errstate(all="ignore"):
-        traced, trace = fmt.reference_encode(xb, **fmt._row_kw(row_blocks))
+        traced, trace = fmt.reference_encode(xb, **fmt._row_kw(row_blocks), **fmt.overflow_kw(codec.on_overflow))
         if not np.array_equal(traced, data):
             bad = int(np.argmax((traced != data).any(axis=1)))
             raise AssertionError(f"{fmt.name}: the traced encode differs from the encoded bytes (first in block {bad})")

@@ -20,7 +20,7 @@ from .. import __version__
 from ..codebooks import Codebook
 from ..codecs import Codec
 from ..errors import TbqValueError
-from ..formats import format_info
+from ..formats import format_class, format_info
 from ..rotation import RandomizedHadamard
 from .families import (
     ATTENTION_KEY_OUTLIER_FACTOR,
@@ -131,10 +131,12 @@ def _array_meaning(arrays: dict) -> dict:
 
 def _exact_config(fmt: str, tables: _Tables) -> dict:
     """Codec config of ``fmt`` with exact tables (accepted by :func:`tbq.codec_from_config`)."""
-    cfg = {"name": fmt, "on_overflow": "raise"}
+    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}
     if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)
+    else:  # any other format's own options, at their defaults (FP8: scale 1.0)
+        cfg.update(format_class(fmt)().config())
     return cfg
 
 
