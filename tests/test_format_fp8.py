@@ -251,3 +251,37 @@ def test_c_kernel_matches(tmp_path):
             yc = np.zeros(256, np.float32)
             getattr(dll, f"dequantize_row_{fmt}")(b.ctypes.data_as(ctypes.c_void_p), yc.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(256))
             assert_bits_equal(yc, tbq.dequantize(b, fmt, scale=scale), f"tests/c/fp8.c {fmt} decode")
+
+
+def test_tbq_check_cli_with_the_scale_option(tmp_path, capsys):
+    """`tbq check --option scale=...` checks a kernel built for that scale: exact with the right scale, wrong with another."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (gcc or cc) on PATH: tests/c/fp8.c cannot be built")
+    from tbq.cli import main
+
+    lib = tmp_path / "libfp8.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-ffp-contract=off", f"-DFP8_SCALE={float(np.float32(0.0173)).hex()}f",
+                    str(C_DIR / "fp8.c"), "-o", str(lib)], check=True, capture_output=True)
+    common = ["check", "--lib", str(lib), "--format", "fp8_e5m2", "--examples", "0", "--blocks", "2000", "--quiet", "--out", str(tmp_path / "o")]
+    assert main(common + ["--option", "scale=0.0173"]) == 0
+    assert main(common) == 1  # the default scale 1.0 is not what this kernel divides by
+    capsys.readouterr()
+    assert main(["compare", "--formats", "q8_0", "--option", "scale=2"]) == 2
+    assert "'scale' is not an option of q8_0; the formats that take it: fp8_e4m3, fp8_e5m2" in capsys.readouterr().err
+
+
+def test_golden_records_the_scale_and_regenerates_bit_for_bit(tmp_path):
+    from tbq.golden import generate, regenerate
+
+    generate(tmp_path / "g", formats=["fp8_e4m3", "q8_0"], rows_per_family=8, options={"scale": 0.0173})
+    m = __import__("json").loads((tmp_path / "g" / "fp8_e4m3.json").read_text())
+    assert m["codec_config"] == {"name": "fp8_e4m3", "on_overflow": "saturate", "scale": float(np.float32(0.0173))}
+    again = regenerate(tmp_path / "g" / "fp8_e4m3.json")
+    with np.load(tmp_path / "g" / "fp8_e4m3.npz") as z:
+        for key in z.files:
+            assert z[key].tobytes() == np.asarray(again.arrays[key]).tobytes(), key
+        x = z["input"].view(np.float32).reshape(-1)
+        assert_bytes_equal(z["bytes"].reshape(-1), tbq.quantize(x, "fp8_e4m3", scale=0.0173, on_overflow="saturate"), "golden bytes")
+    with pytest.raises(tbq.ConfigError, match="the formats that take it: fp8_e4m3, fp8_e5m2"):
+        generate(tmp_path / "h", formats=["q8_0"], options={"scale": 2.0})

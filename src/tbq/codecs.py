@@ -175,6 +175,7 @@ _CODEC_CACHE = _LRU(256)
 def _build_format(name: str, options: dict) -> Format:
     """The format ``name`` with ``options``, from the cache when the same options were seen before."""
     cls = format_class(name)
+    options = cls.check_options(options)  # the declared options, validated (an unknown one names the formats that take it)
     if not options:
         key = (name,)
     else:

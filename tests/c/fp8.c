@@ -1,9 +1,9 @@
 /* FP8 E4M3 / E5M2 with a per-tensor scale (vLLM's fp8 KV cache), written from docs/formats.md ("FP8_E4M3 / FP8_E5M2").
  * Build: cc -O2 -shared -fPIC -ffp-contract=off fp8.c -o libfp8.so
  * ggml-style row signatures (quantize_row_fp8_e4m3_ref, dequantize_row_fp8_e4m3, ...). The row signature has no
- * scale, so the scale is a compile-time constant: -DFP8_SCALE=0.0173f (default 1.0f). -DFP8_SATURATE=1 stores the
- * largest finite value on overflow (__NV_SATFINITE, vLLM); the default 0 stores the non-saturating result
- * (E4M3 NaN, E5M2 +-inf), which is what tbq's reference stores with on_overflow="inf". */
+ * scale, so the scale is a compile-time constant: -DFP8_SCALE=0.0173f (default 1.0f). -DFP8_SATURATE=1 (the default) stores the
+ * largest finite value on overflow (__NV_SATFINITE, vLLM; what tbq check compares with);
+ * -DFP8_SATURATE=0: the non-saturating result (E4M3 NaN, E5M2 +-inf), which is what tbq's reference stores with on_overflow="inf". */
 #include <stdint.h>
 #include <string.h>
 
@@ -11,7 +11,7 @@
 #define FP8_SCALE 1.0f
 #endif
 #ifndef FP8_SATURATE
-#define FP8_SATURATE 0
+#define FP8_SATURATE 1
 #endif
 
 static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

@@ -184,7 +184,9 @@ class _Check:
         self.target, self.fmt = target, target.format
         self.blocks, self.examples, self.seconds = blocks, examples, seconds
         self.exact, self.k, self.seed = exact, k, seed
-        self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow="inf")
+        # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
+        stored = self.fmt.golden_overflow if self.fmt.golden_overflow != "raise" else "inf"
+        self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow=stored)
         self.dirs = {d: _Direction(d) for d in target.directions}
         self.progress = progress
         self.notes: list[str] = []

@@ -9,8 +9,10 @@ the NumPy spec, the numba kernels, fields, trace and fragility). Modules:
 - :mod:`tbq.formats.tbq`: TBQ4_0 and TBQ3_0.
 
 Each has a ``*_kernels`` sibling with its numba twins. Every module of the
-package is imported (and so registered) automatically; listings follow the
-formats' numeric codes. Adding a format is the recipe in docs/architecture.md.
+package is imported (and so registered) automatically, and so is every module
+another package names in the ``tbq.formats`` entry point group (a plugin
+format); listings follow the formats' numeric codes. Adding a format is the
+recipe in docs/architecture.md.
 
 >>> formats()[:4]
 ('q8_0', 'q4_0', 'tbq4_0', 'tbq3_0')
@@ -28,7 +30,37 @@ import sys
 import types
 
 from ..errors import ConfigError
-from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo
+from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo, Option
+
+
+#: The entry point group through which another package adds formats: each entry point names a
+#: module (or an object in one) whose import defines ``Format`` subclasses, which registers them.
+PLUGIN_GROUP = "tbq.formats"
+#: entry point name -> the error that kept a plugin from loading (it is skipped, with a warning).
+PLUGIN_ERRORS: dict = {}
+
+
+def _load_plugins() -> None:
+    """Import the modules of the ``tbq.formats`` entry points (other packages' formats).
+
+    A plugin that fails to import, or whose format clashes with a registered
+    one (name or numeric code), is skipped with a :class:`RuntimeWarning`
+    naming it; tbq's own formats always load.
+    """
+    import warnings
+    from importlib.metadata import entry_points
+
+    try:
+        eps = entry_points(group=PLUGIN_GROUP)
+    except Exception as exc:  # pragma: no cover - broken metadata on sys.path
+        warnings.warn(f"tbq: cannot read the {PLUGIN_GROUP!r} entry points: {exc}", RuntimeWarning, stacklevel=2)
+        return
+    for ep in sorted(eps, key=lambda e: e.name):
+        try:
+            ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break tbq
+            PLUGIN_ERRORS[ep.name] = exc
+            warnings.warn(f"tbq: format plugin {ep.name!r} ({ep.value}) was not loaded: {exc}", RuntimeWarning, stacklevel=2)
 
 
 def _discover() -> None:
@@ -41,6 +73,7 @@ def _discover() -> None:
     for m in pkgutil.iter_modules(__path__):
         if m.name != "base" and not m.name.endswith("_kernels") and not m.name.startswith("_"):
             importlib.import_module(f"{__name__}.{m.name}")
+    _load_plugins()
     order = sorted(FORMATS, key=lambda name: FORMATS[name].code)
     for registry in (FORMATS, FORMAT_CLASSES):
         items = {name: registry[name] for name in order}
@@ -51,7 +84,7 @@ def _discover() -> None:
 _discover()
 
 __all__ = [
-    "FormatInfo", "Format", "Field", "FORMATS", "formats", "format_info", "format_class", "get_format",
+    "FormatInfo", "Format", "Field", "Option", "FORMATS", "formats", "format_info", "format_class", "get_format",
     "options_of", "takes_option", "config_for", "check_options", "parse_option",
 ]
 
@@ -85,7 +118,8 @@ def get_format(name: str, **options) -> Format:
     >>> get_format("tbq3_0", codebook="turboq-mtp").config()["codebook"]
     'turboq-mtp'
     """
-    return format_class(name)(**options)
+    cls = format_class(name)
+    return cls(**cls.check_options(options))
 
 
 def options_of(name: str) -> dict:
@@ -94,7 +128,7 @@ def options_of(name: str) -> dict:
     >>> options_of("fp8_e4m3"), options_of("q8_0")
     ({'scale': 1.0}, {})
     """
-    return dict(format_class(name).options)
+    return format_class(name).option_defaults()
 
 
 def takes_option(name: str, option: str) -> bool:

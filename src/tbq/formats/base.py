@@ -38,7 +38,7 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
 
-__all__ = ["Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
+__all__ = ["Option", "Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,28 @@ class Field:
     #: (inclusive, little-endian integers of the field's bytes). Empty: the fp16 scale patterns of
     #: :data:`tbq.testing.strategies.SPECIAL_SCALES` at bytes 0-1.
     specials: tuple = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One format option, declared once on the format (``Format.options = {name: Option(...)}``).
+
+    ``check(value, format_name)`` validates a given value and returns it
+    normalised (FP8's ``scale`` as a float32), raising :class:`ConfigError`
+    that names the option and the format; ``None`` leaves validation to the
+    format's constructor (TBQ's codebook and sign tables). Every feature
+    (codecs, golden manifests, ``tbq check``, strategies, compare, the
+    numcodecs config, the CLI's ``--option NAME=VALUE``) carries one options
+    mapping and reaches the values only through this declaration.
+
+    >>> Option(1.0, "float32, finite, > 0").default
+    1.0
+    """
+
+    default: object
+    kind: str = ""  #: what values it takes, for messages and docs
+    description: str = ""
+    check: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -168,14 +190,14 @@ class Format:
     ``kernel_module``
         dotted name of the module holding the numba twins (imported on first use);
     ``options``
-        ``{option: default}`` of the format's own options (``{}`` for most);
+        ``{option: Option(default, ...)}`` of the format's own options (``{}`` for most);
     ``hazards``
         the rounding hazards :mod:`tbq.testing.strategies` aims at.
     """
 
     info: ClassVar[FormatInfo]
     kernel_module: ClassVar[str] = ""
-    options: ClassVar[dict] = {}
+    options: ClassVar[dict] = {}  #: ``{name: Option}``
     #: Float32 magnitude below which fragility counts ulps at this magnitude (see :func:`band`).
     ulp_floor: ClassVar[float] = 0.0
     #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
@@ -203,10 +225,35 @@ class Format:
             register(cls)
 
     def __init__(self, **options):
-        unknown = sorted(set(options) - set(self.options))
+        self.check_options(options)
+
+    @classmethod
+    def option_defaults(cls) -> dict:
+        """``{option: default}`` of the declared options."""
+        return {k: o.default for k, o in cls.options.items()}
+
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
+        """The given ``options`` validated and normalised by their declarations (:class:`Option`).
+
+        An option the format does not declare is a :class:`ConfigError` naming
+        the formats that do take it.
+        """
+        name = cls.info.name
+        unknown = [k for k in options if k not in cls.options]
         if unknown:
-            known = ", ".join(self.options) or "none"
-            raise ConfigError(f"bad configuration for {self.name}: it has no option {', '.join(map(repr, unknown))} (its options: {known})")
+            known = ", ".join(cls.options) or "none"
+            users = {k: [n for n, c in FORMAT_CLASSES.items() if k in c.options] for k in unknown}
+            who = "; ".join(f"{k!r} is an option of {', '.join(u)}" for k, u in users.items() if u)
+            raise ConfigError(
+                f"bad configuration for {name}: it has no option {', '.join(map(repr, unknown))} (its options: {known})"
+                + (f"; {who}" if who else "")
+            )
+        out = {}
+        for k, v in options.items():
+            check = cls.options[k].check
+            out[k] = check(v, name) if check is not None else v
+        return out
 
     # -- identity ---------------------------------------------------------------
     @property

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ConfigError, ScaleOverflowError
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Option, band
 
 F32 = np.float32
 _U = np.uint32
@@ -132,7 +132,7 @@ class _FP8(Format):
     """Shared body of FP8_E4M3 and FP8_E5M2."""
 
     kernel_module = "tbq.formats.fp8_kernels"
-    options = {"scale": 1.0}
+    options = {"scale": Option(1.0, "float32, finite, > 0", "the per-tensor scale s: v = x / s, y = fp8 * s", check=lambda v, name: _scale_f32(v, name))}
     overflow_modes = ("raise", "inf", "saturate")
     golden_overflow = "saturate"
     hazards = {"fp8_grid": {}}  #: per instance: the grid, its limits and the scale (see ``__init__``)

@@ -34,7 +34,7 @@ from ..half import f16_table
 from ..packing import _np_pack3, _np_pack4_pairs, _np_unpack3, _np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Option, band
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -74,7 +74,10 @@ _KERNELS: dict = {}
 class _TBQ(Format):
     """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
 
-    options = {"codebook": "lloyd-max", "signs": "turboq-mtp"}
+    options = {
+        "codebook": Option("lloyd-max", "'lloyd-max', 'turboq-mtp' or a tbq.Codebook", "the scalar codebook of the rotated coordinates"),
+        "signs": Option("turboq-mtp", "'turboq-mtp', an integer seed or a pair of +-1 arrays", "the rotation's two sign vectors"),
+    }
     kernel_module = "tbq.formats.tbq_kernels"
     ulp_floor = TBQ_ULP_FLOOR
     hazards = {"thresholds": {}}

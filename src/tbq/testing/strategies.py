@@ -164,7 +164,7 @@ def _check_int(func, name, value, lo, hi=None, hint=""):
 class _Fmt:
     """Everything the families need to know about one codec configuration."""
 
-    def __init__(self, name, codebook=None, rotation=None):
+    def __init__(self, name, codebook=None, rotation=None, options=None):
         self.name = name
         self.info = FORMATS[name]
         self.bs = self.info.block_size
@@ -172,7 +172,7 @@ class _Fmt:
         self.rotated = self.info.rotated
         self.codebook = codebook
         self.rotation = rotation
-        kw = {}
+        kw = dict(options or {})  # the format's own options (FP8: scale)
         if codebook is not None:
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
         self.format = get_format(name, **kw)
@@ -255,13 +255,31 @@ _CB_OBJECTS: dict = {}
 _ROT_OBJECTS: dict = {}
 
 
-def _resolve_fmt(func, fmt, codebook, signs) -> _Fmt:
+_OPT_OBJECTS: dict = {}
+
+
+@functools.lru_cache(maxsize=64)
+def _fmt_with_options(name, opt_key):
+    return _Fmt(name, options=_OPT_OBJECTS[(name, opt_key)])
+
+
+def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
+    """The family context of ``fmt`` (a name or a Codec) with one options mapping (``codebook``/``signs`` are its spellings)."""
+    opts = {} if options is None else options
+    if not isinstance(opts, dict):
+        _fail(func, f"options must be a dict of format options, e.g. {{'scale': 0.0173}}, got {options!r}")
+    opts = dict(opts)
+    for key, value in (("codebook", codebook), ("signs", signs)):
+        if value is not None:
+            opts[key] = value
     if isinstance(fmt, tbq.Codec):
-        if codebook is not None or signs is not None:
-            _fail(func, "pass codebook= and signs= only with a format name; a Codec already carries its own")
+        if opts:
+            _fail(func, "pass codebook=, signs= and options= only with a format name; a Codec already carries its own")
         name = fmt.name
         if _takes_tables(name):
-            codebook, signs = fmt.codebook, fmt.rotation
+            opts = {"codebook": fmt.codebook, "signs": fmt.rotation}
+        else:
+            opts = fmt.format.config()
     elif isinstance(fmt, str) and fmt in FORMATS:
         name = fmt
     else:
@@ -270,10 +288,17 @@ def _resolve_fmt(func, fmt, codebook, signs) -> _Fmt:
             f"unknown format {fmt!r}. Pass one of {', '.join(repr(f) for f in FORMATS)} (tbq.formats()) or a tbq.Codec "
             "such as tbq.get_codec('tbq4_0', codebook='turboq-mtp')",
         )
+    try:
+        checked = FORMAT_CLASSES[name].check_options(opts)
+    except tbq.TbqError as exc:
+        _fail(func, f"{exc}; drop it or pass a format that takes it")
     if not _takes_tables(name):
-        if codebook is not None or signs is not None:
-            _fail(func, f"codebook= and signs= apply to the TBQ formats only, not to {name!r}; drop them")
-        return _fmt_cached(name, None, None)
+        if not checked:
+            return _fmt_cached(name, None, None)
+        key = tuple(sorted((k, repr(v)) for k, v in checked.items()))
+        _OPT_OBJECTS.setdefault((name, key), checked)
+        return _fmt_with_options(name, key)
+    codebook, signs = checked.get("codebook"), checked.get("signs")
     bits = FORMATS[name].index_bits
     try:
         cb = get_codebook("lloyd-max" if codebook is None else codebook, bits)
@@ -910,6 +935,7 @@ def float_blocks(
     elements=None,
     codebook=None,
     signs=None,
+    options=None,
 ) -> st.SearchStrategy[np.ndarray]:
     """float32 arrays whose last axis is a whole number of blocks of ``fmt``.
 
@@ -931,7 +957,11 @@ def float_blocks(
     elements : a strategy of floats (e.g. ``st.floats(-1, 1, width=32)``); when
         given, every value is drawn from it instead of from the families.
     codebook, signs : with a TBQ format name, the codec configuration the
-        ``thresholds`` family aims at (default ``"lloyd-max"``, ``"turboq-mtp"``).
+        ``thresholds`` family aims at (default ``"lloyd-max"``, ``"turboq-mtp"``);
+        spellings of ``options={"codebook": ..., "signs": ...}``.
+    options : the format's own options with a format name, e.g.
+        ``{"scale": 0.0173}`` for FP8 (the ``fp8_grid`` family aims at ``x / scale``).
+        An option the format does not take is an error naming the formats that do.
 
     Examples
     --------
@@ -947,7 +977,7 @@ def float_blocks(
     encoded_blocks
     """
     func = "float_blocks"
-    ctx = _resolve_fmt(func, fmt, codebook, signs)
+    ctx = _resolve_fmt(func, fmt, codebook, signs, options)
     min_blocks = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
     max_blocks = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
     if max_blocks < min_blocks:
@@ -1046,6 +1076,7 @@ def encoded_blocks(
     special_scales: bool = True,
     codebook=None,
     signs=None,
+    options=None,
 ) -> st.SearchStrategy[np.ndarray]:
     """uint8 arrays whose last axis is a whole number of encoded blocks of ``fmt``.
 
@@ -1060,7 +1091,7 @@ def encoded_blocks(
     special_scales : with ``valid=False``, most blocks get an fp16 scale drawn
         from :data:`SPECIAL_SCALES`: +-Inf, NaN (any payload, either sign),
         subnormals, +-0, +-65504, the smallest normal.
-    min_blocks, max_blocks, leading_shape, codebook, signs : as in :func:`float_blocks`.
+    min_blocks, max_blocks, leading_shape, codebook, signs, options : as in :func:`float_blocks`.
 
     Examples
     --------
@@ -1076,7 +1107,7 @@ def encoded_blocks(
         _fail(func, f"valid must be True (encoder output) or False (arbitrary bytes), got {valid!r}")
     if not isinstance(special_scales, bool):
         _fail(func, f"special_scales must be True or False, got {special_scales!r}")
-    ctx = _resolve_fmt(func, fmt, codebook, signs)
+    ctx = _resolve_fmt(func, fmt, codebook, signs, options)
     min_blocks = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
     max_blocks = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
     if max_blocks < min_blocks:
