@@ -295,11 +295,17 @@ def test_arbitrary_encoded_blocks_cover_every_special_scale(fmt):
                 if lo <= bits <= hi:
                     seen.add(name)
 
+    from tbq.formats.base import FIELD_KINDS
+
     first = tbq.format_info(fmt).layout[0]
-    own = bool(first.specials)  # a field that declares its own special patterns (FP8's one byte)
-    table = {n: (lo, hi) for n, lo, hi in first.specials} if own else tst.SPECIAL_SCALES
+    # a field that declares its own special patterns (FP8's one byte), else its kind's (f16, bf16), else fp16 at bytes 0-1
+    table = {n: (lo, hi) for n, lo, hi in first.specials} if first.specials else None
+    if table is None and first.size <= 2 and FIELD_KINDS[first.kind].specials:
+        table = FIELD_KINDS[first.kind].specials
+    own = table is not None and first.size == 1
+    table = table or tst.SPECIAL_SCALES
     collect()
-    for wanted in (table if own else ("+inf", "-inf", "nan", "subnormal", "-0", "+0")):
+    for wanted in (table if own else ("+inf", "-inf", "nan", "subnormal", "-0", "+0")):  # (the names of every list)
         assert wanted in seen, (wanted, sorted(seen))
 
 

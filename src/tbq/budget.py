@@ -35,8 +35,8 @@ from typing import Any, Iterable, Union
 
 from .errors import ConfigError, TbqTypeError, TbqValueError
 from .formats import FORMATS, FormatInfo, format_info
+from .units import exact as _exact
 from .units import (  # re-exported: tbq.budget was their home before tbq.units
-    _exact,
     format_bytes,
     format_context,
     format_rate,

@@ -30,6 +30,7 @@ import numpy as np
 from ..codecs import codec_from
 from ..errors import TbqValueError
 from ..formats import Format
+from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..progress import Progress
 from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
@@ -62,16 +63,9 @@ ROUND_EXAMPLES = 25
 EDGE_REPEATS = 32
 
 #: fp16 (and bfloat16) bit-pattern ranges the bytes phase writes into scale fields, inclusive.
-SPECIAL_F16 = {
-    "+inf": (0x7C00, 0x7C00), "-inf": (0xFC00, 0xFC00), "nan": (0x7C01, 0x7FFF), "-nan": (0xFC01, 0xFFFF),
-    "subnormal": (0x0001, 0x03FF), "-subnormal": (0x8001, 0x83FF), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
-    "max": (0x7BFF, 0x7BFF), "-max": (0xFBFF, 0xFBFF), "min_normal": (0x0400, 0x0400), "-min_normal": (0x8400, 0x8400),
-}
-SPECIAL_BF16 = {
-    "+inf": (0x7F80, 0x7F80), "-inf": (0xFF80, 0xFF80), "nan": (0x7F81, 0x7FFF), "-nan": (0xFF81, 0xFFFF),
-    "subnormal": (0x0001, 0x007F), "-subnormal": (0x8001, 0x807F), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
-    "max": (0x7F7F, 0x7F7F), "-max": (0xFF7F, 0xFF7F), "min_normal": (0x0080, 0x0080), "-min_normal": (0x8080, 0x8080),
-}
+#: The special fp16 / bf16 patterns (the field kinds' own lists, :data:`tbq.formats.base.FIELD_KINDS`).
+SPECIAL_F16 = FIELD_KINDS["f16"].specials
+SPECIAL_BF16 = FIELD_KINDS["bf16"].specials
 
 
 class FuzzUnavailable(TbqValueError):
@@ -132,8 +126,8 @@ def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
 def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
     """uint8 rows of arbitrary encoded blocks: random bytes and patterns, most scale fields special values.
 
-    Every ``f16`` (or ``bf16``) field of the layout gets, in two blocks of
-    three, a pattern from :data:`SPECIAL_F16` (``SPECIAL_BF16``) in turn.
+    Every field whose kind has special 16-bit patterns (``f16``: :data:`SPECIAL_F16`,
+    ``bf16``: ``SPECIAL_BF16``) gets, in two blocks of three, one of them in turn.
 
     >>> random_blocks(__import__("tbq").get_format("q8_0"), 8).shape
     (2, 136)
@@ -148,8 +142,8 @@ def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
         if 8 * i < n:
             data[8 * i] = byte
     for f in fmt.info.layout:
-        table = {"f16": SPECIAL_F16, "bf16": SPECIAL_BF16}.get(f.kind)
-        if table is None or f.size % 2:
+        table = FIELD_KINDS[f.kind].specials if f.kind in FIELD_KINDS else None
+        if not table or f.size % 2:
             continue
         kinds = list(table.values())
         for off in range(f.offset, f.offset + f.size, 2):

@@ -201,6 +201,11 @@ class _FP8(Format):
     def fragile_scales(self, trace, k):
         return np.zeros(np.asarray(trace["v"]).shape[0], bool)  # no stored scale
 
+    def value_table(self, trace):
+        # every finite byte's value (both zeros kept), met by v = x / s
+        g = self.grid.values.astype(np.float64)
+        return g[np.isfinite(g)], np.asarray(trace["v"], np.float64).ravel()
+
     def tables(self) -> dict:
         """The decode table of this instance as float32 bit patterns: uint32 (256,), the value of every byte times
         the scale (bits, because NaN and inf entries have no C float literal)."""

@@ -62,8 +62,9 @@ def fragility(
         fragile = fmt.fragile_values(trace, k, ulp_floor)
         scale_fragile = fmt.fragile_scales(trace, k)
     out: dict = {}
-    if "norm" in trace:
-        out["norm"] = np.asarray(trace["norm"], np.float32)
+    view = fmt.rotated_view(trace)  # a rotated format's (norm, r): golden sets store the norm
+    if view is not None:
+        out["norm"] = np.asarray(view[0], np.float32)
     out["fragile"] = fragile.astype(np.uint8)
     out["scale_fragile"] = np.asarray(scale_fragile).astype(np.uint8)
     if has_f16_scale(fmt):  # the float32 d the stored fp16 scale rounds from

@@ -57,6 +57,7 @@ import tbq
 from tbq.backend import STATUS_UNDEFINED, numba_available
 from tbq.codebooks import Codebook, get_codebook
 from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
+from tbq.formats.base import FIELD_KINDS
 from tbq.rotation import get_rotation, turboq_mtp_signs
 
 __all__ = [
@@ -115,22 +116,7 @@ _ALIASES = {"heavy_tails": "heavy_tail"}
 _UNFIT = ("overflow", "nonfinite")
 
 #: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``.
-SPECIAL_SCALES: dict[str, tuple[int, int]] = {
-    # name: (lowest, highest) fp16 bit pattern, inclusive
-    "+inf": (0x7C00, 0x7C00),
-    "-inf": (0xFC00, 0xFC00),
-    "nan": (0x7C01, 0x7FFF),
-    "-nan": (0xFC01, 0xFFFF),
-    "subnormal": (0x0001, 0x03FF),
-    "-subnormal": (0x8001, 0x83FF),
-    "+0": (0x0000, 0x0000),
-    "-0": (0x8000, 0x8000),
-    "max": (0x7BFF, 0x7BFF),
-    "-max": (0xFBFF, 0xFBFF),
-    "min_normal": (0x0400, 0x0400),
-    "negative": (0x8400, 0xFBFF),
-    "positive": (0x0400, 0x7BFF),
-}
+SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS["f16"].specials  # name: (lowest, highest) fp16 pattern, inclusive
 
 _F16_LIMIT = 65520.0  # float32 scales at or above this round to fp16 infinity
 _F16_MAX = 65504.0
@@ -1046,8 +1032,11 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
         data = np.tile(np.array([0x0F, 0xF0, 0x55, 0xAA], np.uint8), (nblocks, ctx.ts // 4 + 1))[:, : ctx.ts].copy()
     if special_scales:
         first = ctx.info.layout[0] if ctx.info.layout else None
-        table = {n: (lo, hi) for n, lo, hi in first.specials} if first is not None and first.specials else SPECIAL_SCALES
-        off, size = (first.offset, first.size) if table is not SPECIAL_SCALES else (0, 2)
+        own = {n: (lo, hi) for n, lo, hi in first.specials} if first is not None and first.specials else None
+        if own is None and first is not None and first.size <= 2 and first.kind in FIELD_KINDS:
+            own = FIELD_KINDS[first.kind].specials or None  # the first field's kind (f16: SPECIAL_SCALES)
+        table = own or SPECIAL_SCALES
+        off, size = (first.offset, first.size) if own else (0, 2)
         names = list(table)
         for b in range(nblocks):
             if draw(st.integers(0, 3)) == 0:
