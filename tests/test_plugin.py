@@ -108,3 +108,14 @@ def test_a_broken_plugin_warns_and_tbq_still_loads(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(tmp_path)])
     r = subprocess.run([sys.executable, "-W", "always", "-c", "import tbq; print(len(tbq.formats()))"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "format plugin 'bad'" in r.stderr and int(r.stdout) >= 18, r.stderr
+
+
+def test_the_recipe_shows_the_plugin_as_it_is():
+    """docs/architecture.md's plugin class is the test plugin's code, line for line."""
+    doc = (HERE.parent / "docs" / "architecture.md").read_text()
+    block = doc[doc.index("class DEMO_Q8R(Format):"):]
+    block = block[: block.index("```")]
+    src = (PLUGIN / "tbq_demo_plugin.py").read_text()
+    for line in block.strip().splitlines():
+        assert line in src, line
+    assert (PLUGIN / "tbq_demo_plugin-0.1.dist-info" / "entry_points.txt").read_text().count("demo_q8r") == 3

@@ -1,8 +1,8 @@
 """KV cache budget: bytes per token, context sweeps, crossover, decode speed, feasibility.
 
 This module is independent of the codecs: it only needs the storage cost of a
-format in bits per value (the four block formats come from
-:data:`tbq.formats.FORMATS`; the float and micro-scaled formats are listed in
+format in bits per value (every registered format, plugins included, comes
+from :data:`tbq.formats.FORMATS`; f32 is the one other entry of
 :data:`KV_FORMAT_BITS`). See ``docs/budget.md`` for the formulas and a full
 worked example.
 

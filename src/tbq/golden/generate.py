@@ -457,7 +457,7 @@ def generate(
     progress=None,
     options: dict | None = None,
 ) -> Summary:
-    """Write the golden files of ``formats`` (default: all four) into directory ``out``.
+    """Write the golden files of ``formats`` (default: every registered format) into directory ``out``.
 
     The Python side of ``tbq golden``; parameters mirror the CLI flags:
     ``families`` and ``rows_per_family`` (rows of 128 values per family; old
