@@ -261,3 +261,11 @@ def test_no_private_name_imported_across_modules():
     assert not new, "private names imported across modules:\n" + "\n".join(f"{m} imports {n} from {s}" for m, s, n in new)
     stale = sorted(set(PRIVATE_IMPORT_EXCEPTIONS) - found)
     assert not stale, f"fixed: drop these from PRIVATE_IMPORT_EXCEPTIONS: {stale}"
+
+
+def test_strategies_are_a_package_of_small_modules():
+    """testing/strategies/ is split by concern, no module over 400 lines."""
+    pkg = SRC / "testing" / "strategies"
+    assert (pkg / "__init__.py").exists() and not (SRC / "testing" / "strategies.py").exists()
+    for path in pkg.glob("*.py"):
+        assert len(path.read_text().splitlines()) < 400, path
