@@ -216,7 +216,8 @@ print(
 # non-uniform table (iq4_nl), the FP4 grid with a power-of-two or an FP8 scale
 # (mxfp4, nvfp4), a rotation of the whole 128-block before a scalar codebook
 # (TBQ's randomized Hadamard), a rotation of pairs (planar: Givens) or of groups
-# of four (iso: quaternions), and no scale at all (f16, bf16).
+# of four (iso: quaternions), no scale at all (f16, bf16), and one 8-bit float
+# per value with a per-tensor scale (vLLM's fp8_e4m3, fp8_e5m2; scale 1.0 here).
 
 # %%
 GROUPS = {
@@ -228,6 +229,7 @@ GROUPS = {
     "planar4_0": "Givens pairs", "planar3_0": "Givens pairs",
     "iso4_0": "quaternion groups", "iso3_0": "quaternion groups",
     "f16": "16-bit float", "bf16": "16-bit float",
+    "fp8_e4m3": "8-bit float, per-tensor scale", "fp8_e5m2": "8-bit float, per-tensor scale",
 }
 assert set(GROUPS) == set(tbq.formats())
 fmt_rows = [r for r in results if r["family"] is None]
