@@ -32,6 +32,7 @@ FLAGS = ["-O2", "-ffp-contract=off", "-shared", "-fPIC"]
 SOURCES = {"q8_0": "q8_0.c", "q4_0": "q4_0.c", "tbq4_0": "tbq.c", "tbq3_0": "tbq.c"}
 SOURCES.update({f: "ggml_extra.c" for f in ("f16", "bf16", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")})
 SOURCES.update({f: "planar_iso.c" for f in ("planar3_0", "iso3_0", "planar4_0", "iso4_0")})
+SOURCES.update({f: "fp8.c" for f in ("fp8_e4m3", "fp8_e5m2")})  # scale 1.0 (the default); the anchor data never saturates
 #: ggml's names where they are not quantize_row_<fmt>_ref / dequantize_row_<fmt>
 SYMBOLS = {"f16": ("ggml_fp32_to_fp16_row", "ggml_fp16_to_fp32_row"), "bf16": ("ggml_fp32_to_bf16_row_ref", "ggml_bf16_to_fp32_row")}
 

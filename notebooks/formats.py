@@ -16,7 +16,7 @@
 #
 # Every KV format trades bits for error. This notebook measures the normalised
 # mean squared error (NMSE, `sum((x_hat - x)^2) / sum(x^2)`) and the SNR
-# (`-10 log10 NMSE`) of all sixteen formats of `tbq` and of the comparison
+# (`-10 log10 NMSE`) of every format of `tbq` and of the comparison
 # quantizers of `tbq.study`, and what the error does to attention when the data
 # is a key cache, on three kinds of data:
 #
@@ -208,7 +208,7 @@ print(
 # numbers.
 
 # %% [markdown]
-# ## All sixteen formats: error and attention
+# ## Every format: error and attention
 #
 # The same rows, every format, with what the error does to attention. Colours
 # group the formats by how they code a block: an integer grid with an absmax
@@ -216,7 +216,8 @@ print(
 # non-uniform table (iq4_nl), the FP4 grid with a power-of-two or an FP8 scale
 # (mxfp4, nvfp4), a rotation of the whole 128-block before a scalar codebook
 # (TBQ's randomized Hadamard), a rotation of pairs (planar: Givens) or of groups
-# of four (iso: quaternions), and no scale at all (f16, bf16).
+# of four (iso: quaternions), no scale at all (f16, bf16), and one 8-bit float
+# per value with a per-tensor scale (vLLM's fp8_e4m3, fp8_e5m2, at the default scale).
 
 # %%
 GROUPS = {
@@ -228,6 +229,7 @@ GROUPS = {
     "planar4_0": "Givens pairs", "planar3_0": "Givens pairs",
     "iso4_0": "quaternion groups", "iso3_0": "quaternion groups",
     "f16": "16-bit float", "bf16": "16-bit float",
+    "fp8_e4m3": "8-bit float, per-tensor scale", "fp8_e5m2": "8-bit float, per-tensor scale",
 }
 assert set(GROUPS) == set(tbq.formats())
 fmt_rows = [r for r in results if r["family"] is None]

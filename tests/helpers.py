@@ -188,8 +188,9 @@ def _check_bad_input(fmt, opts):
             assert isinstance(e.value, ValueError) and isinstance(e.value, tbq.TbqError)
         with pytest.raises(tbq.TbqTypeError):
             codec.decode(np.zeros(ts, np.int8))
-        with pytest.raises(tbq.EncodedLengthError, match=str(ts)):
-            codec.decode(np.zeros(ts + 1, np.uint8))
+        if ts > 1:  # (a one-byte format decodes every length)
+            with pytest.raises(tbq.EncodedLengthError, match=str(ts)):
+                codec.decode(np.zeros(ts + 1, np.uint8))
         with pytest.raises(tbq.TbqValueError):
             codec.encode(good, out=np.empty((2, 3), np.uint8))
         with pytest.raises(tbq.TbqTypeError):

@@ -17,6 +17,7 @@ SIZES = {
     "f16": (1, 2, 16.0), "bf16": (1, 2, 16.0), "q4_1": (32, 20, 5.0), "q5_0": (32, 22, 5.5), "q5_1": (32, 24, 6.0),
     "iq4_nl": (32, 18, 4.5), "mxfp4": (32, 17, 4.25), "nvfp4": (64, 36, 4.5),
     "planar3_0": (128, 50, 3.125), "iso3_0": (128, 50, 3.125), "planar4_0": (128, 66, 4.125), "iso4_0": (128, 66, 4.125),
+    "fp8_e4m3": (1, 1, 8.0), "fp8_e5m2": (1, 1, 8.0),
 }
 
 
@@ -24,9 +25,9 @@ def test_formats():
     """ggml's names, in the order of their stable numeric codes (docs/formats.md)."""
     assert tbq.formats() == (
         "q8_0", "q4_0", "tbq4_0", "tbq3_0", "f16", "bf16", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4",
-        "planar3_0", "iso3_0", "planar4_0", "iso4_0",
+        "planar3_0", "iso3_0", "planar4_0", "iso4_0", "fp8_e4m3", "fp8_e5m2",
     )
-    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 17))
+    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 19))
 
 
 @pytest.mark.parametrize("fmt", tbq.formats())
@@ -148,7 +149,7 @@ def test_arbitrary_bytes_decode_identically_in_both_backends(fmt):
     """Any byte content decodes (NaN/Inf/subnormal scales included) the same way in both paths."""
     c = tbq.get_codec(fmt)
     rng = np.random.default_rng(7)
-    data = rng.integers(0, 256, size=(4000, c.type_size), dtype=np.uint8)
+    data = rng.integers(0, 256, size=(4000, max(2, c.type_size)), dtype=np.uint8)  # (two values of a 1-byte format)
     specials = [0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE00, 0x0001, 0x8001, 0x03FF, 0x8000, 0x0000, 0x7BFF]
     for i, h in enumerate(specials):
         data[i, 0], data[i, 1] = h & 0xFF, h >> 8

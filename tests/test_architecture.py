@@ -150,3 +150,122 @@ def test_no_format_names_outside_the_format_modules(name):
     text = target.read_text()
     for fmt in ("q8_0", "q4_0", "tbq4_0", "tbq3_0"):
         assert f'== "{fmt}"' not in text and f"== '{fmt}'" not in text, (target, fmt)
+
+
+# ---------------------------------------------------------------------------
+# formats are reached through their declarations, never by name or type
+# ---------------------------------------------------------------------------
+
+#: Where a format name is part of stable data outside formats/ (docs/architecture.md lists them).
+FORMAT_NAME_EXCEPTIONS = {
+    "golden/cheader.py": "the attention header's SINK_IS_F16 define, a flag C consumers of the golden headers read",
+    "golden/manifest.py": "the manifest's edge_tables keys (tbq4_0_codebook, tbq3_0_codebook): stable golden data",
+}
+
+
+def _format_names():
+    import tbq
+
+    return set(tbq.formats())
+
+
+def _format_class_names():
+    from tbq.formats import FORMAT_CLASSES
+
+    return {c.__name__ for c in FORMAT_CLASSES.values()}
+
+
+def test_no_format_name_or_type_test_outside_the_formats_package():
+    """Outside src/tbq/formats/: no comparison with a format's name (``== "q8_0"``, ``in ("f16", ...)``, a dict keyed by
+    format names, ``.startswith("tbq")``) and no ``type(x) is <a Format class>``. Field kinds compared as kinds
+    (``f.kind == "f16"``) are not format names."""
+    names, classes = _format_names(), _format_class_names()
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("formats/") or rel in FORMAT_NAME_EXCEPTIONS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{rel}:{getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Compare):
+                sides = [node.left] + node.comparators
+                if any(isinstance(s, ast.Attribute) and s.attr == "kind" for s in sides):
+                    continue  # a field kind
+                consts = []
+                for c in sides:
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                        consts.append(c.value)
+                    elif isinstance(c, (ast.Tuple, ast.List, ast.Set)):
+                        consts += [e.value for e in c.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if any(v in names for v in consts):
+                    bad.append(f"{where}: compares with a format name: {ast.unparse(node)}")
+                if isinstance(node.left, ast.Call) and getattr(node.left.func, "id", "") == "type":
+                    for c in node.comparators:
+                        n = c.id if isinstance(c, ast.Name) else c.attr if isinstance(c, ast.Attribute) else ""
+                        if n in classes or n.endswith("Format"):
+                            bad.append(f"{where}: tests a format's type: {ast.unparse(node)}")
+            elif isinstance(node, ast.Dict):
+                if any(isinstance(k, ast.Constant) and k.value in names for k in node.keys):
+                    bad.append(f"{where}: a dict keyed by format names: {ast.unparse(node)[:80]}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "startswith" and node.args:
+                a = node.args[0]
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and len(a.value) >= 2 and any(n.startswith(a.value) for n in names):
+                    bad.append(f"{where}: a format-name prefix test: {ast.unparse(node)}")
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------
+# private names stay in their package
+# ---------------------------------------------------------------------------
+
+#: (importer, source, name) still imported across modules, and who removes them.
+PRIVATE_IMPORT_EXCEPTIONS = {
+    ("tbq.attention", "tbq.codecs", "_default_threads"): "issue 21: the tbq.parallel seam (threads, executor, chunking)",
+    ("tbq.attention", "tbq.codecs", "_executor"): "issue 21: the tbq.parallel seam",
+    ("tbq.cli.budget", "tbq.budget", "_BITS"): "left for the merge with issue 21, which rewrites the budget output",
+    ("tbq.cli.budget", "tbq.budget", "_count"): "issue 21 merge (budget output)",
+    ("tbq.cli.budget", "tbq.budget", "_out"): "issue 21 merge (budget output)",
+    ("tbq.cli.budget", "tbq.budget", "_parse_formats"): "issue 21 merge (budget output)",
+}
+
+
+def _subpackage(modname: str):
+    """'tbq.golden.generate' -> 'golden'; a top-level module ('tbq.codecs') has none."""
+    parts = modname.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (SRC / parts[1]).is_dir()) else None
+
+
+def test_no_private_name_imported_across_modules():
+    """``from X import _name`` only inside one subpackage (tbq/golden/ from tbq/golden/, ...): everything else goes
+    through public names, so a module's private helpers can change without breaking another."""
+    found = set()
+    for modname, path in _modules():
+        pkg = modname if path.name == "__init__.py" else modname.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            if not (src == "tbq" or src.startswith("tbq.")):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    sub = _subpackage(modname)
+                    if sub is None or sub != _subpackage(src):
+                        found.add((modname, src, a.name))
+    new = sorted(found - set(PRIVATE_IMPORT_EXCEPTIONS))
+    assert not new, "private names imported across modules:\n" + "\n".join(f"{m} imports {n} from {s}" for m, s, n in new)
+    stale = sorted(set(PRIVATE_IMPORT_EXCEPTIONS) - found)
+    assert not stale, f"fixed: drop these from PRIVATE_IMPORT_EXCEPTIONS: {stale}"
+
+
+def test_strategies_are_a_package_of_small_modules():
+    """testing/strategies/ is split by concern, no module over 400 lines."""
+    pkg = SRC / "testing" / "strategies"
+    assert (pkg / "__init__.py").exists() and not (SRC / "testing" / "strategies.py").exists()
+    for path in pkg.glob("*.py"):
+        assert len(path.read_text().splitlines()) < 400, path

@@ -79,6 +79,8 @@ def test_decode_input_checks(fmt):
     ts = tbq.get_codec(fmt).type_size
     with pytest.raises(tbq.TbqTypeError, match="uint8"):
         tbq.dequantize(np.zeros(ts, np.int8), fmt)
+    if ts == 1:  # a one-byte format decodes every length
+        return
     with pytest.raises(tbq.EncodedLengthError, match=rf"{ts + 1} bytes.*{ts} bytes"):
         tbq.dequantize(np.zeros((2, ts + 1), np.uint8), fmt)
     with pytest.raises(tbq.EncodedLengthError):

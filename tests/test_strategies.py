@@ -147,6 +147,25 @@ def _binade_top_promise(fmt, blk):
     return 1 <= steps <= 46
 
 
+def _overflows(fmt, x):
+    try:
+        tbq.quantize(x, fmt, backend="numpy")
+    except tbq.ScaleOverflowError:
+        return True
+    return False
+
+
+def _fp8_grid_promise(c, blk):
+    """x / s is within 2 ulps of a grid midpoint or of the overflow limit, in the subnormal range, or x / s != x * (1/s)."""
+    h = c.format.hazards["fp8_grid"]
+    s = F32(h["scale"])
+    v = F32(abs(blk[0]) / s)
+    grid = np.asarray(h["values"], np.float64)
+    edges = np.concatenate([(grid[:-1] + grid[1:]) / 2, [h["limit"], grid[-1]]]).astype(F32)
+    near = np.abs(edges.view(np.uint32).astype(np.int64) - int(v.view(np.uint32))).min() <= 2
+    return bool(near or v < h["min_normal"] or F32(abs(blk[0]) / s) != F32(abs(blk[0]) * F32(F32(1) / s)))
+
+
 def _threshold_promise(c, blk):
     r = c.format.encode(blk, trace=True)[1]["r"][0]  # the encoder's own rotated coordinates
     thr = c.format.thresholds if hasattr(c.format, "thresholds") else c.codebook.thresholds
@@ -198,8 +217,8 @@ def test_each_family_keeps_its_promise(fmt, family, data):
         if f16_scale:
             d, d16 = scale_of(fmt, x[None, :])
             assert 2.0**14 <= abs(float(d[0])) and np.isfinite(d16[0])
-        else:
-            assert 2.0**14 <= np.abs(x).max()
+        else:  # the value itself is huge: 2**14 or more, or within a factor 2 of what the format stores (FP8_E4M3: 464)
+            assert 2.0**14 <= np.abs(x).max() or _overflows(fmt, x * F32(2))
     elif family == "ties":
         assert _ties_promise(fmt, x)
     elif family == "thresholds":
@@ -212,6 +231,8 @@ def test_each_family_keeps_its_promise(fmt, family, data):
         assert _ue4m3_promise(fmt, x)
     elif family == "binade_tops":
         assert _binade_top_promise(fmt, x)
+    elif family == "fp8_grid":
+        assert _fp8_grid_promise(c, x)
     elif family == "sparse":
         if np.count_nonzero(x) > 4:  # a TBQ block that rotates to an exact one-hot
             r = c.format.encode(x, trace=True)[1]["r"][0]
@@ -268,13 +289,23 @@ def test_arbitrary_encoded_blocks_cover_every_special_scale(fmt):
     def collect(b):
         assert b.dtype == np.uint8 and b.shape[-1] % ts == 0
         b2 = b.reshape(-1, ts)
-        for bits in (b2[:, 0].astype(int) | (b2[:, 1].astype(int) << 8)).tolist():
-            for name, (lo, hi) in tst.SPECIAL_SCALES.items():
+        words = b2[:, 0].astype(int) if own else (b2[:, 0].astype(int) | (b2[:, 1].astype(int) << 8))
+        for bits in words.tolist():
+            for name, (lo, hi) in table.items():
                 if lo <= bits <= hi:
                     seen.add(name)
 
+    from tbq.formats.base import FIELD_KINDS
+
+    first = tbq.format_info(fmt).layout[0]
+    # a field that declares its own special patterns (FP8's one byte), else its kind's (f16, bf16), else fp16 at bytes 0-1
+    table = {n: (lo, hi) for n, lo, hi in first.specials} if first.specials else None
+    if table is None and first.size <= 2 and FIELD_KINDS[first.kind].specials:
+        table = FIELD_KINDS[first.kind].specials
+    own = table is not None and first.size == 1
+    table = table or tst.SPECIAL_SCALES
     collect()
-    for wanted in ("+inf", "-inf", "nan", "subnormal", "-0", "+0"):
+    for wanted in (table if own else ("+inf", "-inf", "nan", "subnormal", "-0", "+0")):  # (the names of every list)
         assert wanted in seen, (wanted, sorted(seen))
 
 
@@ -337,7 +368,9 @@ BAD_ARGUMENTS = [
     (lambda: tst.float_blocks("q8_0", elements=[1.0]), "st.floats(-1, 1, width=32)"),
     (lambda: tst.float_blocks("q8_0", elements=st.floats(), families=["zero"]), "not both"),
     (lambda: tst.float_blocks("q8_0", leading_shape=[2]), "tuple of non-negative ints"),
-    (lambda: tst.float_blocks("q8_0", codebook="lloyd-max"), "drop them"),
+    (lambda: tst.float_blocks("q8_0", codebook="lloyd-max"), "an option of tbq4_0, tbq3_0; drop it"),
+    (lambda: tst.float_blocks("q8_0", options={"scale": 2.0}), "an option of fp8_e4m3, fp8_e5m2"),
+    (lambda: tst.float_blocks("fp8_e4m3", options={"scale": -1.0}), "scale must be finite and > 0"),
     (lambda: tst.float_blocks("tbq4_0", codebook="nope"), "bad TBQ configuration"),
     (lambda: tst.float_blocks(tbq.get_codec("tbq4_0"), signs=3), "a Codec already carries"),
     (lambda: tst.encoded_blocks("q8_0", valid="yes"), "valid must be True"),

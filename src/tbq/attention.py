@@ -70,14 +70,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codebooks import Codebook
 from .codecs import Codec, _default_threads, _executor, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
 from .formats import FORMATS, format_info, formats
-from .formats.q4_0 import Q4_0 as _Q4_0Format
-from .formats.q8_0 import Q8_0 as _Q8_0Format
 from .half import f16_table
-from .rotation import RandomizedHadamard
 
 __all__ = [
     "KVCache",
@@ -113,17 +109,9 @@ def _sink_block(fmt: str) -> int:
 
 
 def _tbq_like(fmt) -> bool:
-    """True when a :class:`~tbq.formats.Format` is read in the rotated domain: a randomized
-    Hadamard rotation, a scalar codebook and fp16 + index fields (TBQ4_0, TBQ3_0)."""
-    layout = fmt.info.layout
-    return (
-        fmt.info.rotated
-        and isinstance(getattr(fmt, "rotation", None), RandomizedHadamard)
-        and isinstance(getattr(fmt, "codebook", None), Codebook)
-        and len(layout) == 2
-        and layout[0].kind == "f16"
-        and layout[1].kind in ("u4_pairs", "u3_lanes")
-    )
+    """True when a :class:`~tbq.formats.Format` declares the rotated-domain reader (``attention_reader =
+    "rotated"``: a randomized Hadamard rotation, a scalar codebook, fp16 norm + index fields: TBQ4_0, TBQ3_0)."""
+    return fmt.attention_reader == "rotated"
 
 
 @dataclass(frozen=True, eq=False)
@@ -487,13 +475,12 @@ def _kernel_operand(cache, kn, n_sink: int):
         return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(cache[n_sink:], np.float32), _NO_PAIR, 1
     fmt = cache.codec.format
     data = np.ascontiguousarray(cache.data[n_sink - cache.n_sink :])  # a view of a C-contiguous cache
-    if _tbq_like(fmt):
-        kind = kn.KIND_TBQ4 if fmt.info.layout[1].kind == "u4_pairs" else kn.KIND_TBQ3
+    reader = fmt.attention_reader  # declared by the format (tbq.formats.base.Format.attention_reader)
+    if reader == "rotated":
+        kind = kn.KIND_TBQ4 if fmt.info.index_bits == 4 else kn.KIND_TBQ3
         return kind, data, _NO_DENSE, _pair_table(fmt), fmt.info.type_size
-    if type(fmt) is _Q8_0Format:
-        return kn.KIND_Q8_0, data, _NO_DENSE, _NO_PAIR, fmt.info.type_size
-    if type(fmt) is _Q4_0Format:
-        return kn.KIND_Q4_0, data, _NO_DENSE, _NO_PAIR, fmt.info.type_size
+    if reader in ("ggml_q8_0", "ggml_q4_0"):
+        return {"ggml_q8_0": kn.KIND_Q8_0, "ggml_q4_0": kn.KIND_Q4_0}[reader], data, _NO_DENSE, _NO_PAIR, fmt.info.type_size
     # any other format: its decoder's float32 rows (the library decoder is the format's spec)
     dense = codec_from(cache.fmt, cache.config).decode(data)
     return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(dense, np.float32), _NO_PAIR, fmt.info.type_size

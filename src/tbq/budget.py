@@ -1,8 +1,8 @@
 """KV cache budget: bytes per token, context sweeps, crossover, decode speed, feasibility.
 
 This module is independent of the codecs: it only needs the storage cost of a
-format in bits per value (the four block formats come from
-:data:`tbq.formats.FORMATS`; the float and micro-scaled formats are listed in
+format in bits per value (every registered format, plugins included, comes
+from :data:`tbq.formats.FORMATS`; f32 is the one other entry of
 :data:`KV_FORMAT_BITS`). See ``docs/budget.md`` for the formulas and a full
 worked example.
 
@@ -35,8 +35,8 @@ from typing import Any, Iterable, Union
 
 from .errors import ConfigError, TbqTypeError, TbqValueError
 from .formats import FORMATS, FormatInfo, format_info
+from .units import exact as _exact
 from .units import (  # re-exported: tbq.budget was their home before tbq.units
-    _exact,
     format_bytes,
     format_context,
     format_rate,
@@ -90,13 +90,13 @@ Number = Union[int, float]
 #: Every registered format (``tbq.formats()``) comes from ``FORMATS`` with its exact bits.
 _OTHER_FORMATS: dict[str, tuple[Fraction, str]] = {
     "f32": (Fraction(32), "IEEE float32"),
-    "fp8": (Fraction(8), "8-bit float (E4M3 or E5M2); a per-tensor scale is not counted"),
 }
 
 #: Listing order: the per-value types first, then the registry's order.
-_ORDER = ("f32", "f16", "bf16", "fp8")
+_ORDER = ("f32", "f16", "bf16")
 
-_ALIASES = {"fp32": "f32", "float32": "f32", "fp16": "f16", "float16": "f16", "bfloat16": "bf16"}
+#: Other spellings; ``fp8`` is vLLM's ``kv_cache_dtype="fp8"``, which means E4M3.
+_ALIASES = {"fp32": "f32", "float32": "f32", "fp16": "f16", "float16": "f16", "bfloat16": "bf16", "fp8": "fp8_e4m3"}
 
 
 def _block_bits(info: FormatInfo) -> Fraction:
@@ -114,7 +114,7 @@ def _build_bits() -> dict[str, Fraction]:
 _BITS: dict[str, Fraction] = _build_bits()
 
 #: Bits per value of every named KV format, block scales included, e.g.
-#: ``f32`` 32, ``f16``/``bf16`` 16, ``fp8`` 8, ``q8_0`` 8.5, ``q4_0`` 4.5,
+#: ``f32`` 32, ``f16``/``bf16`` 16, ``fp8_e4m3``/``fp8_e5m2`` 8, ``q8_0`` 8.5, ``q4_0`` 4.5,
 #: ``nvfp4`` 4.5, ``mxfp4`` 4.25, ``tbq4_0`` 4.125, ``tbq3_0`` 3.125.
 KV_FORMAT_BITS: dict[str, float] = {name: float(bits) for name, bits in _BITS.items()}
 
@@ -159,7 +159,7 @@ def bits_per_value(fmt: Any) -> float:
 
 
 def format_block_size(fmt: Any) -> int | None:
-    """Values per block of a format (from :func:`tbq.format_info`; ``None`` for f32, fp8 and plain bit counts).
+    """Values per block of a format (from :func:`tbq.format_info`; ``None`` for f32 and plain bit counts).
 
     ggml's NVFP4 block is 64 values (four 16-value sub-blocks with their own
     scales), so a head must be a multiple of 64 values.
@@ -287,7 +287,7 @@ def _bpt(values: Any, fmt: Any) -> Fraction:
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, fmt: Any) -> Number:
     """KV cache bytes per token: ``2 x n_layers x n_kv_heads x head_dim x bits_per_value / 8``.
 
-    ``fmt`` is a format name (f32, f16, bf16, fp8, q8_0, q4_0, tbq4_0, tbq3_0,
+    ``fmt`` is a format name (f32, f16, bf16, fp8_e4m3, fp8_e5m2 (alias fp8), q8_0, q4_0, tbq4_0, tbq3_0,
     nvfp4, mxfp4) or a number of bits per value. Count only full-attention layers.
     The result is exact: an ``int`` when whole, else a ``float``.
 

@@ -175,6 +175,7 @@ _CODEC_CACHE = _LRU(256)
 def _build_format(name: str, options: dict) -> Format:
     """The format ``name`` with ``options``, from the cache when the same options were seen before."""
     cls = format_class(name)
+    options = cls.check_options(options)  # the declared options, validated (an unknown one names the formats that take it)
     if not options:
         key = (name,)
     else:
@@ -313,7 +314,8 @@ class Codec:
         Results do not depend on it.
     on_overflow : ``"raise"`` (default) raises :class:`ScaleOverflowError` when a
         block's scale rounds to fp16 infinity (``|d| >= 65520``); ``"inf"``
-        stores the infinite scale as the C code does.
+        stores the infinite scale as the C code does. A format may offer more
+        choices (``Format.overflow_modes``: FP8's ``"saturate"``).
     """
 
     name: str = ""
@@ -334,9 +336,11 @@ class Codec:
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
             raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
         self.threads = None if threads is None else int(threads)
-        if on_overflow not in ON_OVERFLOW:
-            raise ConfigError(f"on_overflow must be one of {ON_OVERFLOW}, got {on_overflow!r}")
+        modes = self.format.overflow_modes
+        if not isinstance(on_overflow, str) or on_overflow not in modes:
+            raise ConfigError(f"on_overflow must be one of {modes} for {self.name}, got {on_overflow!r}")
         self.on_overflow = on_overflow
+        self._overflow_kw = self.format.overflow_kw(on_overflow)
 
     # -- static facts --
     @property
@@ -408,9 +412,9 @@ class Codec:
                 fmt = self.format
                 x2 = x.reshape(-1, bs)
                 if fmt.row_rule:
-                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", row_blocks=n // bs)
+                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", row_blocks=n // bs, **self._overflow_kw)
                 else:
-                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise")
+                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", **self._overflow_kw)
                 if status != STATUS_OK:
                     self._raise_encode_error(_Blocks(x, bs, np.float32), int(b), int(status))
                 return out
@@ -431,7 +435,7 @@ class Codec:
         fmt = self.format
         # A row-rule format sees whole rows: chunks (and threads) split only between rows.
         unit = max(1, src.per_row) if fmt.row_rule else 1
-        row_kw = fmt._row_kw(unit)
+        row_kw = {**fmt._row_kw(unit), **self._overflow_kw}
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // (bs * unit))
 
         def work(su, eu):

@@ -35,9 +35,9 @@ from typing import Callable
 import numpy as np
 
 from .attention import KVCache, attention_fused
-from .codecs import get_codec
+from .codecs import EXECUTION_SETTINGS, get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
-from .formats import format_class, formats
+from .formats import check_options, config_for, format_class, formats
 from .metrics import attention_error, error_summary, nmse, random_queries, softmax_kl, topk_agreement
 
 __all__ = ["compare", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
@@ -244,12 +244,14 @@ def compare(
     ``"values"`` of the same shape each is the exact partner of the other.
     Without ``attention`` those columns are ``None``.
 
-    ``config`` goes to :func:`tbq.get_codec` (``codebook`` and ``signs`` only
-    for the TBQ formats), e.g. ``on_overflow="inf"``; metrics of a
+    ``config`` goes to :func:`tbq.get_codec` (each format's own options only:
+    ``codebook`` and ``signs`` to the TBQ formats, ``scale`` to FP8; an option
+    no format of ``fmts`` takes is an error), e.g. ``on_overflow="inf"``; metrics of a
     reconstruction holding infinities are then ``inf`` or ``nan``.
     ``on_row(row)``, if given, is called after each row (progress reports).
     """
     fmts = tuple(fmts) if fmts is not None else formats()
+    check_options(fmts, {k: v for k, v in config.items() if k not in EXECUTION_SETTINGS})
     repeat = _check_count(repeat, "repeat")
     if attention:
         n_queries = _check_count(n_queries, "n_queries")
@@ -271,7 +273,7 @@ def compare(
             partner = arrays["values" if label == "keys" else "keys"]
         queries = random_queries(n_queries, HEAD_DIM, _heads(x).shape[1], seed=query_seed) if attention else None
         for fmt in fmts:
-            cfg = {k: v for k, v in config.items() if fmt.startswith("tbq") or k not in ("codebook", "signs")}
+            cfg = config_for(fmt, config)
             codec = get_codec(fmt, **cfg)
             q = codec.encode(x)  # warm-up, compiles the kernels
             y = codec.decode(q)
@@ -338,7 +340,7 @@ def _warm(fmts, config: dict, attention: bool) -> None:
     x = np.zeros((64, 1024), np.float32)  # 64 rows of 8 heads: whole blocks of every format, >= 32 blocks a call
     x[:, ::7] = 1.0
     for f in fmts:
-        cfg = {k: v for k, v in config.items() if f.startswith("tbq") or k not in ("codebook", "signs")}
+        cfg = dict(config_for(f, config))
         cfg["on_overflow"] = "inf"
         c = get_codec(f, **cfg)
         if c.backend == "numba":

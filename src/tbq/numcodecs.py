@@ -1,7 +1,8 @@
 """numcodecs and Zarr 3 codecs for the tbq block formats (optional extra ``zarr``).
 
 Importing this module registers, with numcodecs, one :class:`numcodecs.abc.Codec`
-subclass per format:
+subclass per registered format (every format of :func:`tbq.formats`, plugins
+included), for example:
 
 ==============  =================  ===================================
 codec id        class              what it stores
@@ -13,15 +14,15 @@ codec id        class              what it stores
 ==============  =================  ===================================
 
 and, when Zarr >= 3 is installed, the Zarr 3 *serializer* (array -> bytes codec)
-:class:`ZarrCodec` under the same four names. Nothing here is imported by
+:class:`ZarrCodec` under the same names. Nothing here is imported by
 ``import tbq``: numcodecs and zarr are optional dependencies.
 
 Configuration
 -------------
 A codec's configuration is the core codec configuration
-(:meth:`tbq.Codec.get_config`: ``backend``, ``threads``, ``on_overflow`` and,
-for the TBQ formats, ``codebook`` and ``signs``) with the core ``name`` replaced
-by the numcodecs ``id``::
+(:meth:`tbq.Codec.get_config`: ``backend``, ``threads``, ``on_overflow`` and
+each format's own options: TBQ's ``codebook`` and ``signs``, FP8's ``scale``)
+with the core ``name`` replaced by the numcodecs ``id``::
 
     >>> import tbq.numcodecs as tn
     >>> tn.Q4_0(backend="numpy").get_config()
@@ -40,7 +41,7 @@ starts with a small header followed by exactly the bytes
     offset      size      field
     0           4         magic b"TBQ\\x00"
     4           1         header version, 1
-    5           1         format code: 1 q8_0, 2 q4_0, 3 tbq4_0, 4 tbq3_0
+    5           1         format code (FormatInfo.code): 1 q8_0, 2 q4_0, ... 18 fp8_e5m2
     6           1         ndim (1..32) of the float array
     7           1         reserved, 0
     8           8*ndim    shape of the float array, uint64 little-endian

@@ -49,11 +49,11 @@ def _backend(backend):
 # --- NumPy twins: the layouts written as array expressions --------------------
 
 
-def _np_pack4_pairs(idx):
+def np_pack4_pairs(idx):
     return (idx[..., 0::2] | (idx[..., 1::2] << 4)).astype(np.uint8)
 
 
-def _np_unpack4_pairs(b):
+def np_unpack4_pairs(b):
     out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), np.uint8)
     out[..., 0::2] = b & 0x0F
     out[..., 1::2] = b >> 4
@@ -64,19 +64,19 @@ def _np_unpack4_pairs(b):
 # arrays with a zero-length axis.
 
 
-def _np_pack4_halves(q):
+def np_pack4_halves(q):
     lead, n = q.shape[:-1], q.shape[-1]
     blk = q.reshape(lead + (n // 32, 32))
     return (blk[..., :16] | (blk[..., 16:] << 4)).astype(np.uint8).reshape(lead + (n // 2,))
 
 
-def _np_unpack4_halves(b):
+def np_unpack4_halves(b):
     lead, n = b.shape[:-1], b.shape[-1]
     blk = b.reshape(lead + (n // 16, 16))
     return np.concatenate((blk & 0x0F, blk >> 4), axis=-1).reshape(lead + (2 * n,))
 
 
-def _np_pack3(idx):
+def np_pack3(idx):
     lead, n = idx.shape[:-1], idx.shape[-1]
     g = idx.reshape(lead + (n // 8, 8)).astype(np.uint32)
     lane = np.zeros(g.shape[:-1], np.uint32)
@@ -86,7 +86,7 @@ def _np_pack3(idx):
     return out.reshape(lead + (n // 8 * 3,))
 
 
-def _np_unpack3(b):
+def np_unpack3(b):
     lead, n = b.shape[:-1], b.shape[-1]
     g = b.reshape(lead + (n // 3, 3)).astype(np.uint32)
     lane = g[..., 0] | (g[..., 1] << 8) | (g[..., 2] << 16)
@@ -114,13 +114,13 @@ def pack4_pairs(idx, *, backend=None) -> np.ndarray:
     idx = _uint8(idx, "indices")
     _check_len(idx, 2, "pack4_pairs")
     _check_max(idx, 16)
-    return _run(_np_pack4_pairs, "pack4_pairs", idx, backend, idx.shape[-1] // 2)
+    return _run(np_pack4_pairs, "pack4_pairs", idx, backend, idx.shape[-1] // 2)
 
 
 def unpack4_pairs(data, *, backend=None) -> np.ndarray:
     """Inverse of :func:`pack4_pairs`: each byte gives (low nibble, high nibble)."""
     data = _uint8(data, "packed bytes")
-    return _run(_np_unpack4_pairs, "unpack4_pairs", data, backend, 2 * data.shape[-1])
+    return _run(np_unpack4_pairs, "unpack4_pairs", data, backend, 2 * data.shape[-1])
 
 
 def pack4_halves(q, *, backend=None) -> np.ndarray:
@@ -132,14 +132,14 @@ def pack4_halves(q, *, backend=None) -> np.ndarray:
     q = _uint8(q, "codes")
     _check_len(q, 32, "pack4_halves")
     _check_max(q, 16)
-    return _run(_np_pack4_halves, "pack4_halves", q, backend, q.shape[-1] // 2)
+    return _run(np_pack4_halves, "pack4_halves", q, backend, q.shape[-1] // 2)
 
 
 def unpack4_halves(data, *, backend=None) -> np.ndarray:
     """Inverse of :func:`pack4_halves` (last axis a multiple of 16 bytes)."""
     data = _uint8(data, "packed bytes")
     _check_len(data, 16, "unpack4_halves")
-    return _run(_np_unpack4_halves, "unpack4_halves", data, backend, 2 * data.shape[-1])
+    return _run(np_unpack4_halves, "unpack4_halves", data, backend, 2 * data.shape[-1])
 
 
 def pack3(idx, *, backend=None) -> np.ndarray:
@@ -151,7 +151,7 @@ def pack3(idx, *, backend=None) -> np.ndarray:
     idx = _uint8(idx, "indices")
     _check_len(idx, 8, "pack3")
     _check_max(idx, 8)
-    return _run(_np_pack3, "pack3", idx, backend, idx.shape[-1] // 8 * 3)
+    return _run(np_pack3, "pack3", idx, backend, idx.shape[-1] // 8 * 3)
 
 
 def pack3_fork_bug(idx) -> np.ndarray:
@@ -182,4 +182,4 @@ def unpack3(data, *, backend=None) -> np.ndarray:
     """Inverse of :func:`pack3`: every 3 bytes give 8 indices."""
     data = _uint8(data, "packed bytes")
     _check_len(data, 3, "unpack3")
-    return _run(_np_unpack3, "unpack3", data, backend, data.shape[-1] // 3 * 8)
+    return _run(np_unpack3, "unpack3", data, backend, data.shape[-1] // 3 * 8)

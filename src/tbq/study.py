@@ -580,40 +580,20 @@ def rate_distortion_rows(datasets: dict, specs=None, *, n_queries: int = 16, top
 
 
 def _table(fmt, trace, **options):
-    """``(levels, inputs)`` of a format from its encoder trace (see :func:`table_levels`)."""
-    fm = get_format(fmt, **options)
-    info = fm.info
-    if info.block_size == 1:
+    """``(levels, inputs)`` of a format from its encoder trace: the format's declared value table
+    (:meth:`tbq.formats.Format.value_table`; see :func:`table_levels`)."""
+    table = get_format(fmt, **options).value_table(trace)
+    if table is None:
         raise ConfigError(f"{fmt} stores every value on its own (no scale, no value table)")
-    tables = fm.tables()
-    b = info.index_bits
-    if "r" in trace and "centroids" in tables:  # rotated: unit-norm block, rotation, nearest centroid
-        return np.asarray(tables["centroids"], np.float64), np.asarray(trace["r"], np.float64).ravel()
-    if "a" in trace and "values" in tables:  # a = x / d0, nearest entry of the int8 table
-        return np.asarray(tables["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
-    if "x" in trace and "values" in tables:  # FP4: x / d, nearest (doubled) E2M1 value
-        x = np.asarray(trace["x"], np.float64)
-        d = np.asarray(trace["dd" if "dd" in trace else "d"], np.float64)
-        x = x.reshape(d.shape + (-1,))
-        keep = np.broadcast_to(d[..., None] > 0, x.shape)  # a flushed (zero-scale) sub-block meets no table
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = x / d[..., None]
-        return np.asarray(tables["values"], np.float64), v[keep]
-    if "v" in trace:  # integer codes: v = x / d (signed) or (x - min) / d, rounded half up
-        v = np.asarray(trace["v"], np.float64).ravel()
-        if "t" in trace:  # t = v + offset + 1/2, code = trunc(t) in 0 .. 2**b - 1, level = code - offset
-            offset = round(float(np.median(np.asarray(trace["t"], np.float64).ravel() - v)) - 0.5)
-            return np.arange(1 << b, dtype=np.float64) - offset, v
-        return np.arange(-(1 << (b - 1)), 1 << (b - 1), dtype=np.float64), v  # int8 codes round(v)
-    raise ConfigError(f"{fmt}: no value table this function knows how to read")  # pragma: no cover
+    return table
 
 
 def table_levels(fmt: str, **options) -> np.ndarray:
     """The values a format's codes decode to, sorted, in the units of :func:`table_inputs` (float64).
 
-    ``options`` are format options (TBQ's ``codebook=``). Read from the
-    format (:meth:`~tbq.formats.Format.tables` and the structure of its
-    encoder trace, docs/formats.md):
+    ``options`` are format options (TBQ's ``codebook=``, FP8's ``scale=``). Each
+    format declares its table (:meth:`~tbq.formats.Format.value_table`, on its
+    encoder trace; docs/formats.md):
 
     ========================== =========================== ===========================================
     formats                    levels                      units (what :func:`table_inputs` returns)
@@ -624,6 +604,7 @@ def table_levels(fmt: str, **options) -> np.ndarray:
     q4_0, q5_0                 ``-2**(b-1) .. 2**(b-1)-1`` ``v = x / d``, ``d = max / -2**(b-1)``
     q4_1, q5_1                 ``0 .. 2**b - 1``           ``v = (x - min) / d``
     q8_0                       ``-128 .. 127``             ``v = x / d``, ``d = amax / 127``
+    fp8_e4m3, fp8_e5m2         every finite byte's value   ``v = x / scale``
     ========================== =========================== ===========================================
 
     Duplicates are kept (FP4 has two codes for zero), so ``len`` is the
@@ -679,13 +660,14 @@ def rotated_nmse(fmt: str, x, levels=None, **options) -> float:
     True
     """
     fm = get_format(fmt, **options)
-    if not fm.info.rotated:
-        raise ConfigError(f"{fmt} is not a rotated format")
     a = _as_f32(x)
     _, trace = fm.encode(a, trace=True)
+    view = fm.rotated_view(trace)
+    if view is None:
+        raise ConfigError(f"{fmt} is not a rotated format")
     n = fm.info.block_size
-    r = np.asarray(trace["r"], np.float64).reshape(-1, n)
-    norm = np.asarray(trace["norm"], np.float64).reshape(-1)
+    r = np.asarray(view[1], np.float64).reshape(-1, n)
+    norm = np.asarray(view[0], np.float64).reshape(-1)
     c = np.unique(np.asarray(fm.tables()["centroids"] if levels is None else levels, np.float64).ravel())
     q = c[np.searchsorted(0.5 * (c[1:] + c[:-1]), r, side="right")]
     qn = np.sqrt(np.sum(q * q, axis=1, keepdims=True))

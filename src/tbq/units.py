@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 
-def _exact(x: Any, what: str, *, positive: bool = False) -> Fraction:
-    """A non-negative (or positive) finite number as an exact Fraction."""
+def exact(x: Any, what: str, *, positive: bool = False) -> Fraction:
+    """A non-negative (or positive) finite number as an exact Fraction (``what`` names it in the error)."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TbqTypeError(f"{what} must be a number, got {x!r}")
     if isinstance(x, numbers.Rational):
@@ -137,7 +137,7 @@ def parse_bytes(text: Any) -> int:
     tbq.errors.TbqValueError: '32G' is ambiguous: ... write 32GB (decimal, 10^3 steps) or 32GiB (binary, 2^10 steps)
     """
     if not isinstance(text, str):
-        return round(_exact(text, "a size in bytes"))
+        return round(exact(text, "a size in bytes"))
     value, num, unit = _split_quantity(text, "a size")
     mult = _byte_multiplier(unit, num, text)
     if value < 0:
@@ -159,7 +159,7 @@ def parse_rate(text: Any) -> int:
     tbq.errors.TbqValueError: '100Gb/s': a lowercase 'b' means bits, ... write 100GB/s (decimal) or 100GiB/s ...
     """
     if not isinstance(text, str):
-        return round(_exact(text, "a bandwidth in bytes/s", positive=True))
+        return round(exact(text, "a bandwidth in bytes/s", positive=True))
     value, num, unit = _split_quantity(text, "a bandwidth")
     m = re.fullmatch(r"(.*?)\s*/\s*s(?:ec)?", unit)
     if m is None:

@@ -74,21 +74,27 @@ __all__ = [
 ]
 
 
-def resolve_format(fmt, codebook=None, signs=None) -> Format:
-    """The :class:`~tbq.formats.Format` to check against: a name (with TBQ's ``codebook``/``signs``), a Format or a Codec.
+def resolve_format(fmt, codebook=None, signs=None, options=None) -> Format:
+    """The :class:`~tbq.formats.Format` to check against: a name with its ``options`` (TBQ's ``codebook``/``signs``
+    are spellings of two of them), a Format or a Codec.
 
     >>> resolve_format("tbq3_0", codebook="turboq-mtp").config()["codebook"]
     'turboq-mtp'
+    >>> resolve_format("fp8_e4m3", options={"scale": 0.5}).config()
+    {'scale': 0.5}
     """
-    opts = {k: v for k, v in (("codebook", codebook), ("signs", signs)) if v is not None}
+    if options is not None and not isinstance(options, dict):
+        raise ConfigError(f"options must be a dict of format options, e.g. {{'scale': 0.0173}}, got {options!r}")
+    opts = dict(options or {})
+    opts.update({k: v for k, v in (("codebook", codebook), ("signs", signs)) if v is not None})
     if isinstance(fmt, Format):
         if opts:
-            raise ConfigError("pass codebook= and signs= with a format name; a Format already carries its options")
+            raise ConfigError("pass format options with a format name; a Format already carries its options")
         return fmt
     inner = getattr(fmt, "__dict__", {}).get("format")
     if isinstance(inner, Format):  # a tbq.Codec
         if opts:
-            raise ConfigError("pass codebook= and signs= with a format name; a Codec already carries its options")
+            raise ConfigError("pass format options with a format name; a Codec already carries its options")
         return inner
     if not isinstance(fmt, str):
         raise ConfigError(f"fmt must be a format name such as 'q8_0', a tbq Format or a tbq Codec, got {type(fmt).__name__}")
@@ -111,7 +117,7 @@ def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int 
         target.close()
 
 
-def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=None, blocks: int = DEFAULT_BLOCKS,
+def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=None, options=None, blocks: int = DEFAULT_BLOCKS,
                  examples: int = DEFAULT_EXAMPLES, seconds: float | None = None, exact: bool = False, k: int = DEFAULT_K,
                  seed: int = 0, out=None, progress: bool | None = False, name: str | None = None) -> CheckReport:
     """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
@@ -120,6 +126,9 @@ def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=No
     rows (uint8, anything array-like: NumPy, a PyTorch tensor on any device,
     bytes); ``dequantize(data)`` takes uint8 rows and returns float32. Give
     either or both.
+
+    ``options``: the format's own options (FP8: ``{"scale": 0.0173}``);
+    ``codebook`` and ``signs`` are spellings of TBQ's two.
 
     Settings: ``blocks`` (golden and random-bytes blocks, default
     20,000), ``examples`` (hypothesis examples per direction, default 100;
@@ -132,13 +141,13 @@ def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=No
 
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
-    f = resolve_format(fmt, codebook, signs)
+    f = resolve_format(fmt, codebook, signs, options)
     return check_target(CallableTarget(f, quantize, dequantize, name=name), blocks=blocks, examples=examples, seconds=seconds,
                         exact=exact, k=k, seed=seed, out=out, progress=progress)
 
 
 def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
-                  codebook=None, signs=None, **settings) -> CheckReport:
+                  codebook=None, signs=None, options=None, **settings) -> CheckReport:
     """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
 
     ``quantize`` / ``dequantize`` name other symbols; ``only`` (``"quantize"``
@@ -146,11 +155,12 @@ def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, 
     :func:`check_kernel`. A library that does not load or lacks a symbol
     raises :class:`TargetError`.
     """
-    f = resolve_format(fmt, codebook, signs)
+    f = resolve_format(fmt, codebook, signs, options)
     return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only), **settings)
 
 
-def check_program(command: str, fmt, *, only: str | None = None, timeout: float = 600.0, codebook=None, signs=None, **settings) -> CheckReport:
+def check_program(command: str, fmt, *, only: str | None = None, timeout: float = 600.0, codebook=None, signs=None, options=None,
+                  **settings) -> CheckReport:
     """Check an external program: ``command`` with ``{in}``, ``{out}`` and optionally ``{op}``, ``{k}``, ``{rows}``, ``{format}``.
 
     The program reads ``{in}`` (raw little-endian float32 to quantize, or
@@ -158,5 +168,5 @@ def check_program(command: str, fmt, *, only: str | None = None, timeout: float 
     Without ``{op}`` it implements one direction: say which with ``only``.
     ``settings`` as in :func:`check_kernel`.
     """
-    f = resolve_format(fmt, codebook, signs)
+    f = resolve_format(fmt, codebook, signs, options)
     return check_target(ProgramTarget(command, f, only=only, timeout=timeout), **settings)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..formats import Format
+from ..formats.base import ordered_field_code
 
 __all__ = ["EXACT", "FRAGILE", "WRONG", "CLASSES", "Classified", "classify_encoded", "classify_decoded", "encoder_trace",
            "value_codes", "ordered_code", "row_kw"]
@@ -73,27 +74,13 @@ def row_kw(fmt: Format, row_blocks: int) -> dict:
 
 
 def ordered_code(a: np.ndarray, kind: str = "") -> np.ndarray:
-    """Field values as integers where neighbours differ by one (int64).
-
-    Integer codes stay as they are. Float fields (an ``"f16"`` or ``"bf16"``
-    layout kind, else float32) map their bit patterns to the order of the
-    values: ``+0 -> 0``, the next positive value ``-> 1``, ``-0 -> -1``.
+    """Field values as integers where neighbours differ by one (int64): the field kind's own order
+    (:func:`tbq.formats.base.ordered_field_code`: integers as they are, ``f16``/``bf16`` by their bits, else float32).
 
     >>> ordered_code(np.float32([0.0, -0.0, 1.0, 1.0009766]), "f16").tolist()
     [0, -1, 15360, 15361]
     """
-    a = np.asarray(a)
-    if a.dtype.kind in "iub":
-        return a.astype(np.int64)
-    with np.errstate(all="ignore"):
-        if kind == "f16":
-            bits, top = a.astype(np.float16).view(np.uint16).astype(np.int64), 15
-        elif kind == "bf16":
-            bits, top = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.int64), 15
-        else:
-            bits, top = a.astype(np.float32).view(np.uint32).astype(np.int64), 31
-    mag = bits & ((1 << top) - 1)
-    return np.where(bits >> top, -mag - 1, mag)
+    return ordered_field_code(a, kind)
 
 
 def _layout_kinds(fmt: Format) -> dict:
@@ -193,14 +180,15 @@ def _implied_scale_ok(fmt: Format, trace: dict, got: np.ndarray, d_got: np.ndarr
     ``k + 4`` float32 ulps of ``norm / recon``.
     """
     d_field = next((f for f in fmt.info.layout if f.name == "d" and f.kind == "f16" and f.size == 2), None)
-    if d_field is None or "norm" not in trace:
+    view = fmt.rotated_view(trace)  # (norm, r) of a rotated format, declared by the format
+    if d_field is None or view is None:
         return np.zeros(got.shape[0], bool)
     unit = got.copy()
     unit[:, d_field.offset : d_field.offset + 2] = np.array([0x00, 0x3C], np.uint8)  # fp16 1.0
     with np.errstate(all="ignore"):
         y1 = fmt.reference_decode(unit).astype(np.float64)
         recon = np.sqrt((y1 * y1).sum(axis=1))
-        implied = np.asarray(trace["norm"], np.float64).reshape(-1) / recon
+        implied = np.asarray(view[0], np.float64).reshape(-1) / recon
         w = (k + _SCALE_WINDOW_ULPS) * 2.0**-23
         lo = (implied * (1 - w)).astype(np.float16).astype(np.float64)
         hi = (implied * (1 + w)).astype(np.float16).astype(np.float64)
@@ -253,7 +241,7 @@ def classify_encoded_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.n
     if f["d_neq"] is not None:
         neq = f["d_neq"]
         okd = ~neq | (_fragile_scales(fmt, trace, k, nb) & f["d_adj"])
-        if fmt.info.rotated and "norm" in trace:
+        if fmt.rotated_view(trace) is not None:
             okd |= neq & f["code_changed"] & _implied_scale_ok(fmt, trace, got, f["Fg"]["d"], k)
         ok &= okd
     return np.where(ok, FRAGILE, WRONG).astype(np.uint8)

@@ -729,9 +729,10 @@ def _rotate_trace(fmt, y):
         _, tr = fmt.reference_encode(np.ascontiguousarray(y, np.float32))
     except Exception:  # noqa: BLE001 - a format without a rotation trace
         return None, None
-    if "r" not in tr or "norm" not in tr:
+    view = fmt.rotated_view(tr)  # declared by the format (None: no rotation)
+    if view is None:
         return None, None
-    return np.asarray(tr["norm"], np.float64), np.asarray(tr["r"], np.float64)
+    return np.asarray(view[0], np.float64), np.asarray(view[1], np.float64)
 
 
 def _scale_factor(fmt, kept) -> Diagnosis | None:

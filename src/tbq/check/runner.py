@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..codecs import codec_from
 from ..errors import TbqValueError
 from ..formats import Format
+from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..progress import Progress
 from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
@@ -62,16 +64,9 @@ ROUND_EXAMPLES = 25
 EDGE_REPEATS = 32
 
 #: fp16 (and bfloat16) bit-pattern ranges the bytes phase writes into scale fields, inclusive.
-SPECIAL_F16 = {
-    "+inf": (0x7C00, 0x7C00), "-inf": (0xFC00, 0xFC00), "nan": (0x7C01, 0x7FFF), "-nan": (0xFC01, 0xFFFF),
-    "subnormal": (0x0001, 0x03FF), "-subnormal": (0x8001, 0x83FF), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
-    "max": (0x7BFF, 0x7BFF), "-max": (0xFBFF, 0xFBFF), "min_normal": (0x0400, 0x0400), "-min_normal": (0x8400, 0x8400),
-}
-SPECIAL_BF16 = {
-    "+inf": (0x7F80, 0x7F80), "-inf": (0xFF80, 0xFF80), "nan": (0x7F81, 0x7FFF), "-nan": (0xFF81, 0xFFFF),
-    "subnormal": (0x0001, 0x007F), "-subnormal": (0x8001, 0x807F), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
-    "max": (0x7F7F, 0x7F7F), "-max": (0xFF7F, 0xFF7F), "min_normal": (0x0080, 0x0080), "-min_normal": (0x8080, 0x8080),
-}
+#: The special fp16 / bf16 patterns (the field kinds' own lists, :data:`tbq.formats.base.FIELD_KINDS`).
+SPECIAL_F16 = FIELD_KINDS["f16"].specials
+SPECIAL_BF16 = FIELD_KINDS["bf16"].specials
 
 
 class FuzzUnavailable(TbqValueError):
@@ -132,8 +127,8 @@ def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
 def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
     """uint8 rows of arbitrary encoded blocks: random bytes and patterns, most scale fields special values.
 
-    Every ``f16`` (or ``bf16``) field of the layout gets, in two blocks of
-    three, a pattern from :data:`SPECIAL_F16` (``SPECIAL_BF16``) in turn.
+    Every field whose kind has special 16-bit patterns (``f16``: :data:`SPECIAL_F16`,
+    ``bf16``: ``SPECIAL_BF16``) gets, in two blocks of three, one of them in turn.
 
     >>> random_blocks(__import__("tbq").get_format("q8_0"), 8).shape
     (2, 136)
@@ -148,8 +143,8 @@ def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
         if 8 * i < n:
             data[8 * i] = byte
     for f in fmt.info.layout:
-        table = {"f16": SPECIAL_F16, "bf16": SPECIAL_BF16}.get(f.kind)
-        if table is None or f.size % 2:
+        table = FIELD_KINDS[f.kind].specials if f.kind in FIELD_KINDS else None
+        if not table or f.size % 2:
             continue
         kinds = list(table.values())
         for off in range(f.offset, f.offset + f.size, 2):
@@ -172,11 +167,173 @@ class _Abort(BaseException):
 
 
 class _Direction:
-    def __init__(self, name: str):
-        self.name = name
+    """One direction of the check (the target's encoder or decoder): everything that differs between them.
+
+    The check itself (:class:`_Check`) runs the same phases, records, reductions and counterexamples for
+    both, asking its direction objects for the unit of an input row (``width``), the reference and
+    target calls (``run``), what to keep of a non-exact block, the fuzz strategy, the signature of a
+    difference and the diagnoses.
+    """
+
+    name = ""
+    unit = ""  #: what an input row holds ("values" / "bytes")
+    phase_names: tuple = ("golden", "fuzz")  #: the phases of :data:`PHASES` this direction runs
+
+    def __init__(self, check: "_Check"):
+        self.check, self.fmt = check, check.fmt
         self.phases: list[PhaseResult] = []
         self.kept = {WRONG: Kept(), FRAGILE: Kept()}
         self.first: dict = {}  # class -> (phase, input row(s), block index, how)
+
+    def width(self) -> int:
+        """Input items per block."""
+        raise NotImplementedError
+
+    def run(self, rows):
+        """``(Classified, ref, got)`` of input ``rows``."""
+        raise NotImplementedError
+
+    def keep(self, kept: Kept, cls, where, rows, keep, ref, got) -> None:
+        raise NotImplementedError
+
+    def golden_input(self, x, ref_bytes):
+        raise NotImplementedError
+
+    def strategy(self, max_blocks: int, lead):
+        raise NotImplementedError
+
+    def signature(self, ref, got, b: int):
+        raise NotImplementedError
+
+    def trace(self, row, blk):
+        return None
+
+    def outputs(self, row):
+        """The target's outputs of ``row`` into buffers filled two ways (``(a, b, width, unit)``), for the unwritten check."""
+        raise NotImplementedError
+
+    def field_names(self, diff, width) -> list:
+        return []
+
+    def diagnose(self, kept) -> list:
+        raise NotImplementedError
+
+
+class _Encoder(_Direction):
+    name, unit = "quantize", "values"
+
+    def width(self):
+        return self.fmt.block_size
+
+    def run(self, x):
+        """Classify the target's bytes of rows ``x``."""
+        ref = self.check.codec.encode(x)
+        got = self.check.target.quantize(x)
+        return classify_encoded(self.fmt, x, ref, got, self.check.k), ref, got
+
+    def keep(self, kept, cls, where, rows, keep, ref, got):
+        ts = self.fmt.type_size
+        trace, xb = encoder_trace(self.fmt, rows, keep)
+        kept.add(cls, where, x=xb, ref=ref.reshape(-1, ts)[keep], got=got.reshape(-1, ts)[keep], trace=trace)
+
+    def golden_input(self, x, ref_bytes):
+        return x
+
+    def strategy(self, max_blocks, lead):
+        from ..testing import strategies as tst
+
+        return tst.float_blocks(self.check.codec, min_blocks=1, max_blocks=max_blocks, leading_shape=lead)
+
+    def signature(self, ref, got, b):
+        """The fields that differ (reduction keeps them)."""
+        ts = self.fmt.type_size
+        e, g = ref.reshape(-1, ts)[b : b + 1], got.reshape(-1, ts)[b : b + 1]
+        Fe, Fg = self.fmt.fields(e), self.fmt.fields(g)
+        return tuple(n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8)))
+
+    def trace(self, row, blk):
+        return encoder_trace(self.fmt, row[None, :], np.array([blk]))[0]
+
+    def outputs(self, row):
+        t = self.check.target
+        return t.quantize(row, fill=0x00), t.quantize(row, fill=0xFF), self.fmt.type_size, "byte"
+
+    def field_names(self, diff, width):
+        names = {o: f.name for f in self.fmt.info.layout for o in range(f.offset, f.offset + f.size)}
+        return sorted({names.get(int(o) % width, "?") for o in diff})
+
+    def diagnose(self, kept):
+        return diagnose_encoder(self.fmt, kept, self.check.k)
+
+    def smoke(self, x):
+        self.check.target.quantize(x)
+
+
+class _Decoder(_Direction):
+    name, unit = "dequantize", "bytes"
+    phase_names = ("golden", "fuzz", "bytes")  # decoders also meet arbitrary bytes
+
+    def width(self):
+        return self.fmt.type_size
+
+    def run(self, data):
+        ref = self.check.codec.decode(data)
+        got = self.check.target.dequantize(data)
+        return classify_decoded(self.fmt, data, ref, got), ref, got
+
+    def keep(self, kept, cls, where, rows, keep, ref, got):
+        ts, bs = self.fmt.type_size, self.fmt.block_size
+        kept.add(cls, where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep], got=got.reshape(-1, bs)[keep])
+
+    def golden_input(self, x, ref_bytes):
+        return ref_bytes
+
+    def strategy(self, max_blocks, lead):
+        from hypothesis import strategies as st
+
+        from ..testing import strategies as tst
+
+        c = self.check.codec
+        return st.one_of(tst.encoded_blocks(c, valid=True, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
+                         tst.encoded_blocks(c, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead))
+
+    def signature(self, ref, got, b):
+        """Whether values differ beyond the sign of zero and NaN payloads."""
+        bs = self.fmt.block_size
+        e, g = ref.reshape(-1, bs)[b].astype(np.float64), got.reshape(-1, bs)[b].astype(np.float64)
+        with np.errstate(all="ignore"):
+            return bool(((e != g) & ~(np.isnan(e) & np.isnan(g))).any())
+
+    def outputs(self, row):
+        t = self.check.target
+        a, b = t.dequantize(row, fill=0x00000000), t.dequantize(row, fill=0xFFFFFFFF)
+        return a.view(np.uint32), b.view(np.uint32), self.fmt.block_size, "value"
+
+    def diagnose(self, kept):
+        return diagnose_decoder(self.fmt, kept)
+
+    def smoke(self, x):
+        self.check.target.dequantize(self.check.codec.encode(x))
+
+
+_DIRECTIONS = {d.name: d for d in (_Encoder, _Decoder)}
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """One phase of the check: its name (the report's order is this list's) and its report note."""
+
+    name: str
+    note: str
+
+
+#: The phases, in the report's order (the one list of them).
+PHASES = (
+    _Phase("golden", "edge kinds + gaussian, outliers, heavy_tail"),
+    _Phase("fuzz", ""),
+    _Phase("bytes", "arbitrary bytes, special fp16 scales"),
+)
+_PHASE = {p.name: p for p in PHASES}
 
 
 class _Check:
@@ -184,8 +341,10 @@ class _Check:
         self.target, self.fmt = target, target.format
         self.blocks, self.examples, self.seconds = blocks, examples, seconds
         self.exact, self.k, self.seed = exact, k, seed
-        self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow="inf")
-        self.dirs = {d: _Direction(d) for d in target.directions}
+        # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
+        stored = self.fmt.golden_overflow if self.fmt.golden_overflow != "raise" else "inf"
+        self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow=stored)
+        self.dirs = {d: _DIRECTIONS[d](self) for d in target.directions}
         self.progress = progress
         self.notes: list[str] = []
         self.diagnoses: list[Diagnosis] = []
@@ -197,19 +356,14 @@ class _Check:
 
     def quantize_batch(self, x: np.ndarray):
         """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
-        ref = self.codec.encode(x)
-        got = self.target.quantize(x)
-        return classify_encoded(self.fmt, x, ref, got, self.k), ref, got
+        return _Encoder(self).run(x)
 
     def dequantize_batch(self, data: np.ndarray):
-        ref = self.codec.decode(data)
-        got = self.target.dequantize(data)
-        return classify_decoded(self.fmt, data, ref, got), ref, got
+        return _Decoder(self).run(data)
 
     def _record(self, d: _Direction, phase: str, rows: np.ndarray, c, ref, got, offset: int = 0) -> None:
         """Keep the non-exact blocks of a batch for the diagnoses and remember the first failing ones."""
-        ts, bs = self.fmt.type_size, self.fmt.block_size
-        per_row = (rows.shape[1] // bs) if d.name == "quantize" else (rows.shape[1] // ts)
+        per_row = rows.shape[1] // d.width()
         idx = c.idx
         if not idx.size:
             return
@@ -224,18 +378,12 @@ class _Check:
             if not keep.size:
                 continue
             where = [(phase, offset + int(i)) for i in keep]
-            if d.name == "quantize":
-                trace, xb = encoder_trace(self.fmt, rows, keep)
-                d.kept[cls].add(c.cls[keep], where, x=xb, ref=ref.reshape(-1, ts)[keep], got=got.reshape(-1, ts)[keep], trace=trace)
-            else:
-                d.kept[cls].add(c.cls[keep], where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep],
-                                got=got.reshape(-1, bs)[keep])
+            d.keep(d.kept[cls], c.cls[keep], where, rows, keep, ref, got)
 
     def _phase(self, d: _Direction, phase: str, rows: np.ndarray) -> None:
         """One bulk phase, in chunks of about :data:`CHUNK_BLOCKS` blocks (one target call per chunk where it allows)."""
         t0 = time.perf_counter()
-        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
-        width = self.fmt.block_size if d.name == "quantize" else self.fmt.type_size
+        run, width = d.run, d.width()
         step = max(1, CHUNK_BLOCKS // max(1, rows.shape[1] // width))
         counts = np.zeros(3, np.int64)
         for r0 in range(0, rows.shape[0], step):
@@ -244,22 +392,16 @@ class _Check:
             self._record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
             counts += np.bincount(c.cls, minlength=3)
         e, f, w = (int(v) for v in counts)
-        note = {"golden": "edge kinds + gaussian, outliers, heavy_tail", "bytes": "arbitrary bytes, special fp16 scales"}[phase]
-        d.phases.append(PhaseResult(d.name, phase, e + f + w, e, f, w, time.perf_counter() - t0, note))
+        d.phases.append(PhaseResult(d.name, phase, e + f + w, e, f, w, time.perf_counter() - t0, _PHASE[phase].note))
 
     # -- fuzz -------------------------------------------------------------------------------
-    def _strategy(self, direction: str):
+    def _strategy(self, d: _Direction):
         from hypothesis import strategies as st
-
-        from ..testing import strategies as tst
 
         bs = self.fmt.block_size
         max_blocks = max(2, min(32, 128 // bs))
         lead = st.integers(1, FUZZ_ROWS).map(lambda r: (r,))
-        if direction == "quantize":
-            return tst.float_blocks(self.codec, min_blocks=1, max_blocks=max_blocks, leading_shape=lead)
-        return st.one_of(tst.encoded_blocks(self.codec, valid=True, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
-                         tst.encoded_blocks(self.codec, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead))
+        return d.strategy(max_blocks, lead)
 
     def _fuzz(self, d: _Direction) -> None:
         import hypothesis
@@ -267,10 +409,10 @@ class _Check:
         from hypothesis.errors import HypothesisException, NoSuchExample
 
         t0 = time.perf_counter()
-        strat = self._strategy(d.name)
+        strat = self._strategy(d)
         counts = np.zeros(3, np.int64)
         state = {"found": False, "examples": 0, "first": None}
-        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
+        run = d.run
 
         def condition(rows):
             rows = np.ascontiguousarray(rows)
@@ -321,12 +463,11 @@ class _Check:
     def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
         """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
         rows = rows if rows.ndim == 2 else rows[None, :]
-        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
-        c, _, _ = run(rows)
+        c, _, _ = d.run(rows)
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:  # pragma: no cover - hypothesis only returns failing examples
             return
-        width = self.fmt.block_size if d.name == "quantize" else self.fmt.type_size
+        width = d.width()
         per_row = rows.shape[1] // width
         b = int(bad[0])
         row, blk = rows[b // per_row], b % per_row
@@ -337,31 +478,17 @@ class _Check:
     # -- counterexamples ---------------------------------------------------------------------
     def _fails(self, d: _Direction, row: np.ndarray):
         """``(failing, first failing block, its class, its signature)`` of one input row."""
-        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
-        c, ref, got = run(row[None, :])
+        c, ref, got = d.run(row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:
             return False, -1, EXACT, None
         b = int(bad[0])
-        return True, b, int(c.cls[b]), self._signature(d, ref, got, b)
-
-    def _signature(self, d: _Direction, ref, got, b: int):
-        """What kind of difference block ``b`` shows: the fields that differ (encoders), or whether
-        values differ beyond the sign of zero and NaN payloads (decoders). Reduction keeps it."""
-        if d.name == "quantize":
-            ts = self.fmt.type_size
-            e, g = ref.reshape(-1, ts)[b : b + 1], got.reshape(-1, ts)[b : b + 1]
-            Fe, Fg = self.fmt.fields(e), self.fmt.fields(g)
-            return tuple(n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8)))
-        bs = self.fmt.block_size
-        e, g = ref.reshape(-1, bs)[b].astype(np.float64), got.reshape(-1, bs)[b].astype(np.float64)
-        with np.errstate(all="ignore"):
-            return bool(((e != g) & ~(np.isnan(e) & np.isnan(g))).any())
+        return True, b, int(c.cls[b]), d.signature(ref, got, b)
 
     def _reduce(self, d: _Direction, row: np.ndarray, blk: int) -> tuple[np.ndarray, int, str]:
         """A smaller failing input: the block alone (when blocks are independent), then values zeroed while it
         fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
-        width = self.fmt.block_size if d.name == "quantize" else self.fmt.type_size
+        width = d.width()
         calls = 1
         cur = row
         ok, first, _, sig = self._fails(d, cur)
@@ -393,7 +520,7 @@ class _Check:
                     bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
             chunk //= 2
         how = "the block alone" if cur.size == width else "its row (blocks depend on their row)"
-        how += f", {zeroed} {'values' if d.name == 'quantize' else 'bytes'} zeroed while it kept failing the same way ({calls} target calls)"
+        how += f", {zeroed} {d.unit} zeroed while it kept failing the same way ({calls} target calls)"
         return cur, blk, how
 
     def counterexample(self, d: _Direction):
@@ -403,14 +530,11 @@ class _Check:
         phase, row, blk, how = d.first[pick]
         row, blk, reduced = self._reduce(d, row, blk)
         how = f"{how}; then {reduced}" if how else reduced
-        run = self.quantize_batch if d.name == "quantize" else self.dequantize_batch
-        c, ref, got = run(row[None, :])
+        c, ref, got = d.run(row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
         if bad.size and blk not in bad:
             blk = int(bad[0])
-        trace = None
-        if d.name == "quantize":
-            trace, _ = encoder_trace(self.fmt, row[None, :], np.array([blk]))
+        trace = d.trace(row, blk)
         return make_counterexample(self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.k, how)
 
     # -- diagnoses that need the target -----------------------------------------------------------
@@ -418,18 +542,11 @@ class _Check:
         if self.target.kind != "library" or ce is None:
             return None
         row = ce.input[None, :]
-        if d.name == "quantize":
-            a, b = self.target.quantize(row, fill=0x00), self.target.quantize(row, fill=0xFF)
-            width, unit = self.fmt.type_size, "byte"
-        else:
-            a, b = self.target.dequantize(row, fill=0x00000000), self.target.dequantize(row, fill=0xFFFFFFFF)
-            a, b = a.view(np.uint32), b.view(np.uint32)
-            width, unit = self.fmt.block_size, "value"
+        a, b, width, unit = d.outputs(row)
         diff = np.flatnonzero((a != b).reshape(-1))
         if not diff.size:
             return None
-        names = {o: f.name for f in self.fmt.info.layout for o in range(f.offset, f.offset + f.size)}
-        where = sorted({names.get(int(o) % width, "?") for o in diff}) if d.name == "quantize" else []
+        where = d.field_names(diff, width)
         return Diagnosis("unwritten", f"the kernel leaves part of its output unwritten ({diff.size} {unit}s of the counterexample)", [
             f"{unit}s {', '.join(str(int(o)) for o in diff[:16])}{' ...' if diff.size > 16 else ''} of the output keep whatever the "
             "buffer held before the call (they differ between a buffer filled with 0x00 and one filled with 0xFF)"
@@ -485,7 +602,8 @@ class _Check:
         t0 = time.perf_counter()
         fuzz = bool(self.examples) or bool(self.seconds)
         golden = len(self.dirs) if self.blocks else 0
-        steps = golden + (len(self.dirs) if fuzz else 0) + (1 if "dequantize" in self.dirs and self.blocks else 0)
+        bytes_dirs = [d for d in self.dirs.values() if "bytes" in d.phase_names] if self.blocks else []
+        steps = golden + (len(self.dirs) if fuzz else 0) + len(bytes_dirs)
         with Progress(max(1, steps), "tbq check", enabled=self.progress) as bar:
             self._smoke()
             if self.blocks:
@@ -493,7 +611,7 @@ class _Check:
                 self.golden_x = x
                 ref_bytes = self.codec.encode(x)
                 for d in self.dirs.values():
-                    self._phase(d, "golden", x if d.name == "quantize" else ref_bytes)
+                    self._phase(d, "golden", d.golden_input(x, ref_bytes))
                     bar.step(f"{d.name} golden")
             for d in self.dirs.values():
                 if fuzz:
@@ -501,12 +619,12 @@ class _Check:
                     bar.step(f"{d.name} fuzz")
                 else:
                     d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
-            if "dequantize" in self.dirs and self.blocks:
-                self._phase(self.dirs["dequantize"], "bytes", random_blocks(self.fmt, self.blocks, self.seed))
-                bar.step("dequantize bytes")
+            for d in bytes_dirs:
+                self._phase(d, "bytes", random_blocks(self.fmt, self.blocks, self.seed))
+                bar.step(f"{d.name} bytes")
         report = CheckReport(self.fmt.name, self.fmt.config(), self.target.description, self._settings())
         for d in self.dirs.values():
-            report.phases.extend(sorted(d.phases, key=lambda p: ("golden", "fuzz", "bytes").index(p.phase)))
+            report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
         for d in self.dirs.values():
             report.diagnoses.extend(diagnose_fragile(self.fmt, d.name, d.kept[FRAGILE].get("fragile")))
             if not self._direction_failed(d):
@@ -516,7 +634,7 @@ class _Check:
                 report.counterexamples[d.name] = ce
             kept = d.kept[WRONG].get()
             report.differences[d.name] = describe_differences(self.fmt, d.name, kept)
-            found = diagnose_encoder(self.fmt, kept, self.k) if d.name == "quantize" else diagnose_decoder(self.fmt, kept)
+            found = d.diagnose(kept)
             extra = self._unwritten(d, ce)
             report.diagnoses.extend(([extra] if extra else []) + found)
         rt = self._round_trip()
@@ -531,10 +649,8 @@ class _Check:
     def _smoke(self) -> None:
         """One call per direction on a row of zeros, so a target that cannot run fails before any work."""
         x = np.zeros((1, _row_len(self.fmt)), np.float32)
-        if "quantize" in self.dirs:
-            self.target.quantize(x)
-        if "dequantize" in self.dirs:
-            self.target.dequantize(self.codec.encode(x))
+        for d in self.dirs.values():
+            d.smoke(x)
 
     def _settings(self) -> dict:
         try:

@@ -18,7 +18,7 @@ from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, 
 from ..check.runner import require_hypothesis
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
-from ..formats import formats
+from ..formats import formats, parse_option
 from ..golden import check_out_dir
 
 
@@ -63,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("format")
     f.add_argument("--format", required=True, choices=formats(), metavar="FMT",
                    help=f"the block format the kernel implements (required): {', '.join(formats())}")
+    f.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale)")
     f.add_argument("--codebook", help="formats with a codebook option (TBQ): lloyd-max, turboq-mtp or a JSON file of exact "
                    "tables (default: the format's default)")
     f.add_argument("--signs", help="formats with a signs option (TBQ): turboq-mtp, an integer seed or a JSON file "
@@ -100,7 +102,8 @@ def _target(args, fmt):
 
 def run_cli(args) -> int:
     """Run ``tbq check``; prints the report. Returns 0 (nothing wrong) or 1 (something wrong)."""
-    fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"))
+    options = dict(parse_option(o) for o in args.option)
+    fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"), options)
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
     out_dir = check_out_dir(args.out or f"tbq-check-{fmt.name}")
     if args.examples or args.seconds:

@@ -13,7 +13,7 @@ import numpy as np
 from . import check_figure_file, int_at_least
 from ..compare import HEAD_DIM, check_array, compare, format_table, kernels_cached, to_records, tokens_of, warm_up
 from ..errors import ScaleOverflowError, TbqValueError
-from ..formats import format_info, formats
+from ..formats import check_options, config_for, format_info, formats, parse_option
 
 DEFAULT_TOPK = 8
 
@@ -33,13 +33,17 @@ def add_arguments(p) -> None:
                    help="seed of the built-in data set and of the random queries")
     c = p.add_argument_group("codecs")
     c.add_argument("--formats", default=",".join(formats()), help="comma-separated formats")
-    c.add_argument("--codebook", default="lloyd-max", help="TBQ codebook: lloyd-max or turboq-mtp")
-    c.add_argument("--signs", default="turboq-mtp", help="TBQ sign tables: turboq-mtp or an integer seed")
+    c.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale); it goes to "
+                   "the formats that take it, and one that no listed format takes is an error")
+    c.add_argument("--codebook", default=None, help="TBQ codebook: lloyd-max (default) or turboq-mtp (= --option codebook=...)")
+    c.add_argument("--signs", default=None, help="TBQ sign tables: turboq-mtp (default) or an integer seed (= --option signs=...)")
     c.add_argument("--backend", default=None, choices=("numba", "numpy"),
                    help="codec implementation (default: numba when it is installed, else numpy)")
-    c.add_argument("--on-overflow", default="raise", choices=("raise", "inf"),
-                   help="a block whose float16 scale (or norm) overflows: stop with an error, "
-                   "or store an infinite scale as the C reference does")
+    c.add_argument("--on-overflow", default="raise", choices=("raise", "inf", "saturate"),
+                   help="a block whose float16 scale (or norm, or FP8 value) overflows: stop with an error, "
+                   "or store an infinite scale as the C reference does (FP8: the non-saturating result); "
+                   "saturate: FP8 only, the largest finite value (vLLM)")
     m = p.add_argument_group("measurement")
     m.add_argument("--repeat", type=int_at_least(1), default=3, help="timed runs per throughput figure (the best counts)")
     m.add_argument("--queries", type=int_at_least(1), default=16, help="random N(0,1) queries per head for the attention columns")
@@ -166,20 +170,28 @@ def run_cli(args) -> int:
     fmts = list(dict.fromkeys(f.strip() for f in args.formats.split(",") if f.strip()))
     if not fmts:
         raise TbqValueError(f"--formats: no format given; choose from {', '.join(formats())}")
-    signs = int(args.signs) if args.signs.lstrip("-").isdigit() else args.signs
-    config = {"codebook": args.codebook, "signs": signs, "backend": args.backend, "on_overflow": args.on_overflow}
+    options = dict(parse_option(o) for o in args.option)
+    for flag in ("codebook", "signs"):  # the older spellings of --option codebook=... / signs=...
+        if getattr(args, flag) is not None:
+            options[flag] = parse_option(f"{flag}={getattr(args, flag)}")[1]
+    try:
+        check_options(fmts, options)
+    except TbqValueError as exc:
+        raise TbqValueError(f"--option: {exc}") from None
+    signs = options.get("signs", "turboq-mtp")
+    config = {**options, "backend": args.backend, "on_overflow": args.on_overflow}
     codecs = {}
     for fmt in fmts:  # every configuration error before any work
         try:
             format_info(fmt)
         except TbqValueError as exc:
             raise TbqValueError(f"--formats: {exc}") from None
-        cfg = {k: v for k, v in config.items() if fmt.startswith("tbq") or k not in ("codebook", "signs")}
+        cfg = config_for(fmt, config)
         try:
             codecs[fmt] = get_codec(fmt, **cfg)
         except TbqValueError as exc:
             msg = " ".join(str(exc).split())
-            flag = "--codebook: " if "codebook" in msg else "--signs: " if "sign" in msg else ""
+            flag = next((f"--{k}: " if k in ("codebook", "signs") else f"--option {k}: " for k in options if k.rstrip("s") in msg), "")
             raise TbqValueError(flag + msg) from None
     if args.plot:
         check_figure_file(args.plot, "--plot")
@@ -230,7 +242,7 @@ def run_cli(args) -> int:
 
     if args.json:
         settings = {
-            "formats": fmts, "codebook": args.codebook, "signs": signs,
+            "formats": fmts, "codebook": options.get("codebook", "lloyd-max"), "signs": signs, "options": options,
             "backend": getattr(next(iter(codecs.values())), "backend", args.backend),
             "on_overflow": args.on_overflow, "repeat": args.repeat, "queries": args.queries, "topk": topk,
             "query_seed": args.seed,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..errors import ConfigError, TbqValueError
-from ..formats import formats
+from ..formats import formats, parse_option
 from ..golden import (
     DEFAULT_ATTENTION_PAIRS,
     DEFAULT_K,
@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows of 128 values per family; a Q8_0/Q4_0 row is 4 blocks, a TBQ row 1 block "
                         "(--blocks is the old name; default: %(default)s = one row per edge kind)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S", help="base seed; family i uses S*1000+1+i (default: %(default)s)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale; default: none, each format's defaults), for the formats "
+                        "that take it (recorded in the manifests)")
     parser.add_argument("--codebook", default="lloyd-max",
                         help="TBQ codebook: lloyd-max, turboq-mtp, or a JSON file with exact tables (default: %(default)s)")
     parser.add_argument("--signs", default="turboq-mtp",
@@ -111,6 +114,7 @@ def _generate(args, enabled) -> Summary:
             seed=args.seed,
             codebook=_spec_from_cli(args.codebook, "codebook"),
             signs=_spec_from_cli(args.signs, "signs"),
+            options=dict(parse_option(o) for o in args.option),
             k=args.fragile_ulps,
             ulp_floor=args.ulp_floor,
             attention=args.attention,

@@ -9,8 +9,10 @@ the NumPy spec, the numba kernels, fields, trace and fragility). Modules:
 - :mod:`tbq.formats.tbq`: TBQ4_0 and TBQ3_0.
 
 Each has a ``*_kernels`` sibling with its numba twins. Every module of the
-package is imported (and so registered) automatically; listings follow the
-formats' numeric codes. Adding a format is the recipe in docs/architecture.md.
+package is imported (and so registered) automatically, and so is every module
+another package names in the ``tbq.formats`` entry point group (a plugin
+format); listings follow the formats' numeric codes. Adding a format is the
+recipe in docs/architecture.md.
 
 >>> formats()[:4]
 ('q8_0', 'q4_0', 'tbq4_0', 'tbq3_0')
@@ -28,7 +30,37 @@ import sys
 import types
 
 from ..errors import ConfigError
-from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo
+from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo, Option
+
+
+#: The entry point group through which another package adds formats: each entry point names a
+#: module (or an object in one) whose import defines ``Format`` subclasses, which registers them.
+PLUGIN_GROUP = "tbq.formats"
+#: entry point name -> the error that kept a plugin from loading (it is skipped, with a warning).
+PLUGIN_ERRORS: dict = {}
+
+
+def _load_plugins() -> None:
+    """Import the modules of the ``tbq.formats`` entry points (other packages' formats).
+
+    A plugin that fails to import, or whose format clashes with a registered
+    one (name or numeric code), is skipped with a :class:`RuntimeWarning`
+    naming it; tbq's own formats always load.
+    """
+    import warnings
+    from importlib.metadata import entry_points
+
+    try:
+        eps = entry_points(group=PLUGIN_GROUP)
+    except Exception as exc:  # pragma: no cover - broken metadata on sys.path
+        warnings.warn(f"tbq: cannot read the {PLUGIN_GROUP!r} entry points: {exc}", RuntimeWarning, stacklevel=2)
+        return
+    for ep in sorted(eps, key=lambda e: e.name):
+        try:
+            ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break tbq
+            PLUGIN_ERRORS[ep.name] = exc
+            warnings.warn(f"tbq: format plugin {ep.name!r} ({ep.value}) was not loaded: {exc}", RuntimeWarning, stacklevel=2)
 
 
 def _discover() -> None:
@@ -41,6 +73,7 @@ def _discover() -> None:
     for m in pkgutil.iter_modules(__path__):
         if m.name != "base" and not m.name.endswith("_kernels") and not m.name.startswith("_"):
             importlib.import_module(f"{__name__}.{m.name}")
+    _load_plugins()
     order = sorted(FORMATS, key=lambda name: FORMATS[name].code)
     for registry in (FORMATS, FORMAT_CLASSES):
         items = {name: registry[name] for name in order}
@@ -50,7 +83,10 @@ def _discover() -> None:
 
 _discover()
 
-__all__ = ["FormatInfo", "Format", "Field", "FORMATS", "formats", "format_info", "format_class", "get_format"]
+__all__ = [
+    "FormatInfo", "Format", "Field", "Option", "FORMATS", "formats", "format_info", "format_class", "get_format",
+    "options_of", "takes_option", "config_for", "check_options", "parse_option",
+]
 
 
 def formats() -> tuple[str, ...]:
@@ -82,7 +118,70 @@ def get_format(name: str, **options) -> Format:
     >>> get_format("tbq3_0", codebook="turboq-mtp").config()["codebook"]
     'turboq-mtp'
     """
-    return format_class(name)(**options)
+    cls = format_class(name)
+    return cls(**cls.check_options(options))
+
+
+def options_of(name: str) -> dict:
+    """``{option: default}`` of the format ``name``'s own options (``{}`` for most ggml types).
+
+    >>> options_of("fp8_e4m3"), options_of("q8_0")
+    ({'scale': 1.0}, {})
+    """
+    return format_class(name).option_defaults()
+
+
+def takes_option(name: str, option: str) -> bool:
+    return option in format_class(name).options
+
+
+def config_for(name: str, config: dict) -> dict:
+    """``config`` without the format options that ``name`` does not take (execution settings are kept).
+
+    One options mapping can so configure a comparison of several formats: TBQ's
+    ``codebook`` reaches the TBQ formats, FP8's ``scale`` the FP8 formats.
+
+    >>> config_for("q8_0", {"scale": 0.5, "codebook": "turboq-mtp", "backend": "numpy"})
+    {'backend': 'numpy'}
+    """
+    every = {o for cls in FORMAT_CLASSES.values() for o in cls.options}
+    own = format_class(name).options
+    return {k: v for k, v in config.items() if k in own or k not in every}
+
+
+def check_options(names, options: dict) -> None:
+    """Refuse an option that no format of ``names`` takes, naming the formats that do.
+
+    >>> check_options(["q8_0"], {"codebook": "turboq-mtp"})
+    Traceback (most recent call last):
+    ...
+    tbq.errors.ConfigError: option 'codebook' is not an option of q8_0; the formats that take it: tbq4_0, tbq3_0
+    """
+    names = list(names)
+    for opt in options:
+        if not any(takes_option(n, opt) for n in names):
+            users = [n for n, cls in FORMAT_CLASSES.items() if opt in cls.options]
+            who = f"the formats that take it: {', '.join(users)}" if users else "no format takes it"
+            raise ConfigError(f"option {opt!r} is not an option of {', '.join(names)}; {who}")
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """``"name=value"`` (the CLI's ``--option``) as ``(name, value)``: an int, else a float, else the string.
+
+    >>> parse_option("scale=0.0173"), parse_option("signs=7"), parse_option("codebook=turboq-mtp")
+    (('scale', 0.0173), ('signs', 7), ('codebook', 'turboq-mtp'))
+    """
+    name, sep, value = str(text).partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ConfigError(f"an option is NAME=VALUE, e.g. scale=0.0173, got {text!r}")
+    value = value.strip()
+    for conv in (int, float):
+        try:
+            return name, conv(value)
+        except ValueError:
+            pass
+    return name, value
 
 
 class _CallableModule(types.ModuleType):

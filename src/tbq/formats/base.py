@@ -38,16 +38,18 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
 
-__all__ = ["Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
+__all__ = ["Option", "FieldKind", "FIELD_KINDS", "register_field_kind", "read_field", "ordered_field_code", "Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
 
 
 @dataclass(frozen=True)
 class Field:
     """One field of a block's byte layout.
 
-    ``kind`` says how the bytes read: ``"f16"`` (a little-endian fp16 scale),
-    ``"int8"``, ``"u4_halves"`` (ggml's Q4_0 nibble order), ``"u4_pairs"``
-    (adjacent pairs), ``"u3_lanes"`` (24-bit lanes of eight 3-bit indices).
+    ``kind`` names a :class:`FieldKind` of :data:`FIELD_KINDS` (how the bytes
+    read): ``"f16"`` (a little-endian fp16 scale), ``"bf16"``, ``"int8"``,
+    ``"uint8"``, ``"u32"``, ``"u4_halves"`` (ggml's Q4_0 nibble order),
+    ``"u4_pairs"`` (adjacent pairs), ``"u3_lanes"`` (24-bit lanes of eight
+    3-bit indices); a format module registers any other kind it uses.
     """
 
     name: str
@@ -55,6 +57,32 @@ class Field:
     size: int  #: bytes
     kind: str
     description: str = ""
+    #: Special bit patterns of this field that arbitrary-byte fuzzing injects, ``((name, lowest, highest), ...)``
+    #: (inclusive, little-endian integers of the field's bytes). Empty: the fp16 scale patterns of
+    #: :data:`tbq.testing.strategies.SPECIAL_SCALES` at bytes 0-1.
+    specials: tuple = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One format option, declared once on the format (``Format.options = {name: Option(...)}``).
+
+    ``check(value, format_name)`` validates a given value and returns it
+    normalised (FP8's ``scale`` as a float32), raising :class:`ConfigError`
+    that names the option and the format; ``None`` leaves validation to the
+    format's constructor (TBQ's codebook and sign tables). Every feature
+    (codecs, golden manifests, ``tbq check``, strategies, compare, the
+    numcodecs config, the CLI's ``--option NAME=VALUE``) carries one options
+    mapping and reaches the values only through this declaration.
+
+    >>> Option(1.0, "float32, finite, > 0").default
+    1.0
+    """
+
+    default: object
+    kind: str = ""  #: what values it takes, for messages and docs
+    description: str = ""
+    check: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -81,6 +109,9 @@ class FormatInfo:
             raise BlockShapeError(f"{n_values} values is not a multiple of {self.name}'s block size {self.block_size}")
         return n_values // self.block_size * self.type_size
 
+
+#: kernel module name -> the imported module (:meth:`Format.kernels`).
+_KERNEL_MODULES: dict = {}
 
 #: name -> :class:`FormatInfo`, in registration order (the order of docs/formats.md).
 FORMATS: dict[str, FormatInfo] = {}
@@ -164,14 +195,14 @@ class Format:
     ``kernel_module``
         dotted name of the module holding the numba twins (imported on first use);
     ``options``
-        ``{option: default}`` of the format's own options (``{}`` for most);
+        ``{option: Option(default, ...)}`` of the format's own options (``{}`` for most);
     ``hazards``
         the rounding hazards :mod:`tbq.testing.strategies` aims at.
     """
 
     info: ClassVar[FormatInfo]
     kernel_module: ClassVar[str] = ""
-    options: ClassVar[dict] = {}
+    options: ClassVar[dict] = {}  #: ``{name: Option}``
     #: Float32 magnitude below which fragility counts ulps at this magnitude (see :func:`band`).
     ulp_floor: ClassVar[float] = 0.0
     #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
@@ -183,6 +214,20 @@ class Format:
     #: tiny-block rule). The codec then never splits a row between chunks and passes
     #: ``row_blocks`` (blocks per row) to :meth:`reference_encode` and :meth:`kernel_encode`.
     row_rule: ClassVar[bool] = False
+    #: The codec's ``on_overflow`` choices for this format, the default first: ``"raise"``
+    #: refuses a value or scale that does not fit (naming it), ``"inf"`` stores what the C
+    #: code stores. A format with more ways of storing it (FP8's ``"saturate"``) lists them
+    #: and maps each to keyword arguments of its encoders in :meth:`overflow_kw`.
+    overflow_modes: ClassVar[tuple] = ("raise", "inf")
+    #: The ``on_overflow`` mode golden vectors are written with: what the format's writers store.
+    #: ``"raise"`` (the golden inputs fit); FP8 ``"saturate"`` (vLLM saturates: the shared golden
+    #: inputs reach 464 and beyond, E4M3's limit at scale 1).
+    golden_overflow: ClassVar[str] = "raise"
+    #: Which reader of the fused attention kernel (:mod:`tbq.attention_kernels`) reads the bytes as they are:
+    #: ``"dense"`` (the default: the codec decodes to float32 rows first), ``"ggml_q8_0"`` / ``"ggml_q4_0"`` (ggml's
+    #: scalar blocks), ``"rotated"`` (an fp16 norm + codebook indices read in the rotated domain of the
+    #: format's ``rotation`` and ``codebook``: TBQ4_0, TBQ3_0).
+    attention_reader: ClassVar[str] = "dense"
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -190,10 +235,35 @@ class Format:
             register(cls)
 
     def __init__(self, **options):
-        unknown = sorted(set(options) - set(self.options))
+        self.check_options(options)
+
+    @classmethod
+    def option_defaults(cls) -> dict:
+        """``{option: default}`` of the declared options."""
+        return {k: o.default for k, o in cls.options.items()}
+
+    @classmethod
+    def check_options(cls, options: dict) -> dict:
+        """The given ``options`` validated and normalised by their declarations (:class:`Option`).
+
+        An option the format does not declare is a :class:`ConfigError` naming
+        the formats that do take it.
+        """
+        name = cls.info.name
+        unknown = [k for k in options if k not in cls.options]
         if unknown:
-            known = ", ".join(self.options) or "none"
-            raise ConfigError(f"bad configuration for {self.name}: it has no option {', '.join(map(repr, unknown))} (its options: {known})")
+            known = ", ".join(cls.options) or "none"
+            users = {k: [n for n, c in FORMAT_CLASSES.items() if k in c.options] for k in unknown}
+            who = "; ".join(f"{k!r} is an option of {', '.join(u)}" for k, u in users.items() if u)
+            raise ConfigError(
+                f"bad configuration for {name}: it has no option {', '.join(map(repr, unknown))} (its options: {known})"
+                + (f"; {who}" if who else "")
+            )
+        out = {}
+        for k, v in options.items():
+            check = cls.options[k].check
+            out[k] = check(v, name) if check is not None else v
+        return out
 
     # -- identity ---------------------------------------------------------------
     @property
@@ -242,8 +312,12 @@ class Format:
 
     # -- numba twins ----------------------------------------------------------------
     def kernels(self):
-        """The numba kernel module (imported, and so compiled lazily, on first use)."""
-        return importlib.import_module(self.kernel_module)
+        """The numba kernel module (imported, and so compiled lazily, on first use; then cached, because
+        ``importlib`` on every call costs about a microsecond, which small calls feel)."""
+        kn = _KERNEL_MODULES.get(self.kernel_module)
+        if kn is None:
+            kn = _KERNEL_MODULES[self.kernel_module] = importlib.import_module(self.kernel_module)
+        return kn
 
     def kernel_encode(self, x: np.ndarray, out: np.ndarray, raise_overflow: bool):
         """numba encode of clean blocks into ``out``; returns ``(block, status)`` (see :mod:`tbq.backend`)."""
@@ -256,6 +330,29 @@ class Format:
     def tables(self) -> dict:
         """The exact value tables this instance uses (name -> array); ``{}`` for formats without any."""
         return {}
+
+    # -- declared capabilities ---------------------------------------------------------------
+    def value_table(self, trace: dict):
+        """``(levels, inputs)``: the values the codes decode to (float64, duplicates kept) and the flat float64
+        values the encoder rounds onto them, in the same units, read from this instance's encoder ``trace``.
+
+        ``None`` for a format without one value table (f16, bf16). :func:`tbq.study.table_levels` and
+        :func:`tbq.study.table_inputs` read this; docs/formats.md gives each format's units.
+        """
+        return None
+
+    def rotated_view(self, trace: dict):
+        """``(norm, r)`` of a rotated format from its encoder ``trace``: the float32 norm of each block (its
+        step 1) and the normalised, rotated coordinates the codebook rounds (blocks, block_size); ``None`` for a
+        format that quantizes in the original domain. Diagnoses, the checker's scale rule, golden sets (the
+        ``norm`` array) and the study read this.
+        """
+        return None
+
+    @staticmethod
+    def _int_levels(lo: int, n: int, v) -> tuple:
+        """Integer codes ``lo .. lo + n - 1`` met by the traced ``v``."""
+        return np.arange(lo, lo + n, dtype=np.float64), np.asarray(v, np.float64).ravel()
 
     # -- what the codec refuses (unless on_overflow="inf") ------------------------------
     def scale_overflows(self, trace: dict) -> np.ndarray:
@@ -288,6 +385,14 @@ class Format:
             scale=d,
         )
 
+    def overflow_kw(self, on_overflow: str) -> dict:
+        """Keyword arguments of :meth:`reference_encode` and :meth:`kernel_encode` for ``on_overflow``.
+
+        ``{}`` for formats with the two common modes (whose encoders store the
+        ``"inf"`` result; ``"raise"`` refuses through :meth:`invalid_blocks`).
+        """
+        return {}
+
     def _row_kw(self, row_blocks: int) -> dict:
         return {"row_blocks": row_blocks} if self.row_rule else {}
 
@@ -302,7 +407,7 @@ class Format:
         out = {}
         for f in self.info.layout:
             raw = np.ascontiguousarray(blocks[..., f.offset : f.offset + f.size])
-            out[f.name] = _read_field(f.kind, raw)
+            out[f.name] = read_field(f.kind, raw)
         return out
 
     def _blocks(self, data) -> np.ndarray:
@@ -375,19 +480,108 @@ class Format:
         return y.reshape(blocks.shape[:-2] + (blocks.shape[-2] * self.block_size,))
 
 
-def _read_field(kind: str, raw: np.ndarray) -> np.ndarray:
-    from .. import packing
+# ---------------------------------------------------------------------------
+# the field-kind registry
+# ---------------------------------------------------------------------------
 
-    if kind == "f16":
-        return f16_table()[raw.view("<u2")[..., 0]]
-    if kind == "int8":
-        return raw.view(np.int8)
-    if kind == "u4_halves":
-        return packing._np_unpack4_halves(raw)
-    if kind == "u4_pairs":
-        return packing._np_unpack4_pairs(raw)
-    if kind == "u3_lanes":
-        return packing._np_unpack3(raw)
-    if kind == "uint8":
-        return raw
-    raise ConfigError(f"unknown field kind {kind!r}")  # pragma: no cover - layouts are static
+
+@dataclass(frozen=True)
+class FieldKind:
+    """How the bytes of a :class:`Field` of this ``kind`` read, and what the checker and the fuzzers need of it.
+
+    ``reader(raw)``: uint8 ``(..., size)`` -> the field's values; ``ordered(values)``: float values -> int64
+    codes where neighbouring representable values differ by one (``None``: the values are integer codes
+    already); ``specials``: ``{name: (lowest, highest)}`` bit patterns (little-endian integers of the
+    field's bytes, or of each 16-bit word of a longer field) that arbitrary-byte fuzzing and ``tbq
+    check``'s random-bytes phase inject.
+    """
+
+    reader: object
+    ordered: object = None
+    specials: dict = field(default_factory=dict, compare=False)
+
+
+#: kind name -> :class:`FieldKind`. A format module registers the kinds its layouts use that are not here
+#: (:func:`register_field_kind`), so no reader, checker or fuzzer holds a list of kinds.
+FIELD_KINDS: dict[str, FieldKind] = {}
+
+
+def register_field_kind(name: str, kind: FieldKind) -> FieldKind:
+    """Register (or look up the same) field kind ``name``; a different second definition is an error."""
+    old = FIELD_KINDS.get(name)
+    if old is not None and old != kind:
+        raise ConfigError(f"field kind {name!r} is registered twice with different readers")
+    FIELD_KINDS[name] = kind
+    return kind
+
+
+def read_field(kind: str, raw: np.ndarray) -> np.ndarray:
+    """The values of a field of ``kind`` from its raw bytes ``(..., size)`` (see :data:`FIELD_KINDS`)."""
+    try:
+        return FIELD_KINDS[kind].reader(raw)
+    except KeyError:
+        raise ConfigError(f"unknown field kind {kind!r}; registered: {', '.join(FIELD_KINDS)}") from None
+
+
+def ordered_field_code(values, kind: str = "") -> np.ndarray:
+    """Field values as int64 codes where neighbours differ by one (integers as they are; floats by their bits).
+
+    >>> ordered_field_code(np.float32([0.0, -0.0, 1.0, 1.0009766]), "f16").tolist()
+    [0, -1, 15360, 15361]
+    """
+    a = np.asarray(values)
+    if a.dtype.kind in "iub":
+        return a.astype(np.int64)
+    fk = FIELD_KINDS.get(kind)
+    with np.errstate(all="ignore"):
+        if fk is not None and fk.ordered is not None:
+            return fk.ordered(a)
+        return _sign_magnitude_order(a.astype(np.float32).view(np.uint32).astype(np.int64), 31)
+
+
+def _sign_magnitude_order(bits, top: int) -> np.ndarray:
+    mag = bits & ((1 << top) - 1)
+    return np.where(bits >> top, -mag - 1, mag)
+
+
+def _f16_reader(raw):
+    return f16_table()[raw.view("<u2")[..., 0]]
+
+
+def _bf16_reader(raw):
+    return (raw.view("<u2")[..., 0].astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _packing(name):
+    def read(raw):
+        from .. import packing
+
+        return getattr(packing, name)(raw)
+
+    return read
+
+
+#: fp16 patterns: infinities, NaNs (any payload), subnormals, zeros, the extremes, either sign, and the two
+#: finite ranges (the one list the fuzzers and the checker inject into fp16 fields).
+SPECIAL_F16 = {
+    "+inf": (0x7C00, 0x7C00), "-inf": (0xFC00, 0xFC00), "nan": (0x7C01, 0x7FFF), "-nan": (0xFC01, 0xFFFF),
+    "subnormal": (0x0001, 0x03FF), "-subnormal": (0x8001, 0x83FF), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
+    "max": (0x7BFF, 0x7BFF), "-max": (0xFBFF, 0xFBFF), "min_normal": (0x0400, 0x0400), "-min_normal": (0x8400, 0x8400),
+    "negative": (0x8400, 0xFBFF), "positive": (0x0400, 0x7BFF),
+}
+SPECIAL_BF16 = {
+    "+inf": (0x7F80, 0x7F80), "-inf": (0xFF80, 0xFF80), "nan": (0x7F81, 0x7FFF), "-nan": (0xFF81, 0xFFFF),
+    "subnormal": (0x0001, 0x007F), "-subnormal": (0x8001, 0x807F), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
+    "max": (0x7F7F, 0x7F7F), "-max": (0xFF7F, 0xFF7F), "min_normal": (0x0080, 0x0080), "-min_normal": (0x8080, 0x8080),
+}
+
+register_field_kind("f16", FieldKind(
+    _f16_reader, lambda a: _sign_magnitude_order(a.astype(np.float16).view(np.uint16).astype(np.int64), 15), SPECIAL_F16))
+register_field_kind("bf16", FieldKind(
+    _bf16_reader, lambda a: _sign_magnitude_order((a.astype(np.float32).view(np.uint32) >> 16).astype(np.int64), 15), SPECIAL_BF16))
+register_field_kind("int8", FieldKind(lambda raw: raw.view(np.int8)))
+register_field_kind("uint8", FieldKind(lambda raw: raw))
+register_field_kind("u32", FieldKind(lambda raw: raw.view("<u4")[..., 0].astype(np.uint32)))
+register_field_kind("u4_halves", FieldKind(_packing("np_unpack4_halves")))
+register_field_kind("u4_pairs", FieldKind(_packing("np_unpack4_pairs")))
+register_field_kind("u3_lanes", FieldKind(_packing("np_unpack3")))

@@ -83,8 +83,6 @@ def _bf16_code(y):
     return np.rint(y / step) * step
 
 
-#: kernel module name -> module
-_KERNELS: dict = {}
 
 
 class _Half(Format):
@@ -96,11 +94,6 @@ class _Half(Format):
     _type_name = ""  #: "float16" / "bfloat16", for messages
     _limit = ""  #: the largest finite value, for messages
 
-    def kernels(self):
-        kn = _KERNELS.get(self.kernel_module)
-        if kn is None:  # imported once: importlib on every call costs about a microsecond
-            kn = _KERNELS[self.kernel_module] = super().kernels()
-        return kn
 
     def kernel_encode(self, x, out, raise_overflow):
         # x is (n, 1) float32 and out (n, 2) uint8, both C-contiguous: the kernel runs over the flat

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..backend import STATUS_UNDEFINED
 from ..errors import ScaleOverflowError, TbqValueError
-from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..packing import np_pack4_halves, np_unpack4_halves
 from .base import Field, Format, FormatInfo, band
 
 __all__ = [
@@ -285,12 +285,23 @@ class MXFP4(Format):
         c = fp4_codes(x, d)
         out = np.empty((n, 17), np.uint8)
         out[:, 0] = e
-        out[:, 1:] = _np_pack4_halves(c)
+        out[:, 1:] = np_pack4_halves(c)
         return out, {"amax": amax, "log2amax": l2, "e": e.astype(np.float32), "d": d, "x": x.copy()}
 
     def reference_decode(self, data):
         d = e8m0_half(data[:, 0])
-        return _VF[_np_unpack4_halves(data[:, 1:])] * d[:, None]
+        return _VF[np_unpack4_halves(data[:, 1:])] * d[:, None]
+
+    def value_table(self, trace):
+        # the doubled E2M1 values, met by x / d with the block's (sub-block's) halved scale; a flushed
+        # (zero-scale) sub-block meets no table
+        x = np.asarray(trace["x"], np.float64)
+        d = np.asarray(trace["dd" if "dd" in trace else "d"], np.float64)
+        x = x.reshape(d.shape + (-1,))
+        keep = np.broadcast_to(d[..., None] > 0, x.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = x / d[..., None]
+        return np.asarray(self.tables()["values"], np.float64), v[keep]
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_mxfp4: E2M1 doubled) and ``e8m0_boundaries`` (uint32)."""
@@ -377,6 +388,17 @@ class NVFP4(Format):
         dd = ue4m3_to_f32(data[:, :4])
         c = _unpack16(data[:, 4:]).reshape(n, 4, 16)
         return (_VF[c] * dd[:, :, None]).reshape(n, 64)
+
+    def value_table(self, trace):
+        # the doubled E2M1 values, met by x / d with the block's (sub-block's) halved scale; a flushed
+        # (zero-scale) sub-block meets no table
+        x = np.asarray(trace["x"], np.float64)
+        d = np.asarray(trace["dd" if "dd" in trace else "d"], np.float64)
+        x = x.reshape(d.shape + (-1,))
+        keep = np.broadcast_to(d[..., None] > 0, x.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = x / d[..., None]
+        return np.asarray(self.tables()["values"], np.float64), v[keep]
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_mxfp4) and ``ue4m3`` (float32 (256,), :func:`ue4m3_to_f32` of every byte)."""

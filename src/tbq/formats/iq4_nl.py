@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import ScaleOverflowError
 from ..half import f16_table
-from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale
 from .base import Field, Format, FormatInfo, band
 
@@ -159,12 +159,16 @@ class IQ4_NL(Format):
             have |= ~t
         out = np.empty((n, 18), np.uint8)
         put_f16_scale(out, d)
-        out[:, 2:] = _np_pack4_halves(lr.reshape(n, -1).astype(np.uint8))
+        out[:, 2:] = np_pack4_halves(lr.reshape(n, -1).astype(np.uint8))
         return out, {"d0": d0, "a": a, "d": d, "carried": carried.reshape(n)}
 
     def reference_decode(self, data):
         d = get_f16_scale(data)
-        return d[:, None] * _KF[_np_unpack4_halves(data[:, 2:])]
+        return d[:, None] * _KF[np_unpack4_halves(data[:, 2:])]
+
+    def value_table(self, trace):
+        # the int8 table K, met by a = x / d0 (d0 = max / -127)
+        return np.asarray(self.tables()["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_iq4nl) and ``midpoints`` (float32)."""

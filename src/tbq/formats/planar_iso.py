@@ -48,7 +48,7 @@ from importlib import resources
 import numpy as np
 
 from ..half import f16_table
-from ..packing import _np_pack4_pairs, _np_unpack4_pairs
+from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from .base import Field, Format, FormatInfo, band, ulp32
 
@@ -137,6 +137,13 @@ class _PlanarIso(Format):
         self._k["thresholds"] = np.ascontiguousarray(self.thresholds)
         self._k["centroids_sq"] = (self.centroids * self.centroids).astype(F32)  # the exact float32 terms of recon^2
 
+    def rotated_view(self, trace):
+        return trace["norm"], trace["r"]
+
+    def value_table(self, trace):
+        # the centroids, met by r: the unit-norm block after the Givens / quaternion rotations
+        return np.asarray(self.tables()["centroids"], np.float64), np.asarray(trace["r"], np.float64).ravel()
+
     def tables(self) -> dict:
         """The exact float32 tables of this format: centroids, thresholds and the rotation (cos/sin or w/x/y/z)."""
         out = {"centroids": self.centroids.copy(), "thresholds": self.thresholds.copy()}
@@ -198,11 +205,11 @@ class _PlanarIso(Format):
             np.divide(norm, recon, out=d, where=recon > _eps())
         out = np.empty((x.shape[0], self.info.type_size), np.uint8)
         put_f16_scale(out, d)
-        out[:, 2:] = _np_pack4_pairs(idx) if self.bits == 4 else pack_planes3(idx)
+        out[:, 2:] = np_pack4_pairs(idx) if self.bits == 4 else pack_planes3(idx)
         return out, {"norm": norm, "r": r, "recon": recon, "d": d}
 
     def _indices(self, payload):
-        return _np_unpack4_pairs(payload) if self.bits == 4 else unpack_planes3(payload)
+        return np_unpack4_pairs(payload) if self.bits == 4 else unpack_planes3(payload)
 
     def reference_decode(self, data):
         d = get_f16_scale(data)
@@ -233,7 +240,7 @@ class _PlanarIso(Format):
         d = f16_table()[np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]]
         payload = blocks[..., 2:]
         if self.bits == 4:
-            idx = _np_unpack4_pairs(np.ascontiguousarray(payload).reshape(-1, payload.shape[-1])).reshape(payload.shape[:-1] + (128,))
+            idx = np_unpack4_pairs(np.ascontiguousarray(payload).reshape(-1, payload.shape[-1])).reshape(payload.shape[:-1] + (128,))
         else:
             idx = unpack_planes3(payload)
         return {"d": d, "idx": idx.astype(np.uint8)}

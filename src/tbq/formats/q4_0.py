@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..half import f16_table
-from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, offset_trunc_fragility
 
@@ -24,8 +24,6 @@ _M8 = F32(-8.0)
 _8_5 = F32(8.5)
 
 
-#: kernel module name -> module
-_KERNELS: dict = {}
 
 
 class Q4_0(Format):
@@ -34,6 +32,7 @@ class Q4_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale max/-8"), Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4")),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
+    attention_reader = "ggml_q4_0"
     hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
 
     def reference_encode(self, x):
@@ -53,19 +52,17 @@ class Q4_0(Format):
             q[~np.isfinite(t)] = 0
         out = np.empty((x.shape[0], 18), np.uint8)
         put_f16_scale(out, d)
-        out[:, 2:] = _np_pack4_halves(q.astype(np.uint8))
+        out[:, 2:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
     def reference_decode(self, data):
         d = get_f16_scale(data)
-        q = _np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
+        q = np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
         return q * d[:, None]
 
-    def kernels(self):
-        kn = _KERNELS.get(self.kernel_module)
-        if kn is None:  # imported once: importlib on every call costs about a microsecond
-            kn = _KERNELS[self.kernel_module] = super().kernels()
-        return kn
+
+    def value_table(self, trace):
+        return self._int_levels(-8, 16, trace["v"])  # code - 8, v = x / d
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)

@@ -28,7 +28,7 @@ import numpy as np
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
-from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, offset_trunc_fragility
 
@@ -125,8 +125,6 @@ def min_overflow_error(fmt: Format, block: int, values: np.ndarray) -> Exception
     )
 
 
-#: kernel module name -> module
-_KERNELS: dict = {}
 
 
 class Q4_1(Format):
@@ -147,20 +145,18 @@ class Q4_1(Format):
         out = np.empty((x.shape[0], 20), np.uint8)
         put_f16_scale(out, d)
         put_f16_at(out, 2, mn)
-        out[:, 4:] = _np_pack4_halves(q.astype(np.uint8))
+        out[:, 4:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
     def reference_decode(self, data):
         d = get_f16_scale(data)
         m = get_f16_at(data, 2)
-        q = _np_unpack4_halves(data[:, 4:]).astype(np.float32)
+        q = np_unpack4_halves(data[:, 4:]).astype(np.float32)
         return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
 
-    def kernels(self):
-        kn = _KERNELS.get(self.kernel_module)
-        if kn is None:  # imported once: importlib on every call costs about a microsecond
-            kn = _KERNELS[self.kernel_module] = super().kernels()
-        return kn
+
+    def value_table(self, trace):
+        return self._int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)

@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..half import f16_table
-from ..packing import _np_pack4_halves, _np_unpack4_halves
+from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, _read_field, offset_trunc_fragility
+from .base import Field, Format, FormatInfo, offset_trunc_fragility
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
@@ -53,30 +53,15 @@ def pack_qh(c: np.ndarray) -> np.ndarray:
 def unpack_codes(data: np.ndarray, qh_off: int) -> np.ndarray:
     """The 5-bit codes (blocks, 32) from ``qh`` at ``qh_off`` and the 16 nibble bytes after it."""
     qh = np.ascontiguousarray(data[:, qh_off : qh_off + 4]).view("<u4").reshape(-1, 1).astype(np.uint32)
-    lo = _np_unpack4_halves(data[:, qh_off + 4 : qh_off + 20]).astype(np.uint32)
+    lo = np_unpack4_halves(data[:, qh_off + 4 : qh_off + 20]).astype(np.uint32)
     return (lo | (((qh >> _BIT) & np.uint32(1)) << np.uint32(4))).astype(np.int32)
 
 
-#: kernel module name -> module
-_KERNELS: dict = {}
 
 
 class _Q5(Format):
     """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
 
-    def kernels(self):
-        kn = _KERNELS.get(self.kernel_module)
-        if kn is None:  # imported once: importlib on every call costs about a microsecond
-            kn = _KERNELS[self.kernel_module] = super().kernels()
-        return kn
-
-    def fields(self, data):
-        blocks = self._blocks(data)
-        out = {}
-        for f in self.info.layout:
-            raw = np.ascontiguousarray(blocks[..., f.offset : f.offset + f.size])
-            out[f.name] = raw.view("<u4")[..., 0].astype(np.uint32) if f.kind == "u32" else _read_field(f.kind, raw)
-        return out
 
 
 class Q5_0(_Q5):
@@ -90,6 +75,9 @@ class Q5_0(_Q5):
     )
     kernel_module = "tbq.formats.q5_kernels"
     hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
+
+    def value_table(self, trace):
+        return self._int_levels(-16, 32, trace["v"])  # code - 16, v = x / d
 
     def reference_encode(self, x):
         rows = np.arange(x.shape[0])
@@ -106,7 +94,7 @@ class Q5_0(_Q5):
         out = np.empty((x.shape[0], 22), np.uint8)
         put_f16_scale(out, d)
         out[:, 2:6] = pack_qh(c)
-        out[:, 6:] = _np_pack4_halves((c & 15).astype(np.uint8))
+        out[:, 6:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
     def reference_decode(self, data):
@@ -138,6 +126,9 @@ class Q5_1(_Q5):
     kernel_module = "tbq.formats.q5_kernels"
     hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
 
+    def value_table(self, trace):
+        return self._int_levels(0, 32, trace["v"])  # codes 0 .. 31, v = (x - min) / d
+
     def reference_encode(self, x):
         d, mn, v, t = min_scale_trace(x, _31)
         c = trunc_codes(t, None) & 0xFF  # C: (uint8_t)t, no clamp; t < 32, so the code is trunc(t)
@@ -145,7 +136,7 @@ class Q5_1(_Q5):
         put_f16_scale(out, d)
         put_f16_at(out, 2, mn)
         out[:, 4:8] = pack_qh(c)
-        out[:, 8:] = _np_pack4_halves((c & 15).astype(np.uint8))
+        out[:, 8:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
     def reference_decode(self, data):

@@ -27,8 +27,6 @@ def _roundf64(y: np.ndarray) -> np.ndarray:
     return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
 
 
-#: kernel module name -> module
-_KERNELS: dict = {}
 
 
 class Q8_0(Format):
@@ -37,6 +35,7 @@ class Q8_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
+    attention_reader = "ggml_q8_0"
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
     def reference_encode(self, x):
@@ -58,17 +57,15 @@ class Q8_0(Format):
         d = get_f16_scale(data)
         return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
 
-    def kernels(self):
-        kn = _KERNELS.get(self.kernel_module)
-        if kn is None:  # imported once: importlib on every call costs about a microsecond
-            kn = _KERNELS[self.kernel_module] = super().kernels()
-        return kn
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)
 
     def kernel_decode(self, data, out):
         self.kernels().decode(data, out, f16_table())
+
+    def value_table(self, trace):
+        return self._int_levels(-128, 256, trace["v"])  # int8 codes round(v), v = x / d
 
     def fragile_values(self, trace, k, ulp_floor=None):
         # v = x * id; the code roundf(v) changes at the half-integers.

@@ -31,10 +31,10 @@ import numpy as np
 from ..codebooks import CODEBOOK_NAMES, Codebook, get_codebook, named_codebook
 from ..errors import ConfigError
 from ..half import f16_table
-from ..packing import _np_pack3, _np_pack4_pairs, _np_unpack3, _np_unpack4_pairs
+from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Option, band
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -67,15 +67,17 @@ def _signs_config(spec, rot: RandomizedHadamard):
     return {"signs1": rot.signs1.tolist(), "signs2": rot.signs2.tolist()}
 
 
-#: kernel module name -> module (imported once: ``importlib`` on every call costs microseconds)
-_KERNELS: dict = {}
 
 
 class _TBQ(Format):
     """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
 
-    options = {"codebook": "lloyd-max", "signs": "turboq-mtp"}
+    options = {
+        "codebook": Option("lloyd-max", "'lloyd-max', 'turboq-mtp' or a tbq.Codebook", "the scalar codebook of the rotated coordinates"),
+        "signs": Option("turboq-mtp", "'turboq-mtp', an integer seed or a pair of +-1 arrays", "the rotation's two sign vectors"),
+    }
     kernel_module = "tbq.formats.tbq_kernels"
+    attention_reader = "rotated"
     ulp_floor = TBQ_ULP_FLOOR
     hazards = {"thresholds": {}}
 
@@ -129,20 +131,15 @@ class _TBQ(Format):
             d = norm / np.maximum(recon, _EPS_NORM)
         out = np.empty((x.shape[0], self.info.type_size), np.uint8)
         put_f16_scale(out, d)
-        out[:, 2:] = _np_pack4_pairs(idx) if self.bits == 4 else _np_pack3(idx)
+        out[:, 2:] = np_pack4_pairs(idx) if self.bits == 4 else np_pack3(idx)
         return out, {"norm": norm, "r": r, "recon": recon, "d": d}
 
     def reference_decode(self, data):
         d = get_f16_scale(data)
-        idx = _np_unpack4_pairs(data[:, 2:]) if self.bits == 4 else _np_unpack3(data[:, 2:])
+        idx = np_unpack4_pairs(data[:, 2:]) if self.bits == 4 else np_unpack3(data[:, 2:])
         return self.rotation.inverse(self.codebook.centroids[idx]) * d[:, None]
 
     # -- kernels ---------------------------------------------------------------------------
-    def kernels(self):
-        kn = _KERNELS.get(self.kernel_module)
-        if kn is None:
-            kn = _KERNELS[self.kernel_module] = super().kernels()
-        return kn
 
     def kernel_encode(self, x, out, raise_overflow):
         kn, k = self.kernels(), self._k
@@ -163,6 +160,13 @@ class _TBQ(Format):
         floor = self.ulp_floor if ulp_floor is None else float(ulp_floor)
         thr = self.codebook.thresholds.astype(np.float64)
         return band(lambda y: np.searchsorted(thr, y, side="right"), trace["r"], k, floor)
+
+    def rotated_view(self, trace):
+        return trace["norm"], trace["r"]
+
+    def value_table(self, trace):
+        # the codebook's centroids, met by r: the unit-norm block, rotated
+        return self.codebook.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
 
     def tables(self) -> dict:
         """The exact tables this instance uses: centroids, thresholds (float32), signs1, signs2 (int8)."""

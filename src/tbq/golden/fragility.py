@@ -55,15 +55,16 @@ def fragility(
     xb = np.ascontiguousarray(xb, np.float32)
     data = np.ascontiguousarray(data, np.uint8)
     with np.errstate(all="ignore"):
-        traced, trace = fmt.reference_encode(xb, **fmt._row_kw(row_blocks))
+        traced, trace = fmt.reference_encode(xb, **fmt._row_kw(row_blocks), **fmt.overflow_kw(codec.on_overflow))
         if not np.array_equal(traced, data):
             bad = int(np.argmax((traced != data).any(axis=1)))
             raise AssertionError(f"{fmt.name}: the traced encode differs from the encoded bytes (first in block {bad})")
         fragile = fmt.fragile_values(trace, k, ulp_floor)
         scale_fragile = fmt.fragile_scales(trace, k)
     out: dict = {}
-    if "norm" in trace:
-        out["norm"] = np.asarray(trace["norm"], np.float32)
+    view = fmt.rotated_view(trace)  # a rotated format's (norm, r): golden sets store the norm
+    if view is not None:
+        out["norm"] = np.asarray(view[0], np.float32)
     out["fragile"] = fragile.astype(np.uint8)
     out["scale_fragile"] = np.asarray(scale_fragile).astype(np.uint8)
     if has_f16_scale(fmt):  # the float32 d the stored fp16 scale rounds from

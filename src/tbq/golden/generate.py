@@ -22,7 +22,7 @@ import numpy as np
 from ..attention import SINK_FORMATS, attention_dequantized, attention_rotated, encode_kv, f32_tolerance, score_condition
 from ..codecs import Codec, codec_from
 from ..errors import ConfigError, TbqTypeError, TbqValueError
-from ..formats import FORMATS, format_info, get_format
+from ..formats import FORMATS, check_options, config_for, format_class, format_info, get_format
 from .cheader import c_header
 from .families import (
     DEFAULT_SEED,
@@ -49,6 +49,7 @@ from .manifest import (
     format_manifest,
     header_entry,
     load_manifest,
+    own_options,
     sha256_array,
 )
 
@@ -149,8 +150,8 @@ def check_out_dir(out) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy") -> Codec:
-    return codec_from(fmt, _exact_config(fmt, tables), backend=backend)
+def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy", options: dict | None = None) -> Codec:
+    return codec_from(fmt, _exact_config(fmt, tables, options), backend=backend)
 
 
 def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray):
@@ -187,11 +188,14 @@ def build_format(
     k: int = DEFAULT_K,
     ulp_floor: float | None = None,
     inputs: dict | None = None,
+    options: dict | None = None,
 ) -> GoldenSet:
     """The golden set of one format (in memory; :func:`write_set` writes it).
 
     ``rows_per_family`` (old name ``blocks``) rows of 128 values per family;
-    ``inputs`` (from :func:`make_inputs`) reuses rows already drawn.
+    ``inputs`` (from :func:`make_inputs`) reuses rows already drawn;
+    ``options``: the format's own options (FP8: ``{"scale": 0.0173}``), recorded
+    in the manifest.
     """
     info = format_info(fmt)
     fams = _check_families(families)
@@ -202,8 +206,9 @@ def build_format(
         inputs = make_inputs(rows_per_family, seed, fams, codebook=tables)
     rows = inputs["x"].shape[0]
     per_row = ROW_SIZE // info.block_size
-    codec = _codec(fmt, tables, backend=None)  # what tbq.quantize uses (numba when it imports)
-    ref_codec = _codec(fmt, tables, backend="numpy")
+    own = config_for(fmt, dict(options or {}))
+    codec = _codec(fmt, tables, backend=None, options=own)  # what tbq.quantize uses (numba when it imports)
+    ref_codec = _codec(fmt, tables, backend="numpy", options=own)
     xb = np.ascontiguousarray(inputs["x"].reshape(-1, info.block_size))
     # Encode rows of ROW_SIZE values, as the C vectors do (one call per row): a row-rule
     # format (IQ4_NL) depends on earlier blocks of the same row.
@@ -450,8 +455,9 @@ def generate(
     n_sink: int = 0,
     sink_format: str = "f16",
     progress=None,
+    options: dict | None = None,
 ) -> Summary:
-    """Write the golden files of ``formats`` (default: all four) into directory ``out``.
+    """Write the golden files of ``formats`` (default: every registered format) into directory ``out``.
 
     The Python side of ``tbq golden``; parameters mirror the CLI flags:
     ``families`` and ``rows_per_family`` (rows of 128 values per family; old
@@ -462,7 +468,9 @@ def generate(
     ``n_sink`` and ``sink_format``. Every argument, and whether ``out`` can be
     written, is checked before any work. ``progress``, if given, is called as
     ``progress(label, done, total)`` after each step (the CLI draws a
-    :class:`tbq.progress.Progress` bar with it). Returns a :class:`Summary`
+    :class:`tbq.progress.Progress` bar with it). ``options``: format options
+    (FP8's ``scale``), each going to the formats that take it (one that none of
+    ``formats`` takes is an error). Returns a :class:`Summary`
     (``print(summary.table())``).
     """
     fmts = _check_formats(formats if formats is not None else tuple(FORMATS))
@@ -476,6 +484,12 @@ def generate(
     if progress is not None and not callable(progress):
         raise TbqTypeError(f"progress must be None or a callable progress(label, done, total), got {progress!r}")
     tables = _resolve_tables(codebook, signs)
+    if options is not None and not isinstance(options, dict):
+        raise TbqTypeError(f"options must be a dict of format options, e.g. {{'scale': 0.0173}}, got {options!r}")
+    options = dict(options or {})
+    check_options(fmts, options)
+    for fmt in fmts:  # every value checked before any work
+        format_class(fmt).check_options(config_for(fmt, options))
     check_out_dir(out)
     total, done = 1 + len(fmts) + len(pairs), 0
 
@@ -490,7 +504,8 @@ def generate(
     step("inputs")
     rows_out, att, paths = [], [], []
     for fmt in fmts:
-        gs = build_format(fmt, rows_per_family=rows, seed=seed, families=fams, codebook=tables, k=k, ulp_floor=ulp_floor, inputs=inputs)
+        gs = build_format(fmt, rows_per_family=rows, seed=seed, families=fams, codebook=tables, k=k, ulp_floor=ulp_floor, inputs=inputs,
+                          options=options)
         paths += write_set(gs, out)
         rows_out += gs.summary
         step(fmt)
@@ -531,6 +546,7 @@ def regenerate(manifest, out=None) -> GoldenSet:
                 codebook=tables,
                 k=m["fragility"]["k"],
                 ulp_floor=m["fragility"]["ulp_floor"] if get_format(fmt).ulp_floor else None,
+                options=own_options(fmt, m["codec_config"], tables),
             )
         else:
             fmts = (m["k_format"], m["v_format"])

@@ -20,7 +20,7 @@ from .. import __version__
 from ..codebooks import Codebook
 from ..codecs import Codec
 from ..errors import TbqValueError
-from ..formats import format_info
+from ..formats import format_class, format_info
 from ..rotation import RandomizedHadamard
 from .families import (
     ATTENTION_KEY_OUTLIER_FACTOR,
@@ -129,13 +129,28 @@ def _array_meaning(arrays: dict) -> dict:
     return meaning
 
 
-def _exact_config(fmt: str, tables: _Tables) -> dict:
-    """Codec config of ``fmt`` with exact tables (accepted by :func:`tbq.codec_from_config`)."""
-    cfg = {"name": fmt, "on_overflow": "raise"}
+def _exact_config(fmt: str, tables: _Tables, options: dict | None = None) -> dict:
+    """Codec config of ``fmt`` with exact tables (accepted by :func:`tbq.codec_from_config`).
+
+    ``options``: the format's own options for a format without golden tables
+    (FP8's ``scale``; default: the declared defaults), recorded as the format's
+    config so ``--from-manifest`` rebuilds the same codec.
+    """
+    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}
     if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)
+    else:  # any other format's own options
+        cls = format_class(fmt)
+        cfg.update(cls(**cls.check_options(options or {})).config())
     return cfg
+
+
+def own_options(fmt: str, config: dict, tables: _Tables) -> dict:
+    """The options of a manifest's ``codec_config`` that :func:`_exact_config` took from ``options`` (not from the tables)."""
+    if fmt in tables.codebooks:
+        return {}
+    return {k: config[k] for k in format_class(fmt).options if k in config}
 
 
 def _named_config(codec: Codec) -> dict:
@@ -200,7 +215,7 @@ def format_manifest(
         "blocks_per_row": ROW_SIZE // info.block_size,
         "values": int(arrays["input"].size),
         "library": _library(),
-        "codec_config": _exact_config(fmt, tables),
+        "codec_config": _exact_config(fmt, tables, codec.format.config()),
         "codec_config_named": _named_config(codec),
         "backend": codec.backend,
         "backend_check": backend_check,

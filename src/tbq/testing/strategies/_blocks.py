@@ -1,0 +1,260 @@
+"""The public float_blocks and encoded_blocks strategies (on top of the families).
+
+Part of :mod:`tbq.testing.strategies` (see its docstring).
+"""
+
+from __future__ import annotations
+
+try:
+    import hypothesis
+    import hypothesis.extra.numpy as npst
+    import hypothesis.strategies as st
+    from hypothesis.errors import InvalidArgument
+except ImportError as e:  # pragma: no cover - exercised only without hypothesis
+    raise ImportError(
+        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
+    ) from e
+
+import numpy as np
+from tbq.formats import FORMAT_CLASSES
+from tbq.formats.base import FIELD_KINDS
+
+from ._fp4 import _fam_binade_tops, _fam_ue4m3
+from ._fp8 import _fam_fp8_grid
+from ._generic import _fam_constant, _fam_gaussian, _fam_heavy_tail, _fam_huge, _fam_nonfinite, _fam_outliers, _fam_overflow, _fam_sparse, _fam_subnormal, _fam_zero
+from ._machinery import DEFAULT_FAMILIES, F32, FAMILIES, HAZARD_FAMILIES, SPECIAL_SCALES, _ALIASES, _Fmt, _UNFIT, _check_int, _event, _fail, _fit, _resolve_fmt, _resolve_leading
+from ._rotated import _fam_thresholds
+from ._scalar import _fam_grid_ties, _fam_min_ties, _fam_ties
+
+
+_FAMILY_FUNCS = {
+    "gaussian": _fam_gaussian,
+    "outliers": _fam_outliers,
+    "heavy_tail": _fam_heavy_tail,
+    "subnormal": _fam_subnormal,
+    "huge": _fam_huge,
+    "ties": _fam_ties,
+    "min_ties": _fam_min_ties,
+    "grid_ties": _fam_grid_ties,
+    "ue4m3": _fam_ue4m3,
+    "binade_tops": _fam_binade_tops,
+    "fp8_grid": _fam_fp8_grid,
+    "thresholds": _fam_thresholds,
+    "constant": _fam_constant,
+    "zero": _fam_zero,
+    "sparse": _fam_sparse,
+    "overflow": _fam_overflow,
+    "nonfinite": _fam_nonfinite,
+}
+
+@st.composite
+def _one_block(draw, ctx: _Fmt, families: tuple):
+    fam = draw(st.sampled_from(families))
+    _event(f"family: {fam}")
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    blk = np.ascontiguousarray(_FAMILY_FUNCS[fam](draw, rng, ctx), dtype=F32)
+    if fam not in _UNFIT:
+        if not np.isfinite(blk).all():  # e.g. a Cauchy draw scaled up: clip into float32
+            blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(F32)
+        blk = _fit(ctx, blk)
+    return blk
+
+@st.composite
+def _float_blocks(draw, ctx, min_blocks, max_blocks, leading, families, elements):
+    lead = tuple(draw(leading))
+    nb = draw(st.integers(min_blocks, max_blocks))
+    shape = lead + (nb * ctx.bs,)
+    if elements is not None:
+        return draw(npst.arrays(np.float32, shape, elements=elements))
+    total = int(np.prod(lead, dtype=np.int64)) * nb
+    if total == 0:
+        return np.zeros(shape, F32)
+    blocks = [draw(_one_block(ctx, families)) for _ in range(total)]
+    return np.concatenate(blocks).reshape(shape)
+
+def float_blocks(
+    fmt,
+    *,
+    min_blocks: int = 1,
+    max_blocks: int = 4,
+    leading_shape=None,
+    families=None,
+    elements=None,
+    codebook=None,
+    signs=None,
+    options=None,
+) -> st.SearchStrategy[np.ndarray]:
+    """float32 arrays whose last axis is a whole number of blocks of ``fmt``.
+
+    Requires the hypothesis package to be installed.
+
+    Parameters
+    ----------
+    fmt : ``"q8_0"``, ``"q4_0"``, ``"tbq4_0"``, ``"tbq3_0"`` or a :class:`tbq.Codec`
+        (a TBQ codec brings its codebook and sign vectors, which the
+        ``thresholds`` family needs).
+    min_blocks, max_blocks : number of blocks along the last axis (default 1..4).
+    leading_shape : ``None`` (draws ``()`` or a small 1-2 axis shape), a fixed
+        tuple such as ``(2, 3)``, or a strategy of tuples.
+    families : names from :data:`FAMILIES`; each block draws one of them.
+        Default: :data:`DEFAULT_FAMILIES` that apply to ``fmt`` (``ties`` for
+        Q8_0/Q4_0, ``thresholds`` for TBQ). All default families are finite and
+        every block's scale fits fp16, so ``encode`` with ``on_overflow="raise"``
+        succeeds. ``"overflow"`` and ``"nonfinite"`` are opt-in bad inputs.
+    elements : a strategy of floats (e.g. ``st.floats(-1, 1, width=32)``); when
+        given, every value is drawn from it instead of from the families.
+    codebook, signs : with a TBQ format name, the codec configuration the
+        ``thresholds`` family aims at (default ``"lloyd-max"``, ``"turboq-mtp"``);
+        spellings of ``options={"codebook": ..., "signs": ...}``.
+    options : the format's own options with a format name, e.g.
+        ``{"scale": 0.0173}`` for FP8 (the ``fp8_grid`` family aims at ``x / scale``).
+        An option the format does not take is an error naming the formats that do.
+
+    Examples
+    --------
+    >>> from tbq.testing import strategies as tst
+    >>> x = tst.float_blocks("q8_0", max_blocks=2).example()
+    >>> x.dtype, x.shape[-1] % 32, 32 <= x.shape[-1] <= 64
+    (dtype('float32'), 0, True)
+    >>> tst.float_blocks("tbq4_0", families=["thresholds"], max_blocks=1, leading_shape=()).example().shape
+    (128,)
+
+    See Also
+    --------
+    encoded_blocks
+    """
+    func = "float_blocks"
+    ctx = _resolve_fmt(func, fmt, codebook, signs, options)
+    min_blocks = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
+    max_blocks = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
+    if max_blocks < min_blocks:
+        _fail(func, f"max_blocks={max_blocks} is smaller than min_blocks={min_blocks}; pass max_blocks >= min_blocks")
+    leading = _resolve_leading(func, leading_shape)
+    if elements is not None:
+        if families is not None:
+            _fail(func, "pass either elements= (every value from one strategy) or families=, not both")
+        if not isinstance(elements, st.SearchStrategy):
+            _fail(
+                func,
+                f"elements must be a hypothesis strategy of floats such as st.floats(-1, 1, width=32), got {elements!r}",
+            )
+        return _float_blocks(ctx, min_blocks, max_blocks, leading, None, elements)
+    fams = _resolve_families(func, ctx, families)
+    return _float_blocks(ctx, min_blocks, max_blocks, leading, fams, None)
+
+def _resolve_families(func, ctx, families):
+    if families is None:
+        fams = [f for f in DEFAULT_FAMILIES if _applies(f, ctx)]
+        return tuple(fams)
+    if isinstance(families, str):
+        _fail(func, f"families must be a list of names, e.g. families=[{families!r}], not a bare string")
+    try:
+        fams = [_ALIASES.get(f, f) if isinstance(f, str) else f for f in families]
+    except TypeError:
+        _fail(func, f"families must be a list of names from {sorted(FAMILIES)}, got {families!r}")
+    unknown = [f for f in fams if f not in FAMILIES]
+    if unknown:
+        _fail(func, f"unknown families {unknown}; choose from {sorted(FAMILIES)}")
+    if not fams:
+        _fail(func, f"families is empty; pass at least one of {sorted(FAMILIES)} or None for the defaults")
+    for f in fams:
+        if not _applies(f, ctx):
+            kinds = ", ".join(n for n, c in FORMAT_CLASSES.items() if f in c.hazards)
+            alts = " or ".join(repr(h) for h in ctx.hazards) or "the default families"
+            _fail(func, f"family {f!r} only applies to {kinds}, not to {ctx.name!r}; drop it (or use {alts} for {ctx.name!r})")
+    return tuple(dict.fromkeys(fams))
+
+def _applies(fam, ctx):
+    return fam not in HAZARD_FAMILIES or fam in ctx.hazards
+
+@st.composite
+def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales):
+    lead = tuple(draw(leading))
+    nb = draw(st.integers(min_blocks, max_blocks))
+    nblocks = int(np.prod(lead, dtype=np.int64)) * nb
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    pattern = draw(st.sampled_from(["random", "zeros", "ones", "alternating", "random"]))
+    _event(f"bytes: {pattern}")
+    if pattern == "random":
+        data = rng.integers(0, 256, (nblocks, ctx.ts), dtype=np.uint8)
+    elif pattern == "zeros":
+        data = np.zeros((nblocks, ctx.ts), np.uint8)
+    elif pattern == "ones":
+        data = np.full((nblocks, ctx.ts), 0xFF, np.uint8)
+    else:
+        data = np.tile(np.array([0x0F, 0xF0, 0x55, 0xAA], np.uint8), (nblocks, ctx.ts // 4 + 1))[:, : ctx.ts].copy()
+    if special_scales:
+        first = ctx.info.layout[0] if ctx.info.layout else None
+        own = {n: (lo, hi) for n, lo, hi in first.specials} if first is not None and first.specials else None
+        if own is None and first is not None and first.size <= 2 and first.kind in FIELD_KINDS:
+            own = FIELD_KINDS[first.kind].specials or None  # the first field's kind (f16: SPECIAL_SCALES)
+        table = own or SPECIAL_SCALES
+        off, size = (first.offset, first.size) if own else (0, 2)
+        names = list(table)
+        for b in range(nblocks):
+            if draw(st.integers(0, 3)) == 0:
+                continue  # keep the random scale
+            kind = draw(st.sampled_from(names))
+            _event(f"scale: {kind}")
+            lo, hi = table[kind]
+            bits = draw(st.integers(lo, hi))
+            for k in range(size):
+                data[b, off + k] = (bits >> (8 * k)) & 0xFF
+    return data.reshape(lead + (nb * ctx.ts,))
+
+@st.composite
+def _valid_bytes(draw, ctx, xs):
+    return ctx.encode(draw(xs))
+
+def encoded_blocks(
+    fmt,
+    *,
+    valid: bool = True,
+    min_blocks: int = 1,
+    max_blocks: int = 4,
+    leading_shape=None,
+    special_scales: bool = True,
+    codebook=None,
+    signs=None,
+    options=None,
+) -> st.SearchStrategy[np.ndarray]:
+    """uint8 arrays whose last axis is a whole number of encoded blocks of ``fmt``.
+
+    Requires the hypothesis package to be installed.
+
+    Parameters
+    ----------
+    fmt : a format name or a :class:`tbq.Codec` (as in :func:`float_blocks`).
+    valid : ``True`` gives blocks produced by the NumPy reference encoder from
+        :func:`float_blocks` (every scale finite); ``False`` gives arbitrary
+        bytes (random, all-zero, all-0xFF and alternating nibble patterns).
+    special_scales : with ``valid=False``, most blocks get an fp16 scale drawn
+        from :data:`SPECIAL_SCALES`: +-Inf, NaN (any payload, either sign),
+        subnormals, +-0, +-65504, the smallest normal.
+    min_blocks, max_blocks, leading_shape, codebook, signs, options : as in :func:`float_blocks`.
+
+    Examples
+    --------
+    >>> from tbq.testing import strategies as tst
+    >>> b = tst.encoded_blocks("tbq3_0", valid=False, leading_shape=()).example()
+    >>> b.dtype, b.shape[-1] % 50
+    (dtype('uint8'), 0)
+    >>> tst.encoded_blocks("q4_0", min_blocks=2, max_blocks=2, leading_shape=(3,)).example().shape
+    (3, 36)
+    """
+    func = "encoded_blocks"
+    if not isinstance(valid, bool):
+        _fail(func, f"valid must be True (encoder output) or False (arbitrary bytes), got {valid!r}")
+    if not isinstance(special_scales, bool):
+        _fail(func, f"special_scales must be True or False, got {special_scales!r}")
+    ctx = _resolve_fmt(func, fmt, codebook, signs, options)
+    min_blocks = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
+    max_blocks = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
+    if max_blocks < min_blocks:
+        _fail(func, f"max_blocks={max_blocks} is smaller than min_blocks={min_blocks}; pass max_blocks >= min_blocks")
+    leading = _resolve_leading(func, leading_shape)
+    if valid:
+        fams = _resolve_families(func, ctx, None)
+        return _valid_bytes(ctx, _float_blocks(ctx, min_blocks, max_blocks, leading, fams, None))
+    return _arbitrary_bytes(ctx, min_blocks, max_blocks, leading, special_scales)

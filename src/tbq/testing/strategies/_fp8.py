@@ -1,0 +1,64 @@
+"""The fp8_grid family aimed at FP8's hazards (ties on the grid, the saturation edge, subnormals, the scale division).
+
+Part of :mod:`tbq.testing.strategies` (see its docstring).
+"""
+
+from __future__ import annotations
+
+try:
+    import hypothesis
+    import hypothesis.extra.numpy as npst
+    import hypothesis.strategies as st
+    from hypothesis.errors import InvalidArgument
+except ImportError as e:  # pragma: no cover - exercised only without hypothesis
+    raise ImportError(
+        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
+    ) from e
+
+import numpy as np
+
+from ._machinery import F32, _event, _next32
+
+
+def _fam_fp8_grid(draw, rng, ctx):
+    """One value (block size 1) whose quotient v = x / s sits on an FP8 hazard; ``hazards["fp8_grid"]`` gives the
+    grid's finite magnitudes, the overflow limit (the midpoint above the largest value) and the scale."""
+    h = ctx.hazards["fp8_grid"]
+    grid = np.asarray(h["values"], np.float64)
+    s = F32(h["scale"])
+    mids = (grid[:-1] + grid[1:]) / 2
+    mode = draw(st.sampled_from(["tie", "near_tie", "saturation", "subnormal", "division"]))
+    _event(f"fp8_grid: {mode}")
+    sign = draw(st.sampled_from([F32(1), F32(-1)]))
+    if mode == "saturation":
+        v = draw(st.sampled_from([grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]))
+    elif mode == "subnormal":
+        sub = grid[grid < float(h["min_normal"])]
+        v = float(draw(st.sampled_from(list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2])))
+    else:
+        v = float(mids[draw(st.integers(0, mids.size - 1))])
+    target = F32(v)
+    if mode == "near_tie":
+        target = _next32(target, draw(st.sampled_from([np.inf, -np.inf])))
+    with np.errstate(all="ignore"):
+        x = F32(float(target) * float(s))
+        best = x
+        for _ in range(8):  # walk a few ulps until the float32 quotient hits the target
+            q = F32(x / s)
+            if q == target:
+                best = x
+                break
+            x = _next32(x, np.inf if q < target else -np.inf)
+        if mode == "division":  # the nearest input whose x / s and x * (1/s) differ, if one is close
+            inv = F32(F32(1) / s)
+            for k in range(64):
+                c = (best.view(np.uint32) + np.uint32(k)).view(F32)
+                if F32(c / s) != F32(c * inv):
+                    best = c
+                    break
+    blk = np.array([sign * best], F32)
+    for _ in range(16):  # at the saturation edge: the largest value below the overflow that still encodes
+        if mode != "saturation" or ctx.status(blk) == 0:
+            break
+        blk = np.array([_next32(blk[0], 0)], F32)
+    return blk

@@ -1,0 +1,296 @@
+"""Shared machinery of the strategies: the family table, argument checks, the per-format context (_Fmt), float helpers.
+
+Part of :mod:`tbq.testing.strategies` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+try:
+    import hypothesis
+    import hypothesis.extra.numpy as npst
+    import hypothesis.strategies as st
+    from hypothesis.errors import InvalidArgument
+except ImportError as e:  # pragma: no cover - exercised only without hypothesis
+    raise ImportError(
+        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
+    ) from e
+
+import numpy as np
+
+import tbq
+from tbq.backend import STATUS_UNDEFINED, numba_available
+from tbq.codebooks import Codebook, get_codebook
+from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
+from tbq.formats.base import FIELD_KINDS
+from tbq.rotation import get_rotation
+
+
+F32 = np.float32
+
+#: Every family name :func:`float_blocks` knows, with what it produces.
+FAMILIES: dict[str, str] = {
+    "gaussian": "N(0, s^2) values, s a power of two between 2**-30 and 2**20",
+    "outliers": "Gaussian block with 1-4 outlier channels x10 .. x10000 (keys in real KV caches)",
+    "heavy_tail": "Student-t values with 1 to 3 degrees of freedom (Cauchy included)",
+    "subnormal": "float32 subnormal values, and blocks whose scale is an fp16 subnormal, rounds to fp16 zero, "
+    "or is so small that 1/d overflows float32",
+    "huge": "blocks whose float32 scale is between 2**14 and the largest value that still rounds to a finite fp16 (65504)",
+    "ties": "scalar-grid formats (Q8_0, Q4_0): values whose scaled product x*(1/d) is exactly a rounding tie (k + 1/2) or one ulp from one; "
+    "scales exactly halfway between two fp16 numbers; +a and -a both at the largest magnitude",
+    "thresholds": "rotated codebook formats (TBQ): blocks with rotated, normalised coordinates exactly on a decision threshold or one float32 "
+    "ulp from one (exact zeros and +-2**-149 for the middle threshold 0)",
+    "min_ties": "min/scale grids (Q4_1, Q5_1): (x - min) / d exactly a rounding tie k + 1/2 (or one ulp from one), "
+    "min and max pinned, power-of-two and fp16-midpoint scales",
+    "grid_ties": "value-table grids (IQ4_NL): x / d0 exactly halfway between two table values (ties go up) or one ulp "
+    "from it, and blocks at and around the 1e-15 tiny-block threshold",
+    "ue4m3": "NVFP4: sub-block scales amax/6 exactly on a UE4M3 rounding boundary (round half up), one ulp from it, in "
+    "the subnormal clamp range and at saturation; values on E2M1 midpoints",
+    "binade_tops": "MXFP4: largest magnitudes among the top floats of a binade (where log2f rounds up to the next "
+    "exponent) and next to them; values on E2M1 midpoints",
+    "fp8_grid": "FP8 (E4M3, E5M2): x / scale exactly on a rounding midpoint of the grid (ties to even) or one ulp from one, "
+    "at the saturation edge, in the subnormal range, and inputs where x / scale and x * (1 / scale) differ",
+    "constant": "every value equal (any sign and magnitude)",
+    "zero": "+0.0, -0.0 or a mix of signed zeros",
+    "sparse": "one-hot, a few equal-magnitude spikes, and (TBQ, Hadamard rotation) blocks that rotate to an exact one-hot",
+    "overflow": "opt-in: finite values whose scale does not fit fp16 (encode raises ScaleOverflowError)",
+    "nonfinite": "opt-in: blocks holding NaN, +Inf or -Inf (encode raises NonFiniteError)",
+}
+
+#: Families that every format gets by default (all finite, every scale fits fp16).
+DEFAULT_FAMILIES = (
+    "gaussian", "outliers", "heavy_tail", "subnormal", "huge", "ties", "thresholds", "min_ties", "grid_ties", "ue4m3",
+    "binade_tops", "fp8_grid", "constant", "zero", "sparse",
+)
+
+#: Families that apply to a format only when it lists them in ``Format.hazards``.
+HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops", "fp8_grid")
+
+#: Old spellings still accepted (golden vectors and the strategies share family names).
+_ALIASES = {"heavy_tails": "heavy_tail"}
+
+_UNFIT = ("overflow", "nonfinite")
+
+#: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``.
+SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS["f16"].specials  # name: (lowest, highest) fp16 pattern, inclusive
+
+_F16_LIMIT = 65520.0  # float32 scales at or above this round to fp16 infinity
+
+_F16_MAX = 65504.0
+
+def _event(text: str) -> None:
+    try:
+        hypothesis.event(text)
+    except Exception:  # outside a test (e.g. .example()): statistics are not recorded
+        pass
+
+def _fail(func: str, message: str):
+    raise InvalidArgument(f"{func}: {message}")
+
+def _check_int(func, name, value, lo, hi=None, hint=""):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        _fail(func, f"{name} must be an integer, got {value!r} of type {type(value).__name__}. {hint}".strip())
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        _fail(func, f"{name} must be {rng}, got {value!r}. {hint}".strip())
+    return int(value)
+
+class _Fmt:
+    """Everything the families need to know about one codec configuration."""
+
+    def __init__(self, name, codebook=None, rotation=None, options=None):
+        self.name = name
+        self.info = FORMATS[name]
+        self.bs = self.info.block_size
+        self.ts = self.info.type_size
+        self.rotated = self.info.rotated
+        self.codebook = codebook
+        self.rotation = rotation
+        kw = dict(options or {})  # the format's own options (FP8: scale)
+        if codebook is not None:
+            kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
+        self.format = get_format(name, **kw)
+        self.hazards = self.format.hazards
+        self.row_kw = self.format._row_kw(1)  # each drawn block is a row of its own for the trace
+        self.has_min = any(f.name == "m" and f.kind == "f16" for f in self.info.layout)  # Q4_1/Q5_1
+        if self.codebook is None and hasattr(self.format, "thresholds") and hasattr(self.format, "centroids"):
+            # a rotated format with fixed tables (planar/iso): its thresholds drive the family
+            self.codebook = Codebook(self.format.centroids, self.format.thresholds)
+        self.codec = tbq.get_codec(name, backend="numpy", on_overflow="inf", **kw)
+        _warm(name, kw)
+
+    def trace(self, x2: np.ndarray) -> dict:
+        """The format's trace of each block of ``x2`` (one block per row, each its own row)."""
+        with np.errstate(all="ignore"):
+            return self.format.reference_encode(np.ascontiguousarray(x2, F32), **self.row_kw)[1]
+
+    def scales(self, x2: np.ndarray) -> np.ndarray:
+        """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace).
+
+        Formats without one scale per block (f16, bf16, NVFP4) use the block's
+        largest magnitude instead, which is what the families size blocks by.
+        """
+        d = self.trace(x2).get("d")
+        if d is not None and np.ndim(d) == 1:
+            return d
+        return np.max(np.abs(np.asarray(x2, F32)), axis=1)
+
+    def status(self, blk: np.ndarray) -> int:
+        """0 when the codec encodes ``blk`` with on_overflow='raise', else the refusing status."""
+        s = self.format.invalid_blocks(self.trace(blk[None, :]))
+        return int(s[0]) if np.size(s) else 0
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        return self.codec.encode(x)
+
+    def rotated_coords(self, x2: np.ndarray) -> np.ndarray:
+        """Normalised, rotated coordinates r = R(u) of each block, by the spec's float32 arithmetic."""
+        return self.format.rotate(np.asarray(x2, dtype=F32))[1]
+
+    @functools.cached_property
+    def rotation_matrix(self) -> np.ndarray:
+        if self.rotation is not None:
+            return self.rotation.matrix(np.float64)
+        # Fixed-table rotations (planar/iso): the encoder's own rotation of the unit vectors
+        # (norm 1, so r = R e_j up to float32 rounding); a starting point for the exact search.
+        return self.rotated_coords(np.eye(self.bs, dtype=F32)).T.astype(np.float64)
+
+def _warm(name, kw):
+    """Load (or compile) the format's numba kernels now, when the strategy is built.
+
+    A hypothesis test that calls ``tbq.quantize`` would otherwise pay for
+    numba loading its cache (several hundred ms; seconds on a cold cache) on
+    its first example, and fail with ``DeadlineExceeded`` under hypothesis's
+    default 200 ms deadline. Warming here makes a plain ``@given`` test work.
+    """
+    if not numba_available():  # pragma: no cover - numba is a runtime dependency
+        return
+    c = tbq.get_codec(name, backend="numba", on_overflow="inf", **kw)
+    for n in (1, 64):  # small calls and batches may take different kernels (e.g. one-block TBQ kernels)
+        c.decode(c.encode(np.zeros(n * c.block_size, F32)))
+
+def _takes_tables(name) -> bool:
+    """True for formats configured by a codebook and sign vectors (the TBQ formats)."""
+    return "codebook" in FORMAT_CLASSES[name].options
+
+@functools.lru_cache(maxsize=64)
+def _fmt_cached(name, cb_key, sign_key):
+    if not _takes_tables(name):
+        return _Fmt(name)
+    cb = _CB_OBJECTS[cb_key]
+    rot = _ROT_OBJECTS[sign_key]
+    return _Fmt(name, cb, rot)
+
+_CB_OBJECTS: dict = {}
+
+_ROT_OBJECTS: dict = {}
+
+_OPT_OBJECTS: dict = {}
+
+@functools.lru_cache(maxsize=64)
+def _fmt_with_options(name, opt_key):
+    return _Fmt(name, options=_OPT_OBJECTS[(name, opt_key)])
+
+def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
+    """The family context of ``fmt`` (a name or a Codec) with one options mapping (``codebook``/``signs`` are its spellings)."""
+    opts = {} if options is None else options
+    if not isinstance(opts, dict):
+        _fail(func, f"options must be a dict of format options, e.g. {{'scale': 0.0173}}, got {options!r}")
+    opts = dict(opts)
+    for key, value in (("codebook", codebook), ("signs", signs)):
+        if value is not None:
+            opts[key] = value
+    if isinstance(fmt, tbq.Codec):
+        if opts:
+            _fail(func, "pass codebook=, signs= and options= only with a format name; a Codec already carries its own")
+        name = fmt.name
+        if _takes_tables(name):
+            opts = {"codebook": fmt.codebook, "signs": fmt.rotation}
+        else:
+            opts = fmt.format.config()
+    elif isinstance(fmt, str) and fmt in FORMATS:
+        name = fmt
+    else:
+        _fail(
+            func,
+            f"unknown format {fmt!r}. Pass one of {', '.join(repr(f) for f in FORMATS)} (tbq.formats()) or a tbq.Codec "
+            "such as tbq.get_codec('tbq4_0', codebook='turboq-mtp')",
+        )
+    try:
+        checked = FORMAT_CLASSES[name].check_options(opts)
+    except tbq.TbqError as exc:
+        _fail(func, f"{exc}; drop it or pass a format that takes it")
+    if not _takes_tables(name):
+        if not checked:
+            return _fmt_cached(name, None, None)
+        key = tuple(sorted((k, repr(v)) for k, v in checked.items()))
+        _OPT_OBJECTS.setdefault((name, key), checked)
+        return _fmt_with_options(name, key)
+    codebook, signs = checked.get("codebook"), checked.get("signs")
+    bits = FORMATS[name].index_bits
+    try:
+        cb = get_codebook("lloyd-max" if codebook is None else codebook, bits)
+        rot = get_rotation("turboq-mtp" if signs is None else signs, FORMATS[name].block_size)
+    except tbq.TbqError as exc:
+        _fail(func, f"bad TBQ configuration for {name!r}: {exc}")
+    cb_key = (cb.centroids.tobytes(), cb.thresholds.tobytes())
+    sign_key = (rot.signs1.tobytes(), rot.signs2.tobytes())
+    _CB_OBJECTS.setdefault(cb_key, cb)
+    _ROT_OBJECTS.setdefault(sign_key, rot)
+    return _fmt_cached(name, cb_key, sign_key)
+
+def _resolve_leading(func, leading_shape):
+    if leading_shape is None:
+        return st.one_of(st.just(()), npst.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
+    if isinstance(leading_shape, st.SearchStrategy):
+        return leading_shape
+    if isinstance(leading_shape, tuple) and all(
+        isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in leading_shape
+    ):
+        return st.just(tuple(int(s) for s in leading_shape))
+    _fail(
+        func,
+        f"leading_shape must be None, a tuple of non-negative ints such as (2, 3), or a strategy of such tuples; "
+        f"got {leading_shape!r}",
+    )
+
+def _f16_finite(d) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return np.isfinite(np.asarray(d, dtype=F32).astype(np.float16))
+
+def _next32(v, direction):
+    return np.nextafter(F32(v), F32(direction), dtype=F32)
+
+def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
+    """Scale ``blk`` so that its float32 scale d is close to ``target`` (> 0)."""
+    d0 = abs(float(ctx.scales(blk[None, :])[0]))
+    if not (d0 > 0 and math.isfinite(d0)):
+        return blk
+    with np.errstate(all="ignore"):
+        out = (blk.astype(np.float64) * (target / d0)).astype(F32)
+    return out if np.isfinite(out).all() else blk
+
+def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
+    """Move ``blk`` until the codec encodes it with on_overflow='raise' (its scale fits, nothing undefined)."""
+    for attempt in range(64):
+        status = ctx.status(blk)
+        if status == 0:
+            return blk
+        if status == STATUS_UNDEFINED:  # e.g. an MXFP4 exponent below E8M0's range: grow
+            blk = np.ldexp(blk, 16).astype(F32)
+            continue
+        d = float(ctx.scales(blk[None, :])[0])
+        if not math.isfinite(d):  # e.g. the TBQ norm overflowed float32
+            blk = np.ldexp(blk, -64).astype(F32)
+            continue
+        if abs(d) < 2 * _F16_LIMIT and attempt < 8:  # just above the limit: step down a few ulps at a time
+            blk = (blk * F32(1 - 2.0**-12)).astype(F32)
+            continue
+        k = math.ceil(math.log2(abs(d) / _F16_MAX))
+        blk = np.ldexp(blk, -max(k, 1)).astype(F32)
+    return np.zeros_like(blk)  # pragma: no cover - defensive: never observed
+
+def _gauss(rng, n, scale=1.0):
+    return (rng.standard_normal(n) * scale).astype(F32)

@@ -1,0 +1,142 @@
+"""The thresholds family of the rotated codebook formats (TBQ, planar/iso): rotated coordinates on a decision threshold.
+
+Part of :mod:`tbq.testing.strategies` (see its docstring).
+"""
+
+from __future__ import annotations
+
+import math
+
+try:
+    import hypothesis
+    import hypothesis.extra.numpy as npst
+    import hypothesis.strategies as st
+    from hypothesis.errors import InvalidArgument
+except ImportError as e:  # pragma: no cover - exercised only without hypothesis
+    raise ImportError(
+        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
+    ) from e
+
+import numpy as np
+
+from ._generic import _fam_gaussian
+from ._machinery import F32, _event, _next32
+
+
+def _threshold_targets(ctx):
+    thr = ctx.codebook.thresholds
+    return [float(t) for t in thr if abs(t) > 2.0**-20 and abs(t) < 0.7]  # (a threshold next to 0 is hit by the zero modes)
+
+def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
+    """Find x whose rotated coordinates r[targets_j] equal targets_v exactly (float32), or None."""
+    bs = ctx.bs
+    M = ctx.rotation_matrix
+    r = rng.standard_normal(bs) / math.sqrt(bs)
+    J = np.asarray(targets_j)
+    T = np.asarray(targets_v, F32)
+    rest = np.ones(bs, bool)
+    rest[J] = False
+    room = 1.0 - float(np.sum(T.astype(np.float64) ** 2))
+    if room <= 0.05:
+        return None
+    r[J] = T
+    r[rest] *= math.sqrt(room / float(np.sum(r[rest] ** 2)))
+    x = (M.T @ r).astype(F32)
+    # perturb only the inputs the target coordinates depend on (all of them for a Hadamard
+    # rotation; the pair or group of a Givens or quaternion rotation)
+    support = np.flatnonzero(np.abs(M[J]).sum(axis=0) > 1e-12)
+    spacing_T = np.spacing(np.abs(T)).astype(np.float64)
+    best_err = None
+    for it in range(iters):
+        cand = np.repeat(x[None, :], ncand, axis=0)
+        if it or best_err is None:
+            scale = 1 if best_err is None else max(1, int(min(64, best_err)))
+            k = rng.integers(1, 9)
+            cols = rng.choice(support, (ncand, k))
+            steps = rng.integers(-scale, scale + 1, (ncand, k))
+            rows = np.repeat(np.arange(ncand)[:, None], k, axis=1)
+            ulp = np.spacing(np.abs(cand[rows, cols])).astype(np.float64)
+            cand[rows, cols] = (cand[rows, cols] + steps * ulp).astype(F32)
+            cand[0] = x
+        rr = ctx.rotated_coords(cand)
+        err = np.abs(rr[:, J].astype(np.float64) - T) / spacing_T
+        tot = err.sum(axis=1)
+        hit = np.flatnonzero(tot == 0)
+        if hit.size:
+            return cand[hit[0]]
+        b = int(np.argmin(tot))
+        x = cand[b]
+        best_err = float(err[b].max())
+    return None
+
+def _pair_zero_block(draw, ctx, mode):
+    bs = ctx.bs
+    # x_p = a, x_q = +-a with p, q differing in bit 0: the butterfly's first stage gives exactly 0
+    # (or 2a), so half of the rotated coordinates are exact (signed) zeros; a tiny x_k then puts
+    # those coordinates at +-(the tiny value), e.g. one ulp (2**-149) from the threshold 0.
+    m = draw(st.integers(0, bs // 2 - 1))
+    p, q = 2 * m, 2 * m + 1
+    lo_e = -6 if mode == "exact_zero" else 0
+    a = F32(2.0 ** draw(st.integers(lo_e, 6)) * draw(st.sampled_from([1.0, -1.0, 1.5])))
+    blk = np.zeros(bs, F32)
+    blk[p] = a
+    rel = draw(st.sampled_from([F32(1), F32(-1)]))
+    blk[q] = a * rel
+    if mode == "exact_zero":
+        if draw(st.booleans()):
+            # more pairs with the same relation after the first sign flip s1 (the butterfly sees s1 * x):
+            # then every pair cancels in the same half of the coordinates, which stay exactly 0
+            s1 = ctx.rotation.signs1.astype(F32)
+            eff = rel * s1[p] * s1[q]
+            for mm in draw(st.lists(st.integers(0, bs // 2 - 1), max_size=3, unique=True)):
+                if mm != m:
+                    sgn = draw(st.sampled_from([F32(1), F32(-1)]))
+                    blk[2 * mm] = a * sgn
+                    blk[2 * mm + 1] = a * sgn * eff * s1[2 * mm] * s1[2 * mm + 1]
+        return blk
+    k = draw(st.integers(0, bs - 1).filter(lambda i: i not in (p, q)))
+    # The cancelled coordinates become +-fl(fl(x_k / norm) * C): try a batch of tiny x_k
+    # (j * 2**-149 * norm, j = 1..64) and keep one that lands exactly on +-2**-149.
+    cands = np.repeat(blk[None, :], 64, axis=0)
+    norm = float(abs(a)) * math.sqrt(2.0)
+    cands[:, k] = (np.arange(1, 65) * 2.0**-149 * norm).astype(F32)
+    rr = ctx.rotated_coords(cands)
+    one_ulp = np.any(np.abs(rr) == F32(2.0**-149), axis=1)
+    pick = int(np.flatnonzero(one_ulp)[0]) if one_ulp.any() else draw(st.integers(0, 63))
+    return cands[pick]
+
+def _fam_thresholds(draw, rng, ctx):
+    bs = ctx.bs
+    thr = ctx.codebook.thresholds
+    has_zero = bool(np.any(thr == 0))
+    modes = (["exact_zero", "next_to_zero"] if has_zero else []) + (["on_threshold"] if _threshold_targets(ctx) else [])
+    if not modes:  # a custom codebook without reachable thresholds
+        return _fam_gaussian(draw, rng, ctx)
+    mode = draw(st.sampled_from(modes))
+    _event(f"thresholds: {mode}")
+    if mode in ("exact_zero", "next_to_zero"):
+        return _pair_zero_block(draw, ctx, mode)
+    targets = _threshold_targets(ctx)
+    n = draw(st.integers(1, 2))
+    J = draw(st.lists(st.integers(0, bs - 1), min_size=n, max_size=n, unique=True))
+    V = []
+    for _ in range(n):
+        t = F32(draw(st.sampled_from(targets)))
+        nudge = draw(st.sampled_from([0, 0, 1, -1]))
+        V.append(_next32(t, nudge * np.inf) if nudge else t)
+    x = None
+    for attempt in range(3 if has_zero else 12):  # without zero modes to fall back on, search longer
+        x = _search_threshold_block(rng, ctx, J, V)
+        if x is not None:
+            break
+        if len(J) > 1:  # two at once is harder: fall back to one
+            J, V = J[:1], V[:1]
+        elif attempt >= 2:  # another coordinate (the same target)
+            J = [int(rng.integers(0, bs))]
+    if x is None:  # rare (about 1 in 100): fall back to exact zeros on the middle threshold
+        _event("thresholds: search failed, fell back to exact_zero")
+        if has_zero:
+            return _pair_zero_block(draw, ctx, "exact_zero")
+        return _fam_gaussian(draw, rng, ctx)  # pragma: no cover - custom codebook without a 0 threshold
+    e = draw(st.integers(-10, 10))  # a power of two leaves the rotated coordinates bit-identical
+    return np.ldexp(x, e).astype(F32)
