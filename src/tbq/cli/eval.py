@@ -27,10 +27,12 @@ _chunks_arg.__name__ = "a positive integer or 'all'"
 
 
 def default_cache_types() -> list[str]:
-    """Every format as K = V, then the mixes users run (:data:`tbq.hf.evaluation.DEFAULT_MIXES`)."""
-    from ..hf.evaluation import DEFAULT_MIXES
+    """Every format as K = V (formats llama.cpp has no cache type for, vLLM's FP8, stored plain), then the mixes users run."""
+    from ..hf.engine import is_llama_cpp_type
+    from ..hf.evaluation import BASELINES, DEFAULT_MIXES
 
-    return [f"{f}:{f}" for f in formats() if f != "f16"] + list(DEFAULT_MIXES)
+    same = [f"{f}:{f}" + ("" if is_llama_cpp_type(f) else "@plain") for f in formats()]
+    return [t for t in same if t not in BASELINES] + list(DEFAULT_MIXES)
 
 
 def add_arguments(p) -> None:

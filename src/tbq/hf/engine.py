@@ -67,6 +67,7 @@ __all__ = [
     "Engine",
     "check_block_rule",
     "gguf_permutation",
+    "is_llama_cpp_type",
     "hadamard",
     "make_engine",
     "q8_0_simd",
@@ -77,6 +78,13 @@ __all__ = [
 
 #: The pseudo-format that stores float32 rows as they are (4 bytes a value).
 F32 = "f32"
+
+#: The ggml types a llama.cpp engine stores: llama.cpp's -ctk/-ctv types, the fork's, and ggml's FP4 block types.
+#: Other formats (vLLM's FP8) are not llama.cpp cache types: their rows are stored plain.
+_GGML_TYPES = (
+    F32, "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4",
+    "tbq3_0", "tbq4_0", "planar3_0", "iso3_0", "planar4_0", "iso4_0",
+)
 
 #: Cache types llama.cpp treats as unquantized (``ggml_is_quantized`` is false): no attention rotation.
 _UNQUANTIZED = (F32, "f16", "bf16")
@@ -247,6 +255,15 @@ def check_block_rule(name: str, block_size: int, head_dim: int, kv_heads: int, r
         )
 
 
+def is_llama_cpp_type(name: str) -> bool:
+    """True for the types a llama.cpp engine stores (ggml's and the fork's); vLLM's FP8 is not one.
+
+    >>> is_llama_cpp_type("q4_0"), is_llama_cpp_type("fp8_e4m3")
+    (True, False)
+    """
+    return name in _GGML_TYPES
+
+
 def _k_rotation_order(head_dim: int) -> int:
     """The largest power of two >= 64 dividing head_dim (head_dim a multiple of 64)."""
     n = 64
@@ -398,6 +415,12 @@ def make_engine(engine: str, k, v, *, head_dim: int, kv_heads: int, permute: boo
             check_block_rule(name, codec.block_size, head_dim, kv_heads, role)
     if engine == "plain":
         return Engine(engine, Side(k_name, k_codec), Side(v_name, v_codec), head_dim, kv_heads)
+    for role, name in (("K", k_name), ("V", v_name)):
+        if not is_llama_cpp_type(name):
+            raise ConfigError(
+                f"{role} cache type {name} is not a llama.cpp cache type; use engine='plain' ({name}@plain), "
+                "which stores the rows as they are"
+            )
     fork = engine == "llama.cpp-fork"
     k_quantized, v_quantized = k_name not in _UNQUANTIZED, v_name not in _UNQUANTIZED
     k_rot = _k_rotation_order(head_dim) if rotate_attention and k_quantized and head_dim % 64 == 0 else None

@@ -35,6 +35,9 @@ from .engine import ENGINES, F32
 
 __all__ = ["CacheType", "EvalResult", "Row", "evaluate", "parse_cache_type", "perplexity_chunks", "DEFAULT_MIXES"]
 
+#: The two baselines every evaluation runs first.
+BASELINES = ("f32:f32", "f16:f16")
+
 #: The K:V mixes users run, added to every format as K=V by ``tbq eval``'s default list.
 DEFAULT_MIXES = ("q8_0:q4_0", "q8_0:q5_0", "q8_0:tbq4_0", "q8_0:tbq3_0", "tbq4_0:tbq3_0", "f16:q4_0", "f16:tbq3_0")
 
@@ -406,7 +409,7 @@ def evaluate(
             tick(f"greedy: {label}")
 
     ppl16 = float(math.exp(np.concatenate(stats["f16"].nll).mean()))
-    rows = [stats["f32"].row("f32:f32", "llama.cpp", ppl16), stats["f16"].row("f16:f16", "llama.cpp", ppl16)]
+    rows = [stats["f32"].row(BASELINES[0], "llama.cpp", ppl16), stats["f16"].row(BASELINES[1], "llama.cpp", ppl16)]
     for label, ct, _, _ in jobs:
         rows.append(stats[(label, None, "K+V")].row(label, ct.engine, ppl16, first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, []))))
     layer_rows = [stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role) for label, ct, layer, role in extra]
