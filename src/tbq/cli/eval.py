@@ -14,7 +14,7 @@ from ..hf import ENGINES
 
 
 #: Chunks ``tbq eval`` scores unless told: enough for stable figures, few enough to finish in a minute or two.
-DEFAULT_CHUNKS = 8
+DEFAULT_CHUNKS = 4
 
 
 def _chunks_arg(text: str):
