@@ -48,7 +48,7 @@ from tbq.hf import engine as hfe
 from tbq.hf.shipped import heldout_text
 
 SMALL = plots.small_mode()
-CONTEXT, CHUNKS = (256, 2) if SMALL else (512, 8)
+CONTEXT, CHUNKS = (256, 2) if SMALL else (512, 4)
 model, tokenizer = load()
 ids = tokenizer(heldout_text(), add_special_tokens=False)["input_ids"]
 tokens = np.asarray([model.config.bos_token_id] + ids, np.int64)
@@ -62,30 +62,40 @@ print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {n_layers} la
 # `K:f16` puts the format in the K cache only, `f16:V` in the V cache only.
 # KL is `KL(f16 cache ‖ type)` of the next-token distributions, averaged over
 # the scored positions; the perplexity change is against the f16 cache.
+# vLLM's FP8 formats are not llama.cpp cache types: they are stored plain
+# (`@plain`, vLLM has no rotation), in both columns.
 
 # %%
 FORMATS = [f for f in tbq.formats() if f != "f16"]
+
+
+def label(k, v):
+    """The cache-type label: llama.cpp's engine for its types, plain rows for the others (FP8)."""
+    plain = not (hfe.is_llama_cpp_type(k) and hfe.is_llama_cpp_type(v))
+    return f"{k}:{v}" + ("@plain" if plain else "")
+
+
 runs = {}
 for rot in (True, False):
-    types = [f"{f}:f16" for f in FORMATS] + [f"f16:{f}" for f in FORMATS]
+    types = [label(f, "f16") for f in FORMATS] + [label("f16", f) for f in FORMATS]
     runs[rot] = evaluate(model, tokens, types, context=CONTEXT, chunks=CHUNKS, rotate_attention=rot, model_name="shipped")
 
 
-def kl(res, label):
-    return res.row(label).kl_mean
+def kl(res, k, v):
+    return res.row(label(k, v)).kl_mean
 
 
 print(f"{'format':<10} {'bits':>5} {'K: KL rot':>10} {'K: KL no rot':>12} {'V: KL rot':>10} {'V: KL no rot':>12} {'K: dPPL% rot':>13}")
 for f in FORMATS:
-    print(f"{f:<10} {tbq.FORMATS[f].bits_per_value:>5.3g} {kl(runs[True], f'{f}:f16'):>10.2e} {kl(runs[False], f'{f}:f16'):>12.2e} "
-          f"{kl(runs[True], f'f16:{f}'):>10.2e} {kl(runs[False], f'f16:{f}'):>12.2e} {runs[True].row(f'{f}:f16').delta_ppl_pct:>+13.3f}")
+    print(f"{f:<10} {tbq.FORMATS[f].bits_per_value:>5.3g} {kl(runs[True], f, 'f16'):>10.2e} {kl(runs[False], f, 'f16'):>12.2e} "
+          f"{kl(runs[True], 'f16', f):>10.2e} {kl(runs[False], 'f16', f):>12.2e} {runs[True].row(label(f, 'f16')).delta_ppl_pct:>+13.3f}")
 
 path = plots.plot_bars(
     {
-        "K cache (V f16), llama.cpp rotation": {f: kl(runs[True], f"{f}:f16") for f in FORMATS},
-        "K cache, no rotation": {f: kl(runs[False], f"{f}:f16") for f in FORMATS},
-        "V cache (K f16), llama.cpp rotation": {f: kl(runs[True], f"f16:{f}") for f in FORMATS},
-        "V cache, no rotation": {f: kl(runs[False], f"f16:{f}") for f in FORMATS},
+        "K cache (V f16), llama.cpp rotation": {f: kl(runs[True], f, "f16") for f in FORMATS},
+        "K cache, no rotation": {f: kl(runs[False], f, "f16") for f in FORMATS},
+        "V cache (K f16), llama.cpp rotation": {f: kl(runs[True], "f16", f) for f in FORMATS},
+        "V cache, no rotation": {f: kl(runs[False], "f16", f) for f in FORMATS},
     },
     plots.figure_path("real_kl.png"),
     title="mean KL(f16 cache || type) of the next-token distribution, shipped model",
@@ -112,7 +122,7 @@ syn_kl = {}
 for f in FORMATS:
     k_hat = tbq.dequantize(tbq.quantize(syn["keys"], f), f)
     syn_kl[f] = float(np.mean(metrics.softmax_kl(metrics.attention_logits(q, syn["keys"]), metrics.attention_logits(q, k_hat))))
-real_kl = [kl(runs[True], f"{f}:f16") for f in FORMATS]
+real_kl = [kl(runs[True], f, "f16") for f in FORMATS]
 rho = spearmanr([syn_kl[f] for f in FORMATS], real_kl).statistic
 print(f"Spearman rank correlation, synthetic attention KL vs real-model KL (K caches): {rho:.2f}")
 order_syn = sorted(FORMATS, key=syn_kl.get)
