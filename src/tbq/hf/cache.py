@@ -28,14 +28,14 @@ what makes the products llama.cpp's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import ConfigError, TbqValueError
-from .engine import F32, Engine, Side, make_engine, PERMUTED_MODEL_TYPES
+from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
 
 __all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry"]
 
@@ -120,7 +120,7 @@ class TbqLayer(CacheLayerMixin):
     is_croppable = False
     is_sliding = False
 
-    def __init__(self, engine: Engine, *, sinks: int = 0, sink_type=None, residual: int = 0, sink_engine: Engine | None = None,
+    def __init__(self, engine: Engine, *, sinks: int = 0, residual: int = 0, sink_engine: Engine | None = None,
                  tbq_attention: bool = False):
         super().__init__()
         self.engine = engine
@@ -132,8 +132,8 @@ class TbqLayer(CacheLayerMixin):
         ks = vs = None
         if sinks:
             # sink rows live in the layer's domain (same rotation and order), in the sink type
-            ks = Side(sink_engine.k.name, sink_engine.k.codec, engine.k.rotation, engine.k.permutation)
-            vs = Side(sink_engine.v.name, sink_engine.v.codec, engine.v.rotation, None)
+            ks = replace(sink_engine.k, rotation=engine.k.rotation, permutation=engine.k.permutation)
+            vs = replace(sink_engine.v, rotation=engine.v.rotation, permutation=None)
         self._k = _Store(engine.k, ks, row)
         self._v = _Store(engine.v, vs, row)
         self.cumulative_length = 0

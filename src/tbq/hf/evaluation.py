@@ -274,7 +274,8 @@ class _Stats:
         self.bytes_per_token = 0
 
     def add(self, lp, targets, base16, base32, bytes_per_token):
-        torch = __import__("torch")
+        import torch
+
         self.bytes_per_token = bytes_per_token
         self.nll.append(-lp.gather(1, targets[:, None])[:, 0].numpy())
         for base, kl, top in ((base16, self.kl16, self.top16), (base32, self.kl32, self.top32)):
