@@ -104,6 +104,23 @@ path = plots.plot_bars(
 display(Image(filename=str(path)))
 
 # %% [markdown]
+# The llama.cpp engine stores the fork's TBQ types with the fork's own tables
+# (`codebook="turboq-mtp"`), as the fork does; its 3-bit table is scaled far
+# from the Lloyd–Max levels (docs/formats.md). The same caches with the fitted
+# Lloyd–Max tables (a `tbq.Codec` carries the option):
+
+# %%
+tables = {}
+for bits in ("tbq4_0", "tbq3_0"):
+    for book in ("turboq-mtp", "lloyd-max"):
+        codec = tbq.get_codec(bits, codebook=book)
+        for role, kv in (("K", (codec, "f16")), ("V", ("f16", codec))):
+            res = evaluate(model, tokens, [kv], context=CONTEXT, chunks=CHUNKS)
+            tables[(bits, book, role)] = res.rows[2]
+for (bits, book, role), r in tables.items():
+    print(f"{bits} {book:<10} in {role}: KL {r.kl_mean:.2e}  dPPL {r.delta_ppl_pct:+.3f} %  top-1 {r.top1:.3f}")
+
+# %% [markdown]
 # ## 2. Does the synthetic ranking hold?
 #
 # The synthetic study ranks formats by attention KL on keys with outlier
@@ -203,6 +220,8 @@ for n in sink_counts:
 
 layer_res = evaluate(model, tokens, ["q4_0", "tbq3_0"], context=CONTEXT, chunks=CHUNKS, per_layer=True)
 per_layer = {c: [layer_res.row(c, layer=i).kl_mean for i in range(n_layers)] for c in ("q4_0:q4_0", "tbq3_0:tbq3_0")}
+for c, vals in per_layer.items():
+    print(f"{c}: KL with one layer in the type, layers 0..{n_layers - 1}: " + ", ".join(f"{v:.2e}" for v in vals))
 path = plots.plot_lines(np.arange(n_layers), {"mean KL with one layer in the type (rest f16)": per_layer},
                         plots.figure_path("real_layers.png"), xlabel="layer", logy=True)
 display(Image(filename=str(path)))
