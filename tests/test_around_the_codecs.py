@@ -154,3 +154,49 @@ def test_threaded_encode_reports_the_first_bad_block_in_input_order(fmt):
     with pytest.raises(tbq.NonFiniteError) as e:
         tbq.quantize(x2, fmt, threads=2)
     assert e.value.block == 40
+
+
+# ---------------------------------------------------------------------------
+# tbq.kernels: the numba fp16 conversion the q4_1, q5, iq4_nl and planar/iso kernels store scales with
+# ---------------------------------------------------------------------------
+
+
+def _hard_fp16_inputs() -> np.ndarray:
+    """float32 patterns at every fp16 rounding decision: each midpoint between adjacent fp16 numbers
+    (normal and subnormal), one float32 ulp either side, the fp16 numbers themselves, and the
+    overflow and underflow edges."""
+    h = np.arange(0x7C00, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float64)  # +0 .. 65504
+    mids = (h[:-1] + h[1:]) / 2
+    mids = np.append(mids, (65504.0 + 65536.0) / 2)  # 65520: the tie with the next power of two
+    v = np.concatenate([h, mids, [2.0**-25, 2.0**-26, 3 * 2.0**-26]]).astype(np.float32)
+    v = np.concatenate([v, np.nextafter(v, np.float32(np.inf)), np.nextafter(v, np.float32(-np.inf))])
+    v = np.concatenate([v, np.float32([65536.0, 1e5, 3e38, np.inf])])
+    return np.concatenate([v, -v])
+
+
+def test_numba_fp16_conversion_rounds_every_tie_to_even():
+    """tbq.kernels.f32_to_f16_bits against IEEE round-to-nearest-even (NumPy's cast), at every tie.
+
+    A subsample is also checked against tests/naive.py's conversion by hand, so the
+    claim does not rest on NumPy alone.
+    """
+    import numba
+
+    import naive
+    from tbq.kernels import f32_to_f16_bits
+
+    @numba.njit(cache=False)
+    def convert(v):
+        out = np.empty(v.size, np.uint16)
+        for i in range(v.size):
+            out[i] = f32_to_f16_bits(v[i])
+        return out
+
+    v = _hard_fp16_inputs()
+    got = convert(v)
+    with np.errstate(over="ignore"):
+        want = v.astype(np.float16).view(np.uint16)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} values; first {v[bad[0]]!r}: {got[bad[0]]:#06x} != {want[bad[0]]:#06x}"
+    for i in range(0, v.size, 211):
+        assert got[i] == naive.fp16_bits(v[i]), v[i]
