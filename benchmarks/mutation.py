@@ -127,6 +127,29 @@ def run_mutant(m: Mutant, clone: Path, timeout: float) -> dict:
     return row
 
 
+def markdown(doc: dict) -> str:
+    """The summary and the per-package table of a results file (docs/robustness.md quotes them)."""
+    rows = doc["mutants"]
+    counts = doc["counts"]
+    lines = [
+        f"{len(rows)} mutants, {', '.join(f'{v} {k}' for k, v in sorted(counts.items()))}; "
+        f"wall time {doc['wall_seconds'] / 60:.1f} min with {doc['jobs']} at once on {doc['cores']} cores "
+        f"({doc['date']}, load average at the end {', '.join(f'{v:.1f}' for v in doc['load_average_end'] or [])}).",
+        "",
+        "| package | mutants | killed | not killed |",
+        "|---|---|---|---|",
+    ]
+    for pk in dict.fromkeys(r["package"] for r in rows):
+        mine = [r for r in rows if r["package"] == pk]
+        killed = sum(r["result"].startswith("killed") for r in mine)
+        rest = ", ".join(f"{r['name']} ({r['result']})" for r in mine if not r["result"].startswith("killed")) or "-"
+        lines.append(f"| {pk} | {len(mine)} | {killed} | {rest} |")
+    lines += ["", "| mutant | file | result | s | first failing test |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['file'].removeprefix('src/tbq/')} | {r['result']} | {r['seconds']:.0f} | {r.get('caught_by', '').removeprefix('FAILED ')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated mutant names")
@@ -137,7 +160,11 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own clone (default 1)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the tests")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--markdown", metavar="RESULTS_JSON", help="print the tables of docs/robustness.md from a results file and exit")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(Path(args.markdown).read_text())))
+        return 0
 
     names = [m.name for m in CATALOGUE]
     dup = sorted({n for n in names if names.count(n) > 1})
