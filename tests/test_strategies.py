@@ -310,10 +310,8 @@ def test_gaussian_and_heavy_tail_families_have_their_tails(fmt):
         z = np.concatenate([(x / np.sqrt(np.mean(x.astype(np.float64) ** 2))) for x in draws if np.any(x)])
         return float(np.mean(z**4) / np.mean(z**2) ** 2)
 
-    g = _one(fmt, "gaussian", 60)
-    assert 2.5 <= pooled_kurtosis(g) <= 3.6
-    for x in g:  # scale a power of two: no value beyond 8 sigma of N(0, rms^2) in a block of 32
-        assert np.abs(x).max() <= 8 * np.sqrt(np.mean(x.astype(np.float64) ** 2))
+    # (a per-block bound on max|x| / RMS could not fail: it is at most sqrt(32) for any block of 32)
+    assert 2.5 <= pooled_kurtosis(_one(fmt, "gaussian", 60)) <= 3.6
     assert pooled_kurtosis(_one(fmt, "heavy_tail", 60)) >= 6.0
 
 
