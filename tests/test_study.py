@@ -2,6 +2,8 @@
 
 import math
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -207,10 +209,24 @@ def test_compare_cli_attention_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plots_write_pngs(tmp_path):
+def _drawn(fig):
+    """What a figure shows, per visible axes: title, labels, scales, named lines, bar/patch count."""
+    out = []
+    for ax in fig.axes:
+        if ax.get_visible():
+            lines = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+            out.append((ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(), ax.get_yscale(), lines, len(ax.patches)))
+    return out
+
+
+def test_plots_write_pngs(tmp_path, monkeypatch):
+    """Every plot writes a PNG, and draws what it is given: panels, series, labels and the data itself."""
     pytest.importorskip("matplotlib")
     from tbq import plots
 
+    figs = {}
+    save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(Path(path).name, fig) and save(fig, path))
     cb = {"a": study.get_quantizer("tbq3_0").codec.codebook, "b": study.get_quantizer("tbq3_0:turboq-mtp").codec.codebook}
     paths = [
         plots.plot_rate_distortion(
@@ -244,6 +260,31 @@ def test_plots_write_pngs(tmp_path):
     ]
     for p in paths:
         assert p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG"
+    assert set(figs) == {p.name for p in paths}
+    bounds = ["Shannon lower bound $4^{-b}$", "upper bound $(\\sqrt{3}\\pi/2)\\,4^{-b}$", "Gaussian Lloyd-Max"]
+    assert _drawn(figs["rd.png"])[:2] == [
+        ("g", "", "NMSE", "linear", "log", bounds + ["rlm", "tbq4_0"], 0),
+        ("", "bits per value (storage, including scales)", "NMSE / 4^-b", "linear", "log", bounds + ["rlm", "tbq4_0"], 0),
+    ]
+    rlm = next(ln for ln in figs["rd.png"].axes[0].get_lines() if ln.get_label() == "rlm")
+    assert list(rlm.get_xdata()) == [3.125, 4.125] and list(rlm.get_ydata()) == [0.034, 0.0095]
+    assert _drawn(figs["lines.png"]) == [("p", "", "", "log", "log", ["a"], 0), ("q", "", "", "log", "log", ["a"], 0)]
+    assert [list(ax.get_lines()[0].get_ydata()) for ax in figs["lines.png"].axes[:2]] == [[1, 2, 3], [3, 2, 1]]
+    bars = figs["bars.png"].axes[0]
+    assert [b.get_height() for b in bars.patches] == [1.0, 2.0] and list(bars.get_lines()[0].get_ydata()) == [1.5, 1.5]
+    assert _drawn(figs["bars.png"]) == [("p", "", "", "linear", "log", ["ref"], 2)]
+    assert [t[:3] for t in _drawn(figs["rot.png"])] == [
+        ("one block, per coordinate", "channel", "value / block RMS"),
+        ("histogram of the block", "value / block RMS", ""),
+        ("peak-to-RMS over all blocks", "max|x| / RMS per block", "blocks"),
+    ]
+    assert _drawn(figs["rot.png"])[0][5] == ["before", "after rotation"]
+    assert [t[0] for t in _drawn(figs["fm.png"])] == ["g", "o", "", ""]
+    assert all(t[5] == ["q4_0 (grid)", "tbq4_0 (rotation)", "f16"] for t in _drawn(figs["fm.png"]))
+    assert _drawn(figs["h.png"]) == [("h", "index", "fraction of coordinates", "linear", "linear", [], 6)]
+    assert [t[0] for t in _drawn(figs["cb.png"])] == ["3 bits"] and len(figs["cb.png"].axes[0].collections) == 5
+    assert [t[0] for t in _drawn(figs["rb.png"])] == ["a", "b", "d"]
+    assert [t[0] for t in _drawn(figs["vt.png"])] == ["t"] and len(figs["vt.png"].axes[0].collections) == 2
 
 
 def test_plots_module_does_not_import_matplotlib():
@@ -274,14 +315,26 @@ def test_rate_distortion_rows_cover_every_format_and_match_direct_computation():
     x = synthetic.keys_with_outliers(64, 2, seed=6)
     rows = study.rate_distortion_rows({"k": x}, n_queries=4, topk=4, seed=9)
     assert [r["name"] for r in rows] == list(tbq.formats())
-    q = metrics.random_queries(4, 128, 2, seed=9)
-    for r in rows:
+    q = metrics.random_queries(4, 128, 2, seed=9).astype(np.float64)  # the seeded queries (data, not a metric)
+    x64 = x.astype(np.float64)
+    za = np.einsum("qhd,thd->hqt", q, x64) / math.sqrt(128)  # exact logits, (head, query, token)
+    for r in rows:  # every metric recomputed here from its definition, not with tbq.metrics
         c = tbq.get_codec(r["name"])
-        y = c.decode(c.encode(x))
+        y = c.decode(c.encode(x)).astype(np.float64)
         assert r["bits_per_value"] == tbq.format_info(r["name"]).bits_per_value
-        assert r["nmse"] == metrics.nmse(x, y) and r["snr_db"] == pytest.approx(metrics.snr_db(x, y))
-        att = metrics.attention_error(q, x, None, y, topk=4)
-        assert (r["logit_rmse"], r["kl_mean"], r["topk_agreement"]) == (att["logit_rmse"], att["kl_mean"], att["topk_agreement"])
+        nmse = float(np.sum((y - x64) ** 2) / np.sum(x64**2))
+        assert r["nmse"] == pytest.approx(nmse, rel=1e-12) and r["snr_db"] == pytest.approx(-10 * math.log10(nmse), rel=1e-12)
+        zb = np.einsum("qhd,thd->hqt", q, y) / math.sqrt(128)
+        la = za - za.max(-1, keepdims=True)
+        la -= np.log(np.exp(la).sum(-1, keepdims=True))
+        lb = zb - zb.max(-1, keepdims=True)
+        lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
+        kl = np.maximum(np.sum(np.exp(la) * (la - lb), axis=-1), 0.0)
+        top = [len(set(np.argsort(-za[h, i], kind="stable")[:4]) & set(np.argsort(-zb[h, i], kind="stable")[:4])) / 4
+               for h in range(2) for i in range(4)]
+        assert r["logit_rmse"] == pytest.approx(math.sqrt(np.mean((zb - za) ** 2)), rel=1e-9, abs=1e-15)
+        assert r["kl_mean"] == pytest.approx(float(kl.mean()), rel=1e-6, abs=1e-15)
+        assert r["topk_agreement"] == pytest.approx(float(np.mean(top)), abs=1e-12)
     by = {r["name"]: r for r in rows}
     # round to nearest: relative error <= 2^-11 (f16) and 2^-8 (bf16) per value, so NMSE <= their squares
     assert by["f16"]["nmse"] <= 2.0**-22 and by["bf16"]["nmse"] <= 2.0**-16
