@@ -121,6 +121,19 @@ for (bits, book, role), r in tables.items():
     print(f"{bits} {book:<10} in {role}: KL {r.kl_mean:.2e}  dPPL {r.delta_ppl_pct:+.3f} %  top-1 {r.top1:.3f}")
 
 # %% [markdown]
+# What the fork itself does with these types on its CPU build, reproduced by
+# the `llama.cpp-fork` engine (`@fork`): a tbq4_0/tbq3_0 K cache at head_dim
+# 128 gets no q8_K block for Q, so every attention score is 0, and tbq3_0
+# rows are packed by the buggy 3-bit packer (docs/eval.md holds the same
+# figures against `llama-perplexity`).
+
+# %%
+fork = evaluate(model, tokens, ["tbq4_0", "tbq4_0@fork", "tbq3_0", "tbq3_0@fork", "f16:tbq3_0@fork"],
+                context=CONTEXT, chunks=CHUNKS)
+for r in fork.rows[1:]:
+    print(f"{r.cache:<22} PPL {r.ppl:9.3f}  KL {r.kl_mean:.2e}  top-1 {r.top1:.3f}")
+
+# %% [markdown]
 # ## 2. Does the synthetic ranking hold?
 #
 # The synthetic study ranks formats by attention KL on keys with outlier
