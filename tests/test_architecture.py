@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tbq"
 
 #: The layers of docs/architecture.md, bottom first. A module may import from its own layer or below.
 LAYERS = [
-    {"errors", "backend", "half", "progress", "units"},
+    {"errors", "backend", "half", "progress", "units", "parallel"},
     {"packing", "reference", "kernels", "packing_kernels"},
     {"rotation", "codebooks"},
     {"formats"},

@@ -71,12 +71,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .codebooks import Codebook
-from .codecs import Codec, _default_threads, _executor, codec_from, get_codec
+from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
 from .formats import FORMATS, format_info, formats
 from .formats.q4_0 import Q4_0 as _Q4_0Format
 from .formats.q8_0 import Q8_0 as _Q8_0Format
 from .half import f16_table
+from .parallel import default_threads, run_groups
 from .rotation import RandomizedHadamard
 
 __all__ = [
@@ -557,7 +558,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
         qr = np.ascontiguousarray(kfmt.rotation.forward(qo.reshape(G, R, dim // 128, 128)).reshape(G, R, dim), np.float32)
     else:
         qr = qo
-    n_threads = threads if threads is not None else _default_threads()
+    n_threads = threads if threads is not None else default_threads()
     tasks = []  # (K operand, V operand, first KV head, end KV head, first token, end token)
     if T:
         kop, vop = _kernel_operand(k, kn, n_sink), _kernel_operand(v, kn, n_sink)
@@ -585,13 +586,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
             (kk, kd, kdn, kp, kts), (vk, vd, vdn, vp, vts), g0, g1, t0, t1 = tasks[i]
             kn.attend(qr, qo, sc, kk, kd, kdn, kp, kts, vk, vd, vdn, vp, vts, f16, g0, g1, t0, t1, kn.CHUNK, m[i], l[i], accr[i], acco[i])
 
-    groups = np.array_split(np.arange(n), max(1, min(n_threads, n)))
-    futures = [_executor().submit(run, ids) for ids in groups[1:]]
-    try:
-        run(groups[0])
-    finally:  # never return while workers still write
-        for f in futures:
-            f.result()
+    run_groups(n, n_threads, run)  # returns only when every worker finished writing
     # merge the partial softmax sums of each query head (float64: a handful of terms)
     M = np.full((G, R), -np.inf)
     for i, t in enumerate(tasks):

@@ -4,7 +4,7 @@ A codec is a format (:mod:`tbq.formats`) with execution settings. Its
 configuration is plain JSON data (the numcodecs pattern):
 ``get_codec(name, **config)`` builds one, ``codec.get_config()`` returns the
 dict (including ``name``) and ``codec_from_config(config)`` rebuilds an equal
-codec. This module validates, chunks, runs threads and checks ``out=``; the
+codec. This module validates, chunks (threads: :mod:`tbq.parallel`) and checks ``out=``; the
 arithmetic is the format's (NumPy reference or numba kernels, byte-identical)
 and is reached without ever branching on the format's name.
 
@@ -15,12 +15,8 @@ multiple of the block size encodes to uint8 of shape
 
 from __future__ import annotations
 
-import os
-import concurrent.futures
 import dataclasses
-import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -34,6 +30,7 @@ from .errors import (
     TbqValueError,
 )
 from .formats import FORMATS, Format, FormatInfo, format_class, format_info
+from .parallel import default_threads, fork_safe_lock, run_chunks
 
 __all__ = [
     "Codec",
@@ -70,17 +67,10 @@ NUMPY_CHUNK_VALUES = 1 << 15
 #: ten times cheaper per value than encoding, so its minimum is larger.
 MIN_CHUNK_VALUES = {"encode": 1 << 17, "decode": 1 << 20}
 #: Calls up to this many values are a single chunk on one thread whatever the
-#: settings (see ``_run_chunks``), so a C-contiguous input takes the short path.
+#: settings (see ``Codec.encode``), so a C-contiguous input takes the short path.
 _FAST_VALUES = {k: min(v, CHUNK_VALUES) for k, v in MIN_CHUNK_VALUES.items()}
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
-
-def _default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
-
 
 # ---------------------------------------------------------------------------
 # Caches of data-independent work: format instances and the shortcuts' codecs
@@ -137,12 +127,15 @@ def _private_copy(v):
 
 
 class _LRU:
-    """A small thread-safe least-recently-used map (building twice in a race is harmless)."""
+    """A small thread-safe least-recently-used map (building twice in a race is harmless).
+
+    Its lock is rebuilt in a forked child (:func:`tbq.parallel.fork_safe_lock`).
+    """
 
     def __init__(self, size: int):
         self.size = size
         self.data: OrderedDict = OrderedDict()
-        self.lock = threading.Lock()
+        self.lock = fork_safe_lock()
 
     def get(self, key):
         with self.lock:
@@ -193,55 +186,6 @@ def clear_caches() -> None:
     """Forget the cached formats and codecs (they are rebuilt on the next call; results never change)."""
     _FORMAT_CACHE.clear()
     _CODEC_CACHE.clear()
-
-
-_pool_lock = threading.Lock()
-_pool: list = []
-
-
-def _executor() -> ThreadPoolExecutor:
-    with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max_workers=max(2, 2 * _default_threads()), thread_name_prefix="tbq"))
-        return _pool[0]
-
-
-def _run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1):
-    """Call ``fn(start, stop)`` over ``[0, n_items)`` in chunks; ``threads`` contiguous groups.
-
-    Returns the results in chunk order. Each group runs its chunks in order, so
-    the first error (by position) is the first non-None result.
-    """
-    if threads > 1:  # give every thread work on mid-sized arrays too
-        chunk = min(chunk, max(min_chunk, -(-n_items // threads)))
-    bounds = [(s, min(s + chunk, n_items)) for s in range(0, n_items, chunk)]
-    if threads <= 1 or len(bounds) <= 1:
-        results = []
-        for s, e in bounds:
-            r = fn(s, e)
-            results.append(r)
-            if r is not None:
-                break
-        return results
-    groups = np.array_split(np.arange(len(bounds)), min(threads, len(bounds)))
-
-    def run_group(ids):
-        out = []
-        for i in ids:
-            r = fn(*bounds[i])
-            out.append(r)
-            if r is not None:
-                break
-        return out
-
-    futures = [_executor().submit(run_group, g) for g in groups[1:]]
-    try:
-        results = run_group(groups[0])
-    finally:  # never return (or raise) while workers still write into the output
-        concurrent.futures.wait(futures)
-    for f in futures:
-        results.extend(f.result())
-    return results
 
 
 class _Blocks:
@@ -387,7 +331,7 @@ class Codec:
 
     # -- encode --
     def _n_threads(self) -> int:
-        return self.threads if self.threads is not None else _default_threads()
+        return self.threads if self.threads is not None else default_threads()
 
     def encode(self, x, out=None) -> np.ndarray:
         """Encode float values to bytes.
@@ -462,7 +406,7 @@ class Codec:
         threads = self._n_threads() if self.backend == "numba" else 1
         n_units = nblocks // unit if unit else 0
         min_units = max(1, MIN_CHUNK_VALUES["encode"] // (bs * unit))
-        for r in _run_chunks(n_units, chunk, threads, work, min_units):
+        for r in run_chunks(n_units, chunk, threads, work, min_units):
             if r is not None:
                 self._raise_encode_error(src, *r)
         return out
@@ -522,7 +466,7 @@ class Codec:
                     out2[s:e] = fmt.reference_decode(src.get(s, e))
 
         threads = self._n_threads() if self.backend == "numba" else 1
-        _run_chunks(src.n, chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
+        run_chunks(src.n, chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
         return out
 
 
