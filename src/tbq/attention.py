@@ -73,7 +73,7 @@ import numpy as np
 from .codebooks import Codebook
 from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
-from .formats import FORMATS, format_info, formats
+from .formats import FORMATS, format_info, format_name, formats
 from .formats.q4_0 import Q4_0 as _Q4_0Format
 from .formats.q8_0 import Q8_0 as _Q8_0Format
 from .half import f16_table
@@ -155,6 +155,7 @@ class KVCache:
     sink_format: str = "f16"
 
     def __post_init__(self):
+        object.__setattr__(self, "fmt", format_name(self.fmt))  # frozen: the canonical name
         info = format_info(self.fmt)
         if self.sink_format not in SINK_FORMATS:
             raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {self.sink_format!r}")

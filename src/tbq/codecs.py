@@ -29,7 +29,7 @@ from .errors import (
     TbqTypeError,
     TbqValueError,
 )
-from .formats import FORMATS, Format, FormatInfo, format_class, format_info
+from .formats import FORMATS, Format, FormatInfo, format_class, format_info, format_name
 from .parallel import default_threads, fork_safe_lock, run_chunks
 
 __all__ = [
@@ -265,11 +265,11 @@ class Codec:
 
     def __init__(self, fmt: str | None = None, *, backend=None, threads=None, on_overflow="raise", **format_options):
         if fmt is not None and fmt != self.name:
-            if self.name:
+            canonical = format_name(fmt)
+            if self.name and canonical != self.name:
                 raise ConfigError(f"{type(self).__name__} is the {self.name} codec, not {fmt!r}")
-            format_info(fmt)
-            self.name = fmt
-            self.info = FORMATS[fmt]
+            self.name = canonical
+            self.info = FORMATS[canonical]
         if not self.name:
             raise ConfigError("Codec needs a format name, e.g. Codec('q8_0')")
         #: the :class:`tbq.formats.Format` with this codec's format options
@@ -529,6 +529,7 @@ def codec_class(name: str) -> type:
     >>> codec_class("q8_0")(backend="numpy")
     Q8_0(backend='numpy', threads=None, on_overflow='raise')
     """
+    name = format_name(name)
     if name not in _CLASSES:
         info = format_info(name)
         doc = f"{info.description}.\n\n{format_class(name).__doc__ or ''}\n\n{Codec.__doc__}"
@@ -578,8 +579,9 @@ def codec_from(fmt: str, config: dict | None = None, **settings) -> Codec:
     TBQ4_0(codebook='lloyd-max', signs=7, backend='numpy', threads=None, on_overflow='raise')
     """
     cfg = dict(config or {})
+    fmt = format_name(fmt)
     name = cfg.pop("name", fmt)
-    if name != fmt:
+    if format_name(name) != fmt:
         raise ConfigError(f"the config is for {name!r}, not {fmt!r}")
     for key in ("backend", "threads"):
         cfg.pop(key, None)

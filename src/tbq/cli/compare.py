@@ -13,7 +13,7 @@ import numpy as np
 from . import check_figure_file, int_at_least
 from ..compare import HEAD_DIM, check_array, compare, format_table, kernels_cached, to_records, tokens_of, warm_up
 from ..errors import ScaleOverflowError, TbqValueError
-from ..formats import format_info, formats
+from ..formats import format_info, format_name, formats
 
 DEFAULT_TOPK = 8
 
@@ -163,17 +163,17 @@ def run_cli(args) -> int:
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
 
-    fmts = list(dict.fromkeys(f.strip() for f in args.formats.split(",") if f.strip()))
-    if not fmts:
+    names = [f.strip() for f in args.formats.split(",") if f.strip()]
+    if not names:
         raise TbqValueError(f"--formats: no format given; choose from {', '.join(formats())}")
+    try:
+        fmts = list(dict.fromkeys(format_name(f) for f in names))  # the naming rule: any case
+    except TbqValueError as exc:
+        raise TbqValueError(f"--formats: {exc}") from None
     signs = int(args.signs) if args.signs.lstrip("-").isdigit() else args.signs
     config = {"codebook": args.codebook, "signs": signs, "backend": args.backend, "on_overflow": args.on_overflow}
     codecs = {}
     for fmt in fmts:  # every configuration error before any work
-        try:
-            format_info(fmt)
-        except TbqValueError as exc:
-            raise TbqValueError(f"--formats: {exc}") from None
         cfg = {k: v for k, v in config.items() if fmt.startswith("tbq") or k not in ("codebook", "signs")}
         try:
             codecs[fmt] = get_codec(fmt, **cfg)
