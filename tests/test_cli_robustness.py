@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+import tbq.golden  # noqa: F401 (sys.modules['tbq.golden.generate'])
 from tbq import cli
 
 
@@ -118,6 +119,121 @@ CASES = [
     ([], "give a command"),
     (["nope"], "invalid choice: 'nope'"),
 ]
+
+
+# --------------------------------------------------------------------------- every numeric flag: huge, negative, NaN, zero
+
+EXEC = ["--exec", "prog {in} {out}", "--only", "quantize"]
+#: (command argv before the flag, flag, unit appended to the number for sizes/rates, values where the number is valid)
+NUMERIC_FLAGS = [
+    (["compare"], "--repeat", "", ()),
+    (["compare"], "--queries", "", ()),
+    (["compare"], "--topk", "", ()),
+    (["compare"], "--seed", "", ("0",)),
+    (["budget", "--values-per-token", "1e5"], "--sequences", "", ()),
+    (["budget", "--values-per-token", "1e5"], "--contexts", "", ()),
+    (["budget", "--values-per-token", "1e5"], "--contexts", "K", ()),
+    (["budget"], "--values-per-token", "", ()),
+    (["budget"], "--measured", "MiB@262144:tbq4_0", ()),
+    (["budget", "--kv-heads", "8", "--head-dim", "128"], "--layers", "", ()),
+    (["budget", "--layers", "8", "--head-dim", "128"], "--kv-heads", "", ()),
+    (["budget", "--layers", "8", "--kv-heads", "8"], "--head-dim", "", ()),
+    (["budget", "--values-per-token", "1e5", "--weights", "1GB"], "--vram", "GB", ("0", "1e-400")),  # rounds to 0 bytes
+    (["budget", "--values-per-token", "1e5", "--vram", "32GB"], "--weights", "GB", ("0", "1e-400")),
+    (["budget", "--values-per-token", "1e5", "--vram", "32GB", "--weights", "1GB"], "--workspace", "GiB", ("0", "1e-400")),
+    (["budget", "--values-per-token", "1e5", "--bandwidth", "1TB/s"], "--weights-traffic", "GB", ("0", "1e-400")),
+    (["budget", "--values-per-token", "1e5", "--weights", "1GB"], "--bandwidth", "GB/s", ()),
+    (["budget", "--values-per-token", "1e5"], "--vram", "", ()),  # no unit at all: refused for every number
+    (["golden", "--out", "{d}/g"], "--rows-per-family", "", ()),
+    (["golden", "--out", "{d}/g"], "--seed", "", ("0", "99999999999999999999999999999999999999")),  # any size of seed
+    (["golden", "--out", "{d}/g"], "--fragile-ulps", "", ("0",)),
+    (["golden", "--out", "{d}/g"], "--ulp-floor", "", ("0", "1e-400")),  # 1e-400 is 0.0 as a float
+    (["golden", "--out", "{d}/g", "--attention"], "--tokens", "", ()),
+    (["golden", "--out", "{d}/g", "--attention"], "--heads", "", ()),
+    (["golden", "--out", "{d}/g", "--attention"], "--kv-heads", "", ()),
+    (["golden", "--out", "{d}/g", "--attention"], "--n-sink", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--timeout", "", ()),
+    (["check", "--format", "q8_0", *EXEC], "--blocks", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--examples", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--seconds", "", ()),
+    (["check", "--format", "q8_0", *EXEC], "--seed", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--fragile-ulps", "", ("0",)),
+]
+NUMBERS = ("1e400", "-1", "nan", "0", "inf", "-inf", "1e-400", "99999999999999999999999999999999999999", "abc")
+
+
+def _numeric_cases():
+    for base, flag, unit, valid in NUMERIC_FLAGS:
+        for number in NUMBERS:
+            if number in valid:
+                continue
+            yield pytest.param(base + [flag, number + unit], flag, id=f"{base[0]} {flag} {number}{unit}")
+
+
+@pytest.mark.parametrize("argv, flag", list(_numeric_cases()))
+def test_every_numeric_flag_refuses_bad_numbers_in_one_line(files, capsys, argv, flag, monkeypatch):
+    """Huge, tiny, negative, NaN, infinite and non-numbers: a one-line error naming the flag, before any work."""
+    import tbq.cli.compare
+
+    def boom(*a, **k):
+        raise AssertionError("the work started although an argument was bad")
+
+    monkeypatch.setattr(tbq.cli.compare, "compare", boom)
+    monkeypatch.setattr(sys.modules["tbq.golden.generate"], "make_inputs", boom)
+    rc = cli.main(_argv(argv, files))
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, "error")
+    dest = flag.lstrip("-").replace("-", "_")
+    # the message names the flag (or, for the library's checks of golden's numbers, the parameter)
+    names = {flag, dest, dest.replace("_", " "), "n_head" if flag == "--heads" else flag, "n_head_kv" if flag == "--kv-heads" else flag,
+             "fragility margin" if flag == "--fragile-ulps" else flag, "ulp_floor" if flag == "--ulp-floor" else flag,
+             "rows per family" if flag == "--rows-per-family" else flag}
+    assert any(n in err for n in names), err
+    assert "np.float" not in err and "np.int" not in err  # no NumPy reprs in messages
+    assert not (files / "g").exists()
+
+
+def test_there_is_a_numeric_case_for_every_numeric_flag():
+    parser = cli.build_parser()
+    numeric = set()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
+            t = getattr(action, "type", None)
+            if t is int or t is float or getattr(t, "__name__", "").startswith(("integer", "number", "_positive")):
+                numeric.add((name, next(o for o in action.option_strings if o.startswith("--"))))
+    covered = {(base[0], flag) for base, flag, _, _ in NUMERIC_FLAGS}
+    assert numeric <= covered, numeric - covered
+
+
+# --------------------------------------------------------------------------- work too large for memory: refused first
+
+BIG = [
+    (["check", "--format", "q8_0", *EXEC, "--blocks", "100000000000", "--out", "{d}/ck"], "--blocks 100,000,000,000"),
+    (["golden", "--out", "{d}/g", "--rows-per-family", "100000000"], "100,000,000 rows per family"),
+    (["golden", "--out", "{d}/g", "--attention", "--tokens", "100000000"], "100,000,000 tokens"),
+    (["golden", "--out", "{d}/g", "--from-manifest", "{d}/huge_manifest.json"], "huge_manifest.json"),
+]
+
+
+@pytest.mark.parametrize("argv, needle", BIG, ids=[" ".join(a[:1] + a[-2:]) for a, _ in BIG])
+def test_work_that_cannot_fit_is_refused_before_it_starts(files, capsys, argv, needle, monkeypatch):
+    import json
+
+    manifest = {"kind": "tbq-golden-format", "format": "q8_0", "arrays": {"input": {"sha256": "0" * 64}},
+                "generator": {"rows_per_family": 10**12, "seed": 0, "families": [{"name": "gaussian", "seed": 1}]}}
+    (files / "huge_manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr("tbq.parallel.memory_available", lambda: 8 * 2**30)  # the same answer on any machine
+
+    def boom(*a, **k):
+        raise AssertionError("the work started although it cannot fit")
+
+    monkeypatch.setattr(sys.modules["tbq.golden.generate"], "make_inputs", boom)
+    monkeypatch.setattr(sys.modules["tbq.golden.generate"], "build_format", boom)
+    rc = cli.main(_argv(argv, files))
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, needle)
+    assert "needs about" in err and "8.00 GiB are available" in err and "nothing was computed or written" in err
+    assert not (files / "g").exists() and not (files / "ck").exists()
 
 
 def _argv(argv, d):

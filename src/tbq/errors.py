@@ -16,6 +16,7 @@ __all__ = [
     "ScaleOverflowError",
     "EncodedLengthError",
     "ConfigError",
+    "MemoryLimitError",
 ]
 
 
@@ -61,3 +62,15 @@ class ScaleOverflowError(TbqValueError):
 
 class ConfigError(TbqValueError):
     """An invalid codec configuration: unknown format, bad codebook, bad sign vectors."""
+
+
+class MemoryLimitError(TbqValueError):
+    """Work whose memory is known in advance would not fit in the memory available; refused before it starts.
+
+    ``needed`` and ``available`` are in bytes.
+    """
+
+    def __init__(self, message: str, needed: int | None = None, available: int | None = None):
+        super().__init__(message)
+        self.needed = needed
+        self.available = available

@@ -1,4 +1,4 @@
-"""Threads for tbq's work: the default thread count, the shared executor, chunk planning.
+"""Threads and memory for tbq's work: the default thread count, the shared executor, chunk plans, the memory check.
 
 Every multi-threaded call of tbq (the codecs' chunks, the fused attention
 kernel's tasks) runs here. The process-global state (the executor and its
@@ -22,7 +22,19 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["default_threads", "executor", "plan_chunks", "run_chunks", "run_groups", "fork_safe_lock", "after_fork_in_child"]
+from .errors import MemoryLimitError
+
+__all__ = [
+    "default_threads",
+    "executor",
+    "plan_chunks",
+    "run_chunks",
+    "run_groups",
+    "fork_safe_lock",
+    "after_fork_in_child",
+    "memory_available",
+    "require_memory",
+]
 
 
 def default_threads() -> int:
@@ -176,3 +188,67 @@ def run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1) -
 
     run_groups(len(groups), len(groups), run)
     return [r for out in outs for r in out]
+
+
+# ---------------------------------------------------------------------------
+# Memory: work whose size is known is refused before it starts if it cannot fit
+# ---------------------------------------------------------------------------
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def memory_available() -> int | None:
+    """Bytes this process can still allocate: the kernel's ``MemAvailable``, less under a cgroup limit; None if unknown.
+
+    >>> m = memory_available(); m is None or m > 0
+    True
+    """
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        avail = None
+    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
+    if limit is not None and used is not None:
+        room = max(0, limit - used)
+        avail = room if avail is None else min(avail, room)
+    return avail
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def require_memory(needed: int, what: str) -> None:
+    """Raise :class:`~tbq.errors.MemoryLimitError` when ``needed`` bytes exceed :func:`memory_available`.
+
+    ``what`` names the work and the setting that decides its size, e.g.
+    ``"--rows-per-family 100000000"``. Nothing happens when the available
+    memory is unknown (not on Linux).
+
+    >>> require_memory(1, "one byte")
+    >>> require_memory(2**70, "a zebibyte")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tbq.errors.MemoryLimitError: a zebibyte needs about ... of memory, and ... are available; ...
+    """
+    needed = int(needed)
+    avail = memory_available()
+    if avail is not None and needed > avail:
+        raise MemoryLimitError(
+            f"{what} needs about {_gib(needed)} of memory, and {_gib(avail)} are available; "
+            "nothing was computed or written: ask for less",
+            needed=needed,
+            available=avail,
+        )

@@ -20,9 +20,11 @@ from ..golden import (
     check_out_dir,
     generate,
     load_manifest,
+    manifest_memory,
     regenerate,
     write_set,
 )
+from ..parallel import require_memory
 from ..progress import Progress
 
 PROGRESS_LABEL = "tbq golden"
@@ -84,6 +86,7 @@ def _from_manifests(args, enabled) -> Summary:
         if not isinstance(arrays, dict) or not all(isinstance(v, dict) and "sha256" in v for v in arrays.values()):
             raise TbqValueError(f"{mp}: not a tbq golden manifest (no SHA-256 per array)")
         wanted.append({k: v["sha256"] for k, v in arrays.items()})
+        require_memory(manifest_memory(mp), f"--from-manifest {mp}")
     rows, att, paths = [], [], []
     with Progress(len(wanted), PROGRESS_LABEL, enabled=enabled) as bar:
         for mp, want in zip(args.from_manifest, wanted):
