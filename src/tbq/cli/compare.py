@@ -11,7 +11,18 @@ import zipfile
 import numpy as np
 
 from . import check_figure_file, int_at_least
-from ..compare import HEAD_DIM, check_array, compare, format_table, kernels_cached, to_records, tokens_of, warm_up
+from ..compare import (
+    check_array,
+    compare,
+    format_table,
+    kernels_cached,
+    kv_geometry,
+    tiling_message,
+    to_records,
+    tokens_of,
+    untileable,
+    warm_up,
+)
 from ..errors import ScaleOverflowError, TbqValueError
 from ..formats import format_info, format_name, formats
 
@@ -22,8 +33,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "file",
         nargs="?",
-        help=".npy or .npz file of keys or values, shape (tokens, ..., n x 128), float16/32/64; "
-        "default: the built-in synthetic keys and values",
+        help=".npy or .npz file of keys or values, shape (tokens, kv_heads, head_dim) with any head_dim "
+        "(2-D: one head per token), float16/32/64; default: the built-in synthetic keys and values",
     )
     d = p.add_argument_group("data")
     d.add_argument("--role", choices=("keys", "values"), default=None,
@@ -32,7 +43,8 @@ def add_arguments(p) -> None:
     d.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed of the built-in data set and of the random queries")
     c = p.add_argument_group("codecs")
-    c.add_argument("--formats", default=",".join(formats()), help="comma-separated formats")
+    c.add_argument("--formats", default=None,
+                   help="comma-separated formats, any case (default: every format whose blocks tile the rows)")
     c.add_argument("--codebook", default="lloyd-max", help="TBQ codebook: lloyd-max or turboq-mtp")
     c.add_argument("--signs", default="turboq-mtp", help="TBQ sign tables: turboq-mtp or an integer seed")
     c.add_argument("--backend", default=None, choices=("numba", "numpy"),
@@ -112,11 +124,14 @@ def _load(args) -> tuple[dict, dict, list[str]]:
         arr = check_array(label, arr)  # before any work: dtype, shape, empty
     except MemoryError:
         raise TbqValueError(f"{label}: not enough memory to convert the array to float32") from None
-    tokens, heads = tokens_of(arr), arr.size // tokens_of(arr) // HEAD_DIM
-    info = {"source": args.file, "array": name, "role": role, "shape": list(arr.shape), "tokens": tokens, "heads": heads}
+    tokens, heads, head_dim = kv_geometry(arr)
+    info = {"source": args.file, "array": name, "role": role, "shape": list(arr.shape), "tokens": tokens, "heads": heads,
+            "head_dim": head_dim}
     header = [
         f"{label}: shape {arr.shape}, read as {role} (--role): {tokens} token{'s' if tokens != 1 else ''} "
-        f"(axis 0) x {heads} head{'s' if heads != 1 else ''} of {HEAD_DIM} values"
+        f"(axis 0) x {heads} KV head{'s' if heads != 1 else ''} x head_dim {head_dim}",
+        f"each token's row of {heads} x {head_dim} = {heads * head_dim} values is quantized in blocks along the row, "
+        "as llama.cpp does (ggml types: blocks within a head; tbq4_0/tbq3_0: along the row)",
     ]
     return {role: arr}, info, header
 
@@ -127,7 +142,7 @@ def _legend(rows: list[dict], args, topk: int, wide: bool, width: int = 100) -> 
     items = [
         "bits: storage bits per value, scales included. NMSE: |x - x^|^2 / |x|^2; SNR dB: -10 log10 NMSE.",
         f"attention: {args.queries} random N(0,1) queries per head (seed {args.seed}). {logit}: RMS error of the "
-        f"logits q.k/sqrt({HEAD_DIM}); {kl}: mean softmax KL(p || p^) in nats; top-{topk}: share of the exact "
+        f"logits q.k/sqrt(head_dim); {kl}: mean softmax KL(p || p^) in nats; top-{topk}: share of the exact "
         f"top-{topk} tokens kept. Keys only: values do not enter the logits, so these show - for values.",
         "out NMSE: error of the attention output with only this tensor quantized and the other one exact"
         + (
@@ -163,7 +178,8 @@ def run_cli(args) -> int:
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
 
-    names = [f.strip() for f in args.formats.split(",") if f.strip()]
+    named = args.formats is not None
+    names = [f.strip() for f in args.formats.split(",") if f.strip()] if named else list(formats())
     if not names:
         raise TbqValueError(f"--formats: no format given; choose from {', '.join(formats())}")
     try:
@@ -185,6 +201,18 @@ def run_cli(args) -> int:
         check_figure_file(args.plot, "--plot")
 
     data, info, header = _load(args)
+    for x in data.values():  # which formats can tile the rows: refuse a named one, leave out a default one
+        _, heads, head_dim = kv_geometry(x)
+        bad = untileable(fmts, heads, head_dim)
+        if bad and named:
+            raise TbqValueError(f"--formats: {tiling_message(bad, heads, head_dim)}; leave them out of --formats")
+        if bad:
+            header.append(f"left out: {tiling_message(bad, heads, head_dim)}")
+            info["skipped"] = bad
+            fmts = [f for f in fmts if f not in bad]
+            codecs = {f: c for f, c in codecs.items() if f not in bad}
+    if not fmts:
+        raise TbqValueError("no format can tile these rows; see docs/formats.md (how a KV cache row is tiled)")
     tokens = min(tokens_of(x) for x in data.values())
     if args.topk is not None and args.topk > tokens:
         raise TbqValueError(
@@ -195,7 +223,7 @@ def run_cli(args) -> int:
     show = False if args.quiet else None  # None: only when stderr is a terminal
     out = sys.stderr if args.json else sys.stdout
     if not args.json:
-        print("\n".join(header), flush=True)
+        print("\n".join(w for line in header for w in textwrap.wrap(line, 99, subsequent_indent="  ")), flush=True)
     # The first run in a fresh environment compiles the numba kernels: say so at once, and
     # compile on every core (helper processes fill numba's on-disk cache in parallel).
     numba_fmts = [f for f, c in codecs.items() if c.backend == "numba"]
