@@ -21,7 +21,7 @@ LAYERS = [
     {"formats"},
     {"codecs"},
     {"golden", "attention", "attention_kernels", "metrics", "study", "budget", "numcodecs", "dask", "testing", "compare", "synthetic", "plots", "check", "hf"},
-    {"cli"},
+    {"cli", "__main__"},
 ]
 TOP = {"tbq"}  # the package __init__: the public API, may import any layer below cli
 

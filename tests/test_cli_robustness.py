@@ -327,3 +327,75 @@ def test_subprocess_prints_no_traceback(files, argv, needle):
     proc = subprocess.run([sys.executable, "-c", RUN_CLI, *_argv(argv, files)], capture_output=True, text=True, env=env)
     _assert_one_line_error(proc.returncode, proc.stderr, needle)
     assert proc.stdout == ""
+
+
+# --------------------------------------------------------------------------- the other findings of issue 21
+
+
+def test_python_dash_m_tbq_is_the_command(files):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-m", "tbq", "budget", "--values-per-token", "1000", "--contexts", "8K"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("KV cache budget: 1,000 values per token")
+    proc = subprocess.run([sys.executable, "-m", "tbq", "budget", "--contexts", "-8K", "--values-per-token", "1"],
+                          capture_output=True, text=True, env=env)
+    _assert_one_line_error(proc.returncode, proc.stderr, "--contexts: a context cannot be negative: '-8K'")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["budget", "--values-per-token", "1e5", "--contexts", "-8K"], "--contexts: a context cannot be negative: '-8K'"),
+    (["budget", "--values-per-token", "1e5", "--weights", "1GB", "--bandwidth", "-5GB/s"], "--bandwidth: a bandwidth must be positive"),
+    (["budget", "--values-per-token", "1e5", "--vram", "8GB", "--weights", "1GB", "--workspace", "-1GiB"], "--workspace: a size cannot be negative"),
+    (["budget", "--values-per-token", "1e5", "--vram", "-inf"], "--vram"),
+])
+def test_negative_values_reach_the_flag_not_expected_one_argument(capsys, argv, needle):
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, needle)
+    assert "expected one argument" not in err
+
+
+def test_plot_without_extension_reports_the_file_written(files, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "out" / "plotnoext"
+    assert cli.main(["budget", "--values-per-token", "1000", "--contexts", "8K", "--plot", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {target}.png" in out and (tmp_path / "out" / "plotnoext.png").exists() and not target.exists()
+    np.save(tmp_path / "kv.npy", np.random.default_rng(0).standard_normal((16, 1, 128)).astype(np.float32))
+    assert cli.main(["compare", str(tmp_path / "kv.npy"), "--formats", "q8_0", "--repeat", "1", "--queries", "1",
+                     "--plot", str(tmp_path / "cmp")]) == 0
+    assert f"figure saved to {tmp_path / 'cmp'}.png" in capsys.readouterr().out and (tmp_path / "cmp.png").exists()
+
+
+def test_budget_measured_prints_no_raw_floats_and_says_values_per_token_is_not_whole(capsys):
+    assert cli.main(["budget", "--measured", "4225MiB@262144:tbq4_0", "--contexts", "8K"]) == 0
+    out = capsys.readouterr().out
+    assert "65,551.52" in out and "65,551.515" not in out
+    assert "is not a whole number" in " ".join(out.split())
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_budget_says_when_the_weights_alone_do_not_fit(capsys):
+    assert cli.main(["budget", "--values-per-token", "1000", "--contexts", "8K", "--vram", "8GB", "--weights", "9GB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the weights alone (8.38 GiB) do not fit in the VRAM (7.45 GiB)" in out
+
+
+def test_budget_refuses_more_contexts_than_a_table_can_show(capsys):
+    many = ",".join(f"{k}K" for k in range(1, 10))
+    rc = cli.main(["budget", "--values-per-token", "1000", "--contexts", many])
+    _assert_one_line_error(rc, capsys.readouterr().err, "9 contexts given; at most 8")
+
+
+def test_default_tables_fit_100_columns(capsys):
+    # the budget feasibility table was 106 columns (headers 150); golden --attention's 128 (tested in test_golden)
+    assert cli.main(["budget", "--layers", "48", "--kv-heads", "8", "--head-dim", "128", "--vram", "32GB", "--weights",
+                     "18.8GiB", "--weights-traffic", "15.88GB", "--bandwidth", "1296GB/s"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    for command in ("compare", "budget", "golden", "check"):
+        assert cli.main([command, "--help"]) == 0
+        text = capsys.readouterr().out
+        for name in ("tbq4_0", "planar3_0", "iq4_nl"):  # no format name broken across lines
+            assert not any(line.rstrip().endswith(name[:-2]) for line in text.splitlines()), (command, name)

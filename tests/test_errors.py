@@ -159,3 +159,28 @@ def test_typed_memoryview_is_not_read_as_raw_bytes():
         tbq.dequantize(memoryview(np.zeros(17, np.float32)), "q8_0")
     q = tbq.quantize(np.ones(32, np.float32), "q8_0")
     np.testing.assert_array_equal(tbq.dequantize(memoryview(q), "q8_0"), tbq.dequantize(q, "q8_0"))
+
+
+# --------------------------------------------------------------------------- issue 21: messages and scalars
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_a_zero_d_array_is_a_block_shape_error_on_both_backends(backend):
+    with pytest.raises(tbq.BlockShapeError, match="at least one axis"):
+        tbq.quantize(np.float32(1.0), "q8_0", backend=backend)
+    with pytest.raises(tbq.BlockShapeError, match="at least one axis"):
+        tbq.quantize(np.array(1.0, np.float32), "q8_0", backend=backend)
+    with pytest.raises(tbq.EncodedLengthError, match="at least one axis"):
+        tbq.dequantize(np.array(1, np.uint8), "q8_0", backend=backend)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: tbq.get_codec("q8_0", threads=np.float32(2.5)),
+    lambda: tbq.quantize(np.array([np.inf] + [1.0] * 31, np.float32), "q8_0"),
+    lambda: __import__("tbq.budget").budget.kv_values_per_token(np.float64(2.5), 8, 128),
+    lambda: __import__("tbq.budget").budget.cache_bytes(1000, "q8_0", np.float32(1.5)),
+])
+def test_messages_show_values_not_numpy_reprs(call):
+    with pytest.raises(tbq.TbqError) as info:
+        call()
+    assert "np." not in str(info.value), str(info.value)

@@ -346,7 +346,7 @@ class Codec:
             # no gathering; the same kernel call and the same errors as below.
             n = x.shape[-1] if x.ndim else 0
             bs = self.info.block_size
-            if 0 < x.size <= _FAST_VALUES["encode"] and n % bs == 0 and x.flags.c_contiguous:
+            if x.ndim and 0 < x.size <= _FAST_VALUES["encode"] and n % bs == 0 and x.flags.c_contiguous:
                 ts = self.info.type_size
                 out = np.empty(x.shape[:-1] + (n // bs * ts,), np.uint8)
                 fmt = self.format
@@ -416,7 +416,8 @@ class Codec:
         if kind == STATUS_NONFINITE:
             j = int(np.argmax(~np.isfinite(vals)))
             orig = src.raw(block, block + 1)[0][j]
-            what = f"{orig!r}" if not np.isfinite(orig) else f"{orig!r}, which overflows float32"
+            shown = repr(float(orig))  # the value, never a NumPy repr such as np.float32(inf)
+            what = shown if not np.isfinite(orig) else f"{shown}, which overflows float32"
             raise NonFiniteError(
                 f"{self.name}: input block {block} holds a non-finite value "
                 f"({what} at position {j} of the block, i.e. flat value index {block * self.block_size + j}); "
@@ -438,7 +439,7 @@ class Codec:
         if out is None and type(data) is np.ndarray and data.dtype is _U8 and self.backend == "numba":
             nbytes = data.shape[-1] if data.ndim else 0
             ts = self.info.type_size
-            if 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
+            if data.ndim and 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
                 bs = self.info.block_size
                 out = np.empty(data.shape[:-1] + (nbytes // ts * bs,), np.float32)
                 self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))

@@ -222,6 +222,6 @@ def run_cli(args: Any) -> int:
     if args.plot:
         from ..plots import plot_budget
 
-        plot_budget(report, args.plot, what="tbq budget --plot")
-        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        path = plot_budget(report, args.plot, what="tbq budget --plot")
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0

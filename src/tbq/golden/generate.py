@@ -412,7 +412,11 @@ def write_set(gs: GoldenSet, out) -> list[Path]:
 # ---------------------------------------------------------------------------
 
 #: The line under the format table of :meth:`Summary.table`.
-SUMMARY_NOTE = "fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale may be the neighbouring fp16 value"
+SUMMARY_NOTE = ("fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale\n"
+                "  may be the neighbouring fp16 value")
+#: Under the attention table: what its error columns are (the table itself stays within 100 columns).
+ATTENTION_NOTE = ("f64 err, f32 err: max |fused - dequantized reference| in float64 and float32; f32 tol: the\n"
+                  "  float32 tolerance (attention.f32_tolerance)")
 
 
 @dataclass
@@ -443,9 +447,10 @@ class Summary:
                 lines.append("")
             cols = [("attention K", "k_format"), ("V", "v_format"), ("tokens", "tokens"), ("heads", "n_head"),
                     ("kv heads", "n_head_kv"), ("sink", "n_sink"), ("sink fmt", "sink_format")]
-            head = [c for c, _ in cols] + ["max|f64 fused-ref|", "max|f32 fused-ref|", "f32 tolerance"]
+            head = [c for c, _ in cols] + ["f64 err", "f32 err", "f32 tol"]
             body = [[str(r[key]) for _, key in cols] + [f"{r['err_f64']:.2e}", f"{r['err_f32']:.2e}", f"{r['tol_f32']:.2e}"] for r in self.attention]
             lines += _align([head] + body, left=2)
+            lines.append(ATTENTION_NOTE)
         return "\n".join(lines)
 
 
