@@ -213,6 +213,7 @@ BIG = [
     (["golden", "--out", "{d}/g", "--rows-per-family", "100000000"], "100,000,000 rows per family"),
     (["golden", "--out", "{d}/g", "--attention", "--tokens", "100000000"], "100,000,000 tokens"),
     (["golden", "--out", "{d}/g", "--from-manifest", "{d}/huge_manifest.json"], "huge_manifest.json"),
+    (["compare", "{d}/huge_header.npy", "--plot", "{d}/g/x.png"], "comparing"),  # the header alone says 10^12 values
 ]
 
 
@@ -223,6 +224,8 @@ def test_work_that_cannot_fit_is_refused_before_it_starts(files, capsys, argv, n
     manifest = {"kind": "tbq-golden-format", "format": "q8_0", "arrays": {"input": {"sha256": "0" * 64}},
                 "generator": {"rows_per_family": 10**12, "seed": 0, "families": [{"name": "gaussian", "seed": 1}]}}
     (files / "huge_manifest.json").write_text(json.dumps(manifest))
+    with open(files / "huge_header.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (10**9, 8, 128)})
     monkeypatch.setattr("tbq.parallel.memory_available", lambda: 8 * 2**30)  # the same answer on any machine
 
     def boom(*a, **k):

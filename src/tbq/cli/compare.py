@@ -100,6 +100,52 @@ def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
             raise TbqValueError(f"cannot read array {array!r} of {path!r}: {' '.join(str(exc).split())}") from None
 
 
+#: Peak memory of tbq compare per float32 value of its input (benchmarks/bench_compare_memory.py measures 3.0),
+#: plus the input itself when it must be converted to float32; rounded up.
+BYTES_PER_VALUE = 4 * 4
+
+
+def _array_header(path: str, array: str | None):
+    """(shape, dtype) of a .npy file or of one .npz entry, read from its header only; None if it cannot be read."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                names = [n for n in z.namelist() if n.endswith(".npy")]
+                member = f"{array}.npy" if array is not None else (names[0] if len(names) == 1 else None)
+                if member is None or member not in names:
+                    return None
+                with z.open(member) as f:
+                    return _header_of(f)
+        with open(path, "rb") as f:
+            return _header_of(f)
+    except Exception:  # noqa: BLE001 - a pre-check only: _read_file says what is wrong with the file
+        return None
+
+
+def _header_of(f):
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+        return None
+    shape, _, dtype = read(f)
+    return shape, dtype
+
+
+def _require_memory_for(path: str, array: str | None) -> None:
+    """Refuse, before reading it, a file whose comparison cannot fit in the memory available."""
+    from ..parallel import require_memory
+
+    head = _array_header(path, array)
+    if head is None:
+        return
+    shape, dtype = head
+    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
+    if n <= 0:
+        return
+    need = n * BYTES_PER_VALUE + (n * dtype.itemsize if dtype != np.float32 else 0)
+    require_memory(need, f"comparing {path} ({n:,} values of {dtype})")
+
+
 def _load(args) -> tuple[dict, dict, list[str]]:
     """(data for :func:`compare`, a description for --json, header lines for the table)."""
     from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
@@ -117,6 +163,7 @@ def _load(args) -> tuple[dict, dict, list[str]]:
             f"keys: N(0, 1) with outlier channels {channels} (x20); values: N(0, 1)",
         ]
         return data, info, header
+    _require_memory_for(args.file, args.array)  # before reading the data: the header says its size
     arr, name = _read_file(args.file, args.array)
     role = args.role or "keys"
     label = args.file if name is None else f"{args.file}[{name}]"
