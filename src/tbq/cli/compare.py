@@ -72,9 +72,22 @@ def add_arguments(p) -> None:
 
 
 def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
-    """The array of a .npy file, or of one entry of a .npz file, and the entry's name."""
+    """The array of a .npy file, or of one entry of a .npz file, and the entry's name.
+
+    The file is opened here and always closed (NumPy leaves the handle of a corrupt .npz open).
+    """
     try:
-        loaded = np.load(path, allow_pickle=False)
+        fh = open(path, "rb")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
+    with fh:
+        return _read_open_file(fh, path, array)
+
+
+def _read_open_file(fh, path: str, array: str | None) -> tuple[np.ndarray, str | None]:
+    try:
+        loaded = np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         reason = getattr(exc, "strerror", None) or " ".join(str(exc).split()) or type(exc).__name__
         raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
