@@ -184,3 +184,34 @@ def test_messages_show_values_not_numpy_reprs(call):
     with pytest.raises(tbq.TbqError) as info:
         call()
     assert "np." not in str(info.value), str(info.value)
+
+
+BAD_NUMBERS = [1e400, -1, float("nan"), 0, float("inf"), 10**40, np.float32(np.nan), "abc", None, True, 2.5]
+
+
+@pytest.mark.parametrize("value", BAD_NUMBERS, ids=repr)
+@pytest.mark.parametrize("call", [
+    lambda v: tbq.get_codec("q8_0", threads=v),
+    lambda v: __import__("tbq.metrics").metrics.random_queries(v, 128),
+    lambda v: __import__("tbq.metrics").metrics.random_queries(4, v),
+    lambda v: __import__("tbq.synthetic").synthetic.builtin_kv(tokens=v),
+    lambda v: __import__("tbq.synthetic").synthetic.gaussian(4, v),
+    lambda v: __import__("tbq.synthetic").synthetic.heavy_tailed_values(v, 1),
+    lambda v: __import__("tbq.budget").budget.cache_bytes(v, "q8_0", 1024),
+    lambda v: __import__("tbq.budget").budget.cache_bytes(1000, "q8_0", v),
+    lambda v: __import__("tbq.budget").budget.feasibility(v, 1, 0, 1000, 1024),
+    lambda v: __import__("tbq.budget").budget.decode_tokens_per_s(10**9, 1000, 1024, v),
+    lambda v: __import__("tbq.attention").attention.attention_fused(np.ones((2, 128), np.float32), np.ones((4, 2, 128), np.float32), np.ones((4, 2, 128), np.float32), threads=v),
+    lambda v: __import__("tbq.attention").attention.attention_fused(np.ones((2, 128), np.float32), np.ones((4, 2, 128), np.float32), np.ones((4, 2, 128), np.float32), scale=v if v != 2.5 else -2.5),
+], ids=["threads", "queries n", "queries head_dim", "builtin tokens", "gaussian heads", "heavy tokens", "budget values", "budget context",
+        "feasibility vram", "decode bandwidth", "attention threads", "attention scale"])
+def test_library_numbers_are_tbq_errors_never_tracebacks(call, value):
+    """Huge, negative, NaN, infinite, zero and non-numbers at the library boundary: a TbqError or a valid result."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warnings on the way either
+        try:
+            call(value)
+        except tbq.TbqError as exc:
+            assert isinstance(exc, (ValueError, TypeError)) and "np." not in str(exc)

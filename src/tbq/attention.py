@@ -531,8 +531,20 @@ def attention_fused(q, k, v, *, scale=None, threads=None) -> np.ndarray:
         raise TbqValueError(f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1")
     if not np.isfinite(q).all():
         raise NonFiniteError("q holds a non-finite value")
-    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else _check_scale(scale)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
+        raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
     return _attention_kernel(q.astype(np.float32), k, v, scale, threads)
+
+
+def _check_scale(scale) -> float:
+    """A logit scale: a finite positive number that float32 can hold."""
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TbqTypeError(f"scale must be a number or None (1/sqrt(head_dim)), got {scale!r}")
+    s = float(scale)
+    if not (math.isfinite(s) and 0 < s <= float(np.finfo(np.float32).max)):
+        raise TbqValueError(f"scale must be a finite positive float32 number or None (1/sqrt(head_dim)), got {s}")
+    return s
 
 
 def _float_rows(x, name) -> np.ndarray:
