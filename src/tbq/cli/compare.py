@@ -159,6 +159,13 @@ def _require_memory_for(path: str, array: str | None) -> None:
     require_memory(need, f"comparing {path} ({n:,} values of {dtype})")
 
 
+def _row_tiled() -> list[str]:
+    """The formats whose blocks tile the whole row (``FormatInfo.row_tiled``: the fork's TBQ types)."""
+    from ..formats import FORMATS
+
+    return [name for name, info in FORMATS.items() if info.row_tiled]
+
+
 def _load(args) -> tuple[dict, dict, list[str]]:
     """(data for :func:`compare`, a description for --json, header lines for the table)."""
     from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
@@ -191,7 +198,7 @@ def _load(args) -> tuple[dict, dict, list[str]]:
         f"{label}: shape {arr.shape}, read as {role} (--role): {tokens} token{'s' if tokens != 1 else ''} "
         f"(axis 0) x {heads} KV head{'s' if heads != 1 else ''} x head_dim {head_dim}",
         f"each token's row of {heads} x {head_dim} = {heads * head_dim} values is quantized in blocks along the row, "
-        "as llama.cpp does (ggml types: blocks within a head; tbq4_0/tbq3_0: along the row)",
+        f"as llama.cpp does (ggml types: blocks within a head; {'/'.join(_row_tiled())}: along the row)",
     ]
     return {role: arr}, info, header
 
