@@ -521,8 +521,8 @@ def test_cli_example(cli_main, capsys):
     assert any(line.startswith("32K 32,768 58.1 ") for line in lines)
     assert "weights only (context 0): 81.6 tok/s" in lines
     # feasibility at 32K, f16: +4.00 GiB; largest f16 context 54,626 = 53.3K
-    assert any(line.startswith("32K 32,768 yes +4.00 GiB") for line in lines)
-    assert any(line.startswith("largest context 54,626 (53.3K)") for line in lines)
+    assert any(line.startswith("32K 32,768 yes +4.0 GiB") for line in lines)
+    assert any(line.startswith("largest 54,626 ") for line in lines)
     assert any("262K = 262 x 1024 = 268,288 tokens" in line for line in lines)
 
 
@@ -530,9 +530,9 @@ def test_cli_sequences(cli_main, capsys):
     assert cli_main(EXAMPLE + MEMORY + ["--sequences", "4"]) == 0
     lines = _lines(capsys.readouterr().out)
     # 4 x 6 GiB = 24 GiB at 32K in f16 -> does not fit: 10.00 - 24.00 = -14.00 GiB
-    assert any(line.startswith("32K 32,768 NO -14.00 GiB") for line in lines)
+    assert any(line.startswith("32K 32,768 NO -14.0 GiB") for line in lines)
     # largest f16 context with 4 sequences: 13,656 (see test_feasibility_does_not_fit)
-    assert any(line.startswith("largest context 13,656 (13.3K)") for line in lines)
+    assert any(line.startswith("largest 13,656 ") for line in lines)
 
 
 def test_cli_json(cli_main, capsys):
@@ -622,19 +622,32 @@ def test_block_sizes_come_from_the_format_table():
 
 
 def test_cli_default_formats_leave_out_what_the_head_cannot_use(cli_main, capsys):
-    assert cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K"]) == 0
-    lines = _lines(capsys.readouterr().out)
-    assert any(line.startswith("Note: head_dim 96 is not a multiple of the block size of tbq4_0, tbq3_0 (128 values)")
-               for line in lines)
-    assert "q8_0 8.5 52,224 51.00 KiB" in lines  # 2 x 32 x 8 x 96 = 49,152 values x 8.5 / 8
+    # one KV head of 96: the row is 96 values, which no 128-value TBQ block tiles
+    assert cli_main(["budget", "--layers", "32", "--kv-heads", "1", "--head-dim", "96", "--contexts", "8K"]) == 0
+    out = capsys.readouterr().out
+    assert "Note: tbq4_0, tbq3_0 (128 values) cannot store this cache" in out
+    assert "the row of 1 x 96 = 96 values" in " ".join(out.split())
+    lines = _lines(out)
+    assert "q8_0 8.5 6,528 6.38 KiB" in lines  # 2 x 32 x 1 x 96 = 6,144 values x 8.5 / 8
     assert not any(line.startswith("tbq4_0") for line in lines)
-    assert cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    assert cli_main(["budget", "--layers", "32", "--kv-heads", "1", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert [f["format"] for f in d["formats"]] == ["f16", "q8_0", "q4_0"] and "head_dim 96" in d["notes"][0]
 
 
+def test_cli_tbq_blocks_tile_the_row_not_the_head(cli_main, capsys):
+    # the fork checks n_embd_k_gqa for TBQ: 8 heads x 96 = 768 = 6 blocks of 128; ggml's nvfp4 (64) must divide the head
+    assert cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [f["format"] for f in d["formats"]] == ["f16", "q8_0", "q4_0", "tbq4_0", "tbq3_0"] and not d["notes"]
+    assert cli_main(["budget", "--layers", "16", "--kv-heads", "8", "--head-dim", "64", "--formats", "tbq4_0,nvfp4", "--contexts", "8K"]) == 0
+    capsys.readouterr()
+    assert cli_main(["budget", "--layers", "16", "--kv-heads", "8", "--head-dim", "96", "--formats", "nvfp4", "--contexts", "8K"]) == 2
+    assert "nvfp4 (64 values)" in capsys.readouterr().err
+
+
 def test_cli_named_formats_that_cannot_store_the_head_are_an_error(cli_main, capsys):
-    argv = ["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--formats", "f16,tbq3_0"]
+    argv = ["budget", "--layers", "32", "--kv-heads", "1", "--head-dim", "96", "--formats", "f16,tbq3_0"]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err
     assert "--head-dim 96 is not a multiple of the block size of tbq3_0 (128 values)" in err

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+import tbq
 from tbq import cli
 from tbq.compare import compare
 from tbq.synthetic import builtin_kv
@@ -34,11 +35,40 @@ def test_compare_user_file(tmp_path, capsys):
     assert "q4_0" in out and "tbq4_0" in out and "q8_0" not in out
 
 
-def test_compare_user_file_bad_last_axis(tmp_path, capsys):
+def test_compare_user_file_whose_rows_a_named_format_cannot_tile(tmp_path, capsys):
     f = tmp_path / "bad.npy"
-    np.save(f, np.zeros((4, 96), np.float32))
-    assert cli.main(["compare", str(f)]) == 2
-    assert "multiple of 128" in capsys.readouterr().err
+    np.save(f, np.zeros((4, 96), np.float32))  # 2-D: one head of 96 per token
+    assert cli.main(["compare", str(f), "--formats", "q8_0,tbq4_0"]) == 2
+    err = capsys.readouterr().err
+    assert "tbq4_0 (blocks of 128 must divide the row of 1 x 96 = 96 values)" in err and "q8_0" not in err
+
+
+@pytest.mark.parametrize("shape", [(32, 8, 64), (32, 4, 96), (32, 2, 256), (32, 1, 64)])
+def test_compare_any_head_dim_tiles_rows_as_llama_cpp(tmp_path, capsys, shape):
+    """head_dim 64 (Llama 3.2 1B), 96, 256 (Gemma): blocks along kv_heads x head_dim; TBQ's only need the row."""
+    import json
+
+    from tbq.formats import FORMATS
+
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    f = tmp_path / "kv.npy"
+    np.save(f, x)
+    assert cli.main(["compare", str(f), "--repeat", "1", "--queries", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    _, heads, hd = shape
+    got = [r["format"] for r in d["rows"]]
+    want = [n for n, info in FORMATS.items() if (heads * hd if info.row_tiled else hd) % info.block_size == 0]
+    assert got == want and d["input"]["head_dim"] == hd and d["input"]["heads"] == heads
+    assert set(d["input"].get("skipped", [])) == set(FORMATS) - set(want)
+    if heads * hd % 128 == 0 and hd == 64:
+        assert "tbq4_0" in got  # at head_dim 64 a TBQ block holds two heads
+    # the bytes are those of the rows, encoded as one row of kv_heads x head_dim per token
+    for fmt in got[:3]:
+        assert np.array_equal(tbq.quantize(x.reshape(32, -1), fmt).reshape(32, -1), tbq.quantize(x.reshape(32, -1), fmt))
+    text_rc = cli.main(["compare", str(f), "--repeat", "1", "--queries", "2"])
+    out = capsys.readouterr().out
+    assert text_rc == 0 and f"x head_dim {hd}" in out and "blocks along the row" in out
+    assert all(len(line) <= 100 for line in out.splitlines()), max(out.splitlines(), key=len)
 
 
 def test_compare_unreadable_file(tmp_path, capsys):
@@ -70,12 +100,12 @@ def test_user_file_says_it_is_read_as_keys_and_why_out_nmse_is_missing(tmp_path,
     f = _small(tmp_path)
     assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert "read as keys (--role)" in out.splitlines()[0]
-    assert "16 tokens (axis 0) x 2 heads of 128 values" in out
+    assert "read as keys (--role)" in " ".join(" ".join(out.splitlines()[:2]).split())
+    assert "16 tokens (axis 0) x 2 KV heads x head_dim 128" in " ".join(out.split())
     assert "shows - for a single file" in out
     assert cli.main(["compare", str(f), "--formats", "q8_0", "--repeat", "1", "--role", "values"]) == 0
     out = capsys.readouterr().out
-    assert "read as values" in out and "\nvalues  q8_0" in out
+    assert "read as values" in " ".join(out.split()) and "\nvalues  q8_0" in out
 
 
 def test_topk_defaults_to_the_tokens_when_fewer_than_8(tmp_path, capsys):

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 
+import tbq.golden  # noqa: F401 (sys.modules['tbq.golden.generate'])
 from tbq import cli
 
 
@@ -61,8 +62,9 @@ CASES = [
     (["compare", "{d}/missing.npy"], "No such file or directory"),
     (["compare", "{d}/adir"], "cannot read"),
     (["compare", "{d}/ints.npy"], "float16, float32 or float64"),
-    (["compare", "{d}/scalar.npy"], "multiple of 128"),
-    (["compare", "{d}/width96.npy"], "multiple of 128"),
+    (["compare", "{d}/scalar.npy"], "got a scalar"),
+    (["compare", "{d}/width96.npy", "--formats", "tbq4_0"], "tbq4_0 (blocks of 128 must divide the row of 1 x 96 = 96 values)"),
+    (["compare", "{d}/width96.npy", "--formats", "Q8_0,nvfp4"], "nvfp4 (blocks of 64 must divide head_dim 96)"),
     (["compare", "{d}/huge.npy", "--repeat", "1"], "--on-overflow inf"),
     (["compare", "{d}/nan.npy", "--repeat", "1"], "non-finite"),
     (["compare", "{d}/small.npy", "--array", "keys"], "--array is for .npz files"),
@@ -118,6 +120,124 @@ CASES = [
     ([], "give a command"),
     (["nope"], "invalid choice: 'nope'"),
 ]
+
+
+# --------------------------------------------------------------------------- every numeric flag: huge, negative, NaN, zero
+
+EXEC = ["--exec", "prog {in} {out}", "--only", "quantize"]
+#: (command argv before the flag, flag, unit appended to the number for sizes/rates, values where the number is valid)
+NUMERIC_FLAGS = [
+    (["compare"], "--repeat", "", ()),
+    (["compare"], "--queries", "", ()),
+    (["compare"], "--topk", "", ()),
+    (["compare"], "--seed", "", ("0",)),
+    (["budget", "--values-per-token", "1e5"], "--sequences", "", ()),
+    (["budget", "--values-per-token", "1e5"], "--contexts", "", ()),
+    (["budget", "--values-per-token", "1e5"], "--contexts", "K", ()),
+    (["budget"], "--values-per-token", "", ()),
+    (["budget"], "--measured", "MiB@262144:tbq4_0", ()),
+    (["budget", "--kv-heads", "8", "--head-dim", "128"], "--layers", "", ()),
+    (["budget", "--layers", "8", "--head-dim", "128"], "--kv-heads", "", ()),
+    (["budget", "--layers", "8", "--kv-heads", "8"], "--head-dim", "", ()),
+    (["budget", "--values-per-token", "1e5", "--weights", "1GB"], "--vram", "GB", ("0", "1e-400")),  # rounds to 0 bytes
+    (["budget", "--values-per-token", "1e5", "--vram", "32GB"], "--weights", "GB", ("0", "1e-400")),
+    (["budget", "--values-per-token", "1e5", "--vram", "32GB", "--weights", "1GB"], "--workspace", "GiB", ("0", "1e-400")),
+    (["budget", "--values-per-token", "1e5", "--bandwidth", "1TB/s"], "--weights-traffic", "GB", ("0", "1e-400")),
+    (["budget", "--values-per-token", "1e5", "--weights", "1GB"], "--bandwidth", "GB/s", ()),
+    (["budget", "--values-per-token", "1e5"], "--vram", "", ()),  # no unit at all: refused for every number
+    (["golden", "--out", "{d}/g"], "--rows-per-family", "", ()),
+    (["golden", "--out", "{d}/g"], "--seed", "", ("0", "99999999999999999999999999999999999999")),  # any size of seed
+    (["golden", "--out", "{d}/g"], "--fragile-ulps", "", ("0",)),
+    (["golden", "--out", "{d}/g"], "--ulp-floor", "", ("0", "1e-400")),  # 1e-400 is 0.0 as a float
+    (["golden", "--out", "{d}/g", "--attention"], "--tokens", "", ()),
+    (["golden", "--out", "{d}/g", "--attention"], "--heads", "", ()),
+    (["golden", "--out", "{d}/g", "--attention"], "--kv-heads", "", ()),
+    (["golden", "--out", "{d}/g", "--attention"], "--n-sink", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--timeout", "", ()),
+    (["check", "--format", "q8_0", *EXEC], "--blocks", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--examples", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--seconds", "", ()),
+    (["check", "--format", "q8_0", *EXEC], "--seed", "", ("0",)),
+    (["check", "--format", "q8_0", *EXEC], "--fragile-ulps", "", ("0",)),
+]
+NUMBERS = ("1e400", "-1", "nan", "0", "inf", "-inf", "1e-400", "99999999999999999999999999999999999999", "abc")
+
+
+def _numeric_cases():
+    for base, flag, unit, valid in NUMERIC_FLAGS:
+        for number in NUMBERS:
+            if number in valid:
+                continue
+            yield pytest.param(base + [flag, number + unit], flag, id=f"{base[0]} {flag} {number}{unit}")
+
+
+@pytest.mark.parametrize("argv, flag", list(_numeric_cases()))
+def test_every_numeric_flag_refuses_bad_numbers_in_one_line(files, capsys, argv, flag, monkeypatch):
+    """Huge, tiny, negative, NaN, infinite and non-numbers: a one-line error naming the flag, before any work."""
+    import tbq.cli.compare
+
+    def boom(*a, **k):
+        raise AssertionError("the work started although an argument was bad")
+
+    monkeypatch.setattr(tbq.cli.compare, "compare", boom)
+    monkeypatch.setattr(sys.modules["tbq.golden.generate"], "make_inputs", boom)
+    rc = cli.main(_argv(argv, files))
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, "error")
+    dest = flag.lstrip("-").replace("-", "_")
+    # the message names the flag (or, for the library's checks of golden's numbers, the parameter)
+    names = {flag, dest, dest.replace("_", " "), "n_head" if flag == "--heads" else flag, "n_head_kv" if flag == "--kv-heads" else flag,
+             "fragility margin" if flag == "--fragile-ulps" else flag, "ulp_floor" if flag == "--ulp-floor" else flag,
+             "rows per family" if flag == "--rows-per-family" else flag}
+    assert any(n in err for n in names), err
+    assert "np.float" not in err and "np.int" not in err  # no NumPy reprs in messages
+    assert not (files / "g").exists()
+
+
+def test_there_is_a_numeric_case_for_every_numeric_flag():
+    parser = cli.build_parser()
+    numeric = set()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        for action in sub._actions:
+            t = getattr(action, "type", None)
+            if t is int or t is float or getattr(t, "__name__", "").startswith(("integer", "number", "_positive")):
+                numeric.add((name, next(o for o in action.option_strings if o.startswith("--"))))
+    covered = {(base[0], flag) for base, flag, _, _ in NUMERIC_FLAGS}
+    assert numeric <= covered, numeric - covered
+
+
+# --------------------------------------------------------------------------- work too large for memory: refused first
+
+BIG = [
+    (["check", "--format", "q8_0", *EXEC, "--blocks", "100000000000", "--out", "{d}/ck"], "--blocks 100,000,000,000"),
+    (["golden", "--out", "{d}/g", "--rows-per-family", "100000000"], "100,000,000 rows per family"),
+    (["golden", "--out", "{d}/g", "--attention", "--tokens", "100000000"], "100,000,000 tokens"),
+    (["golden", "--out", "{d}/g", "--from-manifest", "{d}/huge_manifest.json"], "huge_manifest.json"),
+    (["compare", "{d}/huge_header.npy", "--plot", "{d}/g/x.png"], "comparing"),  # the header alone says 10^12 values
+]
+
+
+@pytest.mark.parametrize("argv, needle", BIG, ids=[" ".join(a[:1] + a[-2:]) for a, _ in BIG])
+def test_work_that_cannot_fit_is_refused_before_it_starts(files, capsys, argv, needle, monkeypatch):
+    import json
+
+    manifest = {"kind": "tbq-golden-format", "format": "q8_0", "arrays": {"input": {"sha256": "0" * 64}},
+                "generator": {"rows_per_family": 10**12, "seed": 0, "families": [{"name": "gaussian", "seed": 1}]}}
+    (files / "huge_manifest.json").write_text(json.dumps(manifest))
+    with open(files / "huge_header.npy", "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (10**9, 8, 128)})
+    monkeypatch.setattr("tbq.parallel.memory_available", lambda: 8 * 2**30)  # the same answer on any machine
+
+    def boom(*a, **k):
+        raise AssertionError("the work started although it cannot fit")
+
+    monkeypatch.setattr(sys.modules["tbq.golden.generate"], "make_inputs", boom)
+    monkeypatch.setattr(sys.modules["tbq.golden.generate"], "build_format", boom)
+    rc = cli.main(_argv(argv, files))
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, needle)
+    assert "needs about" in err and "8.00 GiB are available" in err and "nothing was computed or written" in err
+    assert not (files / "g").exists() and not (files / "ck").exists()
 
 
 def _argv(argv, d):
@@ -210,3 +330,75 @@ def test_subprocess_prints_no_traceback(files, argv, needle):
     proc = subprocess.run([sys.executable, "-c", RUN_CLI, *_argv(argv, files)], capture_output=True, text=True, env=env)
     _assert_one_line_error(proc.returncode, proc.stderr, needle)
     assert proc.stdout == ""
+
+
+# --------------------------------------------------------------------------- the other findings of issue 21
+
+
+def test_python_dash_m_tbq_is_the_command(files):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, "-m", "tbq", "budget", "--values-per-token", "1000", "--contexts", "8K"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("KV cache budget: 1,000 values per token")
+    proc = subprocess.run([sys.executable, "-m", "tbq", "budget", "--contexts", "-8K", "--values-per-token", "1"],
+                          capture_output=True, text=True, env=env)
+    _assert_one_line_error(proc.returncode, proc.stderr, "--contexts: a context cannot be negative: '-8K'")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["budget", "--values-per-token", "1e5", "--contexts", "-8K"], "--contexts: a context cannot be negative: '-8K'"),
+    (["budget", "--values-per-token", "1e5", "--weights", "1GB", "--bandwidth", "-5GB/s"], "--bandwidth: a bandwidth must be positive"),
+    (["budget", "--values-per-token", "1e5", "--vram", "8GB", "--weights", "1GB", "--workspace", "-1GiB"], "--workspace: a size cannot be negative"),
+    (["budget", "--values-per-token", "1e5", "--vram", "-inf"], "--vram"),
+])
+def test_negative_values_reach_the_flag_not_expected_one_argument(capsys, argv, needle):
+    rc = cli.main(argv)
+    err = capsys.readouterr().err
+    _assert_one_line_error(rc, err, needle)
+    assert "expected one argument" not in err
+
+
+def test_plot_without_extension_reports_the_file_written(files, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    target = tmp_path / "out" / "plotnoext"
+    assert cli.main(["budget", "--values-per-token", "1000", "--contexts", "8K", "--plot", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {target}.png" in out and (tmp_path / "out" / "plotnoext.png").exists() and not target.exists()
+    np.save(tmp_path / "kv.npy", np.random.default_rng(0).standard_normal((16, 1, 128)).astype(np.float32))
+    assert cli.main(["compare", str(tmp_path / "kv.npy"), "--formats", "q8_0", "--repeat", "1", "--queries", "1",
+                     "--plot", str(tmp_path / "cmp")]) == 0
+    assert f"figure saved to {tmp_path / 'cmp'}.png" in capsys.readouterr().out and (tmp_path / "cmp.png").exists()
+
+
+def test_budget_measured_prints_no_raw_floats_and_says_values_per_token_is_not_whole(capsys):
+    assert cli.main(["budget", "--measured", "4225MiB@262144:tbq4_0", "--contexts", "8K"]) == 0
+    out = capsys.readouterr().out
+    assert "65,551.52" in out and "65,551.515" not in out
+    assert "is not a whole number" in " ".join(out.split())
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_budget_says_when_the_weights_alone_do_not_fit(capsys):
+    assert cli.main(["budget", "--values-per-token", "1000", "--contexts", "8K", "--vram", "8GB", "--weights", "9GB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the weights alone (8.38 GiB) do not fit in the VRAM (7.45 GiB)" in out
+
+
+def test_budget_refuses_more_contexts_than_a_table_can_show(capsys):
+    many = ",".join(f"{k}K" for k in range(1, 10))
+    rc = cli.main(["budget", "--values-per-token", "1000", "--contexts", many])
+    _assert_one_line_error(rc, capsys.readouterr().err, "9 contexts given; at most 8")
+
+
+def test_default_tables_fit_100_columns(capsys):
+    # the budget feasibility table was 106 columns (headers 150); golden --attention's 128 (tested in test_golden)
+    assert cli.main(["budget", "--layers", "48", "--kv-heads", "8", "--head-dim", "128", "--vram", "32GB", "--weights",
+                     "18.8GiB", "--weights-traffic", "15.88GB", "--bandwidth", "1296GB/s"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    for command in ("compare", "budget", "golden", "check"):
+        assert cli.main([command, "--help"]) == 0
+        text = capsys.readouterr().out
+        for name in ("tbq4_0", "planar3_0", "iq4_nl"):  # no format name broken across lines
+            assert not any(line.rstrip().endswith(name[:-2]) for line in text.splitlines()), (command, name)

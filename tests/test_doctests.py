@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import warnings
 
 import numpy as np
 import pytest
@@ -28,7 +29,14 @@ MUST_HAVE_EXAMPLES = {"tbq", "tbq.codebooks", "tbq.rotation", "tbq.packing", "tb
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name):
     module = importlib.import_module(name)
-    result = doctest.testmod(module, extraglobs={"np": np}, optionflags=doctest.NORMALIZE_WHITESPACE)
+    with warnings.catch_warnings():
+        # The strategies' examples show a draw with hypothesis' ``.example()``, the way a reader
+        # explores a strategy; hypothesis warns about ``.example()`` outside an interactive session.
+        # Only that warning of that package is ignored, only here.
+        from hypothesis.errors import NonInteractiveExampleWarning
+
+        warnings.simplefilter("ignore", NonInteractiveExampleWarning)
+        result = doctest.testmod(module, extraglobs={"np": np}, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
     if name in MUST_HAVE_EXAMPLES:
         assert result.attempted > 0, f"{name} has no examples"

@@ -559,7 +559,8 @@ def test_cli_writes_files_progress_and_table(tmp_path, capsys, monkeypatch):
                        "--tokens", "5", "--heads", "4", "--kv-heads", "4", "--n-sink", "1", "--out", str(out)]) == 0
     cap = capsys.readouterr()
     assert "format  family" in cap.out and "fragile values  fragile scales" in cap.out and "fragile blocks" not in cap.out
-    assert golden.generate.__globals__["SUMMARY_NOTE"] in cap.out.splitlines()  # one line under the table explains both counts
+    assert golden.generate.__globals__["SUMMARY_NOTE"] in cap.out  # lines under the table explain both counts
+    assert all(len(line) <= 100 for line in cap.out.splitlines())  # the tables fit 100 columns
     assert re.search(r"tbq4_0\s+edge\s+3\s+384", cap.out)
     assert "attention K" in cap.out and "q4_0" in cap.out
     # progress on stderr only: inputs, 2 formats, 1 attention pair

@@ -219,7 +219,8 @@ def test_branch_free_fp16_conversion_equals_the_reference_conversion():
     b = np.empty(u.size, np.uint16)
     both(u, a, b)
     assert np.array_equal(a, b)
-    assert np.array_equal(a, u.view(np.float32).astype(np.float16).view(np.uint16))
+    with np.errstate(over="ignore"):  # values beyond the fp16 range become +-inf: part of what is compared
+        assert np.array_equal(a, u.view(np.float32).astype(np.float16).view(np.uint16))
 
 
 @pytest.mark.parametrize("fmt", ["tbq4_0", "tbq3_0"])

@@ -73,3 +73,16 @@ def test_non_contiguous_input_is_gathered_chunk_by_chunk(x64, backend):
     codec = tbq.get_codec("q8_0", backend=backend)
     q, peak = peak_of(lambda: codec.encode(x))
     assert peak <= q.nbytes + SLACK + 2 * x.shape[-1] * 8, (peak, q.nbytes)
+
+
+def test_compare_holds_one_format_at_a_time_and_chunks_its_metrics():
+    """``tbq compare``'s work: the input is held once; per format its bytes and its reconstruction, one format at a
+    time, and chunked metrics (issue 21: the CLI peaked at 12x a 128 MiB file). benchmarks/bench_compare_memory.py
+    measures the whole process (RSS) too."""
+    from tbq.compare import compare
+
+    x = np.random.default_rng(0).standard_normal((4096, 8, 128)).astype(np.float32)  # 16 MiB
+    rows, peak = peak_of(lambda: compare({"keys": x}, ["f16", "q8_0", "tbq4_0"], repeat=1, n_queries=16))
+    assert [r["format"] for r in rows] == ["f16", "q8_0", "tbq4_0"]
+    # f16 bytes (0.5x) + the reconstruction (1x) live at once, plus O(chunk) temporaries; x itself was allocated before
+    assert peak <= 2 * x.nbytes + SLACK, peak / x.nbytes

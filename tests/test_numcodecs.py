@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import array
 import json
+import re
 import os
 import struct
 import subprocess
@@ -544,3 +545,22 @@ def test_zarr3_reopen_in_new_process(tmp_path):
         assert y.dtype == np.float32
         assert_bits_equal(y, reference(x, fmt, **cfg), f"{fmt} read back in a new process")
         assert y.tobytes() == reference(x, fmt, **cfg).tobytes()
+
+
+def test_scale_out_doc_lists_every_registered_codec():
+    """docs/scale-out.md's codec table has one row per registered format, with the format's bits per value."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text()
+    rows = re.findall(r"^\| `(tbq\.[a-z0-9_]+)` \| `tbq\.numcodecs\.([A-Z0-9_]+)` \| .*? \| ([0-9.]+) \|$", doc, flags=re.M)
+    assert [r[0] for r in rows] == list(tn.CODEC_IDS.values())
+    for cid, cls, bits in rows:
+        fmt = cid[4:]
+        assert cls == fmt.upper() and float(bits) == tbq.format_info(fmt).bits_per_value
+
+
+def test_codec_ids_follow_the_naming_rule():
+    """docs/formats.md's rule: any case on input, the lowercase id written."""
+    c = tn.get_numcodec("TBQ.Q8_0")
+    assert c.codec_id == "tbq.q8_0" and c.get_config()["id"] == "tbq.q8_0"
+    assert tn.Q8_0.from_config({"id": "TBQ.Q8_0"}) == tn.Q8_0()
+    with pytest.raises(tbq.ConfigError):
+        tn.Q8_0.from_config({"id": "tbq.q4_0"})

@@ -551,3 +551,17 @@ def test_a_plain_given_test_passes_the_default_deadline_in_a_fresh_process(tmp_p
                        capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "1 passed" in r.stdout
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_the_kernel_status_the_fit_loop_asks_equals_the_spec_trace(fmt):
+    """_Fmt.status asks the numba kernel (fast); the NumPy trace's refusal must be the same on blocks of any size."""
+    from tbq.testing import strategies as s
+
+    ctx = s._resolve_fmt("test", fmt, None, None)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        blk = (rng.standard_normal(ctx.bs) * 2.0 ** rng.integers(-140, 125)).astype(np.float32)
+        blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(np.float32)
+        want = ctx.format.invalid_blocks(ctx.trace(blk[None, :]))
+        assert ctx.status(blk) == (int(want[0]) if np.size(want) else 0)

@@ -70,10 +70,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codecs import Codec, _default_threads, _executor, codec_from, get_codec
+from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
-from .formats import FORMATS, format_info, formats
+from .formats import FORMATS, format_info, format_name, formats
 from .half import f16_table
+from .parallel import default_threads, run_groups
 
 __all__ = [
     "KVCache",
@@ -142,6 +143,7 @@ class KVCache:
     sink_format: str = "f16"
 
     def __post_init__(self):
+        object.__setattr__(self, "fmt", format_name(self.fmt))  # frozen: the canonical name
         info = format_info(self.fmt)
         if self.sink_format not in SINK_FORMATS:
             raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {self.sink_format!r}")
@@ -516,8 +518,20 @@ def attention_fused(q, k, v, *, scale=None, threads=None) -> np.ndarray:
         raise TbqValueError(f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1")
     if not np.isfinite(q).all():
         raise NonFiniteError("q holds a non-finite value")
-    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else float(scale)
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else _check_scale(scale)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
+        raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
     return _attention_kernel(q.astype(np.float32), k, v, scale, threads)
+
+
+def _check_scale(scale) -> float:
+    """A logit scale: a finite positive number that float32 can hold."""
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TbqTypeError(f"scale must be a number or None (1/sqrt(head_dim)), got {scale!r}")
+    s = float(scale)
+    if not (math.isfinite(s) and 0 < s <= float(np.finfo(np.float32).max)):
+        raise TbqValueError(f"scale must be a finite positive float32 number or None (1/sqrt(head_dim)), got {s}")
+    return s
 
 
 def _float_rows(x, name) -> np.ndarray:
@@ -544,7 +558,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
         qr = np.ascontiguousarray(kfmt.rotation.forward(qo.reshape(G, R, dim // 128, 128)).reshape(G, R, dim), np.float32)
     else:
         qr = qo
-    n_threads = threads if threads is not None else _default_threads()
+    n_threads = threads if threads is not None else default_threads()
     tasks = []  # (K operand, V operand, first KV head, end KV head, first token, end token)
     if T:
         kop, vop = _kernel_operand(k, kn, n_sink), _kernel_operand(v, kn, n_sink)
@@ -572,13 +586,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
             (kk, kd, kdn, kp, kts), (vk, vd, vdn, vp, vts), g0, g1, t0, t1 = tasks[i]
             kn.attend(qr, qo, sc, kk, kd, kdn, kp, kts, vk, vd, vdn, vp, vts, f16, g0, g1, t0, t1, kn.CHUNK, m[i], l[i], accr[i], acco[i])
 
-    groups = np.array_split(np.arange(n), max(1, min(n_threads, n)))
-    futures = [_executor().submit(run, ids) for ids in groups[1:]]
-    try:
-        run(groups[0])
-    finally:  # never return while workers still write
-        for f in futures:
-            f.result()
+    run_groups(n, n_threads, run)  # returns only when every worker finished writing
     # merge the partial softmax sums of each query head (float64: a handful of terms)
     M = np.full((G, R), -np.inf)
     for i, t in enumerate(tasks):

@@ -28,6 +28,7 @@ import math
 import numbers
 import operator
 import re
+import textwrap
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -37,6 +38,7 @@ from .errors import ConfigError, TbqTypeError, TbqValueError
 from .formats import FORMATS, FormatInfo, format_info
 from .units import exact as _exact
 from .units import (  # re-exported: tbq.budget was their home before tbq.units
+    MAX_QUANTITY,
     format_bytes,
     format_context,
     format_rate,
@@ -173,24 +175,34 @@ def format_block_size(fmt: Any) -> int | None:
     return None
 
 
-def incompatible_formats(head_dim: int, formats: Any) -> list[tuple[str, int]]:
-    """``(format, block size)`` of each format in ``formats`` whose blocks do not tile a head of ``head_dim`` values.
+def incompatible_formats(head_dim: int, formats: Any, n_kv_heads: int | None = None) -> list[tuple[str, int]]:
+    """``(format, block size)`` of each format in ``formats`` whose blocks cannot tile the cache's rows.
 
-    A block never spans two heads (llama.cpp refuses such a cache type), so a
-    format can store a head only when ``head_dim`` is a multiple of its block
-    size. For the others a bytes-per-value budget describes a cache that
-    cannot exist.
+    llama.cpp quantizes each token's row of ``n_kv_heads x head_dim`` values
+    in blocks along the row. For ggml's types it requires the block size to
+    divide ``head_dim`` (a block never spans two heads); the fork's TBQ types
+    (``FormatInfo.row_tiled``) need it to divide only the row, so at head_dim
+    64 one 128-value TBQ block holds two heads. Without ``n_kv_heads`` every
+    format is held to the head rule. For the formats listed a bytes-per-value
+    budget describes a cache that cannot exist.
 
     >>> incompatible_formats(100, "f16,q8_0,tbq4_0")
     [('q8_0', 32), ('tbq4_0', 128)]
     >>> incompatible_formats(96, "q8_0,q4_0,mxfp4,nvfp4,tbq3_0")
     [('nvfp4', 64), ('tbq3_0', 128)]
+    >>> incompatible_formats(64, "q8_0,tbq4_0", n_kv_heads=8), incompatible_formats(64, "tbq4_0", n_kv_heads=1)
+    ([], [('tbq4_0', 128)])
     """
     head_dim = _count(head_dim, "head_dim")
+    heads = None if n_kv_heads is None else _count(n_kv_heads, "n_kv_heads")
     out = []
     for name, _ in _parse_formats(formats):
         size = format_block_size(name) if not name.endswith("-bit") else None
-        if size is not None and head_dim % size:
+        if size is None:
+            continue
+        info = FORMATS.get(name)
+        fits = info.tiles(heads, head_dim) if (info is not None and heads is not None) else head_dim % size == 0
+        if not fits:
             out.append((name, size))
     return out
 
@@ -231,6 +243,8 @@ def _count(x: Any, what: str) -> int:
         raise TbqTypeError(f"{what} must be an integer, got {x!r}") from None
     if n < 1:
         raise TbqValueError(f"{what} must be at least 1, got {n}")
+    if n > MAX_QUANTITY:
+        raise TbqValueError(f"{what} {n:.3g} is too large: at most 10^30 is taken")
     return n
 
 
@@ -769,19 +783,32 @@ def _tokens_str(x: float) -> str:
     return f"{n:,} ({k:,.1f}K)" if x >= 1024 else f"{n:,}"
 
 
+#: Width of the text report: headers and notes are wrapped to it; the tables of the default formats fit it.
+REPORT_WIDTH = 100
+
+
+def _wrap(text: str) -> list[str]:
+    return textwrap.wrap(text, REPORT_WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
+def _count_str(v: Number) -> str:
+    """``65,536`` when whole, else two decimals: never a raw float like ``65,551.51515151515``."""
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+
+
 def format_report(report: BudgetReport) -> str:
-    """The aligned text tables ``tbq budget`` prints."""
+    """The aligned text tables ``tbq budget`` prints (headers and notes wrapped to :data:`REPORT_WIDTH` columns)."""
     r = report
     names = [f.format for f in r.formats]
     seq_word = f"{r.sequences} sequence{'s' if r.sequences != 1 else ''}"
-    out = [f"KV cache budget: {r.source}", f"Sequences: {r.sequences}"]
+    out = _wrap(f"KV cache budget: {r.source}") + [f"Sequences: {r.sequences}"]
     for note in r.notes:
-        out.append(f"Note: {note}")
+        out += _wrap(f"Note: {note}")
 
     out += ["", "Bytes per token (K and V, all attention layers)"]
     out += _table(
         ["format", "bits/value", "bytes/token", "per token"],
-        [[f.format, _bits_str(f.bits_per_value), f"{f.kv_bytes_per_token:,}", f.kv_per_token] for f in r.formats],
+        [[f.format, _bits_str(f.bits_per_value), _count_str(f.kv_bytes_per_token), f.kv_per_token] for f in r.formats],
     )
 
     ctx_rows = [[format_context(c), f"{c:,}"] for c in r.contexts]
@@ -795,7 +822,7 @@ def format_report(report: BudgetReport) -> str:
     out += [""]
     if r.weights_traffic_bytes is not None:
         per = "" if r.sequences == 1 else f"; the step reads the caches of all {r.sequences} sequences"
-        out.append(
+        out += _wrap(
             "Crossover: the context where one decode step reads as many KV bytes as weight bytes "
             f"(weights read per step: {format_bytes(r.weights_traffic_bytes, binary=False)}"
             f" = {format_bytes(r.weights_traffic_bytes)}{per})"
@@ -809,11 +836,14 @@ def format_report(report: BudgetReport) -> str:
     out += [""]
     if r.bandwidth_bytes_per_s is not None:
         per = "" if r.sequences == 1 else f"; per sequence, the aggregate is {r.sequences}x"
-        out.append(
+        out += _wrap(
             f"Predicted decode tokens/s (bandwidth-bound upper estimate: {format_rate(r.bandwidth_bytes_per_s)}"
             f" / (weights + context x KV bytes/token{' x sequences' if r.sequences != 1 else ''}){per})"
         )
-        out.append(f"  weights only (context 0): {r.weights_only_tokens_per_s:,.1f} tok/s")
+        if r.weights_only_tokens_per_s is None:
+            out.append("  weights only (context 0): no bytes read per step (weights traffic 0)")
+        else:
+            out.append(f"  weights only (context 0): {r.weights_only_tokens_per_s:,.1f} tok/s")
         out += _table(
             ["context", "tokens", *names],
             [row + [f"{r.row(n, c).decode_tokens_per_s:,.1f}" for n in names] for row, c in zip(ctx_rows, r.contexts)],
@@ -823,19 +853,18 @@ def format_report(report: BudgetReport) -> str:
 
     out += [""]
     if r.vram_bytes is not None:
-        out.append(
+        out += _wrap(
             f"Feasibility ({seq_word}): VRAM {format_bytes(r.vram_bytes, binary=False)} ({format_bytes(r.vram_bytes)})"
             f" - weights {format_bytes(r.weights_bytes)} - workspace {format_bytes(r.workspace_bytes)}"
             f" = {format_bytes(r.available_bytes)} for the KV cache; cells show fit and headroom"
+            " (1 decimal); the last row is the largest context that fits, in tokens"
         )
 
         def cell(row: SweepRow) -> str:
-            return f"{'yes' if row.fits else 'NO'} {'+' if row.headroom_bytes >= 0 else ''}{row.headroom}"
+            return f"{'yes' if row.fits else 'NO'} {'+' if row.headroom_bytes >= 0 else ''}{format_bytes(row.headroom_bytes, precision=1)}"
 
         table_rows = [row + [cell(r.row(n, c)) for n in names] for row, c in zip(ctx_rows, r.contexts)]
-        table_rows.append(
-            ["largest", "context"] + [f"{f.max_context:,} ({f.max_context / 1024:,.1f}K)" for f in r.formats]
-        )
+        table_rows.append(["largest", ""] + [f"{f.max_context:,}" for f in r.formats])
         out += _table(["context", "tokens", *names], table_rows)
     else:
         out.append("Feasibility: give --vram and --weights (and --workspace) to check it")

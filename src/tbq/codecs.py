@@ -4,7 +4,7 @@ A codec is a format (:mod:`tbq.formats`) with execution settings. Its
 configuration is plain JSON data (the numcodecs pattern):
 ``get_codec(name, **config)`` builds one, ``codec.get_config()`` returns the
 dict (including ``name``) and ``codec_from_config(config)`` rebuilds an equal
-codec. This module validates, chunks, runs threads and checks ``out=``; the
+codec. This module validates, chunks (threads: :mod:`tbq.parallel`) and checks ``out=``; the
 arithmetic is the format's (NumPy reference or numba kernels, byte-identical)
 and is reached without ever branching on the format's name.
 
@@ -15,12 +15,8 @@ multiple of the block size encodes to uint8 of shape
 
 from __future__ import annotations
 
-import os
-import concurrent.futures
 import dataclasses
-import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -33,7 +29,8 @@ from .errors import (
     TbqTypeError,
     TbqValueError,
 )
-from .formats import FORMATS, Format, FormatInfo, format_class, format_info
+from .formats import FORMATS, Format, FormatInfo, format_class, format_info, format_name
+from .parallel import default_threads, fork_safe_lock, run_chunks
 
 __all__ = [
     "Codec",
@@ -70,17 +67,10 @@ NUMPY_CHUNK_VALUES = 1 << 15
 #: ten times cheaper per value than encoding, so its minimum is larger.
 MIN_CHUNK_VALUES = {"encode": 1 << 17, "decode": 1 << 20}
 #: Calls up to this many values are a single chunk on one thread whatever the
-#: settings (see ``_run_chunks``), so a C-contiguous input takes the short path.
+#: settings (see ``Codec.encode``), so a C-contiguous input takes the short path.
 _FAST_VALUES = {k: min(v, CHUNK_VALUES) for k, v in MIN_CHUNK_VALUES.items()}
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
-
-def _default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
-
 
 # ---------------------------------------------------------------------------
 # Caches of data-independent work: format instances and the shortcuts' codecs
@@ -137,12 +127,15 @@ def _private_copy(v):
 
 
 class _LRU:
-    """A small thread-safe least-recently-used map (building twice in a race is harmless)."""
+    """A small thread-safe least-recently-used map (building twice in a race is harmless).
+
+    Its lock is rebuilt in a forked child (:func:`tbq.parallel.fork_safe_lock`).
+    """
 
     def __init__(self, size: int):
         self.size = size
         self.data: OrderedDict = OrderedDict()
-        self.lock = threading.Lock()
+        self.lock = fork_safe_lock()
 
     def get(self, key):
         with self.lock:
@@ -194,55 +187,6 @@ def clear_caches() -> None:
     """Forget the cached formats and codecs (they are rebuilt on the next call; results never change)."""
     _FORMAT_CACHE.clear()
     _CODEC_CACHE.clear()
-
-
-_pool_lock = threading.Lock()
-_pool: list = []
-
-
-def _executor() -> ThreadPoolExecutor:
-    with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max_workers=max(2, 2 * _default_threads()), thread_name_prefix="tbq"))
-        return _pool[0]
-
-
-def _run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1):
-    """Call ``fn(start, stop)`` over ``[0, n_items)`` in chunks; ``threads`` contiguous groups.
-
-    Returns the results in chunk order. Each group runs its chunks in order, so
-    the first error (by position) is the first non-None result.
-    """
-    if threads > 1:  # give every thread work on mid-sized arrays too
-        chunk = min(chunk, max(min_chunk, -(-n_items // threads)))
-    bounds = [(s, min(s + chunk, n_items)) for s in range(0, n_items, chunk)]
-    if threads <= 1 or len(bounds) <= 1:
-        results = []
-        for s, e in bounds:
-            r = fn(s, e)
-            results.append(r)
-            if r is not None:
-                break
-        return results
-    groups = np.array_split(np.arange(len(bounds)), min(threads, len(bounds)))
-
-    def run_group(ids):
-        out = []
-        for i in ids:
-            r = fn(*bounds[i])
-            out.append(r)
-            if r is not None:
-                break
-        return out
-
-    futures = [_executor().submit(run_group, g) for g in groups[1:]]
-    try:
-        results = run_group(groups[0])
-    finally:  # never return (or raise) while workers still write into the output
-        concurrent.futures.wait(futures)
-    for f in futures:
-        results.extend(f.result())
-    return results
 
 
 class _Blocks:
@@ -323,11 +267,11 @@ class Codec:
 
     def __init__(self, fmt: str | None = None, *, backend=None, threads=None, on_overflow="raise", **format_options):
         if fmt is not None and fmt != self.name:
-            if self.name:
+            canonical = format_name(fmt)
+            if self.name and canonical != self.name:
                 raise ConfigError(f"{type(self).__name__} is the {self.name} codec, not {fmt!r}")
-            format_info(fmt)
-            self.name = fmt
-            self.info = FORMATS[fmt]
+            self.name = canonical
+            self.info = FORMATS[canonical]
         if not self.name:
             raise ConfigError("Codec needs a format name, e.g. Codec('q8_0')")
         #: the :class:`tbq.formats.Format` with this codec's format options
@@ -391,7 +335,7 @@ class Codec:
 
     # -- encode --
     def _n_threads(self) -> int:
-        return self.threads if self.threads is not None else _default_threads()
+        return self.threads if self.threads is not None else default_threads()
 
     def encode(self, x, out=None) -> np.ndarray:
         """Encode float values to bytes.
@@ -406,7 +350,7 @@ class Codec:
             # no gathering; the same kernel call and the same errors as below.
             n = x.shape[-1] if x.ndim else 0
             bs = self.info.block_size
-            if 0 < x.size <= _FAST_VALUES["encode"] and n % bs == 0 and x.flags.c_contiguous:
+            if x.ndim and 0 < x.size <= _FAST_VALUES["encode"] and n % bs == 0 and x.flags.c_contiguous:
                 ts = self.info.type_size
                 out = np.empty(x.shape[:-1] + (n // bs * ts,), np.uint8)
                 fmt = self.format
@@ -466,7 +410,7 @@ class Codec:
         threads = self._n_threads() if self.backend == "numba" else 1
         n_units = nblocks // unit if unit else 0
         min_units = max(1, MIN_CHUNK_VALUES["encode"] // (bs * unit))
-        for r in _run_chunks(n_units, chunk, threads, work, min_units):
+        for r in run_chunks(n_units, chunk, threads, work, min_units):
             if r is not None:
                 self._raise_encode_error(src, *r)
         return out
@@ -476,7 +420,8 @@ class Codec:
         if kind == STATUS_NONFINITE:
             j = int(np.argmax(~np.isfinite(vals)))
             orig = src.raw(block, block + 1)[0][j]
-            what = f"{orig!r}" if not np.isfinite(orig) else f"{orig!r}, which overflows float32"
+            shown = repr(float(orig))  # the value, never a NumPy repr such as np.float32(inf)
+            what = shown if not np.isfinite(orig) else f"{shown}, which overflows float32"
             raise NonFiniteError(
                 f"{self.name}: input block {block} holds a non-finite value "
                 f"({what} at position {j} of the block, i.e. flat value index {block * self.block_size + j}); "
@@ -498,7 +443,7 @@ class Codec:
         if out is None and type(data) is np.ndarray and data.dtype is _U8 and self.backend == "numba":
             nbytes = data.shape[-1] if data.ndim else 0
             ts = self.info.type_size
-            if 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
+            if data.ndim and 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
                 bs = self.info.block_size
                 out = np.empty(data.shape[:-1] + (nbytes // ts * bs,), np.float32)
                 self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))
@@ -526,7 +471,7 @@ class Codec:
                     out2[s:e] = fmt.reference_decode(src.get(s, e))
 
         threads = self._n_threads() if self.backend == "numba" else 1
-        _run_chunks(src.n, chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
+        run_chunks(src.n, chunk, threads, work, max(1, MIN_CHUNK_VALUES["decode"] // bs))
         return out
 
 
@@ -589,6 +534,7 @@ def codec_class(name: str) -> type:
     >>> codec_class("q8_0")(backend="numpy")
     Q8_0(backend='numpy', threads=None, on_overflow='raise')
     """
+    name = format_name(name)
     if name not in _CLASSES:
         info = format_info(name)
         doc = f"{info.description}.\n\n{format_class(name).__doc__ or ''}\n\n{Codec.__doc__}"
@@ -638,8 +584,9 @@ def codec_from(fmt: str, config: dict | None = None, **settings) -> Codec:
     TBQ4_0(codebook='lloyd-max', signs=7, backend='numpy', threads=None, on_overflow='raise')
     """
     cfg = dict(config or {})
+    fmt = format_name(fmt)
     name = cfg.pop("name", fmt)
-    if name != fmt:
+    if format_name(name) != fmt:
         raise ConfigError(f"the config is for {name!r}, not {fmt!r}")
     for key in ("backend", "threads"):
         cfg.pop(key, None)

@@ -2,14 +2,21 @@
 
 Without a file it uses :func:`tbq.synthetic.builtin_kv` (512 tokens x 8 heads x
 128, keys with outlier channels, Gaussian values). With a ``.npy`` file it uses
-that array (float16/32/64, last axis a multiple of 128).
+that array (float16/32/64).
+
+An array is read as ``(tokens, kv_heads, head_dim)`` (:func:`kv_geometry`):
+axis 0 is the token (context) axis, the last axis one head, any axes between
+the KV heads; a 2-D array is one head per token. Any head_dim works. As in
+llama.cpp each token's row of ``kv_heads x head_dim`` values is quantized in
+blocks along the row: a ggml type's block must divide head_dim (it never spans
+two heads), the fork's TBQ blocks only the row (``FormatInfo.tiles``); a
+format that cannot tile the rows is skipped (the default list) or refused (a
+named one).
 
 Besides the vector error (NMSE, SNR, max abs error, cosine) every row reports
 what the error does to attention, against seeded random N(0, 1) queries
-(:func:`tbq.metrics.random_queries`). An array is read as ``(tokens, ...)``:
-axis 0 is the token (context) axis and every 128 values of a token are one
-head. For a *key* array (the built-in ``keys``, or any user file) the columns
-are the RMS error of the logits ``q.k/sqrt(128)``, the mean softmax KL
+(:func:`tbq.metrics.random_queries`). For a *key* array (the built-in ``keys``, or any user file) the columns
+are the RMS error of the logits ``q.k/sqrt(head_dim)``, the mean softmax KL
 divergence ``KL(p || p_hat)`` in nats, and the fraction of the exact top-k
 tokens that stay in the top k; for the built-in ``values`` these do not apply
 (values do not enter the logits) and show ``-``. ``out NMSE`` is the NMSE of the
@@ -37,13 +44,15 @@ import numpy as np
 from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
-from .formats import check_options, config_for, format_class, formats
-from .metrics import attention_error, error_summary, nmse, random_queries, softmax_kl, topk_agreement
+from .formats import FORMATS, check_options, config_for, format_class, format_name, formats
+from .metrics import attention_error, cosine_similarity, error_summary, nmse, random_queries, softmax_kl, topk_agreement
 
-__all__ = ["compare", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
+__all__ = ["compare", "kv_geometry", "untileable", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
 
-#: Head size of the attention metrics: every 128 values of a token are one head.
+#: Head size of the built-in data set.
 HEAD_DIM = 128
+#: Values per step of the chunked error metrics (bounds their float64 temporaries to a few MiB).
+METRIC_STEP = 1 << 18
 
 COLUMNS = [
     ("data", "{}"),
@@ -107,11 +116,35 @@ def _best_time(fn, repeat: int) -> float:
     return best
 
 
+def kv_geometry(x) -> tuple[int, int, int]:
+    """``(tokens, kv_heads, head_dim)`` of an array as :func:`compare` reads it.
+
+    Axis 0 is the tokens, the last axis one head, the axes between are the KV
+    heads; a 2-D array is one head per token and a 1-D array one token.
+
+    >>> kv_geometry(np.zeros((16, 8, 64))), kv_geometry(np.zeros((16, 2, 4, 96))), kv_geometry(np.zeros((5, 256)))
+    ((16, 8, 64), (16, 8, 96), (5, 1, 256))
+    """
+    shape = np.shape(x)
+    if len(shape) == 0:
+        return (1, 1, 1)
+    if len(shape) == 1:
+        return (1, 1, int(shape[0]))
+    return int(shape[0]), int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
+
+
+def untileable(fmts, kv_heads: int, head_dim: int) -> list[str]:
+    """The formats of ``fmts`` whose blocks cannot tile rows of ``kv_heads x head_dim`` values (``FormatInfo.tiles``).
+
+    >>> untileable(["q8_0", "nvfp4", "tbq4_0"], 8, 96), untileable(["q8_0", "tbq4_0"], 1, 64)
+    (['nvfp4'], ['tbq4_0'])
+    """
+    return [f for f in fmts if not FORMATS[format_name(f)].tiles(kv_heads, head_dim)]
+
+
 def _heads(x: np.ndarray) -> np.ndarray:
-    """``(tokens, heads, 128)`` view: axis 0 is the token axis, every 128 values of a token one head."""
-    if x.ndim == 1:
-        x = x[None, :]
-    return x.reshape(x.shape[0], -1, HEAD_DIM)
+    """``(tokens, kv_heads, head_dim)`` view (:func:`kv_geometry`)."""
+    return x.reshape(kv_geometry(x))
 
 
 def _logits(queries: np.ndarray, X: np.ndarray) -> np.ndarray:
@@ -123,7 +156,7 @@ def _logits(queries: np.ndarray, X: np.ndarray) -> np.ndarray:
     out = np.empty((X.shape[1], q.shape[0], X.shape[0]))
     for h in range(X.shape[1]):
         np.matmul(q[:, h, :], X[:, h, :].astype(np.float64).T, out=out[h])
-    return out * (1.0 / math.sqrt(HEAD_DIM))
+    return out * (1.0 / math.sqrt(X.shape[2]))
 
 
 def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, topk: int = 8, encoded=None, threads=None) -> dict:
@@ -146,7 +179,7 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     X, Y = _heads(np.asarray(x, np.float32)), _heads(np.asarray(y, np.float32))
     P = None if partner is None else _heads(np.asarray(partner, np.float32))
     out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
-    if encoded is not None:
+    if encoded is not None and _fused_ok(encoded[1], X.shape[2]):
         return _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads)
     if role == "keys":
         m = attention_error(queries, X, P, k_hat=Y, topk=topk)
@@ -160,23 +193,38 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     return out
 
 
+def _fused_ok(codec, head_dim: int) -> bool:
+    """Whether the fused kernel reads this cache: its blocks within a head (and 128-value rotation blocks)."""
+    info = codec.info
+    return head_dim % info.block_size == 0 and (not info.rotated or head_dim % 128 == 0)
+
+
 def _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads) -> dict:
     out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
-    if role == "keys":
-        a, b = _logits(queries, X), _logits(queries, Y)
-        e = b - a
-        out["logit rmse"] = math.sqrt(float(np.mean(e * e)))
-        out["softmax KL"] = float(np.mean(softmax_kl(a, b)))
-        out["top-k"] = float(np.mean(topk_agreement(a, b, topk)))
-        del a, b, e
+    if role == "keys":  # one head at a time: the float64 logits of all heads at once were 1.5x the input
+        q = np.asarray(queries, np.float64)
+        if q.ndim == 2:
+            q = np.broadcast_to(q[:, None, :], (q.shape[0], X.shape[1], q.shape[1]))
+        se = kl = agree = 0.0
+        for h in range(X.shape[1]):
+            a, b = _logits(q[:, h : h + 1], X[:, h : h + 1]), _logits(q[:, h : h + 1], Y[:, h : h + 1])
+            e = b - a
+            se += float(np.sum(e * e))
+            kl += float(np.sum(softmax_kl(a, b)))
+            agree += float(np.sum(topk_agreement(a, b, topk)))
+            del a, b, e
+        n_logits, n_rows = X.shape[1] * q.shape[0] * X.shape[0], X.shape[1] * q.shape[0]
+        out["logit rmse"] = math.sqrt(se / n_logits)
+        out["softmax KL"] = kl / n_rows
+        out["top-k"] = agree / n_rows
     if P is not None:
         data, codec = encoded
         heads = X.shape[1]
         q = np.asarray(queries, np.float32)
         if q.ndim == 2:
             q = np.broadcast_to(q[:, None, :], (q.shape[0], heads, q.shape[1]))
-        q = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(-1, HEAD_DIM)  # query heads (head, query): GQA over the heads
-        cache = KVCache(codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), HEAD_DIM, codec.format.config())
+        q = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(-1, X.shape[2])  # query heads (head, query): GQA over the heads
+        cache = KVCache(codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config())
         with np.errstate(all="ignore"):
             if role == "keys":
                 exact, approx = attention_fused(q, X, P, threads=threads), attention_fused(q, cache, P, threads=threads)
@@ -203,17 +251,14 @@ def tokens_of(x) -> int:
 def check_array(label: str, x) -> np.ndarray:
     """``x`` as float32 if :func:`compare` can study it, else a :class:`~tbq.errors.TbqError` naming ``label``.
 
-    It must be a float16/32/64 array (any byte order) with at least one value
-    and a last axis that is a whole number of 128-value heads.
+    It must be a float16/32/64 array (any byte order) with at least one axis
+    and at least one value; its geometry is :func:`kv_geometry`'s.
     """
     x = np.asarray(x)
     if x.dtype.kind != "f" or x.dtype.itemsize not in (2, 4, 8):
         raise TbqTypeError(f"{label}: expected a float16, float32 or float64 array, got dtype {x.dtype}")
-    if x.ndim == 0 or x.shape[-1] % HEAD_DIM:
-        raise BlockShapeError(
-            f"{label}: the last axis must be a multiple of {HEAD_DIM} (one attention head; also the largest "
-            f"block size), got shape {x.shape}"
-        )
+    if x.ndim == 0:
+        raise BlockShapeError(f"{label}: expected an array of (tokens, kv_heads, head_dim), got a scalar")
     if x.size == 0:
         raise TbqValueError(f"{label}: the array has no values (shape {x.shape})")
     return x.astype(np.float32, copy=False)
@@ -244,19 +289,31 @@ def compare(
     ``"values"`` of the same shape each is the exact partner of the other.
     Without ``attention`` those columns are ``None``.
 
+    Each array is read as ``(tokens, kv_heads, head_dim)`` (:func:`kv_geometry`)
+    and its rows of ``kv_heads x head_dim`` values are encoded as llama.cpp
+    does. A format that cannot tile those rows (:func:`untileable`) raises
+    :class:`~tbq.errors.BlockShapeError` when named in ``fmts``; with
+    ``fmts=None`` (every format) it is left out of the rows.
+
     ``config`` goes to :func:`tbq.get_codec` (each format's own options only:
     ``codebook`` and ``signs`` to the TBQ formats, ``scale`` to FP8; an option
     no format of ``fmts`` takes is an error), e.g. ``on_overflow="inf"``; metrics of a
     reconstruction holding infinities are then ``inf`` or ``nan``.
     ``on_row(row)``, if given, is called after each row (progress reports).
     """
-    fmts = tuple(fmts) if fmts is not None else formats()
+    named = fmts is not None
+    fmts = tuple(dict.fromkeys(format_name(f) for f in fmts)) if named else formats()
     check_options(fmts, {k: v for k, v in config.items() if k not in EXECUTION_SETTINGS})
     repeat = _check_count(repeat, "repeat")
     if attention:
         n_queries = _check_count(n_queries, "n_queries")
         topk = _check_count(topk, "topk")
     arrays = {label: check_array(label, x) for label, x in data.items()}
+    for label, x in arrays.items():
+        _, heads, head_dim = kv_geometry(x)
+        bad = untileable(fmts, heads, head_dim)
+        if bad and named:
+            raise BlockShapeError(f"{label}: {tiling_message(bad, heads, head_dim)}")
     if attention:
         for label, x in arrays.items():
             if topk > tokens_of(x):
@@ -271,17 +328,22 @@ def compare(
         partner = None
         if paired and label in ("keys", "values"):
             partner = arrays["values" if label == "keys" else "keys"]
-        queries = random_queries(n_queries, HEAD_DIM, _heads(x).shape[1], seed=query_seed) if attention else None
+        tokens, heads, head_dim = kv_geometry(x)
+        rows2 = x.reshape(tokens, heads * head_dim)  # one row per token, tiled in blocks as llama.cpp does
+        queries = random_queries(n_queries, head_dim, heads, seed=query_seed) if attention else None
         for fmt in fmts:
+            if fmt in untileable([fmt], heads, head_dim):
+                continue  # the default list: left out (a named format was refused above)
             cfg = config_for(fmt, config)
             codec = get_codec(fmt, **cfg)
-            q = codec.encode(x)  # warm-up, compiles the kernels
-            y = codec.decode(q)
-            t_enc = _best_time(lambda: codec.encode(x, out=q), repeat)
-            t_dec = _best_time(lambda: codec.decode(q, out=y), repeat)
+            q = codec.encode(rows2)  # warm-up, compiles the kernels
+            y2 = codec.decode(q)
+            t_enc = _best_time(lambda: codec.encode(rows2, out=q), repeat)
+            t_dec = _best_time(lambda: codec.decode(q, out=y2), repeat)
+            y = y2.reshape(x.shape)
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
-                s = error_summary(x, y)
+                s = chunked_error_summary(_heads(x), _heads(y))
                 row.update(
                     {"NMSE": s["nmse"], "SNR dB": s["snr_db"], "max abs err": s["max_abs_error"], "mean cos": s["mean_cosine"]}
                 )
@@ -291,10 +353,54 @@ def compare(
                     row.update({"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None})
             row["enc Mv/s"] = x.size / t_enc / 1e6
             row["dec Mv/s"] = x.size / t_dec / 1e6
+            del q, y2, y  # before the next format allocates its own: peak memory is one format's, not two
             rows.append(row)
             if on_row is not None:
                 on_row(row)
     return rows
+
+
+def tiling_message(bad, heads: int, head_dim: int) -> str:
+    """Why the formats ``bad`` cannot store rows of ``heads x head_dim`` values (docs/formats.md, row tiling)."""
+    parts = []
+    for f in bad:
+        info = FORMATS[f]
+        unit = f"the row of {heads} x {head_dim} = {heads * head_dim} values" if info.row_tiled else f"head_dim {head_dim}"
+        parts.append(f"{f} (blocks of {info.block_size} must divide {unit})")
+    return "cannot tile the rows: " + "; ".join(parts)
+
+
+def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP) -> dict:
+    """:func:`tbq.metrics.error_summary` of ``(tokens, heads, head_dim)`` arrays, a few tokens at a time.
+
+    The sums are float64 as there; the temporaries are bounded by ``step``
+    values, not by the arrays (a 128 MiB file no longer needs gigabytes). The
+    cosine is per head vector, as before.
+    """
+    tokens = x.shape[0]
+    per = max(1, step // max(1, x[0].size))
+    sx = se = 0.0
+    mx = 0.0
+    cos_sum = 0.0
+    n_vec = 0
+    for s0 in range(0, tokens, per):
+        a = x[s0 : s0 + per].astype(np.float64)
+        b = y[s0 : s0 + per].astype(np.float64)
+        d = b - a
+        sx += float(np.sum(a * a))
+        se += float(np.sum(d * d))
+        if d.size:
+            m = float(np.max(np.abs(d)))
+            mx = float("nan") if (m != m or mx != mx) else max(mx, m)  # NaN propagates as in np.max
+        c = cosine_similarity(a, b)
+        cos_sum += float(np.sum(c))
+        n_vec += c.size
+    if sx == 0.0:
+        e = 0.0 if se == 0.0 else float("inf")
+    else:
+        e = se / sx
+    snr = float("inf") if e == 0.0 else float(-10.0 * np.log10(e))
+    return {"nmse": e, "snr_db": snr, "max_abs_error": mx, "mean_cosine": cos_sum / n_vec if n_vec else float("nan")}
 
 
 # ---------------------------------------------------------------------------

@@ -26,7 +26,6 @@ Nothing here is imported by ``import tbq``: dask is an optional dependency.
 from __future__ import annotations
 
 import json
-import threading
 
 import numpy as np
 
@@ -38,6 +37,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from .codecs import Codec, codec_from_config, get_codec
 from .errors import BlockShapeError, EncodedLengthError, TbqTypeError, TbqValueError
+from .parallel import fork_safe_lock
 
 __all__ = ["quantize", "dequantize", "error_metrics", "aligned_chunks"]
 
@@ -46,7 +46,7 @@ METRICS_STEP = 1 << 20
 
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
-_cache_lock = threading.Lock()
+_cache_lock = fork_safe_lock()
 _codec_cache: dict[str, Codec] = {}
 
 

@@ -41,7 +41,8 @@ import math
 import numpy as np
 
 from .codebooks import lloyd_max_iterate, normal_pdf
-from .errors import TbqValueError
+from .errors import TbqTypeError, TbqValueError
+from .parallel import require_memory
 
 __all__ = [
     "nmse",
@@ -221,8 +222,15 @@ def random_queries(n: int, head_dim: int, heads: int | None = None, *, seed: int
     >>> random_queries(3, 8, seed=1).shape, random_queries(3, 8, 2).shape
     ((3, 8), (3, 2, 8))
     """
+    dims = {"n": n, "head_dim": head_dim} if heads is None else {"n": n, "heads": heads, "head_dim": head_dim}
+    for name, v in dims.items():
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TbqTypeError(f"{name} must be an integer, got {v!r}")
+        if v < 1:
+            raise TbqValueError(f"{name} must be at least 1, got {v}")
+    shape = tuple(int(v) for v in dims.values())
+    require_memory(8 * math.prod(shape), f"{math.prod(shape):,} random query values")
     rng = np.random.default_rng(seed)
-    shape = (n, head_dim) if heads is None else (n, heads, head_dim)
     return rng.standard_normal(shape)
 
 

@@ -87,7 +87,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 from .codecs import Codec as _CoreCodec
 from .codecs import get_codec as _core_get_codec
 from .errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError, TbqValueError
-from .formats import FORMATS
+from .formats import FORMATS, format_name
 
 __all__ = [
     "TbqCodec",
@@ -244,7 +244,7 @@ class TbqCodec(_NumcodecsCodec):
     def from_config(cls, config):
         cfg = dict(config)
         cid = cfg.pop("id", cls.codec_id)
-        if cid != cls.codec_id:
+        if cid != cls.codec_id and (not isinstance(cid, str) or not cid[:4].lower() == "tbq." or _fmt_of(cid) != cls.fmt):
             raise ConfigError(f"{cls.__name__}.from_config: config id {cid!r} is not {cls.codec_id!r}")
         return cls(**cfg)
 
@@ -341,7 +341,12 @@ for _cls in _CLASSES.values():
 def _fmt_of(name: str) -> str:
     """``"q8_0"`` or ``"tbq.q8_0"`` -> ``"q8_0"`` (ConfigError listing the choices otherwise)."""
     if isinstance(name, str):
-        fmt = name[4:] if name.startswith("tbq.") else name
+        key = name.strip()
+        fmt = key[4:] if key[:4].lower() == "tbq." else key
+        try:
+            fmt = format_name(fmt)  # the naming rule of docs/formats.md: any case
+        except ConfigError:
+            fmt = None
         if fmt in _CLASSES:
             return fmt
     raise ConfigError(

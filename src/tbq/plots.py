@@ -86,7 +86,11 @@ def _figure(nrows=1, ncols=1, width=None, height=None, *, what: str = "plotting"
 
 
 def _save(fig, path) -> Path:
+    """Save ``fig`` to ``path`` and return the file written (``.png`` added to a name without extension, as
+    matplotlib does, so the path reported is the file that exists)."""
     path = Path(path)
+    if not path.suffix:
+        path = path.with_name(path.name + ".png")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path

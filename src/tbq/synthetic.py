@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from .errors import TbqValueError
+from .errors import TbqTypeError, TbqValueError
+from .parallel import require_memory
 
 __all__ = [
     "gaussian",
@@ -47,12 +48,26 @@ __all__ = [
 DEFAULT_OUTLIER_CHANNELS = (5, 37, 64, 111)
 
 
+def _shape(tokens, heads, head_dim, itemsize: int = 8) -> tuple[int, int, int]:
+    """``(tokens, heads, head_dim)`` checked: positive integers whose array fits in memory."""
+    out = []
+    for name, v in (("tokens", tokens), ("heads", heads), ("head_dim", head_dim)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TbqTypeError(f"{name} must be an integer, got {v!r}")
+        if v < 1:
+            raise TbqValueError(f"{name} must be at least 1, got {v}")
+        out.append(int(v))
+    require_memory(2 * itemsize * out[0] * out[1] * out[2], f"a synthetic array of {out[0]:,} x {out[1]:,} x {out[2]:,} values")
+    return tuple(out)
+
+
 def gaussian(tokens: int, heads: int, head_dim: int = 128, *, seed: int = 0, std: float = 1.0) -> np.ndarray:
     """i.i.d. N(0, std**2) values.
 
     >>> gaussian(4, 2, seed=1).shape
     (4, 2, 128)
     """
+    tokens, heads, head_dim = _shape(tokens, heads, head_dim)
     rng = np.random.default_rng(seed)
     return (rng.standard_normal((tokens, heads, head_dim), dtype=np.float32) * np.float32(std)).astype(np.float32)
 
@@ -152,6 +167,7 @@ def rope_keys(
     ``outlier_factor`` before rotation (in real models large key channels sit
     in slowly rotating, i.e. high-``i``, pairs).
     """
+    tokens, heads, head_dim = _shape(tokens, heads, head_dim)
     rng = np.random.default_rng(seed)
     c = rng.standard_normal((1, heads, head_dim))
     z = rng.standard_normal((tokens, heads, head_dim))
@@ -178,6 +194,7 @@ def heavy_tailed_values(tokens: int, heads: int, head_dim: int = 128, *, seed: i
     """
     if not df > 2:
         raise TbqValueError(f"df must be > 2 for a finite variance, got {df}")
+    tokens, heads, head_dim = _shape(tokens, heads, head_dim)
     rng = np.random.default_rng(seed)
     t = rng.standard_t(df, size=(tokens, heads, head_dim))
     return (t * math.sqrt((df - 2.0) / df)).astype(np.float32)

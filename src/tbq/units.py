@@ -36,20 +36,46 @@ __all__ = [
 ]
 
 
+#: The largest number any quantity of the budget may be (bytes, bytes per second, tokens, values):
+#: nothing in a KV budget comes near it, and below it every product the budget forms stays a
+#: finite float (10^30 x 10^30 x 10^30 x 64 bits is far below the float maximum of 1.8e308).
+MAX_QUANTITY = 10**30
+
+
+def _not_huge(v: Fraction, what: str, text: Any) -> Fraction:
+    if abs(v) > MAX_QUANTITY:
+        raise TbqValueError(f"{what} {_show(text)} is too large: at most 10^30 is taken")
+    return v
+
+
+def _show(x: Any) -> str:
+    """``x`` for a message: short, and never a NumPy repr (``np.float32(inf)`` shows as ``inf``)."""
+    if isinstance(x, numbers.Real) and not isinstance(x, (bool, int)):
+        try:
+            x = float(x)
+        except (OverflowError, ValueError):
+            pass
+    text = repr(x) if isinstance(x, str) else str(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def exact(x: Any, what: str, *, positive: bool = False) -> Fraction:
-    """A non-negative (or positive) finite number as an exact Fraction (``what`` names it in the error)."""
+    """A non-negative (or positive) finite number, at most :data:`MAX_QUANTITY`, as an exact Fraction."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TbqTypeError(f"{what} must be a number, got {x!r}")
     if isinstance(x, numbers.Rational):
         v = Fraction(x)
     else:
-        xf = float(x)
+        try:
+            xf = float(x)
+        except OverflowError:
+            xf = math.inf
         if not math.isfinite(xf):
             raise TbqValueError(f"{what} must be finite, got {xf}")
         v = Fraction(xf)
     if v < 0 or (positive and v == 0):
-        raise TbqValueError(f"{what} must be {'positive' if positive else 'non-negative'}, got {x!r}")
-    return v
+        raise TbqValueError(f"{what} must be {'positive' if positive else 'non-negative'}, got {_show(x)}")
+    return _not_huge(v, what, x)
 
 
 _NUM = r"[+-]?(?:\d[\d_]*(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
@@ -69,7 +95,7 @@ def _split_quantity(text: Any, what: str) -> tuple[Fraction, str, str]:
         raise TbqValueError(f"cannot read {what} {text!r}: expected a number followed by a unit, e.g. 18.8GiB")
     num = m.group("num")
     value = Fraction(num.replace("_", ""))
-    return value, num, m.group("unit")
+    return _not_huge(value, what, text), num, m.group("unit")
 
 
 def _byte_multiplier(unit: str, num: str, text: str, per: str = "") -> int:
@@ -142,7 +168,7 @@ def parse_bytes(text: Any) -> int:
     mult = _byte_multiplier(unit, num, text)
     if value < 0:
         raise TbqValueError(f"a size cannot be negative: {text!r}")
-    return round(value * mult)
+    return int(_not_huge(Fraction(round(value * mult)), "a size", text))
 
 
 def parse_rate(text: Any) -> int:
@@ -173,7 +199,10 @@ def parse_rate(text: Any) -> int:
     mult = _byte_multiplier(m.group(1), num, text, per="/s")
     if value <= 0:
         raise TbqValueError(f"a bandwidth must be positive: {text!r}")
-    return round(value * mult)
+    rate = round(value * mult)
+    if rate < 1:
+        raise TbqValueError(f"a bandwidth must be at least 1 byte per second: {text!r}")
+    return _not_huge(Fraction(rate), "a bandwidth", text).numerator
 
 
 _CONTEXT_UNITS = {"": 1, "k": 1024, "m": 1024 * 1024}
@@ -196,7 +225,12 @@ def parse_context(x: Any) -> int:
     if isinstance(x, numbers.Integral):
         n = int(x)
     elif isinstance(x, numbers.Real):
-        xf = float(x)
+        try:
+            xf = float(x)
+        except OverflowError:
+            xf = math.inf
+        if not math.isfinite(xf):
+            raise TbqValueError(f"a context must be a finite number of tokens, got {_show(x)}")
         if not xf.is_integer():
             raise TbqValueError(f"a context must be a whole number of tokens, got {x!r}")
         n = int(xf)
@@ -211,15 +245,15 @@ def parse_context(x: Any) -> int:
             raise TbqValueError(
                 f"cannot read context {x!r}: expected a token count such as 8192, 8K or 1M (K = 1024 tokens, M = 1024K)"
             )
-        v = Fraction(m.group("num").replace("_", "")) * _CONTEXT_UNITS[unit.lower()]
+        v = _not_huge(Fraction(m.group("num").replace("_", "")), "context", x) * _CONTEXT_UNITS[unit.lower()]
         if v.denominator != 1:
             raise TbqValueError(f"context {x!r} is {float(v):g} tokens, not a whole number")
         n = int(v)
     else:
         raise TbqTypeError(f"a context must be a number of tokens, got {x!r}")
     if n < 0:
-        raise TbqValueError(f"a context cannot be negative: {x!r}")
-    return n
+        raise TbqValueError(f"a context cannot be negative: {_show(x)}")
+    return int(_not_huge(Fraction(n), "context", x))
 
 
 def parse_contexts(spec: Any) -> list[int]:

@@ -33,6 +33,7 @@ from ..errors import TbqValueError
 from ..formats import Format
 from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
+from ..parallel import require_memory
 from ..progress import Progress
 from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
 from .diagnose import Diagnosis, Kept, percent, describe_differences, diagnose_decoder, diagnose_encoder, diagnose_fragile
@@ -51,6 +52,16 @@ DEFAULT_K = 8
 DEFAULT_BLOCKS = 20_000
 #: Blocks classified at a time in the bulk phases (bounds the memory of a check of millions of blocks).
 CHUNK_BLOCKS = 1 << 15
+#: Peak bytes of the bulk phases per block: per value of the golden rows (the families' inputs and
+#: what building them keeps: 9 to 11 bytes measured with tracemalloc) and per byte of the random
+#: encoded blocks, plus a per-block allowance; rounded up. The classification itself is chunked.
+BYTES_PER_VALUE, BYTES_PER_ENCODED_BYTE, BYTES_PER_BLOCK = 16, 4, 64
+
+
+def check_memory(fmt: Format, blocks: int) -> int:
+    """Bytes the golden and random-bytes phases of ``blocks`` blocks of ``fmt`` need (an estimate that errs high)."""
+    info = fmt.info
+    return int(blocks) * (BYTES_PER_VALUE * info.block_size + BYTES_PER_ENCODED_BYTE * info.type_size + BYTES_PER_BLOCK)
 #: Hypothesis examples per direction unless told otherwise.
 DEFAULT_EXAMPLES = 100
 #: Rows per fuzz example (each example is one target call).
@@ -694,4 +705,5 @@ def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = D
         raise TargetError(f"{target.description} implements neither quantize nor dequantize")
     if examples or seconds:
         require_hypothesis()
+    require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")
     return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress).run()

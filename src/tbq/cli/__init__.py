@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -41,6 +43,20 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D102 (argparse API)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _parse_optional(self, arg_string):
+        # ``--contexts -8K``, ``--workspace -1GiB``, ``--vram -inf``: a value that starts with '-' but is
+        # no option of this parser is the option's value (argparse alone only takes plain negative
+        # numbers such as -5), so the flag's own parser says what is wrong with it.
+        if (len(arg_string) > 1 and arg_string[0] == "-" and arg_string[1] != "-"
+                and not any(arg_string.startswith(o) for o in self._option_string_actions if not o.startswith("--"))
+                and _VALUE_LIKE.match(arg_string)):
+            return None
+        return super()._parse_optional(arg_string)
+
+
+#: What a negative or special number looks like: ``-8K``, ``-1GiB``, ``-5GB/s``, ``-inf``, ``-nan``, ``-.5``.
+_VALUE_LIKE = re.compile(r"^-(?:[\d.]|inf|nan)", re.IGNORECASE)
+
 
 class HelpFormatter(argparse.HelpFormatter):
     """Appends ``(default: X)`` to an option's help unless the help already mentions a default.
@@ -57,19 +73,46 @@ class HelpFormatter(argparse.HelpFormatter):
         return help_ + " (default: %(default)s)"
 
 
-def int_at_least(minimum: int):
-    """An argparse ``type``: an integer >= ``minimum``, else a one-line usage error."""
+#: The largest integer any flag takes unless it says otherwise (a signed 64-bit integer).
+MAX_INT = 2**63 - 1
+
+
+def int_at_least(minimum: int, maximum: int = MAX_INT):
+    """An argparse ``type``: an integer in ``[minimum, maximum]``, else a one-line usage error."""
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = int(text.replace("_", "")) if len(text) <= 40 else None
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+            value = None
+        if value is None:
+            shown = text if len(text) <= 40 else text[:37] + "..."
+            raise argparse.ArgumentTypeError(f"expected an integer, got {shown!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got {value:,}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def float_at_least(minimum: float, what: str = "a number"):
+    """An argparse ``type``: a finite number >= ``minimum`` (NaN, inf and non-numbers are one-line errors)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = f"number >= {minimum}"
     return parse
 
 

@@ -24,16 +24,21 @@ from ..budget import (
 )
 from ..errors import TbqValueError
 from ..plots import INSTALL_HINT
-from ..units import format_bytes, parse_bytes, parse_contexts, parse_rate
+from ..units import MAX_QUANTITY, format_bytes, parse_bytes, parse_contexts, parse_rate
+
+#: The most contexts one report takes: each is a column of the tables, which stay within 100 columns.
+MAX_CONTEXTS = 8
+#: The largest --layers, --kv-heads and --head-dim taken (no model comes near a million of any).
+MAX_GEOMETRY = 10**6
 
 
 def add_arguments(parser: Any) -> None:
     """Add the ``tbq budget`` options to an argparse (sub-)parser."""
     g = parser.add_argument_group("model (the geometry, or --values-per-token, or --measured)")
-    g.add_argument("--layers", type=int_at_least(1), help="number of full-attention layers (not linear-attention ones)")
-    g.add_argument("--kv-heads", type=int_at_least(1), help="KV heads per layer")
+    g.add_argument("--layers", type=int_at_least(1, MAX_GEOMETRY), help="number of full-attention layers (not linear-attention ones)")
+    g.add_argument("--kv-heads", type=int_at_least(1, MAX_GEOMETRY), help="KV heads per layer")
     g.add_argument(
-        "--head-dim", type=int_at_least(1),
+        "--head-dim", type=int_at_least(1, MAX_GEOMETRY),
         help="head dimension; a block format is only offered when its block size divides it",
     )
     src = g.add_mutually_exclusive_group()
@@ -69,6 +74,11 @@ def add_arguments(parser: Any) -> None:
     o = parser.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the report as JSON")
     o.add_argument("--plot", metavar="FILE.png", help=f"save a plot (needs matplotlib: {INSTALL_HINT})")
+
+
+def _number(v: Any) -> str:
+    """A count for the report: ``65,536`` when whole, else two decimals (``65,551.52``), never a raw float."""
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
 
 
 def _flag(flag: str, fn: Any, value: Any) -> Any:
@@ -107,22 +117,28 @@ def _report_from_args(args: Any) -> BudgetReport:
             f" = {vpt:,} values per token"
         )
     elif args.values_per_token is not None:
+        text = str(args.values_per_token)
         try:
-            v = Fraction(str(args.values_per_token).replace("_", ""))
+            v = Fraction(text.replace("_", "")) if len(text) <= 60 else None
         except (ValueError, ZeroDivisionError):
-            raise TbqValueError(f"--values-per-token: expected a number, got {args.values_per_token!r}") from None
+            v = None
+        if v is None:
+            raise TbqValueError(f"--values-per-token: expected a number, got {text[:40]!r}")
         if v <= 0:
-            raise TbqValueError(f"--values-per-token must be positive, got {args.values_per_token!r}")
+            raise TbqValueError(f"--values-per-token must be positive, got {text!r}")
+        if v < 1:
+            raise TbqValueError(f"--values-per-token must be at least 1 (a token caches at least one value), got {text!r}")
+        if v > MAX_QUANTITY:
+            raise TbqValueError(f"--values-per-token {text!r} is too large: at most 10^30 is taken")
         vpt = _out(v)
-        source = f"{vpt:,} values per token (given)"
+        source = f"{_number(vpt)} values per token (given)"
     elif args.measured is not None:
         size, ctx, fmt = _flag("--measured", parse_measured, args.measured)
-        vpt = values_per_token(size, ctx, fmt)
+        vpt = _flag("--measured", lambda _: values_per_token(size, ctx, fmt), None)
         measured = {"cache_bytes": size, "context": ctx, "format": fmt, "bytes_per_token": _out(Fraction(size, ctx))}
-        vpt_s = f"{vpt:,}" if isinstance(vpt, int) else f"{vpt:,.2f}"
         source = (
-            f"{vpt_s} values per token, from a measured {fmt} cache of {size:,} bytes ({format_bytes(size)})"
-            f" at {ctx:,} tokens = {_out(Fraction(size, ctx)):,} bytes ({format_bytes(Fraction(size, ctx))}) per token"
+            f"{_number(vpt)} values per token, from a measured {fmt} cache of {size:,} bytes ({format_bytes(size)})"
+            f" at {ctx:,} tokens = {_number(_out(Fraction(size, ctx)))} bytes ({format_bytes(Fraction(size, ctx))}) per token"
         )
     else:
         raise TbqValueError(
@@ -132,21 +148,33 @@ def _report_from_args(args: Any) -> BudgetReport:
     contexts = _flag("--contexts", parse_contexts, args.contexts)
     if 0 in contexts:
         raise TbqValueError("--contexts: a context must be at least 1 token")
-    formats = _flag("--formats", _parse_formats, args.formats if args.formats is not None else DEFAULT_FORMATS)
+    if len(contexts) > MAX_CONTEXTS:
+        raise TbqValueError(
+            f"--contexts: {len(contexts)} contexts given; at most {MAX_CONTEXTS} fit a table of 100 columns (run several times)"
+        )
     notes = []
+    if not isinstance(vpt, int):
+        notes.append(
+            f"{_number(vpt)} values per token is not a whole number: a real cache holds 2 x layers x KV heads x head_dim "
+            "values per token; a measured size is usually rounded, or includes other buffers"
+        )
+    formats = _flag("--formats", _parse_formats, args.formats if args.formats is not None else DEFAULT_FORMATS)
     if geometry is not None:
-        bad = incompatible_formats(args.head_dim, [n for n, _ in formats])
+        bad = incompatible_formats(args.head_dim, [n for n, _ in formats], args.kv_heads)
+        row = args.kv_heads * args.head_dim
         if bad and args.formats is not None:
             raise TbqValueError(
                 f"--head-dim {args.head_dim} is not a multiple of the block size of {_by_block(bad)}: "
-                "a block never spans two heads, so these formats cannot store this cache; leave them out of --formats"
+                f"these formats cannot store this cache (ggml's blocks must divide head_dim, the fork's TBQ blocks "
+                f"the row of {args.kv_heads} x {args.head_dim} = {row} values); leave them out of --formats"
             )
         if bad:
             dropped = {n for n, _ in bad}
             formats = [f for f in formats if f[0] not in dropped]
             notes.append(
-                f"head_dim {args.head_dim} is not a multiple of the block size of {_by_block(bad)}, "
-                "which cannot store such heads; they are left out (--formats to choose)"
+                f"{_by_block(bad)} cannot store this cache (ggml's blocks must divide head_dim {args.head_dim}, "
+                f"the fork's TBQ blocks the row of {args.kv_heads} x {args.head_dim} = {row} values); "
+                "they are left out (--formats to choose)"
             )
     sizes = {}
     for attr in ("vram", "weights", "workspace", "weights_traffic"):
@@ -155,6 +183,12 @@ def _report_from_args(args: Any) -> BudgetReport:
     bandwidth = None if args.bandwidth is None else _flag("--bandwidth", parse_rate, args.bandwidth)
     if sizes["vram"] is not None and sizes["weights"] is None:
         raise TbqValueError("--vram needs --weights (the cache gets VRAM - weights - workspace)")
+    if sizes["vram"] is not None and sizes["weights"] + (sizes["workspace"] or 0) > sizes["vram"]:
+        what = "the weights alone" if sizes["weights"] > sizes["vram"] else "the weights and the workspace"
+        notes.append(
+            f"{what} ({format_bytes(sizes['weights'] + (sizes['workspace'] if what != 'the weights alone' else 0))}) "
+            f"do not fit in the VRAM ({format_bytes(sizes['vram'])}): no cache fits at any context"
+        )
     if bandwidth is not None and sizes["weights_traffic"] is None and sizes["weights"] is None:
         raise TbqValueError(
             "--bandwidth needs --weights-traffic (or --weights): the bytes of weights read per decode step"
@@ -188,6 +222,6 @@ def run_cli(args: Any) -> int:
     if args.plot:
         from ..plots import plot_budget
 
-        plot_budget(report, args.plot, what="tbq budget --plot")
-        print(f"wrote {args.plot}", file=sys.stderr if args.json else sys.stdout)
+        path = plot_budget(report, args.plot, what="tbq budget --plot")
+        print(f"wrote {path}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -15,11 +15,16 @@ from pathlib import Path
 
 from . import check_output_file, int_at_least
 from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, ProgramTarget, check_target, resolve_format
-from ..check.runner import require_hypothesis
+from ..check.runner import check_memory, require_hypothesis
+from ..parallel import require_memory
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
-from ..formats import formats, parse_option
+from ..formats import format_name, formats, parse_option
 from ..golden import check_out_dir
+
+
+#: The longest --timeout / --seconds taken: a year.
+MAX_SECONDS = 365 * 24 * 3600.0
 
 
 def _positive_float(text: str) -> float:
@@ -27,9 +32,19 @@ def _positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not v > 0:
+    if not v > 0 or v != v:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    if v > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SECONDS:g} seconds (a year), got {text}")
     return v
+
+
+def _format_arg(text: str) -> str:
+    """``--format``: a format name, any case (the naming rule of docs/formats.md)."""
+    try:
+        return format_name(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(formats())}") from None
 
 
 def _table_spec(value, what: str):
@@ -61,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
     t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
     f = p.add_argument_group("format")
-    f.add_argument("--format", required=True, choices=formats(), metavar="FMT",
+    f.add_argument("--format", required=True, type=_format_arg, metavar="FMT",
                    help=f"the block format the kernel implements (required): {', '.join(formats())}")
     f.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale)")
@@ -108,6 +123,7 @@ def run_cli(args) -> int:
     out_dir = check_out_dir(args.out or f"tbq-check-{fmt.name}")
     if args.examples or args.seconds:
         require_hypothesis()  # before loading anything: say so at once
+    require_memory(check_memory(fmt, args.blocks), f"--blocks {args.blocks:,} ({fmt.name})")  # before any work
     target = _target(args, fmt)
     report = check_target(target, blocks=args.blocks, examples=args.examples if not args.seconds else 0, seconds=args.seconds,
                           exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir,

@@ -11,9 +11,20 @@ import zipfile
 import numpy as np
 
 from . import check_figure_file, int_at_least
-from ..compare import HEAD_DIM, check_array, compare, format_table, kernels_cached, to_records, tokens_of, warm_up
+from ..compare import (
+    check_array,
+    compare,
+    format_table,
+    kernels_cached,
+    kv_geometry,
+    tiling_message,
+    to_records,
+    tokens_of,
+    untileable,
+    warm_up,
+)
 from ..errors import ScaleOverflowError, TbqValueError
-from ..formats import check_options, config_for, format_info, formats, parse_option
+from ..formats import check_options, config_for, format_info, format_name, formats, parse_option
 
 DEFAULT_TOPK = 8
 
@@ -22,8 +33,8 @@ def add_arguments(p) -> None:
     p.add_argument(
         "file",
         nargs="?",
-        help=".npy or .npz file of keys or values, shape (tokens, ..., n x 128), float16/32/64; "
-        "default: the built-in synthetic keys and values",
+        help=".npy or .npz file of keys or values, shape (tokens, kv_heads, head_dim) with any head_dim "
+        "(2-D: one head per token), float16/32/64; default: the built-in synthetic keys and values",
     )
     d = p.add_argument_group("data")
     d.add_argument("--role", choices=("keys", "values"), default=None,
@@ -32,7 +43,8 @@ def add_arguments(p) -> None:
     d.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed of the built-in data set and of the random queries")
     c = p.add_argument_group("codecs")
-    c.add_argument("--formats", default=",".join(formats()), help="comma-separated formats")
+    c.add_argument("--formats", default=None,
+                   help="comma-separated formats, any case (default: every format whose blocks tile the rows)")
     c.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                    help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale); it goes to "
                    "the formats that take it, and one that no listed format takes is an error")
@@ -64,9 +76,22 @@ def add_arguments(p) -> None:
 
 
 def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
-    """The array of a .npy file, or of one entry of a .npz file, and the entry's name."""
+    """The array of a .npy file, or of one entry of a .npz file, and the entry's name.
+
+    The file is opened here and always closed (NumPy leaves the handle of a corrupt .npz open).
+    """
     try:
-        loaded = np.load(path, allow_pickle=False)
+        fh = open(path, "rb")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
+    with fh:
+        return _read_open_file(fh, path, array)
+
+
+def _read_open_file(fh, path: str, array: str | None) -> tuple[np.ndarray, str | None]:
+    try:
+        loaded = np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         reason = getattr(exc, "strerror", None) or " ".join(str(exc).split()) or type(exc).__name__
         raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
@@ -92,6 +117,59 @@ def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
             raise TbqValueError(f"cannot read array {array!r} of {path!r}: {' '.join(str(exc).split())}") from None
 
 
+#: Peak memory of tbq compare per float32 value of its input (benchmarks/bench_compare_memory.py measures 3.0),
+#: plus the input itself when it must be converted to float32; rounded up.
+BYTES_PER_VALUE = 4 * 4
+
+
+def _array_header(path: str, array: str | None):
+    """(shape, dtype) of a .npy file or of one .npz entry, read from its header only; None if it cannot be read."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                names = [n for n in z.namelist() if n.endswith(".npy")]
+                member = f"{array}.npy" if array is not None else (names[0] if len(names) == 1 else None)
+                if member is None or member not in names:
+                    return None
+                with z.open(member) as f:
+                    return _header_of(f)
+        with open(path, "rb") as f:
+            return _header_of(f)
+    except Exception:  # noqa: BLE001 - a pre-check only: _read_file says what is wrong with the file
+        return None
+
+
+def _header_of(f):
+    version = np.lib.format.read_magic(f)
+    read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read is None:
+        return None
+    shape, _, dtype = read(f)
+    return shape, dtype
+
+
+def _require_memory_for(path: str, array: str | None) -> None:
+    """Refuse, before reading it, a file whose comparison cannot fit in the memory available."""
+    from ..parallel import require_memory
+
+    head = _array_header(path, array)
+    if head is None:
+        return
+    shape, dtype = head
+    n = int(np.prod(shape, dtype=np.float64)) if shape else 1
+    if n <= 0:
+        return
+    need = n * BYTES_PER_VALUE + (n * dtype.itemsize if dtype != np.float32 else 0)
+    require_memory(need, f"comparing {path} ({n:,} values of {dtype})")
+
+
+def _row_tiled() -> list[str]:
+    """The formats whose blocks tile the whole row (``FormatInfo.row_tiled``: the fork's TBQ types)."""
+    from ..formats import FORMATS
+
+    return [name for name, info in FORMATS.items() if info.row_tiled]
+
+
 def _load(args) -> tuple[dict, dict, list[str]]:
     """(data for :func:`compare`, a description for --json, header lines for the table)."""
     from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
@@ -109,6 +187,7 @@ def _load(args) -> tuple[dict, dict, list[str]]:
             f"keys: N(0, 1) with outlier channels {channels} (x20); values: N(0, 1)",
         ]
         return data, info, header
+    _require_memory_for(args.file, args.array)  # before reading the data: the header says its size
     arr, name = _read_file(args.file, args.array)
     role = args.role or "keys"
     label = args.file if name is None else f"{args.file}[{name}]"
@@ -116,11 +195,14 @@ def _load(args) -> tuple[dict, dict, list[str]]:
         arr = check_array(label, arr)  # before any work: dtype, shape, empty
     except MemoryError:
         raise TbqValueError(f"{label}: not enough memory to convert the array to float32") from None
-    tokens, heads = tokens_of(arr), arr.size // tokens_of(arr) // HEAD_DIM
-    info = {"source": args.file, "array": name, "role": role, "shape": list(arr.shape), "tokens": tokens, "heads": heads}
+    tokens, heads, head_dim = kv_geometry(arr)
+    info = {"source": args.file, "array": name, "role": role, "shape": list(arr.shape), "tokens": tokens, "heads": heads,
+            "head_dim": head_dim}
     header = [
         f"{label}: shape {arr.shape}, read as {role} (--role): {tokens} token{'s' if tokens != 1 else ''} "
-        f"(axis 0) x {heads} head{'s' if heads != 1 else ''} of {HEAD_DIM} values"
+        f"(axis 0) x {heads} KV head{'s' if heads != 1 else ''} x head_dim {head_dim}",
+        f"each token's row of {heads} x {head_dim} = {heads * head_dim} values is quantized in blocks along the row, "
+        f"as llama.cpp does (ggml types: blocks within a head; {'/'.join(_row_tiled())}: along the row)",
     ]
     return {role: arr}, info, header
 
@@ -131,7 +213,7 @@ def _legend(rows: list[dict], args, topk: int, wide: bool, width: int = 100) -> 
     items = [
         "bits: storage bits per value, scales included. NMSE: |x - x^|^2 / |x|^2; SNR dB: -10 log10 NMSE.",
         f"attention: {args.queries} random N(0,1) queries per head (seed {args.seed}). {logit}: RMS error of the "
-        f"logits q.k/sqrt({HEAD_DIM}); {kl}: mean softmax KL(p || p^) in nats; top-{topk}: share of the exact "
+        f"logits q.k/sqrt(head_dim); {kl}: mean softmax KL(p || p^) in nats; top-{topk}: share of the exact "
         f"top-{topk} tokens kept. Keys only: values do not enter the logits, so these show - for values.",
         "out NMSE: error of the attention output with only this tensor quantized and the other one exact"
         + (
@@ -167,9 +249,14 @@ def run_cli(args) -> int:
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
 
-    fmts = list(dict.fromkeys(f.strip() for f in args.formats.split(",") if f.strip()))
-    if not fmts:
+    named = args.formats is not None
+    names = [f.strip() for f in args.formats.split(",") if f.strip()] if named else list(formats())
+    if not names:
         raise TbqValueError(f"--formats: no format given; choose from {', '.join(formats())}")
+    try:
+        fmts = list(dict.fromkeys(format_name(f) for f in names))  # the naming rule: any case
+    except TbqValueError as exc:
+        raise TbqValueError(f"--formats: {exc}") from None
     options = dict(parse_option(o) for o in args.option)
     for flag in ("codebook", "signs"):  # the older spellings of --option codebook=... / signs=...
         if getattr(args, flag) is not None:
@@ -182,10 +269,6 @@ def run_cli(args) -> int:
     config = {**options, "backend": args.backend, "on_overflow": args.on_overflow}
     codecs = {}
     for fmt in fmts:  # every configuration error before any work
-        try:
-            format_info(fmt)
-        except TbqValueError as exc:
-            raise TbqValueError(f"--formats: {exc}") from None
         cfg = config_for(fmt, config)
         try:
             codecs[fmt] = get_codec(fmt, **cfg)
@@ -197,6 +280,18 @@ def run_cli(args) -> int:
         check_figure_file(args.plot, "--plot")
 
     data, info, header = _load(args)
+    for x in data.values():  # which formats can tile the rows: refuse a named one, leave out a default one
+        _, heads, head_dim = kv_geometry(x)
+        bad = untileable(fmts, heads, head_dim)
+        if bad and named:
+            raise TbqValueError(f"--formats: {tiling_message(bad, heads, head_dim)}; leave them out of --formats")
+        if bad:
+            header.append(f"left out: {tiling_message(bad, heads, head_dim)}")
+            info["skipped"] = bad
+            fmts = [f for f in fmts if f not in bad]
+            codecs = {f: c for f, c in codecs.items() if f not in bad}
+    if not fmts:
+        raise TbqValueError("no format can tile these rows; see docs/formats.md (how a KV cache row is tiled)")
     tokens = min(tokens_of(x) for x in data.values())
     if args.topk is not None and args.topk > tokens:
         raise TbqValueError(
@@ -207,7 +302,7 @@ def run_cli(args) -> int:
     show = False if args.quiet else None  # None: only when stderr is a terminal
     out = sys.stderr if args.json else sys.stdout
     if not args.json:
-        print("\n".join(header), flush=True)
+        print("\n".join(w for line in header for w in textwrap.wrap(line, 99, subsequent_indent="  ")), flush=True)
     # The first run in a fresh environment compiles the numba kernels: say so at once, and
     # compile on every core (helper processes fill numba's on-disk cache in parallel).
     numba_fmts = [f for f, c in codecs.items() if c.backend == "numba"]

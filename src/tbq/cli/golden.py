@@ -20,9 +20,11 @@ from ..golden import (
     check_out_dir,
     generate,
     load_manifest,
+    manifest_memory,
     regenerate,
     write_set,
 )
+from ..parallel import require_memory
 from ..progress import Progress
 
 PROGRESS_LABEL = "tbq golden"
@@ -46,8 +48,8 @@ def _spec_from_cli(value: str, what: str):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``tbq golden`` (every help text states its default)."""
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory, created if needed (required; no default)")
-    parser.add_argument("--formats", default=",".join(formats()), help="comma-separated formats (default: all: %(default)s)")
-    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated input families (default: %(default)s)")
+    parser.add_argument("--formats", default=",".join(formats()), help=f"comma-separated formats, any case (default: all: {', '.join(formats())})")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated input families (default: {', '.join(FAMILIES)})")
     parser.add_argument("--rows-per-family", "--blocks", dest="rows_per_family", type=int, default=DEFAULT_ROWS_PER_FAMILY, metavar="N",
                         help="rows of 128 values per family; a Q8_0/Q4_0 row is 4 blocks, a TBQ row 1 block "
                         "(--blocks is the old name; default: %(default)s = one row per edge kind)")
@@ -65,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"TBQ rotated coordinates below F count ulps at F; 0 = literal ulps (default: {TBQ_ULP_FLOOR} = 2^-4)")
     parser.add_argument("--attention", action="store_true", help="also write attention_<k>_<v> reference sets (default: off)")
     parser.add_argument("--attention-pairs", default=",".join(f"{a}:{b}" for a, b in DEFAULT_ATTENTION_PAIRS),
-                        metavar="K:V,...", help="K:V format pairs for --attention (default: %(default)s)")
+                        metavar="K:V,...", help=f"K:V format pairs for --attention (default: {', '.join(f'{a}:{b}' for a, b in DEFAULT_ATTENTION_PAIRS)})")
     parser.add_argument("--tokens", type=int, default=32, metavar="T", help="attention: tokens per cache, >= 1 (default: %(default)s)")
     parser.add_argument("--heads", type=int, default=8, metavar="H", help="attention: query heads (default: %(default)s)")
     parser.add_argument("--kv-heads", type=int, default=2, metavar="H",
@@ -87,6 +89,7 @@ def _from_manifests(args, enabled) -> Summary:
         if not isinstance(arrays, dict) or not all(isinstance(v, dict) and "sha256" in v for v in arrays.values()):
             raise TbqValueError(f"{mp}: not a tbq golden manifest (no SHA-256 per array)")
         wanted.append({k: v["sha256"] for k, v in arrays.items()})
+        require_memory(manifest_memory(mp), f"--from-manifest {mp}")
     rows, att, paths = [], [], []
     with Progress(len(wanted), PROGRESS_LABEL, enabled=enabled) as bar:
         for mp, want in zip(args.from_manifest, wanted):

@@ -84,7 +84,7 @@ def _discover() -> None:
 _discover()
 
 __all__ = [
-    "FormatInfo", "Format", "Field", "Option", "FORMATS", "formats", "format_info", "format_class", "get_format",
+    "FormatInfo", "Format", "Field", "Option", "FORMATS", "formats", "format_name", "format_info", "format_class", "get_format",
     "options_of", "takes_option", "config_for", "check_options", "parse_option",
 ]
 
@@ -98,18 +98,34 @@ def formats() -> tuple[str, ...]:
     return tuple(FORMATS)
 
 
+def format_name(name: str) -> str:
+    """The canonical name of format ``name``: the naming rule of docs/formats.md.
+
+    A format name is matched ignoring letter case and surrounding white space
+    (``"Q8_0"``, ``" q8_0 "`` and ``"q8_0"`` are one format); tbq always
+    writes it the one way :func:`formats` lists it, in lowercase. Nothing else
+    is guessed: no other spelling (``"q8-0"``, ``"q80"``) is a format name.
+
+    >>> format_name("Q8_0"), format_name(" TBQ4_0 ")
+    ('q8_0', 'tbq4_0')
+    """
+    if type(name) is str:
+        if name in FORMATS:
+            return name
+        key = name.strip().lower()
+        if key in FORMATS:
+            return key
+    raise ConfigError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}")
+
+
 def format_info(name: str) -> FormatInfo:
-    """The :class:`FormatInfo` row of ``name`` (raises ``ConfigError`` when unknown)."""
-    try:
-        return FORMATS[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown format {name!r}; known formats: {', '.join(FORMATS)}") from None
+    """The :class:`FormatInfo` row of ``name`` (any case, see :func:`format_name`; ``ConfigError`` when unknown)."""
+    return FORMATS[format_name(name)]
 
 
 def format_class(name: str) -> type:
-    """The :class:`Format` subclass of ``name``."""
-    format_info(name)
-    return FORMAT_CLASSES[name]
+    """The :class:`Format` subclass of ``name`` (any case, see :func:`format_name`)."""
+    return FORMAT_CLASSES[format_name(name)]
 
 
 def get_format(name: str, **options) -> Format:

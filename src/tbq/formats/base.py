@@ -97,6 +97,20 @@ class FormatInfo:
     description: str
     code: int = 0  #: stable numeric code (the numcodecs header's byte 5); never renumber
     layout: tuple = field(default=(), compare=False)  #: the block's :class:`Field` s, in byte order
+    #: How a KV cache row of ``n_kv_heads x head_dim`` values is tiled into blocks. ``False`` (ggml's
+    #: types): llama.cpp needs the block to divide ``head_dim``, so a block never spans two heads.
+    #: ``True`` (the fork's TBQ types): its llama-context.cpp checks only the row (``n_embd_k_gqa``),
+    #: so at head_dim 64 one 128-value block holds two heads.
+    row_tiled: bool = False
+
+    def tiles(self, n_kv_heads: int, head_dim: int) -> bool:
+        """True when a cache row of ``n_kv_heads`` heads of ``head_dim`` values is whole blocks of this format.
+
+        >>> FORMATS["q8_0"].tiles(8, 64), FORMATS["tbq4_0"].tiles(8, 64), FORMATS["tbq4_0"].tiles(1, 64)
+        (True, True, False)
+        """
+        unit = n_kv_heads * head_dim if self.row_tiled else head_dim
+        return unit % self.block_size == 0
 
     @property
     def bits_per_value(self) -> float:

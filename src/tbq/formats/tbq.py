@@ -182,7 +182,7 @@ class TBQ4_0(_TBQ):
     """TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes)."""
 
     info = FormatInfo(
-        "tbq4_0", 128, 66, True, 4, "TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices", code=3,
+        "tbq4_0", 128, 66, True, 4, "TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices", code=3, row_tiled=True,
         layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4")),
     )
 
@@ -191,6 +191,6 @@ class TBQ3_0(_TBQ):
     """TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes)."""
 
     info = FormatInfo(
-        "tbq3_0", 128, 50, True, 3, "TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices", code=4,
+        "tbq3_0", 128, 50, True, 3, "TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices", code=4, row_tiled=True,
         layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane")),
     )

@@ -22,7 +22,8 @@ import numpy as np
 from ..attention import SINK_FORMATS, attention_dequantized, attention_rotated, encode_kv, f32_tolerance, score_condition
 from ..codecs import Codec, codec_from
 from ..errors import ConfigError, TbqTypeError, TbqValueError
-from ..formats import FORMATS, check_options, config_for, format_class, format_info, get_format
+from ..formats import FORMATS, check_options, config_for, format_class, format_info, format_name, get_format
+from ..parallel import require_memory
 from .cheader import c_header
 from .families import (
     DEFAULT_SEED,
@@ -72,9 +73,15 @@ class GoldenSet:
 # ---------------------------------------------------------------------------
 
 
+#: The widest fragility margin taken, in float32 ulps (2^22: half a binade).
+MAX_K = 1 << 22
+
+
 def _check_k(k) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise TbqValueError(f"k (the fragility margin in ulps) must be a non-negative integer, got {k!r}")
+    if k > MAX_K:
+        raise TbqValueError(f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}")
     return int(k)
 
 
@@ -82,7 +89,14 @@ def _check_ulp_floor(ulp_floor) -> None:
     if ulp_floor is None:
         return
     if isinstance(ulp_floor, bool) or not isinstance(ulp_floor, (int, float, np.integer, np.floating)) or not math.isfinite(ulp_floor) or ulp_floor < 0:
-        raise TbqValueError(f"ulp_floor must be a finite number >= 0 (0 = literal ulps), got {ulp_floor!r}")
+        raise TbqValueError(f"ulp_floor must be a finite number >= 0 (0 = literal ulps), got {_plain(ulp_floor)}")
+    if ulp_floor > 1:
+        raise TbqValueError(f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}")
+
+
+def _plain(x) -> str:
+    """A number for a message, never a NumPy repr (``np.float64(nan)`` shows as ``nan``)."""
+    return repr(float(x)) if isinstance(x, (float, np.floating)) else repr(int(x)) if isinstance(x, (int, np.integer)) else repr(x)
 
 
 def _check_formats(fmts) -> tuple[str, ...]:
@@ -91,9 +105,7 @@ def _check_formats(fmts) -> tuple[str, ...]:
     fmts = tuple(fmts)
     if not fmts:
         raise ConfigError("at least one format is needed")
-    for f in fmts:
-        format_info(f)
-    return tuple(dict.fromkeys(fmts))
+    return tuple(dict.fromkeys(format_name(f) for f in fmts))
 
 
 def _check_pairs(pairs) -> tuple:
@@ -107,10 +119,27 @@ def _check_pairs(pairs) -> tuple:
     out = []
     for pr in pairs:
         kf, vf = pr
-        format_info(kf)
-        format_info(vf)
-        out.append((kf, vf))
+        out.append((format_name(kf), format_name(vf)))
     return tuple(dict.fromkeys(out))
+
+
+#: Peak memory of :func:`generate` per row of 128 values and family, whatever the formats (the inputs
+#: and one format's traces and masks at a time), and per row, family and format (what is kept
+#: until the end), in bytes; measured with ``ru_maxrss`` (20 KiB and 1.1 KiB), rounded up.
+ROW_BYTES, ROW_FORMAT_BYTES = 24 * 1024, 1536
+#: Peak memory of one attention set per token and head (query and KV heads), in bytes; measured
+#: likewise (about 5 KiB at 128 values per head), rounded up.
+ATTENTION_TOKEN_HEAD_BYTES = 6 * 1024
+
+
+def generate_memory(rows: int, n_families: int, n_formats: int) -> int:
+    """Bytes the row sets of :func:`generate` need at their peak (an estimate that errs high)."""
+    return int(rows) * int(n_families) * (ROW_BYTES + ROW_FORMAT_BYTES * int(n_formats))
+
+
+def attention_memory(tokens: int, n_head: int, n_head_kv: int) -> int:
+    """Bytes one attention set of :func:`build_attention` needs at its peak (an estimate that errs high)."""
+    return int(tokens) * (int(n_head) + int(n_head_kv)) * ATTENTION_TOKEN_HEAD_BYTES
 
 
 def _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format) -> None:
@@ -197,6 +226,7 @@ def build_format(
     ``options``: the format's own options (FP8: ``{"scale": 0.0173}``), recorded
     in the manifest.
     """
+    fmt = format_name(fmt)
     info = format_info(fmt)
     fams = _check_families(families)
     rows_per_family = _rows_per_family(rows_per_family, blocks)
@@ -294,8 +324,7 @@ def build_attention(
     float32 (:func:`attention_inputs`). Both caches keep their first
     ``n_sink`` tokens in ``sink_format``.
     """
-    for f in (k_fmt, v_fmt):
-        format_info(f)
+    k_fmt, v_fmt = format_name(k_fmt), format_name(v_fmt)
     _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format)
     tables = _tables(codebook, signs)
     aseed = attention_seed(seed)
@@ -388,7 +417,11 @@ def write_set(gs: GoldenSet, out) -> list[Path]:
 # ---------------------------------------------------------------------------
 
 #: The line under the format table of :meth:`Summary.table`.
-SUMMARY_NOTE = "fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale may be the neighbouring fp16 value"
+SUMMARY_NOTE = ("fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale\n"
+                "  may be the neighbouring fp16 value")
+#: Under the attention table: what its error columns are (the table itself stays within 100 columns).
+ATTENTION_NOTE = ("f64 err, f32 err: max |fused - dequantized reference| in float64 and float32; f32 tol: the\n"
+                  "  float32 tolerance (attention.f32_tolerance)")
 
 
 @dataclass
@@ -419,9 +452,10 @@ class Summary:
                 lines.append("")
             cols = [("attention K", "k_format"), ("V", "v_format"), ("tokens", "tokens"), ("heads", "n_head"),
                     ("kv heads", "n_head_kv"), ("sink", "n_sink"), ("sink fmt", "sink_format")]
-            head = [c for c, _ in cols] + ["max|f64 fused-ref|", "max|f32 fused-ref|", "f32 tolerance"]
+            head = [c for c, _ in cols] + ["f64 err", "f32 err", "f32 tol"]
             body = [[str(r[key]) for _, key in cols] + [f"{r['err_f64']:.2e}", f"{r['err_f32']:.2e}", f"{r['tol_f32']:.2e}"] for r in self.attention]
             lines += _align([head] + body, left=2)
+            lines.append(ATTENTION_NOTE)
         return "\n".join(lines)
 
 
@@ -490,6 +524,9 @@ def generate(
     check_options(fmts, options)
     for fmt in fmts:  # every value checked before any work
         format_class(fmt).check_options(config_for(fmt, options))
+    require_memory(generate_memory(rows, len(fams), len(fmts)), f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats")
+    if pairs:
+        require_memory(attention_memory(tokens, n_head, n_head_kv), f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads")
     check_out_dir(out)
     total, done = 1 + len(fmts) + len(pairs), 0
 
@@ -561,10 +598,30 @@ def regenerate(manifest, out=None) -> GoldenSet:
             )
     except (KeyError, TypeError) as exc:
         raise TbqValueError(f"{source}: incomplete tbq golden manifest ({type(exc).__name__}: {exc})") from None
+    require_memory(manifest_memory(m), f"{source} (regenerating its set)")
     gs = build_format(fmt, **args) if kind == "tbq-golden-format" else build_attention(*fmts, **args)
     if out is not None:
         write_set(gs, out)
     return gs
+
+
+def manifest_memory(manifest) -> int:
+    """Bytes :func:`regenerate` needs for ``manifest`` (a path or the parsed dict), its sizes checked first."""
+    m = load_manifest(manifest)
+    source = "the manifest" if isinstance(manifest, dict) else str(manifest)
+    if m.get("kind") not in MANIFEST_KINDS:
+        raise TbqValueError(f"{source} is not a tbq golden manifest (kind {m.get('kind')!r})")
+    try:
+        if m.get("kind") == "tbq-golden-format":
+            g = m["generator"]
+            rows = _rows_per_family(g["rows_per_family"], None)
+            return generate_memory(rows, len(g["families"]), 1)
+        _check_attention_args(m["tokens"], m["n_head"], m["n_head_kv"], m["n_sink"], m["sink_format"])
+        return attention_memory(m["tokens"], m["n_head"], m["n_head_kv"])
+    except (KeyError, TypeError) as exc:
+        raise TbqValueError(f"{source}: incomplete tbq golden manifest ({type(exc).__name__}: {exc})") from None
+    except TbqValueError as exc:
+        raise TbqValueError(f"{source}: {exc}") from None
 
 
 def verify(directory) -> list[str]:
