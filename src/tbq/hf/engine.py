@@ -96,9 +96,6 @@ _Q8_VEC_DOT = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4
 #: The type whose CPU-backend quantizer (``from_float``) is not its ``_ref``: written with :func:`q8_0_simd_encode`.
 _SIMD_Q8_0 = "q8_0"
 
-#: The fork's types whose block need only divide the row (llama-context.cpp checks n_embd_k_gqa for them).
-_ROW_BLOCK_TYPES = ("tbq3_0", "tbq4_0")
-
 #: The fork's types whose K.Q dot takes Q as q8_K (256-value blocks): no block for a shorter head.
 _Q8_K_VEC_DOT = ("tbq3_0", "tbq4_0")
 
@@ -243,7 +240,7 @@ def check_block_rule(name: str, block_size: int, head_dim: int, kv_heads: int, r
     tbq.errors.TbqValueError: K cache type q8_0: its 32-value block does not divide head_dim 80 (llama.cpp requires it)
     """
     row = head_dim * kv_heads
-    if name in _ROW_BLOCK_TYPES:
+    if FORMATS[name].row_tiled:  # the fork's TBQ types: llama-context.cpp checks n_embd_k_gqa for them
         if row % block_size:
             raise TbqValueError(
                 f"{role} cache type {name}: its {block_size}-value block does not divide the row of "
