@@ -301,6 +301,18 @@ def test_rotation_order_and_hadamard():
         np.testing.assert_array_equal(eng.rotate(x, n).numpy().view(np.uint32), tbq.rotation.fwht(x.numpy().reshape(-1, n)).reshape(8, 256).view(np.uint32))
 
 
+def test_the_fused_transform_is_the_separate_steps_bit_for_bit():
+    rng = np.random.default_rng(4)
+    x = torch.from_numpy((rng.standard_normal((3, 5, 2, 128)) * 4).astype(np.float32))
+    perm = eng.gguf_permutation(128)
+    stepwise = eng.rotate(x[..., torch.from_numpy(perm)], 128)
+    np.testing.assert_array_equal(eng.transform(x, perm, 128, False).numpy().view(np.uint32), stepwise.numpy().view(np.uint32))
+    np.testing.assert_array_equal(eng.transform(x, perm, 128, False, q8_0=True).numpy(), eng.q8_0_simd(stepwise).numpy())
+    back = eng.rotate(stepwise, 128)[..., torch.from_numpy(np.argsort(perm))]
+    np.testing.assert_array_equal(eng.transform(stepwise, perm, 128, True).numpy(), back.numpy())
+    np.testing.assert_array_equal(eng.transform(x, None, 64, True).numpy(), eng.rotate(x, 64).numpy())
+
+
 def test_q8_0_simd_rounds_ties_to_even_with_the_fp16_scale():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((64, 32)).astype(np.float32)

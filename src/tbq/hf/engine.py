@@ -56,7 +56,9 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
-from ..kernels import jit
+from ..half import f16_table
+from ..kernels import f32_to_f16_bits, jit
+from ..parallel import default_threads, run_groups
 from ..rotation import hadamard_scale
 from ..formats import FORMATS, get_format
 from . import ENGINES
@@ -132,33 +134,109 @@ def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     ``H_n`` is symmetric and orthonormal, so ``rotate(rotate(x, n), n)`` is ``x``
     up to float32 rounding.
     """
+    return transform(x, None, n, False)
+
+
+def transform(x: torch.Tensor, perm, n, inverse: bool, q8_0: bool = False) -> torch.Tensor:
+    """One pass over ``x`` (float32, ..., head_dim): each head's channel order, the rotation ``H_n``, q8_0.
+
+    ``inverse=False``: ``y[..., j] = x[..., perm[j]]``, then the rotation (the
+    stored domain), then (``q8_0``) ggml's SIMD q8_0 round trip
+    (:func:`q8_0_simd`); ``inverse=True``: the rotation, then back to the
+    model's order. The same float32 operations as the separate steps, so the
+    same bits (tests/test_hf_cache.py).
+    """
     shape = x.shape
-    a = np.array(x.detach().to(device="cpu", dtype=torch.float32).numpy(), dtype=np.float32, order="C").reshape(-1, n)
-    _fwht_rows(a, hadamard_scale(n, np.float32))
-    return torch.from_numpy(a.reshape(shape))
+    d = shape[-1]
+    a = np.ascontiguousarray(x.detach().to(device="cpu", dtype=torch.float32).numpy()).reshape(-1, d)
+    out = np.empty_like(a)
+    if perm is None:
+        p = np.arange(d, dtype=np.int64)
+    else:
+        p = (np.argsort(perm) if inverse else np.asarray(perm)).astype(np.int64)
+    nn = 0 if n is None else int(n)
+    scale = hadamard_scale(nn, np.float32) if nn else np.float32(1.0)
+    table = f16_table()
+    rows = a.shape[0]
+    parts = min(default_threads(), max(1, a.size // _PARALLEL_VALUES))
+    bounds = np.linspace(0, rows, parts + 1).astype(int)
+
+    def run(ids):  # rows are independent: any split gives the same bits
+        for i in ids:
+            lo, hi = bounds[i], bounds[i + 1]
+            _transform_rows(a[lo:hi], out[lo:hi], p, nn, scale, inverse, q8_0, table)
+
+    run_groups(parts, parts, run)
+    return torch.from_numpy(out.reshape(shape))
+
+
+#: Values per thread below which :func:`transform` stays on the calling thread.
+_PARALLEL_VALUES = 1 << 16
 
 
 @jit
-def _fwht_rows(w, scale):
-    """In place, every row of ``w`` (float32, n a power of two): :func:`tbq.rotation.fwht`'s butterfly, then ``* scale``.
+def _butterfly(w, r, start, n, scale):
+    """Values ``start .. start+n`` of row ``r``: the spec's in-place butterfly, then ``* scale``."""
+    h = 1
+    while h < n:
+        for s0 in range(start, start + n, 2 * h):
+            for j in range(s0, s0 + h):
+                a = w[r, j]
+                b = w[r, j + h]
+                w[r, j] = a + b
+                w[r, j + h] = a - b
+        h *= 2
+    for j in range(start, start + n):
+        w[r, j] = w[r, j] * scale
 
-    The same float32 operations in the same order as the NumPy butterfly
-    (stage h: ``(a, b) -> (a + b, a - b)`` for each pair ``j, j + h``), so the
-    bits are identical (tests/test_hf_cache.py checks it).
-    """
-    rows, n = w.shape
+
+@jit
+def _transform_rows(x, out, perm, n, scale, inverse, q8_0, f16):
+    rows, d = x.shape
+    c127 = np.float32(127.0)
+    zero = np.float32(0.0)
+    tmp = np.empty(d, np.float32)
     for r in range(rows):
-        h = 1
-        while h < n:
-            for start in range(0, n, 2 * h):
-                for j in range(start, start + h):
-                    a = w[r, j]
-                    b = w[r, j + h]
-                    w[r, j] = a + b
-                    w[r, j + h] = a - b
-            h *= 2
-        for j in range(n):
-            w[r, j] = w[r, j] * scale
+        if inverse:
+            for j in range(d):
+                tmp[j] = x[r, j]
+            if n:
+                for start in range(0, d, n):
+                    _butterfly_1d(tmp, start, n, scale)
+            for j in range(d):
+                out[r, j] = tmp[perm[j]]
+        else:
+            for j in range(d):
+                out[r, j] = x[r, perm[j]]
+            if n:
+                for start in range(0, d, n):
+                    _butterfly(out, r, start, n, scale)
+        if q8_0:
+            for b0 in range(0, d, 32):
+                amax = zero
+                for j in range(b0, b0 + 32):
+                    v = abs(out[r, j])
+                    if v > amax:
+                        amax = v
+                dq = f16[np.int64(f32_to_f16_bits(amax / c127))]
+                inv = c127 / amax if amax > zero else zero
+                for j in range(b0, b0 + 32):
+                    out[r, j] = np.float32(np.rint(out[r, j] * inv)) * dq
+
+
+@jit
+def _butterfly_1d(w, start, n, scale):
+    h = 1
+    while h < n:
+        for s0 in range(start, start + n, 2 * h):
+            for j in range(s0, s0 + h):
+                a = w[j]
+                b = w[j + h]
+                w[j] = a + b
+                w[j + h] = a - b
+        h *= 2
+    for j in range(start, start + n):
+        w[j] = w[j] * scale
 
 
 def gguf_permutation(head_dim: int) -> np.ndarray:
@@ -294,19 +372,15 @@ class Side:
         return row * 4 if self.codec is None else row // self.codec.block_size * self.codec.type_size
 
     # -- model domain <-> stored domain, on (batch, tokens, heads, head_dim) float32 tensors
-    def to_stored(self, x: torch.Tensor) -> torch.Tensor:
-        if self.permutation is not None:
-            x = x[..., torch.from_numpy(self.permutation)]
-        if self.rotation is not None:
-            x = rotate(x, self.rotation)
-        return x
+    def to_stored(self, x: torch.Tensor, q8_0: bool = False) -> torch.Tensor:
+        if self.permutation is None and self.rotation is None and not q8_0:
+            return x
+        return transform(x, self.permutation, self.rotation, False, q8_0)
 
     def to_model(self, x: torch.Tensor) -> torch.Tensor:
-        if self.rotation is not None:
-            x = rotate(x, self.rotation)
-        if self.permutation is not None:
-            x = x[..., torch.from_numpy(np.argsort(self.permutation))]
-        return x
+        if self.permutation is None and self.rotation is None:
+            return x
+        return transform(x, self.permutation, self.rotation, True)
 
     @property
     def transformed(self) -> bool:
@@ -365,14 +439,11 @@ class Engine:
         """Q (batch, heads, tokens, head_dim) as the K.Q products of this engine see it."""
         if self.zero_scores:
             return torch.zeros_like(q)
-        q = self.k.to_stored(q)
-        if self.q_to_q8_0:
-            q = q8_0_simd(q)
-        return q
+        return self.k.to_stored(q, q8_0=self.q_to_q8_0)  # one pass: order, rotation, q8_0
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
         """The attention output (..., head_dim) back from V's stored domain."""
-        return out if self.v.rotation is None else rotate(out, self.v.rotation)
+        return out if self.v.rotation is None else transform(out, None, self.v.rotation, True)
 
 
 def _codec(spec, engine: str) -> tuple[str, Codec | None]:
