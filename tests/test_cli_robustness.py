@@ -159,6 +159,10 @@ NUMERIC_FLAGS = [
     (["check", "--format", "q8_0", *EXEC], "--seconds", "", ()),
     (["check", "--format", "q8_0", *EXEC], "--seed", "", ("0",)),
     (["check", "--format", "q8_0", *EXEC], "--fragile-ulps", "", ("0",)),
+    (["eval"], "--context", "", ()),
+    (["eval"], "--chunks", "", ()),
+    (["eval"], "--sinks", "", ("0",)),
+    (["eval"], "--generate", "", ("0",)),
 ]
 NUMBERS = ("1e400", "-1", "nan", "0", "inf", "-inf", "1e-400", "99999999999999999999999999999999999999", "abc")
 

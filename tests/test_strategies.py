@@ -556,9 +556,9 @@ def test_a_plain_given_test_passes_the_default_deadline_in_a_fresh_process(tmp_p
 @pytest.mark.parametrize("fmt", tbq.formats())
 def test_the_kernel_status_the_fit_loop_asks_equals_the_spec_trace(fmt):
     """_Fmt.status asks the numba kernel (fast); the NumPy trace's refusal must be the same on blocks of any size."""
-    from tbq.testing import strategies as s
+    from tbq.testing.strategies._machinery import _resolve_fmt
 
-    ctx = s._resolve_fmt("test", fmt, None, None)
+    ctx = _resolve_fmt("test", fmt, None, None)
     rng = np.random.default_rng(1)
     for _ in range(200):
         blk = (rng.standard_normal(ctx.bs) * 2.0 ** rng.integers(-140, 125)).astype(np.float32)

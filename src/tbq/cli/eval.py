@@ -20,7 +20,7 @@ DEFAULT_CHUNKS = 4
 def _chunks_arg(text: str):
     if text.strip().lower() == "all":
         return "all"
-    return int_at_least(1)(text)
+    return int_at_least(1, 1 << 20)(text)
 
 
 _chunks_arg.__name__ = "a positive integer or 'all'"
@@ -42,7 +42,7 @@ def add_arguments(p) -> None:
     src.add_argument("--text", metavar="FILE", help="a UTF-8 text file, tokenized by the model's tokenizer "
                      "with BOS first, as llama-perplexity does (default: the shipped held-out text)")
     src.add_argument("--tokens", metavar="FILE.npy", help="a 1-d integer .npy array of token ids, used as it is")
-    d.add_argument("--context", type=int_at_least(4), default=512, help="tokens per chunk (llama-perplexity's -c)")
+    d.add_argument("--context", type=int_at_least(4, 1 << 20), default=512, help="tokens per chunk (llama-perplexity's -c)")
     d.add_argument("--chunks", type=_chunks_arg, default=None,
                    help="chunks to evaluate (llama-perplexity's --chunks), or 'all' "
                    f"(default: {DEFAULT_CHUNKS}, or all the text holds if fewer)")
@@ -55,12 +55,12 @@ def add_arguments(p) -> None:
                    "fork's defects, or plain rows")
     c.add_argument("--no-attn-rot", action="store_true",
                    help="no attention rotation (llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)")
-    c.add_argument("--sinks", type=int_at_least(0), default=0, help="the first N tokens of each chunk in --sink-type")
+    c.add_argument("--sinks", type=int_at_least(0, 1 << 20), default=0, help="the first N tokens of each chunk in --sink-type")
     c.add_argument("--sink-type", default="f16", help="the format of the sink tokens")
     a = p.add_argument_group("analysis")
     a.add_argument("--per-layer", action="store_true", help="also one run per layer with only that layer in the type")
     a.add_argument("--roles", action="store_true", help="also K-only (K:f16) and V-only (f16:V) runs")
-    a.add_argument("--generate", type=int_at_least(0), default=32,
+    a.add_argument("--generate", type=int_at_least(0, 1 << 16), default=32,
                    help="greedy tokens generated with each cache; the table shows the first that departs from f16's")
     a.add_argument("--capture", metavar="FILE.npz",
                    help="also save the model's real post-RoPE K and V of the first chunk (arrays layer<L>_k, layer<L>_v)")
