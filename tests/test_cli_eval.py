@@ -88,6 +88,22 @@ def test_eval_reads_a_gguf_file(rand_dir, text, tmp_path, capsys):
     assert [r["ppl"] for r in g] == [r["ppl"] for r in h]  # the same model, the same tokens, the same figures
 
 
+def test_eval_option_reaches_the_types_that_take_it(rand_dir, text, capsys):
+    args = (rand_dir, "--text", text, "--context", 256, "--chunks", 2, "--generate", 0, "--json")
+    runs = {}
+    for book in ("turboq-mtp", "lloyd-max"):
+        code, out, err = _run(capsys, *args, "--cache-types", "tbq3_0,q8_0", "--option", f"codebook={book}")
+        assert code == 0, err
+        runs[book] = {r["cache"]: r for r in json.loads(out)["rows"]}
+    default = {r["cache"]: r for r in json.loads(_run(capsys, *args, "--cache-types", "tbq3_0,q8_0")[1])["rows"]}
+    # the llama.cpp engine's default is the fork's table; the option replaces it for tbq3_0 only
+    assert runs["turboq-mtp"]["tbq3_0:tbq3_0"]["ppl"] == default["tbq3_0:tbq3_0"]["ppl"]
+    assert runs["lloyd-max"]["tbq3_0:tbq3_0"]["ppl"] != default["tbq3_0:tbq3_0"]["ppl"]
+    assert runs["lloyd-max"]["q8_0:q8_0"]["ppl"] == default["q8_0:q8_0"]["ppl"]
+    code, out, err = _run(capsys, rand_dir, "--cache-types", "q8_0", "--option", "codebook=lloyd-max")
+    assert code == 2 and "the formats that take it: tbq4_0, tbq3_0" in err and err.count("\n") == 1
+
+
 def test_eval_tokens_file(rand_dir, tmp_path, capsys):
     t = tmp_path / "t.npy"
     np.save(t, np.random.default_rng(0).integers(0, 1024, 600))

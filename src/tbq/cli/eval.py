@@ -53,6 +53,9 @@ def add_arguments(p) -> None:
     c.add_argument("--engine", choices=ENGINES, default="llama.cpp",
                    help="what stores the rows: llama.cpp's -ctk/-ctv semantics, the same with the TurboQuant "
                    "fork's defects, or plain rows")
+    c.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a format option for the cache types that take it, repeatable, e.g. --option codebook=lloyd-max "
+                   "(TBQ; the llama.cpp engines default to the fork's tables) or --option scale=0.05 (FP8)")
     c.add_argument("--no-attn-rot", action="store_true",
                    help="no attention rotation (llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)")
     c.add_argument("--sinks", type=int_at_least(0, 1 << 20), default=0, help="the first N tokens of each chunk in --sink-type")
@@ -71,12 +74,29 @@ def add_arguments(p) -> None:
 
 
 def _cache_types(args) -> list:
+    from dataclasses import replace
+
+    from ..formats import check_options, config_for, parse_option
     from ..hf.evaluation import parse_cache_type
 
     specs = default_cache_types() if args.cache_types is None else [s for s in args.cache_types.split(",")]
     if any(not s.strip() for s in specs):
         raise TbqValueError(f"--cache-types {args.cache_types!r}: an empty entry")
-    return [parse_cache_type(s, engine=args.engine) for s in specs]
+    types = [parse_cache_type(s, engine=args.engine) for s in specs]
+    if not args.option:
+        return types
+    options = dict(parse_option(o) for o in args.option)
+    names = sorted({t for ct in types for t in (ct.k, ct.v) if t in formats()})
+    try:
+        check_options(names, options)
+    except TbqValueError as exc:
+        raise TbqValueError(f"--option: {exc}") from None
+
+    def with_options(t):
+        own = config_for(t, options) if t in formats() else {}
+        return (t, own) if own else t
+
+    return [replace(ct, k=with_options(ct.k), v=with_options(ct.v)) for ct in types]
 
 
 def _tokens(args, tokenizer, model) -> np.ndarray:
