@@ -259,6 +259,20 @@ def _unpack16(b):
 # ---------------------------------------------------------------------------
 
 
+def _e2m1_value_table(fmt, x, d):
+    """The doubled E2M1 values and what they meet: x / d with the block's (sub-block's) halved scale.
+
+    A flushed (zero-scale) block or sub-block meets no table.
+    """
+    x = np.asarray(x, np.float64)
+    d = np.asarray(d, np.float64)
+    x = x.reshape(d.shape + (-1,))
+    keep = np.broadcast_to(d[..., None] > 0, x.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = x / d[..., None]
+    return np.asarray(fmt.tables()["values"], np.float64), v[keep]
+
+
 class MXFP4(Format):
     """MXFP4: E8M0 shared exponent + 32 E2M1 codes (split halves), 17 bytes."""
 
@@ -293,15 +307,7 @@ class MXFP4(Format):
         return _VF[np_unpack4_halves(data[:, 1:])] * d[:, None]
 
     def value_table(self, trace):
-        # the doubled E2M1 values, met by x / d with the block's (sub-block's) halved scale; a flushed
-        # (zero-scale) sub-block meets no table
-        x = np.asarray(trace["x"], np.float64)
-        d = np.asarray(trace["dd" if "dd" in trace else "d"], np.float64)
-        x = x.reshape(d.shape + (-1,))
-        keep = np.broadcast_to(d[..., None] > 0, x.shape)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = x / d[..., None]
-        return np.asarray(self.tables()["values"], np.float64), v[keep]
+        return _e2m1_value_table(self, trace["x"], trace["d"])
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_mxfp4: E2M1 doubled) and ``e8m0_boundaries`` (uint32)."""
@@ -390,15 +396,7 @@ class NVFP4(Format):
         return (_VF[c] * dd[:, :, None]).reshape(n, 64)
 
     def value_table(self, trace):
-        # the doubled E2M1 values, met by x / d with the block's (sub-block's) halved scale; a flushed
-        # (zero-scale) sub-block meets no table
-        x = np.asarray(trace["x"], np.float64)
-        d = np.asarray(trace["dd" if "dd" in trace else "d"], np.float64)
-        x = x.reshape(d.shape + (-1,))
-        keep = np.broadcast_to(d[..., None] > 0, x.shape)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v = x / d[..., None]
-        return np.asarray(self.tables()["values"], np.float64), v[keep]
+        return _e2m1_value_table(self, trace["x"], trace["dd"])  # the sub-block scales
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_mxfp4) and ``ue4m3`` (float32 (256,), :func:`ue4m3_to_f32` of every byte)."""
