@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = ROOT.parent / "shared" / "llama.cpp"
@@ -50,7 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--chunks", type=int, default=4)
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
-    from tbq.hf.evaluation import CacheType, evaluate
+    from tbq.hf.evaluation import CacheType, evaluate, text_tokens
     from tbq.hf.gguf_export import run_llama_perplexity
     from tbq.hf.loader import load
     from tbq.hf.shipped import MODEL_DIR, gguf_path
@@ -61,8 +60,7 @@ def main(argv=None) -> int:
     if not binary.exists():
         raise SystemExit(f"no llama-perplexity at {binary}; pass --llama-cpp")
     model, tok = load(gguf)
-    ids = tok(text.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
-    tokens = np.asarray([model.config.bos_token_id] + ids, np.int64)
+    tokens = text_tokens(tok, text.read_text(encoding="utf-8"), model.config.bos_token_id)
     rows = []
     for rotate in (True, False):
         cases = [c for c in CASES if c[2] == rotate]

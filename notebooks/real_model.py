@@ -45,13 +45,13 @@ import tbq
 from tbq import metrics, plots, study
 from tbq.hf import capture_kv, evaluate, load
 from tbq.hf import engine as hfe
+from tbq.hf.evaluation import text_tokens
 from tbq.hf.shipped import heldout_text
 
 SMALL = plots.small_mode()
 CONTEXT, CHUNKS = (256, 2) if SMALL else (512, 4)
 model, tokenizer = load()
-ids = tokenizer(heldout_text(), add_special_tokens=False)["input_ids"]
-tokens = np.asarray([model.config.bos_token_id] + ids, np.int64)
+tokens = text_tokens(tokenizer, heldout_text(), model.config.bos_token_id)
 n_layers, kv_heads, head_dim = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
 print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {n_layers} layers, {kv_heads} KV heads of {head_dim}; "
       f"held-out text: {len(tokens):,} tokens; {CHUNKS} chunks of {CONTEXT}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tbq.hf.gguf_export import run_llama_perplexity
@@ -27,13 +26,13 @@ CONTEXT, CHUNKS = 512, 4
 
 @pytest.fixture(scope="module")
 def shipped():
+    from tbq.hf.evaluation import text_tokens
     from tbq.hf.loader import load
     from tbq.hf.shipped import MODEL_DIR, gguf_path
 
     model, tokenizer = load(gguf_path())
     text = MODEL_DIR / "heldout.txt"
-    ids = tokenizer(text.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
-    tokens = np.asarray([model.config.bos_token_id] + ids, np.int64)
+    tokens = text_tokens(tokenizer, text.read_text(encoding="utf-8"), model.config.bos_token_id)
     return model, tokens, gguf_path(), text
 
 

@@ -120,9 +120,9 @@ def _tokens(args, tokenizer, model) -> np.ndarray:
         from ..hf.shipped import heldout_text
 
         text = heldout_text()
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    bos = getattr(model.config, "bos_token_id", None)
-    return np.asarray(([bos] if bos is not None else []) + list(ids), dtype=np.int64)
+    from ..hf.evaluation import text_tokens
+
+    return text_tokens(tokenizer, text, getattr(model.config, "bos_token_id", None))
 
 
 def run_cli(args) -> int:

@@ -363,10 +363,6 @@ class Side:
     fork_pack3: bool = False
     simd_q8_0: bool = False
 
-    @property
-    def bytes_per_value(self) -> float:
-        return 4.0 if self.codec is None else self.codec.type_size / self.codec.block_size
-
     def row_bytes(self, row: int) -> int:
         """Bytes of one stored row of ``row`` values."""
         return row * 4 if self.codec is None else row // self.codec.block_size * self.codec.type_size
@@ -381,10 +377,6 @@ class Side:
         if self.permutation is None and self.rotation is None:
             return x
         return transform(x, self.permutation, self.rotation, True)
-
-    @property
-    def transformed(self) -> bool:
-        return self.rotation is not None or self.permutation is not None
 
     # -- rows <-> bytes, on numpy (..., row) arrays
     def encode(self, rows: np.ndarray) -> np.ndarray:

@@ -31,9 +31,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from ..errors import ConfigError, TbqValueError
+from .cache import geometry
 from .engine import ENGINES, F32
 
-__all__ = ["CacheType", "EvalResult", "Row", "evaluate", "parse_cache_type", "perplexity_chunks", "DEFAULT_MIXES"]
+__all__ = ["CacheType", "EvalResult", "Row", "evaluate", "parse_cache_type", "perplexity_chunks", "text_tokens", "DEFAULT_MIXES"]
 
 #: The two baselines every evaluation runs first.
 BASELINES = ("f32:f32", "f16:f16")
@@ -86,6 +87,16 @@ def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
     if len(parts) > 2 or not all(parts):
         raise ConfigError(f"cache type {spec!r}: expected 'K', 'K:V' or 'K:V@ENGINE'")
     return CacheType(parts[0], parts[-1], engine)
+
+
+def text_tokens(tokenizer, text: str, bos: int | None) -> np.ndarray:
+    """The tokens llama-perplexity evaluates for ``text``: BOS (when the model has one), then the text's tokens.
+
+    The tokenizer's own special tokens are not added (``bos`` is put first
+    once, as llama.cpp's tokenizer does with ``add_bos``).
+    """
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return np.asarray(([] if bos is None else [int(bos)]) + list(ids), dtype=np.int64)
 
 
 def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int | None = None) -> np.ndarray:
@@ -361,7 +372,7 @@ def evaluate(
 
     t0 = time.perf_counter()
     runner = _Runner(model, data, sinks=sinks, sink_type=sink_type, rotate_attention=rotate_attention)
-    n_layers = len(runner.cache(CacheType("f16", "f16"), baseline=True).layers)
+    n_layers = geometry(model.config)[0]
     for ct in types:  # refuse a bad type before any work
         runner.cache(ct)
     f16, f32 = CacheType("f16", "f16"), CacheType(F32, F32)
