@@ -96,10 +96,23 @@ def test_eval_option_reaches_the_types_that_take_it(rand_dir, text, capsys):
         assert code == 0, err
         runs[book] = {r["cache"]: r for r in json.loads(out)["rows"]}
     default = {r["cache"]: r for r in json.loads(_run(capsys, *args, "--cache-types", "tbq3_0,q8_0")[1])["rows"]}
+    # a row with options is labelled and recorded with them; a type that takes none is not
+    labelled = {book: f"tbq3_0(codebook={book}):tbq3_0(codebook={book})" for book in runs}
+    for book, rows in runs.items():
+        assert rows[labelled[book]]["options"] == {"K": {"codebook": book}, "V": {"codebook": book}}
+        assert rows["q8_0:q8_0"]["options"] == {}
+    assert default["tbq3_0:tbq3_0"]["options"] == {}
     # the llama.cpp engine's default is the fork's table; the option replaces it for tbq3_0 only
-    assert runs["turboq-mtp"]["tbq3_0:tbq3_0"]["ppl"] == default["tbq3_0:tbq3_0"]["ppl"]
-    assert runs["lloyd-max"]["tbq3_0:tbq3_0"]["ppl"] != default["tbq3_0:tbq3_0"]["ppl"]
+    assert runs["turboq-mtp"][labelled["turboq-mtp"]]["ppl"] == default["tbq3_0:tbq3_0"]["ppl"]
+    assert runs["lloyd-max"][labelled["lloyd-max"]]["ppl"] != default["tbq3_0:tbq3_0"]["ppl"]
     assert runs["lloyd-max"]["q8_0:q8_0"]["ppl"] == default["q8_0:q8_0"]["ppl"]
+    # the table shows the whole label, the columns still line up
+    code, out, err = _run(capsys, *args[:-1], "--cache-types", "tbq3_0", "--option", "codebook=lloyd-max")
+    assert code == 0, err
+    lines = out.splitlines()
+    row = next(line for line in lines if line.startswith(labelled["lloyd-max"] + " "))
+    header = next(line for line in lines if line.startswith("cache K:V"))
+    assert len(row) == len(header) and header.index("layer") > len(labelled["lloyd-max"])
     code, out, err = _run(capsys, rand_dir, "--cache-types", "q8_0", "--option", "codebook=lloyd-max")
     assert code == 2 and "the formats that take it: tbq4_0, tbq3_0" in err and err.count("\n") == 1
 

@@ -57,12 +57,57 @@ class CacheType:
     engine: str = "llama.cpp"
 
     @property
+    def options(self) -> dict:
+        """The format options of each side that has any, ``{"K": {...}, "V": {...}}`` (empty: none).
+
+        >>> CacheType(("tbq4_0", {"codebook": "lloyd-max"}), "q8_0").options
+        {'K': {'codebook': 'lloyd-max'}}
+        """
+        out = {side: _side_options(t) for side, t in (("K", self.k), ("V", self.v))}
+        return {side: o for side, o in out.items() if o}
+
+    @property
     def label(self) -> str:
+        """``K:V`` (``@engine`` unless llama.cpp), each side with options written ``name(opt=value,...)``.
+
+        >>> CacheType(("tbq4_0", {"codebook": "lloyd-max"}), "q8_0", "plain").label
+        'tbq4_0(codebook=lloyd-max):q8_0@plain'
+        """
         def name(t):
-            return t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
+            base = t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
+            opts = _side_options(t)
+            return base if not opts else base + "(" + ",".join(f"{k}={_option_text(v)}" for k, v in opts.items()) + ")"
 
         text = f"{name(self.k)}:{name(self.v)}"
         return text if self.engine == "llama.cpp" else f"{text}@{_SHORT.get(self.engine, self.engine)}"
+
+
+#: Codec settings that are not format options (left out of a label).
+_EXECUTION = ("name", "backend", "threads", "on_overflow")
+
+
+def _side_options(t) -> dict:
+    """The format options one side of a cache type carries: a ``(name, options)`` pair's, a Codec's own."""
+    if isinstance(t, tuple):
+        return dict(t[1])
+    if isinstance(t, str) or not hasattr(t, "get_config"):
+        return {}
+    return {k: v for k, v in t.get_config().items() if k not in _EXECUTION}
+
+
+def _json_options(ct: "CacheType") -> dict:
+    """``ct.options`` with every value a JSON scalar (a number or name kept, an object named)."""
+    def value(v):
+        return v if isinstance(v, (str, int, float, bool)) or v is None else _option_text(v)
+
+    return {side: {k: value(v) for k, v in o.items()} for side, o in ct.options.items()}
+
+
+def _option_text(v) -> str:
+    """An option value as a label and the JSON show it: a name, a number, else the object's own name."""
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return str(v)
+    return str(getattr(v, "name", None) or type(v).__name__)
 
 
 def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
@@ -149,6 +194,8 @@ class Row:
     first_diff: int | None = None
     layer: int | None = None
     role: str = "K+V"
+    #: the format options of each side that has any (``CacheType.options``, values as the JSON shows them)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -178,17 +225,19 @@ class EvalResult:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=_json_default)
 
     def table(self) -> str:
-        """The rows as a text table (under 100 columns)."""
+        """The rows as a text table (under 100 columns unless a label with options needs more; never cut)."""
         s = self.settings
         head = (
             f"{s['model']}: {s['chunks']} chunks x {s['context']} tokens, {s['scored']} scored; "
             f"KL, top-1 and greedy against the f16 cache"
         )
-        lines = [head, _HEADER, "-" * len(_HEADER)]
-        lines += [_format_row(r) for r in self.rows]
+        width = max([26] + [len(_row_label(r)) for r in self.rows + self.per_layer])
+        header = _header(width)
+        lines = [head, header, "-" * len(header)]
+        lines += [_format_row(r, width) for r in self.rows]
         if self.per_layer:
-            lines += ["", "one layer (or one role) in the cache type, the rest f16:", _HEADER, "-" * len(_HEADER)]
-            lines += [_format_row(r) for r in self.per_layer]
+            lines += ["", "one layer (or one role) in the cache type, the rest f16:", header, "-" * len(header)]
+            lines += [_format_row(r, width) for r in self.per_layer]
         return "\n".join(lines)
 
 
@@ -200,15 +249,20 @@ def _json_default(o):
     raise TypeError(type(o).__name__)
 
 
-_HEADER = f"{'cache K:V':<26} {'layer':>5} {'B/token':>8} {'PPL':>9} {'dPPL %':>8} {'KL mean':>8} {'KL p99':>8} {'top-1':>6} {'greedy':>7}"
+def _header(width: int) -> str:
+    return f"{'cache K:V':<{width}} {'layer':>5} {'B/token':>8} {'PPL':>9} {'dPPL %':>8} {'KL mean':>8} {'KL p99':>8} {'top-1':>6} {'greedy':>7}"
 
 
-def _format_row(r: Row) -> str:
-    label = r.cache if r.role == "K+V" else f"{r.cache} ({r.role})"
+def _row_label(r: Row) -> str:
+    return r.cache if r.role == "K+V" else f"{r.cache} ({r.role})"
+
+
+def _format_row(r: Row, width: int = 26) -> str:
+    label = _row_label(r)
     layer = "all" if r.layer is None else str(r.layer)
     greedy = "same" if r.first_diff is None else str(r.first_diff)
     return (
-        f"{label[:26]:<26} {layer:>5} {r.bytes_per_token:>8} {r.ppl:>9.4f} {r.delta_ppl_pct:>+8.3f} "
+        f"{label:<{width}} {layer:>5} {r.bytes_per_token:>8} {r.ppl:>9.4f} {r.delta_ppl_pct:>+8.3f} "
         f"{r.kl_mean:>8.5f} {r.kl_p99:>8.5f} {r.top1:>6.3f} {greedy:>7}"
     )
 
@@ -423,8 +477,8 @@ def evaluate(
     ppl16 = float(math.exp(np.concatenate(stats["f16"].nll).mean()))
     rows = [stats["f32"].row(BASELINES[0], "llama.cpp", ppl16), stats["f16"].row(BASELINES[1], "llama.cpp", ppl16)]
     for label, ct, _, _ in jobs:
-        rows.append(stats[(label, None, "K+V")].row(label, ct.engine, ppl16, first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, []))))
-    layer_rows = [stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role) for label, ct, layer, role in extra]
+        rows.append(stats[(label, None, "K+V")].row(label, ct.engine, ppl16, options=_json_options(ct), first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, []))))
+    layer_rows = [stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role, options=_json_options(ct)) for label, ct, layer, role in extra]
     settings = {
         "model": model_name,
         "context": int(data.shape[1]),
