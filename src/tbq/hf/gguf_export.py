@@ -177,12 +177,13 @@ def chunk_nll(model, ids, n_ctx: int, bos_id: int = 0):
     import numpy as np
     import torch
 
-    n_chunks = len(ids) // n_ctx
-    out = np.empty((n_chunks, n_ctx - 1), dtype=np.float64)
+    from .evaluation import perplexity_chunks
+
+    chunks = perplexity_chunks(np.asarray(ids, dtype=np.int64), n_ctx, bos=bos_id)  # the one chunking rule
+    out = np.empty((chunks.shape[0], n_ctx - 1), dtype=np.float64)
     with torch.no_grad():
-        for c in range(n_chunks):
-            x = torch.tensor(list(ids[c * n_ctx : (c + 1) * n_ctx]), dtype=torch.long)
-            x[0] = bos_id
+        for c, row in enumerate(chunks):
+            x = torch.from_numpy(row)
             logits = model(input_ids=x[None]).logits[0].double()
             logp = torch.log_softmax(logits[:-1], dim=-1)
             out[c] = (-logp.gather(1, x[1:, None])[:, 0]).numpy()
