@@ -190,7 +190,7 @@ def _lloyd_max_standard_normal(levels: int):
     return lloyd_max_iterate(ndtri((np.arange(levels) + 0.5) / levels))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lloyd_max_cached(bits: int, sigma: float) -> Codebook:
     c64, _, _ = _lloyd_max_standard_normal(1 << bits)
     c64 = c64 * sigma
@@ -224,7 +224,7 @@ def lloyd_max(bits: int, sigma: float = SIGMA_128) -> Codebook:
 # ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tables() -> dict:
     """The parsed ``tables.json`` of the conformance set (sign tables and codebooks)."""
     text = resources.files("tbq").joinpath("data/tables.json").read_text()
@@ -236,7 +236,7 @@ def _table_f32(entry: dict) -> np.ndarray:
     return np.array([int(b, 16) for b in entry["float32_bits"]], dtype=np.uint32).view(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fork_codebook(bits: int) -> Codebook:
     t = tables()["fork"]
     key = {4: "tbq4", 3: "tbq3"}[bits]

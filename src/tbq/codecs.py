@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, numba_available, resolve_backend  # noqa: F401 (re-exported)
+from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, numba_available, resolve_backend
 from .errors import (
     BlockShapeError,
     ConfigError,
@@ -443,7 +443,7 @@ class Codec:
         if out is None and type(data) is np.ndarray and data.dtype is _U8 and self.backend == "numba":
             nbytes = data.shape[-1] if data.ndim else 0
             ts = self.info.type_size
-            if data.ndim and 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
+            if data.ndim and data.size > 0 and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
                 bs = self.info.block_size
                 out = np.empty(data.shape[:-1] + (nbytes // ts * bs,), np.float32)
                 self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))

@@ -30,14 +30,15 @@ This module computes and formats; it prints nothing. The command line
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -45,7 +46,7 @@ from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
 from .formats import FORMATS, check_options, config_for, format_class, format_name, formats
-from .metrics import attention_error, cosine_similarity, error_summary, nmse, random_queries, softmax_kl, topk_agreement
+from .metrics import attention_error, cosine_similarity, nmse, random_queries, softmax_kl, topk_agreement
 
 __all__ = ["compare", "kv_geometry", "untileable", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
 
@@ -338,8 +339,8 @@ def compare(
             codec = get_codec(fmt, **cfg)
             q = codec.encode(rows2)  # warm-up, compiles the kernels
             y2 = codec.decode(q)
-            t_enc = _best_time(lambda: codec.encode(rows2, out=q), repeat)
-            t_dec = _best_time(lambda: codec.decode(q, out=y2), repeat)
+            t_enc = _best_time(functools.partial(codec.encode, rows2, out=q), repeat)
+            t_dec = _best_time(functools.partial(codec.decode, q, out=y2), repeat)
             y = y2.reshape(x.shape)
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
@@ -566,7 +567,7 @@ def format_table(rows: list[dict], *, wide: bool = True, topk: int | None = None
             i = j + 1
         lines.append(line.rstrip())
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

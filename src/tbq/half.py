@@ -27,7 +27,7 @@ def f32_to_f16_bits(x) -> np.ndarray:
         return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def f16_table() -> np.ndarray:
     """float32 value of every fp16 bit pattern (index = the uint16 bits)."""
     t = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)

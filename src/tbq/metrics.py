@@ -488,7 +488,7 @@ def gaussian_distortion(centroids, thresholds, sigma: float = 1.0) -> float:
     return float(np.sum(d))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lloyd_max_levels_cached(bits: int, tol: float):
     from scipy.special import ndtri
 

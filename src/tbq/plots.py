@@ -115,8 +115,8 @@ def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
     panels = [("NMSE", "NMSE of the tensor"), ("softmax KL", "softmax KL (nats), keys"), ("out NMSE", "attention output NMSE")]
     panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)]
     fig, axes = _figure(1, len(panels))
-    colors = dict(zip(datas, _colors(len(datas))))
-    for ax, (key, label) in zip(axes[0], panels):
+    colors = dict(zip(datas, _colors(len(datas)), strict=True))
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
         series = {}
         for d in datas:
             vals = []
@@ -237,7 +237,7 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
     lm = np.array([lloyd_max_distortion(int(k)) for k in bi])
     names = list(dict.fromkeys(r["name"] for r in results if not r.get("family")))
     families = list(dict.fromkeys(r["family"] for r in results if r.get("family")))
-    colors = dict(zip(names + families, _colors(len(names) + len(families))))
+    colors = dict(zip(names + families, _colors(len(names) + len(families)), strict=True))
     markers = "osD^v<>pPhX*"
     for col, ds in enumerate(datasets):
         for row, rel in enumerate((False, True)):
@@ -250,7 +250,7 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
             for fam in families:
                 pts = sorted((r["bits_per_value"], r["nmse"]) for r in results if r["dataset"] == ds and r.get("family") == fam)
                 if pts:
-                    x, y = map(np.asarray, zip(*pts))
+                    x, y = map(np.asarray, zip(*pts, strict=True))
                     ax.plot(x, f(x, y), "-", marker=".", color=colors[fam], alpha=0.8, label=fam)
             for i, nm in enumerate(names):
                 for r in results:
@@ -278,7 +278,7 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
     seen = {}
     for row in axes:
         for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
     if title:
@@ -371,7 +371,7 @@ def plot_lines(
     single = len(titles) == 1
     fig, axes = _figure(nrows, ncols, width=7.0 if single else 4.4 * ncols, height=4.2 if single else 3.5 * nrows)
     labels = list(dict.fromkeys(lab for p in panels.values() for lab in p))
-    colors = dict(zip(labels, _colors(len(labels))))
+    colors = dict(zip(labels, _colors(len(labels)), strict=True))
     x = np.asarray(x)
     for k, t in enumerate(titles):
         ax = axes[k // ncols][k % ncols]
@@ -395,7 +395,7 @@ def plot_lines(
         seen = {}
         for row in axes:
             for ax in row:
-                for h, lab in zip(*ax.get_legend_handles_labels()):
+                for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                     seen.setdefault(lab, h)
         fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
     if title:
@@ -448,7 +448,7 @@ def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None
     """
     titles = list(tables)
     fig, axes = _figure(1, len(titles), width=5.6 * len(titles), height=3.8)
-    for ax, t in zip(axes[0], titles):
+    for ax, t in zip(axes[0], titles, strict=True):
         cbs = tables[t]
         lim = max(4.5 * sigma, max(float(np.max(np.abs(cb.centroids))) for cb in cbs.values()) * 1.1)
         xs = np.linspace(-lim, lim, 600)
@@ -466,7 +466,7 @@ def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None
         ax.set_yticks([])
     seen = {}
     for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=3, fontsize="small")
     if title:
@@ -478,7 +478,7 @@ def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Pat
     """Index histograms: ``{panel title: {label: counts per index}}``, bars side by side, as fractions."""
     titles = list(hists)
     fig, axes = _figure(1, len(titles), width=5.2 * len(titles), height=3.6)
-    for ax, t in zip(axes[0], titles):
+    for ax, t in zip(axes[0], titles, strict=True):
         series = hists[t]
         colors = _colors(len(series))
         w = 0.8 / max(1, len(series))
@@ -529,7 +529,7 @@ def plot_format_metrics(
     names = list(dict.fromkeys(r["name"] for r in rows))
     groups = groups or {}
     glist = list(dict.fromkeys(groups.get(n, n) for n in names))
-    gcol = dict(zip(glist, _colors(len(glist))))
+    gcol = dict(zip(glist, _colors(len(glist)), strict=True))
     names = sorted(names, key=lambda n: glist.index(groups.get(n, n)))  # legend grouped
     cut = float(compress_above)
 
@@ -582,7 +582,7 @@ def plot_format_metrics(
     seen = {}
     for row in axes:
         for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
     if title:
@@ -619,7 +619,7 @@ def plot_rotated_blocks(
         rms = math.sqrt(float(np.mean(b * b))) or 1.0
         scaled[t] = b / rms
         lim = max(lim, float(np.max(np.abs(scaled[t]))))
-    for ax, (t, v) in zip(flat, scaled.items()):
+    for ax, (t, v) in zip(flat, scaled.items(), strict=False):
         idx = np.arange(v.size)
         if mark is not None and len(mark):
             for m in np.asarray(mark).ravel():
@@ -631,10 +631,10 @@ def plot_rotated_blocks(
         ax.set_title(t, fontsize="medium")
         ax.set_xlabel("coordinate")
         ax.set_ylabel("value / block RMS")
-    for ax, (t, series) in zip(flat[len(blocks):], distributions.items()):
+    for ax, (t, series) in zip(flat[len(blocks):], distributions.items(), strict=False):
         allv = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in series.values()])
         bins = np.linspace(float(allv.min()), float(allv.max()) * 1.02 + 1e-12, 60)
-        for (lab, v), c in zip(series.items(), _colors(len(series))):
+        for (lab, v), c in zip(series.items(), _colors(len(series)), strict=True):
             ax.hist(np.asarray(v, dtype=np.float64).ravel(), bins=bins, alpha=0.55, color=c, label=lab)
         ax.set_title(t, fontsize="medium")
         ax.set_ylabel("blocks")
@@ -664,8 +664,8 @@ def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None =
     fig, axes = _figure(nrows, ncols, width=4.4 * ncols, height=3.1 * nrows + 0.5)
     flat = [ax for row in axes for ax in row]
     labels = list(dict.fromkeys(lab for p in panels.values() for lab in p.get("tables", {})))
-    colors = dict(zip(labels, _colors(len(labels))))
-    for ax, t in zip(flat, titles):
+    colors = dict(zip(labels, _colors(len(labels)), strict=True))
+    for ax, t in zip(flat, titles, strict=False):
         s = np.asarray(panels[t]["samples"], dtype=np.float64).ravel()
         tabs = panels[t].get("tables", {})
         lo, hi = float(s.min()), float(s.max())
@@ -690,7 +690,7 @@ def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None =
         ax.set_visible(False)
     seen = {}
     for ax in flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
     if title:

@@ -123,7 +123,7 @@ def signs_from_seed(seed: int, n: int = 128) -> tuple[np.ndarray, np.ndarray]:
     return s1, s2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def turboq_mtp_signs() -> tuple[np.ndarray, np.ndarray]:
     """The sign tables of the deployed kernels (``wht_signs1``, ``wht_signs2``, n = 128)."""
     from .codebooks import tables

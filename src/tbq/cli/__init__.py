@@ -40,7 +40,7 @@ COMMANDS = {
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line: ``tbq compare: error: ... (see tbq compare --help)``."""
 
-    def error(self, message: str):  # noqa: D102 (argparse API)
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _parse_optional(self, arg_string):

@@ -6,7 +6,6 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from . import check_figure_file, int_at_least
 from ..budget import (
     _BITS,
     DEFAULT_CONTEXTS,
@@ -25,6 +24,7 @@ from ..budget import (
 from ..errors import TbqValueError
 from ..plots import INSTALL_HINT
 from ..units import MAX_QUANTITY, format_bytes, parse_bytes, parse_contexts, parse_rate
+from . import check_figure_file, int_at_least
 
 #: The most contexts one report takes: each is a column of the tables, which stay within 100 columns.
 MAX_CONTEXTS = 8

@@ -13,15 +13,22 @@ import json
 import sys
 from pathlib import Path
 
-from . import check_output_file, int_at_least
-from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, ProgramTarget, check_target, resolve_format
+from ..check import (
+    DEFAULT_BLOCKS,
+    DEFAULT_EXAMPLES,
+    DEFAULT_K,
+    LibraryTarget,
+    ProgramTarget,
+    check_target,
+    resolve_format,
+)
 from ..check.runner import check_memory, require_hypothesis
-from ..parallel import require_memory
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
 from ..formats import format_name, formats, parse_option
 from ..golden import check_out_dir
-
+from ..parallel import require_memory
+from . import check_output_file, int_at_least
 
 #: The longest --timeout / --seconds taken: a year.
 MAX_SECONDS = 365 * 24 * 3600.0

@@ -10,7 +10,6 @@ import zipfile
 
 import numpy as np
 
-from . import check_figure_file, int_at_least
 from ..compare import (
     check_array,
     compare,
@@ -24,7 +23,8 @@ from ..compare import (
     warm_up,
 )
 from ..errors import ScaleOverflowError, TbqValueError
-from ..formats import check_options, config_for, format_info, format_name, formats, parse_option
+from ..formats import check_options, config_for, format_name, formats, parse_option
+from . import check_figure_file, int_at_least
 
 DEFAULT_TOPK = 8
 
@@ -81,7 +81,7 @@ def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
     The file is opened here and always closed (NumPy leaves the handle of a corrupt .npz open).
     """
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - a failure to open is its own message; `with fh` below closes it
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
@@ -135,7 +135,7 @@ def _array_header(path: str, array: str | None):
                     return _header_of(f)
         with open(path, "rb") as f:
             return _header_of(f)
-    except Exception:  # noqa: BLE001 - a pre-check only: _read_file says what is wrong with the file
+    except Exception:
         return None
 
 

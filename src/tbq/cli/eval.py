@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import check_figure_file, check_output_file, int_at_least
 from ..errors import ConfigError, TbqValueError
 from ..formats import formats
 from ..hf import ENGINES
-
+from . import check_figure_file, check_output_file, int_at_least
 
 #: Chunks ``tbq eval`` scores unless told: enough for stable figures, few enough to finish in a minute or two.
 DEFAULT_CHUNKS = 4

@@ -92,7 +92,7 @@ def _from_manifests(args, enabled) -> Summary:
         require_memory(manifest_memory(mp), f"--from-manifest {mp}")
     rows, att, paths = [], [], []
     with Progress(len(wanted), PROGRESS_LABEL, enabled=enabled) as bar:
-        for mp, want in zip(args.from_manifest, wanted):
+        for mp, want in zip(args.from_manifest, wanted, strict=True):
             gs = regenerate(mp)
             if want != {k: v["sha256"] for k, v in gs.manifest["arrays"].items()}:
                 raise TbqValueError(f"{mp}: the regenerated arrays differ from the manifest's SHA-256 (library version {__version__})")

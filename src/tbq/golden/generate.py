@@ -19,7 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..attention import SINK_FORMATS, attention_dequantized, attention_rotated, encode_kv, f32_tolerance, score_condition
+from ..attention import (
+    SINK_FORMATS,
+    attention_dequantized,
+    attention_rotated,
+    encode_kv,
+    f32_tolerance,
+    score_condition,
+)
 from ..codecs import Codec, codec_from
 from ..errors import ConfigError, TbqTypeError, TbqValueError
 from ..formats import FORMATS, check_options, config_for, format_class, format_info, format_name, get_format
@@ -33,8 +40,8 @@ from .families import (
     _check_seed,
     _resolve_tables,
     _rows_per_family,
-    _tables,
     _Tables,
+    _tables,
     attention_inputs,
     attention_seed,
     family_seed,
@@ -463,7 +470,7 @@ def _align(cells, left: int) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     out = []
     for n, row in enumerate(cells):
-        out.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        out.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return out

@@ -56,11 +56,11 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
+from ..formats import FORMATS, get_format
 from ..half import f16_table
 from ..kernels import f32_to_f16_bits, jit
 from ..parallel import default_threads, run_groups
 from ..rotation import hadamard_scale
-from ..formats import FORMATS, get_format
 from . import ENGINES
 
 __all__ = [

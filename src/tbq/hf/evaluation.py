@@ -317,7 +317,7 @@ class _Stats:
 
 
 def _first_diff(a: list, b: list) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x != y:
             return i
     return None

@@ -29,6 +29,7 @@ them, so importing this module is cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -226,10 +227,8 @@ def _setup_torch(cfg: TrainConfig):
     import torch
 
     torch.set_num_threads(cfg.threads)
-    try:
+    with contextlib.suppress(RuntimeError):  # already set in this process
         torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set in this process
-        pass
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
     return torch
