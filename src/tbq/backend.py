@@ -7,7 +7,7 @@ Kernels report how an encode ended with one of the ``STATUS_*`` codes.
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from .errors import ConfigError, check_choice
 
 __all__ = [
     "BACKENDS",
@@ -54,8 +54,7 @@ def resolve_backend(backend) -> str:
     """
     if backend is None:
         return "numba" if numba_available() else "numpy"
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice(backend, "backend", BACKENDS)
     if backend == "numba" and not numba_available():
         raise ConfigError("backend='numba' was requested but numba cannot be imported")
     return backend

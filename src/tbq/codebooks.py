@@ -24,7 +24,7 @@ from importlib import resources
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, check_int
 
 __all__ = ["Codebook", "lloyd_max", "lloyd_max_iterate", "normal_pdf", "named_codebook", "get_codebook", "fork_vs_lloyd_max", "CODEBOOK_NAMES", "tables"]
 
@@ -211,8 +211,7 @@ def lloyd_max(bits: int, sigma: float = SIGMA_128) -> Codebook:
     >>> cb.centroids.dtype, cb.centroids.size, float(cb.thresholds[7])
     (dtype('float32'), 16, 0.0)
     """
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-        raise ConfigError(f"lloyd_max bits must be an integer in 1..8, got {bits!r}")
+    bits = check_int(bits, "lloyd_max bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
     sigma = float(sigma)
     if not (sigma > 0 and math.isfinite(sigma)):
         raise ConfigError(f"lloyd_max sigma must be a finite number > 0, got {sigma!r}")

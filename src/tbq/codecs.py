@@ -28,6 +28,7 @@ from .errors import (
     NonFiniteError,
     TbqTypeError,
     TbqValueError,
+    check_int,
 )
 from .formats import FORMATS, Format, FormatInfo, format_class, format_info, format_name
 from .parallel import default_threads, fork_safe_lock, run_chunks
@@ -277,9 +278,9 @@ class Codec:
         #: the :class:`tbq.formats.Format` with this codec's format options
         self.format: Format = _build_format(self.name, format_options)
         self.backend = resolve_backend(backend)
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
-            raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
-        self.threads = None if threads is None else int(threads)
+        self.threads = None if threads is None else check_int(
+            threads, "threads", lo=1, expected="a positive integer or None (all cores)", error=ConfigError
+        )
         modes = self.format.overflow_modes
         if not isinstance(on_overflow, str) or on_overflow not in modes:
             raise ConfigError(f"on_overflow must be one of {modes} for {self.name}, got {on_overflow!r}")

@@ -44,7 +44,7 @@ import numpy as np
 
 from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
-from .errors import BlockShapeError, TbqTypeError, TbqValueError
+from .errors import BlockShapeError, TbqTypeError, TbqValueError, check_int
 from .formats import FORMATS, check_options, config_for, format_class, format_name, formats
 from .metrics import attention_error, cosine_similarity, nmse, random_queries, softmax_kl, topk_agreement
 
@@ -235,12 +235,8 @@ def _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads) -> 
     return out
 
 
-def _check_count(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TbqTypeError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise TbqValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
+def _check_count(value: object, name: str, minimum: int = 1) -> int:
+    return check_int(value, name, lo=minimum)
 
 
 def tokens_of(x) -> int:

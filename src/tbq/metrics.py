@@ -41,7 +41,7 @@ import math
 import numpy as np
 
 from .codebooks import lloyd_max_iterate, normal_pdf
-from .errors import TbqTypeError, TbqValueError
+from .errors import TbqValueError, check_choice, check_int
 from .parallel import require_memory
 
 __all__ = [
@@ -156,8 +156,7 @@ _BREAKDOWN_METRICS = ("nmse", "mse", "rmse", "max_abs", "snr_db")
 
 
 def _reduce(x, y, axes, metric):
-    if metric not in _BREAKDOWN_METRICS:
-        raise TbqValueError(f"metric must be one of {_BREAKDOWN_METRICS}, got {metric!r}")
+    check_choice(metric, "metric", _BREAKDOWN_METRICS, error=TbqValueError)
     d = y - x
     if metric == "max_abs":
         return np.max(np.abs(d), axis=axes) if d.size else np.zeros(())
@@ -224,10 +223,7 @@ def random_queries(n: int, head_dim: int, heads: int | None = None, *, seed: int
     """
     dims = {"n": n, "head_dim": head_dim} if heads is None else {"n": n, "heads": heads, "head_dim": head_dim}
     for name, v in dims.items():
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TbqTypeError(f"{name} must be an integer, got {v!r}")
-        if v < 1:
-            raise TbqValueError(f"{name} must be at least 1, got {v}")
+        check_int(v, name, lo=1)
     shape = tuple(int(v) for v in dims.values())
     require_memory(8 * math.prod(shape), f"{math.prod(shape):,} random query values")
     rng = np.random.default_rng(seed)
@@ -513,9 +509,8 @@ def lloyd_max_levels(bits: int, tol: float = 1e-8):
     (relative) of its limit; 8 bits take a second or two. Unlike the format tables, this is a study
     helper and also works for 6 to 8 bits.
     """
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-        raise TbqValueError(f"bits must be an integer in 1..8, got {bits!r}")
-    return _lloyd_max_levels_cached(int(bits), float(tol))
+    bits = check_int(bits, "bits", lo=1, hi=8, expected="an integer in 1..8", error=TbqValueError)
+    return _lloyd_max_levels_cached(bits, float(tol))
 
 
 def lloyd_max_distortion(bits: int) -> float:
@@ -687,8 +682,7 @@ def lloyd_max_samples(samples, n_levels: int, *, tol: float = 1e-10, max_iter: i
     >>> abs(mse / lloyd_max_distortion(3) - 1) < 0.01, c.size, m.size
     (True, 8, 7)
     """
-    if isinstance(n_levels, bool) or not isinstance(n_levels, (int, np.integer)) or n_levels < 1:
-        raise TbqValueError(f"n_levels must be a positive integer, got {n_levels!r}")
+    check_int(n_levels, "n_levels", lo=1, expected="a positive integer", error=TbqValueError)
     st = _Sorted(samples)
     distinct = np.unique(st.s)
     if distinct.size <= n_levels:
@@ -755,8 +749,7 @@ def table_distortion(levels, *, samples=None, sigma: float | None = None, n_leve
     """
     c = _levels(levels)
     n = c.size if n_levels is None else n_levels
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise TbqValueError(f"n_levels must be a positive integer, got {n_levels!r}")
+    check_int(n, "n_levels", lo=1, expected="a positive integer", error=TbqValueError)
     if (samples is None) == (sigma is None):
         raise TbqValueError("give exactly one of samples= (a measured distribution) and sigma= (a Gaussian)")
     if sigma is not None:

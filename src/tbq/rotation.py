@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .errors import ConfigError, TbqTypeError, TbqValueError
+from .errors import ConfigError, TbqTypeError, TbqValueError, check_int
 
 __all__ = [
     "fwht",
@@ -114,8 +114,7 @@ def signs_from_seed(seed: int, n: int = 128) -> tuple[np.ndarray, np.ndarray]:
     >>> s1.dtype, sorted(set(s1.tolist()) | set(s2.tolist()))
     (dtype('int8'), [-1, 1])
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"a sign seed must be a non-negative integer, got {seed!r}")
+    seed = check_int(seed, "a sign seed", lo=0, expected="a non-negative integer", error=ConfigError)
     _check_pow2(n)
     rng = np.random.Generator(np.random.PCG64(int(seed)))
     s1 = (1 - 2 * rng.integers(0, 2, size=n)).astype(np.int8)

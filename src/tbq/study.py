@@ -47,7 +47,7 @@ import numpy as np
 from . import metrics
 from .codebooks import Codebook, get_codebook, lloyd_max
 from .codecs import Codec, get_codec
-from .errors import ConfigError, TbqValueError
+from .errors import ConfigError, TbqValueError, check_choice, check_int
 from .formats import FORMATS, format_info, get_format
 from .rotation import get_rotation
 
@@ -207,12 +207,9 @@ class KIVI(Quantizer):
     """
 
     def __init__(self, bits: int = 2, group_size: int = 32, axis: str = "channel", param_dtype=np.float16):
-        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-            raise ConfigError(f"KIVI bits must be an integer in 1..8, got {bits!r}")
-        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
-            raise ConfigError(f"KIVI group_size must be a positive integer, got {group_size!r}")
-        if axis not in AXES:
-            raise ConfigError(f"KIVI axis must be one of {AXES}, got {axis!r}")
+        check_int(bits, "KIVI bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
+        check_int(group_size, "KIVI group_size", lo=1, expected="a positive integer", error=ConfigError)
+        check_choice(axis, "KIVI axis", AXES)
         self.bits = self.code_bits = int(bits)
         self.group_size = int(group_size)
         self.axis = axis
@@ -321,8 +318,7 @@ def _gaussian_codebook(bits: int, sigma: float) -> Codebook:
 
 class _BlockLloydMax(Quantizer):
     def __init__(self, bits, block_size, codebook, rotation):
-        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-            raise ConfigError(f"bits must be an integer in 1..8, got {bits!r}")
+        check_int(bits, "bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
         if block_size < 2 or block_size & (block_size - 1):
             raise ConfigError(f"block_size must be a power of two >= 2, got {block_size}")
         self.bits = self.code_bits = int(bits)
@@ -478,9 +474,7 @@ class CachePolicy:
     def __init__(self, k="tbq4_0", v="tbq4_0", *, n_sink: int = 0, sink="f16"):
         self.k = get_quantizer(k, role="key")
         self.v = get_quantizer(v, role="value")
-        if isinstance(n_sink, bool) or not isinstance(n_sink, (int, np.integer)) or n_sink < 0:
-            raise ConfigError(f"n_sink must be a non-negative integer, got {n_sink!r}")
-        self.n_sink = int(n_sink)
+        self.n_sink = check_int(n_sink, "n_sink", lo=0, expected="a non-negative integer", error=ConfigError)
         self.sink = get_quantizer(sink)
         label = f"K {self.k.name} / V {self.v.name}"
         if self.n_sink:

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from .errors import TbqTypeError, TbqValueError
+from .errors import TbqValueError, check_choice, check_int
 from .parallel import require_memory
 
 __all__ = [
@@ -52,11 +52,7 @@ def _shape(tokens, heads, head_dim, itemsize: int = 8) -> tuple[int, int, int]:
     """``(tokens, heads, head_dim)`` checked: positive integers whose array fits in memory."""
     out = []
     for name, v in (("tokens", tokens), ("heads", heads), ("head_dim", head_dim)):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TbqTypeError(f"{name} must be an integer, got {v!r}")
-        if v < 1:
-            raise TbqValueError(f"{name} must be at least 1, got {v}")
-        out.append(int(v))
+        out.append(check_int(v, name, lo=1))
     require_memory(2 * itemsize * out[0] * out[1] * out[2], f"a synthetic array of {out[0]:,} x {out[1]:,} x {out[2]:,} values")
     return tuple(out)
 
@@ -114,7 +110,8 @@ def _pair_index(head_dim: int, pairing: str):
         return np.arange(h), np.arange(h) + h
     if pairing == "interleaved":
         return 2 * np.arange(h), 2 * np.arange(h) + 1
-    raise TbqValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+    check_choice(pairing, "pairing", PAIRINGS, error=TbqValueError)
+    raise AssertionError(f"PAIRINGS lists {pairing!r} but _pairs has no rule for it")  # pragma: no cover
 
 
 def apply_rope(x, positions=None, *, base: float = 10000.0, pairing: str = "half") -> np.ndarray:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codebooks import Codebook, get_codebook
-from ..errors import ConfigError, TbqValueError
+from ..errors import ConfigError, TbqValueError, check_int
 from ..formats import FORMAT_CLASSES, FORMATS, get_format
 from ..rotation import RandomizedHadamard, get_rotation
 
@@ -75,9 +75,7 @@ ATTENTION_KEY_OUTLIER_FACTOR = 8.0
 
 
 def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TbqValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return check_int(seed, "seed", lo=0, expected="a non-negative integer", error=TbqValueError)
 
 
 def family_seed(seed: int, family: str) -> int:
@@ -111,9 +109,9 @@ def _check_families(families) -> tuple[str, ...]:
 
 
 def _check_blocks(blocks) -> int:
-    if isinstance(blocks, bool) or not isinstance(blocks, (int, np.integer)) or blocks < 1:
-        raise TbqValueError(f"rows per family (rows of 128 values; --rows-per-family) must be a positive integer, got {blocks!r}")
-    return int(blocks)
+    return check_int(
+        blocks, "rows per family (rows of 128 values; --rows-per-family)", lo=1, expected="a positive integer", error=TbqValueError
+    )
 
 
 def _rows_per_family(rows_per_family=None, blocks=None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..codecs import Codec
-from ..errors import TbqValueError
+from ..errors import TbqValueError, check_int
 
 #: Default fragility margin in float32 ulps.
 DEFAULT_K = 4
@@ -48,9 +48,7 @@ def fragility(
     + w)`` with ``w = k * ulp(d)``: an fp16 rounding boundary (a midpoint) lies
     within k ulps.
     """
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise TbqValueError(f"k (the fragility margin in ulps) must be a non-negative integer, got {k!r}")
-    k = int(k)
+    k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
     fmt = codec.format
     xb = np.ascontiguousarray(xb, np.float32)
     data = np.ascontiguousarray(data, np.uint8)

@@ -28,7 +28,7 @@ from ..attention import (
     score_condition,
 )
 from ..codecs import Codec, codec_from
-from ..errors import ConfigError, TbqTypeError, TbqValueError
+from ..errors import ConfigError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
 from ..formats import FORMATS, check_options, config_for, format_class, format_info, format_name, get_format
 from ..parallel import require_memory
 from .cheader import c_header
@@ -85,8 +85,7 @@ MAX_K = 1 << 22
 
 
 def _check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise TbqValueError(f"k (the fragility margin in ulps) must be a non-negative integer, got {k!r}")
+    k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
     if k > MAX_K:
         raise TbqValueError(f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}")
     return int(k)
@@ -95,8 +94,7 @@ def _check_k(k) -> int:
 def _check_ulp_floor(ulp_floor) -> None:
     if ulp_floor is None:
         return
-    if isinstance(ulp_floor, bool) or not isinstance(ulp_floor, (int, float, np.integer, np.floating)) or not math.isfinite(ulp_floor) or ulp_floor < 0:
-        raise TbqValueError(f"ulp_floor must be a finite number >= 0 (0 = literal ulps), got {_plain(ulp_floor)}")
+    check_number(ulp_floor, "ulp_floor", lo=0, expected="a finite number >= 0 (0 = literal ulps)", error=TbqValueError)
     if ulp_floor > 1:
         raise TbqValueError(f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}")
 
@@ -151,14 +149,12 @@ def attention_memory(tokens: int, n_head: int, n_head_kv: int) -> int:
 
 def _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format) -> None:
     for label, val, lo in (("tokens", tokens, 1), ("n_head", n_head, 1), ("n_head_kv", n_head_kv, 1), ("n_sink", n_sink, 0)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < lo:
-            raise TbqValueError(f"{label} must be an integer >= {lo}, got {val!r}")
+        check_int(val, label, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
     if n_head % n_head_kv:
         raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
     if n_sink > tokens:
         raise TbqValueError(f"n_sink ({n_sink}) cannot exceed tokens ({tokens})")
-    if sink_format not in SINK_FORMATS:
-        raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {sink_format!r}")
+    check_choice(sink_format, "sink_format", SINK_FORMATS)
 
 
 def check_out_dir(out) -> Path:

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..errors import ConfigError, TbqValueError
+from ..errors import ConfigError, TbqValueError, check_int, is_integer
 from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
 
 __all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry"]
@@ -241,9 +241,7 @@ class TbqLayer(CacheLayerMixin):
 
 
 def _check_count(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
-    return int(value)
+    return check_int(value, what, lo=0, expected="a non-negative integer", error=ConfigError)
 
 
 class TbqCache(Cache):
@@ -295,7 +293,7 @@ class TbqCache(Cache):
             )
         per_layer = dict(layers or {})
         for idx in per_layer:
-            if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < n_layers:
+            if not is_integer(idx) or not 0 <= idx < n_layers:
                 raise ConfigError(f"layers: {idx!r} is not a layer index of this model (0..{n_layers - 1})")
             pair = per_layer[idx]
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TbqValueError
+from ..errors import TbqValueError, is_integer
 
 __all__ = ["capture_kv", "save_kv", "load_kv"]
 
@@ -44,7 +44,7 @@ def capture_kv(model, tokens, layers=None, *, bos: int | None | bool = None) -> 
     n = len(cache.layers)
     keep = list(range(n)) if layers is None else list(layers)
     for idx in keep:
-        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < n:
+        if not is_integer(idx) or not 0 <= idx < n:
             raise TbqValueError(f"layers: {idx!r} is not a layer index of this model (0..{n - 1})")
     with torch.no_grad():
         model(torch.from_numpy(ids)[None], cache=cache, use_cache=True)

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import ConfigError, TbqValueError
+from ..errors import ConfigError, TbqValueError, check_int
 from .cache import geometry
 from .engine import ENGINES, F32
 
@@ -112,8 +112,9 @@ def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int 
     t = np.asarray(tokens)
     if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
         raise TbqValueError(f"tokens must be a 1-d integer array, got {t.dtype} of shape {t.shape}")
-    if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 4 or context % 2:
-        raise TbqValueError(f"context must be an even integer of at least 4, got {context!r}")
+    context = check_int(context, "context", lo=4, expected="an even integer of at least 4", error=TbqValueError)
+    if context % 2:
+        raise TbqValueError(f"context must be an even integer of at least 4, got {context}")
     held = t.size // context
     if t.size < 2 * context:
         raise TbqValueError(
@@ -121,9 +122,7 @@ def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int 
         )
     if chunks is None:
         chunks = held
-    elif isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-        raise TbqValueError(f"chunks must be a positive integer or None, got {chunks!r}")
-    elif chunks > held:
+    elif check_int(chunks, "chunks", lo=1, expected="a positive integer or None", error=TbqValueError) > held:
         raise TbqValueError(f"the text holds {held} chunks of {context} tokens ({t.size} tokens), not {chunks}")
     out = t[: chunks * context].reshape(chunks, context).astype(np.int64).copy()
     if bos is not None:
@@ -366,8 +365,7 @@ def evaluate(
     elif bos is False:
         bos = None
     data = perplexity_chunks(tokens, context, chunks, bos)
-    if isinstance(generate, bool) or not isinstance(generate, (int, np.integer)) or generate < 0:
-        raise TbqValueError(f"generate must be a non-negative integer, got {generate!r}")
+    check_int(generate, "generate", lo=0, expected="a non-negative integer", error=TbqValueError)
     import torch
 
     t0 = time.perf_counter()
