@@ -49,7 +49,8 @@ def installed(tmp_path_factory):
     # The isolated build environment needs setuptools from the index (pip's cache when warm).
     r = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, f"python -m build failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     wheels = sorted(dist.glob("tbq-*.whl"))
@@ -58,8 +59,19 @@ def installed(tmp_path_factory):
     venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
     r = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--disable-pip-version-check", "-q", str(wheels[0])],
-        capture_output=True, text=True,
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-q",
+            str(wheels[0]),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     work = tmp / "elsewhere"  # not the checkout: nothing can be imported from ./src by accident
@@ -74,7 +86,9 @@ def _env():
 
 def test_installed_wheel_runs_tbq_compare(installed):
     python, tbq_script, work = installed
-    r = subprocess.run([str(tbq_script), "compare", "--formats", "q8_0"], cwd=work, capture_output=True, text=True, env=_env())
+    r = subprocess.run(
+        [str(tbq_script), "compare", "--formats", "q8_0"], cwd=work, capture_output=True, text=True, env=_env()
+    )
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if line.split()[1:2] == ["q8_0"]]
     assert rows, r.stdout  # one row per data set, all of format q8_0
@@ -84,16 +98,16 @@ def test_installed_wheel_runs_tbq_compare(installed):
 def test_installed_wheel_holds_the_package_data(installed):
     python, _, work = installed
     want = {name: hashlib.sha256((MODEL_DIR / name).read_bytes()).hexdigest() for name in sorted(os.listdir(MODEL_DIR))}
-    script = f"""
+    script = """
 import hashlib, importlib.metadata, json, sys
 from importlib import resources
 import tbq, tbq.numcodecs, tbq.codebooks, tbq.formats.planar_iso
 from tbq.hf import shipped
 
-files = {{name: hashlib.sha256((shipped.MODEL_DIR / name).read_bytes()).hexdigest() for name in shipped.FILES}}
+files = {name: hashlib.sha256((shipped.MODEL_DIR / name).read_bytes()).hexdigest() for name in shipped.FILES}
 dist = importlib.metadata.distribution("tbq")
-print(json.dumps({{
-    "modules": sorted({{m.__file__ for n, m in list(sys.modules.items()) if n.split(".")[0] == "tbq" and getattr(m, "__file__", None)}}),
+print(json.dumps({
+    "modules": sorted({m.__file__ for n, m in list(sys.modules.items()) if n.split(".")[0] == "tbq" and getattr(m, "__file__", None)}),
     "model_dir": str(shipped.MODEL_DIR),
     "files": files,
     "version": tbq.__version__,
@@ -103,7 +117,7 @@ print(json.dumps({{
     "codec": tbq.numcodecs.Q8_0().codec_id,
     "tables": sorted(tbq.codebooks.tables()),
     "planar_roundtrip": tbq.dequantize(tbq.quantize([[0.5] * 128], "planar3_0"), "planar3_0").shape,
-}}))
+}))
 """
     r = subprocess.run([str(python), "-c", script], cwd=work, capture_output=True, text=True, env=_env())
     assert r.returncode == 0, r.stderr
