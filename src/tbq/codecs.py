@@ -16,6 +16,7 @@ multiple of the block size encodes to uint8 of shape
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections import OrderedDict
 
 import numpy as np
@@ -248,19 +249,23 @@ class Codec:
 
     Parameters
     ----------
-    fmt : the format name (implied by a per-format class).
-    **format_options : the format's own options (TBQ: ``codebook``, ``signs``;
-        see :func:`tbq.formats.get_format`).
-
-    Execution settings (keyword-only, common to every format):
-    backend : ``"numba"`` (default when numba imports) or ``"numpy"`` (the reference).
-        Both give identical bytes and identical float32 bits.
-    threads : worker threads for the numba backend (default ``None`` = all cores).
+    fmt : str, optional
+        The format name (implied by a per-format class).
+    backend : {"numba", "numpy"}, optional
+        Execution setting (keyword-only, as the next two, common to every
+        format): ``"numba"`` (default when numba imports) or ``"numpy"`` (the
+        reference). Both give identical bytes and identical float32 bits.
+    threads : int, optional
+        Worker threads for the numba backend (default ``None`` = all cores).
         Results do not depend on it.
-    on_overflow : ``"raise"`` (default) raises :class:`ScaleOverflowError` when a
+    on_overflow : str, optional
+        ``"raise"`` (default) raises :class:`ScaleOverflowError` when a
         block's scale rounds to fp16 infinity (``|d| >= 65520``); ``"inf"``
         stores the infinite scale as the C code does. A format may offer more
         choices (``Format.overflow_modes``: FP8's ``"saturate"``).
+    **format_options
+        The format's own options (TBQ: ``codebook``, ``signs``; see
+        :func:`tbq.formats.get_format`).
     """
 
     name: str = ""
@@ -538,7 +543,8 @@ def codec_class(name: str) -> type:
     name = format_name(name)
     if name not in _CLASSES:
         info = format_info(name)
-        doc = f"{info.description}.\n\n{format_class(name).__doc__ or ''}\n\n{Codec.__doc__}"
+        parts = (f"{info.description}.", format_class(name).__doc__, Codec.__doc__)
+        doc = "\n\n".join(inspect.cleandoc(p) for p in parts if p)  # one indentation, so it renders as reST
         _CLASSES[name] = type(name.upper(), (Codec,), {"name": name, "info": info, "__doc__": doc, "__module__": __name__})
     return _CLASSES[name]
 

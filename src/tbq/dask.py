@@ -116,18 +116,24 @@ def quantize(darr, fmt: str, *, rechunk: bool = True, **config):
 
     Parameters
     ----------
-    darr : Dask array (or array-like) of float16/float32/float64, last axis a
-        multiple of the block size.
-    fmt : ``"q8_0"``, ``"q4_0"``, ``"tbq4_0"`` or ``"tbq3_0"``.
-    rechunk : when the last-axis chunks are not whole blocks, rechunk them to
+    darr : dask.array.Array or array-like
+        float16/float32/float64 values, the last axis a multiple of the block size.
+    fmt : str
+        A format name (:func:`tbq.formats`), e.g. ``"q8_0"`` or ``"tbq4_0"``.
+    rechunk : bool
+        When the last-axis chunks are not whole blocks, rechunk them to
         multiples of the block size (default), or raise
         :class:`tbq.BlockShapeError` naming the chunk sizes (``rechunk=False``).
-    **config : core codec configuration (see :func:`tbq.get_codec`). ``threads``
+    **config
+        Core codec configuration (see :func:`tbq.get_codec`). ``threads``
         defaults to 1 here, since Dask already runs chunks in parallel.
 
-    The result has shape ``darr.shape[:-1] + (n // block_size * type_size,)``,
-    the leading chunks of ``darr`` and last-axis chunks
-    ``c // block_size * type_size``; its bytes equal ``tbq.quantize(darr.compute(), fmt)``.
+    Returns
+    -------
+    dask.array.Array
+        The result has shape ``darr.shape[:-1] + (n // block_size * type_size,)``,
+        the leading chunks of ``darr`` and last-axis chunks
+        ``c // block_size * type_size``; its bytes equal ``tbq.quantize(darr.compute(), fmt)``.
     """
     x = _as_dask(darr)
     codec, cfg_json = _prepare_codec(fmt, config)

@@ -155,8 +155,11 @@ class RandomizedHadamard:
 
     Parameters
     ----------
-    signs1, signs2 : 1-D arrays of +-1 with the same power-of-two length.
+    signs1, signs2 : numpy.ndarray
+        1-D arrays of +-1 with the same power-of-two length.
 
+    Notes
+    -----
     The sign flips are exact, so the float rounding is that of :func:`fwht`.
 
     >>> rot = RandomizedHadamard(*signs_from_seed(1, 16))

@@ -405,18 +405,18 @@ _RLM_RE = re.compile(r"^rlm(\d)$")
 def get_quantizer(spec, *, role: str | None = None, **config) -> Quantizer:
     """Build a quantizer from a short name (or return a :class:`Quantizer` unchanged).
 
-    ======================== ====================================================
-    ``q8_0`` ... ``tbq3_0``  the real format (:class:`CodecQuantizer`); a suffix
-                             ``:turboq-mtp`` selects the fork's codebook;
-                             ``config`` goes to :func:`tbq.get_codec`
-    ``f16``, ``f32``         fp16 rounding, no quantization
+    ``q8_0`` ... ``tbq3_0`` (any format name)
+        the real format (:class:`CodecQuantizer`); a suffix ``:turboq-mtp``
+        selects the fork's codebook; ``config`` goes to :func:`tbq.get_codec`
+    ``f16``, ``f32``
+        fp16 rounding, no quantization
     ``kivi<b>[-g<G>][-channel|-token]``
-                             :class:`KIVI` with ``b`` bits, group size ``G``
-                             (default 32); the axis defaults to ``channel`` for
-                             ``role="key"`` and ``token`` otherwise
-    ``lm<b>``                :class:`LloydMaxNoRotation`
-    ``rlm<b>``               :class:`RotatedLloydMax` (``signs=`` in config, default 0)
-    ======================== ====================================================
+        :class:`KIVI` with ``b`` bits, group size ``G`` (default 32); the axis
+        defaults to ``channel`` for ``role="key"`` and ``token`` otherwise
+    ``lm<b>``
+        :class:`LloydMaxNoRotation`
+    ``rlm<b>``
+        :class:`RotatedLloydMax` (``signs=`` in config, default 0)
 
     >>> get_quantizer("kivi2", role="key").name, get_quantizer("kivi4-g64-token").bits_per_value
     ('kivi2-g32-channel', 4.5)
