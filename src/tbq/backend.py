@@ -31,7 +31,7 @@ STATUS_SCALE_OVERFLOW = 2
 #: the E8M0 range) and the caller asked to raise; nothing from it on was written.
 STATUS_UNDEFINED = 3
 
-_numba_state: dict = {}
+_numba_state: dict[str, bool] = {}
 
 
 def numba_available() -> bool:
@@ -46,7 +46,7 @@ def numba_available() -> bool:
     return _numba_state["ok"]
 
 
-def resolve_backend(backend) -> str:
+def resolve_backend(backend: str | None) -> str:
     """``None`` -> ``"numba"`` when numba imports, else ``"numpy"``; validates names.
 
     >>> resolve_backend("numpy")

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError, TbqTypeError, TbqValueError
 from .formats import FORMATS, FormatInfo, format_info
@@ -706,7 +706,7 @@ def budget_report(
     bw = None if bandwidth_bytes_per_s is None else _bandwidth(bandwidth_bytes_per_s)
     if bw is not None and traffic is None:
         raise TbqValueError("a decode estimate needs the bytes of weights read per step (weights traffic or weights)")
-    available = None if vram is None else vram - w - ws
+    available = None if vram is None or w is None else vram - w - ws  # (w is given with vram: checked above)
 
     sweep = _sweep(
         vpt,
@@ -829,7 +829,7 @@ def format_report(report: BudgetReport) -> str:
             f" = {format_bytes(r.weights_traffic_bytes)}{per})"
         )
         out += _table(
-            ["format", "crossover (tokens)"], [[f.format, _tokens_str(f.crossover_tokens)] for f in r.formats]
+            ["format", "crossover (tokens)"], [[f.format, _tokens_str(cast(float, f.crossover_tokens))] for f in r.formats]  # set: weights traffic given
         )
     else:
         out.append("Crossover: give --weights-traffic (or --weights) to compute it")
@@ -862,7 +862,8 @@ def format_report(report: BudgetReport) -> str:
         )
 
         def cell(row: SweepRow) -> str:
-            return f"{'yes' if row.fits else 'NO'} {'+' if row.headroom_bytes >= 0 else ''}{format_bytes(row.headroom_bytes, precision=1)}"
+            h = cast(Number, row.headroom_bytes)  # set on every row when VRAM is given
+            return f"{'yes' if row.fits else 'NO'} {'+' if h >= 0 else ''}{format_bytes(h, precision=1)}"
 
         table_rows = [row + [cell(r.row(n, c)) for n in names] for row, c in zip(ctx_rows, r.contexts, strict=True)]
         table_rows.append(["largest", ""] + [f"{f.max_context:,}" for f in r.formats])

@@ -51,7 +51,7 @@ class TbqError(Exception):
     A message never shows NumPy reprs: ``got np.float64(nan)`` reads ``got nan`` (:func:`plain`).
     """
 
-    def __init__(self, *args):
+    def __init__(self, *args: object) -> None:
         if args and isinstance(args[0], str):
             args = (plain(args[0]),) + args[1:]
         super().__init__(*args)
@@ -76,7 +76,7 @@ class EncodedLengthError(BlockShapeError):
 class NonFiniteError(TbqValueError):
     """The input holds NaN or +-Inf; ``block`` is the first offending block (flat index)."""
 
-    def __init__(self, message: str, block: int | None = None):
+    def __init__(self, message: str, block: int | None = None) -> None:
         super().__init__(message)
         self.block = block
 
@@ -87,7 +87,7 @@ class ScaleOverflowError(TbqValueError):
     ``block`` is the flat block index and ``scale`` the float32 value that does not fit.
     """
 
-    def __init__(self, message: str, block: int | None = None, scale: float | None = None):
+    def __init__(self, message: str, block: int | None = None, scale: float | None = None) -> None:
         super().__init__(message)
         self.block = block
         self.scale = scale
@@ -103,7 +103,7 @@ class MemoryLimitError(TbqValueError):
     ``needed`` and ``available`` are in bytes.
     """
 
-    def __init__(self, message: str, needed: int | None = None, available: int | None = None):
+    def __init__(self, message: str, needed: int | None = None, available: int | None = None) -> None:
         super().__init__(message)
         self.needed = needed
         self.available = available

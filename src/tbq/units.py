@@ -236,7 +236,7 @@ def parse_context(x: Any) -> int:
         n = int(xf)
     elif isinstance(x, str):
         m = _QTY.match(x)
-        unit = m.group("unit") if m else None
+        unit = m.group("unit") if m else ""
         if m is None or unit.lower() not in _CONTEXT_UNITS:
             if m is not None and unit.lower().endswith("b"):
                 raise TbqValueError(

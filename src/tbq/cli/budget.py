@@ -176,7 +176,7 @@ def _report_from_args(args: Any) -> BudgetReport:
                 f"the fork's TBQ blocks the row of {args.kv_heads} x {args.head_dim} = {row} values); "
                 "they are left out (--formats to choose)"
             )
-    sizes = {}
+    sizes: dict[str, Any] = {}
     for attr in ("vram", "weights", "workspace", "weights_traffic"):
         flag, value = "--" + attr.replace("_", "-"), getattr(args, attr)
         sizes[attr] = None if value is None else _flag(flag, parse_bytes, value)
