@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Literal, TextIO
 
 __all__ = ["Progress", "slow_notice", "stderr_is_terminal"]
 
@@ -67,7 +67,7 @@ class Progress:
     def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
@@ -111,7 +111,7 @@ class slow_notice:
             self._timer.start()
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         with self._lock:
             timer, self._timer = self._timer, None
         if timer is not None:
