@@ -39,8 +39,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
@@ -108,7 +110,7 @@ JSON_KEYS = {
 }
 
 
-def _best_time(fn, repeat: int) -> float:
+def _best_time(fn: Any, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -117,7 +119,7 @@ def _best_time(fn, repeat: int) -> float:
     return best
 
 
-def kv_geometry(x) -> tuple[int, int, int]:
+def kv_geometry(x: ArrayLike) -> tuple[int, int, int]:
     """``(tokens, kv_heads, head_dim)`` of an array as :func:`compare` reads it.
 
     Axis 0 is the tokens, the last axis one head, the axes between are the KV
@@ -134,7 +136,7 @@ def kv_geometry(x) -> tuple[int, int, int]:
     return int(shape[0]), int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
 
 
-def untileable(fmts, kv_heads: int, head_dim: int) -> list[str]:
+def untileable(fmts: Any, kv_heads: int, head_dim: int) -> list[str]:
     """The formats of ``fmts`` whose blocks cannot tile rows of ``kv_heads x head_dim`` values (``FormatInfo.tiles``).
 
     >>> untileable(["q8_0", "nvfp4", "tbq4_0"], 8, 96), untileable(["q8_0", "tbq4_0"], 1, 64)
@@ -160,7 +162,7 @@ def _logits(queries: np.ndarray, X: np.ndarray) -> np.ndarray:
     return out * (1.0 / math.sqrt(X.shape[2]))
 
 
-def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, topk: int = 8, encoded=None, threads=None) -> dict:
+def attention_columns(x: ArrayLike, y: ArrayLike, *, role: str = "keys", partner: Any = None, queries: ArrayLike | None = None, topk: int = 8, encoded: Any = None, threads: Any = None) -> dict[str, Any]:
     """The attention columns of a :func:`compare` row for reference ``x`` and reconstruction ``y``.
 
     ``role="keys"``: logit RMSE, softmax KL and top-k agreement of ``y`` as the
@@ -194,13 +196,13 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     return out
 
 
-def _fused_ok(codec, head_dim: int) -> bool:
+def _fused_ok(codec: Any, head_dim: int) -> bool:
     """Whether the fused kernel reads this cache: its blocks within a head (and 128-value rotation blocks)."""
     info = codec.info
     return head_dim % info.block_size == 0 and (not info.rotated or head_dim % 128 == 0)
 
 
-def _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads) -> dict:
+def _attention_columns_fused(X: Any, Y: Any, role: Any, P: Any, queries: Any, topk: Any, encoded: Any, threads: Any) -> dict[str, Any]:
     out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
     if role == "keys":  # one head at a time: the float64 logits of all heads at once were 1.5x the input
         q = np.asarray(queries, np.float64)
@@ -239,13 +241,13 @@ def _check_count(value: object, name: str, minimum: int = 1) -> int:
     return check_int(value, name, lo=minimum)
 
 
-def tokens_of(x) -> int:
+def tokens_of(x: ArrayLike) -> int:
     """Tokens of an array as :func:`compare` reads it: ``shape[0]``, or 1 for a 1-D array."""
     shape = np.shape(x)
     return 1 if len(shape) <= 1 else int(shape[0])
 
 
-def check_array(label: str, x) -> np.ndarray:
+def check_array(label: str, x: ArrayLike) -> np.ndarray:
     """``x`` as float32 if :func:`compare` can study it, else a :class:`~tbq.errors.TbqError` naming ``label``.
 
     It must be a float16/32/64 array (any byte order) with at least one axis
@@ -263,7 +265,7 @@ def check_array(label: str, x) -> np.ndarray:
 
 def compare(
     data: dict[str, np.ndarray],
-    fmts=None,
+    fmts: Any = None,
     *,
     repeat: int = 3,
     attention: bool = True,
@@ -271,7 +273,7 @@ def compare(
     topk: int = 8,
     query_seed: int = 0,
     on_row: Callable[[dict], None] | None = None,
-    **config,
+    **config: Any,
 ) -> list[dict]:
     """Round-trip every array of ``data`` through every format; one result row per pair.
 
@@ -357,7 +359,7 @@ def compare(
     return rows
 
 
-def tiling_message(bad, heads: int, head_dim: int) -> str:
+def tiling_message(bad: Any, heads: int, head_dim: int) -> str:
     """Why the formats ``bad`` cannot store rows of ``heads x head_dim`` values (docs/formats.md, row tiling)."""
     parts = []
     for f in bad:
@@ -367,7 +369,7 @@ def tiling_message(bad, heads: int, head_dim: int) -> str:
     return "cannot tile the rows: " + "; ".join(parts)
 
 
-def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP) -> dict:
+def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP) -> dict[str, Any]:
     """:func:`tbq.metrics.error_summary` of ``(tokens, heads, head_dim)`` arrays, a few tokens at a time.
 
     The sums are float64 as there; the temporaries are bounded by ``step``
@@ -405,7 +407,7 @@ def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP)
 # ---------------------------------------------------------------------------
 
 
-def _kernel_units(fmts, attention: bool) -> list[str]:
+def _kernel_units(fmts: Any, attention: bool) -> list[str]:
     """The kernel modules a comparison compiles (formats sharing a module share its kernels)."""
     units = [format_class(f).kernel_module for f in fmts]
     if attention:
@@ -413,7 +415,7 @@ def _kernel_units(fmts, attention: bool) -> list[str]:
     return [u for u in dict.fromkeys(units) if u]
 
 
-def kernels_cached(fmts, attention: bool = True) -> bool | None:
+def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
     """True when numba's cache holds compiled kernels of every module ``fmts`` (and attention) use.
 
     ``False`` means a module was never compiled here (the first run in a fresh
@@ -438,7 +440,7 @@ def kernels_cached(fmts, attention: bool = True) -> bool | None:
     return True
 
 
-def _warm(fmts, config: dict, attention: bool) -> None:
+def _warm(fmts: Any, config: dict[str, Any], attention: bool) -> None:
     """Compile (or load from the cache) the kernels a comparison of ``fmts`` uses, on small inputs of the same types."""
     x = np.zeros((64, 1024), np.float32)  # 64 rows of 8 heads: whole blocks of every format, >= 32 blocks a call
     x[:, ::7] = 1.0
@@ -453,7 +455,7 @@ def _warm(fmts, config: dict, attention: bool) -> None:
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
 
-def warm_up(fmts, config: dict | None = None, *, attention: bool = True, processes: int | None = None) -> float:
+def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool = True, processes: int | None = None) -> float:
     """Compile the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores at once.
 
     Numba compiles one function at a time per process, so a cold start runs
@@ -486,7 +488,7 @@ def warm_up(fmts, config: dict | None = None, *, attention: bool = True, process
         shares[i].append(u)
         load[i] += weight[u]
 
-    def fmts_of(share):
+    def fmts_of(share: Any) -> Any:
         return [f for f in fmts if format_class(f).kernel_module in share]
 
     procs = []
@@ -522,7 +524,7 @@ def to_records(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _cell(value, fmt: str) -> str:
+def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float) and not math.isfinite(value):

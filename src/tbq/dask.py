@@ -26,6 +26,7 @@ Nothing here is imported by ``import tbq``: dask is an optional dependency.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def _codec(cfg_json: str) -> Codec:
     return c
 
 
-def _prepare_codec(fmt: str, config: dict) -> tuple[Codec, str]:
+def _prepare_codec(fmt: str, config: dict[str, Any]) -> tuple[Codec, str]:
     config = dict(config)
     # Dask runs chunks in parallel already; one codec thread per chunk avoids oversubscription.
     config.setdefault("threads", 1)
@@ -68,7 +69,7 @@ def _prepare_codec(fmt: str, config: dict) -> tuple[Codec, str]:
     return codec, json.dumps(codec.get_config(), sort_keys=True)
 
 
-def aligned_chunks(chunks, unit: int) -> int | None:
+def aligned_chunks(chunks: Any, unit: int) -> int | None:
     """``None`` when every chunk is a multiple of ``unit``, else a chunk size to rechunk to.
 
     The proposal is the largest chunk rounded down to a multiple of ``unit`` (at
@@ -84,11 +85,11 @@ def aligned_chunks(chunks, unit: int) -> int | None:
     return max(unit, max(chunks) // unit * unit)
 
 
-def _as_dask(x):
+def _as_dask(x: Any) -> Any:
     return x if isinstance(x, da.Array) else da.asarray(x)
 
 
-def _last_axis_chunks(arr, unit: int, rechunk: bool, what: str, fmt: str, error=BlockShapeError):
+def _last_axis_chunks(arr: Any, unit: int, rechunk: bool, what: str, fmt: str, error: Any = BlockShapeError) -> Any:
     last = arr.chunks[-1]
     target = aligned_chunks(last, unit)
     if target is None:
@@ -103,15 +104,15 @@ def _last_axis_chunks(arr, unit: int, rechunk: bool, what: str, fmt: str, error=
     return arr.rechunk({arr.ndim - 1: target})
 
 
-def _encode_block(x, cfg_json):
+def _encode_block(x: Any, cfg_json: Any) -> Any:
     return _codec(cfg_json).encode(x)
 
 
-def _decode_block(q, cfg_json):
+def _decode_block(q: Any, cfg_json: Any) -> Any:
     return _codec(cfg_json).decode(q)
 
 
-def quantize(darr, fmt: str, *, rechunk: bool = True, **config):
+def quantize(darr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> Any:
     """Encode a float Dask array chunk by chunk; returns a uint8 Dask array.
 
     Parameters
@@ -161,7 +162,7 @@ def quantize(darr, fmt: str, *, rechunk: bool = True, **config):
     )
 
 
-def dequantize(qarr, fmt: str, *, rechunk: bool = True, **config):
+def dequantize(qarr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> Any:
     """Decode a uint8 Dask array of blocks chunk by chunk; returns a float32 Dask array.
 
     ``qarr``'s last axis must be a multiple of the type size; its last-axis
@@ -200,7 +201,7 @@ def dequantize(qarr, fmt: str, *, rechunk: bool = True, **config):
 # ---------------------------------------------------------------------------
 
 
-def _block_stats(x, y):
+def _block_stats(x: Any, y: Any) -> Any:
     """``[sum (y-x)^2, sum x^2, max |y-x|, count]`` of one chunk pair, float64, in bounded steps."""
     xf = x.reshape(-1)
     yf = y.reshape(-1)
@@ -219,7 +220,7 @@ def _block_stats(x, y):
     return np.array([sse, ss, mx, xf.size], np.float64).reshape((1,) * x.ndim + (4,))
 
 
-def _finalize(sse, ss, mx, count) -> dict:
+def _finalize(sse: Any, ss: Any, mx: Any, count: Any) -> dict[str, Any]:
     sse, ss, mx, count = float(sse), float(ss), float(mx), int(count)
     if ss == 0.0:
         nmse = 0.0 if sse == 0.0 else float("inf")
@@ -236,7 +237,7 @@ def _finalize(sse, ss, mx, count) -> dict:
     }
 
 
-def error_metrics(x, y, *, compute: bool = True):
+def error_metrics(x: Any, y: Any, *, compute: bool = True) -> Any:
     """NMSE, SNR (dB) and max abs error of reconstruction ``y`` against reference ``x``, chunk by chunk.
 
     Same definitions as :mod:`tbq.metrics` (float64 arithmetic): ``nmse =
@@ -283,5 +284,5 @@ def error_metrics(x, y, *, compute: bool = True):
     return out.compute() if compute else out
 
 
-def _finalize_vector(agg) -> dict:
+def _finalize_vector(agg: Any) -> dict[str, Any]:
     return _finalize(agg[0], agg[1], agg[4], agg[3])

@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import ConfigError
 
@@ -48,7 +50,7 @@ DPI = 110
 INSTALL_HINT = "pip install '.[plot]' in the tbq checkout, or pip install matplotlib"
 
 
-def require_matplotlib(what: str = "plotting"):
+def require_matplotlib(what: str = "plotting") -> Any:
     """Import and return matplotlib, or raise :class:`~tbq.errors.ConfigError` saying how to install it."""
     try:
         import matplotlib
@@ -76,7 +78,7 @@ def figure_path(name: str) -> Path:
     return d / name
 
 
-def _figure(nrows=1, ncols=1, width=None, height=None, *, what: str = "plotting", **kw):
+def _figure(nrows: Any = 1, ncols: Any = 1, width: Any = None, height: Any = None, *, what: str = "plotting", **kw: Any) -> Any:
     require_matplotlib(what)
     from matplotlib.figure import Figure
 
@@ -85,7 +87,7 @@ def _figure(nrows=1, ncols=1, width=None, height=None, *, what: str = "plotting"
     return fig, axes
 
 
-def _save(fig, path) -> Path:
+def _save(fig: Any, path: Any) -> Path:
     """Save ``fig`` to ``path`` and return the file written (``.png`` added to a name without extension, as
     matplotlib does, so the path reported is the file that exists)."""
     path = Path(path)
@@ -96,7 +98,7 @@ def _save(fig, path) -> Path:
     return path
 
 
-def _colors(n):
+def _colors(n: Any) -> Any:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
@@ -108,7 +110,7 @@ def _colors(n):
 # ---------------------------------------------------------------------------
 
 
-def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
+def plot_compare(rows: list[dict], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Grouped bars of :func:`tbq.compare.compare` rows: NMSE, softmax KL (keys) and attention-output NMSE per format."""
     datas = list(dict.fromkeys(r["data"] for r in rows))
     fmts = list(dict.fromkeys(r["format"] for r in rows))
@@ -144,7 +146,7 @@ def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
+def plot_budget(report: Any, path: str | os.PathLike[str], *, what: str = "plot_budget") -> Path:
     """Cache size and predicted tokens/s against context per format, with the VRAM budget line.
 
     ``report`` is a :class:`tbq.budget.BudgetReport`; the tokens/s panel is
@@ -188,7 +190,7 @@ def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
         for f in r.formats:
             kv = f.kv_bytes_per_token
 
-            def speed_at(c: int, kv=kv) -> float:
+            def speed_at(c: int, kv: Any = kv) -> float:
                 return r.tokens_per_s(kv, c)
 
             (line,) = ax.plot(grid, [speed_at(c) for c in grid], label=f.format)
@@ -216,7 +218,7 @@ def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
 # ---------------------------------------------------------------------------
 
 
-def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), title: str | None = None) -> Path:
+def plot_rate_distortion(results: list[dict], path: str | os.PathLike[str], *, bits_range: Any = (1.0, 9.0), title: str | None = None) -> Path:
     """NMSE (SNR on the right axis) against bits per value, one column per data set, with the anchors.
 
     ``results``: dicts with ``dataset``, ``name``, ``bits_per_value`` and
@@ -291,7 +293,7 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
 # ---------------------------------------------------------------------------
 
 
-def plot_rotation_block(block, rotated, path, *, peak_rms=None, title: str | None = None) -> Path:
+def plot_rotation_block(block: Any, rotated: Any, path: str | os.PathLike[str], *, peak_rms: Any = None, title: str | None = None) -> Path:
     """One block before/after the rotation, and (optionally) max/RMS over many blocks.
 
     ``block``, ``rotated``: 1-D arrays of one block in the original and the
@@ -347,15 +349,15 @@ def plot_rotation_block(block, rotated, path, *, peak_rms=None, title: str | Non
 
 
 def plot_lines(
-    x,
-    panels: dict,
-    path,
+    x: ArrayLike,
+    panels: dict[str, Any],
+    path: str | os.PathLike[str],
     *,
     xlabel: str = "",
     logx: bool = False,
-    logy=True,
-    ylim: dict | None = None,
-    styles: dict | None = None,
+    logy: bool = True,
+    ylim: dict[str, Any] | None = None,
+    styles: dict[str, Any] | None = None,
     title: str | None = None,
     ncols: int | None = None,
 ) -> Path:
@@ -403,7 +405,7 @@ def plot_lines(
     return _save(fig, path)
 
 
-def plot_bars(panels: dict, path, *, logy=True, title: str | None = None, ncols: int | None = None, hline=None) -> Path:
+def plot_bars(panels: dict[str, Any], path: str | os.PathLike[str], *, logy: bool = True, title: str | None = None, ncols: int | None = None, hline: Any = None) -> Path:
     """Bar panels: ``{panel title: {bar label: value}}``; ``logy`` a bool or ``{panel: bool}``.
 
     ``hline``: optional ``{panel title: (y, label)}`` reference line.
@@ -439,7 +441,7 @@ def plot_bars(panels: dict, path, *, logy=True, title: str | None = None, ncols:
 # ---------------------------------------------------------------------------
 
 
-def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None) -> Path:
+def plot_codebooks(tables: dict[str, Any], path: str | os.PathLike[str], *, sigma: float, title: str | None = None) -> Path:
     """Codebook levels against the N(0, sigma^2) density they should fit.
 
     ``tables``: ``{panel title: {label: Codebook}}`` (e.g. one panel per bit
@@ -474,7 +476,7 @@ def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None
     return _save(fig, path)
 
 
-def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Path:
+def plot_index_histograms(hists: dict[str, Any], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Index histograms: ``{panel title: {label: counts per index}}``, bars side by side, as fractions."""
     titles = list(hists)
     fig, axes = _figure(1, len(titles), width=5.2 * len(titles), height=3.6)
@@ -506,11 +508,11 @@ def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Pat
 
 def plot_format_metrics(
     rows: list[dict],
-    path,
+    path: str | os.PathLike[str],
     *,
-    metrics: dict,
-    groups: dict | None = None,
-    logy=True,
+    metrics: dict[str, Any],
+    groups: dict[str, Any] | None = None,
+    logy: bool = True,
     compress_above: float = 9.0,
     title: str | None = None,
 ) -> Path:
@@ -533,16 +535,16 @@ def plot_format_metrics(
     names = sorted(names, key=lambda n: glist.index(groups.get(n, n)))  # legend grouped
     cut = float(compress_above)
 
-    def fwd(b):
+    def fwd(b: Any) -> Any:
         b = np.asarray(b, dtype=np.float64)
         return np.where(b <= cut, b, cut + (b - cut) / 7.0)
 
-    def inv(u):
+    def inv(u: Any) -> Any:
         u = np.asarray(u, dtype=np.float64)
         return np.where(u <= cut, u, cut + (u - cut) * 7.0)
 
     markers = "osD^v<>pPhX*"
-    seen_in_group: dict = {}
+    seen_in_group: dict[str, Any] = {}
     style = {}
     for n in names:
         g = groups.get(n, n)
@@ -596,7 +598,7 @@ def plot_format_metrics(
 
 
 def plot_rotated_blocks(
-    blocks: dict, path, *, mark=None, distributions: dict | None = None, ncols: int = 3, title: str | None = None
+    blocks: dict[str, Any], path: str | os.PathLike[str], *, mark: Any = None, distributions: dict[str, Any] | None = None, ncols: int = 3, title: str | None = None
 ) -> Path:
     """One block in several domains, coordinate by coordinate, and per-block statistics as histograms.
 
@@ -651,7 +653,7 @@ def plot_rotated_blocks(
 # ---------------------------------------------------------------------------
 
 
-def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None = None) -> Path:
+def plot_value_tables(panels: dict[str, Any], path: str | os.PathLike[str], *, ncols: int = 4, title: str | None = None) -> Path:
     """Value tables drawn over the distribution of the values they quantize.
 
     ``panels``: ``{panel title: {"samples": array, "tables": {label: levels}}}``.

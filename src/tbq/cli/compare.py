@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import textwrap
 import zipfile
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +31,7 @@ from . import check_figure_file, int_at_least
 DEFAULT_TOPK = 8
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "file",
         nargs="?",
@@ -89,7 +91,7 @@ def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
         return _read_open_file(fh, path, array)
 
 
-def _read_open_file(fh, path: str, array: str | None) -> tuple[np.ndarray, str | None]:
+def _read_open_file(fh: Any, path: str, array: str | None) -> tuple[np.ndarray, str | None]:
     try:
         loaded = np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
@@ -122,7 +124,7 @@ def _read_open_file(fh, path: str, array: str | None) -> tuple[np.ndarray, str |
 BYTES_PER_VALUE = 4 * 4
 
 
-def _array_header(path: str, array: str | None):
+def _array_header(path: str, array: str | None) -> Any:
     """(shape, dtype) of a .npy file or of one .npz entry, read from its header only; None if it cannot be read."""
     try:
         if zipfile.is_zipfile(path):
@@ -139,7 +141,7 @@ def _array_header(path: str, array: str | None):
         return None
 
 
-def _header_of(f):
+def _header_of(f: Any) -> Any:
     version = np.lib.format.read_magic(f)
     read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
     if read is None:
@@ -170,7 +172,7 @@ def _row_tiled() -> list[str]:
     return [name for name, info in FORMATS.items() if info.row_tiled]
 
 
-def _load(args) -> tuple[dict, dict, list[str]]:
+def _load(args: Any) -> tuple[dict, dict, list[str]]:
     """(data for :func:`compare`, a description for --json, header lines for the table)."""
     from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
 
@@ -207,7 +209,7 @@ def _load(args) -> tuple[dict, dict, list[str]]:
     return {role: arr}, info, header
 
 
-def _legend(rows: list[dict], args, topk: int, wide: bool, width: int = 100) -> list[str]:
+def _legend(rows: list[dict], args: Any, topk: int, wide: bool, width: int = 100) -> list[str]:
     """The lines under the table that say what the columns are, wrapped to fit ``width`` columns."""
     logit, kl, speed = ("logit rmse", "softmax KL", "enc/dec Mv/s") if wide else ("logit", "KL", "enc, dec")
     items = [
@@ -245,7 +247,7 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_cli(args) -> int:
+def run_cli(args: argparse.Namespace) -> int:
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
 

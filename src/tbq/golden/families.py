@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ ATTENTION_KEY_OUTLIER_FACTOR = 8.0
 # ---------------------------------------------------------------------------
 
 
-def _check_seed(seed) -> int:
+def _check_seed(seed: Any) -> int:
     return check_int(seed, "seed", lo=0, expected="a non-negative integer", error=TbqValueError)
 
 
@@ -94,7 +95,7 @@ def attention_seed(seed: int) -> int:
     return _check_seed(seed) * 1000 + 100
 
 
-def _check_families(families) -> tuple[str, ...]:
+def _check_families(families: Any) -> tuple[str, ...]:
     if isinstance(families, str):
         families = [f for f in families.split(",") if f]
     fams = tuple(families)
@@ -108,13 +109,13 @@ def _check_families(families) -> tuple[str, ...]:
     return fams
 
 
-def _check_blocks(blocks) -> int:
+def _check_blocks(blocks: Any) -> int:
     return check_int(
         blocks, "rows per family (rows of 128 values; --rows-per-family)", lo=1, expected="a positive integer", error=TbqValueError
     )
 
 
-def _rows_per_family(rows_per_family=None, blocks=None) -> int:
+def _rows_per_family(rows_per_family: Any = None, blocks: Any = None) -> int:
     """``rows_per_family`` or its old name ``blocks`` (default :data:`DEFAULT_ROWS_PER_FAMILY`), checked."""
     if rows_per_family is not None and blocks is not None and rows_per_family != blocks:
         raise TbqValueError(f"rows_per_family ({rows_per_family!r}) and its old name blocks ({blocks!r}) disagree; give one")
@@ -136,7 +137,7 @@ class _Tables:
     rotation: RandomizedHadamard
 
 
-def _resolve_tables(codebook="lloyd-max", signs="turboq-mtp") -> _Tables:
+def _resolve_tables(codebook: Any = "lloyd-max", signs: Any = "turboq-mtp") -> _Tables:
     """Codebooks for both TBQ formats and the rotation from the user's specs.
 
     ``codebook``: a name (both widths), a :class:`Codebook` or a
@@ -162,7 +163,7 @@ def _resolve_tables(codebook="lloyd-max", signs="turboq-mtp") -> _Tables:
     return _Tables(cbs, get_rotation(signs, ROW_SIZE))
 
 
-def _tables(codebook, signs) -> _Tables:
+def _tables(codebook: Any, signs: Any) -> _Tables:
     """``codebook`` if it already is resolved :class:`_Tables`, else :func:`_resolve_tables`."""
     return codebook if isinstance(codebook, _Tables) else _resolve_tables(codebook, signs)
 
@@ -185,7 +186,7 @@ def _fp16_midpoint_near(d: float) -> float:
     return (float(h) + float(up)) / 2.0  # 12 significant bits: exact in float32
 
 
-def _threshold_row(rng, cb: Codebook, rot: RandomizedHadamard) -> np.ndarray:
+def _threshold_row(rng: Any, cb: Codebook, rot: RandomizedHadamard) -> np.ndarray:
     """A row whose rotated coordinates sit on the codebook's thresholds (unit norm target)."""
     m = cb.thresholds.astype(np.float64)
     pos = rng.permutation(ROW_SIZE)
@@ -279,7 +280,7 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
     raise AssertionError(kind)  # pragma: no cover
 
 
-def _family_rows(family: str, n: int, rng: np.random.Generator, tables: _Tables):
+def _family_rows(family: str, n: int, rng: np.random.Generator, tables: _Tables) -> Any:
     kinds = np.full(n, 255, np.uint8)
     if family == "gaussian":
         x = rng.standard_normal((n, ROW_SIZE), dtype=np.float32)
@@ -301,12 +302,12 @@ def _family_rows(family: str, n: int, rng: np.random.Generator, tables: _Tables)
 def make_inputs(
     rows_per_family: int | None = None,
     seed: int = DEFAULT_SEED,
-    families=FAMILIES,
+    families: Any = FAMILIES,
     *,
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
     blocks: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The input rows shared by every format.
 
     Returns ``{"x": float32 (rows, 128), "family": uint8 (rows,), "kind":
@@ -342,7 +343,7 @@ def make_inputs(
     return {"x": x, "family": np.concatenate(fam_idx), "kind": np.concatenate(kinds), "families": info}
 
 
-def attention_inputs(seed: int, tokens: int, n_head: int, n_head_kv: int) -> tuple:
+def attention_inputs(seed: int, tokens: int, n_head: int, n_head_kv: int) -> tuple[Any, ...]:
     """The attention data ``(q, k, v)`` of :func:`tbq.golden.build_attention`, all float32.
 
     From ``default_rng(seed * 1000 + 100)``: ``q`` standard normal ``(n_head,

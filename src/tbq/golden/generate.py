@@ -16,6 +16,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,10 +70,10 @@ class GoldenSet:
     """One golden file set in memory: ``<name>.npz`` arrays, ``<name>.json`` manifest, ``<name>.h`` header."""
 
     name: str
-    arrays: dict
-    manifest: dict
+    arrays: dict[str, Any]
+    manifest: dict[str, Any]
     header: str
-    summary: list = field(default_factory=list)
+    summary: list[Any] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------
@@ -84,14 +85,14 @@ class GoldenSet:
 MAX_K = 1 << 22
 
 
-def _check_k(k) -> int:
+def _check_k(k: Any) -> int:
     k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
     if k > MAX_K:
         raise TbqValueError(f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}")
     return int(k)
 
 
-def _check_ulp_floor(ulp_floor) -> None:
+def _check_ulp_floor(ulp_floor: Any) -> None:
     if ulp_floor is None:
         return
     check_number(ulp_floor, "ulp_floor", lo=0, expected="a finite number >= 0 (0 = literal ulps)", error=TbqValueError)
@@ -99,12 +100,12 @@ def _check_ulp_floor(ulp_floor) -> None:
         raise TbqValueError(f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}")
 
 
-def _plain(x) -> str:
+def _plain(x: Any) -> str:
     """A number for a message, never a NumPy repr (``np.float64(nan)`` shows as ``nan``)."""
     return repr(float(x)) if isinstance(x, (float, np.floating)) else repr(int(x)) if isinstance(x, (int, np.integer)) else repr(x)
 
 
-def _check_formats(fmts) -> tuple[str, ...]:
+def _check_formats(fmts: Any) -> tuple[str, ...]:
     if isinstance(fmts, str):
         fmts = [f for f in fmts.split(",") if f]
     fmts = tuple(fmts)
@@ -113,7 +114,7 @@ def _check_formats(fmts) -> tuple[str, ...]:
     return tuple(dict.fromkeys(format_name(f) for f in fmts))
 
 
-def _check_pairs(pairs) -> tuple:
+def _check_pairs(pairs: Any) -> tuple[Any, ...]:
     if isinstance(pairs, str):
         items = [p for p in pairs.split(",") if p]
         pairs = []
@@ -147,7 +148,7 @@ def attention_memory(tokens: int, n_head: int, n_head_kv: int) -> int:
     return int(tokens) * (int(n_head) + int(n_head_kv)) * ATTENTION_TOKEN_HEAD_BYTES
 
 
-def _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format) -> None:
+def _check_attention_args(tokens: Any, n_head: Any, n_head_kv: Any, n_sink: Any, sink_format: Any) -> None:
     for label, val, lo in (("tokens", tokens, 1), ("n_head", n_head, 1), ("n_head_kv", n_head_kv, 1), ("n_sink", n_sink, 0)):
         check_int(val, label, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
     if n_head % n_head_kv:
@@ -157,7 +158,7 @@ def _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format) -> Non
     check_choice(sink_format, "sink_format", SINK_FORMATS)
 
 
-def check_out_dir(out) -> Path:
+def check_out_dir(out: Any) -> Path:
     """``out`` as a :class:`~pathlib.Path` if it is, or can be created as, a writable directory.
 
     Raises :class:`~tbq.errors.TbqValueError` otherwise (a regular file on the
@@ -182,11 +183,11 @@ def check_out_dir(out) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy", options: dict | None = None) -> Codec:
+def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy", options: dict[str, Any] | None = None) -> Codec:
     return codec_from(fmt, _exact_config(fmt, tables, options), backend=backend)
 
 
-def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray):
+def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray) -> Any:
     """Compare the golden bytes/floats (library default backend) with the NumPy reference backend.
 
     Returns ``"identical"`` or a dict listing the blocks that differ (and warns):
@@ -214,13 +215,13 @@ def build_format(
     rows_per_family: int | None = None,
     blocks: int | None = None,
     seed: int = DEFAULT_SEED,
-    families=FAMILIES,
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    families: Any = FAMILIES,
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
     k: int = DEFAULT_K,
     ulp_floor: float | None = None,
-    inputs: dict | None = None,
-    options: dict | None = None,
+    inputs: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> GoldenSet:
     """The golden set of one format (in memory; :func:`write_set` writes it).
 
@@ -316,8 +317,8 @@ def build_attention(
     n_head_kv: int = 2,
     n_sink: int = 0,
     sink_format: str = "f16",
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
 ) -> GoldenSet:
     """The golden set of one attention case: ``attention_<k_fmt>_<v_fmt>``.
 
@@ -333,7 +334,7 @@ def build_attention(
     aseed = attention_seed(seed)
     q, k, v = attention_inputs(seed, tokens, n_head, n_head_kv)
 
-    def cfg(f):
+    def cfg(f: Any) -> Any:
         c = _exact_config(f, tables)
         del c["name"]
         return c
@@ -404,7 +405,7 @@ def build_attention(
     return gs
 
 
-def write_set(gs: GoldenSet, out) -> list[Path]:
+def write_set(gs: GoldenSet, out: Any) -> list[Path]:
     """Write ``<name>.npz``, ``<name>.json`` and ``<name>.h`` into directory ``out`` (created if needed)."""
     out = check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -462,7 +463,7 @@ class Summary:
         return "\n".join(lines)
 
 
-def _align(cells, left: int) -> list[str]:
+def _align(cells: Any, left: int) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     out = []
     for n, row in enumerate(cells):
@@ -473,26 +474,26 @@ def _align(cells, left: int) -> list[str]:
 
 
 def generate(
-    out,
+    out: Any,
     *,
-    formats=None,
-    families=FAMILIES,
+    formats: Any = None,
+    families: Any = FAMILIES,
     rows_per_family: int | None = None,
     blocks: int | None = None,
     seed: int = DEFAULT_SEED,
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
     k: int = DEFAULT_K,
     ulp_floor: float | None = None,
     attention: bool = False,
-    attention_pairs=DEFAULT_ATTENTION_PAIRS,
+    attention_pairs: Any = DEFAULT_ATTENTION_PAIRS,
     tokens: int = 32,
     n_head: int = 8,
     n_head_kv: int = 2,
     n_sink: int = 0,
     sink_format: str = "f16",
-    progress=None,
-    options: dict | None = None,
+    progress: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> Summary:
     """Write the golden files of ``formats`` (default: every registered format) into directory ``out``.
 
@@ -557,7 +558,7 @@ def generate(
     return Summary(rows_out, att, paths)
 
 
-def regenerate(manifest, out=None) -> GoldenSet:
+def regenerate(manifest: Any, out: Any = None) -> GoldenSet:
     """Rebuild a golden set from its manifest (a path or the parsed dict); write it into ``out`` if given.
 
     The result's arrays are bit-identical to the original ones (compare
@@ -608,7 +609,7 @@ def regenerate(manifest, out=None) -> GoldenSet:
     return gs
 
 
-def manifest_memory(manifest) -> int:
+def manifest_memory(manifest: Any) -> int:
     """Bytes :func:`regenerate` needs for ``manifest`` (a path or the parsed dict), its sizes checked first."""
     m = load_manifest(manifest)
     source = "the manifest" if isinstance(manifest, dict) else str(manifest)
@@ -627,7 +628,7 @@ def manifest_memory(manifest) -> int:
         raise TbqValueError(f"{source}: {exc}") from None
 
 
-def verify(directory) -> list[str]:
+def verify(directory: str | os.PathLike[str]) -> list[str]:
     """Check every golden set in ``directory``: the SHA-256 of each ``.npz`` array against its manifest.
 
     Returns a list of problems (empty when everything matches).

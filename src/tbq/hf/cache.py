@@ -29,9 +29,11 @@ what makes the products llama.cpp's.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import ConfigError, TbqValueError, check_int, is_integer
@@ -40,7 +42,7 @@ from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
 __all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry"]
 
 
-def geometry(config) -> tuple[int, int, int]:
+def geometry(config: Any) -> tuple[int, int, int]:
     """``(num_hidden_layers, num_key_value_heads, head_dim)`` of a transformers text config."""
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     try:
@@ -65,7 +67,7 @@ class LayerRead:
 class _Store:
     """The bytes of one role of one layer: sink rows, main rows, and the float32 residual window."""
 
-    def __init__(self, side: Side, sink_side: Side | None, row: int):
+    def __init__(self, side: Side, sink_side: Side | None, row: int) -> None:
         self.side, self.sink_side, self.row = side, sink_side, row
         self.sink: np.ndarray | None = None  # (B, s, sink row bytes)
         self.main: np.ndarray | None = None  # (B, n, row bytes)
@@ -121,7 +123,7 @@ class TbqLayer(CacheLayerMixin):
     is_sliding = False
 
     def __init__(self, engine: Engine, *, sinks: int = 0, residual: int = 0, sink_engine: Engine | None = None,
-                 tbq_attention: bool = False):
+                 tbq_attention: bool = False) -> None:
         super().__init__()
         self.engine = engine
         #: the "tbq" attention reads K (V) in the stored domain: update() returns that side untransformed
@@ -193,7 +195,7 @@ class TbqLayer(CacheLayerMixin):
         b, t, _ = rows.shape
         return rows.reshape(b, t, self.engine.kv_heads, self.engine.head_dim)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Store the new tokens' K and V, then return every token's K and V (B, H_kv, T, D), model domain."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -240,7 +242,7 @@ class TbqLayer(CacheLayerMixin):
             store.resid = None if store.resid is None else store.resid[torch.from_numpy(idx)]
 
 
-def _check_count(value, what: str) -> int:
+def _check_count(value: Any, what: str) -> int:
     return check_int(value, what, lo=0, expected="a non-negative integer", error=ConfigError)
 
 
@@ -271,25 +273,25 @@ class TbqCache(Cache):
 
     def __init__(
         self,
-        config,
-        k="f16",
-        v="f16",
+        config: Any,
+        k: ArrayLike = "f16",
+        v: ArrayLike = "f16",
         *,
-        layers: dict | None = None,
+        layers: dict[str, Any] | None = None,
         sinks: int = 0,
-        sink_type="f16",
+        sink_type: Any = "f16",
         residual: int = 0,
         engine: str = "llama.cpp",
         rotate_attention: bool = True,
         permute: bool | None = None,
-    ):
+    ) -> None:
         n_layers, kv_heads, head_dim = geometry(config)
         sinks = _check_count(sinks, "sinks")
         residual = _check_count(residual, "residual")
         if residual and engine != "plain":
             raise ConfigError(
                 f"residual={residual} is transformers' QuantizedCache behaviour (full-precision newest tokens and prefill); "
-                "llama.cpp quantizes every token before attention: use engine='plain' with residual"
+                "llama.cpp quantizes every token before attention: use engine = 'plain' with residual"
             )
         per_layer = dict(layers or {})
         for idx in per_layer:

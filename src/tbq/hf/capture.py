@@ -13,16 +13,19 @@ llama.cpp stores them, apply :mod:`tbq.hf.engine`'s permutation and rotation.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import TbqValueError, is_integer
 
 __all__ = ["capture_kv", "save_kv", "load_kv"]
 
 
-def capture_kv(model, tokens, layers=None, *, bos: int | None | bool = None) -> dict:
+def capture_kv(model: Any, tokens: ArrayLike, layers: Any = None, *, bos: int | None | bool = None) -> dict[str, Any]:
     """``{layer: {"k": K, "v": V}}`` of one forward pass over ``tokens`` (1-d integer array).
 
     ``layers``: the layer indices to keep (default all). ``bos``: the token that
@@ -58,7 +61,7 @@ def capture_kv(model, tokens, layers=None, *, bos: int | None | bool = None) -> 
     return out
 
 
-def save_kv(path, kv: dict) -> Path:
+def save_kv(path: str | os.PathLike[str], kv: dict[str, Any]) -> Path:
     """Write ``capture_kv``'s result as ``.npz``: arrays ``layer{L}_k`` and ``layer{L}_v``."""
     p = Path(path)
     arrays = {f"layer{idx}_{role}": kv[idx][role] for idx in sorted(kv) for role in ("k", "v")}
@@ -66,9 +69,9 @@ def save_kv(path, kv: dict) -> Path:
     return p if p.suffix == ".npz" else p.with_name(p.name + ".npz")
 
 
-def load_kv(path) -> dict:
+def load_kv(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a :func:`save_kv` file back as ``{layer: {"k": K, "v": V}}``."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     with np.load(path) as data:
         for name in data.files:
             head, _, role = name.rpartition("_")

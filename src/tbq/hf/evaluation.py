@@ -27,8 +27,10 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import ConfigError, TbqValueError, check_int
 from .cache import geometry
@@ -58,14 +60,14 @@ class CacheType:
 
     @property
     def label(self) -> str:
-        def name(t):
+        def name(t: Any) -> Any:
             return t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
 
         text = f"{name(self.k)}:{name(self.v)}"
         return text if self.engine == "llama.cpp" else f"{text}@{_SHORT.get(self.engine, self.engine)}"
 
 
-def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
+def parse_cache_type(spec: Any, *, engine: str = "llama.cpp") -> CacheType:
     """``"q8_0"`` (K = V), ``"q8_0:q4_0"``, ``"tbq4_0:tbq4_0@llama.cpp-fork"`` (or ``@fork``), a ``(k, v)`` pair or a :class:`CacheType`.
 
     >>> parse_cache_type("q8_0:tbq4_0@plain")
@@ -89,7 +91,7 @@ def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
     return CacheType(parts[0], parts[-1], engine)
 
 
-def text_tokens(tokenizer, text: str, bos: int | None) -> np.ndarray:
+def text_tokens(tokenizer: Any, text: str, bos: int | None) -> np.ndarray:
     """The tokens llama-perplexity evaluates for ``text``: BOS (when the model has one), then the text's tokens.
 
     The tokenizer's own special tokens are not added (``bos`` is put first
@@ -99,7 +101,7 @@ def text_tokens(tokenizer, text: str, bos: int | None) -> np.ndarray:
     return np.asarray(([] if bos is None else [int(bos)]) + list(ids), dtype=np.int64)
 
 
-def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int | None = None) -> np.ndarray:
+def perplexity_chunks(tokens: ArrayLike, context: int, chunks: int | None = None, bos: int | None = None) -> np.ndarray:
     """The ``(chunks, context)`` token array llama-perplexity evaluates; ``chunks=None``: as many as the text holds.
 
     Refused (one line) when the text holds fewer than two chunks (llama-perplexity
@@ -155,9 +157,9 @@ class EvalResult:
     """The result of :func:`evaluate`: one :class:`Row` per run, the settings, the wall time."""
 
     rows: list
-    settings: dict
+    settings: dict[str, Any]
     seconds: float = 0.0
-    per_layer: list = field(default_factory=list)
+    per_layer: list[Any] = field(default_factory=list)
 
     def row(self, cache: str, *, layer: int | None = None, role: str = "K+V") -> Row:
         for r in self.rows + self.per_layer:
@@ -165,7 +167,7 @@ class EvalResult:
                 return r
         raise KeyError(cache)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "settings": self.settings,
             "seconds": self.seconds,
@@ -191,7 +193,7 @@ class EvalResult:
         return "\n".join(lines)
 
 
-def _json_default(o):
+def _json_default(o: Any) -> Any:
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
@@ -217,7 +219,7 @@ def _format_row(r: Row) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _log_softmax(logits):
+def _log_softmax(logits: Any) -> Any:
     import torch
 
     return torch.log_softmax(logits.to(torch.float64), dim=-1)
@@ -226,7 +228,7 @@ def _log_softmax(logits):
 class _Runner:
     """Forward passes of one model over fixed chunks with a fresh cache each."""
 
-    def __init__(self, model, chunks: np.ndarray, *, sinks: int, sink_type, rotate_attention: bool):
+    def __init__(self, model: Any, chunks: np.ndarray, *, sinks: int, sink_type: Any, rotate_attention: bool) -> None:
         import torch
 
         from .attention import prepare
@@ -238,7 +240,7 @@ class _Runner:
         self.first = chunks.shape[1] // 2
         self.sinks, self.sink_type, self.rotate = sinks, sink_type, rotate_attention
 
-    def cache(self, ct: CacheType, layers: dict | None = None, *, baseline: bool = False):
+    def cache(self, ct: CacheType, layers: dict[str, Any] | None = None, *, baseline: bool = False) -> Any:
         base_layers = None
         k, v = ct.k, ct.v
         if layers is not None:  # only these layers in the type: the rest f16
@@ -254,7 +256,7 @@ class _Runner:
             rotate_attention=self.rotate,
         )
 
-    def log_probs(self, i: int, ct: CacheType, layers: dict | None = None, *, baseline: bool = False):
+    def log_probs(self, i: int, ct: CacheType, layers: dict[str, Any] | None = None, *, baseline: bool = False) -> Any:
         """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
@@ -262,7 +264,7 @@ class _Runner:
             logits = self.model(self.chunks[i : i + 1], cache=cache, use_cache=True).logits[0]
         return _log_softmax(logits[self.first : -1]), cache.bytes_per_token()
 
-    def greedy(self, ct: CacheType, prompt, n: int, layers: dict | None = None, *, baseline: bool = False) -> list:
+    def greedy(self, ct: CacheType, prompt: Any, n: int, layers: dict[str, Any] | None = None, *, baseline: bool = False) -> list[Any]:
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
         ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
@@ -279,11 +281,11 @@ class _Runner:
 class _Stats:
     """Per-position NLL, KL against the two baselines and top-1 agreement, accumulated over chunks."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.nll, self.kl16, self.kl32, self.top16, self.top32 = [], [], [], [], []
         self.bytes_per_token = 0
 
-    def add(self, lp, targets, base16, base32, bytes_per_token):
+    def add(self, lp: Any, targets: Any, base16: Any, base32: Any, bytes_per_token: Any) -> None:
         import torch
 
         self.bytes_per_token = bytes_per_token
@@ -295,7 +297,7 @@ class _Stats:
             kl.append(torch.clamp((p * (base - lp)).sum(-1), min=0.0).numpy())
             top.append((base.argmax(-1) == lp.argmax(-1)).numpy())
 
-    def row(self, label: str, engine: str, ppl16: float | None, **extra) -> Row:
+    def row(self, label: str, engine: str, ppl16: float | None, **extra: Any) -> Row:
         nll = np.concatenate(self.nll)
         ppl = float(math.exp(nll.mean()))
         kl16 = np.concatenate(self.kl16) if self.kl16 else np.zeros(1)
@@ -315,7 +317,7 @@ class _Stats:
         )
 
 
-def _first_diff(a: list, b: list) -> int | None:
+def _first_diff(a: list[Any], b: list[Any]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x != y:
             return i
@@ -323,22 +325,22 @@ def _first_diff(a: list, b: list) -> int | None:
 
 
 def evaluate(
-    model,
-    tokens,
-    cache_types=("q8_0", "q4_0"),
+    model: Any,
+    tokens: ArrayLike,
+    cache_types: Any = ("q8_0", "q4_0"),
     *,
     context: int = 512,
     chunks: int | None = None,
     bos: int | None | bool = None,
     sinks: int = 0,
-    sink_type="f16",
+    sink_type: Any = "f16",
     per_layer: bool = False,
     roles: bool = False,
     generate: int = 0,
-    prompt=None,
+    prompt: Any = None,
     rotate_attention: bool = True,
     model_name: str = "model",
-    progress=None,
+    progress: Any = None,
 ) -> EvalResult:
     """Evaluate ``cache_types`` on ``tokens`` against the f16 and f32 caches (see the module docstring).
 
@@ -386,7 +388,7 @@ def evaluate(
     total = (2 + len(jobs) + len(extra)) * data.shape[0] + (len(jobs) + 1 if generate else 0)
     done = 0
 
-    def tick(label):
+    def tick(label: Any) -> None:
         nonlocal done
         done += 1
         if progress is not None:
