@@ -181,9 +181,11 @@ def attention_columns(x: ArrayLike, y: ArrayLike, *, role: str = "keys", partner
     """
     X, Y = _heads(np.asarray(x, np.float32)), _heads(np.asarray(y, np.float32))
     P = None if partner is None else _heads(np.asarray(partner, np.float32))
-    out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+    out: dict[str, Any] = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
     if encoded is not None and _fused_ok(encoded[1], X.shape[2]):
         return _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads)
+    if queries is None:
+        raise TbqValueError("attention_columns needs queries (tbq.metrics.random_queries)")
     if role == "keys":
         m = attention_error(queries, X, P, k_hat=Y, topk=topk)
         out.update({"logit rmse": m["logit_rmse"], "softmax KL": m["kl_mean"], "top-k": m["topk_agreement"]})
@@ -203,7 +205,7 @@ def _fused_ok(codec: Any, head_dim: int) -> bool:
 
 
 def _attention_columns_fused(X: Any, Y: Any, role: Any, P: Any, queries: Any, topk: Any, encoded: Any, threads: Any) -> dict[str, Any]:
-    out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+    out: dict[str, Any] = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
     if role == "keys":  # one head at a time: the float64 logits of all heads at once were 1.5x the input
         q = np.asarray(queries, np.float64)
         if q.ndim == 2:
@@ -272,9 +274,9 @@ def compare(
     n_queries: int = 16,
     topk: int = 8,
     query_seed: int = 0,
-    on_row: Callable[[dict], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
     **config: Any,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Round-trip every array of ``data`` through every format; one result row per pair.
 
     Throughput is the best of ``repeat`` timed runs after one warm-up run (the
@@ -409,7 +411,7 @@ def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP)
 
 def _kernel_units(fmts: Any, attention: bool) -> list[str]:
     """The kernel modules a comparison compiles (formats sharing a module share its kernels)."""
-    units = [format_class(f).kernel_module for f in fmts]
+    units = [format_class(f).kernel_module for f in fmts]  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
     if attention:
         units.append("tbq.attention_kernels")
     return [u for u in dict.fromkeys(units) if u]
@@ -432,7 +434,7 @@ def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
         for unit in _kernel_units(fmts, attention):
             mod = importlib.import_module(unit)
             disps = [v for v in vars(mod).values() if isinstance(v, CPUDispatcher) and v.__module__ == unit]
-            paths = [d._cache._cache_file._index_path for d in disps if getattr(d, "_cache", None) is not None]
+            paths = [d._cache._cache_file._index_path for d in disps if getattr(d, "_cache", None) is not None]  # type: ignore[attr-defined]  # numba internals
             if paths and not any(os.path.exists(p) for p in paths):
                 return False
     except Exception:  # numba internals moved: say nothing rather than guess
@@ -489,7 +491,7 @@ def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool 
         load[i] += weight[u]
 
     def fmts_of(share: Any) -> Any:
-        return [f for f in fmts if format_class(f).kernel_module in share]
+        return [f for f in fmts if format_class(f).kernel_module in share]  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
 
     procs = []
     for share in shares[1:]:
@@ -504,7 +506,7 @@ def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool 
     return time.perf_counter() - t0
 
 
-def to_records(rows: list[dict]) -> list[dict]:
+def to_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """:func:`compare` rows with the snake_case keys of :data:`JSON_KEYS`, ready for ``json.dumps``.
 
     Columns that do not apply stay ``None`` (JSON ``null``); so do values
@@ -532,7 +534,7 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def format_table(rows: list[dict], *, wide: bool = True, topk: int | None = None) -> str:
+def format_table(rows: list[dict[str, Any]], *, wide: bool = True, topk: int | None = None) -> str:
     """Aligned text table of :func:`compare` rows.
 
     ``wide=True`` (default) has one column per row key (:data:`COLUMNS`);

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 
 try:
-    import dask
     import dask.array as da
+    import dask.base
+    from dask.delayed import delayed
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("tbq.dask needs the optional dependency dask[array]; install it with `pip install 'tbq[zarr]'`") from _exc
 
@@ -263,7 +264,7 @@ def error_metrics(x: Any, y: Any, *, compute: bool = True) -> Any:
         x, y = x[None], y[None]
     if x.size == 0:
         res = _finalize(0.0, 0.0, 0.0, 0)
-        return res if compute else dask.delayed(res)
+        return res if compute else delayed(res)
     if y.chunks != x.chunks:
         y = y.rechunk(x.chunks)
     stats = da.map_blocks(
@@ -280,7 +281,7 @@ def error_metrics(x: Any, y: Any, *, compute: bool = True) -> Any:
     # one collection into one delayed call: separate array arguments would each be
     # optimised on their own and the per-chunk statistics computed several times
     agg = da.concatenate([sums, mx[None]])  # [sse, ss, -, count, max]
-    out = dask.delayed(_finalize_vector)(agg)
+    out = delayed(_finalize_vector)(agg)
     return out.compute() if compute else out
 
 

@@ -263,7 +263,10 @@ def inner_product_error(x: ArrayLike, y: ArrayLike, queries: ArrayLike | None = 
     ref_rms = math.sqrt(float(np.mean(ref * ref)))
     den = float(np.sum(ref * ref))
     slope = float(np.sum(ref * est) / den) if den > 0 else float("nan")
-    rel = lambda v: v / ref_rms if ref_rms > 0 else float("nan")  # noqa: E731
+
+    def rel(v: float) -> float:
+        return v / ref_rms if ref_rms > 0 else float("nan")
+
     return {
         "bias": bias,
         "variance": var,
@@ -276,7 +279,7 @@ def inner_product_error(x: ArrayLike, y: ArrayLike, queries: ArrayLike | None = 
     }
 
 
-def _qk_shapes(q: Any, k: Any) -> Any:
+def _qk_shapes(q: ArrayLike, k: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     if k.ndim not in (2, 3):
@@ -480,7 +483,10 @@ def gaussian_distortion(centroids: ArrayLike, thresholds: ArrayLike, sigma: floa
     a = np.concatenate(([-np.inf], m))
     b = np.concatenate((m, [np.inf]))
     pdf = normal_pdf
-    tpdf = lambda t: np.where(np.isfinite(t), np.nan_to_num(t) * pdf(t), 0.0)  # noqa: E731
+
+    def tpdf(t: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.where(np.isfinite(t), np.nan_to_num(t) * pdf(t), 0.0)
+
     mass = ndtr(b) - ndtr(a)
     d = (1.0 + c * c) * mass - (tpdf(b) - tpdf(a)) - 2.0 * c * (pdf(a) - pdf(b))
     return float(np.sum(d))
@@ -768,13 +774,14 @@ def table_distortion(levels: ArrayLike, *, samples: ArrayLike | None = None, sig
             gc = g * c
             return gaussian_distortion(gc, 0.5 * (gc[1:] + gc[:-1]), sigma) * sigma * sigma
     else:
+        assert samples is not None  # exactly one of samples and sigma: checked above
         st = _Sorted(samples)
         ref_levels, _, ref = lloyd_max_samples(samples, int(n))
 
         def mse_at(g: Any) -> Any:
             return st.mse(g * c - st.shift)
 
-    mse = mse_at(1.0) if sigma is not None else table_mse(samples, c)
+    mse = mse_at(1.0) if samples is None else table_mse(samples, c)
     g, best = _best_scale(mse_at)
     if mse <= best:
         g, best = 1.0, mse

@@ -74,7 +74,6 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from numpy.typing import ArrayLike
 
 try:
     from numcodecs.abc import Codec as _NumcodecsCodec
@@ -199,7 +198,7 @@ def _as_float_array(buf: Any) -> np.ndarray:
     return raw.view(np.float32)
 
 
-class TbqCodec(_NumcodecsCodec):
+class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
     """numcodecs codec for one tbq block format (use :class:`Q8_0`, :class:`Q4_0`, :class:`TBQ4_0`, :class:`TBQ3_0`).
 
     Keyword arguments are those of :func:`tbq.get_codec` for the format
@@ -348,7 +347,7 @@ def _fmt_of(name: str) -> str:
         try:
             fmt = format_name(fmt)  # the naming rule of docs/formats.md: any case
         except ConfigError:
-            fmt = None
+            fmt = ""
         if fmt in _CLASSES:
             return fmt
     raise ConfigError(
@@ -421,7 +420,7 @@ if _HAVE_ZARR3:
             return _CLASSES[_fmt_of(self.name)](**self.configuration)
 
         @classmethod
-        def from_dict(cls, data: ArrayLike) -> Any:
+        def from_dict(cls, data: dict[str, Any]) -> Any:
             name, cfg = _parse_named_configuration(data, require_configuration=False)
             return cls(name, **(cfg or {}))  # unknown names raise ConfigError listing the codecs
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +111,7 @@ def _colors(n: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def plot_compare(rows: list[dict], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+def plot_compare(rows: list[dict[str, Any]], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Grouped bars of :func:`tbq.compare.compare` rows: NMSE, softmax KL (keys) and attention-output NMSE per format."""
     datas = list(dict.fromkeys(r["data"] for r in rows))
     fmts = list(dict.fromkeys(r["format"] for r in rows))
@@ -218,7 +219,7 @@ def plot_budget(report: Any, path: str | os.PathLike[str], *, what: str = "plot_
 # ---------------------------------------------------------------------------
 
 
-def plot_rate_distortion(results: list[dict], path: str | os.PathLike[str], *, bits_range: Any = (1.0, 9.0), title: str | None = None) -> Path:
+def plot_rate_distortion(results: list[dict[str, Any]], path: str | os.PathLike[str], *, bits_range: Any = (1.0, 9.0), title: str | None = None) -> Path:
     """NMSE (SNR on the right axis) against bits per value, one column per data set, with the anchors.
 
     ``results``: dicts with ``dataset``, ``name``, ``bits_per_value`` and
@@ -244,7 +245,7 @@ def plot_rate_distortion(results: list[dict], path: str | os.PathLike[str], *, b
     for col, ds in enumerate(datasets):
         for row, rel in enumerate((False, True)):
             ax = axes[row][col]
-            f = (lambda bb, y: y / shannon_lower_bound(bb)) if rel else (lambda bb, y: y)
+            f: Callable[[Any, Any], Any] = (lambda bb, y: y / shannon_lower_bound(bb)) if rel else (lambda bb, y: y)
             ax.fill_between(b, f(b, shannon_lower_bound(b)), f(b, turboquant_upper_bound(b)), color="0.9", label="between the bounds")
             ax.plot(b, f(b, shannon_lower_bound(b)), "k-", lw=1, label=r"Shannon lower bound $4^{-b}$")
             ax.plot(b, f(b, turboquant_upper_bound(b)), "k--", lw=1, label=r"upper bound $(\sqrt{3}\pi/2)\,4^{-b}$")
@@ -277,7 +278,7 @@ def plot_rate_distortion(results: list[dict], path: str | os.PathLike[str], *, b
                 tw.set_ylim(-10 * math.log10(lo), -10 * math.log10(hi))
                 if col == nd - 1:
                     tw.set_ylabel("SNR (dB)")
-    seen = {}
+    seen: dict[Any, Any] = {}
     for row in axes:
         for ax in row:
             for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -394,7 +395,7 @@ def plot_lines(
     if single:
         axes[0][0].legend(fontsize="small")
     else:
-        seen = {}
+        seen: dict[Any, Any] = {}
         for row in axes:
             for ax in row:
                 for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -466,7 +467,7 @@ def plot_codebooks(tables: dict[str, Any], path: str | os.PathLike[str], *, sigm
         ax.set_xlabel("rotated coordinate of a unit-norm block")
         ax.set_title(t)
         ax.set_yticks([])
-    seen = {}
+    seen: dict[Any, Any] = {}
     for ax in axes[0]:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
@@ -507,7 +508,7 @@ def plot_index_histograms(hists: dict[str, Any], path: str | os.PathLike[str], *
 
 
 def plot_format_metrics(
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     path: str | os.PathLike[str],
     *,
     metrics: dict[str, Any],
@@ -581,7 +582,7 @@ def plot_format_metrics(
                 ax.set_ylabel(metrics[key])
             if i == nr - 1:
                 ax.set_xlabel(f"bits per value (axis compressed above {cut:g})" if max(bits) > cut else "bits per value")
-    seen = {}
+    seen: dict[Any, Any] = {}
     for row in axes:
         for ax in row:
             for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -690,7 +691,7 @@ def plot_value_tables(panels: dict[str, Any], path: str | os.PathLike[str], *, n
         ax.minorticks_off()
     for ax in flat[len(titles):]:
         ax.set_visible(False)
-    seen = {}
+    seen: dict[Any, Any] = {}
     for ax in flat:
         for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)

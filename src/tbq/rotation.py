@@ -42,7 +42,7 @@ def hadamard_scale(n: int, dtype: DTypeLike = np.float32) -> np.floating[Any]:
     to float32, the constant of the spec.
     """
     _check_pow2(n)
-    return np.dtype(dtype).type(1.0 / math.sqrt(n))  # type: ignore[no-any-return, call-overload]  # a floating dtype: fwht checks
+    return np.dtype(dtype).type(1.0 / math.sqrt(n))  # type: ignore[call-overload]  # a floating dtype: fwht checks
 
 
 def fwht(x: ArrayLike, *, normalize: bool = True, out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:

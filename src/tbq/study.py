@@ -113,7 +113,7 @@ class CodecQuantizer(Quantizer):
     This is the one quantizer of this module whose output is a real cache's.
     """
 
-    def __init__(self, fmt: str, **config: Any) -> None:
+    def __init__(self, fmt: str | Codec, **config: Any) -> None:
         self.codec: Codec = fmt if isinstance(fmt, Codec) else get_codec(fmt, **config)
         cfg = self.codec.get_config()
         name = cfg["name"]
@@ -319,7 +319,7 @@ def _gaussian_codebook(bits: int, sigma: float) -> Codebook:
 
 
 class _BlockLloydMax(Quantizer):
-    def __init__(self, bits: ArrayLike, block_size: Any, codebook: Any, rotation: Any) -> None:
+    def __init__(self, bits: int, block_size: int, codebook: Any, rotation: Any) -> None:
         check_int(bits, "bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
         if block_size < 2 or block_size & (block_size - 1):
             raise ConfigError(f"block_size must be a power of two >= 2, got {block_size}")
@@ -473,7 +473,7 @@ class CachePolicy:
     ('K tbq3_0 / V tbq4_0 + 4 sink f16', 3.6733)
     """
 
-    def __init__(self, k: ArrayLike = "tbq4_0", v: ArrayLike = "tbq4_0", *, n_sink: int = 0, sink: Any = "f16") -> None:
+    def __init__(self, k: Any = "tbq4_0", v: Any = "tbq4_0", *, n_sink: int = 0, sink: Any = "f16") -> None:
         self.k = get_quantizer(k, role="key")
         self.v = get_quantizer(v, role="value")
         self.n_sink = check_int(n_sink, "n_sink", lo=0, expected="a non-negative integer", error=ConfigError)
@@ -525,7 +525,7 @@ class CachePolicy:
 # ---------------------------------------------------------------------------
 
 
-def rate_distortion_rows(datasets: dict[str, Any], specs: Any = None, *, n_queries: int = 16, topk: int = 8, seed: int = 0) -> list[dict]:
+def rate_distortion_rows(datasets: dict[str, Any], specs: Any = None, *, n_queries: int = 16, topk: int = 8, seed: int = 0) -> list[dict[str, Any]]:
     """One row per data set and format: bits per value, vector error and what attention sees.
 
     ``datasets``: ``{name: array}``, each ``(tokens, heads, head_dim)`` or

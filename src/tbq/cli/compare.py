@@ -172,7 +172,7 @@ def _row_tiled() -> list[str]:
     return [name for name, info in FORMATS.items() if info.row_tiled]
 
 
-def _load(args: Any) -> tuple[dict, dict, list[str]]:
+def _load(args: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(data for :func:`compare`, a description for --json, header lines for the table)."""
     from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
 
@@ -209,7 +209,7 @@ def _load(args: Any) -> tuple[dict, dict, list[str]]:
     return {role: arr}, info, header
 
 
-def _legend(rows: list[dict], args: Any, topk: int, wide: bool, width: int = 100) -> list[str]:
+def _legend(rows: list[dict[str, Any]], args: Any, topk: int, wide: bool, width: int = 100) -> list[str]:
     """The lines under the table that say what the columns are, wrapped to fit ``width`` columns."""
     logit, kl, speed = ("logit rmse", "softmax KL", "enc/dec Mv/s") if wide else ("logit", "KL", "enc, dec")
     items = [

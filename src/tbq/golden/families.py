@@ -20,7 +20,8 @@ import numpy as np
 
 from ..codebooks import Codebook, get_codebook
 from ..errors import ConfigError, TbqValueError, check_int
-from ..formats import FORMAT_CLASSES, FORMATS, get_format
+from ..formats import FORMATS, get_format
+from ..formats.base import FORMAT_CLASSES
 from ..rotation import RandomizedHadamard, get_rotation
 
 ROW_SIZE = 128
@@ -128,12 +129,12 @@ def _rows_per_family(rows_per_family: Any = None, blocks: Any = None) -> int:
 # ---------------------------------------------------------------------------
 
 #: Formats that take a ``codebook`` option, with their index bits (from the registry: tbq4_0, tbq3_0).
-_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}
+_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}  # type: ignore[attr-defined]  # TEMPORARY: base.FORMAT_CLASSES is annotated dict[str, type]
 
 
 @dataclass(frozen=True)
 class _Tables:
-    codebooks: dict  # "tbq4_0" / "tbq3_0" -> Codebook
+    codebooks: dict[str, Any]  # "tbq4_0" / "tbq3_0" -> Codebook
     rotation: RandomizedHadamard
 
 
@@ -242,14 +243,14 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
             x[b + i], x[b + j] = a, -a
         return x
     if kind in ("fp16_tie_q4", "fp16_tie_q8"):
-        top = 8.0 if kind == "fp16_tie_q4" else 127.0
+        top_f = 8.0 if kind == "fp16_tie_q4" else 127.0
         x = np.empty(n, f32)
         for b in range(0, n, 32):
             e = int(rng.integers(-10, 5))
             mant = int(rng.integers(0, 1023))
             t = (1.0 + (mant + 0.5) / 1024.0) * 2.0**e  # halfway between two normal fp16 numbers
-            vals = rng.uniform(-0.9, 0.9, 32) * top * t
-            vals[rng.integers(32)] = rng.choice([-1.0, 1.0]) * top * t
+            vals = rng.uniform(-0.9, 0.9, 32) * top_f * t
+            vals[rng.integers(32)] = rng.choice([-1.0, 1.0]) * top_f * t
             x[b : b + 32] = vals.astype(f32)
         return x
     if kind == "fp16_tie_tbq4":
@@ -270,9 +271,9 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
         factor = {"tiny_1e-6": 1e-6, "tiny_1e-9": 1e-9, "large_x1000": 1000.0}[kind]
         return rng.standard_normal(n, dtype=f32) * f32(factor)
     if kind == "rotated_one_hot":
-        e = np.zeros(n)
-        e[rng.integers(n)] = 1.0
-        return (tables.rotation.inverse(e) * rng.choice([1.0, -1.0, 3.0])).astype(f32)
+        one_hot = np.zeros(n)
+        one_hot[rng.integers(n)] = 1.0
+        return (tables.rotation.inverse(one_hot) * rng.choice([1.0, -1.0, 3.0])).astype(f32)
     if kind == "tbq4_thresholds":
         return _threshold_row(rng, tables.codebooks["tbq4_0"], tables.rotation)
     if kind == "tbq3_thresholds":

@@ -252,7 +252,7 @@ def build_format(
     fr = fragility(ref_codec, xb, data, k, ulp_floor, row_blocks=per_row)
     # the floor the format's fragility rule used (formats without one ignore ulp_floor: recorded as 0)
     floor = (codec.format.ulp_floor if ulp_floor is None else float(ulp_floor)) if codec.format.ulp_floor else 0.0
-    arrays = {
+    arrays: dict[str, Any] = {  # (the order of the keys is the order of the stored arrays)
         "input": _le(xb),
         "bytes": data,
         "decoded": _le(decoded),
@@ -438,9 +438,9 @@ class Summary:
     scales").
     """
 
-    rows: list
-    attention: list
-    paths: list
+    rows: list[Any]
+    attention: list[Any]
+    paths: list[Any]
 
     def table(self) -> str:
         """The summary table: format, family, blocks, values, fragile values, fragile scales (and attention errors)."""
@@ -527,7 +527,7 @@ def generate(
     options = dict(options or {})
     check_options(fmts, options)
     for fmt in fmts:  # every value checked before any work
-        format_class(fmt).check_options(config_for(fmt, options))
+        format_class(fmt).check_options(config_for(fmt, options))  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
     require_memory(generate_memory(rows, len(fams), len(fmts)), f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats")
     if pairs:
         require_memory(attention_memory(tokens, n_head, n_head_kv), f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads")

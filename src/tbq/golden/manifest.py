@@ -21,7 +21,7 @@ from .. import __version__
 from ..codebooks import Codebook
 from ..codecs import Codec
 from ..errors import TbqValueError
-from ..formats import format_class, format_info
+from ..formats import Format, format_class, format_info
 from ..rotation import RandomizedHadamard
 from .families import (
     ATTENTION_KEY_OUTLIER_FACTOR,
@@ -137,12 +137,12 @@ def _exact_config(fmt: str, tables: _Tables, options: dict[str, Any] | None = No
     (FP8's ``scale``; default: the declared defaults), recorded as the format's
     config so ``--from-manifest`` rebuilds the same codec.
     """
-    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}
+    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
     if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)
     else:  # any other format's own options
-        cls = format_class(fmt)
+        cls: type[Format] = format_class(fmt)
         cfg.update(cls(**cls.check_options(options or {})).config())
     return cfg
 
@@ -151,7 +151,7 @@ def own_options(fmt: str, config: dict[str, Any], tables: _Tables) -> dict[str, 
     """The options of a manifest's ``codec_config`` that :func:`_exact_config` took from ``options`` (not from the tables)."""
     if fmt in tables.codebooks:
         return {}
-    return {k: config[k] for k in format_class(fmt).options if k in config}
+    return {k: config[k] for k in format_class(fmt).options if k in config}  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
 
 
 def _named_config(codec: Codec) -> dict[str, Any]:

@@ -53,7 +53,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from numpy.typing import ArrayLike
 
 from .. import packing
 from ..codecs import Codec, get_codec
@@ -444,7 +443,7 @@ def _codec(spec: Any, engine: str) -> tuple[str, Codec | None]:
     """A cache type as (name, codec): a format name, ``"f32"``, a :class:`tbq.Codec`, or ``(name, options)``."""
     if isinstance(spec, Codec):
         return spec.name, spec
-    options = {}
+    options: dict[str, Any] = {}
     if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict):
         spec, options = spec
     if not isinstance(spec, str):
@@ -461,7 +460,7 @@ def _codec(spec: Any, engine: str) -> tuple[str, Codec | None]:
     return spec, get_codec(spec, **options)
 
 
-def make_engine(engine: str, k: ArrayLike, v: ArrayLike, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True) -> Engine:
+def make_engine(engine: str, k: Any, v: Any, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True) -> Engine:
     """The :class:`Engine` of one layer with K cache type ``k`` and V cache type ``v``.
 
     ``permute``: the model's K rows are stored in llama.cpp's GGUF channel

@@ -156,7 +156,7 @@ class Row:
 class EvalResult:
     """The result of :func:`evaluate`: one :class:`Row` per run, the settings, the wall time."""
 
-    rows: list
+    rows: list[Any]
     settings: dict[str, Any]
     seconds: float = 0.0
     per_layer: list[Any] = field(default_factory=list)
@@ -240,7 +240,7 @@ class _Runner:
         self.first = chunks.shape[1] // 2
         self.sinks, self.sink_type, self.rotate = sinks, sink_type, rotate_attention
 
-    def cache(self, ct: CacheType, layers: dict[str, Any] | None = None, *, baseline: bool = False) -> Any:
+    def cache(self, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
         base_layers = None
         k, v = ct.k, ct.v
         if layers is not None:  # only these layers in the type: the rest f16
@@ -256,7 +256,7 @@ class _Runner:
             rotate_attention=self.rotate,
         )
 
-    def log_probs(self, i: int, ct: CacheType, layers: dict[str, Any] | None = None, *, baseline: bool = False) -> Any:
+    def log_probs(self, i: int, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
         """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
@@ -264,7 +264,7 @@ class _Runner:
             logits = self.model(self.chunks[i : i + 1], cache=cache, use_cache=True).logits[0]
         return _log_softmax(logits[self.first : -1]), cache.bytes_per_token()
 
-    def greedy(self, ct: CacheType, prompt: Any, n: int, layers: dict[str, Any] | None = None, *, baseline: bool = False) -> list[Any]:
+    def greedy(self, ct: CacheType, prompt: Any, n: int, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> list[Any]:
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
         ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
@@ -282,7 +282,11 @@ class _Stats:
     """Per-position NLL, KL against the two baselines and top-1 agreement, accumulated over chunks."""
 
     def __init__(self) -> None:
-        self.nll, self.kl16, self.kl32, self.top16, self.top32 = [], [], [], [], []
+        self.nll: list[Any] = []
+        self.kl16: list[Any] = []
+        self.kl32: list[Any] = []
+        self.top16: list[Any] = []
+        self.top32: list[Any] = []
         self.bytes_per_token = 0
 
     def add(self, lp: Any, targets: Any, base16: Any, base32: Any, bytes_per_token: Any) -> None:
@@ -377,8 +381,8 @@ def evaluate(
         runner.cache(ct)
     f16, f32 = CacheType("f16", "f16"), CacheType(F32, F32)
 
-    jobs = [(ct.label, ct, None, "K+V") for ct in types]
-    extra = []
+    jobs: list[tuple[str, CacheType, int | None, str]] = [(ct.label, ct, None, "K+V") for ct in types]
+    extra: list[tuple[str, CacheType, int | None, str]] = []
     for ct in types:
         if roles:
             extra.append((ct.label, CacheType(ct.k, "f16", ct.engine), None, "K"))

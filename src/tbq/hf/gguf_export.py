@@ -38,10 +38,13 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from numpy.typing import ArrayLike
+if TYPE_CHECKING:  # numpy itself is imported by the functions that need it
+    import numpy as np
+    from numpy.typing import NDArray
 
 #: llama.cpp's name for the GPT-2 pre-tokenizer regex (llama-vocab.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2).
 PRE_TOKENIZER = "gpt-2"
@@ -157,7 +160,7 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
             data = permute_qk(data, n_head)
         elif hf_name.endswith("k_proj.weight"):
             data = permute_qk(data, n_kv)
-        w.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), np.ascontiguousarray(data),
+        w.add_tensor(cast(str, names.get_name(hf_name, try_suffixes=(".weight",))), np.ascontiguousarray(data),
                      raw_dtype=gguf.GGMLQuantizationType.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -169,7 +172,7 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
 # ---------------------------------------------------------------------------------------------- llama-perplexity in Python
 
 
-def chunk_nll(model: Any, ids: ArrayLike, n_ctx: int, bos_id: int = 0) -> Any:
+def chunk_nll(model: Any, ids: Sequence[int] | NDArray[np.integer[Any]], n_ctx: int, bos_id: int = 0) -> NDArray[np.float64]:
     """Per-position NLL (float64 array ``(chunks, n_ctx - 1)``) of ``ids`` cut into chunks the llama.cpp way.
 
     ``ids`` is the whole text tokenized with BOS in front; chunk ``c`` is
@@ -192,7 +195,7 @@ def chunk_nll(model: Any, ids: ArrayLike, n_ctx: int, bos_id: int = 0) -> Any:
     return out
 
 
-def llama_perplexity(nll: ArrayLike, n_chunks: int | None = None) -> float:
+def llama_perplexity(nll: NDArray[np.float64], n_chunks: int | None = None) -> float:
     """llama-perplexity's figure from :func:`chunk_nll`: the second half of each chunk, PPL = exp(mean NLL).
 
     perplexity.cpp scores the logits at positions ``n_ctx/2 .. n_ctx-2`` (the
@@ -231,7 +234,7 @@ _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 def run_llama_perplexity(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, n_ctx: int = 512,
                          n_chunks: int = 4, threads: int = 2, cache_type: str = "f16", retries: int = 6, *,
-                         v_type: str | None = None, rotate: bool = True) -> dict:
+                         v_type: str | None = None, rotate: bool = True) -> dict[str, Any]:
     """``llama-perplexity -m GGUF -f TEXT -c n_ctx --chunks n -t threads -ctk K -ctv V -fa on --no-warmup``.
 
     ``cache_type`` is K's type, ``v_type`` V's (default: the same);
@@ -277,7 +280,7 @@ def run_dump_logits(llama_dir: Path | str, gguf_path: Path | str, text_path: Pat
 
 
 def compare_with_llama_cpp(model_dir: Path | str, llama_dir: Path | str, text_path: Path | str | None = None,
-                           n_ctx: int = 512, n_chunks: int = 4, threads: int = 2, work_dir: Path | str | None = None) -> dict:
+                           n_ctx: int = 512, n_chunks: int = 4, threads: int = 2, work_dir: Path | str | None = None) -> dict[str, Any]:
     """llama.cpp (f16 cache, flash attention) against transformers (float32) on ``text_path`` (default heldout.txt).
 
     Returns the llama-perplexity figure, the perplexity of dump_logits' logits,

@@ -44,11 +44,11 @@ def _quiet_tqdm() -> Any:
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     old = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # type: ignore[attr-defined]  # a module global, not re-exported
     try:
         yield
     finally:
-        gguf_utils.tqdm = old
+        gguf_utils.tqdm = old  # type: ignore[attr-defined]
 
 
 def load(path: str | os.PathLike[str] | None = None, *, dtype: Any = "float32", tokenizer: bool = True) -> Any:
