@@ -160,9 +160,7 @@ def run_groups(n_tasks: int, threads: int, run: Callable[[Sequence[int]], None])
         f.result()
 
 
-def run_chunks(
-    n_items: int, chunk: int, threads: int, fn: Callable[[int, int], Any], min_chunk: int = 1
-) -> list[Any]:
+def run_chunks(n_items: int, chunk: int, threads: int, fn: Callable[[int, int], Any], min_chunk: int = 1) -> list[Any]:
     """Call ``fn(start, stop)`` over ``[0, n_items)`` in chunks (:func:`plan_chunks`); ``threads`` contiguous groups.
 
     Returns the results in chunk order. Each group runs its chunks in order and

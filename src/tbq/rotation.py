@@ -45,7 +45,9 @@ def hadamard_scale(n: int, dtype: DTypeLike = np.float32) -> np.floating[Any]:
     return np.dtype(dtype).type(1.0 / math.sqrt(n))  # type: ignore[call-overload]  # a floating dtype: fwht checks
 
 
-def fwht(x: ArrayLike, *, normalize: bool = True, out: NDArray[np.floating[Any]] | None = None) -> NDArray[np.floating[Any]]:
+def fwht(
+    x: ArrayLike, *, normalize: bool = True, out: NDArray[np.floating[Any]] | None = None
+) -> NDArray[np.floating[Any]]:
     """Fast Walsh-Hadamard transform along the last axis (Sylvester order).
 
     Works for float32 and float64 (other dtypes are rejected), any power-of-two

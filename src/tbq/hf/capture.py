@@ -28,7 +28,9 @@ if TYPE_CHECKING:  # torch and transformers load when a function runs, not at im
 __all__ = ["capture_kv", "save_kv", "load_kv"]
 
 
-def capture_kv(model: Any, tokens: ArrayLike, layers: Any = None, *, bos: int | None | bool = None) -> dict[int, dict[str, NDArray[np.float32]]]:
+def capture_kv(
+    model: Any, tokens: ArrayLike, layers: Any = None, *, bos: int | None | bool = None
+) -> dict[int, dict[str, NDArray[np.float32]]]:
     """``{layer: {"k": K, "v": V}}`` of one forward pass over ``tokens`` (1-d integer array).
 
     ``layers``: the layer indices to keep (default all). ``bos``: the token that
