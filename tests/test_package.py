@@ -28,8 +28,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_DIR = ROOT / "src" / "tbq" / "data" / "model"
 
+
+def _have_build() -> bool:
+    """Whether the ``build`` package is installed (not merely a ``build/`` directory on sys.path)."""
+    try:
+        return importlib.util.find_spec("build.__main__") is not None
+    except ImportError:
+        return False
+
+
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("build") is None,
+    not _have_build(),
     reason="the 'build' package is not installed (it is in the test extra: pip install '.[test]')",
 )
 
@@ -47,8 +56,9 @@ def installed(tmp_path_factory):
     for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy2(ROOT / name, src / name)
     # The isolated build environment needs setuptools from the index (pip's cache when warm).
-    r = subprocess.run(
+    r = subprocess.run(  # from tmp: a checkout's build/ directory must not shadow the build package
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)],
+        cwd=tmp,
         capture_output=True,
         text=True,
     )
