@@ -435,7 +435,7 @@ def _plot(results, path: Path, machine: dict) -> None:
             for backend in dict.fromkeys(r["backend"] for r in results):
                 pts = [(r["values"], r["mvalues_per_s"]) for r in results if r["format"] == fmt and r["direction"] == direction and r["backend"] == backend]
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=backend)
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=backend)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{fmt} {direction}", fontsize=9)

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                "-p", "tbq_runfuzz_counter"]
         if args.examples:
             cmd[3:3] = ["-p", "tbq_runfuzz_profile"]
-        log = tempfile.TemporaryFile(mode="w+")
+        log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - outlives this call: finish() reads and closes it
         count_file = Path(plugin_dir, f"count-{len(results) + len(running)}.txt")
         penv = dict(env, TBQ_FUZZ_COUNT_FILE=str(count_file))
         running[node] = (subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter(), count_file)
@@ -138,6 +138,7 @@ def main(argv=None) -> int:
             executed = None
         log.seek(0)
         text = log.read()
+        log.close()
         m = _STATS.findall(text)
         passing, failing, invalid = (int(v) for v in m[-1]) if m else (None, None, None)
         status = "stopped by the budget" if killed else ("pass" if proc.returncode == 0 else f"fail (exit {proc.returncode})")

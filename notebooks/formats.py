@@ -370,7 +370,7 @@ for ds, rows in sets.items():
     wins[ds] = (t["nmse"] < g["nmse"] and not close(t["nmse"], g["nmse"]), close(t["nmse"], g["nmse"]), t["x_shannon"] < g["x_shannon"])
     outright, tie, per_bit = wins[ds]
     if outright:
-        verdict = f"the rotation wins outright: less error than the best unrotated grid, with fewer bits"
+        verdict = "the rotation wins outright: less error than the best unrotated grid, with fewer bits"
     elif tie:
         verdict = f"a tie on error, with {g['bits_per_value'] - t['bits_per_value']:.3f} fewer bits per value for {T4}"
     elif per_bit:

@@ -101,7 +101,7 @@ path = plots.plot_lines(
 display(Image(filename=str(path)))
 print(f"{'policy':24s} {'ctx':>5s} {'logit rmse':>10s} {'KL':>9s} {'top-8':>6s} {'out median':>10s} {'out p90':>9s}")
 for n in series:
-    for c, m in zip(contexts, ctx_res[n]):
+    for c, m in zip(contexts, ctx_res[n], strict=True):
         if c in (contexts[0], contexts[-1]):
             print(
                 f"{n:24s} {c:5d} {m['logit_rmse']:10.4f} {m['kl_mean']:9.2e} {m['topk_agreement']:6.3f} "

@@ -42,7 +42,7 @@ import numpy as np
 from IPython.display import Image, display
 
 import tbq
-from tbq import metrics, plots, study
+from tbq import metrics, plots
 from tbq.hf import capture_kv, evaluate, load
 from tbq.hf import engine as hfe
 from tbq.hf.evaluation import text_tokens
@@ -156,7 +156,7 @@ real_kl = [kl(runs[True], f, "f16") for f in FORMATS]
 rho = spearmanr([syn_kl[f] for f in FORMATS], real_kl).statistic
 print(f"Spearman rank correlation, synthetic attention KL vs real-model KL (K caches): {rho:.2f}")
 order_syn = sorted(FORMATS, key=syn_kl.get)
-order_real = [f for _, f in sorted(zip(real_kl, FORMATS))]
+order_real = [f for _, f in sorted(zip(real_kl, FORMATS, strict=True))]
 print("synthetic order:", ", ".join(order_syn))
 print("real order:     ", ", ".join(order_real))
 

@@ -124,7 +124,7 @@ display(Image(filename=str(path)))
 pairs = {4: ("lm4", "tbq4_0", "rlm4"), 3: ("lm3", "tbq3_0", "rlm3")}
 err = {}
 for label, x in (("outlier keys", keys), ("gaussian", gauss)):
-    for bits, specs in pairs.items():
+    for specs in pairs.values():
         for spec in specs:
             q = study.get_quantizer(spec, signs=7) if spec.startswith("rlm") else study.get_quantizer(spec)
             err[label, q.name] = metrics.nmse(x, q(x))
@@ -205,7 +205,7 @@ path = plots.plot_lines(
     styles={labels["lm4"]: "--", labels["lm3"]: "--", labels["planar4_0"]: ":", labels["iso4_0"]: ":"},
 )
 display(Image(filename=str(path)))
-cross = next((f for f, a, b in zip(factors, sweep["lm4"], sweep["tbq4_0"]) if a > 2 * b), None)
+cross = next((f for f, a, b in zip(factors, sweep["lm4"], sweep["tbq4_0"], strict=True) if a > 2 * b), None)
 print(
     f"At factor {factors[0]:g} (no outliers) 4-bit NMSE is {sweep['lm4'][0]:.4f} without and {sweep['tbq4_0'][0]:.4f} "
     f"with rotation; without rotation the error doubles by factor {cross:g} and reaches {sweep['lm4'][-1]:.3f} "
@@ -307,7 +307,7 @@ print(
     + ", ".join(f"{m(lab, 'kurtosis', 'gaussian'):.2f}" for lab in (H, P, Q))
     + ", max/RMS "
     + ", ".join(f"{m(lab, 'max/RMS', 'gaussian'):.2f}" for lab in (H, P, Q))
-    + f" (Hadamard, Givens, quaternion); the coordinates' standard deviation times sqrt(128): "
+    + " (Hadamard, Givens, quaternion); the coordinates' standard deviation times sqrt(128): "
     + ", ".join(f"{np.std(coords[lab, 'gaussian']) * np.sqrt(128):.4f}" for lab in (H, P, Q))
     + "."
 )
@@ -383,9 +383,13 @@ path = plots.plot_bars(
 display(Image(filename=str(path)))
 
 # %%
+def nmse_at(data, bits):
+    """The NMSE of `data` at `bits` bits, looked up by (rotation label, table)."""
+    return lambda label, table: nm[data, bits, label, table]
+
+
 for bits in (4, 3):
-    o = lambda label, table: nm["outlier keys", bits, label, table]  # noqa: E731
-    g = lambda label, table: nm["gaussian", bits, label, table]  # noqa: E731
+    o, g = nmse_at("outlier keys", bits), nmse_at("gaussian", bits)
     t = o(H, "own table")
     print(
         f"{bits} bits, outlier keys: tbq NMSE {t:.4f}; planar {o(P, 'own table'):.4f} ({o(P, 'own table') / t:.0f}x) and iso "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -23,13 +23,13 @@ CONFORMANCE_CASES = [
 BACKENDS = ("numpy", "numba")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_npz(stem: str) -> dict:
     with np.load(DATA / f"{stem}.npz") as z:
         return {k: z[k] for k in z.files}
 
 
-@lru_cache(maxsize=None)
+@cache
 def tables() -> dict:
     return json.loads((DATA / "tables.json").read_text())
 
@@ -228,9 +228,9 @@ def _check_config(fmt, opts):
 
 
 def _check_trace(fmt, opts):
-    import tbq
-
     from naive import decode_block, encode_block, has_model
+
+    import tbq
 
     f = tbq.get_format(fmt, **opts)
     info = f.info

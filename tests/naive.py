@@ -168,8 +168,8 @@ def encode_tbq(x, bits: int, centroids, thresholds, signs1, signs2) -> tuple[byt
     else:
         norm = max(norm, eps)
         u = [F32(v / norm) for v in x]
-    w = butterfly([F32(a * F32(s)) for a, s in zip(u, signs1)])
-    r = [F32(F32(a * C) * F32(s)) for a, s in zip(w, signs2)]
+    w = butterfly([F32(a * F32(s)) for a, s in zip(u, signs1, strict=True)])
+    r = [F32(F32(a * C) * F32(s)) for a, s in zip(w, signs2, strict=True)]
     idx = [sum(1 for m in thresholds if v >= m) for v in r]
     recon = F32(math.sqrt(seq_sum_squares([centroids[i] for i in idx])))
     if bits == 4:
@@ -194,8 +194,8 @@ def decode_tbq(block: bytes, fmt: str, centroids, signs1, signs2) -> list[F32]:
     idx = unpack_codes(fmt, np.frombuffer(block[2:], np.uint8))
     n = len(idx)
     C = F32(1.0 / math.sqrt(n))
-    w = butterfly([F32(F32(centroids[i]) * F32(s)) for i, s in zip(idx, signs2)])
-    return [F32(F32(F32(a * C) * F32(s)) * d) for a, s in zip(w, signs1)]
+    w = butterfly([F32(F32(centroids[i]) * F32(s)) for i, s in zip(idx, signs2, strict=True)])
+    return [F32(F32(F32(a * C) * F32(s)) * d) for a, s in zip(w, signs1, strict=True)]
 
 
 # --- dispatch ----------------------------------------------------------------------

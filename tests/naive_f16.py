@@ -10,7 +10,6 @@ import math
 import struct
 
 import numpy as np
-
 from naive import fp16_bits
 
 F32 = np.float32

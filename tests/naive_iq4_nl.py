@@ -9,7 +9,6 @@ overwritten by every computed block and packed as it stands for a tiny block
 from __future__ import annotations
 
 import numpy as np
-
 from naive import fp16_bits, fp16_value
 
 F32 = np.float32

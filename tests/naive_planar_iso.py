@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import json
 import math
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import numpy as np
-
 from naive import fp16_bits, fp16_value
 
 F32 = np.float32
 TABLES = Path(__file__).parent / "data" / "conformance" / "tables-planar-iso.json"
 
 
-@lru_cache(maxsize=None)
+@cache
 def tables() -> dict:
     """name -> list of np.float32 scalars, read from the raw bits."""
     raw = json.loads(TABLES.read_text())

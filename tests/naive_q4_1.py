@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from naive import fp16_bits, fp16_value
 
 F32 = np.float32

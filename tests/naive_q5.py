@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from naive import fp16_bits, fp16_value
 from naive_q4_1 import le16, min_codes
 

@@ -4,12 +4,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 
 import tbq
 from tbq import codecs
 from tbq.codebooks import lloyd_max
-
-from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 
 #: (values per block, bytes per block, bits per value), written out from docs/formats.md's overview table
 SIZES = {

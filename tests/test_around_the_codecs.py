@@ -17,7 +17,6 @@ import pytest
 import tbq
 from tbq import budget, metrics
 
-
 # ---------------------------------------------------------------------------
 # tbq.budget: the feasibility boundary
 # ---------------------------------------------------------------------------
@@ -50,15 +49,16 @@ def _direct_output_stats(q, k, v, k_hat, v_hat):
     """Per (query, head) output vectors by explicit loops: softmax(q.k / sqrt(d)) @ v in float64."""
     nq, nh, dim = q.shape
     per, cos = [], []
+
+    def out(qh, h, keys, vals):
+        z = np.array([float(qh @ keys[t, h]) / math.sqrt(dim) for t in range(keys.shape[0])])
+        w = np.exp(z - z.max())
+        w /= w.sum()
+        return sum(w[t] * vals[t, h].astype(np.float64) for t in range(keys.shape[0]))
+
     for i in range(nq):
         for h in range(nh):
-            def out(keys, vals):
-                z = np.array([float(q[i, h] @ keys[t, h]) / math.sqrt(dim) for t in range(keys.shape[0])])
-                w = np.exp(z - z.max())
-                w /= w.sum()
-                return sum(w[t] * vals[t, h].astype(np.float64) for t in range(keys.shape[0]))
-
-            a, b = out(k, v), out(k_hat, v_hat)
+            a, b = out(q[i, h], h, k, v), out(q[i, h], h, k_hat, v_hat)
             per.append(float(np.sum((b - a) ** 2) / np.sum(a * a)))
             cos.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))))
     return np.array(per), np.array(cos)
@@ -180,9 +180,9 @@ def test_numba_fp16_conversion_rounds_every_tie_to_even():
     A subsample is also checked against tests/naive.py's conversion by hand, so the
     claim does not rest on NumPy alone.
     """
+    import naive
     import numba
 
-    import naive
     from tbq.kernels import f32_to_f16_bits
 
     @numba.njit(cache=False)

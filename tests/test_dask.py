@@ -18,12 +18,12 @@ import pytest
 dask = pytest.importorskip("dask", reason="optional extra 'zarr' (dask[array]) is not installed")
 da = pytest.importorskip("dask.array", reason="optional extra 'zarr' (dask[array]) is not installed")
 
+from helpers import assert_bits_equal, assert_bytes_equal  # noqa: E402
+
 import tbq  # noqa: E402
 import tbq.dask as td  # noqa: E402
 from tbq import metrics  # noqa: E402
 from tbq.synthetic import keys_with_outliers  # noqa: E402
-
-from helpers import assert_bits_equal, assert_bytes_equal  # noqa: E402
 
 FORMATS = tbq.formats()
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "scale_out" / "kv_cache_scale_out.py"
@@ -241,8 +241,10 @@ def test_metrics_run_chunk_by_chunk():
 
 def test_distributed_local_cluster(x):
     distributed = pytest.importorskip("distributed", reason="optional extra 'zarr' (distributed) is not installed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        with distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
             misaligned = da.from_array(x, chunks=(32, 3, 1, 100))  # rechunked on the cluster
             dx = da.from_array(x, chunks=(32, 3, 1, 256))
             for fmt in FORMATS:

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
+
 def _modules():
     """Every module of the package (walked, so a new module is never forgotten); numba kernels have no examples."""
     import pkgutil

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from helpers import BACKENDS
 
 import tbq
 from tbq.codebooks import Codebook
-
-from helpers import BACKENDS
 
 
 def test_error_hierarchy():

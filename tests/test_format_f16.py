@@ -2,11 +2,11 @@
 
 import numpy as np
 import pytest
-
-import tbq
 from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 from naive_f16 import bf16_bits as naive_bf16_bits
 from naive_f16 import f16_to_f32_bits
+
+import tbq
 
 FORMATS = ("f16", "bf16")
 

@@ -9,14 +9,22 @@ independent oracle, and the kernels' midpoint counting against the literal searc
 
 import math
 
+import naive
 import numba
 import numpy as np
 import pytest
-
-import naive
-import tbq
 from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
-from tbq.formats.fp4 import e8m0_boundaries, e8m0_byte, e8m0_exponent, e8m0_half, fp4_codes, ue4m3_from_f32, ue4m3_to_f32
+
+import tbq
+from tbq.formats.fp4 import (
+    e8m0_boundaries,
+    e8m0_byte,
+    e8m0_exponent,
+    e8m0_half,
+    fp4_codes,
+    ue4m3_from_f32,
+    ue4m3_to_f32,
+)
 from tbq.formats.fp4_kernels import e8m0_E as kernel_e8m0_E
 from tbq.formats.fp4_kernels import ue4m3 as kernel_ue4m3
 
@@ -127,9 +135,8 @@ def _kernel_ue4m3(s, out):
 
 
 def test_ue4m3_matches_gguf_py_the_naive_model_and_the_kernel():
-    from gguf.quants import NVFP4
-
     import naive_fp4
+    from gguf.quants import NVFP4
 
     s = dense_scales()
     mine = ue4m3_from_f32(s)
@@ -267,7 +274,7 @@ def test_mxfp4_exponent_underflow_is_refused_unless_asked(backend):
 
 
 def mxfp4_midpoint_data():
-    heads, vals = [], []
+    heads = []
     for E in range(-125, 129):
         amax = F32(1.5 * 2.0**E) if E <= 127 else FLT_MAX
         d = 2.0 ** (E - 3)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import tbq
 from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 from naive_fp8 import encode_block as naive_encode
+
+import tbq
 
 FORMATS = ("fp8_e4m3", "fp8_e5m2")
 C_DIR = Path(__file__).parent / "c"

@@ -8,9 +8,9 @@ the least-squares scale, and gguf-py's dequantizer as an independent oracle.
 import numba
 import numpy as np
 import pytest
+from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 
 import tbq
-from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 from tbq.formats.iq4_nl import IQ4_NL_MIDPOINTS, IQ4_NL_VALUES, iq4_nl_best
 from tbq.formats.iq4_nl_kernels import best as kernel_best
 

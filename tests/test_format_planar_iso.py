@@ -15,11 +15,11 @@ import json
 
 import numpy as np
 import pytest
-
-import tbq
 from helpers import DATA, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 from naive import decode_block, encode_block
 from naive_planar_iso import nearest
+
+import tbq
 from tbq.formats.planar_iso import pack_planes3, planar_iso_tables, threshold_index, unpack_planes3
 
 F32 = np.float32
@@ -384,7 +384,7 @@ def emulate(fmt, direction, v, variant):
             acc = _add32(P[0], _rnd32(P[1]))
         else:
             acc = _add32(_rnd32(P[0]), P[1])
-        for p, fused in zip(P[2:], fuse_rest):
+        for p, fused in zip(P[2:], fuse_rest, strict=True):
             acc = _add32(acc, p if fused else _rnd32(p))
         out[:, :, li] = acc
     return out.reshape(v.shape).astype(F32)

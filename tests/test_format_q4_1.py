@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers import BACKENDS, assert_bits_equal, check_format, load_npz
 
 import tbq
-from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, check_format, load_npz
 
 N = 1 << 20  # values per oracle distribution
 

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-
-import tbq
 from helpers import BACKENDS, assert_bits_equal, check_format, load_npz
 from test_format_q4_1 import gguf_case, stored
+
+import tbq
 
 FORMATS = ("q5_0", "q5_1")
 

@@ -1,7 +1,6 @@
 """TBQ4_0 and TBQ3_0: the shared format battery with each codebook and seeded signs."""
 
 import pytest
-
 from helpers import check_format
 
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
+from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 
 import tbq
-from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 
 gguf = pytest.importorskip("gguf", reason="the test extra installs gguf")
 from gguf import quants  # noqa: E402

@@ -11,11 +11,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import naive
 import numpy as np
 import pytest
-
-import naive
 from helpers import assert_bits_equal, assert_bytes_equal
+
 import tbq
 from tbq import golden
 from tbq.cli import golden as golden_cli

@@ -163,8 +163,10 @@ def test_stored_bytes_are_tbq_quantize_of_llama_cpp_rows(model, ids, k, v):
     cache = TbqCache(model.config, k, v)
     kv = _run_kv(model, ids, cache)
     assert len(kv) == 3
-    opts = lambda f: {"codebook": "turboq-mtp"} if f.startswith("tbq") else {}  # the fork's own tables
-    for (keys, values), layer in zip(kv, cache.layers):
+    def opts(f):
+        return {"codebook": "turboq-mtp"} if f.startswith("tbq") else {}  # the fork's own tables
+
+    for (keys, values), layer in zip(kv, cache.layers, strict=True):
         rows_k = _gguf_order(keys)
         if k not in ("f16", "bf16"):
             rows_k = _rot(rows_k, 128)  # head_dim 128: H_128
@@ -178,7 +180,7 @@ def test_stored_bytes_are_tbq_quantize_of_llama_cpp_rows(model, ids, k, v):
 def test_plain_engine_stores_the_models_rows(model, ids):
     cache = TbqCache(model.config, "q4_0", "tbq4_0", engine="plain")
     kv = _run_kv(model, ids, cache)
-    for (keys, values), layer in zip(kv, cache.layers):
+    for (keys, values), layer in zip(kv, cache.layers, strict=True):
         np.testing.assert_array_equal(layer.key_bytes[0], tbq.quantize(keys.reshape(len(keys), -1), "q4_0"))
         np.testing.assert_array_equal(layer.value_bytes[0], tbq.quantize(values.reshape(len(values), -1), "tbq4_0"))
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, TokenType
 
-from tbq.hf.loader import load
 from tbq.hf import gguf_export, shipped, train
+from tbq.hf.loader import load
 
 LLAMA_CPP = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp"
 needs_llama_cpp = pytest.mark.skipif(

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import array
 import json
-import re
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -30,12 +30,12 @@ import pytest
 
 numcodecs = pytest.importorskip("numcodecs", reason="optional extra 'zarr' (numcodecs) is not installed")
 
+from helpers import assert_bits_equal, assert_bytes_equal  # noqa: E402
+
 import tbq  # noqa: E402
 import tbq.numcodecs as tn  # noqa: E402
 from tbq.codebooks import lloyd_max  # noqa: E402
 from tbq.synthetic import gaussian, keys_with_outliers  # noqa: E402
-
-from helpers import assert_bits_equal, assert_bytes_equal  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "data" / "numcodecs_fixtures"
 REGEN = os.environ.get("TBQ_REGEN_NUMCODECS_FIXTURES") == "1"
@@ -422,7 +422,7 @@ def test_zarr3_codec_object():
     assert z.numcodec == tn.TBQ4_0(codebook="turboq-mtp")
     from zarr.registry import get_codec_class
 
-    for fmt, cid in IDS.items():
+    for cid in IDS.values():
         assert get_codec_class(cid) is tn.ZarrCodec
     with pytest.raises(tbq.ConfigError):
         tn.zarr_codec("tbq2_0")

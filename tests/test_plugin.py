@@ -12,8 +12,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 HERE = Path(__file__).parent
 PLUGIN = HERE / "plugin"
 SRC = HERE.parent / "src"

@@ -4,14 +4,13 @@ import math
 
 import numpy as np
 import pytest
+from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 from scipy import integrate, stats
 
 import tbq
 from tbq import packing
 from tbq.codebooks import Codebook, lloyd_max
 from tbq.rotation import RandomizedHadamard, fwht, matrix, signs_from_seed
-
-from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 
 
 def butterfly_reference(v: np.ndarray) -> np.ndarray:

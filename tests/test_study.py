@@ -1,7 +1,6 @@
 """tbq.study: comparison quantizers and cache policies; tbq.plots; tbq compare's attention columns and --plot."""
 
 import math
-
 from pathlib import Path
 
 import numpy as np

@@ -9,11 +9,10 @@ a faithful re-creation of the buggy packer proves they would catch it.
 
 import numpy as np
 import pytest
+from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, load_npz
 
 import tbq
 from tbq import packing
-
-from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, load_npz
 
 # --- the old packer, re-created -------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 import mutation as m
 from mutants import CATALOGUE
+
 old = {  # the pre-issue tests that own each behaviour
     "budget_fits_strict": "tests/test_budget.py",
     "metrics_output_nmse_axis": "tests/test_metrics.py tests/test_compare_kernels.py",

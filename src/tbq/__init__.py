@@ -18,9 +18,18 @@ also the package of format modules.
 (2, 128)
 """
 
-__version__ = "0.2.0"
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
-from .errors import (  # noqa: E402
+try:
+    __version__: str = _version("tbq")  # single source: pyproject.toml's [project] version
+except _PackageNotFoundError:  # pragma: no cover - a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
+
+from . import formats
+from .codebooks import Codebook
+from .codecs import Codec, codec_from_config, dequantize, get_codec, quantize
+from .errors import (
     BlockShapeError,
     ConfigError,
     EncodedLengthError,
@@ -30,10 +39,7 @@ from .errors import (  # noqa: E402
     TbqTypeError,
     TbqValueError,
 )
-from . import formats  # noqa: E402  (the package; calling it, tbq.formats(), lists the names)
-from .formats import FORMATS, FormatInfo, format_info, get_format  # noqa: E402
-from .codebooks import Codebook  # noqa: E402
-from .codecs import Codec, codec_from_config, dequantize, get_codec, quantize  # noqa: E402
+from .formats import FORMATS, FormatInfo, format_info, get_format
 
 __all__ = [
     "__version__",

@@ -7,7 +7,7 @@ Kernels report how an encode ended with one of the ``STATUS_*`` codes.
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from .errors import ConfigError, check_choice
 
 __all__ = [
     "BACKENDS",
@@ -31,7 +31,7 @@ STATUS_SCALE_OVERFLOW = 2
 #: the E8M0 range) and the caller asked to raise; nothing from it on was written.
 STATUS_UNDEFINED = 3
 
-_numba_state: dict = {}
+_numba_state: dict[str, bool] = {}
 
 
 def numba_available() -> bool:
@@ -46,7 +46,7 @@ def numba_available() -> bool:
     return _numba_state["ok"]
 
 
-def resolve_backend(backend) -> str:
+def resolve_backend(backend: str | None) -> str:
     """``None`` -> ``"numba"`` when numba imports, else ``"numpy"``; validates names.
 
     >>> resolve_backend("numpy")
@@ -54,8 +54,7 @@ def resolve_backend(backend) -> str:
     """
     if backend is None:
         return "numba" if numba_available() else "numpy"
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice(backend, "backend", BACKENDS)
     if backend == "numba" and not numba_available():
         raise ConfigError("backend='numba' was requested but numba cannot be imported")
     return backend

@@ -29,14 +29,14 @@ import numbers
 import operator
 import re
 import textwrap
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterable, Union
+from typing import Any, cast
 
 from .errors import ConfigError, TbqTypeError, TbqValueError
 from .formats import FORMATS, FormatInfo, format_info
-from .units import exact as _exact
 from .units import (  # re-exported: tbq.budget was their home before tbq.units
     MAX_QUANTITY,
     format_bytes,
@@ -47,6 +47,7 @@ from .units import (  # re-exported: tbq.budget was their home before tbq.units
     parse_contexts,
     parse_rate,
 )
+from .units import exact as _exact
 
 __all__ = [
     "KV_FORMAT_BITS",
@@ -82,7 +83,7 @@ __all__ = [
     "BudgetReport",
 ]
 
-Number = Union[int, float]
+Number = int | float
 
 # ---------------------------------------------------------------------------
 # Format table
@@ -705,7 +706,7 @@ def budget_report(
     bw = None if bandwidth_bytes_per_s is None else _bandwidth(bandwidth_bytes_per_s)
     if bw is not None and traffic is None:
         raise TbqValueError("a decode estimate needs the bytes of weights read per step (weights traffic or weights)")
-    available = None if vram is None else vram - w - ws
+    available = None if vram is None or w is None else vram - w - ws  # (w is given with vram: checked above)
 
     sweep = _sweep(
         vpt,
@@ -764,10 +765,10 @@ def budget_report(
 
 def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
     """Aligned columns: the first ``left`` columns left-aligned, the rest right-aligned."""
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
-        parts = [str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        parts = [str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
         return ("  " + "  ".join(parts)).rstrip()
 
     return [line(headers)] + [line(r) for r in rows]
@@ -815,7 +816,7 @@ def format_report(report: BudgetReport) -> str:
     out += ["", f"KV cache size ({seq_word})"]
     out += _table(
         ["context", "tokens", *names],
-        [row + [r.row(n, c).cache for n in names] for row, c in zip(ctx_rows, r.contexts)],
+        [row + [r.row(n, c).cache for n in names] for row, c in zip(ctx_rows, r.contexts, strict=True)],
         left=1,
     )
 
@@ -828,7 +829,7 @@ def format_report(report: BudgetReport) -> str:
             f" = {format_bytes(r.weights_traffic_bytes)}{per})"
         )
         out += _table(
-            ["format", "crossover (tokens)"], [[f.format, _tokens_str(f.crossover_tokens)] for f in r.formats]
+            ["format", "crossover (tokens)"], [[f.format, _tokens_str(cast(float, f.crossover_tokens))] for f in r.formats]  # set: weights traffic given
         )
     else:
         out.append("Crossover: give --weights-traffic (or --weights) to compute it")
@@ -846,7 +847,7 @@ def format_report(report: BudgetReport) -> str:
             out.append(f"  weights only (context 0): {r.weights_only_tokens_per_s:,.1f} tok/s")
         out += _table(
             ["context", "tokens", *names],
-            [row + [f"{r.row(n, c).decode_tokens_per_s:,.1f}" for n in names] for row, c in zip(ctx_rows, r.contexts)],
+            [row + [f"{r.row(n, c).decode_tokens_per_s:,.1f}" for n in names] for row, c in zip(ctx_rows, r.contexts, strict=True)],
         )
     else:
         out.append("Decode tokens/s: give --bandwidth and --weights-traffic (or --weights) to estimate it")
@@ -861,9 +862,10 @@ def format_report(report: BudgetReport) -> str:
         )
 
         def cell(row: SweepRow) -> str:
-            return f"{'yes' if row.fits else 'NO'} {'+' if row.headroom_bytes >= 0 else ''}{format_bytes(row.headroom_bytes, precision=1)}"
+            h = cast(Number, row.headroom_bytes)  # set on every row when VRAM is given
+            return f"{'yes' if row.fits else 'NO'} {'+' if h >= 0 else ''}{format_bytes(h, precision=1)}"
 
-        table_rows = [row + [cell(r.row(n, c)) for n in names] for row, c in zip(ctx_rows, r.contexts)]
+        table_rows = [row + [cell(r.row(n, c)) for n in names] for row, c in zip(ctx_rows, r.contexts, strict=True)]
         table_rows.append(["largest", ""] + [f"{f.max_context:,}" for f in r.formats])
         out += _table(["context", "tokens", *names], table_rows)
     else:

@@ -21,10 +21,12 @@ import json
 import math
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
-from .errors import ConfigError
+from .errors import ConfigError, check_int
 
 __all__ = ["Codebook", "lloyd_max", "lloyd_max_iterate", "normal_pdf", "named_codebook", "get_codebook", "fork_vs_lloyd_max", "CODEBOOK_NAMES", "tables"]
 
@@ -53,11 +55,11 @@ class Codebook:
     (1, array([0, 1, 1], dtype=uint8))
     """
 
-    centroids: np.ndarray
-    thresholds: np.ndarray
+    centroids: NDArray[np.float32]
+    thresholds: NDArray[np.float32]
     name: str | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         c = _as_f32_vector(self.centroids, "centroids")
         m = _as_f32_vector(self.thresholds, "thresholds")
         n = c.size
@@ -83,7 +85,7 @@ class Codebook:
     def bits(self) -> int:
         return int(self.centroids.size).bit_length() - 1
 
-    def index(self, r: np.ndarray) -> np.ndarray:
+    def index(self, r: NDArray[np.float32]) -> NDArray[np.uint8]:
         """Indices of float32 values ``r``: the number of thresholds ``<= r`` (uint8).
 
         This is the spec's "first i with r < m_i, else 2**bits - 1": a value
@@ -92,13 +94,13 @@ class Codebook:
         """
         return np.searchsorted(self.thresholds, np.asarray(r, dtype=np.float32), side="right").astype(np.uint8)
 
-    def to_config(self) -> str | dict:
+    def to_config(self) -> str | dict[str, list[float]]:
         """The name for a named table, else a JSON dict of exact float values."""
         if self.name in CODEBOOK_NAMES:
             return self.name
         return {"centroids": [float(v) for v in self.centroids], "thresholds": [float(v) for v in self.thresholds]}
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Codebook):
             return NotImplemented
         return (
@@ -106,29 +108,29 @@ class Codebook:
             and self.thresholds.view(np.uint32).tobytes() == other.thresholds.view(np.uint32).tobytes()
         )
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.centroids.tobytes(), self.thresholds.tobytes()))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.name in CODEBOOK_NAMES:
             return f"get_codebook({self.name!r}, bits={self.bits})"
         return f"Codebook(centroids={self.centroids.tolist()!r}, thresholds={self.thresholds.tolist()!r})"
 
 
-def _as_f32_vector(values, label: str) -> np.ndarray:
+def _as_f32_vector(values: ArrayLike, label: str) -> NDArray[np.float32]:
     try:
         a = np.asarray(values)
     except Exception as exc:  # pragma: no cover - exotic inputs
         raise ConfigError(f"codebook {label} is not array-like: {exc}") from None
     if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
         raise ConfigError(f"codebook {label} must be real numbers, got dtype {a.dtype}")
-    a = np.array(a, dtype=np.float32).reshape(-1) if a.ndim <= 1 else None
-    if a is None:
+    if a.ndim > 1:
         raise ConfigError(f"codebook {label} must be one-dimensional")
-    if not np.all(np.isfinite(a)):
-        i = int(np.flatnonzero(~np.isfinite(a))[0])
-        raise ConfigError(f"codebook {label}[{i}] is not finite ({a[i]!r})")
-    return a
+    v = np.array(a, dtype=np.float32).reshape(-1)
+    if not np.all(np.isfinite(v)):
+        i = int(np.flatnonzero(~np.isfinite(v))[0])
+        raise ConfigError(f"codebook {label}[{i}] is not finite ({v[i]!r})")
+    return v
 
 
 # ---------------------------------------------------------------------------
@@ -136,7 +138,7 @@ def _as_f32_vector(values, label: str) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def normal_pdf(t):
+def normal_pdf(t: Any) -> Any:
     """The standard normal density ``exp(-t^2/2) / sqrt(2 pi)`` (float64; 0 at +-inf).
 
     >>> float(normal_pdf(0.0)) == 1 / math.sqrt(2 * math.pi)
@@ -146,7 +148,9 @@ def normal_pdf(t):
     return np.exp(-0.5 * t * t) / math.sqrt(2.0 * math.pi)
 
 
-def lloyd_max_iterate(start, tol: float = 1e-15, max_iter: int = 1_000_000, stall: int | None = 2000):
+def lloyd_max_iterate(
+    start: ArrayLike, tol: float = 1e-15, max_iter: int = 1_000_000, stall: int | None = 2000
+) -> tuple[NDArray[np.float64], int, float]:
     """Lloyd-Max levels of N(0, 1) in float64, from the sorted centroids ``start``.
 
     Alternates the two optimality conditions: thresholds are midpoints of
@@ -183,14 +187,14 @@ def lloyd_max_iterate(start, tol: float = 1e-15, max_iter: int = 1_000_000, stal
     raise RuntimeError(f"Lloyd-Max did not reach {tol} in {max_iter} iterations")  # pragma: no cover
 
 
-def _lloyd_max_standard_normal(levels: int):
+def _lloyd_max_standard_normal(levels: int) -> tuple[NDArray[np.float64], int, float]:
     """Lloyd-Max levels of N(0, 1), started from the Gaussian quantiles ``Phi^-1((i + 0.5) / levels)``."""
     from scipy.special import ndtri
 
     return lloyd_max_iterate(ndtri((np.arange(levels) + 0.5) / levels))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _lloyd_max_cached(bits: int, sigma: float) -> Codebook:
     c64, _, _ = _lloyd_max_standard_normal(1 << bits)
     c64 = c64 * sigma
@@ -211,8 +215,7 @@ def lloyd_max(bits: int, sigma: float = SIGMA_128) -> Codebook:
     >>> cb.centroids.dtype, cb.centroids.size, float(cb.thresholds[7])
     (dtype('float32'), 16, 0.0)
     """
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-        raise ConfigError(f"lloyd_max bits must be an integer in 1..8, got {bits!r}")
+    bits = check_int(bits, "lloyd_max bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
     sigma = float(sigma)
     if not (sigma > 0 and math.isfinite(sigma)):
         raise ConfigError(f"lloyd_max sigma must be a finite number > 0, got {sigma!r}")
@@ -224,19 +227,19 @@ def lloyd_max(bits: int, sigma: float = SIGMA_128) -> Codebook:
 # ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def tables() -> dict:
+@functools.cache
+def tables() -> dict[str, Any]:
     """The parsed ``tables.json`` of the conformance set (sign tables and codebooks)."""
     text = resources.files("tbq").joinpath("data/tables.json").read_text()
     return json.loads(text)
 
 
-def _table_f32(entry: dict) -> np.ndarray:
+def _table_f32(entry: dict[str, Any]) -> NDArray[np.float32]:
     # The bit patterns are the exact values; decimal strings are only for reading.
     return np.array([int(b, 16) for b in entry["float32_bits"]], dtype=np.uint32).view(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fork_codebook(bits: int) -> Codebook:
     t = tables()["fork"]
     key = {4: "tbq4", 3: "tbq3"}[bits]
@@ -254,7 +257,7 @@ def named_codebook(name: str, bits: int) -> Codebook:
     raise ConfigError(f"unknown codebook {name!r}; use one of {CODEBOOK_NAMES} or a Codebook object")
 
 
-def get_codebook(spec, bits: int) -> Codebook:
+def get_codebook(spec: Any, bits: int) -> Codebook:
     """Resolve a codebook spec: a name, a :class:`Codebook`, or a config dict.
 
     The result must have ``2**bits`` centroids.
@@ -274,7 +277,7 @@ def get_codebook(spec, bits: int) -> Codebook:
     return cb
 
 
-def fork_vs_lloyd_max() -> dict:
+def fork_vs_lloyd_max() -> dict[str, Any]:
     """How far the ``turboq-mtp`` tables are from the fitted Lloyd-Max tables.
 
     Returns, for 4 bits, the largest relative centroid difference

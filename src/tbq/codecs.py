@@ -16,11 +16,15 @@ multiple of the block size encodes to uint8 of shape
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any, NoReturn
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, numba_available, resolve_backend  # noqa: F401 (re-exported)
+from .backend import BACKENDS, STATUS_NONFINITE, STATUS_OK, numba_available, resolve_backend
 from .errors import (
     BlockShapeError,
     ConfigError,
@@ -28,6 +32,7 @@ from .errors import (
     NonFiniteError,
     TbqTypeError,
     TbqValueError,
+    check_int,
 )
 from .formats import FORMATS, Format, FormatInfo, format_class, format_info, format_name
 from .parallel import default_threads, fork_safe_lock, run_chunks
@@ -81,7 +86,7 @@ class _Uncacheable(Exception):
     """An option value :func:`_option_key` cannot turn into a value key (the object is then built afresh)."""
 
 
-def _option_key(v):
+def _option_key(v: Any) -> Hashable:
     """A hashable key that equals another's exactly when the two option values are the same data.
 
     Every key carries the value's exact type, so ``True``, ``1``, ``1.0`` and
@@ -113,7 +118,7 @@ def _option_key(v):
     raise _Uncacheable
 
 
-def _private_copy(v):
+def _private_copy(v: Any) -> Any:
     """``v`` with every array, list and dict copied: a cached object must not alias the caller's mutable data."""
     if isinstance(v, np.ndarray):
         return v.copy()
@@ -132,26 +137,26 @@ class _LRU:
     Its lock is rebuilt in a forked child (:func:`tbq.parallel.fork_safe_lock`).
     """
 
-    def __init__(self, size: int):
+    def __init__(self, size: int) -> None:
         self.size = size
-        self.data: OrderedDict = OrderedDict()
+        self.data: OrderedDict[Hashable, Any] = OrderedDict()
         self.lock = fork_safe_lock()
 
-    def get(self, key):
+    def get(self, key: Hashable) -> Any:
         with self.lock:
             v = self.data.get(key)
             if v is not None:
                 self.data.move_to_end(key)
             return v
 
-    def put(self, key, value):
+    def put(self, key: Hashable, value: Any) -> None:
         with self.lock:
             self.data[key] = value
             self.data.move_to_end(key)
             while len(self.data) > self.size:
                 self.data.popitem(last=False)
 
-    def clear(self):
+    def clear(self) -> None:
         with self.lock:
             self.data.clear()
 
@@ -165,10 +170,11 @@ _FORMAT_CACHE = _LRU(256)
 _CODEC_CACHE = _LRU(256)
 
 
-def _build_format(name: str, options: dict) -> Format:
+def _build_format(name: str, options: dict[str, Any]) -> Format:
     """The format ``name`` with ``options``, from the cache when the same options were seen before."""
-    cls = format_class(name)
+    cls: type[Format] = format_class(name)
     options = cls.check_options(options)  # the declared options, validated (an unknown one names the formats that take it)
+    key: tuple[Hashable, ...]
     if not options:
         key = (name,)
     else:
@@ -198,7 +204,7 @@ class _Blocks:
     (float16/float64/other byte orders to native float32) chunk by chunk too.
     """
 
-    def __init__(self, a: np.ndarray, width: int, dtype):
+    def __init__(self, a: NDArray[Any], width: int, dtype: DTypeLike) -> None:
         self.a, self.width, self.dtype = a, width, np.dtype(dtype)
         n = a.shape[-1]
         self.per_row = n // width if width else 0
@@ -227,7 +233,7 @@ def _check_overlap(out: np.ndarray, a: np.ndarray, what: str) -> None:
     if not np.may_share_memory(out, a):
         return
     try:
-        overlap = np.shares_memory(out, a, max_work=100_000)
+        overlap = np.shares_memory(out, a, max_work=100_000)  # type: ignore[arg-type]  # any bound works; NumPy stubs list only -1/0
     except _TooHardError:  # pragma: no cover - only for exotic strides
         overlap = True
     if overlap:
@@ -247,25 +253,31 @@ class Codec:
 
     Parameters
     ----------
-    fmt : the format name (implied by a per-format class).
-    **format_options : the format's own options (TBQ: ``codebook``, ``signs``;
-        see :func:`tbq.formats.get_format`).
-
-    Execution settings (keyword-only, common to every format):
-    backend : ``"numba"`` (default when numba imports) or ``"numpy"`` (the reference).
-        Both give identical bytes and identical float32 bits.
-    threads : worker threads for the numba backend (default ``None`` = all cores).
+    fmt : str, optional
+        The format name (implied by a per-format class).
+    backend : {"numba", "numpy"}, optional
+        Execution setting (keyword-only, as the next two, common to every
+        format): ``"numba"`` (default when numba imports) or ``"numpy"`` (the
+        reference). Both give identical bytes and identical float32 bits.
+    threads : int, optional
+        Worker threads for the numba backend (default ``None`` = all cores).
         Results do not depend on it.
-    on_overflow : ``"raise"`` (default) raises :class:`ScaleOverflowError` when a
+    on_overflow : str, optional
+        ``"raise"`` (default) raises :class:`ScaleOverflowError` when a
         block's scale rounds to fp16 infinity (``|d| >= 65520``); ``"inf"``
         stores the infinite scale as the C code does. A format may offer more
         choices (``Format.overflow_modes``: FP8's ``"saturate"``).
+    **format_options
+        The format's own options (TBQ: ``codebook``, ``signs``; see
+        :func:`tbq.formats.get_format`).
     """
 
     name: str = ""
     info: FormatInfo
 
-    def __init__(self, fmt: str | None = None, *, backend=None, threads=None, on_overflow="raise", **format_options):
+    def __init__(
+        self, fmt: str | None = None, *, backend: str | None = None, threads: int | None = None, on_overflow: str = "raise", **format_options: Any
+    ) -> None:
         if fmt is not None and fmt != self.name:
             canonical = format_name(fmt)
             if self.name and canonical != self.name:
@@ -277,9 +289,9 @@ class Codec:
         #: the :class:`tbq.formats.Format` with this codec's format options
         self.format: Format = _build_format(self.name, format_options)
         self.backend = resolve_backend(backend)
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
-            raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
-        self.threads = None if threads is None else int(threads)
+        self.threads = None if threads is None else check_int(
+            threads, "threads", lo=1, expected="a positive integer or None (all cores)", error=ConfigError
+        )
         modes = self.format.overflow_modes
         if not isinstance(on_overflow, str) or on_overflow not in modes:
             raise ConfigError(f"on_overflow must be one of {modes} for {self.name}, got {on_overflow!r}")
@@ -299,7 +311,7 @@ class Codec:
     def bits_per_value(self) -> float:
         return self.info.bits_per_value
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         # Format-level attributes (TBQ's ``codebook``, ``rotation``) read through to the format.
         if attr.startswith("_") or attr == "format":
             raise AttributeError(attr)
@@ -309,25 +321,25 @@ class Codec:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {attr!r}") from None
 
     # -- config --
-    def _format_config(self) -> dict:
+    def _format_config(self) -> dict[str, Any]:
         return self.format.config()
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         """Plain JSON-serialisable config, including ``name``; see :func:`codec_from_config`."""
-        cfg = {"name": self.name}
+        cfg: dict[str, Any] = {"name": self.name}
         cfg.update(self._format_config())
         cfg.update(backend=self.backend, threads=self.threads, on_overflow=self.on_overflow)
         return cfg
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Codec):
             return NotImplemented
         return self.get_config() == other.get_config()
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(repr(self))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         cfg = self.get_config()
         del cfg["name"]
         args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
@@ -337,7 +349,7 @@ class Codec:
     def _n_threads(self) -> int:
         return self.threads if self.threads is not None else default_threads()
 
-    def encode(self, x, out=None) -> np.ndarray:
+    def encode(self, x: ArrayLike, out: NDArray[np.uint8] | None = None) -> NDArray[np.uint8]:
         """Encode float values to bytes.
 
         ``x``: float32 (float16 and float64 are converted to float32 first) of
@@ -356,7 +368,9 @@ class Codec:
                 fmt = self.format
                 x2 = x.reshape(-1, bs)
                 if fmt.row_rule:
-                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", row_blocks=n // bs, **self._overflow_kw)
+                    b, status = fmt.kernel_encode(  # type: ignore[call-arg]  # a row-rule format's kernel takes row_blocks
+                        x2, out.reshape(-1, ts), self.on_overflow == "raise", row_blocks=n // bs, **self._overflow_kw
+                    )
                 else:
                     b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", **self._overflow_kw)
                 if status != STATUS_OK:
@@ -382,7 +396,7 @@ class Codec:
         row_kw = {**fmt._row_kw(unit), **self._overflow_kw}
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // (bs * unit))
 
-        def work(su, eu):
+        def work(su: int, eu: int) -> tuple[int, int] | None:
             s, e = su * unit, eu * unit
             xc = src.get(s, e)
             if self.backend == "numba":
@@ -415,7 +429,7 @@ class Codec:
                 self._raise_encode_error(src, *r)
         return out
 
-    def _raise_encode_error(self, src, block, kind):
+    def _raise_encode_error(self, src: _Blocks, block: int, kind: int) -> NoReturn:
         vals = src.get(block, block + 1)[0]
         if kind == STATUS_NONFINITE:
             j = int(np.argmax(~np.isfinite(vals)))
@@ -431,7 +445,7 @@ class Codec:
         raise self.format.encode_error(kind, block, vals)
 
     # -- decode --
-    def decode(self, data, out=None) -> np.ndarray:
+    def decode(self, data: ArrayLike | bytes | bytearray | memoryview, out: NDArray[np.float32] | None = None) -> NDArray[np.float32]:
         """Decode bytes to float32.
 
         ``data``: uint8 array (or a bytes-like object) whose last axis is a
@@ -443,7 +457,7 @@ class Codec:
         if out is None and type(data) is np.ndarray and data.dtype is _U8 and self.backend == "numba":
             nbytes = data.shape[-1] if data.ndim else 0
             ts = self.info.type_size
-            if data.ndim and 0 < data.size and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
+            if data.ndim and data.size > 0 and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
                 bs = self.info.block_size
                 out = np.empty(data.shape[:-1] + (nbytes // ts * bs,), np.float32)
                 self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))
@@ -463,7 +477,7 @@ class Codec:
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
         fmt = self.format
 
-        def work(s, e):
+        def work(s: int, e: int) -> None:
             if self.backend == "numba":
                 fmt.kernel_decode(src.get(s, e), out2[s:e])
             else:
@@ -475,7 +489,7 @@ class Codec:
         return out
 
 
-def _check_float_input(x) -> np.ndarray:
+def _check_float_input(x: ArrayLike) -> NDArray[Any]:
     if isinstance(x, np.ndarray):
         a = x
     else:
@@ -493,7 +507,7 @@ def _check_float_input(x) -> np.ndarray:
     return a
 
 
-def _check_byte_input(data) -> np.ndarray:
+def _check_byte_input(data: Any) -> NDArray[np.uint8]:
     if isinstance(data, (bytes, bytearray)):
         a = np.frombuffer(data, dtype=np.uint8)
     else:  # a memoryview keeps its item type, so a view of float32 is refused below
@@ -505,7 +519,7 @@ def _check_byte_input(data) -> np.ndarray:
     return a
 
 
-def _check_out(out, shape, dtype, source: np.ndarray, what: str) -> np.ndarray:
+def _check_out(out: Any, shape: tuple[int, ...], dtype: DTypeLike, source: NDArray[Any], what: str) -> NDArray[Any]:
     """A new output array, or ``out`` checked for dtype, shape, layout and overlap with ``source``."""
     if out is None:
         return np.empty(shape, dtype)
@@ -537,7 +551,8 @@ def codec_class(name: str) -> type:
     name = format_name(name)
     if name not in _CLASSES:
         info = format_info(name)
-        doc = f"{info.description}.\n\n{format_class(name).__doc__ or ''}\n\n{Codec.__doc__}"
+        parts = (f"{info.description}.", format_class(name).__doc__, Codec.__doc__)
+        doc = "\n\n".join(inspect.cleandoc(p) for p in parts if p)  # one indentation, so it renders as reST
         _CLASSES[name] = type(name.upper(), (Codec,), {"name": name, "info": info, "__doc__": doc, "__module__": __name__})
     return _CLASSES[name]
 
@@ -556,7 +571,7 @@ TBQ4_0 = codec_class("tbq4_0")
 TBQ3_0 = codec_class("tbq3_0")
 
 
-def get_codec(name: str, **config) -> Codec:
+def get_codec(name: str, **config: Any) -> Codec:
     """Build the codec ``name`` with keyword configuration.
 
     >>> get_codec("tbq3_0", codebook="turboq-mtp", signs=7, backend="numpy").get_config()["signs"]
@@ -573,7 +588,7 @@ def get_codec(name: str, **config) -> Codec:
 EXECUTION_SETTINGS = ("backend", "threads", "on_overflow")
 
 
-def codec_from(fmt: str, config: dict | None = None, **settings) -> Codec:
+def codec_from(fmt: str, config: dict[str, Any] | None = None, **settings: Any) -> Codec:
     """The codec of ``fmt`` with the format options of ``config`` and the execution ``settings``.
 
     ``config`` may be a :meth:`Codec.get_config` dict (its ``name`` must match
@@ -594,7 +609,7 @@ def codec_from(fmt: str, config: dict | None = None, **settings) -> Codec:
     return get_codec(fmt, **cfg)
 
 
-def codec_from_config(config: dict) -> Codec:
+def codec_from_config(config: dict[str, Any]) -> Codec:
     """Inverse of :meth:`Codec.get_config`."""
     if not isinstance(config, dict) or "name" not in config:
         raise ConfigError(f"a codec config is a dict with a 'name' key, got {config!r}")
@@ -602,7 +617,7 @@ def codec_from_config(config: dict) -> Codec:
     return get_codec(cfg.pop("name"), **cfg)
 
 
-def _shortcut_codec(fmt, config: dict) -> Codec:
+def _shortcut_codec(fmt: str, config: dict[str, Any]) -> Codec:
     """The codec of :func:`quantize` / :func:`dequantize`: built once per distinct configuration.
 
     ``backend=None`` resolves the same way on every call (numba when it
@@ -621,7 +636,7 @@ def _shortcut_codec(fmt, config: dict) -> Codec:
     return codec
 
 
-def quantize(x, fmt: str, *, out=None, **config) -> np.ndarray:
+def quantize(x: ArrayLike, fmt: str, *, out: NDArray[np.uint8] | None = None, **config: Any) -> NDArray[np.uint8]:
     """Encode ``x`` (float, last axis a multiple of the block size) in format ``fmt``.
 
     The codec of a configuration is built once and reused (:func:`clear_caches`).
@@ -632,7 +647,7 @@ def quantize(x, fmt: str, *, out=None, **config) -> np.ndarray:
     return _shortcut_codec(fmt, config).encode(x, out=out)
 
 
-def dequantize(data, fmt: str, *, out=None, **config) -> np.ndarray:
+def dequantize(data: ArrayLike, fmt: str, *, out: NDArray[np.float32] | None = None, **config: Any) -> NDArray[np.float32]:
     """Decode uint8 ``data`` (last axis a multiple of the type size) in format ``fmt`` to float32.
 
     >>> dequantize(quantize(np.ones((3, 64), np.float32), "q4_0"), "q4_0")[0, :3]

@@ -30,22 +30,25 @@ This module computes and formats; it prints nothing. The command line
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
-from .errors import BlockShapeError, TbqTypeError, TbqValueError
+from .errors import BlockShapeError, TbqTypeError, TbqValueError, check_int
 from .formats import FORMATS, check_options, config_for, format_class, format_name, formats
-from .metrics import attention_error, cosine_similarity, error_summary, nmse, random_queries, softmax_kl, topk_agreement
+from .metrics import attention_error, cosine_similarity, nmse, random_queries, softmax_kl, topk_agreement
 
 __all__ = ["compare", "kv_geometry", "untileable", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
 
@@ -107,7 +110,7 @@ JSON_KEYS = {
 }
 
 
-def _best_time(fn, repeat: int) -> float:
+def _best_time(fn: Any, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -116,7 +119,7 @@ def _best_time(fn, repeat: int) -> float:
     return best
 
 
-def kv_geometry(x) -> tuple[int, int, int]:
+def kv_geometry(x: ArrayLike) -> tuple[int, int, int]:
     """``(tokens, kv_heads, head_dim)`` of an array as :func:`compare` reads it.
 
     Axis 0 is the tokens, the last axis one head, the axes between are the KV
@@ -133,7 +136,7 @@ def kv_geometry(x) -> tuple[int, int, int]:
     return int(shape[0]), int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
 
 
-def untileable(fmts, kv_heads: int, head_dim: int) -> list[str]:
+def untileable(fmts: Any, kv_heads: int, head_dim: int) -> list[str]:
     """The formats of ``fmts`` whose blocks cannot tile rows of ``kv_heads x head_dim`` values (``FormatInfo.tiles``).
 
     >>> untileable(["q8_0", "nvfp4", "tbq4_0"], 8, 96), untileable(["q8_0", "tbq4_0"], 1, 64)
@@ -159,7 +162,7 @@ def _logits(queries: np.ndarray, X: np.ndarray) -> np.ndarray:
     return out * (1.0 / math.sqrt(X.shape[2]))
 
 
-def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, topk: int = 8, encoded=None, threads=None) -> dict:
+def attention_columns(x: ArrayLike, y: ArrayLike, *, role: str = "keys", partner: Any = None, queries: ArrayLike | None = None, topk: int = 8, encoded: Any = None, threads: Any = None) -> dict[str, Any]:
     """The attention columns of a :func:`compare` row for reference ``x`` and reconstruction ``y``.
 
     ``role="keys"``: logit RMSE, softmax KL and top-k agreement of ``y`` as the
@@ -178,9 +181,11 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     """
     X, Y = _heads(np.asarray(x, np.float32)), _heads(np.asarray(y, np.float32))
     P = None if partner is None else _heads(np.asarray(partner, np.float32))
-    out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+    out: dict[str, Any] = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
     if encoded is not None and _fused_ok(encoded[1], X.shape[2]):
         return _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads)
+    if queries is None:
+        raise TbqValueError("attention_columns needs queries (tbq.metrics.random_queries)")
     if role == "keys":
         m = attention_error(queries, X, P, k_hat=Y, topk=topk)
         out.update({"logit rmse": m["logit_rmse"], "softmax KL": m["kl_mean"], "top-k": m["topk_agreement"]})
@@ -193,14 +198,14 @@ def attention_columns(x, y, *, role: str = "keys", partner=None, queries=None, t
     return out
 
 
-def _fused_ok(codec, head_dim: int) -> bool:
+def _fused_ok(codec: Any, head_dim: int) -> bool:
     """Whether the fused kernel reads this cache: its blocks within a head (and 128-value rotation blocks)."""
     info = codec.info
     return head_dim % info.block_size == 0 and (not info.rotated or head_dim % 128 == 0)
 
 
-def _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads) -> dict:
-    out = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
+def _attention_columns_fused(X: Any, Y: Any, role: Any, P: Any, queries: Any, topk: Any, encoded: Any, threads: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
     if role == "keys":  # one head at a time: the float64 logits of all heads at once were 1.5x the input
         q = np.asarray(queries, np.float64)
         if q.ndim == 2:
@@ -234,21 +239,17 @@ def _attention_columns_fused(X, Y, role, P, queries, topk, encoded, threads) -> 
     return out
 
 
-def _check_count(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TbqTypeError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise TbqValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
+def _check_count(value: object, name: str, minimum: int = 1) -> int:
+    return check_int(value, name, lo=minimum)
 
 
-def tokens_of(x) -> int:
+def tokens_of(x: ArrayLike) -> int:
     """Tokens of an array as :func:`compare` reads it: ``shape[0]``, or 1 for a 1-D array."""
     shape = np.shape(x)
     return 1 if len(shape) <= 1 else int(shape[0])
 
 
-def check_array(label: str, x) -> np.ndarray:
+def check_array(label: str, x: ArrayLike) -> np.ndarray:
     """``x`` as float32 if :func:`compare` can study it, else a :class:`~tbq.errors.TbqError` naming ``label``.
 
     It must be a float16/32/64 array (any byte order) with at least one axis
@@ -266,16 +267,16 @@ def check_array(label: str, x) -> np.ndarray:
 
 def compare(
     data: dict[str, np.ndarray],
-    fmts=None,
+    fmts: Any = None,
     *,
     repeat: int = 3,
     attention: bool = True,
     n_queries: int = 16,
     topk: int = 8,
     query_seed: int = 0,
-    on_row: Callable[[dict], None] | None = None,
-    **config,
-) -> list[dict]:
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    **config: Any,
+) -> list[dict[str, Any]]:
     """Round-trip every array of ``data`` through every format; one result row per pair.
 
     Throughput is the best of ``repeat`` timed runs after one warm-up run (the
@@ -338,8 +339,8 @@ def compare(
             codec = get_codec(fmt, **cfg)
             q = codec.encode(rows2)  # warm-up, compiles the kernels
             y2 = codec.decode(q)
-            t_enc = _best_time(lambda: codec.encode(rows2, out=q), repeat)
-            t_dec = _best_time(lambda: codec.decode(q, out=y2), repeat)
+            t_enc = _best_time(functools.partial(codec.encode, rows2, out=q), repeat)
+            t_dec = _best_time(functools.partial(codec.decode, q, out=y2), repeat)
             y = y2.reshape(x.shape)
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
@@ -360,7 +361,7 @@ def compare(
     return rows
 
 
-def tiling_message(bad, heads: int, head_dim: int) -> str:
+def tiling_message(bad: Any, heads: int, head_dim: int) -> str:
     """Why the formats ``bad`` cannot store rows of ``heads x head_dim`` values (docs/formats.md, row tiling)."""
     parts = []
     for f in bad:
@@ -370,7 +371,7 @@ def tiling_message(bad, heads: int, head_dim: int) -> str:
     return "cannot tile the rows: " + "; ".join(parts)
 
 
-def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP) -> dict:
+def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP) -> dict[str, Any]:
     """:func:`tbq.metrics.error_summary` of ``(tokens, heads, head_dim)`` arrays, a few tokens at a time.
 
     The sums are float64 as there; the temporaries are bounded by ``step``
@@ -408,15 +409,15 @@ def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP)
 # ---------------------------------------------------------------------------
 
 
-def _kernel_units(fmts, attention: bool) -> list[str]:
+def _kernel_units(fmts: Any, attention: bool) -> list[str]:
     """The kernel modules a comparison compiles (formats sharing a module share its kernels)."""
-    units = [format_class(f).kernel_module for f in fmts]
+    units = [format_class(f).kernel_module for f in fmts]  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
     if attention:
         units.append("tbq.attention_kernels")
     return [u for u in dict.fromkeys(units) if u]
 
 
-def kernels_cached(fmts, attention: bool = True) -> bool | None:
+def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
     """True when numba's cache holds compiled kernels of every module ``fmts`` (and attention) use.
 
     ``False`` means a module was never compiled here (the first run in a fresh
@@ -433,7 +434,7 @@ def kernels_cached(fmts, attention: bool = True) -> bool | None:
         for unit in _kernel_units(fmts, attention):
             mod = importlib.import_module(unit)
             disps = [v for v in vars(mod).values() if isinstance(v, CPUDispatcher) and v.__module__ == unit]
-            paths = [d._cache._cache_file._index_path for d in disps if getattr(d, "_cache", None) is not None]
+            paths = [d._cache._cache_file._index_path for d in disps if getattr(d, "_cache", None) is not None]  # type: ignore[attr-defined]  # numba internals
             if paths and not any(os.path.exists(p) for p in paths):
                 return False
     except Exception:  # numba internals moved: say nothing rather than guess
@@ -441,7 +442,7 @@ def kernels_cached(fmts, attention: bool = True) -> bool | None:
     return True
 
 
-def _warm(fmts, config: dict, attention: bool) -> None:
+def _warm(fmts: Any, config: dict[str, Any], attention: bool) -> None:
     """Compile (or load from the cache) the kernels a comparison of ``fmts`` uses, on small inputs of the same types."""
     x = np.zeros((64, 1024), np.float32)  # 64 rows of 8 heads: whole blocks of every format, >= 32 blocks a call
     x[:, ::7] = 1.0
@@ -456,7 +457,7 @@ def _warm(fmts, config: dict, attention: bool) -> None:
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
 
-def warm_up(fmts, config: dict | None = None, *, attention: bool = True, processes: int | None = None) -> float:
+def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool = True, processes: int | None = None) -> float:
     """Compile the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores at once.
 
     Numba compiles one function at a time per process, so a cold start runs
@@ -489,8 +490,8 @@ def warm_up(fmts, config: dict | None = None, *, attention: bool = True, process
         shares[i].append(u)
         load[i] += weight[u]
 
-    def fmts_of(share):
-        return [f for f in fmts if format_class(f).kernel_module in share]
+    def fmts_of(share: Any) -> Any:
+        return [f for f in fmts if format_class(f).kernel_module in share]  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
 
     procs = []
     for share in shares[1:]:
@@ -505,7 +506,7 @@ def warm_up(fmts, config: dict | None = None, *, attention: bool = True, process
     return time.perf_counter() - t0
 
 
-def to_records(rows: list[dict]) -> list[dict]:
+def to_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """:func:`compare` rows with the snake_case keys of :data:`JSON_KEYS`, ready for ``json.dumps``.
 
     Columns that do not apply stay ``None`` (JSON ``null``); so do values
@@ -525,7 +526,7 @@ def to_records(rows: list[dict]) -> list[dict]:
     return out
 
 
-def _cell(value, fmt: str) -> str:
+def _cell(value: Any, fmt: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float) and not math.isfinite(value):
@@ -533,7 +534,7 @@ def _cell(value, fmt: str) -> str:
     return fmt.format(value)
 
 
-def format_table(rows: list[dict], *, wide: bool = True, topk: int | None = None) -> str:
+def format_table(rows: list[dict[str, Any]], *, wide: bool = True, topk: int | None = None) -> str:
     """Aligned text table of :func:`compare` rows.
 
     ``wide=True`` (default) has one column per row key (:data:`COLUMNS`);
@@ -566,7 +567,7 @@ def format_table(rows: list[dict], *, wide: bool = True, topk: int | None = None
             i = j + 1
         lines.append(line.rstrip())
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -26,12 +26,14 @@ Nothing here is imported by ``import tbq``: dask is an optional dependency.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
 try:
-    import dask
     import dask.array as da
+    import dask.base
+    from dask.delayed import delayed
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("tbq.dask needs the optional dependency dask[array]; install it with `pip install 'tbq[zarr]'`") from _exc
 
@@ -60,7 +62,7 @@ def _codec(cfg_json: str) -> Codec:
     return c
 
 
-def _prepare_codec(fmt: str, config: dict) -> tuple[Codec, str]:
+def _prepare_codec(fmt: str, config: dict[str, Any]) -> tuple[Codec, str]:
     config = dict(config)
     # Dask runs chunks in parallel already; one codec thread per chunk avoids oversubscription.
     config.setdefault("threads", 1)
@@ -68,7 +70,7 @@ def _prepare_codec(fmt: str, config: dict) -> tuple[Codec, str]:
     return codec, json.dumps(codec.get_config(), sort_keys=True)
 
 
-def aligned_chunks(chunks, unit: int) -> int | None:
+def aligned_chunks(chunks: Any, unit: int) -> int | None:
     """``None`` when every chunk is a multiple of ``unit``, else a chunk size to rechunk to.
 
     The proposal is the largest chunk rounded down to a multiple of ``unit`` (at
@@ -84,11 +86,11 @@ def aligned_chunks(chunks, unit: int) -> int | None:
     return max(unit, max(chunks) // unit * unit)
 
 
-def _as_dask(x):
+def _as_dask(x: Any) -> Any:
     return x if isinstance(x, da.Array) else da.asarray(x)
 
 
-def _last_axis_chunks(arr, unit: int, rechunk: bool, what: str, fmt: str, error=BlockShapeError):
+def _last_axis_chunks(arr: Any, unit: int, rechunk: bool, what: str, fmt: str, error: Any = BlockShapeError) -> Any:
     last = arr.chunks[-1]
     target = aligned_chunks(last, unit)
     if target is None:
@@ -103,31 +105,37 @@ def _last_axis_chunks(arr, unit: int, rechunk: bool, what: str, fmt: str, error=
     return arr.rechunk({arr.ndim - 1: target})
 
 
-def _encode_block(x, cfg_json):
+def _encode_block(x: Any, cfg_json: Any) -> Any:
     return _codec(cfg_json).encode(x)
 
 
-def _decode_block(q, cfg_json):
+def _decode_block(q: Any, cfg_json: Any) -> Any:
     return _codec(cfg_json).decode(q)
 
 
-def quantize(darr, fmt: str, *, rechunk: bool = True, **config):
+def quantize(darr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> Any:
     """Encode a float Dask array chunk by chunk; returns a uint8 Dask array.
 
     Parameters
     ----------
-    darr : Dask array (or array-like) of float16/float32/float64, last axis a
-        multiple of the block size.
-    fmt : ``"q8_0"``, ``"q4_0"``, ``"tbq4_0"`` or ``"tbq3_0"``.
-    rechunk : when the last-axis chunks are not whole blocks, rechunk them to
+    darr : dask.array.Array or array-like
+        float16/float32/float64 values, the last axis a multiple of the block size.
+    fmt : str
+        A format name (:func:`tbq.formats`), e.g. ``"q8_0"`` or ``"tbq4_0"``.
+    rechunk : bool
+        When the last-axis chunks are not whole blocks, rechunk them to
         multiples of the block size (default), or raise
         :class:`tbq.BlockShapeError` naming the chunk sizes (``rechunk=False``).
-    **config : core codec configuration (see :func:`tbq.get_codec`). ``threads``
+    **config
+        Core codec configuration (see :func:`tbq.get_codec`). ``threads``
         defaults to 1 here, since Dask already runs chunks in parallel.
 
-    The result has shape ``darr.shape[:-1] + (n // block_size * type_size,)``,
-    the leading chunks of ``darr`` and last-axis chunks
-    ``c // block_size * type_size``; its bytes equal ``tbq.quantize(darr.compute(), fmt)``.
+    Returns
+    -------
+    dask.array.Array
+        The result has shape ``darr.shape[:-1] + (n // block_size * type_size,)``,
+        the leading chunks of ``darr`` and last-axis chunks
+        ``c // block_size * type_size``; its bytes equal ``tbq.quantize(darr.compute(), fmt)``.
     """
     x = _as_dask(darr)
     codec, cfg_json = _prepare_codec(fmt, config)
@@ -155,7 +163,7 @@ def quantize(darr, fmt: str, *, rechunk: bool = True, **config):
     )
 
 
-def dequantize(qarr, fmt: str, *, rechunk: bool = True, **config):
+def dequantize(qarr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> Any:
     """Decode a uint8 Dask array of blocks chunk by chunk; returns a float32 Dask array.
 
     ``qarr``'s last axis must be a multiple of the type size; its last-axis
@@ -194,7 +202,7 @@ def dequantize(qarr, fmt: str, *, rechunk: bool = True, **config):
 # ---------------------------------------------------------------------------
 
 
-def _block_stats(x, y):
+def _block_stats(x: Any, y: Any) -> Any:
     """``[sum (y-x)^2, sum x^2, max |y-x|, count]`` of one chunk pair, float64, in bounded steps."""
     xf = x.reshape(-1)
     yf = y.reshape(-1)
@@ -213,7 +221,7 @@ def _block_stats(x, y):
     return np.array([sse, ss, mx, xf.size], np.float64).reshape((1,) * x.ndim + (4,))
 
 
-def _finalize(sse, ss, mx, count) -> dict:
+def _finalize(sse: Any, ss: Any, mx: Any, count: Any) -> dict[str, Any]:
     sse, ss, mx, count = float(sse), float(ss), float(mx), int(count)
     if ss == 0.0:
         nmse = 0.0 if sse == 0.0 else float("inf")
@@ -230,7 +238,7 @@ def _finalize(sse, ss, mx, count) -> dict:
     }
 
 
-def error_metrics(x, y, *, compute: bool = True):
+def error_metrics(x: Any, y: Any, *, compute: bool = True) -> Any:
     """NMSE, SNR (dB) and max abs error of reconstruction ``y`` against reference ``x``, chunk by chunk.
 
     Same definitions as :mod:`tbq.metrics` (float64 arithmetic): ``nmse =
@@ -256,7 +264,7 @@ def error_metrics(x, y, *, compute: bool = True):
         x, y = x[None], y[None]
     if x.size == 0:
         res = _finalize(0.0, 0.0, 0.0, 0)
-        return res if compute else dask.delayed(res)
+        return res if compute else delayed(res)
     if y.chunks != x.chunks:
         y = y.rechunk(x.chunks)
     stats = da.map_blocks(
@@ -273,9 +281,9 @@ def error_metrics(x, y, *, compute: bool = True):
     # one collection into one delayed call: separate array arguments would each be
     # optimised on their own and the per-chunk statistics computed several times
     agg = da.concatenate([sums, mx[None]])  # [sse, ss, -, count, max]
-    out = dask.delayed(_finalize_vector)(agg)
+    out = delayed(_finalize_vector)(agg)
     return out.compute() if compute else out
 
 
-def _finalize_vector(agg) -> dict:
+def _finalize_vector(agg: Any) -> dict[str, Any]:
     return _finalize(agg[0], agg[1], agg[4], agg[3])

@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .codebooks import lloyd_max_iterate, normal_pdf
-from .errors import TbqTypeError, TbqValueError
+from .errors import TbqValueError, check_choice, check_int
 from .parallel import require_memory
 
 __all__ = [
@@ -82,7 +84,7 @@ __all__ = [
 TURBOQUANT_UPPER_FACTOR = math.sqrt(3.0) * math.pi / 2.0
 
 
-def _pair(x, y):
+def _pair(x: ArrayLike, y: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     if x.shape != y.shape:
@@ -90,7 +92,7 @@ def _pair(x, y):
     return x, y
 
 
-def nmse(x, y) -> float:
+def nmse(x: ArrayLike, y: ArrayLike) -> float:
     """Normalised mean squared error ``sum((y - x)**2) / sum(x**2)``.
 
     >>> nmse([1.0, 1.0], [1.0, 0.0])
@@ -104,7 +106,7 @@ def nmse(x, y) -> float:
     return num / den
 
 
-def snr_db(x, y) -> float:
+def snr_db(x: ArrayLike, y: ArrayLike) -> float:
     """Signal-to-noise ratio in dB, ``-10 log10(nmse)``.
 
     >>> round(snr_db([1.0, 0.0], [1.1, 0.0]), 6)
@@ -116,13 +118,13 @@ def snr_db(x, y) -> float:
     return float(-10.0 * np.log10(e))
 
 
-def max_abs_error(x, y) -> float:
+def max_abs_error(x: ArrayLike, y: ArrayLike) -> float:
     """``max |y - x|`` over all elements."""
     x, y = _pair(x, y)
     return float(np.max(np.abs(y - x))) if x.size else 0.0
 
 
-def cosine_similarity(x, y, axis: int = -1) -> np.ndarray:
+def cosine_similarity(x: ArrayLike, y: ArrayLike, axis: int = -1) -> np.ndarray:
     """Cosine similarity of the vectors along ``axis`` (1 where both are zero, 0 where one is).
 
     >>> cosine_similarity([[1.0, 0.0], [0.0, 2.0]], [[2.0, 0.0], [1.0, 1.0]]).round(4)
@@ -138,7 +140,7 @@ def cosine_similarity(x, y, axis: int = -1) -> np.ndarray:
     return cos
 
 
-def error_summary(x, y) -> dict:
+def error_summary(x: ArrayLike, y: ArrayLike) -> dict[str, Any]:
     """NMSE, SNR (dB), max abs error and mean per-vector cosine similarity in one dict."""
     return {
         "nmse": nmse(x, y),
@@ -155,9 +157,8 @@ def error_summary(x, y) -> dict:
 _BREAKDOWN_METRICS = ("nmse", "mse", "rmse", "max_abs", "snr_db")
 
 
-def _reduce(x, y, axes, metric):
-    if metric not in _BREAKDOWN_METRICS:
-        raise TbqValueError(f"metric must be one of {_BREAKDOWN_METRICS}, got {metric!r}")
+def _reduce(x: Any, y: Any, axes: Any, metric: Any) -> Any:
+    check_choice(metric, "metric", _BREAKDOWN_METRICS, error=TbqValueError)
     d = y - x
     if metric == "max_abs":
         return np.max(np.abs(d), axis=axes) if d.size else np.zeros(())
@@ -175,7 +176,7 @@ def _reduce(x, y, axes, metric):
         return -10.0 * np.log10(r)
 
 
-def per_channel_error(x, y, metric: str = "nmse") -> np.ndarray:
+def per_channel_error(x: ArrayLike, y: ArrayLike, metric: str = "nmse") -> np.ndarray:
     """One error value per channel (the last axis), pooled over every other axis.
 
     ``metric``: ``"nmse"`` (the channel's squared error over its own energy),
@@ -193,7 +194,7 @@ def per_channel_error(x, y, metric: str = "nmse") -> np.ndarray:
     return _reduce(x, y, tuple(range(x.ndim - 1)), metric)
 
 
-def per_token_error(x, y, metric: str = "nmse") -> np.ndarray:
+def per_token_error(x: ArrayLike, y: ArrayLike, metric: str = "nmse") -> np.ndarray:
     """One error value per token (the first axis), pooled over every other axis.
 
     Same ``metric`` choices as :func:`per_channel_error`. For ``(tokens, heads,
@@ -224,17 +225,14 @@ def random_queries(n: int, head_dim: int, heads: int | None = None, *, seed: int
     """
     dims = {"n": n, "head_dim": head_dim} if heads is None else {"n": n, "heads": heads, "head_dim": head_dim}
     for name, v in dims.items():
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TbqTypeError(f"{name} must be an integer, got {v!r}")
-        if v < 1:
-            raise TbqValueError(f"{name} must be at least 1, got {v}")
+        check_int(v, name, lo=1)
     shape = tuple(int(v) for v in dims.values())
     require_memory(8 * math.prod(shape), f"{math.prod(shape):,} random query values")
     rng = np.random.default_rng(seed)
     return rng.standard_normal(shape)
 
 
-def inner_product_error(x, y, queries=None, *, n_queries: int = 64, seed: int = 0) -> dict:
+def inner_product_error(x: ArrayLike, y: ArrayLike, queries: ArrayLike | None = None, *, n_queries: int = 64, seed: int = 0) -> dict[str, Any]:
     """Statistics of ``e = q.y - q.x`` (``y`` the reconstruction of ``x``) over queries and vectors.
 
     ``x``, ``y``: ``(..., d)``, every vector along the last axis is used.
@@ -265,7 +263,10 @@ def inner_product_error(x, y, queries=None, *, n_queries: int = 64, seed: int = 
     ref_rms = math.sqrt(float(np.mean(ref * ref)))
     den = float(np.sum(ref * ref))
     slope = float(np.sum(ref * est) / den) if den > 0 else float("nan")
-    rel = lambda v: v / ref_rms if ref_rms > 0 else float("nan")  # noqa: E731
+
+    def rel(v: float) -> float:
+        return v / ref_rms if ref_rms > 0 else float("nan")
+
     return {
         "bias": bias,
         "variance": var,
@@ -278,7 +279,7 @@ def inner_product_error(x, y, queries=None, *, n_queries: int = 64, seed: int = 
     }
 
 
-def _qk_shapes(q, k):
+def _qk_shapes(q: ArrayLike, k: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     q = np.asarray(q, dtype=np.float64)
     k = np.asarray(k, dtype=np.float64)
     if k.ndim not in (2, 3):
@@ -298,7 +299,7 @@ def _qk_shapes(q, k):
     return q, k
 
 
-def attention_logits(q, k, scale: float | None = None) -> np.ndarray:
+def attention_logits(q: ArrayLike, k: ArrayLike, scale: float | None = None) -> np.ndarray:
     """``q.k * scale`` (default ``scale = 1/sqrt(head_dim)``), float64.
 
     Returns ``(n_queries, tokens)`` for 2-D keys, ``(heads, n_queries, tokens)``
@@ -311,7 +312,7 @@ def attention_logits(q, k, scale: float | None = None) -> np.ndarray:
     return np.einsum("qhd,thd->hqt", q, k) * s
 
 
-def log_softmax(logits, axis: int = -1) -> np.ndarray:
+def log_softmax(logits: ArrayLike, axis: int = -1) -> np.ndarray:
     """Numerically stable ``log(softmax(logits))`` in float64."""
     z = np.asarray(logits, dtype=np.float64)
     m = np.max(z, axis=axis, keepdims=True)
@@ -319,7 +320,7 @@ def log_softmax(logits, axis: int = -1) -> np.ndarray:
     return z - np.log(np.sum(np.exp(z), axis=axis, keepdims=True))
 
 
-def softmax(logits, axis: int = -1) -> np.ndarray:
+def softmax(logits: ArrayLike, axis: int = -1) -> np.ndarray:
     """Softmax along ``axis`` in float64.
 
     >>> softmax([0.0, math.log(3.0)]).round(6)
@@ -328,7 +329,7 @@ def softmax(logits, axis: int = -1) -> np.ndarray:
     return np.exp(log_softmax(logits, axis))
 
 
-def softmax_kl(ref_logits, test_logits, axis: int = -1) -> np.ndarray:
+def softmax_kl(ref_logits: ArrayLike, test_logits: ArrayLike, axis: int = -1) -> np.ndarray:
     """``KL(softmax(ref) || softmax(test))`` along ``axis``, in nats, one value per row.
 
     Zero for identical logits (and for logits that differ by a constant per
@@ -344,12 +345,12 @@ def softmax_kl(ref_logits, test_logits, axis: int = -1) -> np.ndarray:
     return np.maximum(kl, 0.0)  # rounding can give -1e-17
 
 
-def _topk_idx(z, k):
+def _topk_idx(z: Any, k: Any) -> Any:
     # Stable: among equal logits the lower token index wins.
     return np.argsort(-z, axis=-1, kind="stable")[..., :k]
 
 
-def topk_agreement(ref_logits, test_logits, k: int = 8) -> np.ndarray:
+def topk_agreement(ref_logits: ArrayLike, test_logits: ArrayLike, k: int = 8) -> np.ndarray:
     """Fraction of the ``k`` largest reference logits that are also among the ``k`` largest test logits.
 
     Along the last axis, one value per row in ``[0, 1]`` (1 when the top-k
@@ -370,7 +371,7 @@ def topk_agreement(ref_logits, test_logits, k: int = 8) -> np.ndarray:
     return hits / k
 
 
-def attention_output(q, k, v, scale: float | None = None) -> np.ndarray:
+def attention_output(q: ArrayLike, k: ArrayLike, v: ArrayLike, scale: float | None = None) -> np.ndarray:
     """``softmax(q.k * scale) @ v`` in float64.
 
     Returns ``(n_queries, head_dim)`` for 2-D inputs and ``(n_queries, heads,
@@ -386,7 +387,7 @@ def attention_output(q, k, v, scale: float | None = None) -> np.ndarray:
     return np.einsum("hqt,thd->qhd", p, v)
 
 
-def logit_error(q, k, k_hat, scale: float | None = None) -> dict:
+def logit_error(q: ArrayLike, k: ArrayLike, k_hat: ArrayLike, scale: float | None = None) -> dict[str, Any]:
     """Error of the attention logits ``q.k_hat * scale`` against ``q.k * scale``.
 
     Returns ``rmse``, ``max_abs``, ``bias`` (mean signed error), ``ref_rms``
@@ -408,7 +409,7 @@ def logit_error(q, k, k_hat, scale: float | None = None) -> dict:
     }
 
 
-def attention_error(q, k, v=None, k_hat=None, v_hat=None, *, topk: int = 8, scale: float | None = None) -> dict:
+def attention_error(q: ArrayLike, k: ArrayLike, v: ArrayLike | None = None, k_hat: ArrayLike | None = None, v_hat: ArrayLike | None = None, *, topk: int = 8, scale: float | None = None) -> dict[str, Any]:
     """How quantizing K and/or V changes attention for the queries ``q``.
 
     ``k_hat``/``v_hat`` default to the exact ``k``/``v`` (so passing only one
@@ -465,7 +466,7 @@ def attention_error(q, k, v=None, k_hat=None, v_hat=None, *, topk: int = 8, scal
 # ---------------------------------------------------------------------------
 
 
-def gaussian_distortion(centroids, thresholds, sigma: float = 1.0) -> float:
+def gaussian_distortion(centroids: ArrayLike, thresholds: ArrayLike, sigma: float = 1.0) -> float:
     """Exact MSE of a scalar quantizer on N(0, sigma^2), divided by sigma^2.
 
     The quantizer maps ``(thresholds[i-1], thresholds[i]]`` to ``centroids[i]``
@@ -482,14 +483,17 @@ def gaussian_distortion(centroids, thresholds, sigma: float = 1.0) -> float:
     a = np.concatenate(([-np.inf], m))
     b = np.concatenate((m, [np.inf]))
     pdf = normal_pdf
-    tpdf = lambda t: np.where(np.isfinite(t), np.nan_to_num(t) * pdf(t), 0.0)  # noqa: E731
+
+    def tpdf(t: NDArray[np.float64]) -> NDArray[np.float64]:
+        return np.where(np.isfinite(t), np.nan_to_num(t) * pdf(t), 0.0)
+
     mass = ndtr(b) - ndtr(a)
     d = (1.0 + c * c) * mass - (tpdf(b) - tpdf(a)) - 2.0 * c * (pdf(a) - pdf(b))
     return float(np.sum(d))
 
 
-@functools.lru_cache(maxsize=None)
-def _lloyd_max_levels_cached(bits: int, tol: float):
+@functools.cache
+def _lloyd_max_levels_cached(bits: int, tol: float) -> Any:
     from scipy.special import ndtri
 
     levels = 1 << bits
@@ -503,7 +507,7 @@ def _lloyd_max_levels_cached(bits: int, tol: float):
     return c, m
 
 
-def lloyd_max_levels(bits: int, tol: float = 1e-8):
+def lloyd_max_levels(bits: int, tol: float = 1e-8) -> Any:
     """Float64 Lloyd-Max ``(centroids, thresholds)`` of N(0, 1) with ``2**bits`` levels, any ``bits`` in 1..8.
 
     The same Lloyd iteration as :func:`tbq.codebooks.lloyd_max` (midpoint
@@ -513,9 +517,8 @@ def lloyd_max_levels(bits: int, tol: float = 1e-8):
     (relative) of its limit; 8 bits take a second or two. Unlike the format tables, this is a study
     helper and also works for 6 to 8 bits.
     """
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-        raise TbqValueError(f"bits must be an integer in 1..8, got {bits!r}")
-    return _lloyd_max_levels_cached(int(bits), float(tol))
+    bits = check_int(bits, "bits", lo=1, hi=8, expected="an integer in 1..8", error=TbqValueError)
+    return _lloyd_max_levels_cached(bits, float(tol))
 
 
 def lloyd_max_distortion(bits: int) -> float:
@@ -529,13 +532,13 @@ def lloyd_max_distortion(bits: int) -> float:
     return gaussian_distortion(c, m, 1.0)
 
 
-def shannon_lower_bound(bits) -> np.ndarray | float:
+def shannon_lower_bound(bits: ArrayLike) -> np.ndarray | float:
     """``4**-bits``: no quantizer of i.i.d. Gaussian data at ``bits`` bits per value has lower NMSE."""
     r = np.power(4.0, -np.asarray(bits, dtype=np.float64))
     return float(r) if r.ndim == 0 else r
 
 
-def turboquant_upper_bound(bits) -> np.ndarray | float:
+def turboquant_upper_bound(bits: ArrayLike) -> np.ndarray | float:
     """``sqrt(3)*pi/2 * 4**-bits`` (about 2.72x the Shannon bound).
 
     The MSE bound proved for TurboQuant-style quantizers of unit vectors
@@ -545,7 +548,7 @@ def turboquant_upper_bound(bits) -> np.ndarray | float:
     return float(r) if r.ndim == 0 else r
 
 
-def entropy_bits(indices_or_counts, *, counts: bool = False) -> float:
+def entropy_bits(indices_or_counts: ArrayLike, *, counts: bool = False) -> float:
     """Shannon entropy in bits of an index histogram.
 
     Pass integer indices (any shape), or a histogram with ``counts=True``.
@@ -566,7 +569,7 @@ def entropy_bits(indices_or_counts, *, counts: bool = False) -> float:
     return float(-np.sum(p * np.log2(p)) + 0.0)
 
 
-def kurtosis(x, axis=None) -> np.ndarray | float:
+def kurtosis(x: ArrayLike, axis: int | None = None) -> np.ndarray | float:
     """Excess kurtosis ``E[(x-mu)^4] / var^2 - 3`` (0 for a Gaussian, -1.2 for uniform).
 
     Large positive values mean heavy tails or a few outliers.
@@ -581,7 +584,7 @@ def kurtosis(x, axis=None) -> np.ndarray | float:
     return float(r) if np.ndim(r) == 0 else r
 
 
-def peak_to_rms(x, axis=-1) -> np.ndarray | float:
+def peak_to_rms(x: ArrayLike, axis: int = -1) -> np.ndarray | float:
     """``max|x| / rms(x)`` along ``axis``: sqrt(n) for a one-hot vector, about 3 for a Gaussian 128-vector.
 
     It is what decides an absmax block scale's resolution.
@@ -600,21 +603,21 @@ def peak_to_rms(x, axis=-1) -> np.ndarray | float:
 # ---------------------------------------------------------------------------
 
 
-def _levels(levels) -> np.ndarray:
+def _levels(levels: Any) -> np.ndarray:
     v = np.unique(np.asarray(levels, dtype=np.float64).ravel())
     if v.size == 0 or not np.all(np.isfinite(v)):
         raise TbqValueError("a table needs at least one finite level")
     return v
 
 
-def _samples(samples) -> np.ndarray:
+def _samples(samples: Any) -> np.ndarray:
     s = np.asarray(samples, dtype=np.float64).ravel()
     if s.size == 0 or not np.all(np.isfinite(s)):
         raise TbqValueError("samples must be a non-empty array of finite values")
     return s
 
 
-def table_mse(samples, levels, scale: float = 1.0) -> float:
+def table_mse(samples: ArrayLike, levels: ArrayLike, scale: float = 1.0) -> float:
     """Mean squared error of rounding every sample to the nearest of ``scale * levels``.
 
     The thresholds are the midpoints of adjacent distinct levels (a sample on a
@@ -635,19 +638,19 @@ def table_mse(samples, levels, scale: float = 1.0) -> float:
 class _Sorted:
     """Sorted samples with prefix sums: the count, sum and sum of squares of any cell in O(log n)."""
 
-    def __init__(self, samples):
+    def __init__(self, samples: ArrayLike) -> None:
         s = np.sort(_samples(samples))
         self.shift = float(np.mean(s))  # centred: the prefix sums of squares stay small
         self.s = s - self.shift
         self.p1 = np.concatenate(([0.0], np.cumsum(self.s)))
         self.p2 = np.concatenate(([0.0], np.cumsum(self.s * self.s)))
 
-    def cells(self, thresholds):
+    def cells(self, thresholds: ArrayLike) -> Any:
         """Counts, sums and sums of squares of the cells ``[t_(i-1), t_i)`` (shifted units)."""
         k = np.concatenate(([0], np.searchsorted(self.s, thresholds, side="left"), [self.s.size]))
         return np.diff(k), np.diff(self.p1[k]), np.diff(self.p2[k])
 
-    def mse(self, c):
+    def mse(self, c: Any) -> Any:
         """MSE of nearest-level rounding to the sorted shifted levels ``c``."""
         n, s1, s2 = self.cells(0.5 * (c[1:] + c[:-1]))
         return float(max(np.sum(s2 - 2.0 * c * s1 + c * c * n), 0.0) / self.s.size)
@@ -666,7 +669,7 @@ def _panter_dite_start(s: np.ndarray, n_levels: int) -> np.ndarray:
     return np.quantile(s, (np.arange(n_levels) + 0.5) / n_levels)  # pragma: no cover - degenerate histograms
 
 
-def lloyd_max_samples(samples, n_levels: int, *, tol: float = 1e-10, max_iter: int = 100_000):
+def lloyd_max_samples(samples: ArrayLike, n_levels: int, *, tol: float = 1e-10, max_iter: int = 100_000) -> Any:
     """The Lloyd-Max quantizer of an empirical distribution: ``(centroids, thresholds, mse)``.
 
     Lloyd's iteration on the samples (thresholds at the midpoints of adjacent
@@ -687,8 +690,7 @@ def lloyd_max_samples(samples, n_levels: int, *, tol: float = 1e-10, max_iter: i
     >>> abs(mse / lloyd_max_distortion(3) - 1) < 0.01, c.size, m.size
     (True, 8, 7)
     """
-    if isinstance(n_levels, bool) or not isinstance(n_levels, (int, np.integer)) or n_levels < 1:
-        raise TbqValueError(f"n_levels must be a positive integer, got {n_levels!r}")
+    check_int(n_levels, "n_levels", lo=1, expected="a positive integer", error=TbqValueError)
     st = _Sorted(samples)
     distinct = np.unique(st.s)
     if distinct.size <= n_levels:
@@ -708,7 +710,7 @@ def lloyd_max_samples(samples, n_levels: int, *, tol: float = 1e-10, max_iter: i
     return c, m, table_mse(samples, c)
 
 
-def _best_scale(f, lo: float = 1 / 64, hi: float = 64.0, points: int = 241):
+def _best_scale(f: Any, lo: float = 1 / 64, hi: float = 64.0, points: int = 241) -> Any:
     """``(g, f(g))`` minimising ``f`` over ``g`` in ``[lo, hi]``: a log-spaced grid, then a bounded search around its best point."""
     from scipy.optimize import minimize_scalar
 
@@ -722,7 +724,7 @@ def _best_scale(f, lo: float = 1 / 64, hi: float = 64.0, points: int = 241):
     return float(grid[i]), float(vals[i])
 
 
-def table_distortion(levels, *, samples=None, sigma: float | None = None, n_levels: int | None = None) -> dict:
+def table_distortion(levels: ArrayLike, *, samples: ArrayLike | None = None, sigma: float | None = None, n_levels: int | None = None) -> dict[str, Any]:
     """A value table against the Lloyd-Max quantizer of the distribution it meets.
 
     ``levels``: the values the table's codes decode to (sorted and
@@ -755,8 +757,7 @@ def table_distortion(levels, *, samples=None, sigma: float | None = None, n_leve
     """
     c = _levels(levels)
     n = c.size if n_levels is None else n_levels
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise TbqValueError(f"n_levels must be a positive integer, got {n_levels!r}")
+    check_int(n, "n_levels", lo=1, expected="a positive integer", error=TbqValueError)
     if (samples is None) == (sigma is None):
         raise TbqValueError("give exactly one of samples= (a measured distribution) and sigma= (a Gaussian)")
     if sigma is not None:
@@ -769,17 +770,18 @@ def table_distortion(levels, *, samples=None, sigma: float | None = None, n_leve
         ref = lloyd_max_distortion(bits) * sigma * sigma
         ref_levels = lloyd_max_levels(bits)[0] * sigma
 
-        def mse_at(g):
+        def mse_at(g: Any) -> Any:
             gc = g * c
             return gaussian_distortion(gc, 0.5 * (gc[1:] + gc[:-1]), sigma) * sigma * sigma
     else:
+        assert samples is not None  # exactly one of samples and sigma: checked above
         st = _Sorted(samples)
         ref_levels, _, ref = lloyd_max_samples(samples, int(n))
 
-        def mse_at(g):
+        def mse_at(g: Any) -> Any:
             return st.mse(g * c - st.shift)
 
-    mse = mse_at(1.0) if sigma is not None else table_mse(samples, c)
+    mse = mse_at(1.0) if samples is None else table_mse(samples, c)
     g, best = _best_scale(mse_at)
     if mse <= best:
         g, best = 1.0, mse

@@ -71,6 +71,7 @@ import math
 import struct
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -119,7 +120,7 @@ def header_size(ndim: int) -> int:
     return _FIXED.size + 8 * int(ndim)
 
 
-def encoded_size(shape, fmt: str) -> int:
+def encoded_size(shape: Any, fmt: str) -> int:
     """Total encoded bytes (header + payload) of a float array of ``shape`` in ``fmt``."""
     info = FORMATS[fmt]
     shape = tuple(int(s) for s in shape)
@@ -127,13 +128,13 @@ def encoded_size(shape, fmt: str) -> int:
     return header_size(len(shape)) + rows * (shape[-1] // info.block_size * info.type_size)
 
 
-def _pack_header(fmt: str, shape) -> bytes:
+def _pack_header(fmt: str, shape: Any) -> bytes:
     return _FIXED.pack(MAGIC, HEADER_VERSION, FORMAT_CODES[fmt], len(shape), 0) + struct.pack(
         f"<{len(shape)}Q", *shape
     )
 
 
-def read_header(buf) -> tuple[str, tuple[int, ...], int]:
+def read_header(buf: Any) -> tuple[str, tuple[int, ...], int]:
     """Parse the header of an encoded buffer: ``(format, float shape, payload offset)``.
 
     Raises :class:`tbq.TbqValueError` for a buffer that is not tbq-encoded and
@@ -167,12 +168,12 @@ def read_header(buf) -> tuple[str, tuple[int, ...], int]:
     return _CODE_FORMATS[code], tuple(int(s) for s in shape), hs
 
 
-def _as_bytes_array(buf) -> np.ndarray:
+def _as_bytes_array(buf: Any) -> np.ndarray:
     """Any buffer-protocol object as a flat uint8 view (no copy when contiguous)."""
     return ensure_contiguous_ndarray(buf, flatten=True).reshape(-1).view(np.uint8)
 
 
-def _as_float_array(buf) -> np.ndarray:
+def _as_float_array(buf: Any) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         if buf.dtype not in (np.float16, np.float32, np.float64):
             raise TbqTypeError(
@@ -197,7 +198,7 @@ def _as_float_array(buf) -> np.ndarray:
     return raw.view(np.float32)
 
 
-class TbqCodec(_NumcodecsCodec):
+class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
     """numcodecs codec for one tbq block format (use :class:`Q8_0`, :class:`Q4_0`, :class:`TBQ4_0`, :class:`TBQ3_0`).
 
     Keyword arguments are those of :func:`tbq.get_codec` for the format
@@ -210,7 +211,7 @@ class TbqCodec(_NumcodecsCodec):
     codec_id: str | None = None
     fmt: str = ""
 
-    def __init__(self, **config):
+    def __init__(self, **config: Any) -> None:
         if not self.fmt:
             raise TypeError("TbqCodec is abstract: use Q8_0, Q4_0, TBQ4_0 or TBQ3_0 (or get_numcodec(fmt))")
         if "name" in config or "id" in config:
@@ -235,34 +236,34 @@ class TbqCodec(_NumcodecsCodec):
         return self._codec.type_size
 
     # -- config --
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         cfg = self._codec.get_config()
         del cfg["name"]
         return {"id": self.codec_id, **cfg}
 
     @classmethod
-    def from_config(cls, config):
+    def from_config(cls, config: Any) -> Any:
         cfg = dict(config)
         cid = cfg.pop("id", cls.codec_id)
         if cid != cls.codec_id and (not isinstance(cid, str) or not cid[:4].lower() == "tbq." or _fmt_of(cid) != cls.fmt):
             raise ConfigError(f"{cls.__name__}.from_config: config id {cid!r} is not {cls.codec_id!r}")
         return cls(**cfg)
 
-    def __eq__(self, other):
+    def __eq__(self, other: Any) -> Any:
         if not isinstance(other, TbqCodec):
             return NotImplemented
         return self.get_config() == other.get_config()
 
-    def __hash__(self):
+    def __hash__(self) -> Any:
         return hash(repr(self))
 
-    def __repr__(self):
+    def __repr__(self) -> Any:
         cfg = self.get_config()
         del cfg["id"]
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in cfg.items())})"
 
     # -- encode / decode --
-    def encode(self, buf) -> np.ndarray:
+    def encode(self, buf: Any) -> np.ndarray:
         """Header + ``tbq.quantize(x)`` bytes as a flat uint8 array (see the module docstring)."""
         x = _as_float_array(buf)
         if x.ndim == 0:
@@ -284,7 +285,7 @@ class TbqCodec(_NumcodecsCodec):
         self._codec.encode(x, out=out[len(header) :].reshape(payload_shape))
         return out
 
-    def decode(self, buf, out=None):
+    def decode(self, buf: Any, out: Any = None) -> Any:
         """float32 array of the encoded shape (written into ``out`` when given, numcodecs-style)."""
         b = _as_bytes_array(buf)
         fmt, shape, off = read_header(b)
@@ -346,7 +347,7 @@ def _fmt_of(name: str) -> str:
         try:
             fmt = format_name(fmt)  # the naming rule of docs/formats.md: any case
         except ConfigError:
-            fmt = None
+            fmt = ""
         if fmt in _CLASSES:
             return fmt
     raise ConfigError(
@@ -354,7 +355,7 @@ def _fmt_of(name: str) -> str:
     )
 
 
-def get_numcodec(fmt: str, **config) -> TbqCodec:
+def get_numcodec(fmt: str, **config: Any) -> TbqCodec:
     """The numcodecs codec for ``fmt`` (``"tbq4_0"`` or ``"tbq.tbq4_0"``) with core configuration ``config``.
 
     Equivalent to ``numcodecs.get_codec({"id": "tbq." + fmt, **config})``.
@@ -375,7 +376,7 @@ except ImportError:  # zarr is optional even within the extra's code path
     _HAVE_ZARR3 = False
 
 
-def zarr_codec(fmt: str, **config):
+def zarr_codec(fmt: str, **config: Any) -> Any:
     """A Zarr 3 serializer for ``fmt``: ``zarr.create_array(..., serializer=zarr_codec("tbq4_0"))``.
 
     Requires zarr >= 3. See :class:`ZarrCodec`.
@@ -405,9 +406,9 @@ if _HAVE_ZARR3:
         is_fixed_size = True
 
         name: str
-        configuration: dict
+        configuration: dict[str, Any]
 
-        def __init__(self, fmt: str, **config) -> None:
+        def __init__(self, fmt: str, **config: Any) -> None:
             numcodec = _CLASSES[_fmt_of(fmt)](**config)  # validates the configuration
             cfg = numcodec.get_config()
             object.__setattr__(self, "name", cfg.pop("id"))
@@ -419,17 +420,17 @@ if _HAVE_ZARR3:
             return _CLASSES[_fmt_of(self.name)](**self.configuration)
 
         @classmethod
-        def from_dict(cls, data):
+        def from_dict(cls, data: dict[str, Any]) -> Any:
             name, cfg = _parse_named_configuration(data, require_configuration=False)
             return cls(name, **(cfg or {}))  # unknown names raise ConfigError listing the codecs
 
-        def to_dict(self):
+        def to_dict(self) -> Any:
             return {"name": self.name, "configuration": dict(self.configuration)}
 
-        def __repr__(self):
+        def __repr__(self) -> Any:
             return f"ZarrCodec({_fmt_of(self.name)!r}, {', '.join(f'{k}={v!r}' for k, v in self.configuration.items())})"
 
-        def validate(self, *, shape, dtype, chunk_grid) -> None:
+        def validate(self, *, shape: Any, dtype: Any, chunk_grid: Any) -> None:
             native = dtype.to_native_dtype()
             if native != np.dtype(np.float32):
                 raise TbqTypeError(
@@ -449,10 +450,10 @@ if _HAVE_ZARR3:
                     f"got chunk shape {tuple(chunk_shape)}"
                 )
 
-        def compute_encoded_size(self, input_byte_length: int, chunk_spec) -> int:
+        def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
             return encoded_size(chunk_spec.shape, _fmt_of(self.name))
 
-        def _decode_sync(self, chunk_bytes, chunk_spec):
+        def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
             dec = self.numcodec.decode(chunk_bytes.as_numpy_array())
             if dec.shape != tuple(chunk_spec.shape):
                 raise TbqValueError(
@@ -460,14 +461,14 @@ if _HAVE_ZARR3:
                 )
             return chunk_spec.prototype.nd_buffer.from_numpy_array(dec)
 
-        def _encode_sync(self, chunk_array, chunk_spec):
+        def _encode_sync(self, chunk_array: Any, chunk_spec: Any) -> Any:
             enc = self.numcodec.encode(np.ascontiguousarray(chunk_array.as_numpy_array()))
             return chunk_spec.prototype.buffer.from_array_like(enc)
 
-        async def _decode_single(self, chunk_bytes, chunk_spec):
+        async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
             return await asyncio.to_thread(self._decode_sync, chunk_bytes, chunk_spec)
 
-        async def _encode_single(self, chunk_array, chunk_spec):
+        async def _encode_single(self, chunk_array: Any, chunk_spec: Any) -> Any:
             return await asyncio.to_thread(self._encode_sync, chunk_array, chunk_spec)
 
     for _fmt in FORMAT_CODES:

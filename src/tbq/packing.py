@@ -14,7 +14,11 @@ field width instead of masking them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from .backend import resolve_backend
 from .errors import BlockShapeError, TbqTypeError, TbqValueError
@@ -22,7 +26,7 @@ from .errors import BlockShapeError, TbqTypeError, TbqValueError
 __all__ = ["pack4_pairs", "unpack4_pairs", "pack4_halves", "unpack4_halves", "pack3", "unpack3", "pack3_fork_bug"]
 
 
-def _uint8(a, what: str) -> np.ndarray:
+def _uint8(a: ArrayLike, what: str) -> NDArray[np.uint8]:
     a = np.asarray(a)
     if a.dtype != np.uint8:
         raise TbqTypeError(f"{what} must be uint8, got {a.dtype}")
@@ -31,29 +35,29 @@ def _uint8(a, what: str) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _check_len(a: np.ndarray, multiple: int, what: str) -> None:
+def _check_len(a: NDArray[Any], multiple: int, what: str) -> None:
     if a.shape[-1] % multiple:
         raise BlockShapeError(f"{what}: last axis {a.shape[-1]} is not a multiple of {multiple}")
 
 
-def _check_max(idx: np.ndarray, limit: int) -> None:
+def _check_max(idx: NDArray[Any], limit: int) -> None:
     if idx.size and int(idx.max()) >= limit:
         pos = np.unravel_index(int(np.argmax(idx >= limit)), idx.shape)
         raise TbqValueError(f"index {int(idx[pos])} at position {tuple(int(p) for p in pos)} does not fit in {limit.bit_length() - 1} bits")
 
 
-def _backend(backend):
+def _backend(backend: str | None) -> str:
     return resolve_backend(backend)
 
 
 # --- NumPy twins: the layouts written as array expressions --------------------
 
 
-def np_pack4_pairs(idx):
+def np_pack4_pairs(idx: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return (idx[..., 0::2] | (idx[..., 1::2] << 4)).astype(np.uint8)
 
 
-def np_unpack4_pairs(b):
+def np_unpack4_pairs(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
     out = np.empty(b.shape[:-1] + (2 * b.shape[-1],), np.uint8)
     out[..., 0::2] = b & 0x0F
     out[..., 1::2] = b >> 4
@@ -64,19 +68,19 @@ def np_unpack4_pairs(b):
 # arrays with a zero-length axis.
 
 
-def np_pack4_halves(q):
+def np_pack4_halves(q: NDArray[np.uint8]) -> NDArray[np.uint8]:
     lead, n = q.shape[:-1], q.shape[-1]
     blk = q.reshape(lead + (n // 32, 32))
     return (blk[..., :16] | (blk[..., 16:] << 4)).astype(np.uint8).reshape(lead + (n // 2,))
 
 
-def np_unpack4_halves(b):
+def np_unpack4_halves(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
     lead, n = b.shape[:-1], b.shape[-1]
     blk = b.reshape(lead + (n // 16, 16))
     return np.concatenate((blk & 0x0F, blk >> 4), axis=-1).reshape(lead + (2 * n,))
 
 
-def np_pack3(idx):
+def np_pack3(idx: NDArray[np.uint8]) -> NDArray[np.uint8]:
     lead, n = idx.shape[:-1], idx.shape[-1]
     g = idx.reshape(lead + (n // 8, 8)).astype(np.uint32)
     lane = np.zeros(g.shape[:-1], np.uint32)
@@ -86,7 +90,7 @@ def np_pack3(idx):
     return out.reshape(lead + (n // 8 * 3,))
 
 
-def np_unpack3(b):
+def np_unpack3(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
     lead, n = b.shape[:-1], b.shape[-1]
     g = b.reshape(lead + (n // 3, 3)).astype(np.uint32)
     lane = g[..., 0] | (g[..., 1] << 8) | (g[..., 2] << 16)
@@ -97,7 +101,7 @@ def np_unpack3(b):
 # --- public dispatch ------------------------------------------------------------
 
 
-def _run(np_fn, nb_name, a, backend, n_out):
+def _run(np_fn: Callable[[NDArray[np.uint8]], NDArray[np.uint8]], nb_name: str, a: NDArray[np.uint8], backend: str | None, n_out: int) -> NDArray[np.uint8]:
     if _backend(backend) == "numba":
         from . import packing_kernels
 
@@ -105,7 +109,7 @@ def _run(np_fn, nb_name, a, backend, n_out):
     return np_fn(a)
 
 
-def pack4_pairs(idx, *, backend=None) -> np.ndarray:
+def pack4_pairs(idx: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Pack 4-bit indices in adjacent pairs (TBQ4_0 layout).
 
     >>> pack4_pairs(np.uint8([1, 2, 15, 0]), backend="numpy")
@@ -117,13 +121,13 @@ def pack4_pairs(idx, *, backend=None) -> np.ndarray:
     return _run(np_pack4_pairs, "pack4_pairs", idx, backend, idx.shape[-1] // 2)
 
 
-def unpack4_pairs(data, *, backend=None) -> np.ndarray:
+def unpack4_pairs(data: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Inverse of :func:`pack4_pairs`: each byte gives (low nibble, high nibble)."""
     data = _uint8(data, "packed bytes")
     return _run(np_unpack4_pairs, "unpack4_pairs", data, backend, 2 * data.shape[-1])
 
 
-def pack4_halves(q, *, backend=None) -> np.ndarray:
+def pack4_halves(q: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Pack 4-bit codes in Q4_0 order: per 32 codes, byte j = q[j] | q[j+16] << 4.
 
     >>> pack4_halves(np.arange(32, dtype=np.uint8) % 16, backend="numpy")[:3]
@@ -135,14 +139,14 @@ def pack4_halves(q, *, backend=None) -> np.ndarray:
     return _run(np_pack4_halves, "pack4_halves", q, backend, q.shape[-1] // 2)
 
 
-def unpack4_halves(data, *, backend=None) -> np.ndarray:
+def unpack4_halves(data: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Inverse of :func:`pack4_halves` (last axis a multiple of 16 bytes)."""
     data = _uint8(data, "packed bytes")
     _check_len(data, 16, "unpack4_halves")
     return _run(np_unpack4_halves, "unpack4_halves", data, backend, 2 * data.shape[-1])
 
 
-def pack3(idx, *, backend=None) -> np.ndarray:
+def pack3(idx: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Pack 3-bit indices into 24-bit little-endian lanes (TBQ3_0 layout).
 
     >>> pack3(np.arange(8, dtype=np.uint8), backend="numpy")
@@ -154,7 +158,7 @@ def pack3(idx, *, backend=None) -> np.ndarray:
     return _run(np_pack3, "pack3", idx, backend, idx.shape[-1] // 8 * 3)
 
 
-def pack3_fork_bug(idx) -> np.ndarray:
+def pack3_fork_bug(idx: ArrayLike) -> NDArray[np.uint8]:
     """The TurboQuant fork's original 3-bit packer, as it behaved with gcc on x86-64 (NumPy only).
 
     docs/formats.md, "The 3-bit shift bug": index ``t`` of each 8-index lane
@@ -178,7 +182,7 @@ def pack3_fork_bug(idx) -> np.ndarray:
     return out.astype(np.uint8).reshape(lead + (n // 8 * 3,))
 
 
-def unpack3(data, *, backend=None) -> np.ndarray:
+def unpack3(data: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Inverse of :func:`pack3`: every 3 bytes give 8 indices."""
     data = _uint8(data, "packed bytes")
     _check_len(data, 3, "unpack3")

@@ -20,7 +20,9 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from .errors import MemoryLimitError
 
@@ -45,10 +47,10 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_after_fork: list = []
+_after_fork: list[Callable[[], None]] = []
 
 
-def after_fork_in_child(fn):
+def after_fork_in_child(fn: Callable[[], None]) -> Callable[[], None]:
     """Call ``fn()`` in the child of every later ``os.fork`` (used to rebuild process-global state); returns ``fn``."""
     _after_fork.append(fn)
     return fn
@@ -70,24 +72,24 @@ class _ForkSafeLock:
     in the child (that thread does not exist there); this one is replaced.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         after_fork_in_child(self._renew)
 
-    def _renew(self):
+    def _renew(self) -> None:
         self._lock = threading.Lock()
 
-    def __enter__(self):
+    def __enter__(self) -> _ForkSafeLock:
         self._lock.acquire()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._lock.release()
 
-    def acquire(self, *args, **kwargs):
-        return self._lock.acquire(*args, **kwargs)
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
 
-    def release(self):
+    def release(self) -> None:
         self._lock.release()
 
 
@@ -97,7 +99,7 @@ def fork_safe_lock() -> _ForkSafeLock:
 
 
 _pool_lock = fork_safe_lock()
-_pool: dict = {}  # pid -> executor: a forked child never finds its parent's
+_pool: dict[int, ThreadPoolExecutor] = {}  # pid -> executor: a forked child never finds its parent's
 
 
 @after_fork_in_child
@@ -116,7 +118,7 @@ def executor() -> ThreadPoolExecutor:
         return ex
 
 
-def plan_chunks(n_items: int, chunk: int, threads: int, min_chunk: int = 1) -> list:
+def plan_chunks(n_items: int, chunk: int, threads: int, min_chunk: int = 1) -> list[tuple[int, int]]:
     """The ``(start, stop)`` chunks of ``[0, n_items)``: at most ``chunk`` items each.
 
     With several threads, a mid-sized range is split so that every thread gets
@@ -128,10 +130,11 @@ def plan_chunks(n_items: int, chunk: int, threads: int, min_chunk: int = 1) -> l
     return [(s, min(s + chunk, n_items)) for s in range(0, n_items, chunk)]
 
 
-def _split(n: int, parts: int) -> list:
+def _split(n: int, parts: int) -> list[range]:
     """``range(n)`` in ``parts`` contiguous groups of near-equal size (the first groups one larger)."""
     q, r = divmod(n, parts)
-    out, s = [], 0
+    out: list[range] = []
+    s = 0
     for i in range(parts):
         e = s + q + (1 if i < r else 0)
         out.append(range(s, e))
@@ -139,7 +142,7 @@ def _split(n: int, parts: int) -> list:
     return out
 
 
-def run_groups(n_tasks: int, threads: int, run) -> None:
+def run_groups(n_tasks: int, threads: int, run: Callable[[Sequence[int]], None]) -> None:
     """Call ``run(ids)`` on ``min(threads, n_tasks)`` contiguous groups of ``range(n_tasks)``.
 
     The first group runs on the calling thread, the others on :func:`executor`;
@@ -157,7 +160,7 @@ def run_groups(n_tasks: int, threads: int, run) -> None:
         f.result()
 
 
-def run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1) -> list:
+def run_chunks(n_items: int, chunk: int, threads: int, fn: Callable[[int, int], Any], min_chunk: int = 1) -> list[Any]:
     """Call ``fn(start, stop)`` over ``[0, n_items)`` in chunks (:func:`plan_chunks`); ``threads`` contiguous groups.
 
     Returns the results in chunk order. Each group runs its chunks in order and
@@ -166,7 +169,7 @@ def run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1) -
     """
     bounds = plan_chunks(n_items, chunk, threads, min_chunk)
     if threads <= 1 or len(bounds) <= 1:
-        results = []
+        results: list[Any] = []
         for s, e in bounds:
             r = fn(s, e)
             results.append(r)
@@ -174,11 +177,11 @@ def run_chunks(n_items: int, chunk: int, threads: int, fn, min_chunk: int = 1) -
                 break
         return results
     groups = _split(len(bounds), min(threads, len(bounds)))
-    outs: list = [None] * len(groups)
+    outs: list[list[Any]] = [[] for _ in groups]
 
-    def run(ids):
+    def run(ids: Sequence[int]) -> None:
         for g in ids:
-            out = []
+            out: list[Any] = []
             for i in groups[g]:
                 r = fn(*bounds[i])
                 out.append(r)

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import ConfigError
 
@@ -48,7 +51,7 @@ DPI = 110
 INSTALL_HINT = "pip install '.[plot]' in the tbq checkout, or pip install matplotlib"
 
 
-def require_matplotlib(what: str = "plotting"):
+def require_matplotlib(what: str = "plotting") -> Any:
     """Import and return matplotlib, or raise :class:`~tbq.errors.ConfigError` saying how to install it."""
     try:
         import matplotlib
@@ -76,7 +79,7 @@ def figure_path(name: str) -> Path:
     return d / name
 
 
-def _figure(nrows=1, ncols=1, width=None, height=None, *, what: str = "plotting", **kw):
+def _figure(nrows: Any = 1, ncols: Any = 1, width: Any = None, height: Any = None, *, what: str = "plotting", **kw: Any) -> Any:
     require_matplotlib(what)
     from matplotlib.figure import Figure
 
@@ -85,7 +88,7 @@ def _figure(nrows=1, ncols=1, width=None, height=None, *, what: str = "plotting"
     return fig, axes
 
 
-def _save(fig, path) -> Path:
+def _save(fig: Any, path: Any) -> Path:
     """Save ``fig`` to ``path`` and return the file written (``.png`` added to a name without extension, as
     matplotlib does, so the path reported is the file that exists)."""
     path = Path(path)
@@ -96,7 +99,7 @@ def _save(fig, path) -> Path:
     return path
 
 
-def _colors(n):
+def _colors(n: Any) -> Any:
     from matplotlib import colormaps
 
     cmap = colormaps["tab10" if n <= 10 else "tab20"]
@@ -108,15 +111,15 @@ def _colors(n):
 # ---------------------------------------------------------------------------
 
 
-def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
+def plot_compare(rows: list[dict[str, Any]], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Grouped bars of :func:`tbq.compare.compare` rows: NMSE, softmax KL (keys) and attention-output NMSE per format."""
     datas = list(dict.fromkeys(r["data"] for r in rows))
     fmts = list(dict.fromkeys(r["format"] for r in rows))
     panels = [("NMSE", "NMSE of the tensor"), ("softmax KL", "softmax KL (nats), keys"), ("out NMSE", "attention output NMSE")]
     panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)]
     fig, axes = _figure(1, len(panels))
-    colors = dict(zip(datas, _colors(len(datas))))
-    for ax, (key, label) in zip(axes[0], panels):
+    colors = dict(zip(datas, _colors(len(datas)), strict=True))
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
         series = {}
         for d in datas:
             vals = []
@@ -144,7 +147,7 @@ def plot_compare(rows: list[dict], path, *, title: str | None = None) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
+def plot_budget(report: Any, path: str | os.PathLike[str], *, what: str = "plot_budget") -> Path:
     """Cache size and predicted tokens/s against context per format, with the VRAM budget line.
 
     ``report`` is a :class:`tbq.budget.BudgetReport`; the tokens/s panel is
@@ -188,7 +191,7 @@ def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
         for f in r.formats:
             kv = f.kv_bytes_per_token
 
-            def speed_at(c: int, kv=kv) -> float:
+            def speed_at(c: int, kv: Any = kv) -> float:
                 return r.tokens_per_s(kv, c)
 
             (line,) = ax.plot(grid, [speed_at(c) for c in grid], label=f.format)
@@ -216,7 +219,7 @@ def plot_budget(report, path, *, what: str = "plot_budget") -> Path:
 # ---------------------------------------------------------------------------
 
 
-def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), title: str | None = None) -> Path:
+def plot_rate_distortion(results: list[dict[str, Any]], path: str | os.PathLike[str], *, bits_range: Any = (1.0, 9.0), title: str | None = None) -> Path:
     """NMSE (SNR on the right axis) against bits per value, one column per data set, with the anchors.
 
     ``results``: dicts with ``dataset``, ``name``, ``bits_per_value`` and
@@ -237,12 +240,12 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
     lm = np.array([lloyd_max_distortion(int(k)) for k in bi])
     names = list(dict.fromkeys(r["name"] for r in results if not r.get("family")))
     families = list(dict.fromkeys(r["family"] for r in results if r.get("family")))
-    colors = dict(zip(names + families, _colors(len(names) + len(families))))
+    colors = dict(zip(names + families, _colors(len(names) + len(families)), strict=True))
     markers = "osD^v<>pPhX*"
     for col, ds in enumerate(datasets):
         for row, rel in enumerate((False, True)):
             ax = axes[row][col]
-            f = (lambda bb, y: y / shannon_lower_bound(bb)) if rel else (lambda bb, y: y)
+            f: Callable[[Any, Any], Any] = (lambda bb, y: y / shannon_lower_bound(bb)) if rel else (lambda bb, y: y)
             ax.fill_between(b, f(b, shannon_lower_bound(b)), f(b, turboquant_upper_bound(b)), color="0.9", label="between the bounds")
             ax.plot(b, f(b, shannon_lower_bound(b)), "k-", lw=1, label=r"Shannon lower bound $4^{-b}$")
             ax.plot(b, f(b, turboquant_upper_bound(b)), "k--", lw=1, label=r"upper bound $(\sqrt{3}\pi/2)\,4^{-b}$")
@@ -250,7 +253,7 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
             for fam in families:
                 pts = sorted((r["bits_per_value"], r["nmse"]) for r in results if r["dataset"] == ds and r.get("family") == fam)
                 if pts:
-                    x, y = map(np.asarray, zip(*pts))
+                    x, y = map(np.asarray, zip(*pts, strict=True))
                     ax.plot(x, f(x, y), "-", marker=".", color=colors[fam], alpha=0.8, label=fam)
             for i, nm in enumerate(names):
                 for r in results:
@@ -275,10 +278,10 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
                 tw.set_ylim(-10 * math.log10(lo), -10 * math.log10(hi))
                 if col == nd - 1:
                     tw.set_ylabel("SNR (dB)")
-    seen = {}
+    seen: dict[Any, Any] = {}
     for row in axes:
         for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
     if title:
@@ -291,7 +294,7 @@ def plot_rate_distortion(results: list[dict], path, *, bits_range=(1.0, 9.0), ti
 # ---------------------------------------------------------------------------
 
 
-def plot_rotation_block(block, rotated, path, *, peak_rms=None, title: str | None = None) -> Path:
+def plot_rotation_block(block: Any, rotated: Any, path: str | os.PathLike[str], *, peak_rms: Any = None, title: str | None = None) -> Path:
     """One block before/after the rotation, and (optionally) max/RMS over many blocks.
 
     ``block``, ``rotated``: 1-D arrays of one block in the original and the
@@ -347,15 +350,15 @@ def plot_rotation_block(block, rotated, path, *, peak_rms=None, title: str | Non
 
 
 def plot_lines(
-    x,
-    panels: dict,
-    path,
+    x: ArrayLike,
+    panels: dict[str, Any],
+    path: str | os.PathLike[str],
     *,
     xlabel: str = "",
     logx: bool = False,
-    logy=True,
-    ylim: dict | None = None,
-    styles: dict | None = None,
+    logy: bool = True,
+    ylim: dict[str, Any] | None = None,
+    styles: dict[str, Any] | None = None,
     title: str | None = None,
     ncols: int | None = None,
 ) -> Path:
@@ -371,7 +374,7 @@ def plot_lines(
     single = len(titles) == 1
     fig, axes = _figure(nrows, ncols, width=7.0 if single else 4.4 * ncols, height=4.2 if single else 3.5 * nrows)
     labels = list(dict.fromkeys(lab for p in panels.values() for lab in p))
-    colors = dict(zip(labels, _colors(len(labels))))
+    colors = dict(zip(labels, _colors(len(labels)), strict=True))
     x = np.asarray(x)
     for k, t in enumerate(titles):
         ax = axes[k // ncols][k % ncols]
@@ -392,10 +395,10 @@ def plot_lines(
     if single:
         axes[0][0].legend(fontsize="small")
     else:
-        seen = {}
+        seen: dict[Any, Any] = {}
         for row in axes:
             for ax in row:
-                for h, lab in zip(*ax.get_legend_handles_labels()):
+                for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                     seen.setdefault(lab, h)
         fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
     if title:
@@ -403,7 +406,7 @@ def plot_lines(
     return _save(fig, path)
 
 
-def plot_bars(panels: dict, path, *, logy=True, title: str | None = None, ncols: int | None = None, hline=None) -> Path:
+def plot_bars(panels: dict[str, Any], path: str | os.PathLike[str], *, logy: bool = True, title: str | None = None, ncols: int | None = None, hline: Any = None) -> Path:
     """Bar panels: ``{panel title: {bar label: value}}``; ``logy`` a bool or ``{panel: bool}``.
 
     ``hline``: optional ``{panel title: (y, label)}`` reference line.
@@ -439,7 +442,7 @@ def plot_bars(panels: dict, path, *, logy=True, title: str | None = None, ncols:
 # ---------------------------------------------------------------------------
 
 
-def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None) -> Path:
+def plot_codebooks(tables: dict[str, Any], path: str | os.PathLike[str], *, sigma: float, title: str | None = None) -> Path:
     """Codebook levels against the N(0, sigma^2) density they should fit.
 
     ``tables``: ``{panel title: {label: Codebook}}`` (e.g. one panel per bit
@@ -448,7 +451,7 @@ def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None
     """
     titles = list(tables)
     fig, axes = _figure(1, len(titles), width=5.6 * len(titles), height=3.8)
-    for ax, t in zip(axes[0], titles):
+    for ax, t in zip(axes[0], titles, strict=True):
         cbs = tables[t]
         lim = max(4.5 * sigma, max(float(np.max(np.abs(cb.centroids))) for cb in cbs.values()) * 1.1)
         xs = np.linspace(-lim, lim, 600)
@@ -464,9 +467,9 @@ def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None
         ax.set_xlabel("rotated coordinate of a unit-norm block")
         ax.set_title(t)
         ax.set_yticks([])
-    seen = {}
+    seen: dict[Any, Any] = {}
     for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=3, fontsize="small")
     if title:
@@ -474,11 +477,11 @@ def plot_codebooks(tables: dict, path, *, sigma: float, title: str | None = None
     return _save(fig, path)
 
 
-def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Path:
+def plot_index_histograms(hists: dict[str, Any], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Index histograms: ``{panel title: {label: counts per index}}``, bars side by side, as fractions."""
     titles = list(hists)
     fig, axes = _figure(1, len(titles), width=5.2 * len(titles), height=3.6)
-    for ax, t in zip(axes[0], titles):
+    for ax, t in zip(axes[0], titles, strict=True):
         series = hists[t]
         colors = _colors(len(series))
         w = 0.8 / max(1, len(series))
@@ -505,12 +508,12 @@ def plot_index_histograms(hists: dict, path, *, title: str | None = None) -> Pat
 
 
 def plot_format_metrics(
-    rows: list[dict],
-    path,
+    rows: list[dict[str, Any]],
+    path: str | os.PathLike[str],
     *,
-    metrics: dict,
-    groups: dict | None = None,
-    logy=True,
+    metrics: dict[str, Any],
+    groups: dict[str, Any] | None = None,
+    logy: bool = True,
     compress_above: float = 9.0,
     title: str | None = None,
 ) -> Path:
@@ -529,20 +532,20 @@ def plot_format_metrics(
     names = list(dict.fromkeys(r["name"] for r in rows))
     groups = groups or {}
     glist = list(dict.fromkeys(groups.get(n, n) for n in names))
-    gcol = dict(zip(glist, _colors(len(glist))))
+    gcol = dict(zip(glist, _colors(len(glist)), strict=True))
     names = sorted(names, key=lambda n: glist.index(groups.get(n, n)))  # legend grouped
     cut = float(compress_above)
 
-    def fwd(b):
+    def fwd(b: Any) -> Any:
         b = np.asarray(b, dtype=np.float64)
         return np.where(b <= cut, b, cut + (b - cut) / 7.0)
 
-    def inv(u):
+    def inv(u: Any) -> Any:
         u = np.asarray(u, dtype=np.float64)
         return np.where(u <= cut, u, cut + (u - cut) * 7.0)
 
     markers = "osD^v<>pPhX*"
-    seen_in_group: dict = {}
+    seen_in_group: dict[str, Any] = {}
     style = {}
     for n in names:
         g = groups.get(n, n)
@@ -579,10 +582,10 @@ def plot_format_metrics(
                 ax.set_ylabel(metrics[key])
             if i == nr - 1:
                 ax.set_xlabel(f"bits per value (axis compressed above {cut:g})" if max(bits) > cut else "bits per value")
-    seen = {}
+    seen: dict[Any, Any] = {}
     for row in axes:
         for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
                 seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
     if title:
@@ -596,7 +599,7 @@ def plot_format_metrics(
 
 
 def plot_rotated_blocks(
-    blocks: dict, path, *, mark=None, distributions: dict | None = None, ncols: int = 3, title: str | None = None
+    blocks: dict[str, Any], path: str | os.PathLike[str], *, mark: Any = None, distributions: dict[str, Any] | None = None, ncols: int = 3, title: str | None = None
 ) -> Path:
     """One block in several domains, coordinate by coordinate, and per-block statistics as histograms.
 
@@ -619,7 +622,7 @@ def plot_rotated_blocks(
         rms = math.sqrt(float(np.mean(b * b))) or 1.0
         scaled[t] = b / rms
         lim = max(lim, float(np.max(np.abs(scaled[t]))))
-    for ax, (t, v) in zip(flat, scaled.items()):
+    for ax, (t, v) in zip(flat, scaled.items(), strict=False):
         idx = np.arange(v.size)
         if mark is not None and len(mark):
             for m in np.asarray(mark).ravel():
@@ -631,10 +634,10 @@ def plot_rotated_blocks(
         ax.set_title(t, fontsize="medium")
         ax.set_xlabel("coordinate")
         ax.set_ylabel("value / block RMS")
-    for ax, (t, series) in zip(flat[len(blocks):], distributions.items()):
+    for ax, (t, series) in zip(flat[len(blocks):], distributions.items(), strict=False):
         allv = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in series.values()])
         bins = np.linspace(float(allv.min()), float(allv.max()) * 1.02 + 1e-12, 60)
-        for (lab, v), c in zip(series.items(), _colors(len(series))):
+        for (lab, v), c in zip(series.items(), _colors(len(series)), strict=True):
             ax.hist(np.asarray(v, dtype=np.float64).ravel(), bins=bins, alpha=0.55, color=c, label=lab)
         ax.set_title(t, fontsize="medium")
         ax.set_ylabel("blocks")
@@ -651,7 +654,7 @@ def plot_rotated_blocks(
 # ---------------------------------------------------------------------------
 
 
-def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None = None) -> Path:
+def plot_value_tables(panels: dict[str, Any], path: str | os.PathLike[str], *, ncols: int = 4, title: str | None = None) -> Path:
     """Value tables drawn over the distribution of the values they quantize.
 
     ``panels``: ``{panel title: {"samples": array, "tables": {label: levels}}}``.
@@ -664,8 +667,8 @@ def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None =
     fig, axes = _figure(nrows, ncols, width=4.4 * ncols, height=3.1 * nrows + 0.5)
     flat = [ax for row in axes for ax in row]
     labels = list(dict.fromkeys(lab for p in panels.values() for lab in p.get("tables", {})))
-    colors = dict(zip(labels, _colors(len(labels))))
-    for ax, t in zip(flat, titles):
+    colors = dict(zip(labels, _colors(len(labels)), strict=True))
+    for ax, t in zip(flat, titles, strict=False):
         s = np.asarray(panels[t]["samples"], dtype=np.float64).ravel()
         tabs = panels[t].get("tables", {})
         lo, hi = float(s.min()), float(s.max())
@@ -688,9 +691,9 @@ def plot_value_tables(panels: dict, path, *, ncols: int = 4, title: str | None =
         ax.minorticks_off()
     for ax in flat[len(titles):]:
         ax.set_visible(False)
-    seen = {}
+    seen: dict[Any, Any] = {}
     for ax in flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(lab, h)
     fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
     if title:

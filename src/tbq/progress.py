@@ -16,11 +16,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Literal, TextIO
 
 __all__ = ["Progress", "slow_notice", "stderr_is_terminal"]
 
 
-def stderr_is_terminal(stream=None) -> bool:
+def stderr_is_terminal(stream: TextIO | None = None) -> bool:
     """True when ``stream`` (default ``sys.stderr``) is an interactive terminal."""
     stream = sys.stderr if stream is None else stream
     try:
@@ -35,7 +36,7 @@ class Progress:
     ``enabled=None`` reports only when the stream is a terminal.
     """
 
-    def __init__(self, total: int, desc: str, *, enabled: bool | None = None, stream=None):
+    def __init__(self, total: int, desc: str, *, enabled: bool | None = None, stream: TextIO | None = None) -> None:
         self.stream = sys.stderr if stream is None else stream
         self.enabled = stderr_is_terminal(self.stream) if enabled is None else bool(enabled)
         self.total, self.desc, self.done = int(total), desc, 0
@@ -63,10 +64,10 @@ class Progress:
             self.stream.flush()
             self._width = 0
 
-    def __enter__(self):
+    def __enter__(self) -> Progress:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
@@ -85,7 +86,7 @@ class slow_notice:
     False
     """
 
-    def __init__(self, message: str, after: float = 1.0, *, done: str = "done", enabled: bool | None = None, stream=None):
+    def __init__(self, message: str, after: float = 1.0, *, done: str = "done", enabled: bool | None = None, stream: TextIO | None = None) -> None:
         self.message, self.after, self.done_text = message, float(after), done
         self.stream = sys.stderr if stream is None else stream
         self.enabled = stderr_is_terminal(self.stream) if enabled is None else bool(enabled)
@@ -102,7 +103,7 @@ class slow_notice:
             self.stream.write(self.message)
             self.stream.flush()
 
-    def __enter__(self):
+    def __enter__(self) -> slow_notice:
         self._t0 = time.perf_counter()
         if self.enabled:
             self._timer = threading.Timer(self.after, self._show)
@@ -110,7 +111,7 @@ class slow_notice:
             self._timer.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         with self._lock:
             timer, self._timer = self._timer, None
         if timer is not None:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
-from .errors import ConfigError, TbqTypeError, TbqValueError
+from .errors import ConfigError, TbqTypeError, TbqValueError, check_int
 
 __all__ = [
     "fwht",
@@ -33,17 +35,19 @@ def _check_pow2(n: int) -> None:
         raise TbqValueError(f"the Walsh-Hadamard length must be a power of two, got {n}")
 
 
-def hadamard_scale(n: int, dtype=np.float32):
+def hadamard_scale(n: int, dtype: DTypeLike = np.float32) -> np.floating[Any]:
     """The normalisation 1/sqrt(n), rounded once to ``dtype``.
 
     For n = 128 and float32 this is 0x1.6a09e6p-4 = 0.08838834764831845 rounded
     to float32, the constant of the spec.
     """
     _check_pow2(n)
-    return np.dtype(dtype).type(1.0 / math.sqrt(n))
+    return np.dtype(dtype).type(1.0 / math.sqrt(n))  # type: ignore[call-overload]  # a floating dtype: fwht checks
 
 
-def fwht(x, *, normalize: bool = True, out=None):
+def fwht(
+    x: ArrayLike, *, normalize: bool = True, out: NDArray[np.floating[Any]] | None = None
+) -> NDArray[np.floating[Any]]:
     """Fast Walsh-Hadamard transform along the last axis (Sylvester order).
 
     Works for float32 and float64 (other dtypes are rejected), any power-of-two
@@ -66,7 +70,7 @@ def fwht(x, *, normalize: bool = True, out=None):
     n = v.shape[-1]
     _check_pow2(n)
     lead = v.shape[:-1]
-    w = np.array(v, copy=True).reshape(-1, n)
+    w: NDArray[Any] = np.array(v, copy=True).reshape(-1, n)
     h = 1
     while h < n:
         blocks = w.reshape(-1, n // (2 * h), 2, h)
@@ -84,7 +88,7 @@ def fwht(x, *, normalize: bool = True, out=None):
     return w
 
 
-def matrix(n: int, *, normalize: bool = True, dtype=np.float64) -> np.ndarray:
+def matrix(n: int, *, normalize: bool = True, dtype: DTypeLike = np.float64) -> NDArray[np.floating[Any]]:
     """The ``n x n`` Walsh-Hadamard matrix in Sylvester order (for tests and study).
 
     ``fwht(x) == x @ matrix(n).T`` up to rounding; with ``normalize`` it is orthonormal.
@@ -102,7 +106,7 @@ def matrix(n: int, *, normalize: bool = True, dtype=np.float64) -> np.ndarray:
     return H.astype(dtype)
 
 
-def signs_from_seed(seed: int, n: int = 128) -> tuple[np.ndarray, np.ndarray]:
+def signs_from_seed(seed: int, n: int = 128) -> tuple[NDArray[np.int8], NDArray[np.int8]]:
     """Two Rademacher sign vectors from an integer seed.
 
     The PRNG is numpy's PCG64 (``np.random.Generator(np.random.PCG64(seed))``);
@@ -114,8 +118,7 @@ def signs_from_seed(seed: int, n: int = 128) -> tuple[np.ndarray, np.ndarray]:
     >>> s1.dtype, sorted(set(s1.tolist()) | set(s2.tolist()))
     (dtype('int8'), [-1, 1])
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ConfigError(f"a sign seed must be a non-negative integer, got {seed!r}")
+    seed = check_int(seed, "a sign seed", lo=0, expected="a non-negative integer", error=ConfigError)
     _check_pow2(n)
     rng = np.random.Generator(np.random.PCG64(int(seed)))
     s1 = (1 - 2 * rng.integers(0, 2, size=n)).astype(np.int8)
@@ -123,8 +126,8 @@ def signs_from_seed(seed: int, n: int = 128) -> tuple[np.ndarray, np.ndarray]:
     return s1, s2
 
 
-@functools.lru_cache(maxsize=None)
-def turboq_mtp_signs() -> tuple[np.ndarray, np.ndarray]:
+@functools.cache
+def turboq_mtp_signs() -> tuple[NDArray[np.int8], NDArray[np.int8]]:
     """The sign tables of the deployed kernels (``wht_signs1``, ``wht_signs2``, n = 128)."""
     from .codebooks import tables
 
@@ -136,7 +139,7 @@ def turboq_mtp_signs() -> tuple[np.ndarray, np.ndarray]:
     return s1, s2
 
 
-def _as_signs(v, label: str, n: int) -> np.ndarray:
+def _as_signs(v: Any, label: str, n: int) -> NDArray[np.int8]:
     a = np.asarray(v)
     if a.dtype.kind not in "iuf" or a.ndim != 1:
         raise ConfigError(f"{label} must be a 1-D array of +-1, got dtype {a.dtype} and shape {a.shape}")
@@ -156,8 +159,11 @@ class RandomizedHadamard:
 
     Parameters
     ----------
-    signs1, signs2 : 1-D arrays of +-1 with the same power-of-two length.
+    signs1, signs2 : numpy.ndarray
+        1-D arrays of +-1 with the same power-of-two length.
 
+    Notes
+    -----
     The sign flips are exact, so the float rounding is that of :func:`fwht`.
 
     >>> rot = RandomizedHadamard(*signs_from_seed(1, 16))
@@ -166,7 +172,7 @@ class RandomizedHadamard:
     True
     """
 
-    def __init__(self, signs1, signs2):
+    def __init__(self, signs1: ArrayLike, signs2: ArrayLike) -> None:
         n1, n2 = np.asarray(signs1).size, np.asarray(signs2).size
         if n1 != n2:
             raise ConfigError(f"signs1 has {n1} entries and signs2 has {n2}; both need the same power-of-two length")
@@ -176,7 +182,7 @@ class RandomizedHadamard:
         self.signs2 = _as_signs(signs2, "signs2", n1)
         self.n = n1
 
-    def _apply(self, x, first, second):
+    def _apply(self, x: ArrayLike, first: NDArray[np.int8], second: NDArray[np.int8]) -> NDArray[np.floating[Any]]:
         v = np.asarray(x)
         if v.dtype not in (np.float32, np.float64):
             raise TbqTypeError(f"the rotation works on float32 or float64 arrays, got {v.dtype}")
@@ -186,35 +192,35 @@ class RandomizedHadamard:
         w *= second.astype(v.dtype)
         return w
 
-    def forward(self, x):
+    def forward(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
         """``s2 * H(s1 * x)`` along the last axis, in the dtype of ``x``."""
         return self._apply(x, self.signs1, self.signs2)
 
-    def inverse(self, y):
+    def inverse(self, y: ArrayLike) -> NDArray[np.floating[Any]]:
         """``s1 * H(s2 * y)`` along the last axis, in the dtype of ``y``."""
         return self._apply(y, self.signs2, self.signs1)
 
-    def matrix(self, dtype=np.float64) -> np.ndarray:
+    def matrix(self, dtype: DTypeLike = np.float64) -> NDArray[np.floating[Any]]:
         """The rotation as an orthonormal ``n x n`` matrix ``M`` with ``forward(x) ~= M @ x``."""
         H = matrix(self.n, dtype=np.float64)
         M = self.signs2[:, None].astype(np.float64) * H * self.signs1[None, :].astype(np.float64)
         return M.astype(dtype)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return (
             isinstance(other, RandomizedHadamard)
             and np.array_equal(self.signs1, other.signs1)
             and np.array_equal(self.signs2, other.signs2)
         )
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.signs1.tobytes(), self.signs2.tobytes()))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"RandomizedHadamard(signs1={self.signs1.tolist()}, signs2={self.signs2.tolist()})"
 
 
-def get_rotation(spec, n: int = 128) -> RandomizedHadamard:
+def get_rotation(spec: Any, n: int = 128) -> RandomizedHadamard:
     """Resolve a ``signs=`` spec: ``"turboq-mtp"``, an integer seed, or a pair of +-1 arrays.
 
     A dict ``{"signs1": [...], "signs2": [...]}`` (the config form) is accepted too.
@@ -226,7 +232,7 @@ def get_rotation(spec, n: int = 128) -> RandomizedHadamard:
             raise ConfigError(f"unknown sign table {spec!r}; use 'turboq-mtp', an integer seed or a pair of +-1 arrays")
         rot = RandomizedHadamard(*turboq_mtp_signs())
     elif isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
-        rot = RandomizedHadamard(*signs_from_seed(spec, n))
+        rot = RandomizedHadamard(*signs_from_seed(int(spec), n))
     elif isinstance(spec, dict):
         if set(spec) != {"signs1", "signs2"}:
             raise ConfigError(f"a signs dict needs exactly the keys 'signs1' and 'signs2', got {sorted(spec)}")

@@ -41,13 +41,15 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import metrics
 from .codebooks import Codebook, get_codebook, lloyd_max
 from .codecs import Codec, get_codec
-from .errors import ConfigError, TbqValueError
+from .errors import ConfigError, TbqValueError, check_choice, check_int
 from .formats import FORMATS, format_info, get_format
 from .rotation import get_rotation
 
@@ -84,17 +86,17 @@ class Quantizer:
     #: bits of the per-value code alone (the ``b`` of ``2**b`` levels)
     code_bits: int = 0
 
-    def roundtrip(self, x) -> np.ndarray:  # pragma: no cover - abstract
+    def roundtrip(self, x: ArrayLike) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def __call__(self, x) -> np.ndarray:
+    def __call__(self, x: ArrayLike) -> np.ndarray:
         return self.roundtrip(x)
 
-    def __repr__(self):
+    def __repr__(self) -> Any:
         return f"<{type(self).__name__} {self.name} ({self.bits_per_value:g} bits/value)>"
 
 
-def _as_f32(x) -> np.ndarray:
+def _as_f32(x: Any) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype.kind != "f":
         raise TbqValueError(f"expected a float array, got dtype {a.dtype}")
@@ -111,7 +113,7 @@ class CodecQuantizer(Quantizer):
     This is the one quantizer of this module whose output is a real cache's.
     """
 
-    def __init__(self, fmt, **config):
+    def __init__(self, fmt: str | Codec, **config: Any) -> None:
         self.codec: Codec = fmt if isinstance(fmt, Codec) else get_codec(fmt, **config)
         cfg = self.codec.get_config()
         name = cfg["name"]
@@ -123,7 +125,7 @@ class CodecQuantizer(Quantizer):
         self.bits_per_value = self.codec.bits_per_value
         self.code_bits = self.codec.info.index_bits
 
-    def roundtrip(self, x) -> np.ndarray:
+    def roundtrip(self, x: ArrayLike) -> np.ndarray:
         return self.codec.decode(self.codec.encode(_as_f32(x)))
 
 
@@ -134,7 +136,7 @@ class F16Quantizer(Quantizer):
     bits_per_value = 16.0
     code_bits = 16
 
-    def roundtrip(self, x) -> np.ndarray:
+    def roundtrip(self, x: ArrayLike) -> np.ndarray:
         with np.errstate(over="ignore"):
             return _as_f32(x).astype(np.float16).astype(np.float32)
 
@@ -146,7 +148,7 @@ class Identity(Quantizer):
     bits_per_value = 32.0
     code_bits = 32
 
-    def roundtrip(self, x) -> np.ndarray:
+    def roundtrip(self, x: ArrayLike) -> np.ndarray:
         return np.array(_as_f32(x), copy=True)
 
 
@@ -155,7 +157,7 @@ class Identity(Quantizer):
 # ---------------------------------------------------------------------------
 
 
-def round_f16_down(v) -> np.ndarray:
+def round_f16_down(v: ArrayLike) -> np.ndarray:
     """Largest float16 ``<= v`` (elementwise; float64 in, float16 out)."""
     v = np.asarray(v, dtype=np.float64)
     with np.errstate(over="ignore"):
@@ -166,7 +168,7 @@ def round_f16_down(v) -> np.ndarray:
     return h
 
 
-def round_f16_up(v) -> np.ndarray:
+def round_f16_up(v: ArrayLike) -> np.ndarray:
     """Smallest float16 ``>= v`` (elementwise; float64 in, float16 out)."""
     v = np.asarray(v, dtype=np.float64)
     with np.errstate(over="ignore"):
@@ -206,13 +208,10 @@ class KIVI(Quantizer):
     :class:`CachePolicy` if needed.
     """
 
-    def __init__(self, bits: int = 2, group_size: int = 32, axis: str = "channel", param_dtype=np.float16):
-        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-            raise ConfigError(f"KIVI bits must be an integer in 1..8, got {bits!r}")
-        if isinstance(group_size, bool) or not isinstance(group_size, (int, np.integer)) or group_size < 1:
-            raise ConfigError(f"KIVI group_size must be a positive integer, got {group_size!r}")
-        if axis not in AXES:
-            raise ConfigError(f"KIVI axis must be one of {AXES}, got {axis!r}")
+    def __init__(self, bits: int = 2, group_size: int = 32, axis: str = "channel", param_dtype: Any = np.float16) -> None:
+        check_int(bits, "KIVI bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
+        check_int(group_size, "KIVI group_size", lo=1, expected="a positive integer", error=ConfigError)
+        check_choice(axis, "KIVI axis", AXES)
         self.bits = self.code_bits = int(bits)
         self.group_size = int(group_size)
         self.axis = axis
@@ -224,7 +223,7 @@ class KIVI(Quantizer):
         self.bits_per_value = self.bits + 2 * 8 * self.param_dtype.itemsize / self.group_size
 
     # grouped view: (..., group_size) with the reduction on the last axis
-    def _grouped(self, x: np.ndarray):
+    def _grouped(self, x: np.ndarray) -> Any:
         G = self.group_size
         if self.axis == "token":
             if x.shape[-1] % G:
@@ -239,14 +238,14 @@ class KIVI(Quantizer):
         g = x2.reshape(-1, G, x2.shape[1]).transpose(0, 2, 1)  # (groups, M, G)
         return g, (T, rest, pad)
 
-    def _ungroup(self, g: np.ndarray, shape, info):
+    def _ungroup(self, g: np.ndarray, shape: Any, info: Any) -> Any:
         if self.axis == "token":
             return g.reshape(shape)
         T, rest, pad = info
         x2 = g.transpose(0, 2, 1).reshape(-1, g.shape[1])
         return x2[:T].reshape((T,) + rest)
 
-    def quantize(self, x):
+    def quantize(self, x: ArrayLike) -> Any:
         """Integer codes and group parameters: ``(codes uint8, scale, zero)``.
 
         ``codes`` has the grouped shape ``(..., group_size)``; ``scale`` and
@@ -277,7 +276,7 @@ class KIVI(Quantizer):
         codes = np.clip(q, 0, self.levels).astype(np.uint8)
         return codes, s, z
 
-    def dequantize(self, codes, scale, zero, shape) -> np.ndarray:
+    def dequantize(self, codes: Any, scale: Any, zero: Any, shape: Any) -> np.ndarray:
         """``codes * scale + zero`` in float32, back in the layout ``shape`` of the input."""
         g = codes.astype(np.float32) * scale.astype(np.float32)[..., None] + zero.astype(np.float32)[..., None]
         info = None
@@ -286,18 +285,18 @@ class KIVI(Quantizer):
             info = (T, tuple(shape[1:]), (-T) % self.group_size)
         return self._ungroup(g, tuple(shape), info)
 
-    def roundtrip(self, x) -> np.ndarray:
+    def roundtrip(self, x: ArrayLike) -> np.ndarray:
         x = _as_f32(x)
         codes, s, z = self.quantize(x)
         return self.dequantize(codes, s, z, x.shape)
 
-    def step(self, x) -> np.ndarray:
+    def step(self, x: ArrayLike) -> np.ndarray:
         """The quantization step ``s`` of the group of every element of ``x`` (same shape as ``x``, float64)."""
         x = _as_f32(x)
         _, s, _ = self.quantize(x)
         return self._spread(s, x.shape)
 
-    def _spread(self, s, shape):
+    def _spread(self, s: Any, shape: Any) -> Any:
         g = np.broadcast_to(s.astype(np.float64)[..., None], s.shape + (self.group_size,))
         info = None
         if self.axis == "channel":
@@ -320,9 +319,8 @@ def _gaussian_codebook(bits: int, sigma: float) -> Codebook:
 
 
 class _BlockLloydMax(Quantizer):
-    def __init__(self, bits, block_size, codebook, rotation):
-        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 8:
-            raise ConfigError(f"bits must be an integer in 1..8, got {bits!r}")
+    def __init__(self, bits: int, block_size: int, codebook: Any, rotation: Any) -> None:
+        check_int(bits, "bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
         if block_size < 2 or block_size & (block_size - 1):
             raise ConfigError(f"block_size must be a power of two >= 2, got {block_size}")
         self.bits = self.code_bits = int(bits)
@@ -332,12 +330,12 @@ class _BlockLloydMax(Quantizer):
         self.rotation = rotation
         self.bits_per_value = self.bits + 16.0 / self.block_size
 
-    def indices(self, x) -> np.ndarray:
+    def indices(self, x: ArrayLike) -> np.ndarray:
         """Codebook indices of every value (in the rotated domain when rotating), shape of ``x``."""
         u, _ = self._normalised(x)
         return self.codebook.index(u).reshape(np.shape(x))
 
-    def _normalised(self, x):
+    def _normalised(self, x: Any) -> Any:
         x = _as_f32(x)
         n = self.block_size
         if x.ndim == 0 or x.shape[-1] % n:
@@ -350,7 +348,7 @@ class _BlockLloydMax(Quantizer):
             u = self.rotation.forward(u)
         return u, norm
 
-    def roundtrip(self, x) -> np.ndarray:
+    def roundtrip(self, x: ArrayLike) -> np.ndarray:
         x = _as_f32(x)
         u, norm = self._normalised(x)
         c = self.codebook.centroids
@@ -375,7 +373,7 @@ class LloydMaxNoRotation(_BlockLloydMax):
     it shows what the rotation buys. ``bits_per_value = bits + 16/block_size``.
     """
 
-    def __init__(self, bits: int = 4, block_size: int = 128, *, codebook=None):
+    def __init__(self, bits: int = 4, block_size: int = 128, *, codebook: Any = None) -> None:
         super().__init__(bits, block_size, codebook, None)
         self.name = f"lm{self.bits}-norot"
 
@@ -392,7 +390,7 @@ class RotatedLloydMax(_BlockLloydMax):
     ``bits_per_value = bits + 16/block_size``.
     """
 
-    def __init__(self, bits: int = 4, block_size: int = 128, *, signs=0, codebook=None):
+    def __init__(self, bits: int = 4, block_size: int = 128, *, signs: Any = 0, codebook: Any = None) -> None:
         super().__init__(bits, block_size, codebook, get_rotation(signs, block_size))
         self.name = f"rlm{self.bits}"
 
@@ -406,21 +404,21 @@ _LM_RE = re.compile(r"^lm(\d)(?:-norot)?$")
 _RLM_RE = re.compile(r"^rlm(\d)$")
 
 
-def get_quantizer(spec, *, role: str | None = None, **config) -> Quantizer:
+def get_quantizer(spec: Any, *, role: str | None = None, **config: Any) -> Quantizer:
     """Build a quantizer from a short name (or return a :class:`Quantizer` unchanged).
 
-    ======================== ====================================================
-    ``q8_0`` ... ``tbq3_0``  the real format (:class:`CodecQuantizer`); a suffix
-                             ``:turboq-mtp`` selects the fork's codebook;
-                             ``config`` goes to :func:`tbq.get_codec`
-    ``f16``, ``f32``         fp16 rounding, no quantization
+    ``q8_0`` ... ``tbq3_0`` (any format name)
+        the real format (:class:`CodecQuantizer`); a suffix ``:turboq-mtp``
+        selects the fork's codebook; ``config`` goes to :func:`tbq.get_codec`
+    ``f16``, ``f32``
+        fp16 rounding, no quantization
     ``kivi<b>[-g<G>][-channel|-token]``
-                             :class:`KIVI` with ``b`` bits, group size ``G``
-                             (default 32); the axis defaults to ``channel`` for
-                             ``role="key"`` and ``token`` otherwise
-    ``lm<b>``                :class:`LloydMaxNoRotation`
-    ``rlm<b>``               :class:`RotatedLloydMax` (``signs=`` in config, default 0)
-    ======================== ====================================================
+        :class:`KIVI` with ``b`` bits, group size ``G`` (default 32); the axis
+        defaults to ``channel`` for ``role="key"`` and ``token`` otherwise
+    ``lm<b>``
+        :class:`LloydMaxNoRotation`
+    ``rlm<b>``
+        :class:`RotatedLloydMax` (``signs=`` in config, default 0)
 
     >>> get_quantizer("kivi2", role="key").name, get_quantizer("kivi4-g64-token").bits_per_value
     ('kivi2-g32-channel', 4.5)
@@ -475,19 +473,17 @@ class CachePolicy:
     ('K tbq3_0 / V tbq4_0 + 4 sink f16', 3.6733)
     """
 
-    def __init__(self, k="tbq4_0", v="tbq4_0", *, n_sink: int = 0, sink="f16"):
+    def __init__(self, k: Any = "tbq4_0", v: Any = "tbq4_0", *, n_sink: int = 0, sink: Any = "f16") -> None:
         self.k = get_quantizer(k, role="key")
         self.v = get_quantizer(v, role="value")
-        if isinstance(n_sink, bool) or not isinstance(n_sink, (int, np.integer)) or n_sink < 0:
-            raise ConfigError(f"n_sink must be a non-negative integer, got {n_sink!r}")
-        self.n_sink = int(n_sink)
+        self.n_sink = check_int(n_sink, "n_sink", lo=0, expected="a non-negative integer", error=ConfigError)
         self.sink = get_quantizer(sink)
         label = f"K {self.k.name} / V {self.v.name}"
         if self.n_sink:
             label += f" + {self.n_sink} sink {self.sink.name}"
         self.label = label
 
-    def _apply(self, q: Quantizer, x):
+    def _apply(self, q: Quantizer, x: Any) -> Any:
         x = _as_f32(x)
         n = min(self.n_sink, x.shape[0])
         out = np.empty(x.shape, np.float32)
@@ -497,15 +493,15 @@ class CachePolicy:
             out[n:] = q.roundtrip(x[n:])
         return out
 
-    def apply_keys(self, keys) -> np.ndarray:
+    def apply_keys(self, keys: Any) -> np.ndarray:
         """Reconstructed keys under this policy."""
         return self._apply(self.k, keys)
 
-    def apply_values(self, values) -> np.ndarray:
+    def apply_values(self, values: Any) -> np.ndarray:
         """Reconstructed values under this policy."""
         return self._apply(self.v, values)
 
-    def apply(self, keys, values):
+    def apply(self, keys: Any, values: Any) -> Any:
         """``(k_hat, v_hat)``: both reconstructions."""
         return self.apply_keys(keys), self.apply_values(values)
 
@@ -519,7 +515,7 @@ class CachePolicy:
         vb = (n * self.sink.bits_per_value + rest * self.v.bits_per_value) / tokens
         return (kb + vb) / 2
 
-    def __repr__(self):
+    def __repr__(self) -> Any:
         return f"<CachePolicy {self.label}>"
 
 
@@ -529,7 +525,7 @@ class CachePolicy:
 # ---------------------------------------------------------------------------
 
 
-def rate_distortion_rows(datasets: dict, specs=None, *, n_queries: int = 16, topk: int = 8, seed: int = 0) -> list[dict]:
+def rate_distortion_rows(datasets: dict[str, Any], specs: Any = None, *, n_queries: int = 16, topk: int = 8, seed: int = 0) -> list[dict[str, Any]]:
     """One row per data set and format: bits per value, vector error and what attention sees.
 
     ``datasets``: ``{name: array}``, each ``(tokens, heads, head_dim)`` or
@@ -579,7 +575,7 @@ def rate_distortion_rows(datasets: dict, specs=None, *, n_queries: int = 16, top
     return rows
 
 
-def _table(fmt, trace, **options):
+def _table(fmt: Any, trace: Any, **options: Any) -> Any:
     """``(levels, inputs)`` of a format from its encoder trace: the format's declared value table
     (:meth:`tbq.formats.Format.value_table`; see :func:`table_levels`)."""
     table = get_format(fmt, **options).value_table(trace)
@@ -588,7 +584,7 @@ def _table(fmt, trace, **options):
     return table
 
 
-def table_levels(fmt: str, **options) -> np.ndarray:
+def table_levels(fmt: str, **options: Any) -> np.ndarray:
     """The values a format's codes decode to, sorted, in the units of :func:`table_inputs` (float64).
 
     ``options`` are format options (TBQ's ``codebook=``, FP8's ``scale=``). Each
@@ -619,7 +615,7 @@ def table_levels(fmt: str, **options) -> np.ndarray:
     return np.sort(_table(fmt, trace, **options)[0])
 
 
-def table_inputs(fmt: str, x, **options) -> np.ndarray:
+def table_inputs(fmt: str, x: ArrayLike, **options: Any) -> np.ndarray:
     """The values a format's table meets when it encodes ``x``, from its encoder trace (flat float64).
 
     The units and quantities are those of :func:`table_levels`'s table: for a
@@ -638,7 +634,7 @@ def table_inputs(fmt: str, x, **options) -> np.ndarray:
     return _table(fmt, trace, **options)[1]
 
 
-def rotated_nmse(fmt: str, x, levels=None, **options) -> float:
+def rotated_nmse(fmt: str, x: ArrayLike, levels: ArrayLike | None = None, **options: Any) -> float:
     """NMSE of a rotated format's scheme with its own rotation and the value table ``levels``.
 
     The format's encoder (with its ``options``) supplies the unit-norm rotated

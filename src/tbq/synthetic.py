@@ -24,10 +24,12 @@ give the same array on every platform. What each one models:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
-from .errors import TbqTypeError, TbqValueError
+from .errors import TbqValueError, check_choice, check_int
 from .parallel import require_memory
 
 __all__ = [
@@ -48,17 +50,11 @@ __all__ = [
 DEFAULT_OUTLIER_CHANNELS = (5, 37, 64, 111)
 
 
-def _shape(tokens, heads, head_dim, itemsize: int = 8) -> tuple[int, int, int]:
+def _shape(tokens: object, heads: object, head_dim: object, itemsize: int = 8) -> tuple[int, int, int]:
     """``(tokens, heads, head_dim)`` checked: positive integers whose array fits in memory."""
-    out = []
-    for name, v in (("tokens", tokens), ("heads", heads), ("head_dim", head_dim)):
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise TbqTypeError(f"{name} must be an integer, got {v!r}")
-        if v < 1:
-            raise TbqValueError(f"{name} must be at least 1, got {v}")
-        out.append(int(v))
-    require_memory(2 * itemsize * out[0] * out[1] * out[2], f"a synthetic array of {out[0]:,} x {out[1]:,} x {out[2]:,} values")
-    return tuple(out)
+    t, h, d = (check_int(v, name, lo=1) for name, v in (("tokens", tokens), ("heads", heads), ("head_dim", head_dim)))
+    require_memory(2 * itemsize * t * h * d, f"a synthetic array of {t:,} x {h:,} x {d:,} values")
+    return t, h, d
 
 
 def gaussian(tokens: int, heads: int, head_dim: int = 128, *, seed: int = 0, std: float = 1.0) -> np.ndarray:
@@ -78,7 +74,7 @@ def keys_with_outliers(
     head_dim: int = 128,
     *,
     seed: int = 0,
-    channels=DEFAULT_OUTLIER_CHANNELS,
+    channels: Sequence[int] = DEFAULT_OUTLIER_CHANNELS,
     factor: float = 20.0,
 ) -> np.ndarray:
     """Gaussian keys whose ``channels`` (same in every head) are multiplied by ``factor``.
@@ -108,16 +104,17 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> np.ndarray:
     return base ** (-2.0 * np.arange(head_dim // 2) / head_dim)
 
 
-def _pair_index(head_dim: int, pairing: str):
+def _pair_index(head_dim: int, pairing: str) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
     h = head_dim // 2
     if pairing == "half":
         return np.arange(h), np.arange(h) + h
     if pairing == "interleaved":
         return 2 * np.arange(h), 2 * np.arange(h) + 1
-    raise TbqValueError(f"pairing must be one of {PAIRINGS}, got {pairing!r}")
+    check_choice(pairing, "pairing", PAIRINGS, error=TbqValueError)
+    raise AssertionError(f"PAIRINGS lists {pairing!r} but _pairs has no rule for it")  # pragma: no cover
 
 
-def apply_rope(x, positions=None, *, base: float = 10000.0, pairing: str = "half") -> np.ndarray:
+def apply_rope(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0, pairing: str = "half") -> NDArray[np.float32]:
     """Rotate channel pairs of ``x`` (``(tokens, ..., head_dim)``) by ``position * theta_i``.
 
     Pair ``i`` is ``(i, i + head_dim/2)`` for ``pairing="half"`` and
@@ -150,8 +147,8 @@ def rope_keys(
     noise: float = 0.5,
     base: float = 10000.0,
     pairing: str = "half",
-    positions=None,
-    outlier_pairs=(),
+    positions: ArrayLike | None = None,
+    outlier_pairs: Sequence[int] = (),
     outlier_factor: float = 8.0,
 ) -> np.ndarray:
     """Keys with rotary-position structure.
@@ -200,7 +197,7 @@ def heavy_tailed_values(tokens: int, heads: int, head_dim: int = 128, *, seed: i
     return (t * math.sqrt((df - 2.0) / df)).astype(np.float32)
 
 
-def add_sink(x, *, scale: float = 8.0, n_sink: int = 1, seed: int = 0) -> np.ndarray:
+def add_sink(x: ArrayLike, *, scale: float = 8.0, n_sink: int = 1, seed: int = 0) -> NDArray[np.float32]:
     """Copy of ``x`` whose first ``n_sink`` tokens are attention-sink keys.
 
     Each sink vector (per token and head) points in a seeded random direction
@@ -234,7 +231,7 @@ def llm_like_kv(
     *,
     seed: int = 0,
     sink_scale: float = 8.0,
-    outlier_pairs=(60, 61, 62, 63),
+    outlier_pairs: Sequence[int] = (60, 61, 62, 63),
     outlier_factor: float = 6.0,
     df: float = 5.0,
 ) -> dict[str, np.ndarray]:

@@ -17,11 +17,13 @@ them. :mod:`tbq.budget` re-exports every public name, so
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import re
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any, Iterable
+from typing import Any
 
 from .errors import TbqTypeError, TbqValueError
 
@@ -51,10 +53,8 @@ def _not_huge(v: Fraction, what: str, text: Any) -> Fraction:
 def _show(x: Any) -> str:
     """``x`` for a message: short, and never a NumPy repr (``np.float32(inf)`` shows as ``inf``)."""
     if isinstance(x, numbers.Real) and not isinstance(x, (bool, int)):
-        try:
+        with contextlib.suppress(OverflowError, ValueError):
             x = float(x)
-        except (OverflowError, ValueError):
-            pass
     text = repr(x) if isinstance(x, str) else str(x)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -236,7 +236,7 @@ def parse_context(x: Any) -> int:
         n = int(xf)
     elif isinstance(x, str):
         m = _QTY.match(x)
-        unit = m.group("unit") if m else None
+        unit = m.group("unit") if m else ""
         if m is None or unit.lower() not in _CONTEXT_UNITS:
             if m is not None and unit.lower().endswith("b"):
                 raise TbqValueError(

@@ -14,8 +14,6 @@ dequantizes raw little-endian rows with the NumPy reference below.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from tbq.backend import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW

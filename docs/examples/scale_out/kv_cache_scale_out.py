@@ -234,7 +234,7 @@ def run(root, *, tokens=32768, layers=32, heads=8, head_dim=128, chunk_tokens=10
     else:
         ctx = dask.config.set(scheduler=scheduler, num_workers=workers)
     nbytes = report["float32_bytes"]
-    n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks)]))
+    n_chunks = int(np.prod([-(-s // c) for s, c in zip(shape, chunks, strict=True)]))
     bar = scheduler != "distributed"
     try:
         with ctx:

@@ -22,7 +22,9 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..errors import TbqError, TbqValueError
@@ -40,10 +42,10 @@ COMMANDS = {
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line: ``tbq compare: error: ... (see tbq compare --help)``."""
 
-    def error(self, message: str):  # noqa: D102 (argparse API)
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
-    def _parse_optional(self, arg_string):
+    def _parse_optional(self, arg_string: str) -> Any:
         # ``--contexts -8K``, ``--workspace -1GiB``, ``--vram -inf``: a value that starts with '-' but is
         # no option of this parser is the option's value (argparse alone only takes plain negative
         # numbers such as -5), so the flag's own parser says what is wrong with it.
@@ -64,7 +66,7 @@ class HelpFormatter(argparse.HelpFormatter):
     Options without a meaningful default (``None``, ``False``) are left alone.
     """
 
-    def _get_help_string(self, action):
+    def _get_help_string(self, action: argparse.Action) -> str:
         help_ = action.help or ""
         if "default" in help_ or action.default is None or action.default is False or not action.option_strings:
             return help_
@@ -77,7 +79,7 @@ class HelpFormatter(argparse.HelpFormatter):
 MAX_INT = 2**63 - 1
 
 
-def int_at_least(minimum: int, maximum: int = MAX_INT):
+def int_at_least(minimum: int, maximum: int = MAX_INT) -> Callable[[str], int]:
     """An argparse ``type``: an integer in ``[minimum, maximum]``, else a one-line usage error."""
 
     def parse(text: str) -> int:
@@ -98,7 +100,7 @@ def int_at_least(minimum: int, maximum: int = MAX_INT):
     return parse
 
 
-def float_at_least(minimum: float, what: str = "a number"):
+def float_at_least(minimum: float, what: str = "a number") -> Callable[[str], float]:
     """An argparse ``type``: a finite number >= ``minimum`` (NaN, inf and non-numbers are one-line errors)."""
 
     def parse(text: str) -> float:

@@ -6,7 +6,6 @@ import sys
 from fractions import Fraction
 from typing import Any
 
-from . import check_figure_file, int_at_least
 from ..budget import (
     _BITS,
     DEFAULT_CONTEXTS,
@@ -25,6 +24,7 @@ from ..budget import (
 from ..errors import TbqValueError
 from ..plots import INSTALL_HINT
 from ..units import MAX_QUANTITY, format_bytes, parse_bytes, parse_contexts, parse_rate
+from . import check_figure_file, int_at_least
 
 #: The most contexts one report takes: each is a column of the tables, which stay within 100 columns.
 MAX_CONTEXTS = 8
@@ -176,7 +176,7 @@ def _report_from_args(args: Any) -> BudgetReport:
                 f"the fork's TBQ blocks the row of {args.kv_heads} x {args.head_dim} = {row} values); "
                 "they are left out (--formats to choose)"
             )
-    sizes = {}
+    sizes: dict[str, Any] = {}
     for attr in ("vram", "weights", "workspace", "weights_traffic"):
         flag, value = "--" + attr.replace("_", "-"), getattr(args, attr)
         sizes[attr] = None if value is None else _flag(flag, parse_bytes, value)

@@ -12,16 +12,24 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from . import check_output_file, int_at_least
-from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, ProgramTarget, check_target, resolve_format
+from ..check import (
+    DEFAULT_BLOCKS,
+    DEFAULT_EXAMPLES,
+    DEFAULT_K,
+    LibraryTarget,
+    ProgramTarget,
+    check_target,
+    resolve_format,
+)
 from ..check.runner import check_memory, require_hypothesis
-from ..parallel import require_memory
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
 from ..formats import format_name, formats, parse_option
 from ..golden import check_out_dir
-
+from ..parallel import require_memory
+from . import check_output_file, int_at_least
 
 #: The longest --timeout / --seconds taken: a year.
 MAX_SECONDS = 365 * 24 * 3600.0
@@ -47,7 +55,7 @@ def _format_arg(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(formats())}") from None
 
 
-def _table_spec(value, what: str):
+def _table_spec(value: str | None, what: str) -> Any:
     """``--codebook`` / ``--signs``: a name, an integer seed (signs), or a JSON file with exact tables."""
     if value is None:
         return None
@@ -104,7 +112,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--quiet", action="store_true", help="print the verdict line only, no progress")
 
 
-def _target(args, fmt):
+def _target(args: argparse.Namespace, fmt: Any) -> Any:
     if (args.lib is None) == (args.exec_cmd is None):
         raise TbqValueError("give the kernel under test: --lib PATH (a shared library) or --exec CMD (a program), one of them")
     if args.exec_cmd is not None:
@@ -115,7 +123,7 @@ def _target(args, fmt):
     return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only)
 
 
-def run_cli(args) -> int:
+def run_cli(args: argparse.Namespace) -> int:
     """Run ``tbq check``; prints the report. Returns 0 (nothing wrong) or 1 (something wrong)."""
     options = dict(parse_option(o) for o in args.option)
     fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"), options)

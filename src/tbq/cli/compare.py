@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import textwrap
 import zipfile
+from typing import Any
 
 import numpy as np
 
-from . import check_figure_file, int_at_least
 from ..compare import (
     check_array,
     compare,
@@ -24,12 +25,13 @@ from ..compare import (
     warm_up,
 )
 from ..errors import ScaleOverflowError, TbqValueError
-from ..formats import check_options, config_for, format_info, format_name, formats, parse_option
+from ..formats import check_options, config_for, format_name, formats, parse_option
+from . import check_figure_file, int_at_least
 
 DEFAULT_TOPK = 8
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "file",
         nargs="?",
@@ -81,7 +83,7 @@ def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
     The file is opened here and always closed (NumPy leaves the handle of a corrupt .npz open).
     """
     try:
-        fh = open(path, "rb")
+        fh = open(path, "rb")  # noqa: SIM115 - a failure to open is its own message; `with fh` below closes it
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
@@ -89,7 +91,7 @@ def _read_file(path: str, array: str | None) -> tuple[np.ndarray, str | None]:
         return _read_open_file(fh, path, array)
 
 
-def _read_open_file(fh, path: str, array: str | None) -> tuple[np.ndarray, str | None]:
+def _read_open_file(fh: Any, path: str, array: str | None) -> tuple[np.ndarray, str | None]:
     try:
         loaded = np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
@@ -122,7 +124,7 @@ def _read_open_file(fh, path: str, array: str | None) -> tuple[np.ndarray, str |
 BYTES_PER_VALUE = 4 * 4
 
 
-def _array_header(path: str, array: str | None):
+def _array_header(path: str, array: str | None) -> Any:
     """(shape, dtype) of a .npy file or of one .npz entry, read from its header only; None if it cannot be read."""
     try:
         if zipfile.is_zipfile(path):
@@ -135,11 +137,11 @@ def _array_header(path: str, array: str | None):
                     return _header_of(f)
         with open(path, "rb") as f:
             return _header_of(f)
-    except Exception:  # noqa: BLE001 - a pre-check only: _read_file says what is wrong with the file
+    except Exception:
         return None
 
 
-def _header_of(f):
+def _header_of(f: Any) -> Any:
     version = np.lib.format.read_magic(f)
     read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
     if read is None:
@@ -170,7 +172,7 @@ def _row_tiled() -> list[str]:
     return [name for name, info in FORMATS.items() if info.row_tiled]
 
 
-def _load(args) -> tuple[dict, dict, list[str]]:
+def _load(args: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """(data for :func:`compare`, a description for --json, header lines for the table)."""
     from ..synthetic import DEFAULT_OUTLIER_CHANNELS, builtin_kv
 
@@ -207,7 +209,7 @@ def _load(args) -> tuple[dict, dict, list[str]]:
     return {role: arr}, info, header
 
 
-def _legend(rows: list[dict], args, topk: int, wide: bool, width: int = 100) -> list[str]:
+def _legend(rows: list[dict[str, Any]], args: Any, topk: int, wide: bool, width: int = 100) -> list[str]:
     """The lines under the table that say what the columns are, wrapped to fit ``width`` columns."""
     logit, kl, speed = ("logit rmse", "softmax KL", "enc/dec Mv/s") if wide else ("logit", "KL", "enc, dec")
     items = [
@@ -245,7 +247,7 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_cli(args) -> int:
+def run_cli(args: argparse.Namespace) -> int:
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
 

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from . import check_figure_file, check_output_file, int_at_least
 from ..errors import ConfigError, TbqValueError
 from ..formats import formats
 from ..hf import ENGINES
-
+from . import check_figure_file, check_output_file, int_at_least
 
 #: Chunks ``tbq eval`` scores unless told: enough for stable figures, few enough to finish in a minute or two.
 DEFAULT_CHUNKS = 4
 
 
-def _chunks_arg(text: str):
+def _chunks_arg(text: str) -> Any:
     if text.strip().lower() == "all":
         return "all"
     return int_at_least(1, 1 << 20)(text)
@@ -35,7 +36,7 @@ def default_cache_types() -> list[str]:
     return [t for t in same if t not in BASELINES] + list(DEFAULT_MIXES)
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="a Hugging Face model directory or a .gguf file (default: the shipped model)")
     d = p.add_argument_group("text")
     src = d.add_mutually_exclusive_group()
@@ -73,7 +74,7 @@ def add_arguments(p) -> None:
     o.add_argument("--quiet", action="store_true", help="no progress on stderr (it appears only on a terminal)")
 
 
-def _cache_types(args) -> list:
+def _cache_types(args: Any) -> list[Any]:
     from dataclasses import replace
 
     from ..formats import check_options, config_for, parse_option
@@ -92,14 +93,14 @@ def _cache_types(args) -> list:
     except TbqValueError as exc:
         raise TbqValueError(f"--option: {exc}") from None
 
-    def with_options(t):
+    def with_options(t: Any) -> Any:
         own = config_for(t, options) if t in formats() else {}
         return (t, own) if own else t
 
     return [replace(ct, k=with_options(ct.k), v=with_options(ct.v)) for ct in types]
 
 
-def _tokens(args, tokenizer, model) -> np.ndarray:
+def _tokens(args: Any, tokenizer: Any, model: Any) -> np.ndarray:
     if args.tokens is not None:
         try:
             t = np.load(args.tokens, allow_pickle=False)
@@ -125,7 +126,7 @@ def _tokens(args, tokenizer, model) -> np.ndarray:
     return text_tokens(tokenizer, text, getattr(model.config, "bos_token_id", None))
 
 
-def run_cli(args) -> int:
+def run_cli(args: argparse.Namespace) -> int:
     from ..progress import Progress
 
     # everything that can be checked before loading the model
@@ -149,7 +150,7 @@ def run_cli(args) -> int:
     name = "shipped model" if args.model is None else str(args.model)
     bar = Progress(1, "tbq eval", enabled=False if args.quiet else None)
 
-    def progress(done, total, label):
+    def progress(done: Any, total: Any, label: Any) -> None:
         bar.total = total
         bar.done = done - 1
         bar.step(label)

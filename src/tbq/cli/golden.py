@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..errors import ConfigError, TbqValueError
@@ -30,7 +31,7 @@ from ..progress import Progress
 PROGRESS_LABEL = "tbq golden"
 
 
-def _spec_from_cli(value: str, what: str):
+def _spec_from_cli(value: str, what: str) -> Any:
     """A CLI table spec: a name, an integer (signs), or a JSON file."""
     if value.isdigit():
         if what == "signs":
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress and no table (default: off; progress only on a terminal)")
 
 
-def _from_manifests(args, enabled) -> Summary:
+def _from_manifests(args: argparse.Namespace, enabled: bool | None) -> Summary:
     """Regenerate every ``--from-manifest`` set, refusing any whose arrays do not reproduce."""
     check_out_dir(args.out)
     wanted = []
@@ -90,9 +91,11 @@ def _from_manifests(args, enabled) -> Summary:
             raise TbqValueError(f"{mp}: not a tbq golden manifest (no SHA-256 per array)")
         wanted.append({k: v["sha256"] for k, v in arrays.items()})
         require_memory(manifest_memory(mp), f"--from-manifest {mp}")
-    rows, att, paths = [], [], []
+    rows: list[dict[str, Any]] = []
+    att: list[dict[str, Any]] = []
+    paths: list[Path] = []
     with Progress(len(wanted), PROGRESS_LABEL, enabled=enabled) as bar:
-        for mp, want in zip(args.from_manifest, wanted):
+        for mp, want in zip(args.from_manifest, wanted, strict=True):
             gs = regenerate(mp)
             if want != {k: v["sha256"] for k, v in gs.manifest["arrays"].items()}:
                 raise TbqValueError(f"{mp}: the regenerated arrays differ from the manifest's SHA-256 (library version {__version__})")
@@ -102,7 +105,7 @@ def _from_manifests(args, enabled) -> Summary:
     return Summary(rows, att, paths)
 
 
-def _generate(args, enabled) -> Summary:
+def _generate(args: argparse.Namespace, enabled: bool | None) -> Summary:
     with Progress(0, PROGRESS_LABEL, enabled=enabled) as bar:
 
         def report(label: str, done: int, total: int) -> None:
@@ -131,7 +134,7 @@ def _generate(args, enabled) -> Summary:
         )
 
 
-def run_cli(args) -> int:
+def run_cli(args: argparse.Namespace) -> int:
     """Run ``tbq golden`` with parsed ``args``; prints the summary table. Returns 0.
 
     Bad arguments (and an ``--out`` that cannot be written) raise a

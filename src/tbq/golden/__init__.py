@@ -59,6 +59,7 @@ Nothing here prints; ``tbq golden``'s arguments and output are in
 
 from __future__ import annotations
 
+from ..formats.tbq import TBQ_ULP_FLOOR
 from .cheader import c_header
 from .families import (
     ATTENTION_KEY_OUTLIER_FACTOR,
@@ -76,18 +77,17 @@ from .families import (
     family_seed,
     make_inputs,
 )
-from ..formats.tbq import TBQ_ULP_FLOOR
 from .fragility import DEFAULT_K, fragility
 from .generate import (
     DEFAULT_ATTENTION_PAIRS,
     GoldenSet,
     Summary,
+    attention_memory,
     build_attention,
     build_format,
     check_out_dir,
     generate,
     generate_memory,
-    attention_memory,
     manifest_memory,
     regenerate,
     verify,
@@ -109,12 +109,22 @@ __all__ = [
     "DEFAULT_BLOCKS",
     "DEFAULT_ROWS_PER_FAMILY",
     "DEFAULT_K",
+    "DEFAULT_SEED",
+    "DEFAULT_ATTENTION_PAIRS",
+    "ROW_SIZE",
+    "OUTLIER_CHANNELS",
+    "OUTLIER_FACTOR",
+    "ATTENTION_KEY_OUTLIER_FACTOR",
+    "FAMILY_GENERATORS",
+    "MANIFEST_KINDS",
+    "TBQ_ARRAYS",
     "TBQ_ULP_FLOOR",
     "GoldenSet",
     "Summary",
     "family_seed",
     "attention_seed",
     "make_inputs",
+    "attention_inputs",
     "fragility",
     "build_format",
     "build_attention",

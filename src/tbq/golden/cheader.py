@@ -7,6 +7,8 @@ self-contained header; floats are exact C99 hex-float literals
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .. import __version__
@@ -60,7 +62,7 @@ _KNOWN = {
 }
 
 
-def c_header(gs) -> str:
+def c_header(gs: Any) -> str:
     """The C/C++ header text of a golden set (self-contained, ``static const`` arrays).
 
     Compiles warning-free with ``gcc -std=c11 -Wall -Wextra -Werror`` and
@@ -153,7 +155,7 @@ def c_header(gs) -> str:
         )
         out.append(f"#ifndef {P}_H\n#define {P}_H\n\n#include <stdint.h>\n\n{_UNUSED_BLOCK}\n")
 
-        def rb(fmt):
+        def rb(fmt: str) -> int:
             return format_info(fmt).row_bytes(m["head_dim"])
 
         defines = [

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..codebooks import Codebook, get_codebook
-from ..errors import ConfigError, TbqValueError
-from ..formats import FORMAT_CLASSES, FORMATS, get_format
+from ..errors import ConfigError, TbqValueError, check_int
+from ..formats import FORMATS, get_format
+from ..formats.base import FORMAT_CLASSES
 from ..rotation import RandomizedHadamard, get_rotation
 
 ROW_SIZE = 128
@@ -74,10 +76,8 @@ ATTENTION_KEY_OUTLIER_FACTOR = 8.0
 # ---------------------------------------------------------------------------
 
 
-def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TbqValueError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
+def _check_seed(seed: Any) -> int:
+    return check_int(seed, "seed", lo=0, expected="a non-negative integer", error=TbqValueError)
 
 
 def family_seed(seed: int, family: str) -> int:
@@ -96,7 +96,7 @@ def attention_seed(seed: int) -> int:
     return _check_seed(seed) * 1000 + 100
 
 
-def _check_families(families) -> tuple[str, ...]:
+def _check_families(families: Any) -> tuple[str, ...]:
     if isinstance(families, str):
         families = [f for f in families.split(",") if f]
     fams = tuple(families)
@@ -110,13 +110,13 @@ def _check_families(families) -> tuple[str, ...]:
     return fams
 
 
-def _check_blocks(blocks) -> int:
-    if isinstance(blocks, bool) or not isinstance(blocks, (int, np.integer)) or blocks < 1:
-        raise TbqValueError(f"rows per family (rows of 128 values; --rows-per-family) must be a positive integer, got {blocks!r}")
-    return int(blocks)
+def _check_blocks(blocks: Any) -> int:
+    return check_int(
+        blocks, "rows per family (rows of 128 values; --rows-per-family)", lo=1, expected="a positive integer", error=TbqValueError
+    )
 
 
-def _rows_per_family(rows_per_family=None, blocks=None) -> int:
+def _rows_per_family(rows_per_family: Any = None, blocks: Any = None) -> int:
     """``rows_per_family`` or its old name ``blocks`` (default :data:`DEFAULT_ROWS_PER_FAMILY`), checked."""
     if rows_per_family is not None and blocks is not None and rows_per_family != blocks:
         raise TbqValueError(f"rows_per_family ({rows_per_family!r}) and its old name blocks ({blocks!r}) disagree; give one")
@@ -129,16 +129,16 @@ def _rows_per_family(rows_per_family=None, blocks=None) -> int:
 # ---------------------------------------------------------------------------
 
 #: Formats that take a ``codebook`` option, with their index bits (from the registry: tbq4_0, tbq3_0).
-_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}
+_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}  # type: ignore[attr-defined]  # TEMPORARY: base.FORMAT_CLASSES is annotated dict[str, type]
 
 
 @dataclass(frozen=True)
 class _Tables:
-    codebooks: dict  # "tbq4_0" / "tbq3_0" -> Codebook
+    codebooks: dict[str, Any]  # "tbq4_0" / "tbq3_0" -> Codebook
     rotation: RandomizedHadamard
 
 
-def _resolve_tables(codebook="lloyd-max", signs="turboq-mtp") -> _Tables:
+def _resolve_tables(codebook: Any = "lloyd-max", signs: Any = "turboq-mtp") -> _Tables:
     """Codebooks for both TBQ formats and the rotation from the user's specs.
 
     ``codebook``: a name (both widths), a :class:`Codebook` or a
@@ -164,7 +164,7 @@ def _resolve_tables(codebook="lloyd-max", signs="turboq-mtp") -> _Tables:
     return _Tables(cbs, get_rotation(signs, ROW_SIZE))
 
 
-def _tables(codebook, signs) -> _Tables:
+def _tables(codebook: Any, signs: Any) -> _Tables:
     """``codebook`` if it already is resolved :class:`_Tables`, else :func:`_resolve_tables`."""
     return codebook if isinstance(codebook, _Tables) else _resolve_tables(codebook, signs)
 
@@ -187,7 +187,7 @@ def _fp16_midpoint_near(d: float) -> float:
     return (float(h) + float(up)) / 2.0  # 12 significant bits: exact in float32
 
 
-def _threshold_row(rng, cb: Codebook, rot: RandomizedHadamard) -> np.ndarray:
+def _threshold_row(rng: Any, cb: Codebook, rot: RandomizedHadamard) -> np.ndarray:
     """A row whose rotated coordinates sit on the codebook's thresholds (unit norm target)."""
     m = cb.thresholds.astype(np.float64)
     pos = rng.permutation(ROW_SIZE)
@@ -243,14 +243,14 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
             x[b + i], x[b + j] = a, -a
         return x
     if kind in ("fp16_tie_q4", "fp16_tie_q8"):
-        top = 8.0 if kind == "fp16_tie_q4" else 127.0
+        top_f = 8.0 if kind == "fp16_tie_q4" else 127.0
         x = np.empty(n, f32)
         for b in range(0, n, 32):
             e = int(rng.integers(-10, 5))
             mant = int(rng.integers(0, 1023))
             t = (1.0 + (mant + 0.5) / 1024.0) * 2.0**e  # halfway between two normal fp16 numbers
-            vals = rng.uniform(-0.9, 0.9, 32) * top * t
-            vals[rng.integers(32)] = rng.choice([-1.0, 1.0]) * top * t
+            vals = rng.uniform(-0.9, 0.9, 32) * top_f * t
+            vals[rng.integers(32)] = rng.choice([-1.0, 1.0]) * top_f * t
             x[b : b + 32] = vals.astype(f32)
         return x
     if kind == "fp16_tie_tbq4":
@@ -271,9 +271,9 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
         factor = {"tiny_1e-6": 1e-6, "tiny_1e-9": 1e-9, "large_x1000": 1000.0}[kind]
         return rng.standard_normal(n, dtype=f32) * f32(factor)
     if kind == "rotated_one_hot":
-        e = np.zeros(n)
-        e[rng.integers(n)] = 1.0
-        return (tables.rotation.inverse(e) * rng.choice([1.0, -1.0, 3.0])).astype(f32)
+        one_hot = np.zeros(n)
+        one_hot[rng.integers(n)] = 1.0
+        return (tables.rotation.inverse(one_hot) * rng.choice([1.0, -1.0, 3.0])).astype(f32)
     if kind == "tbq4_thresholds":
         return _threshold_row(rng, tables.codebooks["tbq4_0"], tables.rotation)
     if kind == "tbq3_thresholds":
@@ -281,7 +281,7 @@ def _edge_row(kind: str, rng: np.random.Generator, tables: _Tables) -> np.ndarra
     raise AssertionError(kind)  # pragma: no cover
 
 
-def _family_rows(family: str, n: int, rng: np.random.Generator, tables: _Tables):
+def _family_rows(family: str, n: int, rng: np.random.Generator, tables: _Tables) -> Any:
     kinds = np.full(n, 255, np.uint8)
     if family == "gaussian":
         x = rng.standard_normal((n, ROW_SIZE), dtype=np.float32)
@@ -303,12 +303,12 @@ def _family_rows(family: str, n: int, rng: np.random.Generator, tables: _Tables)
 def make_inputs(
     rows_per_family: int | None = None,
     seed: int = DEFAULT_SEED,
-    families=FAMILIES,
+    families: Any = FAMILIES,
     *,
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
     blocks: int | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The input rows shared by every format.
 
     Returns ``{"x": float32 (rows, 128), "family": uint8 (rows,), "kind":
@@ -344,7 +344,7 @@ def make_inputs(
     return {"x": x, "family": np.concatenate(fam_idx), "kind": np.concatenate(kinds), "families": info}
 
 
-def attention_inputs(seed: int, tokens: int, n_head: int, n_head_kv: int) -> tuple:
+def attention_inputs(seed: int, tokens: int, n_head: int, n_head_kv: int) -> tuple[Any, ...]:
     """The attention data ``(q, k, v)`` of :func:`tbq.golden.build_attention`, all float32.
 
     From ``default_rng(seed * 1000 + 100)``: ``q`` standard normal ``(n_head,

@@ -9,10 +9,14 @@ rounding midpoint. See ``docs/golden-vectors.md`` ("Fragility masks").
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import NDArray
 
 from ..codecs import Codec
-from ..errors import TbqValueError
+from ..errors import TbqValueError, check_int
+from ..formats import Format
 
 #: Default fragility margin in float32 ulps.
 DEFAULT_K = 4
@@ -20,7 +24,7 @@ DEFAULT_K = 4
 
 def fragility(
     codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K, ulp_floor: float | None = None, *, row_blocks: int = 1
-) -> dict:
+) -> dict[str, NDArray[Any]]:
     """Fragility masks of blocks ``xb`` (float32 ``(blocks, block_size)``) encoded as ``data``.
 
     Returns ``{"fragile": uint8 (blocks, block_size), "scale_fragile": uint8
@@ -48,9 +52,7 @@ def fragility(
     + w)`` with ``w = k * ulp(d)``: an fp16 rounding boundary (a midpoint) lies
     within k ulps.
     """
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise TbqValueError(f"k (the fragility margin in ulps) must be a non-negative integer, got {k!r}")
-    k = int(k)
+    k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
     fmt = codec.format
     xb = np.ascontiguousarray(xb, np.float32)
     data = np.ascontiguousarray(data, np.uint8)
@@ -61,7 +63,7 @@ def fragility(
             raise AssertionError(f"{fmt.name}: the traced encode differs from the encoded bytes (first in block {bad})")
         fragile = fmt.fragile_values(trace, k, ulp_floor)
         scale_fragile = fmt.fragile_scales(trace, k)
-    out: dict = {}
+    out: dict[str, NDArray[Any]] = {}
     view = fmt.rotated_view(trace)  # a rotated format's (norm, r): golden sets store the norm
     if view is not None:
         out["norm"] = np.asarray(view[0], np.float32)
@@ -72,6 +74,6 @@ def fragility(
     return out
 
 
-def has_f16_scale(fmt) -> bool:
+def has_f16_scale(fmt: Format) -> bool:
     """True when the format stores one fp16 scale ``d`` per block (its layout has an ``f16`` field named ``d``)."""
     return any(f.name == "d" and f.kind == "f16" for f in fmt.info.layout)

@@ -16,12 +16,20 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..attention import SINK_FORMATS, attention_dequantized, attention_rotated, encode_kv, f32_tolerance, score_condition
+from ..attention import (
+    SINK_FORMATS,
+    attention_dequantized,
+    attention_rotated,
+    encode_kv,
+    f32_tolerance,
+    score_condition,
+)
 from ..codecs import Codec, codec_from
-from ..errors import ConfigError, TbqTypeError, TbqValueError
+from ..errors import ConfigError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
 from ..formats import FORMATS, check_options, config_for, format_class, format_info, format_name, get_format
 from ..parallel import require_memory
 from .cheader import c_header
@@ -33,8 +41,8 @@ from .families import (
     _check_seed,
     _resolve_tables,
     _rows_per_family,
-    _tables,
     _Tables,
+    _tables,
     attention_inputs,
     attention_seed,
     family_seed,
@@ -62,10 +70,10 @@ class GoldenSet:
     """One golden file set in memory: ``<name>.npz`` arrays, ``<name>.json`` manifest, ``<name>.h`` header."""
 
     name: str
-    arrays: dict
-    manifest: dict
+    arrays: dict[str, Any]
+    manifest: dict[str, Any]
     header: str
-    summary: list = field(default_factory=list)
+    summary: list[Any] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------
@@ -77,29 +85,27 @@ class GoldenSet:
 MAX_K = 1 << 22
 
 
-def _check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise TbqValueError(f"k (the fragility margin in ulps) must be a non-negative integer, got {k!r}")
+def _check_k(k: Any) -> int:
+    k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
     if k > MAX_K:
         raise TbqValueError(f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}")
     return int(k)
 
 
-def _check_ulp_floor(ulp_floor) -> None:
+def _check_ulp_floor(ulp_floor: Any) -> None:
     if ulp_floor is None:
         return
-    if isinstance(ulp_floor, bool) or not isinstance(ulp_floor, (int, float, np.integer, np.floating)) or not math.isfinite(ulp_floor) or ulp_floor < 0:
-        raise TbqValueError(f"ulp_floor must be a finite number >= 0 (0 = literal ulps), got {_plain(ulp_floor)}")
+    check_number(ulp_floor, "ulp_floor", lo=0, expected="a finite number >= 0 (0 = literal ulps)", error=TbqValueError)
     if ulp_floor > 1:
         raise TbqValueError(f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}")
 
 
-def _plain(x) -> str:
+def _plain(x: Any) -> str:
     """A number for a message, never a NumPy repr (``np.float64(nan)`` shows as ``nan``)."""
     return repr(float(x)) if isinstance(x, (float, np.floating)) else repr(int(x)) if isinstance(x, (int, np.integer)) else repr(x)
 
 
-def _check_formats(fmts) -> tuple[str, ...]:
+def _check_formats(fmts: Any) -> tuple[str, ...]:
     if isinstance(fmts, str):
         fmts = [f for f in fmts.split(",") if f]
     fmts = tuple(fmts)
@@ -108,7 +114,7 @@ def _check_formats(fmts) -> tuple[str, ...]:
     return tuple(dict.fromkeys(format_name(f) for f in fmts))
 
 
-def _check_pairs(pairs) -> tuple:
+def _check_pairs(pairs: Any) -> tuple[Any, ...]:
     if isinstance(pairs, str):
         items = [p for p in pairs.split(",") if p]
         pairs = []
@@ -142,19 +148,17 @@ def attention_memory(tokens: int, n_head: int, n_head_kv: int) -> int:
     return int(tokens) * (int(n_head) + int(n_head_kv)) * ATTENTION_TOKEN_HEAD_BYTES
 
 
-def _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format) -> None:
+def _check_attention_args(tokens: Any, n_head: Any, n_head_kv: Any, n_sink: Any, sink_format: Any) -> None:
     for label, val, lo in (("tokens", tokens, 1), ("n_head", n_head, 1), ("n_head_kv", n_head_kv, 1), ("n_sink", n_sink, 0)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < lo:
-            raise TbqValueError(f"{label} must be an integer >= {lo}, got {val!r}")
+        check_int(val, label, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
     if n_head % n_head_kv:
         raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
     if n_sink > tokens:
         raise TbqValueError(f"n_sink ({n_sink}) cannot exceed tokens ({tokens})")
-    if sink_format not in SINK_FORMATS:
-        raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {sink_format!r}")
+    check_choice(sink_format, "sink_format", SINK_FORMATS)
 
 
-def check_out_dir(out) -> Path:
+def check_out_dir(out: Any) -> Path:
     """``out`` as a :class:`~pathlib.Path` if it is, or can be created as, a writable directory.
 
     Raises :class:`~tbq.errors.TbqValueError` otherwise (a regular file on the
@@ -179,11 +183,11 @@ def check_out_dir(out) -> Path:
 # ---------------------------------------------------------------------------
 
 
-def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy", options: dict | None = None) -> Codec:
+def _codec(fmt: str, tables: _Tables, backend: str | None = "numpy", options: dict[str, Any] | None = None) -> Codec:
     return codec_from(fmt, _exact_config(fmt, tables, options), backend=backend)
 
 
-def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray):
+def _backend_check(ref_codec: Codec, xb: np.ndarray, data: np.ndarray, decoded: np.ndarray) -> Any:
     """Compare the golden bytes/floats (library default backend) with the NumPy reference backend.
 
     Returns ``"identical"`` or a dict listing the blocks that differ (and warns):
@@ -211,13 +215,13 @@ def build_format(
     rows_per_family: int | None = None,
     blocks: int | None = None,
     seed: int = DEFAULT_SEED,
-    families=FAMILIES,
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    families: Any = FAMILIES,
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
     k: int = DEFAULT_K,
     ulp_floor: float | None = None,
-    inputs: dict | None = None,
-    options: dict | None = None,
+    inputs: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
 ) -> GoldenSet:
     """The golden set of one format (in memory; :func:`write_set` writes it).
 
@@ -248,7 +252,7 @@ def build_format(
     fr = fragility(ref_codec, xb, data, k, ulp_floor, row_blocks=per_row)
     # the floor the format's fragility rule used (formats without one ignore ulp_floor: recorded as 0)
     floor = (codec.format.ulp_floor if ulp_floor is None else float(ulp_floor)) if codec.format.ulp_floor else 0.0
-    arrays = {
+    arrays: dict[str, Any] = {  # (the order of the keys is the order of the stored arrays)
         "input": _le(xb),
         "bytes": data,
         "decoded": _le(decoded),
@@ -313,8 +317,8 @@ def build_attention(
     n_head_kv: int = 2,
     n_sink: int = 0,
     sink_format: str = "f16",
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
 ) -> GoldenSet:
     """The golden set of one attention case: ``attention_<k_fmt>_<v_fmt>``.
 
@@ -330,7 +334,7 @@ def build_attention(
     aseed = attention_seed(seed)
     q, k, v = attention_inputs(seed, tokens, n_head, n_head_kv)
 
-    def cfg(f):
+    def cfg(f: Any) -> Any:
         c = _exact_config(f, tables)
         del c["name"]
         return c
@@ -401,7 +405,7 @@ def build_attention(
     return gs
 
 
-def write_set(gs: GoldenSet, out) -> list[Path]:
+def write_set(gs: GoldenSet, out: Any) -> list[Path]:
     """Write ``<name>.npz``, ``<name>.json`` and ``<name>.h`` into directory ``out`` (created if needed)."""
     out = check_out_dir(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -434,9 +438,9 @@ class Summary:
     scales").
     """
 
-    rows: list
-    attention: list
-    paths: list
+    rows: list[Any]
+    attention: list[Any]
+    paths: list[Any]
 
     def table(self) -> str:
         """The summary table: format, family, blocks, values, fragile values, fragile scales (and attention errors)."""
@@ -459,37 +463,37 @@ class Summary:
         return "\n".join(lines)
 
 
-def _align(cells, left: int) -> list[str]:
+def _align(cells: Any, left: int) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     out = []
     for n, row in enumerate(cells):
-        out.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+        out.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return out
 
 
 def generate(
-    out,
+    out: Any,
     *,
-    formats=None,
-    families=FAMILIES,
+    formats: Any = None,
+    families: Any = FAMILIES,
     rows_per_family: int | None = None,
     blocks: int | None = None,
     seed: int = DEFAULT_SEED,
-    codebook="lloyd-max",
-    signs="turboq-mtp",
+    codebook: Any = "lloyd-max",
+    signs: Any = "turboq-mtp",
     k: int = DEFAULT_K,
     ulp_floor: float | None = None,
     attention: bool = False,
-    attention_pairs=DEFAULT_ATTENTION_PAIRS,
+    attention_pairs: Any = DEFAULT_ATTENTION_PAIRS,
     tokens: int = 32,
     n_head: int = 8,
     n_head_kv: int = 2,
     n_sink: int = 0,
     sink_format: str = "f16",
-    progress=None,
-    options: dict | None = None,
+    progress: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> Summary:
     """Write the golden files of ``formats`` (default: every registered format) into directory ``out``.
 
@@ -523,7 +527,7 @@ def generate(
     options = dict(options or {})
     check_options(fmts, options)
     for fmt in fmts:  # every value checked before any work
-        format_class(fmt).check_options(config_for(fmt, options))
+        format_class(fmt).check_options(config_for(fmt, options))  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
     require_memory(generate_memory(rows, len(fams), len(fmts)), f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats")
     if pairs:
         require_memory(attention_memory(tokens, n_head, n_head_kv), f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads")
@@ -554,7 +558,7 @@ def generate(
     return Summary(rows_out, att, paths)
 
 
-def regenerate(manifest, out=None) -> GoldenSet:
+def regenerate(manifest: Any, out: Any = None) -> GoldenSet:
     """Rebuild a golden set from its manifest (a path or the parsed dict); write it into ``out`` if given.
 
     The result's arrays are bit-identical to the original ones (compare
@@ -605,7 +609,7 @@ def regenerate(manifest, out=None) -> GoldenSet:
     return gs
 
 
-def manifest_memory(manifest) -> int:
+def manifest_memory(manifest: Any) -> int:
     """Bytes :func:`regenerate` needs for ``manifest`` (a path or the parsed dict), its sizes checked first."""
     m = load_manifest(manifest)
     source = "the manifest" if isinstance(manifest, dict) else str(manifest)
@@ -624,7 +628,7 @@ def manifest_memory(manifest) -> int:
         raise TbqValueError(f"{source}: {exc}") from None
 
 
-def verify(directory) -> list[str]:
+def verify(directory: str | os.PathLike[str]) -> list[str]:
     """Check every golden set in ``directory``: the SHA-256 of each ``.npz`` array against its manifest.
 
     Returns a list of problems (empty when everything matches).

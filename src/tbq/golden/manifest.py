@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from .. import __version__
 from ..codebooks import Codebook
 from ..codecs import Codec
 from ..errors import TbqValueError
-from ..formats import format_class, format_info
+from ..formats import Format, format_class, format_info
 from ..rotation import RandomizedHadamard
 from .families import (
     ATTENTION_KEY_OUTLIER_FACTOR,
@@ -99,15 +100,15 @@ def _le(a: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def _exact_codebook(cb: Codebook) -> dict:
+def _exact_codebook(cb: Codebook) -> dict[str, Any]:
     return {"centroids": [float(v) for v in cb.centroids], "thresholds": [float(v) for v in cb.thresholds]}
 
 
-def _exact_signs(rot: RandomizedHadamard) -> dict:
+def _exact_signs(rot: RandomizedHadamard) -> dict[str, Any]:
     return {"signs1": [int(v) for v in rot.signs1], "signs2": [int(v) for v in rot.signs2]}
 
 
-def _hex_table(values) -> dict:
+def _hex_table(values: Any) -> dict[str, Any]:
     a = np.asarray(values, np.float32)
     return {"hex": [hex_literal(v, "") for v in a], "float32_bits": [f"0x{int(b):08x}" for b in a.view(np.uint32)]}
 
@@ -119,7 +120,7 @@ OTHER_SCALE_FRAGILE = (
 )
 
 
-def _array_meaning(arrays: dict) -> dict:
+def _array_meaning(arrays: dict[str, Any]) -> dict[str, Any]:
     """The meaning of each array the set holds (FORMAT_ARRAYS, then TBQ_ARRAYS), in that order."""
     meaning = {k: v for k, v in FORMAT_ARRAYS.items() if k in arrays}
     if "scale_f32" not in arrays and "scale_fragile" in meaning:
@@ -129,38 +130,38 @@ def _array_meaning(arrays: dict) -> dict:
     return meaning
 
 
-def _exact_config(fmt: str, tables: _Tables, options: dict | None = None) -> dict:
+def _exact_config(fmt: str, tables: _Tables, options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Codec config of ``fmt`` with exact tables (accepted by :func:`tbq.codec_from_config`).
 
     ``options``: the format's own options for a format without golden tables
     (FP8's ``scale``; default: the declared defaults), recorded as the format's
     config so ``--from-manifest`` rebuilds the same codec.
     """
-    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}
+    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
     if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)
     else:  # any other format's own options
-        cls = format_class(fmt)
+        cls: type[Format] = format_class(fmt)
         cfg.update(cls(**cls.check_options(options or {})).config())
     return cfg
 
 
-def own_options(fmt: str, config: dict, tables: _Tables) -> dict:
+def own_options(fmt: str, config: dict[str, Any], tables: _Tables) -> dict[str, Any]:
     """The options of a manifest's ``codec_config`` that :func:`_exact_config` took from ``options`` (not from the tables)."""
     if fmt in tables.codebooks:
         return {}
-    return {k: config[k] for k in format_class(fmt).options if k in config}
+    return {k: config[k] for k in format_class(fmt).options if k in config}  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
 
 
-def _named_config(codec: Codec) -> dict:
+def _named_config(codec: Codec) -> dict[str, Any]:
     cfg = codec.get_config()
     for key in ("backend", "threads"):
         cfg.pop(key, None)
     return cfg
 
 
-def _edge_tables_json(tables: _Tables) -> dict:
+def _edge_tables_json(tables: _Tables) -> dict[str, Any]:
     return {
         "tbq4_0_codebook": _exact_codebook(tables.codebooks["tbq4_0"]),
         "tbq3_0_codebook": _exact_codebook(tables.codebooks["tbq3_0"]),
@@ -168,15 +169,15 @@ def _edge_tables_json(tables: _Tables) -> dict:
     }
 
 
-def _array_entries(arrays: dict) -> dict:
+def _array_entries(arrays: dict[str, Any]) -> dict[str, Any]:
     return {k: {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": sha256_array(a)} for k, a in arrays.items()}
 
 
-def _library() -> dict:
+def _library() -> dict[str, Any]:
     return {"name": "tbq", "version": __version__, "numpy": np.__version__}
 
 
-def header_entry(name: str, header: str) -> dict:
+def header_entry(name: str, header: str) -> dict[str, Any]:
     """The manifest's ``"header"`` entry: the header file name and the SHA-256 of its text."""
     return {"file": f"{name}.h", "sha256": hashlib.sha256(header.encode()).hexdigest()}
 
@@ -191,16 +192,16 @@ def format_manifest(
     *,
     codec: Codec,
     tables: _Tables,
-    arrays: dict,
+    arrays: dict[str, Any],
     rows: int,
     seed: int,
     rows_per_family: int,
-    fam_info: list,
+    fam_info: list[Any],
     k: int,
     ulp_floor: float,
-    backend_check,
-    summary: list,
-) -> dict:
+    backend_check: Any,
+    summary: list[Any],
+) -> dict[str, Any]:
     """The manifest of one format's golden set (without its ``"header"`` entry, which needs the header text)."""
     info = format_info(fmt)
     manifest = {
@@ -252,7 +253,7 @@ def attention_manifest(
     v_fmt: str,
     *,
     tables: _Tables,
-    arrays: dict,
+    arrays: dict[str, Any],
     seed: int,
     attention_seed: int,
     tokens: int,
@@ -264,9 +265,9 @@ def attention_manifest(
     err64: float,
     err32: float,
     tol: float,
-    score_condition,
-    summary: list,
-) -> dict:
+    score_condition: Any,
+    summary: list[Any],
+) -> dict[str, Any]:
     """The manifest of one attention golden set (without its ``"header"`` entry)."""
     stem = f"attention_{k_fmt}_{v_fmt}"
     return {
@@ -316,7 +317,7 @@ def attention_manifest(
 # ---------------------------------------------------------------------------
 
 
-def load_manifest(manifest) -> dict:
+def load_manifest(manifest: Any) -> dict[str, Any]:
     """A manifest from a path (or the parsed dict itself); :class:`~tbq.errors.TbqValueError` if unreadable."""
     if isinstance(manifest, dict):
         return manifest
@@ -330,6 +331,6 @@ def load_manifest(manifest) -> dict:
 
 
 
-def _tables_from_manifest(m: dict) -> _Tables:
+def _tables_from_manifest(m: dict[str, Any]) -> _Tables:
     et = m["generator"]["edge_tables"]
     return _resolve_tables({"tbq4_0": et["tbq4_0_codebook"], "tbq3_0": et["tbq3_0_codebook"]}, et["signs"])

@@ -22,6 +22,7 @@ See docs/eval.md.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 #: The engines a cache can mirror (:mod:`tbq.hf.engine`); here so the CLI can name them without torch.
 ENGINES = ("llama.cpp", "llama.cpp-fork", "plain")
@@ -40,11 +41,11 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tbq.hf' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + list(_LAZY))

@@ -14,6 +14,8 @@ f32 cache reproduces the model's logits exactly.
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -26,7 +28,7 @@ __all__ = ["NAME", "prepare", "tbq_attention"]
 NAME = "tbq"
 
 
-def tbq_attention(module, query, key, value, attention_mask, **kwargs):
+def tbq_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> tuple[Any, Any]:
     """A transformers attention function (the ``AttentionInterface`` signature)."""
     read = getattr(key, "_tbq_read", None)
     if read is None or not (read.engine.q_transformed or read.engine.v.rotation is not None):
@@ -40,7 +42,7 @@ def tbq_attention(module, query, key, value, attention_mask, **kwargs):
     return eng.output(out).to(dtype), weights
 
 
-def prepare(model):
+def prepare(model: Any) -> Any:
     """Register the ``"tbq"`` attention and set it on ``model`` (in place); return the model.
 
     Needed for the llama.cpp engines' Q transforms; a :class:`~tbq.hf.TbqCache`

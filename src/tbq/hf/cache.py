@@ -29,18 +29,19 @@ what makes the products llama.cpp's.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ..errors import ConfigError, TbqValueError
+from ..errors import ConfigError, TbqValueError, check_int, is_integer
 from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
 
 __all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry"]
 
 
-def geometry(config) -> tuple[int, int, int]:
+def geometry(config: Any) -> tuple[int, int, int]:
     """``(num_hidden_layers, num_key_value_heads, head_dim)`` of a transformers text config."""
     config = config.get_text_config() if hasattr(config, "get_text_config") else config
     try:
@@ -65,7 +66,7 @@ class LayerRead:
 class _Store:
     """The bytes of one role of one layer: sink rows, main rows, and the float32 residual window."""
 
-    def __init__(self, side: Side, sink_side: Side | None, row: int):
+    def __init__(self, side: Side, sink_side: Side | None, row: int) -> None:
         self.side, self.sink_side, self.row = side, sink_side, row
         self.sink: np.ndarray | None = None  # (B, s, sink row bytes)
         self.main: np.ndarray | None = None  # (B, n, row bytes)
@@ -79,6 +80,7 @@ class _Store:
         """Store ``rows`` (B, T, row) float32, the tokens at positions ``first, first + 1, ...``."""
         n_sink = min(max(sinks - first, 0), rows.shape[1])
         if n_sink:
+            assert self.sink_side is not None  # sinks > 0: the store was built with a sink side
             self.sink = self._cat(self.sink, self.sink_side.encode(rows[:, :n_sink].numpy()))
             rows = rows[:, n_sink:]
         if rows.shape[1] == 0:
@@ -100,6 +102,7 @@ class _Store:
         """Every stored token's row, decoded: (B, T, row) float32 in the stored domain."""
         parts = []
         if self.sink is not None:
+            assert self.sink_side is not None  # sink bytes exist only with a sink side
             parts.append(torch.from_numpy(self.sink_side.decode(self.sink, self.row)))
         if self.main is not None:
             parts.append(torch.from_numpy(self.side.decode(self.main, self.row)))
@@ -121,7 +124,7 @@ class TbqLayer(CacheLayerMixin):
     is_sliding = False
 
     def __init__(self, engine: Engine, *, sinks: int = 0, residual: int = 0, sink_engine: Engine | None = None,
-                 tbq_attention: bool = False):
+                 tbq_attention: bool = False) -> None:
         super().__init__()
         self.engine = engine
         #: the "tbq" attention reads K (V) in the stored domain: update() returns that side untransformed
@@ -131,6 +134,7 @@ class TbqLayer(CacheLayerMixin):
         row = engine.kv_heads * engine.head_dim
         ks = vs = None
         if sinks:
+            assert sink_engine is not None  # TbqCache builds one whenever sinks > 0
             # sink rows live in the layer's domain (same rotation and order), in the sink type
             ks = replace(sink_engine.k, rotation=engine.k.rotation, permutation=engine.k.permutation)
             vs = replace(sink_engine.v, rotation=engine.v.rotation, permutation=None)
@@ -193,7 +197,7 @@ class TbqLayer(CacheLayerMixin):
         b, t, _ = rows.shape
         return rows.reshape(b, t, self.engine.kv_heads, self.engine.head_dim)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Store the new tokens' K and V, then return every token's K and V (B, H_kv, T, D), model domain."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -213,7 +217,7 @@ class TbqLayer(CacheLayerMixin):
         v_model = read.values if self.stored_v else self.engine.v.to_model(v_stored).transpose(1, 2)
         k_model = k_model.to(device=self.device, dtype=self.dtype)
         v_model = v_model.to(device=self.device, dtype=self.dtype)
-        k_model._tbq_read = read  # where the "tbq" attention finds the stored domain
+        k_model._tbq_read = read  # type: ignore[attr-defined]  # where the "tbq" attention finds the stored domain
         return k_model, v_model
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -240,10 +244,8 @@ class TbqLayer(CacheLayerMixin):
             store.resid = None if store.resid is None else store.resid[torch.from_numpy(idx)]
 
 
-def _check_count(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
-    return int(value)
+def _check_count(value: Any, what: str) -> int:
+    return check_int(value, what, lo=0, expected="a non-negative integer", error=ConfigError)
 
 
 class TbqCache(Cache):
@@ -273,29 +275,29 @@ class TbqCache(Cache):
 
     def __init__(
         self,
-        config,
-        k="f16",
-        v="f16",
+        config: Any,
+        k: Any = "f16",
+        v: Any = "f16",
         *,
-        layers: dict | None = None,
+        layers: dict[int, tuple[Any, Any]] | None = None,
         sinks: int = 0,
-        sink_type="f16",
+        sink_type: Any = "f16",
         residual: int = 0,
         engine: str = "llama.cpp",
         rotate_attention: bool = True,
         permute: bool | None = None,
-    ):
+    ) -> None:
         n_layers, kv_heads, head_dim = geometry(config)
         sinks = _check_count(sinks, "sinks")
         residual = _check_count(residual, "residual")
         if residual and engine != "plain":
             raise ConfigError(
                 f"residual={residual} is transformers' QuantizedCache behaviour (full-precision newest tokens and prefill); "
-                "llama.cpp quantizes every token before attention: use engine='plain' with residual"
+                "llama.cpp quantizes every token before attention: use engine = 'plain' with residual"
             )
-        per_layer = dict(layers or {})
+        per_layer: dict[Any, Any] = dict(layers or {})
         for idx in per_layer:
-            if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < n_layers:
+            if not is_integer(idx) or not 0 <= idx < n_layers:
                 raise ConfigError(f"layers: {idx!r} is not a layer index of this model (0..{n_layers - 1})")
             pair = per_layer[idx]
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
@@ -304,9 +306,9 @@ class TbqCache(Cache):
             model_type = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", "")
             permute = engine != "plain" and model_type in PERMUTED_MODEL_TYPES
         tbq_attention = getattr(config, "_attn_implementation", None) == "tbq"  # tbq.hf.prepare(model) sets it
-        kw = dict(head_dim=head_dim, kv_heads=kv_heads, permute=bool(permute) and engine != "plain", rotate_attention=rotate_attention)
+        kw: dict[str, Any] = dict(head_dim=head_dim, kv_heads=kv_heads, permute=bool(permute) and engine != "plain", rotate_attention=rotate_attention)
         sink_engine = make_engine(engine, sink_type, sink_type, **kw) if sinks else None
-        built = []
+        built: list[Any] = []
         for idx in range(n_layers):
             lk, lv = per_layer.get(idx, (k, v))
             eng = make_engine(engine, lk, lv, **kw)
@@ -318,12 +320,12 @@ class TbqCache(Cache):
     @property
     def nbytes(self) -> int:
         """Bytes the cache holds now: every layer's stored rows (plus any float32 residual window)."""
-        return sum(layer.nbytes for layer in self.layers)
+        return sum(layer.nbytes for layer in cast("list[TbqLayer]", self.layers))
 
     def bytes_per_token(self) -> int:
         """Bytes one token's K and V rows take in every layer's main types (what ``tbq budget`` counts)."""
-        return sum(layer.bytes_per_token() for layer in self.layers)
+        return sum(layer.bytes_per_token() for layer in cast("list[TbqLayer]", self.layers))
 
     def __repr__(self) -> str:
-        kinds = sorted({(layer.k_type, layer.v_type) for layer in self.layers})
+        kinds = sorted({(layer.k_type, layer.v_type) for layer in cast("list[TbqLayer]", self.layers)})
         return f"TbqCache(engine={self.engine!r}, types={kinds}, sinks={self.sinks}, residual={self.residual}, tokens={self.get_seq_length()})"

@@ -13,16 +13,24 @@ llama.cpp stores them, apply :mod:`tbq.hf.engine`'s permutation and rotation.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
-from ..errors import TbqValueError
+from ..errors import TbqValueError, is_integer
+
+if TYPE_CHECKING:  # torch and transformers load when a function runs, not at import
+    from .cache import TbqLayer
 
 __all__ = ["capture_kv", "save_kv", "load_kv"]
 
 
-def capture_kv(model, tokens, layers=None, *, bos: int | None | bool = None) -> dict:
+def capture_kv(
+    model: Any, tokens: ArrayLike, layers: Any = None, *, bos: int | None | bool = None
+) -> dict[int, dict[str, NDArray[np.float32]]]:
     """``{layer: {"k": K, "v": V}}`` of one forward pass over ``tokens`` (1-d integer array).
 
     ``layers``: the layer indices to keep (default all). ``bos``: the token that
@@ -44,31 +52,34 @@ def capture_kv(model, tokens, layers=None, *, bos: int | None | bool = None) -> 
     n = len(cache.layers)
     keep = list(range(n)) if layers is None else list(layers)
     for idx in keep:
-        if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)) or not 0 <= idx < n:
+        if not is_integer(idx) or not 0 <= idx < n:
             raise TbqValueError(f"layers: {idx!r} is not a layer index of this model (0..{n - 1})")
     with torch.no_grad():
         model(torch.from_numpy(ids)[None], cache=cache, use_cache=True)
-    out = {}
+    out: dict[int, dict[str, NDArray[np.float32]]] = {}
     for idx in keep:
-        layer = cache.layers[idx]
+        layer = cast("TbqLayer", cache.layers[idx])
         heads, dim = layer.engine.kv_heads, layer.engine.head_dim
-        k = layer.key_bytes[0].view(np.float32).reshape(-1, heads, dim)
-        v = layer.value_bytes[0].view(np.float32).reshape(-1, heads, dim)
+        kb, vb = layer.key_bytes, layer.value_bytes
+        assert kb is not None and vb is not None  # the forward pass above stored every layer's rows
+        kb, vb = kb[0], vb[0]
+        k = kb.view(np.float32).reshape(-1, heads, dim)
+        v = vb.view(np.float32).reshape(-1, heads, dim)
         out[int(idx)] = {"k": k.copy(), "v": v.copy()}
     return out
 
 
-def save_kv(path, kv: dict) -> Path:
+def save_kv(path: str | os.PathLike[str], kv: dict[int, dict[str, NDArray[Any]]]) -> Path:
     """Write ``capture_kv``'s result as ``.npz``: arrays ``layer{L}_k`` and ``layer{L}_v``."""
     p = Path(path)
     arrays = {f"layer{idx}_{role}": kv[idx][role] for idx in sorted(kv) for role in ("k", "v")}
-    np.savez(p, **arrays)
+    np.savez(p, **arrays)  # type: ignore[arg-type]  # NumPy stubs type **kwds as allow_pickle
     return p if p.suffix == ".npz" else p.with_name(p.name + ".npz")
 
 
-def load_kv(path) -> dict:
+def load_kv(path: str | os.PathLike[str]) -> dict[int, dict[str, NDArray[Any]]]:
     """Read a :func:`save_kv` file back as ``{layer: {"k": K, "v": V}}``."""
-    out: dict = {}
+    out: dict[int, dict[str, NDArray[Any]]] = {}
     with np.load(path) as data:
         for name in data.files:
             head, _, role = name.rpartition("_")

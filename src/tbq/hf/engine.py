@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,11 +57,11 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
+from ..formats import FORMATS, get_format
 from ..half import f16_table
 from ..kernels import f32_to_f16_bits, jit
 from ..parallel import default_threads, run_groups
 from ..rotation import hadamard_scale
-from ..formats import FORMATS, get_format
 from . import ENGINES
 
 __all__ = [
@@ -137,7 +138,7 @@ def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     return transform(x, None, n, False)
 
 
-def transform(x: torch.Tensor, perm, n, inverse: bool, q8_0: bool = False) -> torch.Tensor:
+def transform(x: torch.Tensor, perm: Any, n: Any, inverse: bool, q8_0: bool = False) -> torch.Tensor:
     """One pass over ``x`` (float32, ..., head_dim): each head's channel order, the rotation ``H_n``, q8_0.
 
     ``inverse=False``: ``y[..., j] = x[..., perm[j]]``, then the rotation (the
@@ -161,7 +162,7 @@ def transform(x: torch.Tensor, perm, n, inverse: bool, q8_0: bool = False) -> to
     parts = min(default_threads(), max(1, a.size // _PARALLEL_VALUES))
     bounds = np.linspace(0, rows, parts + 1).astype(int)
 
-    def run(ids):  # rows are independent: any split gives the same bits
+    def run(ids: Any) -> None:  # rows are independent: any split gives the same bits
         for i in ids:
             lo, hi = bounds[i], bounds[i + 1]
             _transform_rows(a[lo:hi], out[lo:hi], p, nn, scale, inverse, q8_0, table)
@@ -175,7 +176,7 @@ _PARALLEL_VALUES = 1 << 16
 
 
 @jit
-def _butterfly(w, r, start, n, scale):
+def _butterfly(w: Any, r: Any, start: Any, n: Any, scale: Any) -> None:
     """Values ``start .. start+n`` of row ``r``: the spec's in-place butterfly, then ``* scale``."""
     h = 1
     while h < n:
@@ -191,7 +192,7 @@ def _butterfly(w, r, start, n, scale):
 
 
 @jit
-def _transform_rows(x, out, perm, n, scale, inverse, q8_0, f16):
+def _transform_rows(x: Any, out: Any, perm: Any, n: Any, scale: Any, inverse: Any, q8_0: Any, f16: Any) -> None:
     rows, d = x.shape
     c127 = np.float32(127.0)
     zero = np.float32(0.0)
@@ -225,7 +226,7 @@ def _transform_rows(x, out, perm, n, scale, inverse, q8_0, f16):
 
 
 @jit
-def _butterfly_1d(w, start, n, scale):
+def _butterfly_1d(w: Any, start: Any, n: Any, scale: Any) -> None:
     h = 1
     while h < n:
         for s0 in range(start, start + n, 2 * h):
@@ -438,11 +439,11 @@ class Engine:
         return out if self.v.rotation is None else transform(out, None, self.v.rotation, True)
 
 
-def _codec(spec, engine: str) -> tuple[str, Codec | None]:
+def _codec(spec: Any, engine: str) -> tuple[str, Codec | None]:
     """A cache type as (name, codec): a format name, ``"f32"``, a :class:`tbq.Codec`, or ``(name, options)``."""
     if isinstance(spec, Codec):
         return spec.name, spec
-    options = {}
+    options: dict[str, Any] = {}
     if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict):
         spec, options = spec
     if not isinstance(spec, str):
@@ -459,7 +460,7 @@ def _codec(spec, engine: str) -> tuple[str, Codec | None]:
     return spec, get_codec(spec, **options)
 
 
-def make_engine(engine: str, k, v, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True) -> Engine:
+def make_engine(engine: str, k: Any, v: Any, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True) -> Engine:
     """The :class:`Engine` of one layer with K cache type ``k`` and V cache type ``v``.
 
     ``permute``: the model's K rows are stored in llama.cpp's GGUF channel

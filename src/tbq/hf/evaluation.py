@@ -27,10 +27,12 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..errors import ConfigError, TbqValueError
+from ..errors import ConfigError, TbqValueError, check_int
 from .cache import geometry
 from .engine import ENGINES, F32
 
@@ -57,7 +59,7 @@ class CacheType:
     engine: str = "llama.cpp"
 
     @property
-    def options(self) -> dict:
+    def options(self) -> dict[str, dict[str, Any]]:
         """The format options of each side that has any, ``{"K": {...}, "V": {...}}`` (empty: none).
 
         >>> CacheType(("tbq4_0", {"codebook": "lloyd-max"}), "q8_0").options
@@ -73,7 +75,7 @@ class CacheType:
         >>> CacheType(("tbq4_0", {"codebook": "lloyd-max"}), "q8_0", "plain").label
         'tbq4_0(codebook=lloyd-max):q8_0@plain'
         """
-        def name(t):
+        def name(t: Any) -> str:
             base = t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
             opts = _side_options(t)
             return base if not opts else base + "(" + ",".join(f"{k}={_option_text(v)}" for k, v in opts.items()) + ")"
@@ -86,7 +88,7 @@ class CacheType:
 _EXECUTION = ("name", "backend", "threads", "on_overflow")
 
 
-def _side_options(t) -> dict:
+def _side_options(t: Any) -> dict[str, Any]:
     """The format options one side of a cache type carries: a ``(name, options)`` pair's, a Codec's own."""
     if isinstance(t, tuple):
         return dict(t[1])
@@ -95,22 +97,22 @@ def _side_options(t) -> dict:
     return {k: v for k, v in t.get_config().items() if k not in _EXECUTION}
 
 
-def _json_options(ct: "CacheType") -> dict:
+def _json_options(ct: CacheType) -> dict[str, dict[str, Any]]:
     """``ct.options`` with every value a JSON scalar (a number or name kept, an object named)."""
-    def value(v):
+    def value(v: Any) -> Any:
         return v if isinstance(v, (str, int, float, bool)) or v is None else _option_text(v)
 
     return {side: {k: value(v) for k, v in o.items()} for side, o in ct.options.items()}
 
 
-def _option_text(v) -> str:
+def _option_text(v: Any) -> str:
     """An option value as a label and the JSON show it: a name, a number, else the object's own name."""
     if isinstance(v, (str, int, float, bool)) or v is None:
         return str(v)
     return str(getattr(v, "name", None) or type(v).__name__)
 
 
-def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
+def parse_cache_type(spec: Any, *, engine: str = "llama.cpp") -> CacheType:
     """``"q8_0"`` (K = V), ``"q8_0:q4_0"``, ``"tbq4_0:tbq4_0@llama.cpp-fork"`` (or ``@fork``), a ``(k, v)`` pair or a :class:`CacheType`.
 
     >>> parse_cache_type("q8_0:tbq4_0@plain")
@@ -134,7 +136,7 @@ def parse_cache_type(spec, *, engine: str = "llama.cpp") -> CacheType:
     return CacheType(parts[0], parts[-1], engine)
 
 
-def text_tokens(tokenizer, text: str, bos: int | None) -> np.ndarray:
+def text_tokens(tokenizer: Any, text: str, bos: int | None) -> np.ndarray:
     """The tokens llama-perplexity evaluates for ``text``: BOS (when the model has one), then the text's tokens.
 
     The tokenizer's own special tokens are not added (``bos`` is put first
@@ -144,7 +146,7 @@ def text_tokens(tokenizer, text: str, bos: int | None) -> np.ndarray:
     return np.asarray(([] if bos is None else [int(bos)]) + list(ids), dtype=np.int64)
 
 
-def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int | None = None) -> np.ndarray:
+def perplexity_chunks(tokens: ArrayLike, context: int, chunks: int | None = None, bos: int | None = None) -> np.ndarray:
     """The ``(chunks, context)`` token array llama-perplexity evaluates; ``chunks=None``: as many as the text holds.
 
     Refused (one line) when the text holds fewer than two chunks (llama-perplexity
@@ -157,8 +159,9 @@ def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int 
     t = np.asarray(tokens)
     if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
         raise TbqValueError(f"tokens must be a 1-d integer array, got {t.dtype} of shape {t.shape}")
-    if isinstance(context, bool) or not isinstance(context, (int, np.integer)) or context < 4 or context % 2:
-        raise TbqValueError(f"context must be an even integer of at least 4, got {context!r}")
+    context = check_int(context, "context", lo=4, expected="an even integer of at least 4", error=TbqValueError)
+    if context % 2:
+        raise TbqValueError(f"context must be an even integer of at least 4, got {context}")
     held = t.size // context
     if t.size < 2 * context:
         raise TbqValueError(
@@ -166,9 +169,7 @@ def perplexity_chunks(tokens, context: int, chunks: int | None = None, bos: int 
         )
     if chunks is None:
         chunks = held
-    elif isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-        raise TbqValueError(f"chunks must be a positive integer or None, got {chunks!r}")
-    elif chunks > held:
+    elif check_int(chunks, "chunks", lo=1, expected="a positive integer or None", error=TbqValueError) > held:
         raise TbqValueError(f"the text holds {held} chunks of {context} tokens ({t.size} tokens), not {chunks}")
     out = t[: chunks * context].reshape(chunks, context).astype(np.int64).copy()
     if bos is not None:
@@ -195,17 +196,17 @@ class Row:
     layer: int | None = None
     role: str = "K+V"
     #: the format options of each side that has any (``CacheType.options``, values as the JSON shows them)
-    options: dict = field(default_factory=dict)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
 class EvalResult:
     """The result of :func:`evaluate`: one :class:`Row` per run, the settings, the wall time."""
 
-    rows: list
-    settings: dict
+    rows: list[Any]
+    settings: dict[str, Any]
     seconds: float = 0.0
-    per_layer: list = field(default_factory=list)
+    per_layer: list[Any] = field(default_factory=list)
 
     def row(self, cache: str, *, layer: int | None = None, role: str = "K+V") -> Row:
         for r in self.rows + self.per_layer:
@@ -213,7 +214,7 @@ class EvalResult:
                 return r
         raise KeyError(cache)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "settings": self.settings,
             "seconds": self.seconds,
@@ -241,7 +242,7 @@ class EvalResult:
         return "\n".join(lines)
 
 
-def _json_default(o):
+def _json_default(o: Any) -> Any:
     if isinstance(o, (np.integer,)):
         return int(o)
     if isinstance(o, (np.floating,)):
@@ -272,7 +273,7 @@ def _format_row(r: Row, width: int = 26) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _log_softmax(logits):
+def _log_softmax(logits: Any) -> Any:
     import torch
 
     return torch.log_softmax(logits.to(torch.float64), dim=-1)
@@ -281,7 +282,7 @@ def _log_softmax(logits):
 class _Runner:
     """Forward passes of one model over fixed chunks with a fresh cache each."""
 
-    def __init__(self, model, chunks: np.ndarray, *, sinks: int, sink_type, rotate_attention: bool):
+    def __init__(self, model: Any, chunks: np.ndarray, *, sinks: int, sink_type: Any, rotate_attention: bool) -> None:
         import torch
 
         from .attention import prepare
@@ -293,7 +294,7 @@ class _Runner:
         self.first = chunks.shape[1] // 2
         self.sinks, self.sink_type, self.rotate = sinks, sink_type, rotate_attention
 
-    def cache(self, ct: CacheType, layers: dict | None = None, *, baseline: bool = False):
+    def cache(self, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
         base_layers = None
         k, v = ct.k, ct.v
         if layers is not None:  # only these layers in the type: the rest f16
@@ -309,7 +310,7 @@ class _Runner:
             rotate_attention=self.rotate,
         )
 
-    def log_probs(self, i: int, ct: CacheType, layers: dict | None = None, *, baseline: bool = False):
+    def log_probs(self, i: int, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
         """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
@@ -317,7 +318,7 @@ class _Runner:
             logits = self.model(self.chunks[i : i + 1], cache=cache, use_cache=True).logits[0]
         return _log_softmax(logits[self.first : -1]), cache.bytes_per_token()
 
-    def greedy(self, ct: CacheType, prompt, n: int, layers: dict | None = None, *, baseline: bool = False) -> list:
+    def greedy(self, ct: CacheType, prompt: Any, n: int, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> list[Any]:
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
         ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
@@ -334,11 +335,15 @@ class _Runner:
 class _Stats:
     """Per-position NLL, KL against the two baselines and top-1 agreement, accumulated over chunks."""
 
-    def __init__(self):
-        self.nll, self.kl16, self.kl32, self.top16, self.top32 = [], [], [], [], []
+    def __init__(self) -> None:
+        self.nll: list[Any] = []
+        self.kl16: list[Any] = []
+        self.kl32: list[Any] = []
+        self.top16: list[Any] = []
+        self.top32: list[Any] = []
         self.bytes_per_token = 0
 
-    def add(self, lp, targets, base16, base32, bytes_per_token):
+    def add(self, lp: Any, targets: Any, base16: Any, base32: Any, bytes_per_token: Any) -> None:
         import torch
 
         self.bytes_per_token = bytes_per_token
@@ -350,7 +355,7 @@ class _Stats:
             kl.append(torch.clamp((p * (base - lp)).sum(-1), min=0.0).numpy())
             top.append((base.argmax(-1) == lp.argmax(-1)).numpy())
 
-    def row(self, label: str, engine: str, ppl16: float | None, **extra) -> Row:
+    def row(self, label: str, engine: str, ppl16: float | None, **extra: Any) -> Row:
         nll = np.concatenate(self.nll)
         ppl = float(math.exp(nll.mean()))
         kl16 = np.concatenate(self.kl16) if self.kl16 else np.zeros(1)
@@ -370,30 +375,30 @@ class _Stats:
         )
 
 
-def _first_diff(a: list, b: list) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
+def _first_diff(a: list[Any], b: list[Any]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if x != y:
             return i
     return None
 
 
 def evaluate(
-    model,
-    tokens,
-    cache_types=("q8_0", "q4_0"),
+    model: Any,
+    tokens: ArrayLike,
+    cache_types: Any = ("q8_0", "q4_0"),
     *,
     context: int = 512,
     chunks: int | None = None,
     bos: int | None | bool = None,
     sinks: int = 0,
-    sink_type="f16",
+    sink_type: Any = "f16",
     per_layer: bool = False,
     roles: bool = False,
     generate: int = 0,
-    prompt=None,
+    prompt: Any = None,
     rotate_attention: bool = True,
     model_name: str = "model",
-    progress=None,
+    progress: Any = None,
 ) -> EvalResult:
     """Evaluate ``cache_types`` on ``tokens`` against the f16 and f32 caches (see the module docstring).
 
@@ -420,8 +425,7 @@ def evaluate(
     elif bos is False:
         bos = None
     data = perplexity_chunks(tokens, context, chunks, bos)
-    if isinstance(generate, bool) or not isinstance(generate, (int, np.integer)) or generate < 0:
-        raise TbqValueError(f"generate must be a non-negative integer, got {generate!r}")
+    check_int(generate, "generate", lo=0, expected="a non-negative integer", error=TbqValueError)
     import torch
 
     t0 = time.perf_counter()
@@ -431,8 +435,8 @@ def evaluate(
         runner.cache(ct)
     f16, f32 = CacheType("f16", "f16"), CacheType(F32, F32)
 
-    jobs = [(ct.label, ct, None, "K+V") for ct in types]
-    extra = []
+    jobs: list[tuple[str, CacheType, int | None, str]] = [(ct.label, ct, None, "K+V") for ct in types]
+    extra: list[tuple[str, CacheType, int | None, str]] = []
     for ct in types:
         if roles:
             extra.append((ct.label, CacheType(ct.k, "f16", ct.engine), None, "K"))
@@ -442,7 +446,7 @@ def evaluate(
     total = (2 + len(jobs) + len(extra)) * data.shape[0] + (len(jobs) + 1 if generate else 0)
     done = 0
 
-    def tick(label):
+    def tick(label: Any) -> None:
         nonlocal done
         done += 1
         if progress is not None:

@@ -38,14 +38,20 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # numpy itself is imported by the functions that need it
+    import numpy as np
+    from numpy.typing import NDArray
 
 #: llama.cpp's name for the GPT-2 pre-tokenizer regex (llama-vocab.cpp: LLAMA_VOCAB_PRE_TYPE_GPT2).
 PRE_TOKENIZER = "gpt-2"
 F16_KV_ATTENTION = "tbq_f16_kv_sdpa"
 
 
-def permute_qk(w, n_head: int):
+def permute_qk(w: Any, n_head: int) -> Any:
     """convert_hf_to_gguf.py's ``LlamaModel.permute``: per head, halves layout -> interleaved pairs.
 
     Row ``h*D + 2*i + j`` of the result is row ``h*D + j*D/2 + i`` of ``w``
@@ -55,13 +61,13 @@ def permute_qk(w, n_head: int):
     return w.reshape(n_head, 2, out // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def unpermute_qk(w, n_head: int):
+def unpermute_qk(w: Any, n_head: int) -> Any:
     """The inverse of :func:`permute_qk` (what transformers' GGUF loader applies)."""
     out = w.shape[0]
     return w.reshape(n_head, out // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _vocab(model_dir: Path):
+def _vocab(model_dir: Path) -> Any:
     """tokens, token types and the tokenizer (convert_hf_to_gguf.py's ``get_vocab_base``)."""
     import gguf
     from tokenizers import Tokenizer
@@ -94,7 +100,7 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
     model_dir, out_path = Path(model_dir), Path(out_path)
     hp = json.loads((model_dir / "config.json").read_text())
     if hp.get("model_type") != "llama":
-        raise ValueError(f"not a Llama checkpoint: model_type={hp.get('model_type')!r}")
+        raise ValueError(f"not a Llama checkpoint: model_type = {hp.get('model_type')!r}")
     tensors = load_file(str(model_dir / "model.safetensors"))
     n_layer, n_head, n_kv = hp["num_hidden_layers"], hp["num_attention_heads"], hp["num_key_value_heads"]
     head_dim = hp.get("head_dim") or hp["hidden_size"] // n_head
@@ -154,7 +160,7 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
             data = permute_qk(data, n_head)
         elif hf_name.endswith("k_proj.weight"):
             data = permute_qk(data, n_kv)
-        w.add_tensor(names.get_name(hf_name, try_suffixes=(".weight",)), np.ascontiguousarray(data),
+        w.add_tensor(cast(str, names.get_name(hf_name, try_suffixes=(".weight",))), np.ascontiguousarray(data),
                      raw_dtype=gguf.GGMLQuantizationType.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -166,7 +172,7 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
 # ---------------------------------------------------------------------------------------------- llama-perplexity in Python
 
 
-def chunk_nll(model, ids, n_ctx: int, bos_id: int = 0):
+def chunk_nll(model: Any, ids: Sequence[int] | NDArray[np.integer[Any]], n_ctx: int, bos_id: int = 0) -> NDArray[np.float64]:
     """Per-position NLL (float64 array ``(chunks, n_ctx - 1)``) of ``ids`` cut into chunks the llama.cpp way.
 
     ``ids`` is the whole text tokenized with BOS in front; chunk ``c`` is
@@ -190,7 +196,7 @@ def chunk_nll(model, ids, n_ctx: int, bos_id: int = 0):
     return out
 
 
-def llama_perplexity(nll, n_chunks: int | None = None) -> float:
+def llama_perplexity(nll: NDArray[np.float64], n_chunks: int | None = None) -> float:
     """llama-perplexity's figure from :func:`chunk_nll`: the second half of each chunk, PPL = exp(mean NLL).
 
     perplexity.cpp scores the logits at positions ``n_ctx/2 .. n_ctx-2`` (the
@@ -213,7 +219,7 @@ def register_f16_kv_attention() -> str:
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    def f16_kv(module, query, key, value, attention_mask, **kwargs):
+    def f16_kv(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
         return sdpa_attention_forward(module, query, key.to(torch.float16).to(query.dtype),
                                       value.to(torch.float16).to(query.dtype), attention_mask, **kwargs)
 
@@ -229,7 +235,7 @@ _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 def run_llama_perplexity(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, n_ctx: int = 512,
                          n_chunks: int = 4, threads: int = 2, cache_type: str = "f16", retries: int = 6, *,
-                         v_type: str | None = None, rotate: bool = True) -> dict:
+                         v_type: str | None = None, rotate: bool = True) -> dict[str, Any]:
     """``llama-perplexity -m GGUF -f TEXT -c n_ctx --chunks n -t threads -ctk K -ctv V -fa on --no-warmup``.
 
     ``cache_type`` is K's type, ``v_type`` V's (default: the same);
@@ -260,7 +266,7 @@ def run_llama_perplexity(llama_dir: Path | str, gguf_path: Path | str, text_path
 
 
 def run_dump_logits(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, out_bin: Path | str,
-                    n_ctx: int = 512, n_chunks: int = 4, cache_type: str = "f16", fa: int = 1, threads: int = 2):
+                    n_ctx: int = 512, n_chunks: int = 4, cache_type: str = "f16", fa: int = 1, threads: int = 2) -> Any:
     """llama.cpp's tokens ``(chunks, n_ctx)`` and float32 logits ``(chunks, n_ctx, vocab)`` from ``dump_logits``."""
     import numpy as np
 
@@ -275,7 +281,7 @@ def run_dump_logits(llama_dir: Path | str, gguf_path: Path | str, text_path: Pat
 
 
 def compare_with_llama_cpp(model_dir: Path | str, llama_dir: Path | str, text_path: Path | str | None = None,
-                           n_ctx: int = 512, n_chunks: int = 4, threads: int = 2, work_dir: Path | str | None = None) -> dict:
+                           n_ctx: int = 512, n_chunks: int = 4, threads: int = 2, work_dir: Path | str | None = None) -> dict[str, Any]:
     """llama.cpp (f16 cache, flash attention) against transformers (float32) on ``text_path`` (default heldout.txt).
 
     Returns the llama-perplexity figure, the perplexity of dump_logits' logits,

@@ -11,15 +11,17 @@ permutation), so the model computes in transformers' channel order and
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..errors import TbqValueError
 
 __all__ = ["load", "resolve_model_path"]
 
 
-def resolve_model_path(path=None) -> Path:
+def resolve_model_path(path: str | os.PathLike[str] | None = None) -> Path:
     """The model path to load: ``path``, or the shipped model's directory when ``None``; checked to exist."""
     if path is None:
         from .shipped import MODEL_DIR
@@ -37,19 +39,19 @@ def resolve_model_path(path=None) -> Path:
 
 
 @contextmanager
-def _quiet_tqdm():
+def _quiet_tqdm() -> Any:
     """transformers' GGUF loader wraps its tensor loop in a plain tqdm bar (not its logging's): pass the loop through."""
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
     old = getattr(gguf_utils, "tqdm", None)
-    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable  # type: ignore[attr-defined]  # a module global, not re-exported
     try:
         yield
     finally:
-        gguf_utils.tqdm = old
+        gguf_utils.tqdm = old  # type: ignore[attr-defined]
 
 
-def load(path=None, *, dtype="float32", tokenizer: bool = True):
+def load(path: str | os.PathLike[str] | None = None, *, dtype: Any = "float32", tokenizer: bool = True) -> Any:
     """``(model, tokenizer)`` from a HF directory, a ``.gguf`` file, or the shipped model (``path=None``).
 
     The model is in eval mode, on the CPU, in ``dtype`` (float32 by default);

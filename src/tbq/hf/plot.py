@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -11,7 +13,7 @@ from ..plots import DPI, require_matplotlib
 __all__ = ["plot_eval"]
 
 
-def plot_eval(result, path) -> Path:
+def plot_eval(result: Any, path: str | os.PathLike[str]) -> Path:
     """Bars of the perplexity change and mean KL per cache type; with per-layer rows, a layer x type map.
 
     Returns the path written (the directory is created).

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 #: The folder of the shipped model (``tbq/data/model`` inside the installed package).
-MODEL_DIR: Path = Path(str(resources.files("tbq").joinpath("data", "model")))
+MODEL_DIR: Path = Path(str(resources.files("tbq").joinpath("data").joinpath("model")))
 
 #: Every file of MODEL_DIR.
 FILES = (
@@ -39,7 +40,7 @@ def heldout_text() -> str:
     return (MODEL_DIR / "heldout.txt").read_bytes().decode("utf-8")
 
 
-def train_log() -> dict:
+def train_log() -> dict[str, Any]:
     """The training log (configuration, corpus hash, loss curve, held-out loss)."""
     import json
 

@@ -29,6 +29,7 @@ them, so importing this module is cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -39,6 +40,7 @@ import sysconfig
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: Never trained on. textwrap.py comes first: /work/shared/llama.cpp's README measured llama.cpp on it.
 HELDOUT_FILES = ("textwrap.py", "shlex.py", "fnmatch.py")
@@ -110,7 +112,7 @@ def corpus_sha256(stdlib: Path, names: list[str]) -> str:
     return h.hexdigest()
 
 
-def load_corpus(stdlib: Path | None = None, max_files: int | None = None) -> dict:
+def load_corpus(stdlib: Path | None = None, max_files: int | None = None) -> dict[str, Any]:
     """Training texts, the held-out text and the corpus' identity."""
     stdlib = stdlib_dir() if stdlib is None else stdlib
     names = corpus_files(stdlib)
@@ -139,7 +141,7 @@ def load_corpus(stdlib: Path | None = None, max_files: int | None = None) -> dic
 # ---------------------------------------------------------------------------------------------- tokenizer
 
 
-def train_tokenizer(texts: list[str], vocab_size: int):
+def train_tokenizer(texts: list[str], vocab_size: int) -> Any:
     """A byte-level BPE ``tokenizers.Tokenizer``: GPT-2 regex, no prefix space, BOS/EOS ids 0 and 1.
 
     The post-processor prepends BOS (``add_special_tokens=True``), as llama.cpp
@@ -169,7 +171,7 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return tok
 
 
-def save_tokenizer(tok, out: Path, model_max_length: int) -> None:
+def save_tokenizer(tok: Any, out: Path, model_max_length: int) -> None:
     """tokenizer.json and tokenizer_config.json through transformers (what AutoTokenizer reads)."""
     from transformers import PreTrainedTokenizerFast
 
@@ -186,7 +188,7 @@ def save_tokenizer(tok, out: Path, model_max_length: int) -> None:
 # ---------------------------------------------------------------------------------------------- model
 
 
-def model_config(cfg: TrainConfig, vocab_size: int):
+def model_config(cfg: TrainConfig, vocab_size: int) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -222,20 +224,18 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 # ---------------------------------------------------------------------------------------------- training
 
 
-def _setup_torch(cfg: TrainConfig):
+def _setup_torch(cfg: TrainConfig) -> Any:
     import torch
 
     torch.set_num_threads(cfg.threads)
-    try:
+    with contextlib.suppress(RuntimeError):  # already set in this process
         torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set in this process
-        pass
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed)
     return torch
 
 
-def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress=print, command: str | None = None) -> dict:
+def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = print, command: str | None = None) -> dict[str, Any]:
     """Run the whole recipe into ``out``; returns the log (also written as ``out/train_log.json``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t_start = time.time()
