@@ -57,14 +57,15 @@ def build(tmp_path_factory):
         (out / name).write_text(text)
     made = {}
 
-    def make(*sources, defines=(), exe=False, contract=False):
-        key = (sources, tuple(defines), exe, contract)
+    def make(*sources, defines=(), exe=False, contract=False, libs=()):
+        key = (sources, tuple(defines), exe, contract, tuple(map(str, libs)))
         if key not in made:
             name = "_".join(Path(s).stem for s in sources) + "".join("_" + d.replace("=", "") for d in defines)
             path = out / (name if exe else f"lib{name}.so")
             flags = ["-O2", f"-I{out}", f"-I{C_DIR}"] + ([] if exe else ["-shared", "-fPIC"])
             flags += [] if contract else ["-ffp-contract=off"]  # the correct kernels: no FMA contraction
-            cmd = [CC, *flags, *(f"-D{d}" for d in defines), *(str(C_DIR / s) for s in sources), "-o", str(path), "-lm"]
+            linked = ["-Wl,--no-as-needed"] * bool(libs) + [a for lib in libs for a in (str(lib), f"-Wl,-rpath,{Path(lib).parent}")]
+            cmd = [CC, *flags, *(f"-D{d}" for d in defines), *(str(C_DIR / s) for s in sources), *linked, "-o", str(path), "-lm"]
             subprocess.run(cmd, check=True, capture_output=True)
             made[key] = path
         return made[key]
@@ -464,3 +465,77 @@ def test_fuzz_without_hypothesis_is_a_clear_usage_error(monkeypatch, capsys, tmp
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--format", "q8_0", "--exec", "prog {op} {in} {out}"]) == 2
     assert "needs the hypothesis package" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# output hygiene, provenance, init functions (issue 19)
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+def test_nothing_is_written_in_the_working_directory_when_nothing_fails(build, tmp_path, monkeypatch, capsys):
+    lib = build("q8_0.c")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--blocks", "300", "--examples", "5"]) == 0
+    assert list(tmp_path.iterdir()) == []  # no .hypothesis/, no tbq-check-q8_0/
+    # a read-only working directory does not stop a correct kernel from being checked
+    tmp_path.chmod(0o555)
+    try:
+        assert main(["check", "--format", "q8_0", "--lib", str(lib), "--blocks", "300", "--examples", "5", "--quiet"]) == 0
+    finally:
+        tmp_path.chmod(0o755)
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_zero_blocks_and_zero_examples_are_refused(capsys):
+    with pytest.raises(tbq.TbqError, match="nothing would be checked"):
+        check_kernel("q8_0", quantize=lambda x: tbq.quantize(x, "q8_0"), blocks=0, examples=0)
+    assert main(["check", "--format", "q8_0", "--exec", "prog {in} {out}", "--only", "quantize", "--blocks", "0", "--examples", "0"]) == 2
+    assert "checks nothing" in capsys.readouterr().err
+
+
+@needs_cc
+def test_the_repro_compile_line_runs_as_printed(build, tmp_path, capsys):
+    lib = build("q4_0.c", defines=["SWAP_NIBBLES"])
+    out = tmp_path / "ce"
+    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--only", "quantize", "--blocks", "300", "--examples", "0",
+                 "--out", str(out)]) == 1
+    src = (out / "q4_0-quantize.c").read_text()
+    line = next(ln for ln in src.splitlines() if ln.lstrip(" *").startswith("cc "))
+    assert f"-Wl,-rpath,{lib.parent}" in line
+    subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=out)
+    res = subprocess.run(["./repro"], cwd=out, capture_output=True, text=True)  # no LD_LIBRARY_PATH needed
+    assert res.returncode == 1 and "differ from tbq" in res.stdout, res.stdout + res.stderr
+
+
+@needs_cc
+def test_provenance_names_the_file_that_defines_the_symbol_and_strict_lib_refuses_a_dependency(build, capsys):
+    base = build("q8_0.c")
+    wrapper = build("wrapper.c", libs=[base])
+    report = check_library(wrapper, "q8_0", blocks=300, examples=0)
+    assert report.ok
+    pv = report.provenance["quantize"]
+    assert pv == {"symbol": "quantize_row_q8_0_ref", "file": str(base.resolve()), "library": str(wrapper.resolve()), "elsewhere": True}
+    assert f"quantize_row_q8_0_ref from {base.resolve()}  (NOT the library given)" in report.text()
+    assert any("is not defined in" in n and "--strict-lib" in n for n in report.notes)
+    assert json.loads(report.to_json())["provenance"]["dequantize"]["file"] == str(base.resolve())
+    own = check_library(base, "q8_0", blocks=300, examples=0)
+    assert own.provenance["quantize"]["elsewhere"] is False and not own.notes
+    with pytest.raises(TargetError, match="is defined in .*libq8_0.so, not in .*libwrapper.so"):
+        check_library(wrapper, "q8_0", blocks=300, examples=0, strict_lib=True)
+    assert main(["check", "--format", "q8_0", "--lib", str(wrapper), "--strict-lib", "--examples", "0"]) == 2
+    assert "not in" in capsys.readouterr().err
+
+
+@needs_cc
+def test_a_kernel_that_needs_an_init_call_is_wrong_without_it_and_exact_with_it(build, capsys):
+    lib = build("needs_init.c")
+    without = check_library(lib, "q8_0", only="quantize", blocks=300, examples=0)
+    assert not without.ok and without.counts()["wrong"] > 0
+    with_init = check_library(lib, "q8_0", only="quantize", blocks=300, examples=0, init=["kernel_init"])
+    assert with_init.ok and with_init.counts()["exact"] == with_init.counts()["blocks"]
+    assert with_init.provenance["init kernel_init"]["symbol"] == "kernel_init"
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "kernel_init", "--blocks", "300",
+                 "--examples", "0", "--quiet"]) == 0
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "nope", "--examples", "0"]) == 2
+    assert "no symbol 'nope' (--init)" in capsys.readouterr().err

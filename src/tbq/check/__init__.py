@@ -102,8 +102,13 @@ def resolve_format(fmt, codebook=None, signs=None, options=None) -> Format:
 
 
 def _finish(report: CheckReport, target: Target, out) -> CheckReport:
+    """Write the counterexamples into ``out`` (only when something failed); a directory that cannot be written is a note."""
     if out is not None and report.counterexamples:
-        report.save(out, target.format, {d: target.symbols.get(d) for d in report.counterexamples})
+        links = {d: target.link_libraries(d) for d in report.counterexamples}
+        try:
+            report.save(out, target.format, {d: target.symbols.get(d) for d in report.counterexamples}, links)
+        except OSError as exc:
+            report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
     return report
 
 
@@ -147,16 +152,21 @@ def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=No
 
 
 def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
-                  codebook=None, signs=None, options=None, **settings) -> CheckReport:
+                  init=(), strict_lib: bool = False, codebook=None, signs=None, options=None, **settings) -> CheckReport:
     """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
 
     ``quantize`` / ``dequantize`` name other symbols; ``only`` (``"quantize"``
-    or ``"dequantize"``) checks one direction. ``settings`` as in
+    or ``"dequantize"``) checks one direction. ``init``: names of ``void
+    f(void)`` functions called once after loading, in order (ggml's CPU
+    backend needs ``ggml_cpu_init``). The report names each symbol and the
+    file that defines it (``dladdr``); ``strict_lib=True`` refuses a symbol
+    that a dependency of the library defines. ``settings`` as in
     :func:`check_kernel`. A library that does not load or lacks a symbol
     raises :class:`TargetError`.
     """
     f = resolve_format(fmt, codebook, signs, options)
-    return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only), **settings)
+    return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only, init=init, strict_lib=strict_lib),
+                        **settings)
 
 
 def check_program(command: str, fmt, *, only: str | None = None, timeout: float = 600.0, codebook=None, signs=None, options=None,

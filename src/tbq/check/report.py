@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,8 +121,11 @@ class Counterexample:
                 "trace": self.trace, "encoding": "uint8 as hex strings, float32 as bit patterns"}
 
     # -- files -----------------------------------------------------------------------------
-    def save(self, directory, fmt: Format, symbol: str | None = None) -> list[Path]:
-        """Write ``<fmt>-<direction>.npz`` and ``<fmt>-<direction>.c`` into ``directory``; return their paths."""
+    def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
+        """Write ``<fmt>-<direction>.npz`` and ``<fmt>-<direction>.c`` into ``directory``; return their paths.
+
+        ``link``: the shared libraries the repro links with (its compile line names them with an rpath).
+        """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         stem = d / f"{fmt.name}-{self.direction}"
@@ -130,12 +134,22 @@ class Counterexample:
                  format=np.array(fmt.name), direction=np.array(self.direction), phase=np.array(self.phase),
                  options=np.array(json.dumps(fmt.config())), offsets=np.asarray(self.offsets, np.int64))
         c = stem.with_suffix(".c")
-        c.write_text(self.c_source(fmt, symbol))
+        c.write_text(self.c_source(fmt, symbol, link))
         return [npz, c]
 
-    def c_source(self, fmt: Format, symbol: str | None = None) -> str:
-        """A self-contained C program reproducing this counterexample with ggml's row signature."""
+    def c_source(self, fmt: Format, symbol: str | None = None, link: list | None = None) -> str:
+        """A self-contained C program reproducing this counterexample with ggml's row signature.
+
+        ``link``: shared libraries to name in its compile line (each with ``-Wl,-rpath`` to its folder, so the
+        program runs without ``LD_LIBRARY_PATH``); without them the line names a placeholder library.
+        """
         sym = symbol or default_symbol(self.direction, fmt.name)
+        src = f"{fmt.name}-{self.direction}.c"
+        if link:
+            libs = " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in link)
+            build = f" *     cc -O2 -o repro {src} {libs} -lm"
+        else:
+            build = f" *     cc -O2 -o repro {src} ./libmykernel.so -Wl,-rpath,$PWD -lm     (or your kernel's .c file)"
         opts = json.dumps(fmt.config()) if fmt.config() else "none"
         names = _byte_fields(fmt)
         head = [
@@ -143,7 +157,7 @@ class Counterexample:
             f" * Format options: {opts}. Block {self.block} of this input is {self.classification}: tbq (the bit-exact",
             " * reference of docs/formats.md) and the kernel under test disagree on it.",
             " * Build it with your kernel and run it; it exits with status 1 while they disagree:",
-            f" *     cc -O2 -o repro {fmt.name}-{self.direction}.c libmykernel.so     (or your kernel's .c file, -lm)",
+            build,
             " *     ./repro",
             f" * Rename {sym} if your function has another name. */",
             "#include <stdint.h>",
@@ -355,6 +369,8 @@ class CheckReport:
     notes: list = field(default_factory=list)
     files: list = field(default_factory=list)
     seconds: float = 0.0
+    #: what was called, per direction (and init function): ``{"symbol", "file", "library", "elsewhere"}``
+    provenance: dict = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -429,7 +445,11 @@ class CheckReport:
     def text(self) -> str:
         """The full human report: header, table, verdict, then per failing direction the details."""
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if not isinstance(v, (dict, list))) or "no options"
-        lines = [f"tbq check: {self.format} ({opts}), {self.target}", "", self.table(), "", self.verdict()]
+        lines = [f"tbq check: {self.format} ({opts}), {self.target}"]
+        for key, pv in self.provenance.items():
+            where = pv.get("file") or "an unknown file"
+            lines.append(f"  {key}: {pv['symbol']} from {where}" + ("  (NOT the library given)" if pv.get("elsewhere") else ""))
+        lines += ["", self.table(), "", self.verdict()]
         for note in self.notes:
             lines.append(f"note: {note}")
         for d in self.directions:
@@ -479,6 +499,7 @@ class CheckReport:
             "format": self.format,
             "options": self.options,
             "target": self.target,
+            "provenance": self.provenance,
             "settings": self.settings,
             "ok": self.ok,
             "verdict": self.verdict(),
@@ -496,11 +517,14 @@ class CheckReport:
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), **kw)
 
-    def save(self, directory, fmt: Format, symbols: dict | None = None) -> list[Path]:
-        """Write every counterexample (``.npz`` and ``.c``) into ``directory``; returns the paths (also kept in :attr:`files`)."""
+    def save(self, directory, fmt: Format, symbols: dict | None = None, links: dict | None = None) -> list[Path]:
+        """Write every counterexample (``.npz`` and ``.c``) into ``directory``; returns the paths (also kept in :attr:`files`).
+
+        ``symbols``/``links``: per direction, the C symbol and the libraries its repro links with.
+        """
         paths = []
         for d, ce in self.counterexamples.items():
-            paths += ce.save(directory, fmt, (symbols or {}).get(d))
+            paths += ce.save(directory, fmt, (symbols or {}).get(d), (links or {}).get(d))
         self.files = [str(p) for p in paths]
         return paths
 

@@ -22,7 +22,10 @@ fails), and the diagnoses run over the kept failing blocks.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -171,6 +174,28 @@ def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # the check
 # ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def hypothesis_scratch():
+    """Hypothesis's storage (its example database is off; it also caches constants) in a temporary directory.
+
+    Unless the user chose a place (``HYPOTHESIS_STORAGE_DIRECTORY`` or
+    ``hypothesis.configuration.set_hypothesis_home_dir``), hypothesis writes
+    ``.hypothesis/`` into the working directory: a check writes nothing there.
+    """
+    from hypothesis import configuration
+
+    key = "__hypothesis_home_directory"
+    if os.getenv("HYPOTHESIS_STORAGE_DIRECTORY") or getattr(configuration, key, None) is not None:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="tbq-check-hypothesis-") as tmp:
+        configuration.set_hypothesis_home_dir(tmp)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(None)
 
 
 class _Abort(BaseException):
@@ -626,7 +651,8 @@ class _Check:
                     bar.step(f"{d.name} golden")
             for d in self.dirs.values():
                 if fuzz:
-                    self._fuzz(d)
+                    with hypothesis_scratch():
+                        self._fuzz(d)
                     bar.step(f"{d.name} fuzz")
                 else:
                     d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
@@ -634,6 +660,11 @@ class _Check:
                 self._phase(d, "bytes", random_blocks(self.fmt, self.blocks, self.seed))
                 bar.step(f"{d.name} bytes")
         report = CheckReport(self.fmt.name, self.fmt.config(), self.target.description, self._settings())
+        report.provenance = self.target.provenance()
+        for key, pv in report.provenance.items():
+            if pv.get("elsewhere"):
+                self.notes.append(f"{key}: {pv['symbol']} is not defined in {pv['library']} but in {pv['file']} (a dependency the "
+                                  "dynamic loader searched): that file's function was checked; --strict-lib refuses it")
         for d in self.dirs.values():
             report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
         for d in self.dirs.values():
@@ -703,6 +734,9 @@ def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = D
         raise TbqValueError(f"exact must be True or False, got {exact!r}")
     if not target.directions:
         raise TargetError(f"{target.description} implements neither quantize nor dequantize")
+    if not blocks and not examples and not seconds:
+        raise TbqValueError("blocks and examples are both 0: nothing would be checked; give blocks >= 1 or examples >= 1 "
+                            "(or seconds)")
     if examples or seconds:
         require_hypothesis()
     require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")

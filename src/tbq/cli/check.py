@@ -73,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--exec", dest="exec_cmd", metavar="CMD",
                    help="external program reading {in} and writing {out}, e.g. \"./kernel {op} {in} {out}\"; placeholders: "
                    + ", ".join("{" + k + "}" for k in PLACEHOLDERS))
+    t.add_argument("--init", action="append", default=[], metavar="SYMBOL",
+                   help="--lib: a void f(void) function called once after loading, repeatable (ggml's CPU backend: ggml_cpu_init)")
+    t.add_argument("--strict-lib", action="store_true",
+                   help="--lib: refuse a symbol that the library's dependencies define rather than the library itself")
     t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
     t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
     f = p.add_argument_group("format")
@@ -100,7 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, and the table goes to stderr)")
     o.add_argument("--out", metavar="DIR", default=None,
                    help="directory for the counterexamples (.npz and a C repro), written only when something fails "
-                   "(default: tbq-check-<fmt>)")
+                   "(default: tbq-check-<fmt> in the working directory, made only then)")
     o.add_argument("--quiet", action="store_true", help="print the verdict line only, no progress")
 
 
@@ -111,8 +115,11 @@ def _target(args, fmt):
         for flag in ("quantize", "dequantize"):
             if getattr(args, flag) is not None:
                 raise TbqValueError(f"--{flag} names a library symbol; with --exec use --only to pick a direction")
+        if args.init or args.strict_lib:
+            raise TbqValueError(f"--{'init' if args.init else 'strict-lib'} applies to --lib, not to --exec")
         return ProgramTarget(args.exec_cmd, fmt, only=args.only, timeout=args.timeout)
-    return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only)
+    return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only, init=args.init,
+                         strict_lib=args.strict_lib)
 
 
 def run_cli(args) -> int:
@@ -120,7 +127,10 @@ def run_cli(args) -> int:
     options = dict(parse_option(o) for o in args.option)
     fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"), options)
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
-    out_dir = check_out_dir(args.out or f"tbq-check-{fmt.name}")
+    # --out is checked before any work; the default folder is only made when something fails
+    out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-{fmt.name}")
+    if not args.blocks and not args.examples and not args.seconds:
+        raise TbqValueError("--blocks 0 with --examples 0 checks nothing; give --blocks N or --examples N (or --seconds T)")
     if args.examples or args.seconds:
         require_hypothesis()  # before loading anything: say so at once
     require_memory(check_memory(fmt, args.blocks), f"--blocks {args.blocks:,} ({fmt.name})")  # before any work
