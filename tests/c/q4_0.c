@@ -1,7 +1,9 @@
 /* Q4_0 (docs/formats.md): 32 values -> fp16 d = max/-8 (max: the signed value of largest magnitude,
  * the first on a tie) + 32 4-bit codes min(15, trunc(x*id + 8.5)), byte j = q[j] | q[j+16] << 4; 18 bytes.
  * Build: cc -O2 -shared -fPIC -ffp-contract=off q4_0.c -o libq4_0.so -lm
- * Broken variant for the tests: -DSWAP_NIBBLES (byte j = q[j+16] | q[j] << 4, in both directions). */
+ * Broken variants for the tests: -DSWAP_NIBBLES (byte j = q[j+16] | q[j] << 4, in both directions);
+ * -DSIGN_FROM_FIRST (max starts at x[0], so an all-zero block takes the sign of its scale from x[0]: d = -0 / -8 = +0
+ * where the spec stores -0). */
 #include <stdint.h>
 #include "fp16.h"
 
@@ -13,7 +15,11 @@ void quantize_row_q4_0_ref(const float *x, void *vy, int64_t k) {
     for (int64_t i = 0; i < nb; i++) {
         const float *xb = x + i * QK4_0;
         uint8_t *yb = y + i * 18;
+#ifdef SIGN_FROM_FIRST
+        float amax = fabsf(xb[0]), max = xb[0];
+#else
         float amax = 0.0f, max = 0.0f;
+#endif
         for (int j = 0; j < QK4_0; j++) {
             const float v = xb[j];
             if (amax < fabsf(v)) {

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..formats import Format
 from .classify import CLASSES, ordered_code
+from .diagnose import describe_values
 from .targets import DIRECTIONS, default_symbol
 
 __all__ = ["PhaseResult", "Counterexample", "CheckReport", "make_counterexample"]
@@ -49,10 +50,21 @@ class PhaseResult:
     wrong: int
     seconds: float
     note: str = ""
+    equivalent: int = 0  #: other bytes decoding to the same values (always accepted)
+    undefined: int = 0  #: inputs on which the C reference is undefined (accepted unless exact)
+    tie_rule: int = 0  #: another tie rule on exact ties (accepted unless exact)
+
+    @classmethod
+    def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> "PhaseResult":
+        """From the blocks of each class, in the order of :data:`~tbq.check.classify.CLASSES`."""
+        c = dict(zip(CLASSES, (int(v) for v in counts)))
+        return cls(direction, phase, sum(c.values()), c["exact"], c["fragile"], c["wrong"], seconds, note,
+                   c["equivalent"], c["undefined"], c["tie_rule"])
 
     def to_dict(self) -> dict:
         return {"direction": self.direction, "phase": self.phase, "blocks": self.blocks, "exact": self.exact,
-                "fragile": self.fragile, "wrong": self.wrong, "seconds": round(self.seconds, 4), "note": self.note}
+                "fragile": self.fragile, "wrong": self.wrong, "equivalent": self.equivalent, "undefined": self.undefined,
+                "tie_rule": self.tie_rule, "seconds": round(self.seconds, 4), "note": self.note}
 
 
 def _num(v):
@@ -93,10 +105,7 @@ class Counterexample:
         what = "bytes" if self.direction == "quantize" else "values"
         out = [f"{self.direction}: first minimal {self.classification} block ({self.phase} phase; {self.how})"]
         if self.direction == "quantize":
-            x = self.input
-            nz = np.flatnonzero(x.view(np.uint32) & 0x7FFFFFFF)
-            out.append(f"  input: {x.size} float32 values, {nz.size} non-zero" + (
-                ": " + ", ".join(f"x[{i}] = {float(x[i])!r}" for i in nz[:6]) + (" ..." if nz.size > 6 else "") if nz.size else ""))
+            out.append(f"  input: {self.input.size} float32 values; {describe_values(self.input)}")
         else:
             out.append(f"  input: {self.input.size} bytes: {self.input.tobytes().hex(' ')}" if self.input.size <= 72 else
                        f"  input: {self.input.size} bytes")
@@ -353,6 +362,18 @@ def _fmt_val(v) -> str:
 # ---------------------------------------------------------------------------
 
 
+#: The classes beyond exact/fragile/wrong, with their table column widths.
+_EXTRA_CLASSES = ("equivalent", "undefined", "tie_rule")
+_WIDTH = {"equivalent": 12, "undefined": 11, "tie_rule": 10}
+#: How the verdict names accepted non-exact blocks.
+_ACCEPTED_TEXT = {
+    "fragile": "fragile blocks accepted (legitimate reduction-order/FMA differences; --exact refuses them)",
+    "equivalent": "equivalent blocks accepted (other bytes, the same decoded values)",
+    "tie_rule": "blocks with another tie rule accepted (exact ties rounded differently from the spec; --exact refuses them)",
+    "undefined": "undefined blocks accepted (inputs on which the C reference is undefined; --exact refuses them)",
+}
+
+
 @dataclass
 class CheckReport:
     """Everything a check found. See the module docstring."""
@@ -377,8 +398,9 @@ class CheckReport:
         return bool(self.settings.get("exact", False))
 
     def counts(self, direction: str | None = None, phase: str | None = None) -> dict:
-        """``{"blocks", "exact", "fragile", "wrong"}`` over the phases of ``direction`` (default: all)."""
-        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0}
+        """``{"blocks", "exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule"}`` over the phases of
+        ``direction`` (default: all)."""
+        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0, "equivalent": 0, "undefined": 0, "tie_rule": 0}
         for p in self.phases:
             if (direction is None or p.direction == direction) and (phase is None or p.phase == phase):
                 for key in out:
@@ -392,7 +414,7 @@ class CheckReport:
     def failed(self, direction: str | None = None) -> bool:
         c = self.counts(direction)
         faults = self.faults.get(direction) if direction else any(self.faults.values())
-        return bool(c["wrong"] or (self.exact and c["fragile"]) or faults)
+        return bool(c["wrong"] or (self.exact and (c["fragile"] or c["undefined"] or c["tie_rule"])) or faults)
 
     @property
     def ok(self) -> bool:
@@ -415,29 +437,37 @@ class CheckReport:
     # -- text -------------------------------------------------------------------------------
     def table(self) -> str:
         """The table: one row per direction and phase, then the direction's total."""
-        head = f"{'direction':<11}{'phase':<8}{'blocks':>10}{'exact':>10}{'fragile':>9}{'wrong':>9}{'time':>9}  note"
+        total = self.counts()
+        extra = [k for k in _EXTRA_CLASSES if total[k]]  # columns of the other classes, where any block has one
+
+        def cells(c):
+            return "".join(f"{c[k]:>{_WIDTH[k]},}" for k in extra)
+
+        head = (f"{'direction':<11}{'phase':<8}{'blocks':>10}{'exact':>10}{'fragile':>9}"
+                + "".join(f"{k:>{_WIDTH[k]}}" for k in extra) + f"{'wrong':>9}{'time':>9}  note")
         lines = [head, "-" * len(head)]
         for d in self.directions:
             rows = [p for p in self.phases if p.direction == d]
             for p in rows:
-                lines.append(f"{d:<11}{p.phase:<8}{p.blocks:>10,}{p.exact:>10,}{p.fragile:>9,}{p.wrong:>9,}{p.seconds:>7.2f} s  {p.note}".rstrip())
+                lines.append(f"{d:<11}{p.phase:<8}{p.blocks:>10,}{p.exact:>10,}{p.fragile:>9,}{cells(p.to_dict())}{p.wrong:>9,}"
+                             f"{p.seconds:>7.2f} s  {p.note}".rstrip())
             c = self.counts(d)
             t = sum(p.seconds for p in rows)
-            lines.append(f"{d:<11}{'total':<8}{c['blocks']:>10,}{c['exact']:>10,}{c['fragile']:>9,}{c['wrong']:>9,}{t:>7.2f} s  "
+            lines.append(f"{d:<11}{'total':<8}{c['blocks']:>10,}{c['exact']:>10,}{c['fragile']:>9,}{cells(c)}{c['wrong']:>9,}{t:>7.2f} s  "
                          f"{'FAIL' if self.failed(d) else 'ok'}")
         return "\n".join(lines)
 
     def verdict(self) -> str:
         c = self.counts()
         if self.ok:
-            extra = f"; {c['fragile']:,} fragile blocks accepted (legitimate reduction-order/FMA differences; --exact refuses them)" \
-                if c["fragile"] else ""
+            extra = "".join(f"; {c[k]:,} {text}" for k, text in _ACCEPTED_TEXT.items() if c[k])
             return f"PASS: {c['blocks']:,} blocks, none wrong{extra}"
         parts = []
         if c["wrong"]:
             parts.append(f"{c['wrong']:,} wrong")
-        if self.exact and c["fragile"]:
-            parts.append(f"{c['fragile']:,} fragile (refused by --exact)")
+        for k in ("fragile", "tie_rule", "undefined"):
+            if self.exact and c[k]:
+                parts.append(f"{c[k]:,} {k.replace('_', '-')} (refused by --exact)")
         if any(self.faults.values()):
             parts.append("target faults")
         return f"FAIL: {', '.join(parts)} of {c['blocks']:,} blocks"
@@ -453,6 +483,10 @@ class CheckReport:
         for note in self.notes:
             lines.append(f"note: {note}")
         for d in self.directions:
+            for g in self.diagnoses:
+                if g.direction == d and g.scope in _EXTRA_CLASSES:
+                    lines.append("")
+                    lines.append(f"{d}: {self.counts(d)[g.scope]:,} {g.scope.replace('_', '-')} blocks: " + g.text().replace("\n", "\n  "))
             hidden = [g for g in self.diagnoses if g.direction == d and g.scope == "fragile"]
             if hidden:
                 lines.append("")

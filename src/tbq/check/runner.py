@@ -38,8 +38,10 @@ from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..parallel import require_memory
 from ..progress import Progress
-from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
-from .diagnose import Diagnosis, Kept, percent, describe_differences, diagnose_decoder, diagnose_encoder, diagnose_fragile
+from .classify import (ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXACT, FRAGILE, TIE_RULE, UNDEFINED, WRONG, classify_decoded,
+                       classify_encoded, encoder_trace)
+from .diagnose import (Diagnosis, Kept, describe_differences, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
+                       percent)
 from .report import CheckReport, PhaseResult, make_counterexample
 from .targets import Target, TargetError
 
@@ -218,7 +220,7 @@ class _Direction:
     def __init__(self, check: "_Check"):
         self.check, self.fmt = check, check.fmt
         self.phases: list[PhaseResult] = []
-        self.kept = {WRONG: Kept(), FRAGILE: Kept()}
+        self.kept = {c: Kept() for c in range(1, len(CLASSES))}  # every class but exact
         self.first: dict = {}  # class -> (phase, input row(s), block index, how)
 
     def width(self) -> int:
@@ -388,7 +390,7 @@ class _Check:
 
     # -- one batch --------------------------------------------------------------------------
     def _failing(self, cls: np.ndarray) -> np.ndarray:
-        return (cls == WRONG) | ((cls == FRAGILE) & self.exact)
+        return (cls == WRONG) | (np.isin(cls, ACCEPTED_UNLESS_EXACT) & self.exact)
 
     def quantize_batch(self, x: np.ndarray):
         """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
@@ -403,7 +405,7 @@ class _Check:
         idx = c.idx
         if not idx.size:
             return
-        for cls in (WRONG, FRAGILE):
+        for cls in range(1, len(CLASSES)):
             bi = idx[c.cls[idx] == cls]
             if not bi.size:
                 continue
@@ -421,14 +423,13 @@ class _Check:
         t0 = time.perf_counter()
         run, width = d.run, d.width()
         step = max(1, CHUNK_BLOCKS // max(1, rows.shape[1] // width))
-        counts = np.zeros(3, np.int64)
+        counts = np.zeros(len(CLASSES), np.int64)
         for r0 in range(0, rows.shape[0], step):
             chunk = rows[r0 : r0 + step]
             c, ref, got = run(chunk)
             self._record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
-            counts += np.bincount(c.cls, minlength=3)
-        e, f, w = (int(v) for v in counts)
-        d.phases.append(PhaseResult(d.name, phase, e + f + w, e, f, w, time.perf_counter() - t0, _PHASE[phase].note))
+            counts += np.bincount(c.cls, minlength=len(CLASSES))
+        d.phases.append(PhaseResult.from_counts(d.name, phase, counts, time.perf_counter() - t0, _PHASE[phase].note))
 
     # -- fuzz -------------------------------------------------------------------------------
     def _strategy(self, d: _Direction):
@@ -446,7 +447,7 @@ class _Check:
 
         t0 = time.perf_counter()
         strat = self._strategy(d)
-        counts = np.zeros(3, np.int64)
+        counts = np.zeros(len(CLASSES), np.int64)
         state = {"found": False, "examples": 0, "first": None}
         run = d.run
 
@@ -461,7 +462,7 @@ class _Check:
             failing = bool(self._failing(c.cls).any())
             if not state["found"]:
                 state["examples"] += 1
-                counts[:] += np.bincount(c.cls, minlength=3)
+                counts[:] += np.bincount(c.cls, minlength=len(CLASSES))
                 self._record(d, "fuzz", rows, c, ref, got)
                 if failing:
                     state["found"], state["first"] = True, rows.copy()
@@ -493,8 +494,7 @@ class _Check:
             self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
         n = state["examples"]
         note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (" (stopped at the first failure)" if state["found"] else "")
-        e, f, w = (int(v) for v in counts)
-        d.phases.append(PhaseResult(d.name, "fuzz", e + f + w, e, f, w, time.perf_counter() - t0, note))
+        d.phases.append(PhaseResult.from_counts(d.name, "fuzz", counts, time.perf_counter() - t0, note))
 
     def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
         """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
@@ -560,7 +560,8 @@ class _Check:
         return cur, blk, how
 
     def counterexample(self, d: _Direction):
-        pick = WRONG if WRONG in d.first else (FRAGILE if self.exact and FRAGILE in d.first else None)
+        refused = [c for c in ACCEPTED_UNLESS_EXACT if c in d.first] if self.exact else []
+        pick = WRONG if WRONG in d.first else (refused[0] if refused else None)
         if pick is None:
             return None
         phase, row, blk, how = d.first[pick]
@@ -630,8 +631,20 @@ class _Check:
 
     def _direction_failed(self, d: _Direction) -> bool:
         w = sum(p.wrong for p in d.phases)
-        f = sum(p.fragile for p in d.phases)
+        f = sum(getattr(p, CLASSES[c]) for p in d.phases for c in ACCEPTED_UNLESS_EXACT)
         return bool(w or (self.exact and f) or self.target.faults.get(d.name))
+
+    def _accepted_diagnoses(self, d: _Direction) -> list:
+        """What the blocks of the accepted non-exact classes are (equivalent, undefined, tie_rule)."""
+        total = sum(p.blocks - p.exact for p in d.phases)
+        out = []
+        for c in (EQUIVALENT, UNDEFINED, TIE_RULE):
+            kept = d.kept[c].get(CLASSES[c])
+            rule = ""
+            if c == UNDEFINED and kept:
+                rule = self.fmt.undefined_blocks(kept["trace"])[1]
+            out += diagnose_accepted(self.fmt, d.name, CLASSES[c], kept, total, rule)
+        return out
 
     # -- all of it -------------------------------------------------------------------------------
     def run(self) -> CheckReport:
@@ -669,6 +682,7 @@ class _Check:
             report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
         for d in self.dirs.values():
             report.diagnoses.extend(diagnose_fragile(self.fmt, d.name, d.kept[FRAGILE].get("fragile")))
+            report.diagnoses.extend(self._accepted_diagnoses(d))
             if not self._direction_failed(d):
                 continue
             ce = self.counterexample(d)

@@ -32,6 +32,8 @@ class Q4_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale max/-8"), Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4")),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+    tie_rule = "up"
     attention_reader = "ggml_q4_0"
     hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
 

@@ -35,6 +35,8 @@ class Q8_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+    tie_rule = "away"
     attention_reader = "ggml_q8_0"
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
