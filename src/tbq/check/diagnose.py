@@ -548,7 +548,7 @@ def describe_values(x: np.ndarray, limit: int = 6) -> str:
 
     def one(i):
         v = x[i]
-        text = f"x[{i}] = {v}"  # float32 shortest repr (round-trips as float32)
+        text = f"x[{i}] = {str(v)}"  # float32 shortest repr (round-trips as float32)
         if np.isfinite(v) and v != 0 and abs(v) < np.finfo(np.float32).tiny:
             text += " (subnormal)"
         return text
