@@ -605,3 +605,24 @@ def test_a_kernel_that_needs_an_init_call_is_wrong_without_it_and_exact_with_it(
                  "--examples", "0", "--quiet"]) == 0
     assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "nope", "--examples", "0"]) == 2
     assert "no symbol 'nope' (--init)" in capsys.readouterr().err
+
+
+def test_an_exception_in_a_python_kernel_names_the_block_and_keeps_the_traceback():
+    def picky(x):
+        if (np.abs(x) > 3.9).any():
+            raise OverflowError("my kernel cannot take values above 3.9")
+        return tbq.quantize(x, "q8_0")
+
+    with pytest.raises(TargetError) as info:
+        check_kernel("q8_0", quantize=picky, blocks=400, examples=0)
+    msg = str(info.value)
+    assert "quantize raised OverflowError: my kernel cannot take values above 3.9 on block" in msg
+    assert "(alone it raises too)" in msg and "Traceback (most recent call last)" in msg and "in picky" in msg
+    assert isinstance(info.value.__cause__, OverflowError)
+
+
+def test_a_kernel_returning_none_or_objects_is_told_so():
+    with pytest.raises(TargetError, match=r"returned None; return the encoded rows \(uint8\), 136 bytes, shape \(1, 136\)"):
+        check_kernel("q8_0", quantize=lambda x: None, blocks=100, examples=0)
+    with pytest.raises(TargetError, match="that NumPy reads as Python objects"):
+        check_kernel("q8_0", dequantize=lambda d: [object()] * 32, blocks=100, examples=0)

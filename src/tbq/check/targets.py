@@ -29,6 +29,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -206,7 +207,14 @@ def _to_numpy(obj):
 
 
 def _shaped(out, shape: tuple, dtype, what: str) -> np.ndarray:
+    if out is None:
+        raise TargetError(f"{what} returned None; return the {'encoded rows (uint8)' if dtype == np.uint8 else 'decoded rows (float32)'}"
+                          f", {int(np.prod(shape))} {'bytes' if dtype == np.uint8 else 'values'}, shape {shape} (a kernel that "
+                          "writes into its argument must return it too)")
     a = _to_numpy(out)
+    if a.dtype == object:
+        raise TargetError(f"{what} returned {type(out).__name__} that NumPy reads as Python objects (shape {a.shape}); "
+                          f"return a {np.dtype(dtype)} array, shape {shape}")
     dtype = np.dtype(dtype)
     if dtype == np.uint8 and a.dtype.kind in "iub" and a.dtype.itemsize == 1:
         a = a.view(np.uint8)
@@ -357,6 +365,14 @@ class LibraryTarget(Target):
 # ---------------------------------------------------------------------------
 
 
+def _raises(fn, rows: np.ndarray) -> bool:
+    try:
+        fn(rows.copy())
+    except Exception:
+        return True
+    return False
+
+
 class CallableTarget(Target):
     """Python functions: ``quantize(x)`` and/or ``dequantize(data)`` on whole rows.
 
@@ -383,10 +399,38 @@ class CallableTarget(Target):
         self.fns = fns
 
     def _quantize(self, x, fill):
-        return self.fns["quantize"](x.copy())
+        return self._guarded("quantize", x)
 
     def _dequantize(self, data, fill):
-        return self.fns["dequantize"](data.copy())
+        return self._guarded("dequantize", data)
+
+    def _guarded(self, direction: str, rows: np.ndarray):
+        """Call the kernel; an exception becomes a :class:`TargetError` naming the smallest input that raises it."""
+        fn = self.fns[direction]
+        try:
+            return fn(rows.copy())
+        except Exception as exc:
+            culprit, what = self._culprit(fn, rows, direction)
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+            shown = (", ".join(f"{v}" for v in culprit.reshape(-1)[:8]) if culprit.dtype == np.float32 else culprit.tobytes().hex(" ")[:96])
+            raise TargetError(f"{self.description}: {direction} raised {type(exc).__name__}: {exc} on {what} "
+                              f"({culprit.size} {'values' if culprit.dtype == np.float32 else 'bytes'}: {shown}"
+                              f"{' ...' if culprit.size > 8 else ''}); the kernel's traceback:\n{tb}") from exc
+
+    def _culprit(self, fn, rows: np.ndarray, direction: str):
+        """The first row, then block of that row (when blocks are independent), on which ``fn`` raises by itself."""
+        width = self.format.block_size if direction == "quantize" else self.format.type_size
+        for r in range(rows.shape[0]):
+            row = rows[r : r + 1]
+            if not _raises(fn, row):
+                continue
+            if not self.row_rule:
+                for b in range(row.shape[1] // width):
+                    blk = np.ascontiguousarray(row[:, b * width : (b + 1) * width])
+                    if _raises(fn, blk):
+                        return blk, f"block {b} of row {r} (alone it raises too)"
+            return row, f"row {r} of a batch of {rows.shape[0]}"
+        return rows, f"a batch of {rows.shape[0]} rows (no row alone raises)"
 
 
 # ---------------------------------------------------------------------------
