@@ -626,3 +626,37 @@ def test_a_kernel_returning_none_or_objects_is_told_so():
         check_kernel("q8_0", quantize=lambda x: None, blocks=100, examples=0)
     with pytest.raises(TargetError, match="that NumPy reads as Python objects"):
         check_kernel("q8_0", dequantize=lambda d: [object()] * 32, blocks=100, examples=0)
+
+
+@needs_cc
+def test_accept_waives_a_known_deviation_and_the_next_distinct_one_is_found(build, tmp_path, capsys):
+    lib = build("q4_0.c", defines=["SWAP_NIBBLES", "NEGATE_BIG"])
+    first = check_library(lib, "q4_0", only="quantize", blocks=3000, examples=0)
+    assert not first.ok and names(first, "quantize")[0] == "nibble_order"
+    both = check_library(lib, "q4_0", only="quantize", blocks=3000, examples=0, accept=["nibble_order"])
+    c = both.counts()
+    assert not both.ok and c["accepted"] > 0 and 0 < c["wrong"] < first.counts()["wrong"], c
+    assert c["accepted"] + c["wrong"] + c["equivalent"] + c["exact"] == c["blocks"]
+    ce = both.counterexamples["quantize"]
+    assert np.abs(ce.input.reshape(-1, 32)[ce.block]).max() > 64  # the second bug's block, not a nibble-swapped one
+    assert [g.name for g in both.diagnoses if g.scope == "accepted"] == ["nibble_order"]
+    assert "wrong blocks waived by --accept" not in both.verdict() and "accepted" in both.table()
+    # the blocks the second bug does not touch are explained by the first: waiving it leaves only the big blocks wrong
+    assert check_library(build("q4_0.c", defines=["SWAP_NIBBLES"]), "q4_0", only="quantize", blocks=3000, examples=0,
+                         accept=["nibble_order"]).ok
+    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--only", "quantize", "--blocks", "3000", "--examples", "0",
+                 "--accept", "nibble_order", "--out", str(tmp_path / "ce")]) == 1
+    out = capsys.readouterr().out
+    assert "quantize: " in out and "accepted blocks: " in out and "waived by accept='nibble_order'" in out
+    with pytest.raises(tbq.TbqError, match="cannot accept 'wrong'"):
+        check_library(lib, "q4_0", blocks=100, examples=0, accept=["wrong"])
+    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--accept", "nope", "--examples", "0"]) == 2
+    assert "cannot accept 'nope'" in capsys.readouterr().err
+
+
+@needs_cc
+def test_accept_a_class_lets_exact_look_past_it(build):
+    lib = build("q8_0.c", defines=["ROUND_HALF_EVEN"])
+    assert not check_library(lib, "q8_0", only="quantize", blocks=2000, examples=0, exact=True).ok
+    r = check_library(lib, "q8_0", only="quantize", blocks=2000, examples=0, exact=True, accept=["tie_rule"])
+    assert r.ok and r.counts()["tie_rule"] > 0, r.verdict()

@@ -113,10 +113,12 @@ def _finish(report: CheckReport, target: Target, out) -> CheckReport:
 
 
 def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
-                 exact: bool = False, k: int = DEFAULT_K, seed: int = 0, out=None, progress: bool | None = False) -> CheckReport:
+                 exact: bool = False, k: int = DEFAULT_K, seed: int = 0, out=None, progress: bool | None = False,
+                 accept=()) -> CheckReport:
     """Check any :class:`Target` (see :func:`check_kernel` for the settings); closes the target afterwards."""
     try:
-        report = run_check(target, blocks=blocks, examples=examples, seconds=seconds, exact=exact, k=k, seed=seed, progress=progress)
+        report = run_check(target, blocks=blocks, examples=examples, seconds=seconds, exact=exact, k=k, seed=seed, progress=progress,
+                           accept=accept)
         return _finish(report, target, out)
     finally:
         target.close()
@@ -124,7 +126,7 @@ def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int 
 
 def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=None, options=None, blocks: int = DEFAULT_BLOCKS,
                  examples: int = DEFAULT_EXAMPLES, seconds: float | None = None, exact: bool = False, k: int = DEFAULT_K,
-                 seed: int = 0, out=None, progress: bool | None = False, name: str | None = None) -> CheckReport:
+                 seed: int = 0, out=None, progress: bool | None = False, name: str | None = None, accept=()) -> CheckReport:
     """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
 
     ``quantize(x)`` takes float32 rows ``(rows, k)`` and returns the encoded
@@ -142,13 +144,17 @@ def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=No
     ``k`` (the fragility margin in float32 ulps, default 4), ``seed``,
     ``out`` (a directory for the counterexamples' ``.npz`` and ``.c`` files,
     written only when something fails), ``progress`` (``None``: on stderr
-    when it is a terminal).
+    when it is a terminal), ``accept`` (names of classes or diagnoses to
+    waive so that the check goes on to the next distinct failure, e.g.
+    ``accept=["nibble_order"]``: a wrong block that diagnosis explains by
+    itself is counted ``accepted``; ``"tie_rule"``, ``"undefined"``,
+    ``"fragile"`` pass even with ``exact``).
 
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
     f = resolve_format(fmt, codebook, signs, options)
     return check_target(CallableTarget(f, quantize, dequantize, name=name), blocks=blocks, examples=examples, seconds=seconds,
-                        exact=exact, k=k, seed=seed, out=out, progress=progress)
+                        exact=exact, k=k, seed=seed, out=out, progress=progress, accept=accept)
 
 
 def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,

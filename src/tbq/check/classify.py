@@ -51,13 +51,14 @@ import numpy as np
 from ..formats import Format
 from ..formats.base import ordered_field_code
 
-__all__ = ["EXACT", "FRAGILE", "WRONG", "EQUIVALENT", "UNDEFINED", "TIE_RULE", "CLASSES", "ACCEPTED_UNLESS_EXACT", "Classified",
+__all__ = ["EXACT", "FRAGILE", "WRONG", "EQUIVALENT", "UNDEFINED", "TIE_RULE", "ACCEPTED", "CLASSES", "ACCEPTED_UNLESS_EXACT", "Classified",
            "classify_encoded", "classify_decoded", "encoder_trace", "value_codes", "ordered_code", "row_kw", "tie_blocks"]
 
-EXACT, FRAGILE, WRONG, EQUIVALENT, UNDEFINED, TIE_RULE = 0, 1, 2, 3, 4, 5
+EXACT, FRAGILE, WRONG, EQUIVALENT, UNDEFINED, TIE_RULE, ACCEPTED = 0, 1, 2, 3, 4, 5, 6
 #: Class names, indexed by the class codes :data:`EXACT`, :data:`FRAGILE`, :data:`WRONG`, :data:`EQUIVALENT`,
-#: :data:`UNDEFINED`, :data:`TIE_RULE`.
-CLASSES = ("exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule")
+#: :data:`UNDEFINED`, :data:`TIE_RULE`, :data:`ACCEPTED` (a wrong block waived by ``accept``: a named diagnosis
+#: explains it).
+CLASSES = ("exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule", "accepted")
 #: The classes accepted unless ``exact`` (equivalent blocks are always accepted, wrong ones never).
 ACCEPTED_UNLESS_EXACT = (FRAGILE, UNDEFINED, TIE_RULE)
 #: Relative width of the window around the scale a rotated format's codes imply (k float32

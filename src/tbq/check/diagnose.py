@@ -53,11 +53,15 @@ from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack
 from .classify import CLASSES, FRAGILE, WRONG, ordered_code, row_kw, value_codes
 from .targets import FILL_BYTE
 
-__all__ = ["Diagnosis", "Kept", "KEEP_BLOCKS", "diagnose_encoder", "diagnose_decoder", "diagnose_fragile", "diagnose_accepted",
+__all__ = ["Diagnosis", "Kept", "KEEP_BLOCKS", "DIAGNOSES", "select_kept", "diagnose_encoder", "diagnose_decoder", "diagnose_fragile", "diagnose_accepted",
            "describe_differences", "describe_values"]
 
 #: Failing blocks kept per direction for the diagnoses and the report.
 KEEP_BLOCKS = 4096
+#: The names of the diagnoses a check makes (what ``accept`` may name).
+DIAGNOSES = ("shift_bug_3bit", "nibble_order", "scale_ulp", "scale_conversion", "tie_rounding", "rotated_sign", "input_sign",
+             "permutation", "decoder_ulp", "signed_zero", "special_scales", "flush_to_zero", "output_sign", "codebook",
+             "scale_factor", "round_trip", "unwritten")
 #: Share of the evidence that must agree before a pattern is named.
 AGREE = 0.9
 
@@ -140,6 +144,11 @@ def _cat(vals):
         except ValueError:
             return vals[0]
     return vals[0]
+
+
+def select_kept(d: dict, sel: np.ndarray) -> dict:
+    """The blocks ``sel`` (indices) of kept blocks ``d`` (from :meth:`Kept.get`)."""
+    return _select(d, sel)
 
 
 def _select(d: dict, sel: np.ndarray) -> dict:

@@ -53,18 +53,19 @@ class PhaseResult:
     equivalent: int = 0  #: other bytes decoding to the same values (always accepted)
     undefined: int = 0  #: inputs on which the C reference is undefined (accepted unless exact)
     tie_rule: int = 0  #: another tie rule on exact ties (accepted unless exact)
+    accepted: int = 0  #: wrong blocks waived by ``accept`` (a named diagnosis explains them)
 
     @classmethod
     def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> "PhaseResult":
         """From the blocks of each class, in the order of :data:`~tbq.check.classify.CLASSES`."""
         c = dict(zip(CLASSES, (int(v) for v in counts)))
         return cls(direction, phase, sum(c.values()), c["exact"], c["fragile"], c["wrong"], seconds, note,
-                   c["equivalent"], c["undefined"], c["tie_rule"])
+                   c["equivalent"], c["undefined"], c["tie_rule"], c["accepted"])
 
     def to_dict(self) -> dict:
         return {"direction": self.direction, "phase": self.phase, "blocks": self.blocks, "exact": self.exact,
                 "fragile": self.fragile, "wrong": self.wrong, "equivalent": self.equivalent, "undefined": self.undefined,
-                "tie_rule": self.tie_rule, "seconds": round(self.seconds, 4), "note": self.note}
+                "tie_rule": self.tie_rule, "accepted": self.accepted, "seconds": round(self.seconds, 4), "note": self.note}
 
 
 def _num(v):
@@ -363,14 +364,15 @@ def _fmt_val(v) -> str:
 
 
 #: The classes beyond exact/fragile/wrong, with their table column widths.
-_EXTRA_CLASSES = ("equivalent", "undefined", "tie_rule")
-_WIDTH = {"equivalent": 12, "undefined": 11, "tie_rule": 10}
+_EXTRA_CLASSES = ("equivalent", "undefined", "tie_rule", "accepted")
+_WIDTH = {"equivalent": 12, "undefined": 11, "tie_rule": 10, "accepted": 10}
 #: How the verdict names accepted non-exact blocks.
 _ACCEPTED_TEXT = {
     "fragile": "fragile blocks accepted (legitimate reduction-order/FMA differences; --exact refuses them)",
     "equivalent": "equivalent blocks accepted (other bytes, the same decoded values)",
     "tie_rule": "blocks with another tie rule accepted (exact ties rounded differently from the spec; --exact refuses them)",
     "undefined": "undefined blocks accepted (inputs on which the C reference is undefined; --exact refuses them)",
+    "accepted": "wrong blocks waived by --accept (a named diagnosis explains them)",
 }
 
 
@@ -398,9 +400,9 @@ class CheckReport:
         return bool(self.settings.get("exact", False))
 
     def counts(self, direction: str | None = None, phase: str | None = None) -> dict:
-        """``{"blocks", "exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule"}`` over the phases of
+        """``{"blocks", "exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule", "accepted"}`` over the phases of
         ``direction`` (default: all)."""
-        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0, "equivalent": 0, "undefined": 0, "tie_rule": 0}
+        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0, "equivalent": 0, "undefined": 0, "tie_rule": 0, "accepted": 0}
         for p in self.phases:
             if (direction is None or p.direction == direction) and (phase is None or p.phase == phase):
                 for key in out:
@@ -414,7 +416,9 @@ class CheckReport:
     def failed(self, direction: str | None = None) -> bool:
         c = self.counts(direction)
         faults = self.faults.get(direction) if direction else any(self.faults.values())
-        return bool(c["wrong"] or (self.exact and (c["fragile"] or c["undefined"] or c["tie_rule"])) or faults)
+        waived = set(self.settings.get("accept") or ())
+        refused = [k for k in ("fragile", "undefined", "tie_rule") if k not in waived]
+        return bool(c["wrong"] or (self.exact and any(c[k] for k in refused)) or faults)
 
     @property
     def ok(self) -> bool:
@@ -466,7 +470,7 @@ class CheckReport:
         if c["wrong"]:
             parts.append(f"{c['wrong']:,} wrong")
         for k in ("fragile", "tie_rule", "undefined"):
-            if self.exact and c[k]:
+            if self.exact and c[k] and k not in (self.settings.get("accept") or ()):
                 parts.append(f"{c[k]:,} {k.replace('_', '-')} (refused by --exact)")
         if any(self.faults.values()):
             parts.append("target faults")

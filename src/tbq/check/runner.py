@@ -38,10 +38,10 @@ from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..parallel import require_memory
 from ..progress import Progress
-from .classify import (ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXACT, FRAGILE, TIE_RULE, UNDEFINED, WRONG, classify_decoded,
+from .classify import (ACCEPTED, ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXACT, FRAGILE, TIE_RULE, UNDEFINED, WRONG, classify_decoded,
                        classify_encoded, encoder_trace)
-from .diagnose import (Diagnosis, Kept, describe_differences, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
-                       percent)
+from .diagnose import (KEEP_BLOCKS, Diagnosis, Kept, describe_differences, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
+                       percent, select_kept, DIAGNOSES)
 from .report import CheckReport, PhaseResult, make_counterexample
 from .targets import Target, TargetError
 
@@ -375,8 +375,13 @@ _PHASE = {p.name: p for p in PHASES}
 
 
 class _Check:
-    def __init__(self, target: Target, *, blocks: int, examples: int, seconds, exact: bool, k: int, seed: int, progress):
+    def __init__(self, target: Target, *, blocks: int, examples: int, seconds, exact: bool, k: int, seed: int, progress,
+                 accept: frozenset = frozenset()):
         self.target, self.fmt = target, target.format
+        self.accept = accept
+        self.accept_diagnoses = accept - set(CLASSES)
+        #: the classes that fail: wrong, and under exact the ones accepted unless exact that accept does not waive
+        self.failing_classes = [WRONG] + ([c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in accept] if exact else [])
         self.blocks, self.examples, self.seconds = blocks, examples, seconds
         self.exact, self.k, self.seed = exact, k, seed
         # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
@@ -390,7 +395,7 @@ class _Check:
 
     # -- one batch --------------------------------------------------------------------------
     def _failing(self, cls: np.ndarray) -> np.ndarray:
-        return (cls == WRONG) | (np.isin(cls, ACCEPTED_UNLESS_EXACT) & self.exact)
+        return np.isin(cls, self.failing_classes)
 
     def quantize_batch(self, x: np.ndarray):
         """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
@@ -398,6 +403,24 @@ class _Check:
 
     def dequantize_batch(self, data: np.ndarray):
         return _Decoder(self).run(data)
+
+    def _classify(self, d: _Direction, rows: np.ndarray):
+        """``d.run(rows)``, then the wrong blocks a diagnosis named in ``accept`` explains by themselves become accepted."""
+        c, ref, got = d.run(rows)
+        if self.accept_diagnoses and c.idx.size:
+            wrong = c.idx[c.cls[c.idx] == WRONG]
+            for w0 in range(0, wrong.size, KEEP_BLOCKS):
+                part = wrong[w0 : w0 + KEEP_BLOCKS]
+                kept = Kept()
+                d.keep(kept, c.cls[part], [("", 0)] * part.size, rows, part, ref, got)
+                allk = kept.get("wrong")
+                for i, b in enumerate(part):
+                    one = select_kept(allk, np.array([i]))
+                    with np.errstate(all="ignore"):
+                        names = {g.name for g in d.diagnose(one)}
+                    if names & self.accept_diagnoses:
+                        c.cls[b] = ACCEPTED
+        return c, ref, got
 
     def _record(self, d: _Direction, phase: str, rows: np.ndarray, c, ref, got, offset: int = 0) -> None:
         """Keep the non-exact blocks of a batch for the diagnoses and remember the first failing ones."""
@@ -421,7 +444,7 @@ class _Check:
     def _phase(self, d: _Direction, phase: str, rows: np.ndarray) -> None:
         """One bulk phase, in chunks of about :data:`CHUNK_BLOCKS` blocks (one target call per chunk where it allows)."""
         t0 = time.perf_counter()
-        run, width = d.run, d.width()
+        run, width = (lambda r: self._classify(d, r)), d.width()
         step = max(1, CHUNK_BLOCKS // max(1, rows.shape[1] // width))
         counts = np.zeros(len(CLASSES), np.int64)
         for r0 in range(0, rows.shape[0], step):
@@ -449,7 +472,7 @@ class _Check:
         strat = self._strategy(d)
         counts = np.zeros(len(CLASSES), np.int64)
         state = {"found": False, "examples": 0, "first": None}
-        run = d.run
+        run = (lambda r: self._classify(d, r))  # noqa: E731
 
         def condition(rows):
             rows = np.ascontiguousarray(rows)
@@ -499,7 +522,7 @@ class _Check:
     def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
         """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
         rows = rows if rows.ndim == 2 else rows[None, :]
-        c, _, _ = d.run(rows)
+        c, _, _ = self._classify(d, rows)
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:  # pragma: no cover - hypothesis only returns failing examples
             return
@@ -514,7 +537,7 @@ class _Check:
     # -- counterexamples ---------------------------------------------------------------------
     def _fails(self, d: _Direction, row: np.ndarray):
         """``(failing, first failing block, its class, its signature)`` of one input row."""
-        c, ref, got = d.run(row[None, :])
+        c, ref, got = self._classify(d, row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:
             return False, -1, EXACT, None
@@ -567,7 +590,7 @@ class _Check:
         phase, row, blk, how = d.first[pick]
         row, blk, reduced = self._reduce(d, row, blk)
         how = f"{how}; then {reduced}" if how else reduced
-        c, ref, got = d.run(row[None, :])
+        c, ref, got = self._classify(d, row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
         if bad.size and blk not in bad:
             blk = int(bad[0])
@@ -638,6 +661,13 @@ class _Check:
         """What the blocks of the accepted non-exact classes are (equivalent, undefined, tie_rule)."""
         total = sum(p.blocks - p.exact for p in d.phases)
         out = []
+        waived = d.kept[ACCEPTED].get("accepted")
+        if waived:
+            for g in d.diagnose(waived):
+                if g.name in self.accept_diagnoses:
+                    g.direction, g.scope = d.name, "accepted"
+                    g.evidence.append(f"waived by accept={g.name!r}; the check went on looking for other failures")
+                    out.append(g)
         for c in (EQUIVALENT, UNDEFINED, TIE_RULE):
             kept = d.kept[c].get(CLASSES[c])
             rule = ""
@@ -716,6 +746,7 @@ class _Check:
         except ImportError:
             hv = None
         return {"blocks": self.blocks, "examples": self.examples, "seconds": self.seconds, "exact": self.exact,
+                "accept": sorted(self.accept),
                 "fragile_ulps": self.k, "seed": self.seed, "reference_backend": self.codec.backend, "hypothesis": hv}
 
 
@@ -726,8 +757,12 @@ def _int(name: str, v, lo: int) -> int:
 
 
 def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
-              exact: bool = False, k: int = DEFAULT_K, seed: int = 0, progress: bool | None = False) -> CheckReport:
+              exact: bool = False, k: int = DEFAULT_K, seed: int = 0, progress: bool | None = False, accept=()) -> CheckReport:
     """Run every phase on ``target`` and return the :class:`~tbq.check.report.CheckReport`.
+
+    ``accept``: class names (``fragile``, ``tie_rule``, ``undefined``: accepted even under ``exact``) or
+    diagnosis names (:data:`~tbq.check.diagnose.DIAGNOSES`: a wrong block that diagnosis explains by itself is
+    counted ``accepted``) the check waives, so that it goes on to the next distinct failure.
 
     ``blocks``: blocks of the golden phase and of the decoders' bytes phase
     (0 skips both); ``examples``: hypothesis examples per direction (0 skips
@@ -754,4 +789,22 @@ def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = D
     if examples or seconds:
         require_hypothesis()
     require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")
-    return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress).run()
+    accept = check_accept(accept)
+    return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress,
+                  accept=accept).run()
+
+
+def check_accept(accept) -> frozenset:
+    """``accept`` as a set of names, each a waivable class or a diagnosis name; anything else is refused naming the choices."""
+    if isinstance(accept, str):
+        accept = (accept,)
+    try:
+        names = frozenset(accept or ())
+    except TypeError:
+        raise TbqValueError(f"accept must be names of classes or diagnoses, got {accept!r}") from None
+    choices = ("fragile", "tie_rule", "undefined") + DIAGNOSES
+    bad = sorted(str(n) for n in names if n not in choices)
+    if bad:
+        raise TbqValueError(f"cannot accept {', '.join(map(repr, bad))}: choose classes fragile, tie_rule, undefined or a diagnosis: "
+                            f"{', '.join(DIAGNOSES)} (equivalent blocks are always accepted, wrong ones only through a diagnosis)")
+    return names

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import check_output_file, int_at_least
 from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, ProgramTarget, check_target, resolve_format
-from ..check.runner import check_memory, require_hypothesis
+from ..check.runner import check_accept, check_memory, require_hypothesis
 from ..parallel import require_memory
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
@@ -97,7 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fz.add_argument("--seconds", type=_positive_float, metavar="T", help="fuzz for T seconds per direction instead of --examples")
     r.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the golden families and of the fuzz")
     c = p.add_argument_group("classification")
-    c.add_argument("--exact", action="store_true", help="refuse fragile differences too (default: accepted)")
+    c.add_argument("--exact", action="store_true", help="refuse fragile, tie-rule and undefined differences too (default: accepted)")
+    c.add_argument("--accept", action="append", default=[], metavar="CLASS_OR_DIAGNOSIS",
+                   help="waive a known deviation and go on to the next distinct one, repeatable: a class (fragile, tie_rule, "
+                   "undefined) or a diagnosis name (e.g. nibble_order, signed_zero, scale_ulp)")
     c.add_argument("-k", "--fragile-ulps", type=int_at_least(0), default=DEFAULT_K, metavar="K",
                    help="fragility margin in float32 ulps")
     o = p.add_argument_group("output")
@@ -129,6 +132,7 @@ def run_cli(args) -> int:
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
     # --out is checked before any work; the default folder is only made when something fails
     out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-{fmt.name}")
+    check_accept(args.accept)
     if not args.blocks and not args.examples and not args.seconds:
         raise TbqValueError("--blocks 0 with --examples 0 checks nothing; give --blocks N or --examples N (or --seconds T)")
     if args.examples or args.seconds:
@@ -136,7 +140,7 @@ def run_cli(args) -> int:
     require_memory(check_memory(fmt, args.blocks), f"--blocks {args.blocks:,} ({fmt.name})")  # before any work
     target = _target(args, fmt)
     report = check_target(target, blocks=args.blocks, examples=args.examples if not args.seconds else 0, seconds=args.seconds,
-                          exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir,
+                          exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir, accept=args.accept,
                           progress=False if args.quiet else None)
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
