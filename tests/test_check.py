@@ -660,3 +660,26 @@ def test_accept_a_class_lets_exact_look_past_it(build):
     assert not check_library(lib, "q8_0", only="quantize", blocks=2000, examples=0, exact=True).ok
     r = check_library(lib, "q8_0", only="quantize", blocks=2000, examples=0, exact=True, accept=["tie_rule"])
     assert r.ok and r.counts()["tie_rule"] > 0, r.verdict()
+
+
+@needs_cc
+def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_that_exits_1(build, tmp_path, monkeypatch):
+    import tbq.check.runner as runner
+
+    monkeypatch.setattr(runner, "SHRINK_SECONDS", 2.0)  # hypothesis's shrink of a length-dependent failure is slow; ours cuts it
+    lib = build("simd_tail.c")
+    report = check_library(lib, "bf16", quantize="ggml_fp32_to_bf16_row_ref", only="quantize", blocks=2000, examples=20,
+                           out=tmp_path)
+    assert not report.ok and report.counts()["wrong"] > 0
+    ce = report.counterexamples["quantize"]
+    assert ce.classification == "wrong" and ce.input.size == 16, (ce.input.size, ce.how)  # one pass of the 16-wide body
+    assert "the block alone passes: the minimal failing row is 16 values (16 blocks" in ce.how
+    x = ce.input[ce.block]
+    assert x != 0 and abs(x) < np.finfo(np.float32).tiny  # the subnormal the body flushed
+    assert "(subnormal)" in "\n".join(ce.lines())
+    with np.load(tmp_path / "bf16-quantize.npz") as z:
+        assert z["input"].size == 16 and not np.array_equal(z["expected"], z["got"])
+    line = next(ln for ln in (tmp_path / "bf16-quantize.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc "))
+    subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path)
+    res = subprocess.run(["./repro"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 1 and "differ from tbq" in res.stdout, res.stdout

@@ -43,7 +43,7 @@ from .classify import (ACCEPTED, ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXA
 from .diagnose import (KEEP_BLOCKS, Diagnosis, Kept, describe_differences, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
                        percent, select_kept, DIAGNOSES)
 from .report import CheckReport, PhaseResult, make_counterexample
-from .targets import Target, TargetError
+from .targets import CALL_VALUES, Target, TargetError
 
 __all__ = ["DEFAULT_BLOCKS", "DEFAULT_EXAMPLES", "DEFAULT_K", "run_check", "golden_rows", "random_blocks", "require_hypothesis",
            "FuzzUnavailable"]
@@ -73,6 +73,10 @@ DEFAULT_EXAMPLES = 100
 FUZZ_ROWS = 4
 #: At most this many target calls go into reducing a golden counterexample.
 SHRINK_CALLS = 200
+#: Seconds hypothesis may spend shrinking a failure (its own limit is 5 minutes; a failure that depends on the
+#: length of the call, such as a SIMD body's, makes it try tens of thousands of candidates). The check's own
+#: reduction then cuts the example further.
+SHRINK_SECONDS = 10.0
 #: Examples per hypothesis run when the fuzz phase has a time budget (``seconds``).
 ROUND_EXAMPLES = 25
 
@@ -200,6 +204,10 @@ def hypothesis_scratch():
             configuration.set_hypothesis_home_dir(None)
 
 
+class _ShrinkTimeout(BaseException):
+    """Stops hypothesis's shrink once :data:`SHRINK_SECONDS` have passed (a BaseException: hypothesis does not shrink it)."""
+
+
 class _Abort(BaseException):
     """Carries a TargetError out of hypothesis without a shrink (hypothesis would shrink an Exception)."""
 
@@ -222,6 +230,8 @@ class _Direction:
         self.phases: list[PhaseResult] = []
         self.kept = {c: Kept() for c in range(1, len(CLASSES))}  # every class but exact
         self.first: dict = {}  # class -> (phase, input row(s), block index, how)
+        #: class -> (the target call's rows up to the failing one as one row, the failing block in it), or None
+        self.batch: dict = {}
 
     def width(self) -> int:
         """Input items per block."""
@@ -435,6 +445,7 @@ class _Check:
             if cls not in d.first:
                 b = int(bi[0])
                 d.first[cls] = (phase, rows[b // per_row].copy(), b % per_row, "")
+                d.batch[cls] = self._call_of(rows, b, per_row)
             keep = bi[: d.kept[cls].room]
             if not keep.size:
                 continue
@@ -471,13 +482,15 @@ class _Check:
         t0 = time.perf_counter()
         strat = self._strategy(d)
         counts = np.zeros(len(CLASSES), np.int64)
-        state = {"found": False, "examples": 0, "first": None}
+        state = {"found": False, "examples": 0, "first": None, "best": None, "found_at": 0.0}
         run = (lambda r: self._classify(d, r))  # noqa: E731
 
         def condition(rows):
             rows = np.ascontiguousarray(rows)
             if rows.ndim == 1:
                 rows = rows[None, :]
+            if state["found"] and time.perf_counter() - state["found_at"] > SHRINK_SECONDS:
+                raise _ShrinkTimeout()  # the shrink's time is up: the smallest failing example seen is kept
             try:
                 c, ref, got = run(rows)
             except TargetError as exc:
@@ -488,7 +501,9 @@ class _Check:
                 counts[:] += np.bincount(c.cls, minlength=len(CLASSES))
                 self._record(d, "fuzz", rows, c, ref, got)
                 if failing:
-                    state["found"], state["first"] = True, rows.copy()
+                    state["found"], state["first"], state["found_at"] = True, rows.copy(), time.perf_counter()
+            if failing and (state["best"] is None or rows.size < state["best"].size):
+                state["best"] = rows.copy()
             return failing
 
         minimal, why = None, ""
@@ -504,6 +519,9 @@ class _Check:
                 pass
             except _Abort as a:
                 raise a.args[0] from None
+            except _ShrinkTimeout:
+                why = f"shrinking stopped after {SHRINK_SECONDS:g} s; the smallest failing example seen"
+                break
             except HypothesisException as exc:  # e.g. Flaky: the target answered the same input differently
                 why = f"hypothesis stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
                 self.notes.append(f"{d.name} fuzz: {why}")
@@ -513,11 +531,24 @@ class _Check:
                 break
         if minimal is not None:
             self._set_fuzz_first(d, np.ascontiguousarray(minimal), "shrunk by hypothesis")
+        elif state["best"] is not None and why.startswith("shrinking stopped"):
+            self._set_fuzz_first(d, state["best"], f"shrunk by hypothesis ({why})")
         elif state["first"] is not None:
             self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
         n = state["examples"]
         note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (" (stopped at the first failure)" if state["found"] else "")
         d.phases.append(PhaseResult.from_counts(d.name, "fuzz", counts, time.perf_counter() - t0, note))
+
+    def _call_of(self, rows: np.ndarray, b: int, per_row: int):
+        """The rows of the target call that got flat block ``b``, as one row (blocks are independent),
+        and ``b``'s index in it: a kernel whose result depends on the call's length fails there, maybe not on one row."""
+        if self.fmt.row_rule:
+            return None
+        r = b // per_row
+        k = rows.shape[1] if rows.dtype == np.float32 else rows.shape[1] // self.fmt.type_size * self.fmt.block_size
+        per_call = max(1, CALL_VALUES // max(1, k))  # the rows of one call (LibraryTarget's chunks)
+        r0 = r // per_call * per_call
+        return np.ascontiguousarray(rows[r0 : r0 + per_call]).reshape(-1).copy(), (r - r0) * per_row + b % per_row
 
     def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
         """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
@@ -530,9 +561,8 @@ class _Check:
         per_row = rows.shape[1] // width
         b = int(bad[0])
         row, blk = rows[b // per_row], b % per_row
-        if not self.fmt.row_rule and per_row > 1:
-            row, blk = row[blk * width : (blk + 1) * width], 0
-        d.first[int(c.cls[b])] = ("fuzz", row.copy(), blk, how)
+        d.first[int(c.cls[b])] = ("fuzz", row.copy(), blk, how)  # the reduction cuts it to the block where that still fails
+        d.batch[int(c.cls[b])] = self._call_of(rows, b, per_row)
 
     # -- counterexamples ---------------------------------------------------------------------
     def _fails(self, d: _Direction, row: np.ndarray):
@@ -544,22 +574,49 @@ class _Check:
         b = int(bad[0])
         return True, b, int(c.cls[b]), d.signature(ref, got, b)
 
-    def _reduce(self, d: _Direction, row: np.ndarray, blk: int) -> tuple[np.ndarray, int, str]:
-        """A smaller failing input: the block alone (when blocks are independent), then values zeroed while it
-        fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
+    def _reduce(self, d: _Direction, row: np.ndarray, blk: int, batch=None) -> tuple[np.ndarray, int, str]:
+        """A smaller failing input: the block alone (when blocks are independent); when the block alone passes, the
+        shortest run of blocks around it that still fails (a kernel whose body and tail differ); then values zeroed
+        while it fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
         width = d.width()
         calls = 1
         cur = row
+        start = ""
         ok, first, _, sig = self._fails(d, cur)
+        if not ok and batch is not None and batch[0].size > row.size:
+            cur, blk = batch
+            calls += 1
+            ok, first, _, sig = self._fails(d, cur)
+            start = f"its row alone passes, the {cur.size // row.size} rows of the target call up to it fail as one row; "
         if not ok:  # pragma: no cover - a target that does not answer the same input the same way
             return row, blk, "not reduced: the target does not fail on it again"
         blk = first
-        if not self.fmt.row_rule and row.size > width:
-            single = row[blk * width : (blk + 1) * width].copy()
+        shrunk_row = False
+        if not self.fmt.row_rule and cur.size > width:
+            single = cur[blk * width : (blk + 1) * width].copy()
             calls += 1
             ok, _, _, s1 = self._fails(d, single)
             if ok and s1 == sig:
                 cur, blk = single, 0
+            else:  # the block alone passes: cut whole blocks from the end, then from the start, while it still fails
+                # cuts of multiples of large powers of two first: a SIMD body's alignment survives them
+                # (the end: keep a multiple of p blocks through the failing one; the start: drop a multiple of p)
+                for side in ("end", "start", "end"):
+                    p = 1 << 30
+                    while p >= 1 and calls < SHRINK_CALLS:
+                        n = cur.size // width
+                        cut = n - -(-(blk + 1) // p) * p if side == "end" else blk // p * p
+                        if cut <= 0:
+                            p //= 2
+                            continue
+                        cand = cur[: (n - cut) * width] if side == "end" else cur[cut * width :]
+                        calls += 1
+                        ok, f2, _, s2 = self._fails(d, cand)
+                        if ok and s2 == sig and f2 == (blk if side == "end" else blk - cut):
+                            cur, blk = cand.copy(), f2
+                        else:
+                            p //= 2
+                shrunk_row = True
         bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
         chunk = max(1, cur.size // 2)
         zeroed = 0
@@ -578,21 +635,27 @@ class _Check:
                     cur, blk = cand, first
                     bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
             chunk //= 2
-        how = "the block alone" if cur.size == width else "its row (blocks depend on their row)"
+        if shrunk_row:
+            how = (f"{start}the block alone passes: the minimal failing row is {cur.size} {d.unit} ({cur.size // width} blocks, "
+                   "cut while it kept failing)")
+        else:
+            how = start + ("the block alone" if cur.size == width else "its row (blocks depend on their row)")
         how += f", {zeroed} {d.unit} zeroed while it kept failing the same way ({calls} target calls)"
         return cur, blk, how
 
     def counterexample(self, d: _Direction):
-        refused = [c for c in ACCEPTED_UNLESS_EXACT if c in d.first] if self.exact else []
-        pick = WRONG if WRONG in d.first else (refused[0] if refused else None)
+        refused = [c for c in self.failing_classes if c in d.first]
+        pick = refused[0] if refused else None
         if pick is None:
             return None
         phase, row, blk, how = d.first[pick]
-        row, blk, reduced = self._reduce(d, row, blk)
+        row, blk, reduced = self._reduce(d, row, blk, d.batch.get(pick))
         how = f"{how}; then {reduced}" if how else reduced
         c, ref, got = self._classify(d, row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
-        if bad.size and blk not in bad:
+        if not bad.size:  # pragma: no cover - a target that does not answer the same input the same way
+            return None
+        if blk not in bad:
             blk = int(bad[0])
         trace = d.trace(row, blk)
         return make_counterexample(self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.k, how)
@@ -654,8 +717,8 @@ class _Check:
 
     def _direction_failed(self, d: _Direction) -> bool:
         w = sum(p.wrong for p in d.phases)
-        f = sum(getattr(p, CLASSES[c]) for p in d.phases for c in ACCEPTED_UNLESS_EXACT)
-        return bool(w or (self.exact and f) or self.target.faults.get(d.name))
+        f = sum(getattr(p, CLASSES[c]) for p in d.phases for c in self.failing_classes if c != WRONG)
+        return bool(w or f or self.target.faults.get(d.name))
 
     def _accepted_diagnoses(self, d: _Direction) -> list:
         """What the blocks of the accepted non-exact classes are (equivalent, undefined, tie_rule)."""
