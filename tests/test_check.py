@@ -683,3 +683,45 @@ def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_
     subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path)
     res = subprocess.run(["./repro"], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 1 and "differ from tbq" in res.stdout, res.stdout
+
+
+# ---------------------------------------------------------------------------
+# dot-product kernels
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+def test_dot_products_correct_exact_or_within_the_bound_and_broken_ones_wrong(build, fmt, tmp_path, capsys):
+    sym = f"ggml_vec_dot_{fmt}_q8_0"
+    good = check_library(build("vec_dot.c"), fmt, dot=sym, blocks=3000)
+    c = good.counts("dot")
+    assert good.ok and c["wrong"] == 0 and c["exact"] > 0 and c["blocks"] > 1000, c
+    assert good.provenance["dot"]["symbol"] == sym and "dot" in good.table()
+    for variant in ("WRONG_PARTIAL", "DROP_TAIL"):
+        lib = build("vec_dot.c", defines=[variant])
+        bad = check_library(lib, fmt, dot=sym, blocks=3000, out=tmp_path / variant)
+        assert not bad.ok and bad.counts("dot")["wrong"] > 0.5 * bad.counts("dot")["blocks"], bad.counts("dot")
+        ce = bad.counterexamples["dot"]
+        assert ce.n == 32, (variant, ce.n, ce.how)  # the shortest failing call: one block
+        assert variant != "DROP_TAIL" or ce.got == 0.0  # its only block dropped
+        assert abs(ce.got - ce.expected) > ce.bound
+        line = next(ln for ln in (tmp_path / variant / f"{fmt}-dot.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc "))
+        subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path / variant)
+        assert subprocess.run(["./repro"], cwd=tmp_path / variant, capture_output=True).returncode == 1
+    assert main(["check", "--format", fmt, "--lib", str(build("vec_dot.c")), "--dot", sym, "--blocks", "500"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check", "--format", fmt, "--lib", str(build("vec_dot.c", defines=["DROP_TAIL"])), "--dot", sym, "--blocks", "500",
+                 "--out", str(tmp_path / "cli")]) == 1
+
+
+def test_dot_of_a_python_kernel_and_formats_without_an_exact_form(capsys):
+    def dot(x, y, n):
+        return float(np.dot(tbq.dequantize(x, "q8_0").astype(np.float64), tbq.dequantize(y, "q8_0").astype(np.float64)))
+
+    r = check_kernel("q8_0", dot=dot, blocks=500)
+    assert r.ok and r.counts("dot")["exact"] == r.counts("dot")["blocks"]
+    r = check_kernel("q8_0", dot=lambda x, y, n: dot(x, y, n) * (1 + 2.0**-10), blocks=500)
+    assert not r.ok and "dot: first minimal wrong dot product" in r.text()
+    with pytest.raises(tbq.TbqError, match="does not check tbq4_0 dot products"):
+        check_kernel("tbq4_0", dot=dot, blocks=10)

@@ -394,6 +394,7 @@ class CheckReport:
     seconds: float = 0.0
     #: what was called, per direction (and init function): ``{"symbol", "file", "library", "elsewhere"}``
     provenance: dict = field(default_factory=dict)
+    unit: str = "blocks"  #: what the counts count ("dot products" for a dot-product check)
 
     @property
     def exact(self) -> bool:
@@ -411,7 +412,7 @@ class CheckReport:
 
     @property
     def directions(self) -> list[str]:
-        return [d for d in DIRECTIONS if any(p.direction == d for p in self.phases)]
+        return [d for d in DIRECTIONS + ("dot",) if any(p.direction == d for p in self.phases)]
 
     def failed(self, direction: str | None = None) -> bool:
         c = self.counts(direction)
@@ -465,7 +466,7 @@ class CheckReport:
         c = self.counts()
         if self.ok:
             extra = "".join(f"; {c[k]:,} {text}" for k, text in _ACCEPTED_TEXT.items() if c[k])
-            return f"PASS: {c['blocks']:,} blocks, none wrong{extra}"
+            return f"PASS: {c['blocks']:,} {self.unit}, none wrong{extra}"
         parts = []
         if c["wrong"]:
             parts.append(f"{c['wrong']:,} wrong")
@@ -474,7 +475,7 @@ class CheckReport:
                 parts.append(f"{c[k]:,} {k.replace('_', '-')} (refused by --exact)")
         if any(self.faults.values()):
             parts.append("target faults")
-        return f"FAIL: {', '.join(parts)} of {c['blocks']:,} blocks"
+        return f"FAIL: {', '.join(parts)} of {c['blocks']:,} {self.unit}"
 
     def text(self) -> str:
         """The full human report: header, table, verdict, then per failing direction the details."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import check_output_file, int_at_least
 from ..check import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, LibraryTarget, ProgramTarget, check_target, resolve_format
+from ..check.dot import LibraryDot, check_dot, right_format
 from ..check.runner import check_accept, check_memory, require_hypothesis
 from ..parallel import require_memory
 from ..check.targets import PLACEHOLDERS
@@ -77,6 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--lib: a void f(void) function called once after loading, repeatable (ggml's CPU backend: ggml_cpu_init)")
     t.add_argument("--strict-lib", action="store_true",
                    help="--lib: refuse a symbol that the library's dependencies define rather than the library itself")
+    t.add_argument("--dot", metavar="SYMBOL",
+                   help="--lib: check a dot-product kernel with ggml's vec_dot signature instead of row functions, e.g. "
+                   "ggml_vec_dot_q4_0_q8_0 (its left operand in --format, the right in --rhs)")
+    t.add_argument("--rhs", type=_format_arg, metavar="FMT", help="--dot: the right operand's format (default: the one ggml pairs "
+                   "--format with, q8_0 for q4_0, q5_0, iq4_nl, q8_0)")
     t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
     t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
     f = p.add_argument_group("format")
@@ -138,10 +144,33 @@ def run_cli(args) -> int:
     if args.examples or args.seconds:
         require_hypothesis()  # before loading anything: say so at once
     require_memory(check_memory(fmt, args.blocks), f"--blocks {args.blocks:,} ({fmt.name})")  # before any work
+    if args.dot or args.rhs:
+        return _run_dot(args, fmt, out_dir, json_path)
     target = _target(args, fmt)
     report = check_target(target, blocks=args.blocks, examples=args.examples if not args.seconds else 0, seconds=args.seconds,
                           exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir, accept=args.accept,
                           progress=False if args.quiet else None)
+    text_stream = sys.stderr if args.json == "-" else sys.stdout
+    print(report.verdict() if args.quiet else report.text(), file=text_stream)
+    if args.json == "-":
+        print(report.to_json())
+    elif json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(report.to_json() + "\n")
+    return 0 if report.ok else 1
+
+
+def _run_dot(args, fmt, out_dir, json_path) -> int:
+    """``tbq check --dot SYMBOL``: a dot-product kernel of a library."""
+    if not args.dot or args.lib is None:
+        raise TbqValueError("--dot SYMBOL checks a dot-product kernel of --lib PATH (--rhs only goes with --dot)")
+    for flag in ("quantize", "dequantize", "only", "exec_cmd"):
+        if getattr(args, flag) is not None:
+            raise TbqValueError(f"--{flag.replace('_cmd', '')} is for row functions; --dot checks a dot-product kernel alone")
+    if args.accept:
+        raise TbqValueError("--accept is for row functions; a dot-product check has no diagnoses to waive yet")
+    target = LibraryDot(args.lib, args.dot, fmt, right_format(fmt, args.rhs), init=args.init, strict_lib=args.strict_lib)
+    report = check_dot(target, blocks=max(1, args.blocks), exact=args.exact, seed=args.seed, out=out_dir)
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
     if args.json == "-":

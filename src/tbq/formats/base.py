@@ -367,6 +367,17 @@ class Format:
     #: zero, roundf), ``"toward"`` (half toward zero), ``"up"`` (half up, trunc(v + k + 1/2)), ``"even"``; ``""``
     #: where not declared. The checker names another tie rule against it.
     tie_rule: str = ""
+    #: The format ggml pairs this one with in its dot product ``ggml_vec_dot_<fmt>_<vec_dot_type>`` (the right
+    #: operand); ``""`` where tbq cannot check that dot product (see :meth:`dot_parts`).
+    vec_dot_type: str = ""
+
+    def dot_parts(self, data: np.ndarray):
+        """``(codes, scale)`` of encoded blocks ``data`` (uint8, blocks x type_size) for dot products: int64 codes
+        (blocks, block_size) and the float64 scale per block (blocks,) such that each value is exactly
+        ``codes * scale``, so that a block's dot product has an exact integer part. ``None`` for formats
+        without that form."""
+        return None
+
     #: Declared by formats whose C encoder multiplies by ``id = 1/d`` (the traced float32 ``d``): when ``1/d``
     #: overflows, ``x * id`` is +-Inf or NaN and C's float-to-integer conversion of it is undefined.
     reciprocal_scale: bool = False

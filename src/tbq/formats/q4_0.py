@@ -57,6 +57,11 @@ class Q4_0(Format):
         out[:, 2:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
+
+    def dot_parts(self, data):
+        return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
+
     def reference_decode(self, data):
         d = get_f16_scale(data)
         q = np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)

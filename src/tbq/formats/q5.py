@@ -99,6 +99,11 @@ class Q5_0(_Q5):
         out[:, 6:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
+
+    def dot_parts(self, data):
+        return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
+
     def reference_decode(self, data):
         d = get_f16_scale(data)
         c = unpack_codes(data, 2)

@@ -55,6 +55,11 @@ class Q8_0(Format):
         out[:, 2:] = r.astype(np.int8).view(np.uint8)
         return out, {"d": d, "v": v}
 
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
+
+    def dot_parts(self, data):
+        return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
     def reference_decode(self, data):
         d = get_f16_scale(data)
         return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
