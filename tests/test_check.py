@@ -189,6 +189,14 @@ def test_kernel_built_with_another_codebook_names_it(build):
     d = next(g for g in report.diagnoses if g.name == "codebook")
     assert "'lloyd-max'" in d.title
     assert check_library(build("tbq.c"), "tbq3_0", codebook="lloyd-max", blocks=600, examples=0).ok
+    # the known tables and sign seeds, tried in both directions: the one the kernel follows is named
+    for direction in ("quantize", "dequantize"):
+        (g,) = [g for g in report.diagnoses if g.name == "format_options" and g.direction == direction]
+        assert g.title == "the target follows tbq3_0 with codebook='lloyd-max' (check with --codebook lloyd-max)", g.title
+        assert "gives exactly the target's output in" in g.evidence[0]
+    seeded = check_library(build("tbq.c"), "tbq4_0", signs=7, blocks=300, examples=0)
+    titles = [g.title for g in seeded.diagnoses if g.name == "format_options"]
+    assert titles == ["the target follows tbq4_0 with signs='turboq-mtp' (check with --signs turboq-mtp)"] * 2, titles
 
 
 @needs_cc

@@ -61,7 +61,7 @@ KEEP_BLOCKS = 4096
 #: The names of the diagnoses a check makes (what ``accept`` may name).
 DIAGNOSES = ("shift_bug_3bit", "nibble_order", "scale_ulp", "scale_conversion", "tie_rounding", "rotated_sign", "input_sign",
              "permutation", "decoder_ulp", "signed_zero", "special_scales", "flush_to_zero", "output_sign", "codebook",
-             "scale_factor", "round_trip", "unwritten")
+             "scale_factor", "round_trip", "unwritten", "format_options")
 #: Share of the evidence that must agree before a pattern is named.
 AGREE = 0.9
 
@@ -522,12 +522,58 @@ def _permutation(fmt, kept) -> Diagnosis | None:
         + (", ..." if len(moved) > 10 else "")])
 
 
+def _known_options(fmt: Format):
+    """Every combination of the format's declared known option values other than its own (``Option.known``)."""
+    import itertools
+
+    from ..formats import get_format
+
+    names = [n for n, o in fmt.options.items() if o.known]
+    if not names:
+        return
+    own = fmt.config()
+    for combo in itertools.product(*(fmt.options[n].known for n in names)):
+        opts = dict(own, **dict(zip(names, combo)))
+        if all(opts[n] == own.get(n) for n in names):
+            continue
+        try:
+            yield opts, get_format(fmt.name, **opts)
+        except Exception:  # noqa: BLE001 - a known value this format's width does not take
+            continue
+
+
+def _other_options(fmt: Format, kept: dict, direction: str) -> Diagnosis | None:
+    """The target matches tbq with other known option values (another build's tables or sign seed)."""
+    from ..codecs import codec_from
+
+    n = kept["cls"].size
+    for opts, alt in _known_options(fmt):
+        codec = codec_from(alt.name, alt.config(), on_overflow="inf")
+        with np.errstate(all="ignore"):
+            if direction == "quantize":
+                same = (codec.encode(np.ascontiguousarray(kept["x"], np.float32)).reshape(n, -1) == kept["got"]).all(axis=1)
+            else:
+                y = codec.decode(kept["data"]).reshape(n, -1)
+                same = (y.view(np.uint32) == kept["got"].view(np.uint32)).all(axis=1)
+        if same.mean() >= AGREE:
+            own = fmt.config()
+            changed = {k: v for k, v in opts.items() if own.get(k) != v}
+            flags = " ".join(f"--{k} {v}" if k in ("codebook", "signs") else f"--option {k}={v}" for k, v in changed.items())
+            return Diagnosis("format_options", f"the target follows {fmt.name} with {', '.join(f'{k}={v!r}' for k, v in changed.items())} "
+                             f"(check with {flags})", [
+                f"tbq's {direction} with those options gives exactly the target's output in {int(same.sum())} of {n} wrong blocks",
+                f"tried every combination of the known values: " + "; ".join(f"{k}: {', '.join(map(repr, fmt.options[k].known))}"
+                                                                             for k in fmt.options if fmt.options[k].known)])
+    return None
+
+
 def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
     """Diagnoses of an encoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
     if not kept:
         return []
     out = []
-    for fn in (_shift_bug, _nibble_encoder, lambda f, kp: _scale_ulp(f, kp, k), _scale_conversion, _ties, _rotated_sign, _input_sign):
+    for fn in (_shift_bug, _nibble_encoder, lambda f, kp: _scale_ulp(f, kp, k), _scale_conversion, _ties, _rotated_sign, _input_sign,
+               lambda f, kp: _other_options(f, kp, "quantize")):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:
@@ -939,7 +985,8 @@ def diagnose_decoder(fmt: Format, kept: dict) -> list[Diagnosis]:
     if not kept:
         return []
     out = []
-    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _decoder_codebook, _scale_factor):
+    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _decoder_codebook, _scale_factor,
+               lambda f, kp: _other_options(f, kp, "dequantize")):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:

@@ -83,6 +83,9 @@ class Option:
     kind: str = ""  #: what values it takes, for messages and docs
     description: str = ""
     check: object = field(default=None, compare=False)
+    #: Values in use elsewhere (other builds' tables, seeds): ``tbq check`` tries them on a failing kernel and names
+    #: the one it matches.
+    known: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
