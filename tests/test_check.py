@@ -733,3 +733,42 @@ def test_dot_of_a_python_kernel_and_formats_without_an_exact_form(capsys):
     assert not r.ok and "dot: first minimal wrong dot product" in r.text()
     with pytest.raises(tbq.TbqError, match="does not check tbq4_0 dot products"):
         check_kernel("tbq4_0", dot=dot, blocks=10)
+
+
+# ---------------------------------------------------------------------------
+# the real ggml builds (../shared/ggml: by hand elsewhere; here where the folder exists)
+# ---------------------------------------------------------------------------
+
+GGML = Path(__file__).resolve().parents[1].parent / "shared" / "ggml"
+
+
+def _ggml_cpu(build_name: str) -> Path:
+    lib = GGML / build_name / "lib" / "libggml-cpu.so.0"
+    if not lib.is_file():
+        pytest.skip(f"{lib} is absent: the real ggml builds live outside the repo (../shared/ggml), not on users' machines")
+    try:
+        import ctypes
+
+        ctypes.CDLL(str(lib))
+    except OSError as exc:
+        pytest.skip(f"{lib} does not load here ({exc}): it is built for AVX-512 CPUs")
+    return lib
+
+
+def test_real_ggml_cpu_library_provenance_simd_q8_0_tie_rule_and_dot_products():
+    lib = _ggml_cpu("upstream")
+    ref = check_library(lib, "q8_0", blocks=2000, examples=0)
+    assert ref.ok and ref.provenance["quantize"]["elsewhere"] and ref.provenance["quantize"]["file"].endswith("libggml-base.so.0")
+    with pytest.raises(TargetError, match="not in"):
+        check_library(lib, "q8_0", blocks=100, examples=0, strict_lib=True)
+    simd = check_library(lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000, examples=0)
+    c = simd.counts()
+    assert simd.ok and c["tie_rule"] > 0 and c["wrong"] == 0, c  # ggml's SIMD q8_0 rounds exact ties to even
+    (g,) = [g for g in simd.diagnoses if g.scope == "tie_rule"]
+    assert "ties are rounded half to even" in g.title and "where the spec rounds half away from zero" in g.title
+    assert not check_library(lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000,
+                             examples=0, exact=True).ok
+    for fmt in ("q4_0", "q8_0"):
+        for sym in (f"ggml_vec_dot_{fmt}_q8_0", f"ggml_vec_dot_{fmt}_q8_0_generic"):
+            r = check_library(lib, fmt, dot=sym, init=["ggml_cpu_init"], blocks=2000)
+            assert r.ok and r.provenance["dot"]["file"] == str(lib.resolve()), (sym, r.verdict())
