@@ -42,7 +42,7 @@ import numpy as np
 
 from ..codecs import codec_from
 from ..errors import TbqValueError
-from ..formats import Format, get_format
+from ..formats import FORMAT_CLASSES, Format, get_format
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
 from .report import CheckReport, PhaseResult
 from .runner import DEFAULT_BLOCKS, golden_rows
@@ -67,8 +67,9 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
     elif left.vec_dot_type:
         right = get_format(left.vec_dot_type)
     else:
+        pairs = ", ".join(f"{n} x {c.vec_dot_type}" for n, c in FORMAT_CLASSES.items() if c.vec_dot_type)
         raise TbqValueError(f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
-                            "exact integer form; formats it checks: q4_0, q5_0, iq4_nl and q8_0 with q8_0")
+                            f"exact integer form; the pairs it checks: {pairs}")
     for f in (left, right):
         if f.dot_parts(np.zeros((1, f.type_size), np.uint8)) is None:
             raise TbqValueError(f"{f.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it")

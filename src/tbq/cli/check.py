@@ -20,7 +20,7 @@ from ..check.runner import check_accept, check_memory, require_hypothesis
 from ..parallel import require_memory
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
-from ..formats import format_name, formats, parse_option
+from ..formats import FORMAT_CLASSES, format_name, formats, parse_option
 from ..golden import check_out_dir
 
 
@@ -81,8 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--dot", metavar="SYMBOL",
                    help="--lib: check a dot-product kernel with ggml's vec_dot signature instead of row functions, e.g. "
                    "ggml_vec_dot_q4_0_q8_0 (its left operand in --format, the right in --rhs)")
+    pairs = ", ".join(f"{n} x {FORMAT_CLASSES[n].vec_dot_type}" for n in formats() if FORMAT_CLASSES[n].vec_dot_type)
     t.add_argument("--rhs", type=_format_arg, metavar="FMT", help="--dot: the right operand's format (default: the one ggml pairs "
-                   "--format with, q8_0 for q4_0, q5_0, iq4_nl, q8_0)")
+                   f"--format with; checked pairs: {pairs})")
     t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
     t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
     f = p.add_argument_group("format")
