@@ -40,7 +40,7 @@ from ..parallel import require_memory
 from ..progress import Progress
 from .classify import (ACCEPTED, ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXACT, FRAGILE, TIE_RULE, UNDEFINED, WRONG, classify_decoded,
                        classify_encoded, encoder_trace)
-from .diagnose import (KEEP_BLOCKS, Diagnosis, Kept, describe_differences, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
+from .diagnose import (KEEP_BLOCKS, Diagnosis, Kept, describe_differences, describe_values, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
                        percent, select_kept, DIAGNOSES)
 from .report import CheckReport, PhaseResult, make_counterexample
 from .targets import CALL_VALUES, Target, TargetError
@@ -730,6 +730,10 @@ class _Check:
                 if g.name in self.accept_diagnoses:
                     g.direction, g.scope = d.name, "accepted"
                     g.evidence.append(f"waived by accept={g.name!r}; the check went on looking for other failures")
+                    if waived.get("x") is not None:
+                        g.evidence.append(f"e.g. the block with input {describe_values(waived['x'][0])}")
+                    elif waived.get("data") is not None:
+                        g.evidence.append(f"e.g. the block with bytes {waived['data'][0].tobytes().hex(' ')}")
                     out.append(g)
         for c in (EQUIVALENT, UNDEFINED, TIE_RULE):
             kept = d.kept[c].get(CLASSES[c])
