@@ -15,7 +15,7 @@ tbq's result (exit status 1 while they differ).
 
 >>> r = CheckReport("q8_0", {}, "demo", {"exact": False}, [PhaseResult("quantize", "golden", 10, 9, 1, 0, 0.01)])
 >>> r.ok, r.counts()
-(True, {'blocks': 10, 'exact': 9, 'fragile': 1, 'wrong': 0})
+(True, {'blocks': 10, 'exact': 9, 'fragile': 1, 'wrong': 0, 'equivalent': 0, 'undefined': 0, 'tie_rule': 0, 'accepted': 0})
 """
 
 from __future__ import annotations
