@@ -15,7 +15,7 @@ import pytest
 
 import tbq
 from tbq.check import CheckReport, TargetError, check_kernel, check_library, check_program
-from tbq.check.classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded
+from tbq.check.classify import EXACT, FRAGILE, TIE_RULE, WRONG, classify_decoded, classify_encoded
 from tbq.cli import main
 from tbq.golden import hex_literal
 
@@ -57,14 +57,15 @@ def build(tmp_path_factory):
         (out / name).write_text(text)
     made = {}
 
-    def make(*sources, defines=(), exe=False, contract=False):
-        key = (sources, tuple(defines), exe, contract)
+    def make(*sources, defines=(), exe=False, contract=False, libs=()):
+        key = (sources, tuple(defines), exe, contract, tuple(map(str, libs)))
         if key not in made:
             name = "_".join(Path(s).stem for s in sources) + "".join("_" + d.replace("=", "") for d in defines)
             path = out / (name if exe else f"lib{name}.so")
             flags = ["-O2", f"-I{out}", f"-I{C_DIR}"] + ([] if exe else ["-shared", "-fPIC"])
             flags += [] if contract else ["-ffp-contract=off"]  # the correct kernels: no FMA contraction
-            cmd = [CC, *flags, *(f"-D{d}" for d in defines), *(str(C_DIR / s) for s in sources), "-o", str(path), "-lm"]
+            linked = ["-Wl,--no-as-needed"] * bool(libs) + [a for lib in libs for a in (str(lib), f"-Wl,-rpath,{Path(lib).parent}")]
+            cmd = [CC, *flags, *(f"-D{d}" for d in defines), *(str(C_DIR / s) for s in sources), *linked, "-o", str(path), "-lm"]
             subprocess.run(cmd, check=True, capture_output=True)
             made[key] = path
         return made[key]
@@ -86,7 +87,7 @@ def names(report: CheckReport, direction: str | None = None, scope: str = "wrong
 
 def assert_counts_add_up(report: CheckReport) -> None:
     for p in report.phases:
-        assert p.blocks == p.exact + p.fragile + p.wrong, p
+        assert p.blocks == p.exact + p.fragile + p.wrong + p.equivalent + p.undefined + p.tie_rule, p
 
 
 # ---------------------------------------------------------------------------
@@ -126,7 +127,12 @@ def test_tbq3_shift_bug_is_wrong_in_the_golden_phase_with_the_shift_diagnosis(bu
     assert not report.failed("dequantize")  # only the packer is broken
     assert names(report, "quantize")[0] == "shift_bug_3bit"
     diag = next(d for d in report.diagnoses if d.name == "shift_bug_3bit")
-    assert any("reproduces the target's bytes in 500 of 500" in e for e in diag.evidence), diag.evidence
+    # the all-zero blocks decode to zeros whatever the bug writes: equivalent, and the packer reproduces every wrong block
+    wrong = report.counts("quantize")["wrong"]
+    assert wrong + report.counts("quantize")["equivalent"] == 500
+    assert any(f"reproduces the target's bytes in {wrong} of {wrong}" in e for e in diag.evidence), diag.evidence
+    # the title states what was measured: the positions that differ include t = 0 and 2 (the fork's packer)
+    assert "codes 0, 2, 3, 4, 5, 6, 7 of the 8-value groups differ" in diag.title and f"reproduces {wrong} of {wrong}" in diag.title
     ce = report.counterexamples["quantize"]
     assert ce.phase == "golden" and ce.classification == "wrong" and ce.input.size == 128
     assert any(f["field"] == "idx" for f in ce.fields)
@@ -183,6 +189,14 @@ def test_kernel_built_with_another_codebook_names_it(build):
     d = next(g for g in report.diagnoses if g.name == "codebook")
     assert "'lloyd-max'" in d.title
     assert check_library(build("tbq.c"), "tbq3_0", codebook="lloyd-max", blocks=600, examples=0).ok
+    # the known tables and sign seeds, tried in both directions: the one the kernel follows is named
+    for direction in ("quantize", "dequantize"):
+        (g,) = [g for g in report.diagnoses if g.name == "format_options" and g.direction == direction]
+        assert g.title == "the target follows tbq3_0 with codebook='lloyd-max' (check with --codebook lloyd-max)", g.title
+        assert "gives exactly the target's output in" in g.evidence[0]
+    seeded = check_library(build("tbq.c"), "tbq4_0", signs=7, blocks=300, examples=0)
+    titles = [g.title for g in seeded.diagnoses if g.name == "format_options"]
+    assert titles == ["the target follows tbq4_0 with signs='turboq-mtp' (check with --signs turboq-mtp)"] * 2, titles
 
 
 @needs_cc
@@ -191,20 +205,81 @@ def test_q4_0_swapped_nibbles_is_wrong_with_the_nibble_diagnosis(build):
     for d in ("quantize", "dequantize"):
         assert report.counts(d, "golden")["wrong"] > 0
         assert names(report, d)[0] == "nibble_order"
-        assert "high and low" in next(g for g in report.diagnoses if g.direction == d).title
+        assert "high and low" in next(g for g in report.diagnoses if g.direction == d and g.scope == "wrong").title
     # hypothesis found it and it was shrunk to a single block
     ce = report.counterexamples["quantize"]
     assert ce.phase == "fuzz" and "shrunk by hypothesis" in ce.how and ce.input.size == 32
 
 
 @needs_cc
-def test_round_half_even_hides_in_the_fragility_mask_but_is_named(build):
-    lib = build("q8_0.c", defines=["ROUND_HALF_EVEN"])
-    report = check_library(lib, "q8_0", blocks=2000, examples=0)
-    assert report.ok and report.counts()["fragile"] > 0  # exact ties are on the boundary: fragile by definition
-    assert names(report, "quantize", scope="fragile") == ["tie_rounding"]
-    assert "round-half-to-even" in report.text() and "ties are rounded to even" in report.text()
-    assert not check_library(lib, "q8_0", blocks=2000, examples=0, exact=True).ok
+@pytest.mark.parametrize("fmt, source, variant, spec", [("q8_0", "q8_0.c", "ROUND_HALF_EVEN", "half away from zero"),
+                                                        ("mxfp4", "ggml_extra.c", "FP4_TIES_EVEN", "half toward zero")])
+def test_another_tie_rule_is_its_own_class_never_fragile_and_exact_refuses_it(build, fmt, source, variant, spec):
+    lib = build(source, defines=[variant])
+    report = check_library(lib, fmt, only="quantize", blocks=4000, examples=0)
+    c = report.counts()
+    assert report.ok and c["tie_rule"] > 0 and c["fragile"] == 0 and c["wrong"] == 0, c
+    assert_counts_add_up(report)
+    (diag,) = [g for g in report.diagnoses if g.scope == "tie_rule"]
+    assert diag.name == "tie_rounding"
+    assert diag.title == f"ties are rounded half to even (rintf, nearbyintf, cvtps2dq, __float2int_rn) where the spec rounds {spec}" \
+        + (" (roundf)" if "away" in spec else ""), diag.title
+    assert f"{c['tie_rule']:,} of the {c['tie_rule']:,} blocks whose bytes differ (100%)" in diag.evidence[0]
+    assert "the even level in 100%" in diag.evidence[1]
+    assert "blocks with another tie rule accepted" in report.verdict() and "tie_rule" in report.table()
+    strict = check_library(lib, fmt, only="quantize", blocks=4000, examples=0, exact=True)
+    assert not strict.ok and f"{c['tie_rule']:,} tie-rule (refused by --exact)" in strict.verdict()
+    assert strict.counterexamples["quantize"].classification == "tie_rule"
+
+
+@needs_cc
+def test_a_zero_scale_of_the_other_sign_is_equivalent_with_the_signed_zero_diagnosis(build):
+    report = check_library(build("q4_0.c", defines=["SIGN_FROM_FIRST"]), "q4_0", only="quantize", blocks=3000, examples=30)
+    c = report.counts()
+    assert report.ok and c["equivalent"] > 0 and c["wrong"] == 0, c
+    assert check_library(build("q4_0.c", defines=["SIGN_FROM_FIRST"]), "q4_0", only="quantize", blocks=3000, examples=30,
+                         exact=True).ok  # equivalent blocks decode to the same values: accepted even under exact
+    (diag,) = [g for g in report.diagnoses if g.scope == "equivalent"]
+    assert diag.name == "signed_zero" and diag.title == "only the sign of a zero d differs (+0 against -0)"
+    assert f"in all {c['equivalent']} blocks the only difference is the sign of a zero in field d: tbq stores -0 in " \
+        f"{c['equivalent']} of them" in diag.evidence[0]
+    assert "is the opposite of the sign of x[0] in every one of them" in diag.evidence[2]
+    assert "x[0] = -0.0" in diag.evidence[3]  # the example shows the -0 that decides it
+
+
+@needs_cc
+def test_garbage_codes_in_zero_scale_blocks_are_equivalent_not_wrong(build):
+    lib = build("q8_0.c", defines=["ZERO_BLOCK_GARBAGE"])
+    report = check_library(lib, "q8_0", only="quantize", blocks=3000, examples=0)
+    c = report.counts()
+    assert report.ok and c["equivalent"] > 0 and c["wrong"] == 0, c
+    (diag,) = [g for g in report.diagnoses if g.scope == "equivalent"]
+    assert diag.name == "equivalent" and "decode to the same values" in diag.title
+
+
+def test_undefined_inputs_are_their_own_class_accepted_unless_exact():
+    tiny = np.float32(2.0**-140)
+
+    def q8(x):  # ggml's SIMD q8_0 where 1/d overflows: -128 codes instead of 0 ... and here a non-zero scale, so it shows
+        out = tbq.quantize(x, "q8_0").reshape(-1, 34)
+        amax = np.abs(x.reshape(-1, 32)).max(axis=1)
+        with np.errstate(divide="ignore", over="ignore"):
+            bad = (amax > 0) & np.isinf(np.float32(1) / (amax / np.float32(127)))
+        out[bad, 2:] = 0x7F
+        out[bad, 0:2] = (1, 0)  # the smallest fp16 subnormal: the codes now decode to something
+        return out
+
+    x = np.zeros((4, 64), np.float32)
+    x[:, 0] = tiny
+    r = check_kernel("q8_0", quantize=q8, blocks=200, examples=0)
+    assert r.counts()["undefined"] == 0  # the golden families do not reach there; the rule is the format's
+    mask, rule = tbq.get_format("q8_0").undefined_blocks({"d": np.float32([tiny / 127, 1.0, 0.0])})
+    assert mask.tolist() == [True, False, False] and "1/d overflows float32" in rule
+    from tbq.check.classify import UNDEFINED, classify_encoded
+
+    got = q8(x)
+    c = classify_encoded(tbq.get_format("q8_0"), x, tbq.quantize(x, "q8_0"), got, k=8)
+    assert set(c.cls.reshape(4, 2)[:, 0].tolist()) == {UNDEFINED}
 
 
 @needs_cc
@@ -317,11 +392,11 @@ def test_classification_of_encoders_uses_the_fragility_mask():
     x[0, 0], x[0, 1], x[0, 2] = 127.0, 2.5, 1.2  # d = 1: x*id = 2.5 is an exact tie (fragile), 1.2 is not
     ref = f.encode(x)
     tie, far, two = ref.copy(), ref.copy(), ref.copy()
-    tie[0, 3] -= 1  # the tie rounded the other way: fragile
+    tie[0, 3] -= 1  # the tie rounded the other way: another tie rule, its own class (not fragile)
     far[0, 4] -= 1  # 1.2 -> 0: wrong
     two[0, 3] -= 2  # two steps, even at a tie: wrong
     classes = [classify_encoded(f, x, ref, got, k=4).cls[0] for got in (ref, tie, far, two)]
-    assert classes == [EXACT, FRAGILE, WRONG, WRONG]
+    assert classes == [EXACT, TIE_RULE, WRONG, WRONG]
 
 
 def test_classification_of_decoders_nan_payloads_are_fragile_values_are_exact():
@@ -464,3 +539,237 @@ def test_fuzz_without_hypothesis_is_a_clear_usage_error(monkeypatch, capsys, tmp
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--format", "q8_0", "--exec", "prog {op} {in} {out}"]) == 2
     assert "needs the hypothesis package" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# output hygiene, provenance, init functions (issue 19)
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+def test_nothing_is_written_in_the_working_directory_when_nothing_fails(build, tmp_path, monkeypatch, capsys):
+    lib = build("q8_0.c")
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--blocks", "300", "--examples", "5"]) == 0
+    assert list(tmp_path.iterdir()) == []  # no .hypothesis/, no tbq-check-q8_0/
+    # a read-only working directory does not stop a correct kernel from being checked
+    tmp_path.chmod(0o555)
+    try:
+        assert main(["check", "--format", "q8_0", "--lib", str(lib), "--blocks", "300", "--examples", "5", "--quiet"]) == 0
+    finally:
+        tmp_path.chmod(0o755)
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_zero_blocks_and_zero_examples_are_refused(capsys):
+    with pytest.raises(tbq.TbqError, match="nothing would be checked"):
+        check_kernel("q8_0", quantize=lambda x: tbq.quantize(x, "q8_0"), blocks=0, examples=0)
+    assert main(["check", "--format", "q8_0", "--exec", "prog {in} {out}", "--only", "quantize", "--blocks", "0", "--examples", "0"]) == 2
+    assert "checks nothing" in capsys.readouterr().err
+
+
+@needs_cc
+def test_the_repro_compile_line_runs_as_printed(build, tmp_path, capsys):
+    lib = build("q4_0.c", defines=["SWAP_NIBBLES"])
+    out = tmp_path / "ce"
+    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--only", "quantize", "--blocks", "300", "--examples", "0",
+                 "--out", str(out)]) == 1
+    src = (out / "q4_0-quantize.c").read_text()
+    line = next(ln for ln in src.splitlines() if ln.lstrip(" *").startswith("cc "))
+    assert f"-Wl,-rpath,{lib.parent}" in line
+    subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=out)
+    res = subprocess.run(["./repro"], cwd=out, capture_output=True, text=True)  # no LD_LIBRARY_PATH needed
+    assert res.returncode == 1 and "differ from tbq" in res.stdout, res.stdout + res.stderr
+
+
+@needs_cc
+def test_provenance_names_the_file_that_defines_the_symbol_and_strict_lib_refuses_a_dependency(build, capsys):
+    base = build("q8_0.c")
+    wrapper = build("wrapper.c", libs=[base])
+    report = check_library(wrapper, "q8_0", blocks=300, examples=0)
+    assert report.ok
+    pv = report.provenance["quantize"]
+    assert pv == {"symbol": "quantize_row_q8_0_ref", "file": str(base.resolve()), "library": str(wrapper.resolve()), "elsewhere": True}
+    assert f"quantize_row_q8_0_ref from {base.resolve()}  (NOT the library given)" in report.text()
+    assert any("is not defined in" in n and "--strict-lib" in n for n in report.notes)
+    assert json.loads(report.to_json())["provenance"]["dequantize"]["file"] == str(base.resolve())
+    own = check_library(base, "q8_0", blocks=300, examples=0)
+    assert own.provenance["quantize"]["elsewhere"] is False and not own.notes
+    with pytest.raises(TargetError, match="is defined in .*libq8_0.so, not in .*libwrapper.so"):
+        check_library(wrapper, "q8_0", blocks=300, examples=0, strict_lib=True)
+    assert main(["check", "--format", "q8_0", "--lib", str(wrapper), "--strict-lib", "--examples", "0"]) == 2
+    assert "not in" in capsys.readouterr().err
+
+
+@needs_cc
+def test_a_kernel_that_needs_an_init_call_is_wrong_without_it_and_exact_with_it(build, capsys):
+    lib = build("needs_init.c")
+    without = check_library(lib, "q8_0", only="quantize", blocks=300, examples=0)
+    assert not without.ok and without.counts()["wrong"] > 0
+    with_init = check_library(lib, "q8_0", only="quantize", blocks=300, examples=0, init=["kernel_init"])
+    assert with_init.ok and with_init.counts()["exact"] == with_init.counts()["blocks"]
+    assert with_init.provenance["init kernel_init"]["symbol"] == "kernel_init"
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "kernel_init", "--blocks", "300",
+                 "--examples", "0", "--quiet"]) == 0
+    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "nope", "--examples", "0"]) == 2
+    assert "no symbol 'nope' (--init)" in capsys.readouterr().err
+
+
+def test_an_exception_in_a_python_kernel_names_the_block_and_keeps_the_traceback():
+    def picky(x):
+        if (np.abs(x) > 3.9).any():
+            raise OverflowError("my kernel cannot take values above 3.9")
+        return tbq.quantize(x, "q8_0")
+
+    with pytest.raises(TargetError) as info:
+        check_kernel("q8_0", quantize=picky, blocks=400, examples=0)
+    msg = str(info.value)
+    assert "quantize raised OverflowError: my kernel cannot take values above 3.9 on block" in msg
+    assert "(alone it raises too)" in msg and "Traceback (most recent call last)" in msg and "in picky" in msg
+    assert isinstance(info.value.__cause__, OverflowError)
+
+
+def test_a_kernel_returning_none_or_objects_is_told_so():
+    with pytest.raises(TargetError, match=r"returned None; return the encoded rows \(uint8\), 136 bytes, shape \(1, 136\)"):
+        check_kernel("q8_0", quantize=lambda x: None, blocks=100, examples=0)
+    with pytest.raises(TargetError, match="that NumPy reads as Python objects"):
+        check_kernel("q8_0", dequantize=lambda d: [object()] * 32, blocks=100, examples=0)
+
+
+@needs_cc
+def test_accept_waives_a_known_deviation_and_the_next_distinct_one_is_found(build, tmp_path, capsys):
+    lib = build("q4_0.c", defines=["SWAP_NIBBLES", "NEGATE_BIG"])
+    first = check_library(lib, "q4_0", only="quantize", blocks=3000, examples=0)
+    assert not first.ok and names(first, "quantize")[0] == "nibble_order"
+    both = check_library(lib, "q4_0", only="quantize", blocks=3000, examples=0, accept=["nibble_order"])
+    c = both.counts()
+    assert not both.ok and c["accepted"] > 0 and 0 < c["wrong"] < first.counts()["wrong"], c
+    assert c["accepted"] + c["wrong"] + c["equivalent"] + c["exact"] == c["blocks"]
+    ce = both.counterexamples["quantize"]
+    assert np.abs(ce.input.reshape(-1, 32)[ce.block]).max() > 64  # the second bug's block, not a nibble-swapped one
+    (waived,) = [g for g in both.diagnoses if g.scope == "accepted"]
+    assert waived.name == "nibble_order" and waived.evidence[-1].startswith("e.g. the block with input ")
+    assert "wrong blocks waived by --accept" not in both.verdict() and "accepted" in both.table()
+    # the blocks the second bug does not touch are explained by the first: waiving it leaves only the big blocks wrong
+    assert check_library(build("q4_0.c", defines=["SWAP_NIBBLES"]), "q4_0", only="quantize", blocks=3000, examples=0,
+                         accept=["nibble_order"]).ok
+    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--only", "quantize", "--blocks", "3000", "--examples", "0",
+                 "--accept", "nibble_order", "--out", str(tmp_path / "ce")]) == 1
+    out = capsys.readouterr().out
+    assert "quantize: " in out and "accepted blocks: " in out and "waived by accept='nibble_order'" in out
+    with pytest.raises(tbq.TbqError, match="cannot accept 'wrong'"):
+        check_library(lib, "q4_0", blocks=100, examples=0, accept=["wrong"])
+    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--accept", "nope", "--examples", "0"]) == 2
+    assert "cannot accept 'nope'" in capsys.readouterr().err
+
+
+@needs_cc
+def test_accept_a_class_lets_exact_look_past_it(build):
+    lib = build("q8_0.c", defines=["ROUND_HALF_EVEN"])
+    assert not check_library(lib, "q8_0", only="quantize", blocks=2000, examples=0, exact=True).ok
+    r = check_library(lib, "q8_0", only="quantize", blocks=2000, examples=0, exact=True, accept=["tie_rule"])
+    assert r.ok and r.counts()["tie_rule"] > 0, r.verdict()
+
+
+@needs_cc
+def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_that_exits_1(build, tmp_path, monkeypatch):
+    import tbq.check.runner as runner
+
+    monkeypatch.setattr(runner, "SHRINK_SECONDS", 2.0)  # hypothesis's shrink of a length-dependent failure is slow; ours cuts it
+    lib = build("simd_tail.c")
+    report = check_library(lib, "bf16", quantize="ggml_fp32_to_bf16_row_ref", only="quantize", blocks=2000, examples=20,
+                           out=tmp_path)
+    assert not report.ok and report.counts()["wrong"] > 0
+    ce = report.counterexamples["quantize"]
+    assert ce.classification == "wrong" and ce.input.size == 16, (ce.input.size, ce.how)  # one pass of the 16-wide body
+    assert "the block alone passes: the minimal failing row is 16 values (16 blocks" in ce.how
+    x = ce.input[ce.block]
+    assert x != 0 and abs(x) < np.finfo(np.float32).tiny  # the subnormal the body flushed
+    assert "(subnormal)" in "\n".join(ce.lines())
+    with np.load(tmp_path / "bf16-quantize.npz") as z:
+        assert z["input"].size == 16 and not np.array_equal(z["expected"], z["got"])
+    line = next(ln for ln in (tmp_path / "bf16-quantize.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc "))
+    subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path)
+    res = subprocess.run(["./repro"], cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 1 and "differ from tbq" in res.stdout, res.stdout
+
+
+# ---------------------------------------------------------------------------
+# dot-product kernels
+# ---------------------------------------------------------------------------
+
+
+@needs_cc
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+def test_dot_products_correct_exact_or_within_the_bound_and_broken_ones_wrong(build, fmt, tmp_path, capsys):
+    sym = f"ggml_vec_dot_{fmt}_q8_0"
+    good = check_library(build("vec_dot.c"), fmt, dot=sym, blocks=3000)
+    c = good.counts("dot")
+    assert good.ok and c["wrong"] == 0 and c["exact"] > 0 and c["blocks"] > 1000, c
+    assert good.provenance["dot"]["symbol"] == sym and "dot" in good.table()
+    for variant in ("WRONG_PARTIAL", "DROP_TAIL"):
+        lib = build("vec_dot.c", defines=[variant])
+        bad = check_library(lib, fmt, dot=sym, blocks=3000, out=tmp_path / variant)
+        assert not bad.ok and bad.counts("dot")["wrong"] > 0.5 * bad.counts("dot")["blocks"], bad.counts("dot")
+        ce = bad.counterexamples["dot"]
+        assert ce.n == 32, (variant, ce.n, ce.how)  # the shortest failing call: one block
+        assert variant != "DROP_TAIL" or ce.got == 0.0  # its only block dropped
+        assert abs(ce.got - ce.expected) > ce.bound
+        line = next(ln for ln in (tmp_path / variant / f"{fmt}-dot.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc "))
+        subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path / variant)
+        assert subprocess.run(["./repro"], cwd=tmp_path / variant, capture_output=True).returncode == 1
+    assert main(["check", "--format", fmt, "--lib", str(build("vec_dot.c")), "--dot", sym, "--blocks", "500"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check", "--format", fmt, "--lib", str(build("vec_dot.c", defines=["DROP_TAIL"])), "--dot", sym, "--blocks", "500",
+                 "--out", str(tmp_path / "cli")]) == 1
+
+
+def test_dot_of_a_python_kernel_and_formats_without_an_exact_form(capsys):
+    def dot(x, y, n):
+        return float(np.dot(tbq.dequantize(x, "q8_0").astype(np.float64), tbq.dequantize(y, "q8_0").astype(np.float64)))
+
+    r = check_kernel("q8_0", dot=dot, blocks=500)
+    assert r.ok and r.counts("dot")["exact"] == r.counts("dot")["blocks"]
+    r = check_kernel("q8_0", dot=lambda x, y, n: dot(x, y, n) * (1 + 2.0**-10), blocks=500)
+    assert not r.ok and "dot: first minimal wrong dot product" in r.text()
+    with pytest.raises(tbq.TbqError, match="does not check tbq4_0 dot products"):
+        check_kernel("tbq4_0", dot=dot, blocks=10)
+
+
+# ---------------------------------------------------------------------------
+# the real ggml builds (../shared/ggml: by hand elsewhere; here where the folder exists)
+# ---------------------------------------------------------------------------
+
+GGML = Path(__file__).resolve().parents[1].parent / "shared" / "ggml"
+
+
+def _ggml_cpu(build_name: str) -> Path:
+    lib = GGML / build_name / "lib" / "libggml-cpu.so.0"
+    if not lib.is_file():
+        pytest.skip(f"{lib} is absent: the real ggml builds live outside the repo (../shared/ggml), not on users' machines")
+    try:
+        import ctypes
+
+        ctypes.CDLL(str(lib))
+    except OSError as exc:
+        pytest.skip(f"{lib} does not load here ({exc}): it is built for AVX-512 CPUs")
+    return lib
+
+
+def test_real_ggml_cpu_library_provenance_simd_q8_0_tie_rule_and_dot_products():
+    lib = _ggml_cpu("upstream")
+    ref = check_library(lib, "q8_0", blocks=2000, examples=0)
+    assert ref.ok and ref.provenance["quantize"]["elsewhere"] and ref.provenance["quantize"]["file"].endswith("libggml-base.so.0")
+    with pytest.raises(TargetError, match="not in"):
+        check_library(lib, "q8_0", blocks=100, examples=0, strict_lib=True)
+    simd = check_library(lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000, examples=0)
+    c = simd.counts()
+    assert simd.ok and c["tie_rule"] > 0 and c["wrong"] == 0, c  # ggml's SIMD q8_0 rounds exact ties to even
+    (g,) = [g for g in simd.diagnoses if g.scope == "tie_rule"]
+    assert "ties are rounded half to even" in g.title and "where the spec rounds half away from zero" in g.title
+    assert not check_library(lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000,
+                             examples=0, exact=True).ok
+    for fmt in ("q4_0", "q8_0"):
+        for sym in (f"ggml_vec_dot_{fmt}_q8_0", f"ggml_vec_dot_{fmt}_q8_0_generic"):
+            r = check_library(lib, fmt, dot=sym, init=["ggml_cpu_init"], blocks=2000)
+            assert r.ok and r.provenance["dot"]["file"] == str(lib.resolve()), (sym, r.verdict())

@@ -411,7 +411,7 @@ def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP)
 
 def _kernel_units(fmts: Any, attention: bool) -> list[str]:
     """The kernel modules a comparison compiles (formats sharing a module share its kernels)."""
-    units = [format_class(f).kernel_module for f in fmts]  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
+    units = [format_class(f).kernel_module for f in fmts]
     if attention:
         units.append("tbq.attention_kernels")
     return [u for u in dict.fromkeys(units) if u]
@@ -491,7 +491,7 @@ def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool 
         load[i] += weight[u]
 
     def fmts_of(share: Any) -> Any:
-        return [f for f in fmts if format_class(f).kernel_module in share]  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
+        return [f for f in fmts if format_class(f).kernel_module in share]
 
     procs = []
     for share in shares[1:]:

@@ -1,6 +1,7 @@
 /* The other ggml KV-cache types, written from the C reference spec (docs/formats.md; SPEC-ggml-extra of the
  * C reference set): f16 and bf16 (ggml's row converters), q4_1, q5_0, q5_1, iq4_nl, mxfp4, nvfp4.
  * Build: cc -O2 -shared -fPIC -ffp-contract=off ggml_extra.c -o libggml_extra.so -lm
+ * Broken variant: -DFP4_TIES_EVEN (mxfp4/nvfp4 exact ties to the even mantissa).
  * f16/bf16 keep ggml's names (ggml_fp32_to_fp16_row, ...): check them with --quantize / --dequantize. */
 #include <float.h>
 #include <stdint.h>
@@ -222,7 +223,11 @@ static int best_index_fp4(float x, float d) {
     float best_err = fabsf((float)KV_MXFP4[0] * d - x);
     for (int i = 1; i < 16; i++) {
         const float err = fabsf((float)KV_MXFP4[i] * d - x);
+#ifdef FP4_TIES_EVEN  /* broken variant: an exact tie goes to the even E2M1 mantissa (the spec keeps the first index) */
+        if (err < best_err || (err == best_err && (i % 8) % 2 == 0 && (best % 8) % 2 == 1)) {
+#else
         if (err < best_err) {
+#endif
             best = i;
             best_err = err;
         }

@@ -1,7 +1,8 @@
 /* Q8_0 (docs/formats.md): 32 values -> fp16 d = amax/127 + 32 int8 codes roundf(x * (1/d)), 34 bytes.
  * Build: cc -O2 -shared -fPIC -ffp-contract=off q8_0.c -o libq8_0.so -lm
  * Broken variants for the tests: -DROUND_HALF_EVEN (rintf instead of roundf), -DUNWRITTEN (the last code
- * byte of every block is never written), -DOVERRUN (writes one byte past the end of the row). */
+ * byte of every block is never written), -DOVERRUN (writes one byte past the end of the row), -DZERO_BLOCK_GARBAGE (an
+ * all-zero block gets codes 0x80, as ggml's SIMD q8_0 writes -128 where 1/d overflows: d = 0 decodes them to zeros). */
 #include <stdint.h>
 #include "fp16.h"
 
@@ -31,6 +32,9 @@ void quantize_row_q8_0_ref(const float *x, void *vy, int64_t k) {
             yb[2 + j] = (uint8_t)(int8_t)rintf(v);
 #else
             yb[2 + j] = (uint8_t)(int8_t)roundf(v);
+#endif
+#ifdef ZERO_BLOCK_GARBAGE
+            if (amax == 0.0f) yb[2 + j] = 0x80;
 #endif
         }
     }

@@ -14,7 +14,10 @@ bulk, a hypothesis fuzz (``examples`` examples or ``seconds`` seconds,
 shrunk to a minimal block on failure) and, for decoders, arbitrary bytes with
 special fp16 scales. Every block is ``exact``, ``fragile`` (a legitimate
 reduction-order or FMA difference inside the golden fragility masks; accepted
-unless ``exact=True``) or ``wrong`` (:mod:`tbq.check.classify`). The
+unless ``exact=True``), ``equivalent`` (other bytes, the same decoded values),
+``tie_rule`` (another tie rule at exact ties), ``undefined`` (an input the C
+reference leaves undefined), ``accepted`` (waived by ``accept``) or ``wrong``
+(:mod:`tbq.check.classify`). Dot-product kernels: :mod:`tbq.check.dot`. The
 :class:`CheckReport` gives the counts per direction and phase, the first
 minimal failing block with its differing bytes, fields and tbq's trace, and
 the patterns it recognises (:mod:`tbq.check.diagnose`).
@@ -31,7 +34,7 @@ Works for every registered format, with its options (TBQ's ``codebook`` and
 ...     q[:, 2:] = (q[:, 2:] >> 4) | (q[:, 2:] << 4)
 ...     return q
 >>> report = check_kernel("q4_0", quantize=swapped, blocks=400, examples=0)
->>> report.ok, [d.name for d in report.diagnoses]
+>>> report.ok, [d.name for d in report.diagnoses if d.scope == "wrong"]
 (False, ['nibble_order'])
 """
 
@@ -43,6 +46,7 @@ from ..errors import ConfigError
 from ..formats import Format, get_format
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
 from .diagnose import Diagnosis
+from .dot import CallableDot, LibraryDot, check_dot, right_format
 from .report import CheckReport, Counterexample, PhaseResult
 from .runner import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, FuzzUnavailable, run_check
 from .targets import CallableTarget, LibraryTarget, ProgramTarget, Target, TargetError, default_symbol
@@ -52,6 +56,7 @@ __all__ = [
     "check_library",
     "check_program",
     "check_target",
+    "check_dot",
     "CheckReport",
     "Counterexample",
     "PhaseResult",
@@ -102,16 +107,23 @@ def resolve_format(fmt, codebook=None, signs=None, options=None) -> Format:
 
 
 def _finish(report: CheckReport, target: Target, out) -> CheckReport:
+    """Write the counterexamples into ``out`` (only when something failed); a directory that cannot be written is a note."""
     if out is not None and report.counterexamples:
-        report.save(out, target.format, {d: target.symbols.get(d) for d in report.counterexamples})
+        links = {d: target.link_libraries(d) for d in report.counterexamples}
+        try:
+            report.save(out, target.format, {d: target.symbols.get(d) for d in report.counterexamples}, links)
+        except OSError as exc:
+            report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
     return report
 
 
 def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
-                 exact: bool = False, k: int = DEFAULT_K, seed: int = 0, out=None, progress: bool | None = False) -> CheckReport:
+                 exact: bool = False, k: int = DEFAULT_K, seed: int = 0, out=None, progress: bool | None = False,
+                 accept=()) -> CheckReport:
     """Check any :class:`Target` (see :func:`check_kernel` for the settings); closes the target afterwards."""
     try:
-        report = run_check(target, blocks=blocks, examples=examples, seconds=seconds, exact=exact, k=k, seed=seed, progress=progress)
+        report = run_check(target, blocks=blocks, examples=examples, seconds=seconds, exact=exact, k=k, seed=seed, progress=progress,
+                           accept=accept)
         return _finish(report, target, out)
     finally:
         target.close()
@@ -119,7 +131,8 @@ def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int 
 
 def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=None, options=None, blocks: int = DEFAULT_BLOCKS,
                  examples: int = DEFAULT_EXAMPLES, seconds: float | None = None, exact: bool = False, k: int = DEFAULT_K,
-                 seed: int = 0, out=None, progress: bool | None = False, name: str | None = None) -> CheckReport:
+                 seed: int = 0, out=None, progress: bool | None = False, name: str | None = None, accept=(), dot=None,
+                 rhs=None) -> CheckReport:
     """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
 
     ``quantize(x)`` takes float32 rows ``(rows, k)`` and returns the encoded
@@ -137,26 +150,52 @@ def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=No
     ``k`` (the fragility margin in float32 ulps, default 4), ``seed``,
     ``out`` (a directory for the counterexamples' ``.npz`` and ``.c`` files,
     written only when something fails), ``progress`` (``None``: on stderr
-    when it is a terminal).
+    when it is a terminal), ``accept`` (names of classes or diagnoses to
+    waive so that the check goes on to the next distinct failure, e.g.
+    ``accept=["nibble_order"]``: a wrong block that diagnosis explains by
+    itself is counted ``accepted``; ``"tie_rule"``, ``"undefined"``,
+    ``"fragile"`` pass even with ``exact``).
+
+    ``dot``: a dot-product kernel ``dot(x, y, n) -> float`` instead (``x``
+    encoded in ``fmt``, ``y`` in ``rhs``, default the format ggml pairs it
+    with): checked by :func:`tbq.check.dot.check_dot` (``blocks``,
+    ``exact``, ``seed``, ``out`` apply).
 
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
     f = resolve_format(fmt, codebook, signs, options)
+    if dot is not None:
+        if quantize is not None or dequantize is not None:
+            raise ConfigError("give dot= alone: a dot-product check does not take quantize= or dequantize=")
+        return check_dot(CallableDot(f, right_format(f, rhs), dot, name=name), blocks=blocks, exact=exact, seed=seed, out=out)
     return check_target(CallableTarget(f, quantize, dequantize, name=name), blocks=blocks, examples=examples, seconds=seconds,
-                        exact=exact, k=k, seed=seed, out=out, progress=progress)
+                        exact=exact, k=k, seed=seed, out=out, progress=progress, accept=accept)
 
 
 def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
-                  codebook=None, signs=None, options=None, **settings) -> CheckReport:
+                  init=(), strict_lib: bool = False, codebook=None, signs=None, options=None, dot: str | None = None, rhs=None,
+                  **settings) -> CheckReport:
     """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
 
     ``quantize`` / ``dequantize`` name other symbols; ``only`` (``"quantize"``
-    or ``"dequantize"``) checks one direction. ``settings`` as in
+    or ``"dequantize"``) checks one direction. ``init``: names of ``void
+    f(void)`` functions called once after loading, in order (ggml's CPU
+    backend needs ``ggml_cpu_init``). The report names each symbol and the
+    file that defines it (``dladdr``); ``strict_lib=True`` refuses a symbol
+    that a dependency of the library defines. ``settings`` as in
     :func:`check_kernel`. A library that does not load or lacks a symbol
-    raises :class:`TargetError`.
+    raises :class:`TargetError`. ``dot``: the symbol of a ggml ``vec_dot``
+    kernel instead (``rhs``: its right operand's format, default the one
+    ggml pairs ``fmt`` with), checked by :func:`tbq.check.dot.check_dot`.
     """
     f = resolve_format(fmt, codebook, signs, options)
-    return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only), **settings)
+    if dot is not None:
+        extra = set(settings) - {"blocks", "exact", "seed", "out"}
+        if extra or quantize or dequantize or only:
+            raise ConfigError(f"a dot-product check takes blocks, exact, seed and out, not {', '.join(sorted(extra)) or 'row symbols'}")
+        return check_dot(LibraryDot(path, dot, f, right_format(f, rhs), init=init, strict_lib=strict_lib), **settings)
+    return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only, init=init, strict_lib=strict_lib),
+                        **settings)
 
 
 def check_program(command: str, fmt, *, only: str | None = None, timeout: float = 600.0, codebook=None, signs=None, options=None,

@@ -18,6 +18,17 @@
     both values are NaN with different payloads (GPUs return a canonical
     NaN).
 
+- **equivalent** (encoders): different bytes that decode to the same values
+  (:meth:`~tbq.formats.Format.equivalent_blocks`: a zero scale with any
+  codes, a zero of the other sign); always accepted, counted and shown.
+- **tie_rule** (encoders): only value codes differ, each by one step, and
+  every one of them sits on an exact tie of the value the format rounds
+  (:meth:`~tbq.formats.Format.value_table`): another tie rule (to even where
+  the spec rounds half away from zero, or the reverse). Accepted unless
+  ``exact``, never folded into fragile.
+- **undefined** (encoders): a block on which the C reference's behaviour is
+  undefined (:meth:`~tbq.formats.Format.undefined_blocks`: 1/d overflows,
+  an exponent below range). Accepted unless ``exact``.
 - **wrong**: anything else.
 
 Only the blocks that differ are classified, vectorised over the blocks.
@@ -40,12 +51,16 @@ import numpy as np
 from ..formats import Format
 from ..formats.base import ordered_field_code
 
-__all__ = ["EXACT", "FRAGILE", "WRONG", "CLASSES", "Classified", "classify_encoded", "classify_decoded", "encoder_trace",
-           "value_codes", "ordered_code", "row_kw"]
+__all__ = ["EXACT", "FRAGILE", "WRONG", "EQUIVALENT", "UNDEFINED", "TIE_RULE", "ACCEPTED", "CLASSES", "ACCEPTED_UNLESS_EXACT", "Classified",
+           "classify_encoded", "classify_decoded", "encoder_trace", "value_codes", "ordered_code", "row_kw", "tie_blocks"]
 
-EXACT, FRAGILE, WRONG = 0, 1, 2
-#: Class names, indexed by the class codes :data:`EXACT`, :data:`FRAGILE`, :data:`WRONG`.
-CLASSES = ("exact", "fragile", "wrong")
+EXACT, FRAGILE, WRONG, EQUIVALENT, UNDEFINED, TIE_RULE, ACCEPTED = 0, 1, 2, 3, 4, 5, 6
+#: Class names, indexed by the class codes :data:`EXACT`, :data:`FRAGILE`, :data:`WRONG`, :data:`EQUIVALENT`,
+#: :data:`UNDEFINED`, :data:`TIE_RULE`, :data:`ACCEPTED` (a wrong block waived by ``accept``: a named diagnosis
+#: explains it).
+CLASSES = ("exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule", "accepted")
+#: The classes accepted unless ``exact`` (equivalent blocks are always accepted, wrong ones never).
+ACCEPTED_UNLESS_EXACT = (FRAGILE, UNDEFINED, TIE_RULE)
 #: Relative width of the window around the scale a rotated format's codes imply (k float32
 #: ulps of the norm plus the rounding of the decoded block's norm), in units of 2**-23.
 _SCALE_WINDOW_ULPS = 4
@@ -58,9 +73,9 @@ class Classified:
     cls: np.ndarray
     idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  #: flat indices of the differing blocks
 
-    def counts(self) -> tuple[int, int, int]:
-        c = np.bincount(self.cls, minlength=3)
-        return int(c[EXACT]), int(c[FRAGILE]), int(c[WRONG])
+    def counts(self) -> tuple[int, ...]:
+        """Blocks of each class, in the order of :data:`CLASSES`."""
+        return tuple(int(v) for v in np.bincount(self.cls, minlength=len(CLASSES)))
 
 
 def row_kw(fmt: Format, row_blocks: int) -> dict:
@@ -271,7 +286,62 @@ def classify_encoded(fmt: Format, x_rows: np.ndarray, ref: np.ndarray, got: np.n
         sub["Fg"] = {n: v[cand] for n, v in f["Fg"].items()}
         trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx[cand])
         cls[idx[cand]] = classify_encoded_blocks(fmt, trace, rb[idx[cand]], gb[idx[cand]], k, sub)
+    cls[idx] = _accepted_kinds(fmt, x_rows, idx, rb[idx], gb[idx], cls[idx])
     return Classified(cls, idx)
+
+
+def tie_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """bool (blocks,): blocks whose only difference is value codes one step apart, every one on an exact tie.
+
+    A tie: the value the format rounds (:meth:`~tbq.formats.Format.value_table`) lies exactly halfway between
+    two neighbouring levels, so that another tie rule picks the other one.
+    """
+    nb = ref.shape[0]
+    vt = fmt.value_table(trace)
+    if vt is None or nb == 0:
+        return np.zeros(nb, bool)
+    levels, v = vt
+    lv = np.unique(np.asarray(levels, np.float64))
+    v = np.asarray(v, np.float64)
+    if v.size != nb * fmt.block_size or lv.size < 2:
+        return np.zeros(nb, bool)
+    v = v.reshape(nb, fmt.block_size)
+    Fr, Fg = _flat_fields(fmt, ref), _flat_fields(fmt, got)
+    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
+    if cr is None:
+        return np.zeros(nb, bool)
+    values = _value_names(fmt, Fr)
+    others_same = np.ones(nb, bool)
+    for n in Fr:
+        if n not in values:
+            others_same &= ~_neq(Fr[n], Fg[n]).any(axis=1)
+    diff = cr != cg
+    with np.errstate(all="ignore"):
+        j = np.clip(np.searchsorted(lv, v, side="right"), 1, lv.size - 1)
+        lo, hi = lv[j - 1], lv[j]
+        on_tie = np.isfinite(v) & (v * 2 == lo + hi) & (v > lo) & (v < hi)
+    ok = ~(diff & ~(on_tie & (np.abs(cg - cr) == 1))).any(axis=1)
+    return others_same & diff.any(axis=1) & ok
+
+
+def _accepted_kinds(fmt: Format, x_rows, idx, rb, gb, cls) -> np.ndarray:
+    """Differing blocks that are equivalent, another tie rule or undefined in C, out of the fragile and wrong ones."""
+    out = cls.copy()
+    with np.errstate(all="ignore"):
+        eq = np.asarray(fmt.equivalent_blocks(rb, gb), bool).reshape(-1)
+    out[eq] = EQUIVALENT
+    rest = np.flatnonzero(~eq)
+    if not rest.size:
+        return out
+    trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx[rest])
+    with np.errstate(all="ignore"):
+        ties = tie_blocks(fmt, trace, rb[rest], gb[rest])
+        undef = np.asarray(fmt.undefined_blocks(trace)[0], bool).reshape(-1)
+    if undef.size != rest.size:
+        undef = np.zeros(rest.size, bool)
+    out[rest[ties]] = TIE_RULE
+    out[rest[undef & ~ties]] = UNDEFINED
+    return out
 
 
 # ---------------------------------------------------------------------------

@@ -50,13 +50,18 @@ import numpy as np
 
 from ..formats import Format
 from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack4_pairs
-from .classify import FRAGILE, WRONG, ordered_code, row_kw, value_codes
+from .classify import CLASSES, FRAGILE, WRONG, ordered_code, row_kw, value_codes
 from .targets import FILL_BYTE
 
-__all__ = ["Diagnosis", "Kept", "KEEP_BLOCKS", "diagnose_encoder", "diagnose_decoder", "diagnose_fragile", "describe_differences"]
+__all__ = ["Diagnosis", "Kept", "KEEP_BLOCKS", "DIAGNOSES", "select_kept", "diagnose_encoder", "diagnose_decoder", "diagnose_fragile", "diagnose_accepted",
+           "describe_differences", "describe_values"]
 
 #: Failing blocks kept per direction for the diagnoses and the report.
 KEEP_BLOCKS = 4096
+#: The names of the diagnoses a check makes (what ``accept`` may name).
+DIAGNOSES = ("shift_bug_3bit", "nibble_order", "scale_ulp", "scale_conversion", "tie_rounding", "rotated_sign", "input_sign",
+             "permutation", "decoder_ulp", "signed_zero", "special_scales", "flush_to_zero", "output_sign", "codebook",
+             "scale_factor", "round_trip", "unwritten", "format_options")
 #: Share of the evidence that must agree before a pattern is named.
 AGREE = 0.9
 
@@ -110,7 +115,8 @@ class Kept:
         self.n += part["cls"].size
 
     def get(self, which: str = "wrong") -> dict:
-        """The kept blocks as arrays (``{}`` when none): ``which`` is ``"wrong"``, ``"fragile"`` or ``"all"``."""
+        """The kept blocks as arrays (``{}`` when none): ``which`` is a class name (:data:`~tbq.check.classify.CLASSES`)
+        or ``"all"``."""
         if not self.parts:
             return {}
         out: dict = {}
@@ -126,7 +132,7 @@ class Kept:
             else:
                 out[key] = np.concatenate(vals)
         if which != "all":
-            sel = np.flatnonzero(out["cls"] == (WRONG if which == "wrong" else FRAGILE))
+            sel = np.flatnonzero(out["cls"] == CLASSES.index(which))
             out = _select(out, sel)
         return out if out["cls"].size else {}
 
@@ -138,6 +144,11 @@ def _cat(vals):
         except ValueError:
             return vals[0]
     return vals[0]
+
+
+def select_kept(d: dict, sel: np.ndarray) -> dict:
+    """The blocks ``sel`` (indices) of kept blocks ``d`` (from :meth:`Kept.get`)."""
+    return _select(d, sel)
 
 
 def _select(d: dict, sel: np.ndarray) -> dict:
@@ -244,8 +255,13 @@ def _shift_bug(fmt, kept) -> Diagnosis | None:
         if repro.any():
             ev.append(f"the fork's buggy packer (qs[0] |= idx << (bit < 8 ? bit : 0); for bit >= 8 qs[1] |= idx >> (8 - bit), "
                       f"a negative shift) applied to tbq's codes reproduces the target's bytes in {int(repro.sum())} of {rows.size} blocks")
-        return Diagnosis("shift_bug_3bit", "3-bit packer shift bug: codes 3-7 of every 8-value group differ; only byte 0 of "
-                         "each 24-bit lane is written (docs/formats.md, \"The 3-bit shift bug\")", ev)
+        differing = [t for t in range(8) if per_t[t]]
+        title = (f"3-bit packer shift bug (docs/formats.md, \"The 3-bit shift bug\"): codes {_positions(differing)} of the "
+                 f"8-value groups differ, {percent(late)} of them at t = 3..7; bytes 1-2 of {percent(high_lost)} of the "
+                 "24-bit lanes are not written")
+        if repro.any():
+            title += f"; the fork's buggy packer reproduces {int(repro.sum())} of {rows.size} wrong blocks"
+        return Diagnosis("shift_bug_3bit", title, ev)
     return None
 
 
@@ -506,12 +522,58 @@ def _permutation(fmt, kept) -> Diagnosis | None:
         + (", ..." if len(moved) > 10 else "")])
 
 
+def _known_options(fmt: Format):
+    """Every combination of the format's declared known option values other than its own (``Option.known``)."""
+    import itertools
+
+    from ..formats import get_format
+
+    names = [n for n, o in fmt.options.items() if o.known]
+    if not names:
+        return
+    own = fmt.config()
+    for combo in itertools.product(*(fmt.options[n].known for n in names)):
+        opts = dict(own, **dict(zip(names, combo)))
+        if all(opts[n] == own.get(n) for n in names):
+            continue
+        try:
+            yield opts, get_format(fmt.name, **opts)
+        except Exception:  # noqa: BLE001 - a known value this format's width does not take
+            continue
+
+
+def _other_options(fmt: Format, kept: dict, direction: str) -> Diagnosis | None:
+    """The target matches tbq with other known option values (another build's tables or sign seed)."""
+    from ..codecs import codec_from
+
+    n = kept["cls"].size
+    for opts, alt in _known_options(fmt):
+        codec = codec_from(alt.name, alt.config(), on_overflow="inf")
+        with np.errstate(all="ignore"):
+            if direction == "quantize":
+                same = (codec.encode(np.ascontiguousarray(kept["x"], np.float32)).reshape(n, -1) == kept["got"]).all(axis=1)
+            else:
+                y = codec.decode(kept["data"]).reshape(n, -1)
+                same = (y.view(np.uint32) == kept["got"].view(np.uint32)).all(axis=1)
+        if same.mean() >= AGREE:
+            own = fmt.config()
+            changed = {k: v for k, v in opts.items() if own.get(k) != v}
+            flags = " ".join(f"--{k} {v}" if k in ("codebook", "signs") else f"--option {k}={v}" for k, v in changed.items())
+            return Diagnosis("format_options", f"the target follows {fmt.name} with {', '.join(f'{k}={v!r}' for k, v in changed.items())} "
+                             f"(check with {flags})", [
+                f"tbq's {direction} with those options gives exactly the target's output in {int(same.sum())} of {n} wrong blocks",
+                "tried every combination of the known values: " + "; ".join(f"{k}: {', '.join(map(repr, fmt.options[k].known))}"
+                                                                             for k in fmt.options if fmt.options[k].known)])
+    return None
+
+
 def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
     """Diagnoses of an encoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
     if not kept:
         return []
     out = []
-    for fn in (_shift_bug, _nibble_encoder, lambda f, kp: _scale_ulp(f, kp, k), _scale_conversion, _ties, _rotated_sign, _input_sign):
+    for fn in (_shift_bug, _nibble_encoder, lambda f, kp: _scale_ulp(f, kp, k), _scale_conversion, _ties, _rotated_sign, _input_sign,
+               lambda f, kp: _other_options(f, kp, "quantize")):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:
@@ -524,6 +586,162 @@ def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
         if d is not None:
             d.direction = "quantize"
             out.append(d)
+    return out
+
+
+def describe_values(x: np.ndarray, limit: int = 6) -> str:
+    """The float32 values of an input that matter: every non-+0 value (so -0 shows), specials named.
+
+    >>> describe_values(np.float32([0.0, -0.0, 1.5, np.inf, 1e-45, np.nan]))
+    '5 of 6 values other than +0: x[1] = -0.0, x[2] = 1.5, x[3] = inf, x[4] = 1e-45 (subnormal), x[5] = nan'
+    """
+    x = np.asarray(x, np.float32).reshape(-1)
+    bits = x.view(np.uint32)
+    nz = np.flatnonzero(bits != 0)
+    if not nz.size:
+        return f"all {x.size} values +0"
+
+    def one(i):
+        v = x[i]
+        text = f"x[{i}] = {str(v)}"  # float32 shortest repr (round-trips as float32)
+        if np.isfinite(v) and v != 0 and abs(v) < np.finfo(np.float32).tiny:
+            text += " (subnormal)"
+        return text
+
+    return (f"{nz.size} of {x.size} values other than +0: " + ", ".join(one(i) for i in nz[:limit])
+            + (" ..." if nz.size > limit else ""))
+
+
+def _tie_share(fmt: Format, kept: dict):
+    """Over the exact ties of ``kept`` blocks: ``(differing codes, target away share, target even share, agreeing ties)``.
+
+    At a differing tie the target took the other level than tbq: the one farther from zero when its decoded
+    value is larger in magnitude; "even" is the level whose rank among the levels' magnitudes is even (the even
+    integer, the even E2M1 mantissa).
+    """
+    vt = fmt.value_table(kept["trace"])
+    if vt is None or fmt.rotated_view(kept["trace"]) is not None:
+        return None
+    lv = np.unique(np.asarray(vt[0], np.float64))
+    mags = np.unique(np.abs(lv))
+    v = np.asarray(vt[1], np.float64).reshape(kept["ref"].shape[0], fmt.block_size)
+    yr = fmt.reference_decode(kept["ref"]).reshape(v.shape).astype(np.float64)
+    yg = fmt.reference_decode(kept["got"]).reshape(v.shape).astype(np.float64)
+    j = np.clip(np.searchsorted(lv, v, side="right"), 1, lv.size - 1)
+    lo, hi = lv[j - 1], lv[j]
+    on_tie = np.isfinite(v) & (v * 2 == lo + hi) & (v > lo) & (v < hi)
+    diff = (yr != yg) & on_tie
+    if not diff.any():
+        return None
+    lo, hi = lo[diff], hi[diff]
+    away = np.abs(yg[diff]) > np.abs(yr[diff])
+    big = np.where(np.abs(hi) >= np.abs(lo), hi, lo)
+    small = np.where(np.abs(hi) >= np.abs(lo), lo, hi)
+    level_t = np.where(away, big, small)
+    even = np.searchsorted(mags, np.abs(level_t)) % 2 == 0
+    return int(diff.sum()), float(away.mean()), float(even.mean()), int((on_tie & (yr == yg)).sum())
+
+
+_RULES = {"even": "half to even (rintf, nearbyintf, cvtps2dq, __float2int_rn)", "away": "half away from zero (roundf)",
+          "toward": "half toward zero", "odd": "half to odd", "up": "half up (trunc(v + k + 1/2))"}
+_COMPLEMENT = {"even": "odd", "odd": "even", "away": "toward", "toward": "away"}
+
+
+def _target_rule(away: float, even: float, spec: str, agreeing: int) -> str:
+    """The one tie rule the differing ties fit (not the spec's; not its complement when some ties agree), or ``""``."""
+    fits = {"even": even == 1, "odd": even == 0, "away": away == 1, "toward": away == 0}
+    cand = [r for r, ok in fits.items() if ok and r != spec]
+    if len(cand) > 1 and agreeing and _COMPLEMENT.get(spec) in cand:
+        cand.remove(_COMPLEMENT[spec])  # the complement of the spec's rule would differ at every tie
+    return cand[0] if len(cand) == 1 else ""
+
+
+def _tie_rule(fmt, kept, total_differing: int) -> Diagnosis | None:
+    share = _tie_share(fmt, kept)
+    if share is None:
+        return None
+    n, away, even, agreeing = share
+    spec = getattr(fmt, "tie_rule", "")
+    target = _target_rule(away, even, spec, agreeing)
+    nb = kept["cls"].size
+    title = "ties are rounded " + (_RULES[target] if target else "by another rule")
+    title += f" where the spec rounds {_RULES[spec]}" if spec in _RULES else " than the spec's"
+    ev = [f"{nb:,} of the {total_differing:,} blocks whose bytes differ ({percent(nb / max(1, total_differing))}) differ only in "
+          f"value codes one step apart that sit on exact ties of the value the format rounds ({n:,} codes)",
+          f"at those ties the target takes the level farther from zero in {percent(away)} and the even level in {percent(even)}; "
+          f"at {agreeing:,} other exact ties of the same blocks it agrees with tbq",
+          "accepted unless --exact (exact=True): a different tie rule is a real difference from the spec, not a reduction-order one"]
+    return Diagnosis("tie_rounding", title, ev, scope="tie_rule")
+
+
+def _signed_zero(fmt, kept) -> Diagnosis | None:
+    """Only the sign of zero-valued fields differs (+0 against -0); the rule the target's sign follows, when one input's does."""
+    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
+    names = []
+    for n in Fr:
+        a, b = Fr[n], Fg[n]
+        if a.dtype.kind != "f":
+            if (a != b).any():
+                return None
+            continue
+        ba, bb = a.astype(np.float32).view(np.uint32), b.astype(np.float32).view(np.uint32)
+        neq = ba != bb
+        if not neq.any():
+            continue
+        if not ((ba[neq] & 0x7FFFFFFF) == 0).all() or not ((bb[neq] & 0x7FFFFFFF) == 0).all():
+            return None
+        names.append(n)
+    if not names:
+        return None
+    n = names[0]
+    a, b = Fr[n], Fg[n]
+    rows = (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32)).any(axis=1)
+    tneg = int(np.signbit(a[rows]).any(axis=1).sum())
+    ev = [f"in all {int(rows.sum())} blocks the only difference is the sign of a zero in field {', '.join(names)}: tbq stores -0 "
+          f"in {tneg} of them and +0 in {int(rows.sum()) - tneg}, the target the other one",
+          "they decode to the same values (zeros of one sign or the other): equivalent, accepted"]
+    x = kept.get("x")
+    if x is not None and a.shape[1] == 1:
+        sg = np.signbit(b[rows, 0])
+        xs = np.signbit(np.asarray(x, np.float32)[rows])
+        for j in range(xs.shape[1]):
+            if (xs[:, j] == sg).all():
+                ev.append(f"the target's sign of {n} is the sign of x[{j}] in every one of them")
+                break
+            if (xs[:, j] != sg).all():
+                ev.append(f"the target's sign of {n} is the opposite of the sign of x[{j}] in every one of them (as {n} = x[{j}] / "
+                          "a negative constant would give)")
+                break
+        ev.append(f"e.g. the input {describe_values(np.asarray(x, np.float32)[rows][0])}")
+    return Diagnosis("signed_zero", f"only the sign of a zero {', '.join(names)} differs (+0 against -0)", ev)
+
+
+def diagnose_accepted(fmt: Format, direction: str, cls_name: str, kept: dict, total_differing: int, rule: str = "") -> list[Diagnosis]:
+    """What the accepted non-exact blocks of one class (``equivalent``, ``undefined``, ``tie_rule``) are, with the evidence."""
+    if not kept or direction != "quantize":
+        return []
+    nb = kept["cls"].size
+    out = []
+    with np.errstate(all="ignore"):
+        if cls_name == "tie_rule":
+            d = _tie_rule(fmt, kept, total_differing)
+            out += [d] if d else []
+        elif cls_name == "equivalent":
+            d = _signed_zero(fmt, kept)
+            if d is None:
+                ex = kept["x"][0] if kept.get("x") is not None else None
+                d = Diagnosis("equivalent", f"{nb:,} blocks have other bytes than tbq's that decode to the same values", [
+                    "a zero scale makes every code decode to zero (C leaves those codes to whatever the kernel computes), or a "
+                    "zero of the other sign"] + ([f"e.g. the input {describe_values(ex)}"] if ex is not None else []))
+            out.append(d)
+        elif cls_name == "undefined":
+            ex = kept["x"][0] if kept.get("x") is not None else None
+            out.append(Diagnosis("undefined", f"{nb:,} blocks are inputs on which the C reference's behaviour is undefined", [
+                f"the rule: {rule}" if rule else "the format declares these blocks undefined",
+                "accepted unless --exact (exact=True); tbq's bytes there are what x86-64 gcc's build of the reference writes"]
+                + ([f"e.g. the input {describe_values(ex)}"] if ex is not None else [])))
+    for d in out:
+        d.direction, d.scope = direction, cls_name
     return out
 
 
@@ -767,7 +985,8 @@ def diagnose_decoder(fmt: Format, kept: dict) -> list[Diagnosis]:
     if not kept:
         return []
     out = []
-    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _decoder_codebook, _scale_factor):
+    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _decoder_codebook, _scale_factor,
+               lambda f, kp: _other_options(f, kp, "dequantize")):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:

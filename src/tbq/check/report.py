@@ -15,13 +15,14 @@ tbq's result (exit status 1 while they differ).
 
 >>> r = CheckReport("q8_0", {}, "demo", {"exact": False}, [PhaseResult("quantize", "golden", 10, 9, 1, 0, 0.01)])
 >>> r.ok, r.counts()
-(True, {'blocks': 10, 'exact': 9, 'fragile': 1, 'wrong': 0})
+(True, {'blocks': 10, 'exact': 9, 'fragile': 1, 'wrong': 0, 'equivalent': 0, 'undefined': 0, 'tie_rule': 0, 'accepted': 0})
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..formats import Format
 from .classify import CLASSES, ordered_code
+from .diagnose import describe_values
 from .targets import DIRECTIONS, default_symbol
 
 __all__ = ["PhaseResult", "Counterexample", "CheckReport", "make_counterexample"]
@@ -48,10 +50,22 @@ class PhaseResult:
     wrong: int
     seconds: float
     note: str = ""
+    equivalent: int = 0  #: other bytes decoding to the same values (always accepted)
+    undefined: int = 0  #: inputs on which the C reference is undefined (accepted unless exact)
+    tie_rule: int = 0  #: another tie rule on exact ties (accepted unless exact)
+    accepted: int = 0  #: wrong blocks waived by ``accept`` (a named diagnosis explains them)
+
+    @classmethod
+    def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> "PhaseResult":
+        """From the blocks of each class, in the order of :data:`~tbq.check.classify.CLASSES`."""
+        c = dict(zip(CLASSES, (int(v) for v in counts)))
+        return cls(direction, phase, sum(c.values()), c["exact"], c["fragile"], c["wrong"], seconds, note,
+                   c["equivalent"], c["undefined"], c["tie_rule"], c["accepted"])
 
     def to_dict(self) -> dict:
         return {"direction": self.direction, "phase": self.phase, "blocks": self.blocks, "exact": self.exact,
-                "fragile": self.fragile, "wrong": self.wrong, "seconds": round(self.seconds, 4), "note": self.note}
+                "fragile": self.fragile, "wrong": self.wrong, "equivalent": self.equivalent, "undefined": self.undefined,
+                "tie_rule": self.tie_rule, "accepted": self.accepted, "seconds": round(self.seconds, 4), "note": self.note}
 
 
 def _num(v):
@@ -92,10 +106,7 @@ class Counterexample:
         what = "bytes" if self.direction == "quantize" else "values"
         out = [f"{self.direction}: first minimal {self.classification} block ({self.phase} phase; {self.how})"]
         if self.direction == "quantize":
-            x = self.input
-            nz = np.flatnonzero(x.view(np.uint32) & 0x7FFFFFFF)
-            out.append(f"  input: {x.size} float32 values, {nz.size} non-zero" + (
-                ": " + ", ".join(f"x[{i}] = {float(x[i])!r}" for i in nz[:6]) + (" ..." if nz.size > 6 else "") if nz.size else ""))
+            out.append(f"  input: {self.input.size} float32 values; {describe_values(self.input)}")
         else:
             out.append(f"  input: {self.input.size} bytes: {self.input.tobytes().hex(' ')}" if self.input.size <= 72 else
                        f"  input: {self.input.size} bytes")
@@ -120,8 +131,11 @@ class Counterexample:
                 "trace": self.trace, "encoding": "uint8 as hex strings, float32 as bit patterns"}
 
     # -- files -----------------------------------------------------------------------------
-    def save(self, directory, fmt: Format, symbol: str | None = None) -> list[Path]:
-        """Write ``<fmt>-<direction>.npz`` and ``<fmt>-<direction>.c`` into ``directory``; return their paths."""
+    def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
+        """Write ``<fmt>-<direction>.npz`` and ``<fmt>-<direction>.c`` into ``directory``; return their paths.
+
+        ``link``: the shared libraries the repro links with (its compile line names them with an rpath).
+        """
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         stem = d / f"{fmt.name}-{self.direction}"
@@ -130,12 +144,22 @@ class Counterexample:
                  format=np.array(fmt.name), direction=np.array(self.direction), phase=np.array(self.phase),
                  options=np.array(json.dumps(fmt.config())), offsets=np.asarray(self.offsets, np.int64))
         c = stem.with_suffix(".c")
-        c.write_text(self.c_source(fmt, symbol))
+        c.write_text(self.c_source(fmt, symbol, link))
         return [npz, c]
 
-    def c_source(self, fmt: Format, symbol: str | None = None) -> str:
-        """A self-contained C program reproducing this counterexample with ggml's row signature."""
+    def c_source(self, fmt: Format, symbol: str | None = None, link: list | None = None) -> str:
+        """A self-contained C program reproducing this counterexample with ggml's row signature.
+
+        ``link``: shared libraries to name in its compile line (each with ``-Wl,-rpath`` to its folder, so the
+        program runs without ``LD_LIBRARY_PATH``); without them the line names a placeholder library.
+        """
         sym = symbol or default_symbol(self.direction, fmt.name)
+        src = f"{fmt.name}-{self.direction}.c"
+        if link:
+            libs = " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in link)
+            build = f" *     cc -O2 -o repro {src} {libs} -lm"
+        else:
+            build = f" *     cc -O2 -o repro {src} ./libmykernel.so -Wl,-rpath,$PWD -lm     (or your kernel's .c file)"
         opts = json.dumps(fmt.config()) if fmt.config() else "none"
         names = _byte_fields(fmt)
         head = [
@@ -143,7 +167,7 @@ class Counterexample:
             f" * Format options: {opts}. Block {self.block} of this input is {self.classification}: tbq (the bit-exact",
             " * reference of docs/formats.md) and the kernel under test disagree on it.",
             " * Build it with your kernel and run it; it exits with status 1 while they disagree:",
-            f" *     cc -O2 -o repro {fmt.name}-{self.direction}.c libmykernel.so     (or your kernel's .c file, -lm)",
+            build,
             " *     ./repro",
             f" * Rename {sym} if your function has another name. */",
             "#include <stdint.h>",
@@ -339,6 +363,19 @@ def _fmt_val(v) -> str:
 # ---------------------------------------------------------------------------
 
 
+#: The classes beyond exact/fragile/wrong, with their table column widths.
+_EXTRA_CLASSES = ("equivalent", "undefined", "tie_rule", "accepted")
+_WIDTH = {"equivalent": 12, "undefined": 11, "tie_rule": 10, "accepted": 10}
+#: How the verdict names accepted non-exact blocks.
+_ACCEPTED_TEXT = {
+    "fragile": "fragile blocks accepted (legitimate reduction-order/FMA differences; --exact refuses them)",
+    "equivalent": "equivalent blocks accepted (other bytes, the same decoded values)",
+    "tie_rule": "blocks with another tie rule accepted (exact ties rounded differently from the spec; --exact refuses them)",
+    "undefined": "undefined blocks accepted (inputs on which the C reference is undefined; --exact refuses them)",
+    "accepted": "wrong blocks waived by --accept (a named diagnosis explains them)",
+}
+
+
 @dataclass
 class CheckReport:
     """Everything a check found. See the module docstring."""
@@ -355,14 +392,18 @@ class CheckReport:
     notes: list = field(default_factory=list)
     files: list = field(default_factory=list)
     seconds: float = 0.0
+    #: what was called, per direction (and init function): ``{"symbol", "file", "library", "elsewhere"}``
+    provenance: dict = field(default_factory=dict)
+    unit: str = "blocks"  #: what the counts count ("dot products" for a dot-product check)
 
     @property
     def exact(self) -> bool:
         return bool(self.settings.get("exact", False))
 
     def counts(self, direction: str | None = None, phase: str | None = None) -> dict:
-        """``{"blocks", "exact", "fragile", "wrong"}`` over the phases of ``direction`` (default: all)."""
-        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0}
+        """``{"blocks", "exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule", "accepted"}`` over the phases of
+        ``direction`` (default: all)."""
+        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0, "equivalent": 0, "undefined": 0, "tie_rule": 0, "accepted": 0}
         for p in self.phases:
             if (direction is None or p.direction == direction) and (phase is None or p.phase == phase):
                 for key in out:
@@ -371,12 +412,14 @@ class CheckReport:
 
     @property
     def directions(self) -> list[str]:
-        return [d for d in DIRECTIONS if any(p.direction == d for p in self.phases)]
+        return [d for d in DIRECTIONS + ("dot",) if any(p.direction == d for p in self.phases)]
 
     def failed(self, direction: str | None = None) -> bool:
         c = self.counts(direction)
         faults = self.faults.get(direction) if direction else any(self.faults.values())
-        return bool(c["wrong"] or (self.exact and c["fragile"]) or faults)
+        waived = set(self.settings.get("accept") or ())
+        refused = [k for k in ("fragile", "undefined", "tie_rule") if k not in waived]
+        return bool(c["wrong"] or (self.exact and any(c[k] for k in refused)) or faults)
 
     @property
     def ok(self) -> bool:
@@ -399,40 +442,56 @@ class CheckReport:
     # -- text -------------------------------------------------------------------------------
     def table(self) -> str:
         """The table: one row per direction and phase, then the direction's total."""
-        head = f"{'direction':<11}{'phase':<8}{'blocks':>10}{'exact':>10}{'fragile':>9}{'wrong':>9}{'time':>9}  note"
+        total = self.counts()
+        extra = [k for k in _EXTRA_CLASSES if total[k]]  # columns of the other classes, where any block has one
+
+        def cells(c):
+            return "".join(f"{c[k]:>{_WIDTH[k]},}" for k in extra)
+
+        head = (f"{'direction':<11}{'phase':<8}{'blocks':>10}{'exact':>10}{'fragile':>9}"
+                + "".join(f"{k:>{_WIDTH[k]}}" for k in extra) + f"{'wrong':>9}{'time':>9}  note")
         lines = [head, "-" * len(head)]
         for d in self.directions:
             rows = [p for p in self.phases if p.direction == d]
             for p in rows:
-                lines.append(f"{d:<11}{p.phase:<8}{p.blocks:>10,}{p.exact:>10,}{p.fragile:>9,}{p.wrong:>9,}{p.seconds:>7.2f} s  {p.note}".rstrip())
+                lines.append(f"{d:<11}{p.phase:<8}{p.blocks:>10,}{p.exact:>10,}{p.fragile:>9,}{cells(p.to_dict())}{p.wrong:>9,}"
+                             f"{p.seconds:>7.2f} s  {p.note}".rstrip())
             c = self.counts(d)
             t = sum(p.seconds for p in rows)
-            lines.append(f"{d:<11}{'total':<8}{c['blocks']:>10,}{c['exact']:>10,}{c['fragile']:>9,}{c['wrong']:>9,}{t:>7.2f} s  "
+            lines.append(f"{d:<11}{'total':<8}{c['blocks']:>10,}{c['exact']:>10,}{c['fragile']:>9,}{cells(c)}{c['wrong']:>9,}{t:>7.2f} s  "
                          f"{'FAIL' if self.failed(d) else 'ok'}")
         return "\n".join(lines)
 
     def verdict(self) -> str:
         c = self.counts()
         if self.ok:
-            extra = f"; {c['fragile']:,} fragile blocks accepted (legitimate reduction-order/FMA differences; --exact refuses them)" \
-                if c["fragile"] else ""
-            return f"PASS: {c['blocks']:,} blocks, none wrong{extra}"
+            extra = "".join(f"; {c[k]:,} {text}" for k, text in _ACCEPTED_TEXT.items() if c[k])
+            return f"PASS: {c['blocks']:,} {self.unit}, none wrong{extra}"
         parts = []
         if c["wrong"]:
             parts.append(f"{c['wrong']:,} wrong")
-        if self.exact and c["fragile"]:
-            parts.append(f"{c['fragile']:,} fragile (refused by --exact)")
+        for k in ("fragile", "tie_rule", "undefined"):
+            if self.exact and c[k] and k not in (self.settings.get("accept") or ()):
+                parts.append(f"{c[k]:,} {k.replace('_', '-')} (refused by --exact)")
         if any(self.faults.values()):
             parts.append("target faults")
-        return f"FAIL: {', '.join(parts)} of {c['blocks']:,} blocks"
+        return f"FAIL: {', '.join(parts)} of {c['blocks']:,} {self.unit}"
 
     def text(self) -> str:
         """The full human report: header, table, verdict, then per failing direction the details."""
         opts = ", ".join(f"{k}={v}" for k, v in self.options.items() if not isinstance(v, (dict, list))) or "no options"
-        lines = [f"tbq check: {self.format} ({opts}), {self.target}", "", self.table(), "", self.verdict()]
+        lines = [f"tbq check: {self.format} ({opts}), {self.target}"]
+        for key, pv in self.provenance.items():
+            where = pv.get("file") or "an unknown file"
+            lines.append(f"  {key}: {pv['symbol']} from {where}" + ("  (NOT the library given)" if pv.get("elsewhere") else ""))
+        lines += ["", self.table(), "", self.verdict()]
         for note in self.notes:
             lines.append(f"note: {note}")
         for d in self.directions:
+            for g in self.diagnoses:
+                if g.direction == d and g.scope in _EXTRA_CLASSES:
+                    lines.append("")
+                    lines.append(f"{d}: {self.counts(d)[g.scope]:,} {g.scope.replace('_', '-')} blocks: " + g.text().replace("\n", "\n  "))
             hidden = [g for g in self.diagnoses if g.direction == d and g.scope == "fragile"]
             if hidden:
                 lines.append("")
@@ -479,6 +538,7 @@ class CheckReport:
             "format": self.format,
             "options": self.options,
             "target": self.target,
+            "provenance": self.provenance,
             "settings": self.settings,
             "ok": self.ok,
             "verdict": self.verdict(),
@@ -496,11 +556,14 @@ class CheckReport:
     def to_json(self, **kw) -> str:
         return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), **kw)
 
-    def save(self, directory, fmt: Format, symbols: dict | None = None) -> list[Path]:
-        """Write every counterexample (``.npz`` and ``.c``) into ``directory``; returns the paths (also kept in :attr:`files`)."""
+    def save(self, directory, fmt: Format, symbols: dict | None = None, links: dict | None = None) -> list[Path]:
+        """Write every counterexample (``.npz`` and ``.c``) into ``directory``; returns the paths (also kept in :attr:`files`).
+
+        ``symbols``/``links``: per direction, the C symbol and the libraries its repro links with.
+        """
         paths = []
         for d, ce in self.counterexamples.items():
-            paths += ce.save(directory, fmt, (symbols or {}).get(d))
+            paths += ce.save(directory, fmt, (symbols or {}).get(d), (links or {}).get(d))
         self.files = [str(p) for p in paths]
         return paths
 

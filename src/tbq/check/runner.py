@@ -22,7 +22,10 @@ fails), and the diagnoses run over the kept failing blocks.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -35,10 +38,12 @@ from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..parallel import require_memory
 from ..progress import Progress
-from .classify import EXACT, FRAGILE, WRONG, classify_decoded, classify_encoded, encoder_trace
-from .diagnose import Diagnosis, Kept, percent, describe_differences, diagnose_decoder, diagnose_encoder, diagnose_fragile
+from .classify import (ACCEPTED, ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXACT, FRAGILE, TIE_RULE, UNDEFINED, WRONG, classify_decoded,
+                       classify_encoded, encoder_trace)
+from .diagnose import (KEEP_BLOCKS, Diagnosis, Kept, describe_differences, describe_values, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
+                       percent, select_kept, DIAGNOSES)
 from .report import CheckReport, PhaseResult, make_counterexample
-from .targets import Target, TargetError
+from .targets import CALL_VALUES, Target, TargetError
 
 __all__ = ["DEFAULT_BLOCKS", "DEFAULT_EXAMPLES", "DEFAULT_K", "run_check", "golden_rows", "random_blocks", "require_hypothesis",
            "FuzzUnavailable"]
@@ -68,6 +73,10 @@ DEFAULT_EXAMPLES = 100
 FUZZ_ROWS = 4
 #: At most this many target calls go into reducing a golden counterexample.
 SHRINK_CALLS = 200
+#: Seconds hypothesis may spend shrinking a failure (its own limit is 5 minutes; a failure that depends on the
+#: length of the call, such as a SIMD body's, makes it try tens of thousands of candidates). The check's own
+#: reduction then cuts the example further.
+SHRINK_SECONDS = 10.0
 #: Examples per hypothesis run when the fuzz phase has a time budget (``seconds``).
 ROUND_EXAMPLES = 25
 
@@ -173,6 +182,32 @@ def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def hypothesis_scratch():
+    """Hypothesis's storage (its example database is off; it also caches constants) in a temporary directory.
+
+    Unless the user chose a place (``HYPOTHESIS_STORAGE_DIRECTORY`` or
+    ``hypothesis.configuration.set_hypothesis_home_dir``), hypothesis writes
+    ``.hypothesis/`` into the working directory: a check writes nothing there.
+    """
+    from hypothesis import configuration
+
+    key = "__hypothesis_home_directory"
+    if os.getenv("HYPOTHESIS_STORAGE_DIRECTORY") or getattr(configuration, key, None) is not None:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="tbq-check-hypothesis-") as tmp:
+        configuration.set_hypothesis_home_dir(tmp)
+        try:
+            yield
+        finally:
+            configuration.set_hypothesis_home_dir(None)
+
+
+class _ShrinkTimeout(BaseException):
+    """Stops hypothesis's shrink once :data:`SHRINK_SECONDS` have passed (a BaseException: hypothesis does not shrink it)."""
+
+
 class _Abort(BaseException):
     """Carries a TargetError out of hypothesis without a shrink (hypothesis would shrink an Exception)."""
 
@@ -193,8 +228,10 @@ class _Direction:
     def __init__(self, check: "_Check"):
         self.check, self.fmt = check, check.fmt
         self.phases: list[PhaseResult] = []
-        self.kept = {WRONG: Kept(), FRAGILE: Kept()}
+        self.kept = {c: Kept() for c in range(1, len(CLASSES))}  # every class but exact
         self.first: dict = {}  # class -> (phase, input row(s), block index, how)
+        #: class -> (the target call's rows up to the failing one as one row, the failing block in it), or None
+        self.batch: dict = {}
 
     def width(self) -> int:
         """Input items per block."""
@@ -348,8 +385,13 @@ _PHASE = {p.name: p for p in PHASES}
 
 
 class _Check:
-    def __init__(self, target: Target, *, blocks: int, examples: int, seconds, exact: bool, k: int, seed: int, progress):
+    def __init__(self, target: Target, *, blocks: int, examples: int, seconds, exact: bool, k: int, seed: int, progress,
+                 accept: frozenset = frozenset()):
         self.target, self.fmt = target, target.format
+        self.accept = accept
+        self.accept_diagnoses = accept - set(CLASSES)
+        #: the classes that fail: wrong, and under exact the ones accepted unless exact that accept does not waive
+        self.failing_classes = [WRONG] + ([c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in accept] if exact else [])
         self.blocks, self.examples, self.seconds = blocks, examples, seconds
         self.exact, self.k, self.seed = exact, k, seed
         # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
@@ -363,7 +405,7 @@ class _Check:
 
     # -- one batch --------------------------------------------------------------------------
     def _failing(self, cls: np.ndarray) -> np.ndarray:
-        return (cls == WRONG) | ((cls == FRAGILE) & self.exact)
+        return np.isin(cls, self.failing_classes)
 
     def quantize_batch(self, x: np.ndarray):
         """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
@@ -372,19 +414,38 @@ class _Check:
     def dequantize_batch(self, data: np.ndarray):
         return _Decoder(self).run(data)
 
+    def _classify(self, d: _Direction, rows: np.ndarray):
+        """``d.run(rows)``, then the wrong blocks a diagnosis named in ``accept`` explains by themselves become accepted."""
+        c, ref, got = d.run(rows)
+        if self.accept_diagnoses and c.idx.size:
+            wrong = c.idx[c.cls[c.idx] == WRONG]
+            for w0 in range(0, wrong.size, KEEP_BLOCKS):
+                part = wrong[w0 : w0 + KEEP_BLOCKS]
+                kept = Kept()
+                d.keep(kept, c.cls[part], [("", 0)] * part.size, rows, part, ref, got)
+                allk = kept.get("wrong")
+                for i, b in enumerate(part):
+                    one = select_kept(allk, np.array([i]))
+                    with np.errstate(all="ignore"):
+                        names = {g.name for g in d.diagnose(one)}
+                    if names & self.accept_diagnoses:
+                        c.cls[b] = ACCEPTED
+        return c, ref, got
+
     def _record(self, d: _Direction, phase: str, rows: np.ndarray, c, ref, got, offset: int = 0) -> None:
         """Keep the non-exact blocks of a batch for the diagnoses and remember the first failing ones."""
         per_row = rows.shape[1] // d.width()
         idx = c.idx
         if not idx.size:
             return
-        for cls in (WRONG, FRAGILE):
+        for cls in range(1, len(CLASSES)):
             bi = idx[c.cls[idx] == cls]
             if not bi.size:
                 continue
             if cls not in d.first:
                 b = int(bi[0])
                 d.first[cls] = (phase, rows[b // per_row].copy(), b % per_row, "")
+                d.batch[cls] = self._call_of(rows, b, per_row)
             keep = bi[: d.kept[cls].room]
             if not keep.size:
                 continue
@@ -394,16 +455,15 @@ class _Check:
     def _phase(self, d: _Direction, phase: str, rows: np.ndarray) -> None:
         """One bulk phase, in chunks of about :data:`CHUNK_BLOCKS` blocks (one target call per chunk where it allows)."""
         t0 = time.perf_counter()
-        run, width = d.run, d.width()
+        run, width = (lambda r: self._classify(d, r)), d.width()
         step = max(1, CHUNK_BLOCKS // max(1, rows.shape[1] // width))
-        counts = np.zeros(3, np.int64)
+        counts = np.zeros(len(CLASSES), np.int64)
         for r0 in range(0, rows.shape[0], step):
             chunk = rows[r0 : r0 + step]
             c, ref, got = run(chunk)
             self._record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
-            counts += np.bincount(c.cls, minlength=3)
-        e, f, w = (int(v) for v in counts)
-        d.phases.append(PhaseResult(d.name, phase, e + f + w, e, f, w, time.perf_counter() - t0, _PHASE[phase].note))
+            counts += np.bincount(c.cls, minlength=len(CLASSES))
+        d.phases.append(PhaseResult.from_counts(d.name, phase, counts, time.perf_counter() - t0, _PHASE[phase].note))
 
     # -- fuzz -------------------------------------------------------------------------------
     def _strategy(self, d: _Direction):
@@ -421,14 +481,16 @@ class _Check:
 
         t0 = time.perf_counter()
         strat = self._strategy(d)
-        counts = np.zeros(3, np.int64)
-        state = {"found": False, "examples": 0, "first": None}
-        run = d.run
+        counts = np.zeros(len(CLASSES), np.int64)
+        state = {"found": False, "examples": 0, "first": None, "best": None, "found_at": 0.0}
+        run = (lambda r: self._classify(d, r))  # noqa: E731
 
         def condition(rows):
             rows = np.ascontiguousarray(rows)
             if rows.ndim == 1:
                 rows = rows[None, :]
+            if state["found"] and time.perf_counter() - state["found_at"] > SHRINK_SECONDS:
+                raise _ShrinkTimeout()  # the shrink's time is up: the smallest failing example seen is kept
             try:
                 c, ref, got = run(rows)
             except TargetError as exc:
@@ -436,10 +498,12 @@ class _Check:
             failing = bool(self._failing(c.cls).any())
             if not state["found"]:
                 state["examples"] += 1
-                counts[:] += np.bincount(c.cls, minlength=3)
+                counts[:] += np.bincount(c.cls, minlength=len(CLASSES))
                 self._record(d, "fuzz", rows, c, ref, got)
                 if failing:
-                    state["found"], state["first"] = True, rows.copy()
+                    state["found"], state["first"], state["found_at"] = True, rows.copy(), time.perf_counter()
+            if failing and (state["best"] is None or rows.size < state["best"].size):
+                state["best"] = rows.copy()
             return failing
 
         minimal, why = None, ""
@@ -455,6 +519,9 @@ class _Check:
                 pass
             except _Abort as a:
                 raise a.args[0] from None
+            except _ShrinkTimeout:
+                why = f"shrinking stopped after {SHRINK_SECONDS:g} s; the smallest failing example seen"
+                break
             except HypothesisException as exc:  # e.g. Flaky: the target answered the same input differently
                 why = f"hypothesis stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
                 self.notes.append(f"{d.name} fuzz: {why}")
@@ -464,17 +531,29 @@ class _Check:
                 break
         if minimal is not None:
             self._set_fuzz_first(d, np.ascontiguousarray(minimal), "shrunk by hypothesis")
+        elif state["best"] is not None and why.startswith("shrinking stopped"):
+            self._set_fuzz_first(d, state["best"], f"shrunk by hypothesis ({why})")
         elif state["first"] is not None:
             self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
         n = state["examples"]
         note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (" (stopped at the first failure)" if state["found"] else "")
-        e, f, w = (int(v) for v in counts)
-        d.phases.append(PhaseResult(d.name, "fuzz", e + f + w, e, f, w, time.perf_counter() - t0, note))
+        d.phases.append(PhaseResult.from_counts(d.name, "fuzz", counts, time.perf_counter() - t0, note))
+
+    def _call_of(self, rows: np.ndarray, b: int, per_row: int):
+        """The rows of the target call that got flat block ``b``, as one row (blocks are independent),
+        and ``b``'s index in it: a kernel whose result depends on the call's length fails there, maybe not on one row."""
+        if self.fmt.row_rule:
+            return None
+        r = b // per_row
+        k = rows.shape[1] if rows.dtype == np.float32 else rows.shape[1] // self.fmt.type_size * self.fmt.block_size
+        per_call = max(1, CALL_VALUES // max(1, k))  # the rows of one call (LibraryTarget's chunks)
+        r0 = r // per_call * per_call
+        return np.ascontiguousarray(rows[r0 : r0 + per_call]).reshape(-1).copy(), (r - r0) * per_row + b % per_row
 
     def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
         """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
         rows = rows if rows.ndim == 2 else rows[None, :]
-        c, _, _ = d.run(rows)
+        c, _, _ = self._classify(d, rows)
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:  # pragma: no cover - hypothesis only returns failing examples
             return
@@ -482,36 +561,62 @@ class _Check:
         per_row = rows.shape[1] // width
         b = int(bad[0])
         row, blk = rows[b // per_row], b % per_row
-        if not self.fmt.row_rule and per_row > 1:
-            row, blk = row[blk * width : (blk + 1) * width], 0
-        d.first[int(c.cls[b])] = ("fuzz", row.copy(), blk, how)
+        d.first[int(c.cls[b])] = ("fuzz", row.copy(), blk, how)  # the reduction cuts it to the block where that still fails
+        d.batch[int(c.cls[b])] = self._call_of(rows, b, per_row)
 
     # -- counterexamples ---------------------------------------------------------------------
     def _fails(self, d: _Direction, row: np.ndarray):
         """``(failing, first failing block, its class, its signature)`` of one input row."""
-        c, ref, got = d.run(row[None, :])
+        c, ref, got = self._classify(d, row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:
             return False, -1, EXACT, None
         b = int(bad[0])
         return True, b, int(c.cls[b]), d.signature(ref, got, b)
 
-    def _reduce(self, d: _Direction, row: np.ndarray, blk: int) -> tuple[np.ndarray, int, str]:
-        """A smaller failing input: the block alone (when blocks are independent), then values zeroed while it
-        fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
+    def _reduce(self, d: _Direction, row: np.ndarray, blk: int, batch=None) -> tuple[np.ndarray, int, str]:
+        """A smaller failing input: the block alone (when blocks are independent); when the block alone passes, the
+        shortest run of blocks around it that still fails (a kernel whose body and tail differ); then values zeroed
+        while it fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
         width = d.width()
         calls = 1
         cur = row
+        start = ""
         ok, first, _, sig = self._fails(d, cur)
+        if not ok and batch is not None and batch[0].size > row.size:
+            cur, blk = batch
+            calls += 1
+            ok, first, _, sig = self._fails(d, cur)
+            start = f"its row alone passes, the {cur.size // row.size} rows of the target call up to it fail as one row; "
         if not ok:  # pragma: no cover - a target that does not answer the same input the same way
             return row, blk, "not reduced: the target does not fail on it again"
         blk = first
-        if not self.fmt.row_rule and row.size > width:
-            single = row[blk * width : (blk + 1) * width].copy()
+        shrunk_row = False
+        if not self.fmt.row_rule and cur.size > width:
+            single = cur[blk * width : (blk + 1) * width].copy()
             calls += 1
             ok, _, _, s1 = self._fails(d, single)
             if ok and s1 == sig:
                 cur, blk = single, 0
+            else:  # the block alone passes: cut whole blocks from the end, then from the start, while it still fails
+                # cuts of multiples of large powers of two first: a SIMD body's alignment survives them
+                # (the end: keep a multiple of p blocks through the failing one; the start: drop a multiple of p)
+                for side in ("end", "start", "end"):
+                    p = 1 << 30
+                    while p >= 1 and calls < SHRINK_CALLS:
+                        n = cur.size // width
+                        cut = n - -(-(blk + 1) // p) * p if side == "end" else blk // p * p
+                        if cut <= 0:
+                            p //= 2
+                            continue
+                        cand = cur[: (n - cut) * width] if side == "end" else cur[cut * width :]
+                        calls += 1
+                        ok, f2, _, s2 = self._fails(d, cand)
+                        if ok and s2 == sig and f2 == (blk if side == "end" else blk - cut):
+                            cur, blk = cand.copy(), f2
+                        else:
+                            p //= 2
+                shrunk_row = True
         bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
         chunk = max(1, cur.size // 2)
         zeroed = 0
@@ -530,20 +635,27 @@ class _Check:
                     cur, blk = cand, first
                     bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
             chunk //= 2
-        how = "the block alone" if cur.size == width else "its row (blocks depend on their row)"
+        if shrunk_row:
+            how = (f"{start}the block alone passes: the minimal failing row is {cur.size} {d.unit} ({cur.size // width} blocks, "
+                   "cut while it kept failing)")
+        else:
+            how = start + ("the block alone" if cur.size == width else "its row (blocks depend on their row)")
         how += f", {zeroed} {d.unit} zeroed while it kept failing the same way ({calls} target calls)"
         return cur, blk, how
 
     def counterexample(self, d: _Direction):
-        pick = WRONG if WRONG in d.first else (FRAGILE if self.exact and FRAGILE in d.first else None)
+        refused = [c for c in self.failing_classes if c in d.first]
+        pick = refused[0] if refused else None
         if pick is None:
             return None
         phase, row, blk, how = d.first[pick]
-        row, blk, reduced = self._reduce(d, row, blk)
+        row, blk, reduced = self._reduce(d, row, blk, d.batch.get(pick))
         how = f"{how}; then {reduced}" if how else reduced
-        c, ref, got = d.run(row[None, :])
+        c, ref, got = self._classify(d, row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
-        if bad.size and blk not in bad:
+        if not bad.size:  # pragma: no cover - a target that does not answer the same input the same way
+            return None
+        if blk not in bad:
             blk = int(bad[0])
         trace = d.trace(row, blk)
         return make_counterexample(self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.k, how)
@@ -605,8 +717,31 @@ class _Check:
 
     def _direction_failed(self, d: _Direction) -> bool:
         w = sum(p.wrong for p in d.phases)
-        f = sum(p.fragile for p in d.phases)
-        return bool(w or (self.exact and f) or self.target.faults.get(d.name))
+        f = sum(getattr(p, CLASSES[c]) for p in d.phases for c in self.failing_classes if c != WRONG)
+        return bool(w or f or self.target.faults.get(d.name))
+
+    def _accepted_diagnoses(self, d: _Direction) -> list:
+        """What the blocks of the accepted non-exact classes are (equivalent, undefined, tie_rule)."""
+        total = sum(p.blocks - p.exact for p in d.phases)
+        out = []
+        waived = d.kept[ACCEPTED].get("accepted")
+        if waived:
+            for g in d.diagnose(waived):
+                if g.name in self.accept_diagnoses:
+                    g.direction, g.scope = d.name, "accepted"
+                    g.evidence.append(f"waived by accept={g.name!r}; the check went on looking for other failures")
+                    if waived.get("x") is not None:
+                        g.evidence.append(f"e.g. the block with input {describe_values(waived['x'][0])}")
+                    elif waived.get("data") is not None:
+                        g.evidence.append(f"e.g. the block with bytes {waived['data'][0].tobytes().hex(' ')}")
+                    out.append(g)
+        for c in (EQUIVALENT, UNDEFINED, TIE_RULE):
+            kept = d.kept[c].get(CLASSES[c])
+            rule = ""
+            if c == UNDEFINED and kept:
+                rule = self.fmt.undefined_blocks(kept["trace"])[1]
+            out += diagnose_accepted(self.fmt, d.name, CLASSES[c], kept, total, rule)
+        return out
 
     # -- all of it -------------------------------------------------------------------------------
     def run(self) -> CheckReport:
@@ -626,7 +761,8 @@ class _Check:
                     bar.step(f"{d.name} golden")
             for d in self.dirs.values():
                 if fuzz:
-                    self._fuzz(d)
+                    with hypothesis_scratch():
+                        self._fuzz(d)
                     bar.step(f"{d.name} fuzz")
                 else:
                     d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
@@ -634,10 +770,16 @@ class _Check:
                 self._phase(d, "bytes", random_blocks(self.fmt, self.blocks, self.seed))
                 bar.step(f"{d.name} bytes")
         report = CheckReport(self.fmt.name, self.fmt.config(), self.target.description, self._settings())
+        report.provenance = self.target.provenance()
+        for key, pv in report.provenance.items():
+            if pv.get("elsewhere"):
+                self.notes.append(f"{key}: {pv['symbol']} is not defined in {pv['library']} but in {pv['file']} (a dependency the "
+                                  "dynamic loader searched): that file's function was checked; --strict-lib refuses it")
         for d in self.dirs.values():
             report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
         for d in self.dirs.values():
             report.diagnoses.extend(diagnose_fragile(self.fmt, d.name, d.kept[FRAGILE].get("fragile")))
+            report.diagnoses.extend(self._accepted_diagnoses(d))
             if not self._direction_failed(d):
                 continue
             ce = self.counterexample(d)
@@ -671,6 +813,7 @@ class _Check:
         except ImportError:
             hv = None
         return {"blocks": self.blocks, "examples": self.examples, "seconds": self.seconds, "exact": self.exact,
+                "accept": sorted(self.accept),
                 "fragile_ulps": self.k, "seed": self.seed, "reference_backend": self.codec.backend, "hypothesis": hv}
 
 
@@ -681,8 +824,12 @@ def _int(name: str, v, lo: int) -> int:
 
 
 def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
-              exact: bool = False, k: int = DEFAULT_K, seed: int = 0, progress: bool | None = False) -> CheckReport:
+              exact: bool = False, k: int = DEFAULT_K, seed: int = 0, progress: bool | None = False, accept=()) -> CheckReport:
     """Run every phase on ``target`` and return the :class:`~tbq.check.report.CheckReport`.
+
+    ``accept``: class names (``fragile``, ``tie_rule``, ``undefined``: accepted even under ``exact``) or
+    diagnosis names (:data:`~tbq.check.diagnose.DIAGNOSES`: a wrong block that diagnosis explains by itself is
+    counted ``accepted``) the check waives, so that it goes on to the next distinct failure.
 
     ``blocks``: blocks of the golden phase and of the decoders' bytes phase
     (0 skips both); ``examples``: hypothesis examples per direction (0 skips
@@ -703,7 +850,28 @@ def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = D
         raise TbqValueError(f"exact must be True or False, got {exact!r}")
     if not target.directions:
         raise TargetError(f"{target.description} implements neither quantize nor dequantize")
+    if not blocks and not examples and not seconds:
+        raise TbqValueError("blocks and examples are both 0: nothing would be checked; give blocks >= 1 or examples >= 1 "
+                            "(or seconds)")
     if examples or seconds:
         require_hypothesis()
     require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")
-    return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress).run()
+    accept = check_accept(accept)
+    return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress,
+                  accept=accept).run()
+
+
+def check_accept(accept) -> frozenset:
+    """``accept`` as a set of names, each a waivable class or a diagnosis name; anything else is refused naming the choices."""
+    if isinstance(accept, str):
+        accept = (accept,)
+    try:
+        names = frozenset(accept or ())
+    except TypeError:
+        raise TbqValueError(f"accept must be names of classes or diagnoses, got {accept!r}") from None
+    choices = ("fragile", "tie_rule", "undefined") + DIAGNOSES
+    bad = sorted(str(n) for n in names if n not in choices)
+    if bad:
+        raise TbqValueError(f"cannot accept {', '.join(map(repr, bad))}: choose classes fragile, tie_rule, undefined or a diagnosis: "
+                            f"{', '.join(DIAGNOSES)} (equivalent blocks are always accepted, wrong ones only through a diagnosis)")
+    return names

@@ -29,6 +29,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,8 @@ import numpy as np
 from ..errors import TbqValueError
 from ..formats import Format
 
-__all__ = ["TargetError", "Target", "LibraryTarget", "CallableTarget", "ProgramTarget", "DIRECTIONS", "default_symbol"]
+__all__ = ["TargetError", "Target", "LibraryTarget", "CallableTarget", "ProgramTarget", "DIRECTIONS", "default_symbol",
+           "defining_file"]
 
 #: The two directions a kernel can implement, in the order they are checked.
 DIRECTIONS = ("quantize", "dequantize")
@@ -62,6 +64,50 @@ def default_symbol(direction: str, fmt: str) -> str:
     ('quantize_row_q8_0_ref', 'dequantize_row_q8_0')
     """
     return f"quantize_row_{fmt}_ref" if direction == "quantize" else f"dequantize_row_{fmt}"
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
+                ("dli_saddr", ctypes.c_void_p)]
+
+
+def _dladdr():
+    """The C library's ``dladdr`` (glibc >= 2.34 and macOS have it in the process; older glibc in libdl), or None."""
+    import ctypes.util
+
+    for name in (None, ctypes.util.find_library("dl")):
+        try:
+            fn = ctypes.CDLL(name).dladdr
+        except (OSError, AttributeError, TypeError):
+            continue
+        fn.argtypes = (ctypes.c_void_p, ctypes.POINTER(_DlInfo))
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+def defining_file(fn) -> str | None:
+    """The shared object that defines the ctypes function ``fn`` (``dladdr`` of its address), or None where unknown.
+
+    >>> import ctypes, os
+    >>> os.path.basename(defining_file(ctypes.CDLL(None).printf) or "libc").startswith("libc")
+    True
+    """
+    dladdr = _dladdr()
+    addr = ctypes.cast(fn, ctypes.c_void_p).value
+    if dladdr is None or not addr:
+        return None
+    info = _DlInfo()
+    if not dladdr(addr, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return os.path.realpath(os.fsdecode(info.dli_fname))
+
+
+def defining_file_of_handle(lib, path: str) -> str | None:
+    """The real path of the file a ctypes library handle loaded (``path`` resolved; a bare name through ``dladdr``)."""
+    if os.path.exists(path):
+        return os.path.realpath(path)
+    return None
 
 
 def _check_only(only) -> tuple[str, ...]:
@@ -137,6 +183,14 @@ class Target:
     def close(self) -> None:
         """Release what the target holds (temporary files); the default holds nothing."""
 
+    def link_libraries(self, direction: str) -> list:
+        """Shared libraries a C repro of ``direction`` links with (none: the repro names a placeholder)."""
+        return []
+
+    def provenance(self) -> dict:
+        """Per direction (and init function), what was called: ``{"symbol", "file", ...}`` (empty where not known)."""
+        return {}
+
 
 def _to_numpy(obj):
     """A NumPy array from what a kernel returned (NumPy, a PyTorch tensor on any device, bytes, anything array-like)."""
@@ -153,7 +207,14 @@ def _to_numpy(obj):
 
 
 def _shaped(out, shape: tuple, dtype, what: str) -> np.ndarray:
+    if out is None:
+        raise TargetError(f"{what} returned None; return the {'encoded rows (uint8)' if dtype == np.uint8 else 'decoded rows (float32)'}"
+                          f", {int(np.prod(shape))} {'bytes' if dtype == np.uint8 else 'values'}, shape {shape} (a kernel that "
+                          "writes into its argument must return it too)")
     a = _to_numpy(out)
+    if a.dtype == object:
+        raise TargetError(f"{what} returned {type(out).__name__} that NumPy reads as Python objects (shape {a.shape}); "
+                          f"return a {np.dtype(dtype)} array, shape {shape}")
     dtype = np.dtype(dtype)
     if dtype == np.uint8 and a.dtype.kind in "iub" and a.dtype.itemsize == 1:
         a = a.view(np.uint8)
@@ -187,7 +248,8 @@ class LibraryTarget(Target):
 
     kind = "library"
 
-    def __init__(self, path, fmt: Format, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None):
+    def __init__(self, path, fmt: Format, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
+                 init=(), strict_lib: bool = False):
         want = _check_only(only)
         path = os.fspath(path)
         p = Path(path)
@@ -197,15 +259,31 @@ class LibraryTarget(Target):
             if p.is_dir():
                 raise TargetError(f"cannot load {path}: it is a directory, not a shared library")
             path = str(p.resolve())
+        if isinstance(init, str):
+            init = (init,)
+        init = tuple(init or ())
+        for name in init:
+            if not isinstance(name, str) or not name:
+                raise TargetError(f"init must name functions void f(void), got {name!r}")
         try:
             self.lib = ctypes.CDLL(path)
         except OSError as exc:
             raise TargetError(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
         super().__init__(fmt, want, f"library {p.name}")
         self.path = path
+        self.file = defining_file_of_handle(self.lib, path)
+        self.strict_lib = bool(strict_lib)
         names = {"quantize": quantize, "dequantize": dequantize}
         other = {"quantize": "dequantize", "dequantize": "quantize"}
         self.functions = {}
+        self._provenance: dict = {}
+        for name in init:
+            try:
+                fn = getattr(self.lib, name)
+            except AttributeError:
+                raise TargetError(f"{path} has no symbol {name!r} (--init); check the name (nm -D shows the exported symbols)") from None
+            fn.argtypes, fn.restype = (), None
+            self._resolved(f"init {name}", name, fn)
         for d in DIRECTIONS:
             if d not in want:
                 if names[d] is not None:
@@ -223,8 +301,31 @@ class LibraryTarget(Target):
                 raise TargetError(f"{path} has no symbol {sym!r} ({d} for {fmt.name}); {hint}") from None
             fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
             fn.restype = None
+            self._resolved(d, sym, fn)
             self.functions[d] = fn
             self.symbols[d] = sym
+        for name in init:  # once, after every symbol resolved (a missing symbol fails before any side effect)
+            getattr(self.lib, name)()
+
+    def _resolved(self, key: str, sym: str, fn) -> None:
+        """Record where ``sym`` comes from; refuse it under ``strict_lib`` when another file defines it."""
+        where = defining_file(fn)
+        elsewhere = where is not None and self.file is not None and where != self.file
+        if elsewhere and self.strict_lib:
+            raise TargetError(f"{sym} ({key}) is defined in {where}, not in {self.path} (the dynamic loader found it in a "
+                              "dependency); without --strict-lib (strict_lib=False) it is checked from there")
+        self._provenance[key] = {"symbol": sym, "file": where, "library": self.path, "elsewhere": bool(elsewhere)}
+
+    def provenance(self) -> dict:
+        return {k: dict(v) for k, v in self._provenance.items()}
+
+    def link_libraries(self, direction: str) -> list:
+        """The library given, and the one that defines the symbol when it is another (a dependency)."""
+        libs = [self.path]
+        where = self._provenance.get(direction, {}).get("file")
+        if where and where not in (self.path, self.file):
+            libs.append(where)
+        return libs
 
     def _call(self, direction, src: np.ndarray, out_width_bytes: int, fill_bytes: bytes, out_dtype, k_of_chunk):
         fn = self.functions[direction]
@@ -264,6 +365,14 @@ class LibraryTarget(Target):
 # ---------------------------------------------------------------------------
 
 
+def _raises(fn, rows: np.ndarray) -> bool:
+    try:
+        fn(rows.copy())
+    except Exception:
+        return True
+    return False
+
+
 class CallableTarget(Target):
     """Python functions: ``quantize(x)`` and/or ``dequantize(data)`` on whole rows.
 
@@ -290,10 +399,38 @@ class CallableTarget(Target):
         self.fns = fns
 
     def _quantize(self, x, fill):
-        return self.fns["quantize"](x.copy())
+        return self._guarded("quantize", x)
 
     def _dequantize(self, data, fill):
-        return self.fns["dequantize"](data.copy())
+        return self._guarded("dequantize", data)
+
+    def _guarded(self, direction: str, rows: np.ndarray):
+        """Call the kernel; an exception becomes a :class:`TargetError` naming the smallest input that raises it."""
+        fn = self.fns[direction]
+        try:
+            return fn(rows.copy())
+        except Exception as exc:
+            culprit, what = self._culprit(fn, rows, direction)
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+            shown = (", ".join(f"{v}" for v in culprit.reshape(-1)[:8]) if culprit.dtype == np.float32 else culprit.tobytes().hex(" ")[:96])
+            raise TargetError(f"{self.description}: {direction} raised {type(exc).__name__}: {exc} on {what} "
+                              f"({culprit.size} {'values' if culprit.dtype == np.float32 else 'bytes'}: {shown}"
+                              f"{' ...' if culprit.size > 8 else ''}); the kernel's traceback:\n{tb}") from exc
+
+    def _culprit(self, fn, rows: np.ndarray, direction: str):
+        """The first row, then block of that row (when blocks are independent), on which ``fn`` raises by itself."""
+        width = self.format.block_size if direction == "quantize" else self.format.type_size
+        for r in range(rows.shape[0]):
+            row = rows[r : r + 1]
+            if not _raises(fn, row):
+                continue
+            if not self.row_rule:
+                for b in range(row.shape[1] // width):
+                    blk = np.ascontiguousarray(row[:, b * width : (b + 1) * width])
+                    if _raises(fn, blk):
+                        return blk, f"block {b} of row {r} (alone it raises too)"
+            return row, f"row {r} of a batch of {rows.shape[0]}"
+        return rows, f"a batch of {rows.shape[0]} rows (no row alone raises)"
 
 
 # ---------------------------------------------------------------------------

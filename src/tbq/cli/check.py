@@ -23,10 +23,11 @@ from ..check import (
     check_target,
     resolve_format,
 )
-from ..check.runner import check_memory, require_hypothesis
+from ..check.dot import LibraryDot, check_dot, right_format
+from ..check.runner import check_accept, check_memory, require_hypothesis
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
-from ..formats import format_name, formats, parse_option
+from ..formats import Format, format_class, format_name, formats, parse_option
 from ..golden import check_out_dir
 from ..parallel import require_memory
 from . import check_output_file, int_at_least
@@ -81,6 +82,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--exec", dest="exec_cmd", metavar="CMD",
                    help="external program reading {in} and writing {out}, e.g. \"./kernel {op} {in} {out}\"; placeholders: "
                    + ", ".join("{" + k + "}" for k in PLACEHOLDERS))
+    t.add_argument("--init", action="append", default=[], metavar="SYMBOL",
+                   help="--lib: a void f(void) function called once after loading, repeatable (ggml's CPU backend: ggml_cpu_init)")
+    t.add_argument("--strict-lib", action="store_true",
+                   help="--lib: refuse a symbol that the library's dependencies define rather than the library itself")
+    t.add_argument("--dot", metavar="SYMBOL",
+                   help="--lib: check a dot-product kernel with ggml's vec_dot signature instead of row functions, e.g. "
+                   "ggml_vec_dot_q4_0_q8_0 (its left operand in --format, the right in --rhs)")
+    pairs = ", ".join(f"{n} x {format_class(n).vec_dot_type}" for n in formats() if format_class(n).vec_dot_type)
+    t.add_argument("--rhs", type=_format_arg, metavar="FMT", help="--dot: the right operand's format (default: the one ggml pairs "
+                   f"--format with; checked pairs: {pairs})")
     t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
     t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
     f = p.add_argument_group("format")
@@ -101,14 +112,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fz.add_argument("--seconds", type=_positive_float, metavar="T", help="fuzz for T seconds per direction instead of --examples")
     r.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the golden families and of the fuzz")
     c = p.add_argument_group("classification")
-    c.add_argument("--exact", action="store_true", help="refuse fragile differences too (default: accepted)")
+    c.add_argument("--exact", action="store_true", help="refuse fragile, tie-rule and undefined differences too (default: accepted)")
+    c.add_argument("--accept", action="append", default=[], metavar="CLASS_OR_DIAGNOSIS",
+                   help="waive a known deviation and go on to the next distinct one, repeatable: a class (fragile, tie_rule, "
+                   "undefined) or a diagnosis name (e.g. nibble_order, signed_zero, scale_ulp)")
     c.add_argument("-k", "--fragile-ulps", type=int_at_least(0), default=DEFAULT_K, metavar="K",
                    help="fragility margin in float32 ulps")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, and the table goes to stderr)")
     o.add_argument("--out", metavar="DIR", default=None,
                    help="directory for the counterexamples (.npz and a C repro), written only when something fails "
-                   "(default: tbq-check-<fmt>)")
+                   "(default: tbq-check-<fmt> in the working directory, made only then)")
     o.add_argument("--quiet", action="store_true", help="print the verdict line only, no progress")
 
 
@@ -119,8 +133,11 @@ def _target(args: argparse.Namespace, fmt: Any) -> Any:
         for flag in ("quantize", "dequantize"):
             if getattr(args, flag) is not None:
                 raise TbqValueError(f"--{flag} names a library symbol; with --exec use --only to pick a direction")
+        if args.init or args.strict_lib:
+            raise TbqValueError(f"--{'init' if args.init else 'strict-lib'} applies to --lib, not to --exec")
         return ProgramTarget(args.exec_cmd, fmt, only=args.only, timeout=args.timeout)
-    return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only)
+    return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only, init=args.init,
+                         strict_lib=args.strict_lib)
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -128,14 +145,41 @@ def run_cli(args: argparse.Namespace) -> int:
     options = dict(parse_option(o) for o in args.option)
     fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"), options)
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
-    out_dir = check_out_dir(args.out or f"tbq-check-{fmt.name}")
+    # --out is checked before any work; the default folder is only made when something fails
+    out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-{fmt.name}")
+    check_accept(args.accept)
+    if not args.blocks and not args.examples and not args.seconds:
+        raise TbqValueError("--blocks 0 with --examples 0 checks nothing; give --blocks N or --examples N (or --seconds T)")
     if args.examples or args.seconds:
         require_hypothesis()  # before loading anything: say so at once
     require_memory(check_memory(fmt, args.blocks), f"--blocks {args.blocks:,} ({fmt.name})")  # before any work
+    if args.dot or args.rhs:
+        return _run_dot(args, fmt, out_dir, json_path)
     target = _target(args, fmt)
     report = check_target(target, blocks=args.blocks, examples=args.examples if not args.seconds else 0, seconds=args.seconds,
-                          exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir,
+                          exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir, accept=args.accept,
                           progress=False if args.quiet else None)
+    text_stream = sys.stderr if args.json == "-" else sys.stdout
+    print(report.verdict() if args.quiet else report.text(), file=text_stream)
+    if args.json == "-":
+        print(report.to_json())
+    elif json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(report.to_json() + "\n")
+    return 0 if report.ok else 1
+
+
+def _run_dot(args: argparse.Namespace, fmt: Format, out_dir: Path, json_path: Path | None) -> int:
+    """``tbq check --dot SYMBOL``: a dot-product kernel of a library."""
+    if not args.dot or args.lib is None:
+        raise TbqValueError("--dot SYMBOL checks a dot-product kernel of --lib PATH (--rhs only goes with --dot)")
+    for flag in ("quantize", "dequantize", "only", "exec_cmd"):
+        if getattr(args, flag) is not None:
+            raise TbqValueError(f"--{flag.replace('_cmd', '')} is for row functions; --dot checks a dot-product kernel alone")
+    if args.accept:
+        raise TbqValueError("--accept is for row functions; a dot-product check has no diagnoses to waive yet")
+    target = LibraryDot(args.lib, args.dot, fmt, right_format(fmt, args.rhs), init=args.init, strict_lib=args.strict_lib)
+    report = check_dot(target, blocks=max(1, args.blocks), exact=args.exact, seed=args.seed, out=out_dir)
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
     if args.json == "-":

@@ -123,7 +123,7 @@ def format_info(name: str) -> FormatInfo:
     return FORMATS[format_name(name)]
 
 
-def format_class(name: str) -> type:
+def format_class(name: str) -> type[Format]:
     """The :class:`Format` subclass of ``name`` (any case, see :func:`format_name`)."""
     return FORMAT_CLASSES[format_name(name)]
 

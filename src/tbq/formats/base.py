@@ -83,6 +83,9 @@ class Option:
     kind: str = ""  #: what values it takes, for messages and docs
     description: str = ""
     check: object = field(default=None, compare=False)
+    #: Values in use elsewhere (other builds' tables, seeds): ``tbq check`` tries them on a failing kernel and names
+    #: the one it matches.
+    known: tuple = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ _KERNEL_MODULES: dict = {}
 #: name -> :class:`FormatInfo`, in registration order (the order of docs/formats.md).
 FORMATS: dict[str, FormatInfo] = {}
 #: name -> :class:`Format` subclass.
-FORMAT_CLASSES: dict[str, type] = {}
+FORMAT_CLASSES: dict[str, type[Format]] = {}
 
 
 def register(cls: type) -> type:
@@ -362,6 +365,56 @@ class Format:
         ``norm`` array) and the study read this.
         """
         return None
+
+    #: How the C encoder rounds an exact tie between two levels of :meth:`value_table`: ``"away"`` (half away from
+    #: zero, roundf), ``"toward"`` (half toward zero), ``"up"`` (half up, trunc(v + k + 1/2)), ``"even"``; ``""``
+    #: where not declared. The checker names another tie rule against it.
+    tie_rule: str = ""
+    #: The format ggml pairs this one with in its dot product ``ggml_vec_dot_<fmt>_<vec_dot_type>`` (the right
+    #: operand); ``""`` where tbq cannot check that dot product (see :meth:`dot_parts`).
+    vec_dot_type: str = ""
+
+    def dot_parts(self, data: np.ndarray):
+        """``(codes, scale)`` of encoded blocks ``data`` (uint8, blocks x type_size) for dot products: int64 codes
+        (blocks, block_size) and the float64 scale per block (blocks,) such that each value is exactly
+        ``codes * scale``, so that a block's dot product has an exact integer part. ``None`` for formats
+        without that form."""
+        return None
+
+    #: Declared by formats whose C encoder multiplies by ``id = 1/d`` (the traced float32 ``d``): when ``1/d``
+    #: overflows, ``x * id`` is +-Inf or NaN and C's float-to-integer conversion of it is undefined.
+    reciprocal_scale: bool = False
+
+    def undefined_blocks(self, trace: dict) -> tuple[np.ndarray, str]:
+        """``(mask, rule)``: blocks (bool, blocks) whose C reference result is undefined behaviour, and the rule in
+        one line. A kernel may write anything there; the checker accepts a difference on them unless ``exact``.
+
+        Default: with :attr:`reciprocal_scale`, the blocks whose ``1/d`` overflows float32; otherwise none.
+        """
+        d = trace.get("d") if self.reciprocal_scale else None
+        if d is None:
+            n = next((np.shape(v)[0] for v in trace.values() if np.ndim(v)), 0)
+            return np.zeros(n, bool), ""
+        d = np.asarray(d, np.float32).reshape(-1)
+        with np.errstate(all="ignore"):
+            over = (d != 0) & np.isfinite(d) & np.isinf(np.float32(1) / d)
+        return over, ("1/d overflows float32 (|d| below 2**-128, amax about 1e-37 or less): x * (1/d) is +-Inf or NaN, and "
+                      "C's conversion of it to an integer code is undefined")
+
+    def equivalent_blocks(self, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+        """bool (blocks,): encoded blocks ``got`` (uint8, blocks x type_size) that differ from ``ref`` but decode to the
+        same values (equal as numbers, so +0 and -0 alike, NaN where NaN): a zero scale with any codes, a zero of
+        either sign. Default: :meth:`reference_decode` of both, compared value by value.
+
+        >>> import tbq; q = tbq.get_format("q8_0"); a = q.encode(np.zeros((1, 32), np.float32)); b = a.copy(); b[0, 2:] = 0x80
+        >>> q.equivalent_blocks(a, b).tolist()
+        [True]
+        """
+        with np.errstate(all="ignore"):
+            yr = self.reference_decode(np.ascontiguousarray(ref, np.uint8)).reshape(ref.shape[0], -1)
+            yg = self.reference_decode(np.ascontiguousarray(got, np.uint8)).reshape(got.shape[0], -1)
+            same = (yr == yg) | (np.isnan(yr) & np.isnan(yg))
+        return same.all(axis=1)
 
     @staticmethod
     def _int_levels(lo: int, n: int, v) -> tuple:

@@ -284,6 +284,7 @@ class MXFP4(Format):
         ),
     )
     kernel_module = "tbq.formats.fp4_kernels"
+    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
     hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
 
     def reference_encode(self, x):
@@ -308,6 +309,15 @@ class MXFP4(Format):
 
     def value_table(self, trace):
         return _e2m1_value_table(self, trace["x"], trace["d"])
+
+    def undefined_blocks(self, trace):
+        # (uint8_t)(E - 2 + 127) of a negative int: the exponent byte of a block below E8M0's range
+        amax = np.asarray(trace["amax"], np.float32).reshape(-1)
+        l2 = np.asarray(trace["log2amax"], np.float32).reshape(-1)
+        with np.errstate(invalid="ignore"):
+            below = (amax > 0) & (np.floor(l2) <= -126)
+        return below, ("amax below 2**-125 (floor(log2 amax) <= -126): the C code converts a negative float exponent to uint8_t, "
+                       "which is undefined")
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_mxfp4: E2M1 doubled) and ``e8m0_boundaries`` (uint32)."""
@@ -374,6 +384,7 @@ class NVFP4(Format):
         ),
     )
     kernel_module = "tbq.formats.fp4_kernels"
+    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
     hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
 
     def reference_encode(self, x):

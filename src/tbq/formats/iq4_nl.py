@@ -162,6 +162,11 @@ class IQ4_NL(Format):
         out[:, 2:] = np_pack4_halves(lr.reshape(n, -1).astype(np.uint8))
         return out, {"d0": d0, "a": a, "d": d, "carried": carried.reshape(n)}
 
+    vec_dot_type = "q8_0"  # ggml_vec_dot_iq4_nl_q8_0
+
+    def dot_parts(self, data):
+        return IQ4_NL_VALUES.astype(np.int64)[np_unpack4_halves(data[:, 2:])], get_f16_scale(data).astype(np.float64)
+
     def reference_decode(self, data):
         d = get_f16_scale(data)
         return d[:, None] * _KF[np_unpack4_halves(data[:, 2:])]

@@ -32,6 +32,8 @@ class Q4_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale max/-8"), Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4")),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+    tie_rule = "up"
     attention_reader = "ggml_q4_0"
     hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
 
@@ -54,6 +56,11 @@ class Q4_0(Format):
         put_f16_scale(out, d)
         out[:, 2:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
+
+    def dot_parts(self, data):
+        return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
 
     def reference_decode(self, data):
         d = get_f16_scale(data)

@@ -74,6 +74,8 @@ class Q5_0(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+    tie_rule = "up"  # trunc(v + 16.5)
     hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
 
     def value_table(self, trace):
@@ -96,6 +98,11 @@ class Q5_0(_Q5):
         out[:, 2:6] = pack_qh(c)
         out[:, 6:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
+
+    def dot_parts(self, data):
+        return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
 
     def reference_decode(self, data):
         d = get_f16_scale(data)
@@ -124,6 +131,8 @@ class Q5_1(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+    tie_rule = "away"  # trunc(v + 0.5), v >= 0
     hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
 
     def value_table(self, trace):

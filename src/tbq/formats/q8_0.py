@@ -35,6 +35,8 @@ class Q8_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+    tie_rule = "away"
     attention_reader = "ggml_q8_0"
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
@@ -52,6 +54,11 @@ class Q8_0(Format):
         put_f16_scale(out, d)
         out[:, 2:] = r.astype(np.int8).view(np.uint8)
         return out, {"d": d, "v": v}
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
+
+    def dot_parts(self, data):
+        return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
 
     def reference_decode(self, data):
         d = get_f16_scale(data)

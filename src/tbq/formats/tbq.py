@@ -73,8 +73,10 @@ class _TBQ(Format):
     """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
 
     options = {
-        "codebook": Option("lloyd-max", "'lloyd-max', 'turboq-mtp' or a tbq.Codebook", "the scalar codebook of the rotated coordinates"),
-        "signs": Option("turboq-mtp", "'turboq-mtp', an integer seed or a pair of +-1 arrays", "the rotation's two sign vectors"),
+        "codebook": Option("lloyd-max", "'lloyd-max', 'turboq-mtp' or a tbq.Codebook", "the scalar codebook of the rotated coordinates",
+                           known=("lloyd-max", "turboq-mtp")),
+        "signs": Option("turboq-mtp", "'turboq-mtp', an integer seed or a pair of +-1 arrays", "the rotation's two sign vectors",
+                        known=("turboq-mtp", 0, 1, 42)),
     }
     kernel_module = "tbq.formats.tbq_kernels"
     attention_reader = "rotated"

@@ -129,7 +129,7 @@ def _rows_per_family(rows_per_family: Any = None, blocks: Any = None) -> int:
 # ---------------------------------------------------------------------------
 
 #: Formats that take a ``codebook`` option, with their index bits (from the registry: tbq4_0, tbq3_0).
-_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}  # type: ignore[attr-defined]  # TEMPORARY: base.FORMAT_CLASSES is annotated dict[str, type]
+_TBQ_BITS = {name: FORMATS[name].index_bits for name, cls in FORMAT_CLASSES.items() if "codebook" in cls.options}
 
 
 @dataclass(frozen=True)

@@ -527,7 +527,7 @@ def generate(
     options = dict(options or {})
     check_options(fmts, options)
     for fmt in fmts:  # every value checked before any work
-        format_class(fmt).check_options(config_for(fmt, options))  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
+        format_class(fmt).check_options(config_for(fmt, options))
     require_memory(generate_memory(rows, len(fams), len(fmts)), f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats")
     if pairs:
         require_memory(attention_memory(tokens, n_head, n_head_kv), f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads")

@@ -137,7 +137,7 @@ def _exact_config(fmt: str, tables: _Tables, options: dict[str, Any] | None = No
     (FP8's ``scale``; default: the declared defaults), recorded as the format's
     config so ``--from-manifest`` rebuilds the same codec.
     """
-    cfg = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
+    cfg: dict[str, Any] = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}
     if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)
@@ -151,7 +151,7 @@ def own_options(fmt: str, config: dict[str, Any], tables: _Tables) -> dict[str, 
     """The options of a manifest's ``codec_config`` that :func:`_exact_config` took from ``options`` (not from the tables)."""
     if fmt in tables.codebooks:
         return {}
-    return {k: config[k] for k in format_class(fmt).options if k in config}  # type: ignore[attr-defined]  # TEMPORARY: formats.format_class is annotated -> type
+    return {k: config[k] for k in format_class(fmt).options if k in config}
 
 
 def _named_config(codec: Codec) -> dict[str, Any]:

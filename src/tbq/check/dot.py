@@ -1,0 +1,376 @@
+"""Checking dot-product kernels: ggml's ``ggml_vec_dot_<fmt>_<vec_dot_type>`` against an exact reference.
+
+ggml's signature is ``void f(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
+int nrc)``: ``x`` holds ``n / block_size`` blocks of the left format, ``y`` as many of the right one (the
+format's :attr:`~tbq.formats.Format.vec_dot_type`), ``*s`` receives the dot product (``nrc = 1``).
+
+The reference works block by block with exact integer parts: each operand block is ``codes * scale``
+(:meth:`~tbq.formats.Format.dot_parts`), so a block contributes ``sumi * dx * dy`` with the integer
+``sumi = sum(cx * cy)``; every term is exact in float64 and the row's sum is correctly rounded
+(``math.fsum``) then rounded to float32. A kernel's result is
+
+- ``exact``: the float32 of the exact sum;
+- ``fragile``: within the accumulation bound of a float32 kernel: ``(nb + 8) * 2**-24 * sum_b |dx dy| sum_j
+  |cx_j cy_j|`` plus ``nb`` times the smallest subnormal, for ``nb`` blocks: one rounding per addition in any
+  order and per lane of a SIMD split of the integer sums, FMA or not, plus :data:`ROUNDINGS` for the scale
+  product, the horizontal sum and the conversion (a first-order bound, widened by 1%);
+- ``wrong``: anything else (NaN included).
+
+Phases: ``golden`` (tbq's encodings of the golden families, one call per row of 1 to 8 blocks, so tails of
+every length meet the kernel) and ``bytes`` (codes of random values, as the encoder writes them, with random
+finite fp16 scales from 2**-14 to 65504).
+
+>>> import tbq, numpy as np
+>>> def dot(x, y, n):  # a correct dot product written with tbq's own decoders (float64 sum)
+...     return float(np.dot(tbq.dequantize(x, "q4_0").astype(np.float64), tbq.dequantize(y, "q8_0").astype(np.float64)))
+>>> r = check_dot(CallableDot(tbq.get_format("q4_0"), tbq.get_format("q8_0"), dot), blocks=200)
+>>> r.ok, r.counts("dot")["wrong"]
+(True, 0)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..codecs import codec_from
+from ..errors import TbqValueError
+from ..formats import FORMAT_CLASSES, Format, get_format
+from .classify import CLASSES, EXACT, FRAGILE, WRONG
+from .report import CheckReport, PhaseResult
+from .runner import DEFAULT_BLOCKS, golden_rows
+from .targets import TargetError, defining_file
+
+__all__ = ["DotTarget", "LibraryDot", "CallableDot", "check_dot", "reference_dot", "right_format", "DotCounterexample"]
+
+U32 = 2.0**-24
+#: Roundings a term meets besides one addition per block: dx * dy, the partial sum's product, a horizontal sum
+#: of up to 16 lanes (4 levels), and the final conversion; a first-order bound, widened by 1%.
+ROUNDINGS = 8
+#: Blocks per call cycle through 1 .. MAX_CALL_BLOCKS (so every tail length reaches the kernel).
+MAX_CALL_BLOCKS = 8
+
+
+def right_format(left: Format, rhs: str | Format | None = None) -> Format:
+    """The right operand's format: ``rhs`` when given, else the one ggml pairs ``left`` with (``vec_dot_type``)."""
+    if isinstance(rhs, Format):
+        right = rhs
+    elif rhs is not None:
+        right = get_format(rhs)
+    elif left.vec_dot_type:
+        right = get_format(left.vec_dot_type)
+    else:
+        pairs = ", ".join(f"{n} x {c.vec_dot_type}" for n, c in FORMAT_CLASSES.items() if c.vec_dot_type)
+        raise TbqValueError(f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
+                            f"exact integer form; the pairs it checks: {pairs}")
+    for f in (left, right):
+        if f.dot_parts(np.zeros((1, f.type_size), np.uint8)) is None:
+            raise TbqValueError(f"{f.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it")
+    if left.block_size != right.block_size:
+        raise TbqValueError(f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair")
+    return right
+
+
+def reference_dot(left: Format, right: Format, x: bytes | np.ndarray, y: bytes | np.ndarray) -> tuple[np.float32, float]:
+    """``(exact, bound)`` of one dot product: the float32 of the exact sum and the derived accumulation bound.
+
+    >>> import tbq
+    >>> q4, q8 = tbq.get_format("q4_0"), tbq.get_format("q8_0")
+    >>> v = np.linspace(-1, 1, 64, dtype=np.float32)[None, :]
+    >>> s, b = reference_dot(q4, q8, q4.encode(v), q8.encode(v))
+    >>> float(s) == float(np.dot(q4.decode(q4.encode(v))[0].astype(np.float64), q8.decode(q8.encode(v))[0].astype(np.float64))), b < 1e-4
+    (True, True)
+    """
+    xb = np.frombuffer(bytes(x), np.uint8).reshape(-1, left.type_size)
+    yb = np.frombuffer(bytes(y), np.uint8).reshape(-1, right.type_size)
+    cx, dx = left.dot_parts(xb)
+    cy, dy = right.dot_parts(yb)
+    sumi = (cx * cy).sum(axis=1)  # exact integers
+    with np.errstate(all="ignore"):
+        terms = sumi.astype(np.float64) * dx * dy  # exact: < 2**16 times two 11-bit mantissas
+    if not np.isfinite(terms).all():
+        return np.float32(np.nan), math.inf
+    total = math.fsum(terms.tolist())
+    with np.errstate(over="ignore"):
+        exact = np.float32(total)
+    nb = terms.size
+    # a kernel may split each block's integer sum into partial sums (SIMD lanes) that it rounds separately: the
+    # bound weighs the magnitudes of the code products, not of their sum
+    mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
+    bound = 1.01 * (nb + ROUNDINGS) * U32 * float(mags.sum()) + nb * 2.0**-149
+    return exact, bound
+
+
+class DotTarget:
+    """A dot-product kernel: ``dot(x, y, n) -> float`` on encoded rows of ``left`` and ``right``."""
+
+    kind = "dot"
+
+    def __init__(self, left: Format, right: Format, description: str, symbol: str):
+        self.left, self.right = left, right
+        self.description, self.symbol = description, symbol
+        self.faults: dict = {}
+
+    def dot(self, x: np.ndarray, y: np.ndarray, n: int) -> np.float32:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def provenance(self) -> dict:
+        return {}
+
+    def link_libraries(self) -> list:
+        return []
+
+    def close(self) -> None:
+        """Nothing to release by default."""
+
+
+class LibraryDot(DotTarget):
+    """ggml's ``vec_dot`` signature from a shared library (ctypes), with optional ``init`` functions."""
+
+    def __init__(self, path, symbol: str, left: Format, right: Format, init=(), strict_lib: bool = False):
+        path = os.fspath(path)
+        if "/" in path and not Path(path).is_file():
+            raise TargetError(f"cannot load {path}: no such file")
+        real = os.path.realpath(path) if Path(path).exists() else path
+        try:
+            lib = ctypes.CDLL(real)
+        except OSError as exc:
+            raise TargetError(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
+        super().__init__(left, right, f"library {Path(path).name}", symbol)
+        self.path, self.lib = real, lib
+        self._prov: dict = {}
+        init = (init,) if isinstance(init, str) else tuple(init or ())
+        fns = []
+        for name, key in [(n, f"init {n}") for n in init] + [(symbol, "dot")]:
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:
+                raise TargetError(f"{path} has no symbol {name!r} ({key}); check the name (nm -D shows the exported symbols)") from None
+            where = defining_file(fn)
+            elsewhere = bool(where and Path(real).exists() and where != real)
+            if elsewhere and strict_lib:
+                raise TargetError(f"{name} ({key}) is defined in {where}, not in {real} (the dynamic loader found it in a dependency)")
+            self._prov[key] = {"symbol": name, "file": where, "library": real, "elsewhere": elsewhere}
+            fns.append(fn)
+        for fn in fns[:-1]:
+            fn.argtypes, fn.restype = (), None
+            fn()
+        self.fn = fns[-1]
+        self.fn.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        self.fn.restype = None
+
+    def dot(self, x, y, n):
+        s = (ctypes.c_float * 2)(np.nan, 12345.0)  # s[1] is a guard: nrc = 1 writes s[0] only
+        xa, ya = np.array(x, np.uint8, copy=True), np.array(y, np.uint8, copy=True)
+        self.fn(int(n), s, 0, xa.ctypes.data, 0, ya.ctypes.data, 0, 1)
+        if s[1] != 12345.0:
+            self.faults.setdefault("dot", [f"{self.symbol} writes past *s (s[1]) with nrc = 1"])
+        if not (np.array_equal(xa, x) and np.array_equal(ya, y)):
+            self.faults.setdefault("dot", [f"{self.symbol} writes into its inputs (declared const)"])
+        return np.float32(s[0])
+
+    def provenance(self):
+        return {k: dict(v) for k, v in self._prov.items()}
+
+    def link_libraries(self):
+        libs = [self.path]
+        where = self._prov.get("dot", {}).get("file")
+        return libs + ([where] if where and where != self.path else [])
+
+
+class CallableDot(DotTarget):
+    """A Python dot product ``fn(x, y, n) -> float``: ``x``, ``y`` uint8 encoded rows, ``n`` the number of values."""
+
+    def __init__(self, left: Format, right: Format, fn, name: str | None = None):
+        if not callable(fn):
+            raise TargetError(f"dot must be a function (x, y, n) -> float, got {type(fn).__name__}")
+        super().__init__(left, right, name or f"python {getattr(fn, '__qualname__', type(fn).__name__)}", "vec_dot")
+        self.fn = fn
+
+    def dot(self, x, y, n):
+        out = self.fn(x.copy(), y.copy(), int(n))
+        try:
+            return np.float32(out)
+        except (TypeError, ValueError):
+            raise TargetError(f"{self.description} returned {type(out).__name__}; return the dot product as a float") from None
+
+
+@dataclass
+class DotCounterexample:
+    """The shortest failing dot product found: the operands, tbq's exact value and bound, the kernel's result."""
+
+    phase: str
+    classification: str
+    x: np.ndarray
+    y: np.ndarray
+    n: int
+    expected: float
+    bound: float
+    got: float
+    how: str = ""
+    direction: str = "dot"
+    per_block: list = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"dot: first minimal {self.classification} dot product ({self.phase} phase; {self.how})",
+               f"  n = {self.n} ({len(self.per_block)} blocks): tbq {float(self.expected)!r} (the float32 of the exact sum), "
+               f"target {float(self.got)!r}, difference {abs(float(self.got) - float(self.expected)):.6g}, bound {self.bound:.6g}"]
+        for i, (sumi, t) in enumerate(self.per_block[:8]):
+            out.append(f"  block {i}: sumi = {sumi}, term sumi*dx*dy = {t!r}")
+        return out
+
+    def to_dict(self) -> dict:
+        return {"direction": "dot", "phase": self.phase, "classification": self.classification, "how": self.how, "n": self.n,
+                "x": self.x.tobytes().hex(), "y": self.y.tobytes().hex(), "expected": float(self.expected), "bound": self.bound,
+                "got": float(self.got)}
+
+    def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        stem = d / f"{fmt.name}-dot"
+        np.savez(stem.with_suffix(".npz"), x=self.x, y=self.y, n=np.int64(self.n), expected=np.float32(self.expected),
+                 bound=np.float64(self.bound), got=np.float32(self.got))
+        stem.with_suffix(".c").write_text(self.c_source(fmt, symbol or "vec_dot", link))
+        return [stem.with_suffix(".npz"), stem.with_suffix(".c")]
+
+    def c_source(self, fmt: Format, symbol: str, link: list | None = None) -> str:
+        src = f"{fmt.name}-dot.c"
+        libs = " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in (link or [])) \
+            or "./libmykernel.so -Wl,-rpath,$PWD"
+
+        def arr(name, a):
+            return f"static const uint8_t {name}[{a.size}] = {{{', '.join(f'0x{int(v):02X}' for v in a)}}};"
+
+        e = int(np.array(np.float32(self.expected)).view(np.uint32))
+        return "\n".join([
+            f"/* Counterexample from `tbq check --dot`: {fmt.name} dot product, {self.phase} phase ({self.how}).",
+            f" * tbq's value is the float32 of the exact sum; a correct float32 kernel lands within {self.bound!r} of it.",
+            " * Build and run (exit status 1 while the kernel is outside the bound):",
+            f" *     cc -O2 -o repro {src} {libs} -lm",
+            " *     ./repro */",
+            "#include <math.h>", "#include <stdint.h>", "#include <stdio.h>", "#include <string.h>", "#include <stddef.h>", "",
+            f"void {symbol}(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by, int nrc);", "",
+            arr("x", self.x), arr("y", self.y), "",
+            "int main(void) {",
+            f"    uint32_t eb = 0x{e:08X}u; float e, s = NAN;",
+            "    memcpy(&e, &eb, 4);",
+            f"    {symbol}({self.n}, &s, 0, x, 0, y, 0, 1);",
+            f"    const double diff = fabs((double)s - (double)e), bound = {self.bound!r};",
+            "    printf(\"target %.9g, tbq %.9g, difference %.6g, bound %.6g\\n\", s, e, diff, bound);",
+            "    return !(diff <= bound);",
+            "}", ""])
+
+
+def _random_blocks(fmt: Format, n: int, rng) -> np.ndarray:
+    """Codes the encoder writes (of uniform random values) with random finite fp16 scales (exponents 1..30, either sign).
+
+    Only codes the reference encoder can write: ggml's SIMD kernels assume them (q8_0's -128 never occurs).
+    """
+    x = rng.uniform(-1, 1, (n, fmt.block_size)).astype(np.float32)
+    x[rng.random(n) < 0.25, 0] = 1  # some blocks reach their largest codes
+    data = codec_from(fmt.name, fmt.config(), on_overflow="inf").encode(x).reshape(n, fmt.type_size)
+    for f in fmt.info.layout:
+        if f.kind == "f16" and f.size == 2:
+            bits = (rng.integers(0, 2, n) << 15) | (rng.integers(1, 31, n) << 10) | rng.integers(0, 1024, n)
+            data[:, f.offset : f.offset + 2] = bits.astype("<u2").view(np.uint8).reshape(n, 2)
+    return data
+
+
+def _classify(got: np.float32, exact: np.float32, bound: float) -> int:
+    if np.array(got).view(np.uint32) == np.array(exact).view(np.uint32):
+        return EXACT
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(got) and np.isfinite(exact) and abs(float(got) - float(exact)) <= bound
+    return FRAGILE if ok else WRONG
+
+
+def check_dot(target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = False, seed: int = 0, out=None) -> CheckReport:
+    """Check a dot-product kernel on ``blocks`` blocks of each phase; returns a :class:`~tbq.check.report.CheckReport`
+    with direction ``"dot"`` (each dot product counts as one; ``exact=True`` refuses results that are only within the
+    bound)."""
+    if isinstance(blocks, bool) or not isinstance(blocks, (int, np.integer)) or blocks < 1:
+        raise TbqValueError(f"blocks must be an integer >= 1, got {blocks!r}")
+    L, R = target.left, target.right
+    bs = L.block_size
+    t_start = time.perf_counter()
+    report = CheckReport(L.name, L.config(), target.description, {"blocks": int(blocks), "exact": bool(exact), "seed": seed,
+                                                                   "rhs": R.name, "bound": "(nb + 8) * 2**-24 * sum_b |dx dy| sum_j |cx_j cy_j|"})
+    report.provenance = target.provenance()
+    report.unit = "dot products"
+    first = None
+    rng = np.random.default_rng(seed * 1000 + 19)
+    try:
+        for phase in ("golden", "bytes"):
+            t0 = time.perf_counter()
+            if phase == "golden":
+                xv = golden_rows(L, blocks, seed).reshape(-1)[: blocks * bs]
+                yv = golden_rows(R, blocks, seed + 1).reshape(-1, bs)
+                yv = yv[rng.permutation(yv.shape[0])].reshape(-1)[: xv.size]
+                xb = codec_from(L.name, L.config(), on_overflow="inf").encode(xv.reshape(-1, bs)).reshape(-1, L.type_size)
+                yb = codec_from(R.name, R.config(), on_overflow="inf").encode(yv.reshape(-1, bs)).reshape(-1, R.type_size)
+            else:
+                xb, yb = _random_blocks(L, blocks, rng), _random_blocks(R, blocks, rng)
+            counts = np.zeros(len(CLASSES), np.int64)
+            b0, m = 0, 0
+            while b0 < xb.shape[0]:
+                nb = min(1 + m % MAX_CALL_BLOCKS, xb.shape[0] - b0)
+                m += 1
+                x, y = xb[b0 : b0 + nb].reshape(-1), yb[b0 : b0 + nb].reshape(-1)
+                b0 += nb
+                e, bound = reference_dot(L, R, x, y)
+                if not np.isfinite(e):
+                    continue  # an overflowing reference (scales of the bytes phase): no spec value to compare with
+                cls = _classify(target.dot(x, y, nb * bs), e, bound)
+                counts[cls] += 1
+                failing = cls == WRONG or (exact and cls == FRAGILE)
+                if failing and first is None:
+                    first = (phase, x, y, nb, cls)
+            report.phases.append(PhaseResult.from_counts("dot", phase, counts, time.perf_counter() - t0,
+                                                         "golden families, 1 to 8 blocks a call" if phase == "golden"
+                                                         else "encoder codes, random finite fp16 scales"))
+        if first is not None:
+            report.counterexamples["dot"] = _minimal(target, *first)
+    finally:
+        target.close()
+    report.faults = dict(target.faults)
+    report.seconds = time.perf_counter() - t_start
+    if out is not None and report.counterexamples:
+        try:
+            report.save(out, L, {"dot": target.symbol}, {"dot": target.link_libraries()})
+        except OSError as exc:
+            report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
+    return report
+
+
+def _minimal(target: DotTarget, phase, x, y, nb, cls) -> DotCounterexample:
+    """The failing call cut to fewer blocks (from the end, then the start) while it still fails the same way."""
+    L, R = target.left, target.right
+    bs, tl, tr = L.block_size, L.type_size, R.type_size
+
+    def fails(a, b):
+        xs, ys = x[a * tl : b * tl], y[a * tr : b * tr]
+        e, bound = reference_dot(L, R, xs, ys)
+        return np.isfinite(e) and _classify(target.dot(xs, ys, (b - a) * bs), e, bound) == cls
+
+    a, b = 0, nb
+    while b - a > 1 and fails(a, b - 1):
+        b -= 1
+    while b - a > 1 and fails(a + 1, b):
+        a += 1
+    xs, ys = x[a * tl : b * tl].copy(), y[a * tr : b * tr].copy()
+    e, bound = reference_dot(L, R, xs, ys)
+    cx, dx = L.dot_parts(xs.reshape(-1, tl))
+    cy, dy = R.dot_parts(ys.reshape(-1, tr))
+    sumi = (cx * cy).sum(axis=1)
+    per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy)]
+    how = f"blocks {a}..{b - 1} of a call of {nb} blocks" + (" (the shortest that still fails)" if b - a < nb else "")
+    got = target.dot(xs, ys, (b - a) * bs)
+    return DotCounterexample(phase, CLASSES[cls], xs, ys, (b - a) * bs, float(e), bound, float(got), how, per_block=per_block)
