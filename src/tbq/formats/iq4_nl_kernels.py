@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
+    reader_aux,
+    reader_blocks,
+    reader_out,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -135,3 +138,9 @@ def decode(data, out, table):
             dst[j] = d * _KF[lo4(v)]
             dst[j + half] = d * _KF[hi4(v)]
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode` (the same bits), ``aux`` the fp16 table."""
+    decode(reader_blocks(src, n_blocks, 18), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))

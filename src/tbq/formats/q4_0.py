@@ -32,7 +32,7 @@ class Q4_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale max/-8"), Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4")),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
-    attention_reader = "ggml_q4_0"
+    attention_read = "attention_read"
     hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
 
     def reference_encode(self, x):

@@ -74,6 +74,7 @@ class Q5_0(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
+    attention_read = "attention_read"
     hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
 
     def value_table(self, trace):
@@ -124,6 +125,7 @@ class Q5_1(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
+    attention_read = "attention_read_q5_1"
     hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
 
     def value_table(self, trace):

@@ -35,7 +35,7 @@ class Q8_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
-    attention_reader = "ggml_q8_0"
+    attention_read = "attention_read"
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
     def reference_encode(self, x):

@@ -77,7 +77,8 @@ class _TBQ(Format):
         "signs": Option("turboq-mtp", "'turboq-mtp', an integer seed or a pair of +-1 arrays", "the rotation's two sign vectors"),
     }
     kernel_module = "tbq.formats.tbq_kernels"
-    attention_reader = "rotated"
+    attention_domain = "rotated"
+    attention_read = "attention_read"
     ulp_floor = TBQ_ULP_FLOOR
     hazards = {"thresholds": {}}
 
@@ -146,6 +147,9 @@ class _TBQ(Format):
         if x.shape[0] < kn.SMALL_BLOCKS:
             return kn.encode_blocks(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow)
         return kn.encode(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES)
+
+    def attention_tables(self):
+        return np.concatenate([self._k["f16"], self._k["centroids"]]).astype(np.float32)  # tbq_kernels.attention_read
 
     def kernel_decode(self, data, out):
         kn, k = self.kernels(), self._k
