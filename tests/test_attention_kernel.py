@@ -290,3 +290,14 @@ def test_prefill_is_causal_attention_of_every_query_token(kf, vf, n_sink):
     assert not np.array_equal(full[0], out[0])
     with pytest.raises(TbqValueError):
         att.attention_fused(np.zeros((T + 1, 8, 128), np.float32), K, V, causal=True)
+
+
+@pytest.mark.parametrize("fmt", [f for f in tbq.formats() if tbq.get_codec(f).format.attention_domain == "original"])
+def test_a_cache_read_in_the_original_domain_gives_the_bits_of_its_decoded_rows(fmt):
+    """The reader is the decoder, so the kernel on the cache and on its decoded rows agree bit for bit
+    (``tbq compare`` passes the decoded rows and compiles no reader)."""
+    q, k, v = data(31, 700, 8, 2)
+    K, V = encode_kv(k, v, fmt, fmt)
+    a = att.attention_fused(q, K, V, threads=2)
+    b = att.attention_fused(q, K.dequantize(), V.dequantize(), threads=1)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
