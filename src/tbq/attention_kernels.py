@@ -22,9 +22,10 @@ first-class function arguments, so this kernel is compiled (and cached) once
 for every pair of formats, and each format's reader only when it is read.
 Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
 
-No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens of
-one KV head is decoded into a row scratch of ``chunk x head_dim`` floats that
-stays in L1, and each decoded key serves every query row of its KV head. Keys
+No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
+(all KV heads: consecutive blocks in the cache) is decoded by one reader call
+into a scratch of ``chunk x n_head_kv x head_dim`` floats that stays in L2,
+and each decoded key serves every query row of its KV head. Keys
 are then transposed (``B[j, t]``, 8 x 8 tiles at a time) so that the loop of a
 score ``sum_j q_j k_tj`` runs SIMD across tokens; values stay by rows so that
 the accumulation runs SIMD along the head dimension. Sums take two channels
@@ -54,7 +55,8 @@ _0 = F32(0.0)
 _1 = F32(1.0)
 _NEG_INF = F32(-np.inf)
 
-#: Tokens per online-softmax chunk: the key/value scratch (128 x CHUNK float32, 32 KiB) stays in L1.
+#: Tokens per online-softmax chunk: the key and value scratch (CHUNK x n_head_kv x head_dim float32 each, 256 KiB
+#: at 8 x 128) stay in L2.
 CHUNK = 64
 
 # expf constants (Cephes): log2(e), ln2 split in a part exact in float32 and the rest
@@ -131,9 +133,9 @@ def attend(
     G = Q.shape[0]
     RQ = Q.shape[1]
     D = Q.shape[2]
-    K = np.empty((chunk, D), np.float32)
+    K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
     B = np.empty((D, chunk), np.float32)
-    V = np.empty((chunk, D), np.float32)
+    V = np.empty((chunk, G, D), np.float32)
     S = np.empty((RQ, chunk), np.float32)
     kp = address(kaux)
     vp = address(vaux)
@@ -148,35 +150,49 @@ def attend(
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
         n8 = n - n % 8 if D % 8 == 0 else 0
+        # the chunk's rows of all heads are contiguous in the cache: one reader call for K and one for V
+        read_k(address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
+        read_v(address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
         for g in range(G):
             qo = Q[g]
             m_out = M[g]
             l_out = L[g]
             acc = ACC[g]
-            # keys: decode by rows, transpose (8 x 8 tiles), scores s[r, t] = scale * q . k_t SIMD across tokens
-            for t in range(n):
-                read_k(address(kdata[c0 + t, g]), address(K[t]), kblocks, kp, nka)
+            # keys: transpose (8 x 8 tiles), scores s[r, t] = scale * q . k_t SIMD across tokens
             for t in range(0, n8, 8):
                 for j in range(0, D, 8):
-                    transpose8(K, t * D + j, D, B, j * chunk + t, chunk)
+                    transpose8(K, (t * G + g) * D + j, G * D, B, j * chunk + t, chunk)
             for t in range(n8, n):
-                kt = K[t]
+                kt = K[t, g]
                 for j in range(D):
                     B[j, t] = kt[j]
             for r in range(RQ):
                 sr = S[r]
                 for t in range(n):
                     sr[t] = _0
-                for j in range(0, D - 1, 2):  # two channels per pass over the tokens
+                D8 = D - D % 8
+                for j in range(0, D8, 8):  # eight channels per pass over the tokens (SIMD across tokens)
                     q0 = qo[r, j]
                     q1 = qo[r, j + 1]
+                    q2 = qo[r, j + 2]
+                    q3 = qo[r, j + 3]
+                    q4 = qo[r, j + 4]
+                    q5 = qo[r, j + 5]
+                    q6 = qo[r, j + 6]
+                    q7 = qo[r, j + 7]
                     b0 = B[j]
                     b1 = B[j + 1]
+                    b2 = B[j + 2]
+                    b3 = B[j + 3]
+                    b4 = B[j + 4]
+                    b5 = B[j + 5]
+                    b6 = B[j + 6]
+                    b7 = B[j + 7]
                     for t in range(n):
-                        sr[t] += q0 * b0[t] + q1 * b1[t]
-                if D % 2:
-                    qv = qo[r, D - 1]
-                    bj = B[D - 1]
+                        sr[t] += ((q0 * b0[t] + q1 * b1[t]) + (q2 * b2[t] + q3 * b3[t])) + ((q4 * b4[t] + q5 * b5[t]) + (q6 * b6[t] + q7 * b7[t]))
+                for j in range(D8, D):
+                    qv = qo[r, j]
+                    bj = B[j]
                     for t in range(n):
                         sr[t] += qv * bj[t]
             # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
@@ -208,24 +224,27 @@ def attend(
                 for t in range(n):
                     ls += sr[t]
                 l_out[r] += ls
-            # values: acc += p_t * v_t, two tokens per pass over the accumulator
-            for t in range(n):
-                read_v(address(vdata[c0 + t, g]), address(V[t]), vblocks, vp, nva)
+            # values: acc += p_t * v_t
             t = 0
-            while t + 1 < n:
-                v0 = V[t]
-                v1 = V[t + 1]
+            while t + 3 < n:  # four tokens per pass over the accumulator (SIMD along the head dimension)
+                v0 = V[t, g]
+                v1 = V[t + 1, g]
+                v2 = V[t + 2, g]
+                v3 = V[t + 3, g]
                 for r in range(RQ):
                     w0 = S[r, t]
                     w1 = S[r, t + 1]
+                    w2 = S[r, t + 2]
+                    w3 = S[r, t + 3]
                     ar = acc[r]
                     for j in range(D):
-                        ar[j] += w0 * v0[j] + w1 * v1[j]
-                t += 2
-            if t < n:
-                vt = V[t]
+                        ar[j] += (w0 * v0[j] + w1 * v1[j]) + (w2 * v2[j] + w3 * v3[j])
+                t += 4
+            while t < n:
+                vt = V[t, g]
                 for r in range(RQ):
                     w = S[r, t]
                     ar = acc[r]
                     for j in range(D):
                         ar[j] += w * vt[j]
+                t += 1
