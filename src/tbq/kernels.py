@@ -23,6 +23,8 @@ processing stops there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -279,7 +281,7 @@ READER_SIG = types.void(types.CPointer(types.uint8), types.CPointer(types.float3
 _READERS: dict = {}
 
 
-def attention_reader(fn):
+def attention_reader(fn: Callable) -> object:
     """The compiled (and cached on disk) C-callable reader of Python function ``fn`` (signature
     :data:`READER_SIG`), compiled on first use and then kept."""
     r = _READERS.get(fn)

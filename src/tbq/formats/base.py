@@ -389,7 +389,7 @@ class Format:
         """float32 tables the attention reader gets as ``aux`` (default: :func:`tbq.half.f16_table`, for an fp16 scale)."""
         return f16_table()
 
-    def attention_reader(self):
+    def attention_reader(self) -> AttentionReader | None:
         """The :class:`AttentionReader` of this instance (compiled on first use, then kept), or ``None`` when
         the format declares no :attr:`attention_read` (its cache is then decoded to float32 rows first)."""
         r = self.__dict__.get("_attention_reader")

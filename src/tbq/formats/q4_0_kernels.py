@@ -5,9 +5,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
-    reader_aux,
-    reader_blocks,
-    reader_out,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -17,6 +14,9 @@ from ..kernels import (
     f32_to_int32,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
     store_fence,
     store_nontemporal,

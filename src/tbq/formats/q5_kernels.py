@@ -10,9 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
-    reader_aux,
-    reader_blocks,
-    reader_out,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -22,6 +19,9 @@ from ..kernels import (
     f32_to_int32,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
 )
 from ..packing_kernels import hi4, lo4, pair4
