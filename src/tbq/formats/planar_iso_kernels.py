@@ -310,4 +310,4 @@ def attention_read(src, dst, n_blocks, aux, n_aux):
     nr = np.int64(a[3])
     o = 4 + nc
     decode(reader_blocks(src, n_blocks, 2 + 16 * bits), reader_out(dst, n_blocks, 128), bits, a[1] != _0, a[4:o],
-           a[o:o + nr], a[o + nr:o + 2 * nr], a[o + 2 * nr:o + 3 * nr], a[o + 3 * nr:o + 4 * nr], a[o + 4 * nr:], n_blocks)
+           a[o:o + nr], a[o + nr:o + 2 * nr], a[o + 2 * nr:o + 3 * nr], a[o + 3 * nr:o + 4 * nr], a[o + 4 * nr:], LANES)
