@@ -14,9 +14,12 @@ sides so a kernel has something to be compared with:
   kernel computes) or float64.
 
 ``attention_rotated(..., backend="numba")`` runs that algorithm as a
-compiled kernel (:mod:`tbq.attention_kernels`): one pass over the blocks with
-an online softmax over token chunks, GQA heads sharing each cache read, and
-threads over KV heads and token ranges.
+compiled kernel (:mod:`tbq.attention_kernels`, also :func:`attention_fused`):
+one pass over the blocks of any registered format (each read by its format's
+attention reader) with an online softmax over token chunks, GQA heads (and
+the query tokens of a prefill call) sharing each cache read, and threads over
+token ranges fixed by the cache length, so its bits do not depend on the
+number of threads.
 
 In float64 the two agree to about 1e-16 of the largest value (they differ
 only in rounding: the rotation is exactly orthonormal in exact arithmetic).
@@ -122,7 +125,7 @@ class KVCache:
 
     Attributes
     ----------
-    fmt : the format of tokens ``n_sink .. T-1`` (``q8_0``, ``q4_0``, ``tbq4_0``, ``tbq3_0``).
+    fmt : the format of tokens ``n_sink .. T-1`` (any registered format).
     data : uint8 ``(T - n_sink, n_head_kv, row_bytes)``, each ``head_dim`` row
         encoded as ``head_dim / block_size`` consecutive blocks.
     head_dim : values per head (a multiple of the format's block size).
