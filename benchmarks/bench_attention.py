@@ -151,7 +151,7 @@ def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False
             row[f"ggml_{th}"] = {"best": min(gs), "median": float(np.median(gs)), "all": gs}
         elif gerr:
             row[f"ggml_{th}"] = {"error": gerr}
-        elif exe is None and (fmt, th) in REFERENCE_MS:
+        elif exe is None and (fmt, th) in REFERENCE_MS and tokens == 32768 and n_query == 1:  # the shape only
             row[f"ggml_{th}"] = {"best": REFERENCE_MS[(fmt, th)], "reference": True}
         g = row.get(f"ggml_{th}", {})
         log(f"  {fmt} T={tokens} nq={n_query} threads={th}: tbq {min(ts):.2f} ms"
