@@ -1,30 +1,36 @@
-"""The fused rotated-domain attention kernel against dequantize + float32 NumPy attention.
+"""The fused attention kernel against ggml's CPU flash attention, measured in the same run.
 
-    python benchmarks/bench_attention.py                      # 32K tokens, then the 1K .. 256K sweep
-    python benchmarks/bench_attention.py --tokens 32K --no-sweep
+    python benchmarks/bench_attention.py --ggml ../shared/ggml/upstream          # everything, ~10 min
+    python benchmarks/bench_attention.py --ggml ../shared/ggml/upstream --formats q8_0,tbq4_0 --no-sweep --no-prefill
+    python benchmarks/bench_attention.py                                          # no ggml build: its figures are the issue's reference
     python benchmarks/bench_attention.py --markdown benchmarks/results/attention.json
 
-One decode step: ``--heads`` query heads (32) over a cache of ``--tokens``
-tokens x ``--kv-heads`` KV heads (8) x 128 values (GQA, 4 query heads per KV
-head), K and V in the same format (tbq4_0, tbq3_0, q8_0, q4_0). Timed in
-interleaved rounds (medians, spread recorded):
+One decode step (1 query token): 32 query heads over ``--tokens`` (32K) cached
+tokens x 8 KV heads x head_dim 128 (GQA, 4 query heads per KV head), K and V
+in the same format, on 1 and 2 threads:
 
-- ``fused``: ``attention_rotated(q, K, V, backend="numba")`` on all cores
-  (and on one thread): the blocks read in place, no float copy of the cache;
-- ``baseline``: ``tbq.dequantize`` of K and V (numba, all cores, into
-  preallocated buffers) followed by float32 attention in NumPy (per KV head a
-  BLAS product for the scores, the softmax, a BLAS product for the output).
+- ``tbq``: :func:`tbq.attention.attention_fused` (every registered format,
+  read through its attention reader);
+- ``ggml``: ``ggml_flash_attn_ext(q, k, v, NULL, 1/sqrt(128), 0, 0)`` computed
+  by ggml's CPU backend (``benchmarks/ggml_fa_bench.c``, the harness of
+  ``../shared/ggml/fa_bench.c`` with every timing printed), compiled at
+  benchmark time against the ggml build given by ``--ggml`` (a folder with
+  ``include/`` and ``lib/``) and run in a subprocess (a build for another
+  CPU dies on an illegal instruction without taking the benchmark with it),
+  on every cache type ggml has. Both fill K and V with uniform values in
+  [-1.7, 1.7] (ggml quantizes with ``ggml_quantize_chunk``, tbq with its codecs).
 
-Every timed call starts after a 0.3 s pause, so that BLAS threads still
-spinning after the baseline's products do not steal a core from the next
-measurement.
+For each case the two are timed back to back in every round (``--rounds``,
+default 7), so machine load hits both alike; the tables give the best time
+(as the issue's table) and the ratio ggml / tbq. Then the growth of tbq4_0
+and tbq3_0 from 1K to 256K tokens (2 threads), and a prefill-shaped call:
+64 query tokens, causal, over ``--prefill-tokens`` (4K) tokens, against ggml
+with the causal mask. Without ``--ggml`` the ggml columns show the figures of
+issue 22's table, labelled as the reference (not measured in this run).
 
-It reports the speed-up, the fused kernel's effective cache-read rate (bytes
-of K and V blocks per second) against a plain memory copy measured in the
-same run, and how the fused time grows from 1K to 256K tokens. Both results
-are checked against each other (within float32 rounding) before timing.
-
-Writes ``results/attention.json``.
+Before timing, every tbq result is checked against dequantize + float64
+attention (relative error printed). Writes ``results/attention.json`` and
+prints the tables (Markdown, to paste as they are).
 """
 
 from __future__ import annotations
@@ -32,90 +38,139 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 import tbq
-from tbq.attention import attention_rotated, encode_kv
+from tbq.attention import KVCache, attention_fused
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_codecs import copy_rate, parse_size  # noqa: E402
 
+HARNESS = HERE / "ggml_fa_bench.c"
+#: tbq formats that are also ggml cache types (ggml's type names)
+GGML_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")
+#: issue 22's table (ggml-org/ggml d99724f, -DGGML_NATIVE=ON, best of 7, 32K tokens): the reference without --ggml
+REFERENCE_MS = {("f16", 1): 39.4, ("f16", 2): 18.5, ("q8_0", 1): 62.8, ("q8_0", 2): 34.3, ("q4_0", 1): 88.5, ("q4_0", 2): 45.5}
+G, H, D = 8, 32, 128
 
-def make(T: int, G: int, H: int, D: int, fmt: str, seed: int = 0):
+
+# ---------------------------------------------------------------------------
+# ggml
+# ---------------------------------------------------------------------------
+
+
+def _elf(lib_dir: Path, stem: str) -> Path:
+    """The real shared library ``stem.so*`` in ``lib_dir`` (some copies keep a symlink as a text file)."""
+    for p in sorted(lib_dir.glob(stem + ".so*")):
+        if p.is_file() and p.read_bytes()[:4] == b"\x7fELF":
+            return p
+    raise SystemExit(f"no {stem}.so in {lib_dir}")
+
+
+def build_ggml(path: Path) -> Path:
+    """Compile the harness against the ggml build at ``path`` (``include/``, ``lib/``); the executable's path."""
+    lib = path / "lib"
+    exe = Path(tempfile.mkdtemp(prefix="tbq-ggml-")) / "ggml_fa_bench"
+    cmd = ["cc", "-O2", "-I", str(path / "include"), str(HARNESS), "-o", str(exe),
+           str(_elf(lib, "libggml-base")), str(_elf(lib, "libggml-cpu")), f"-Wl,-rpath,{lib}", "-lm"]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def ggml_times(exe: Path, tokens: int, fmt: str, threads: int, n_query: int, causal: bool, reps: int):
+    """ggml's times in ms (``reps`` computes after a warm-up), or the reason there are none."""
+    r = subprocess.run([str(exe), str(tokens), fmt, str(threads), str(n_query), str(int(causal)), str(reps)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        why = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+        return f"ggml failed ({why}{': illegal instruction, a build for another CPU' if r.returncode == -4 else ''})"
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("ms")][0]
+    return [float(x) for x in line.split()[1:]]
+
+
+# ---------------------------------------------------------------------------
+# tbq
+# ---------------------------------------------------------------------------
+
+
+def make(tokens: int, fmt: str, n_query: int = 1, seed: int = 3):
+    """q and the K and V caches of ``fmt`` (the same values in both, as the ggml harness)."""
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((H, D), dtype=np.float32)
-    k = rng.standard_normal((T, G, D), dtype=np.float32)
-    k[..., [5, 37, 64, 111]] *= np.float32(8)
-    v = rng.standard_normal((T, G, D), dtype=np.float32)
-    K, V = encode_kv(k, v, fmt, fmt)
-    return q, K, V
+    x = rng.uniform(-1.7, 1.7, (tokens, G, D)).astype(np.float32)
+    K = KVCache.encode(x, fmt)
+    V = KVCache.encode(x, fmt)
+    del x
+    q = rng.uniform(-1.7, 1.7, (n_query, H, D)).astype(np.float32)
+    return (q[0] if n_query == 1 else q), K, V
 
 
-class Baseline:
-    """Dequantize K and V (numba, all cores) into preallocated buffers, then float32 attention in NumPy.
-
-    The scores and the output are one BLAS product per KV head (the strided
-    ``(T, head_dim)`` slices go to BLAS without a copy); the softmax is NumPy.
-    Reusing the buffers keeps page faults out of the comparison: this is the
-    strongest plain-NumPy baseline, not a strawman.
-    """
-
-    def __init__(self, K, V):
-        self.K, self.V = K, V
-        shape = (K.n_tokens, K.n_head_kv, K.head_dim)
-        self.Kd = np.empty(shape, np.float32)
-        self.Vd = np.empty(shape, np.float32)
-
-    def __call__(self, q):
-        K, V = self.K, self.V
-        G, D = K.n_head_kv, K.head_dim
-        R = q.shape[0] // G
-        tbq.dequantize(K.data, K.fmt, out=self.Kd, **K.config)
-        tbq.dequantize(V.data, V.fmt, out=self.Vd, **V.config)
-        out = np.empty((G, R, D), np.float32)
-        for g in range(G):
-            s = q[g * R : (g + 1) * R] @ self.Kd[:, g, :].T  # (R, T)
-            s *= np.float32(1.0 / np.sqrt(D))
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(axis=-1, keepdims=True)
-            out[g] = s @ self.Vd[:, g, :]
-        return out.reshape(G * R, D)
+def check(q, K, V, causal=False) -> float:
+    """Relative error of the kernel against dequantize + float64 attention on the first 2K tokens."""
+    n = min(K.n_tokens, 2048)
+    Ks, Vs = KVCache(K.fmt, K.data[:n], D, K.config), KVCache(V.fmt, V.data[:n], D, V.config)
+    qq = q if q.ndim == 2 else q[-1]
+    kd, vd = Ks.dequantize(np.float64), Vs.dequantize(np.float64)
+    s = np.einsum("hd,thd->ht", qq.astype(np.float64), kd[:, np.arange(H) // (H // G)]) / np.sqrt(D)
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    want = np.einsum("ht,thd->hd", p / p.sum(axis=1, keepdims=True), vd[:, np.arange(H) // (H // G)])
+    got = attention_fused(qq, Ks, Vs)
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
-#: Pause before every timed call: BLAS worker threads keep spinning for a while after a
-#: product (OpenBLAS busy-waits), which would take the second core from whatever runs next.
-SETTLE_S = 0.3
+def tbq_time(q, K, V, threads: int, causal: bool = False) -> float:
+    t0 = time.perf_counter()
+    attention_fused(q, K, V, threads=threads, causal=causal)
+    return (time.perf_counter() - t0) * 1e3
 
 
-def time_rounds(fns: dict, rounds: int) -> dict:
-    for fn in fns.values():
-        fn()
-    ts = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            time.sleep(SETTLE_S)
-            t0 = time.perf_counter()
-            fn()
-            ts[k].append(time.perf_counter() - t0)
-    return {k: {"s_median": statistics.median(v), "spread": (max(v) - min(v)) / statistics.median(v)} for k, v in ts.items()}
+def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False, log=print) -> dict:
+    """Best and median times of tbq and ggml, ``rounds`` rounds, the two back to back in each."""
+    q, K, V = make(tokens, fmt, n_query)
+    row = {"format": fmt, "tokens": tokens, "n_query": n_query, "causal": causal, "cache_bytes": K.data.nbytes + V.data.nbytes,
+           "rel_err": check(q, K, V)}
+    for th in threads_list:
+        tbq_time(q, K, V, th, causal)  # warm-up (and compile)
+        ts, gs, gerr = [], [], None
+        for _ in range(rounds):
+            if exe is not None and fmt in GGML_TYPES and gerr is None:
+                g = ggml_times(exe, tokens, fmt, th, n_query, causal, 1)
+                if isinstance(g, str):
+                    gerr = g
+                else:
+                    gs += g
+            ts.append(tbq_time(q, K, V, th, causal))
+        row[f"tbq_{th}"] = {"best": min(ts), "median": float(np.median(ts)), "all": ts}
+        if gs:
+            row[f"ggml_{th}"] = {"best": min(gs), "median": float(np.median(gs)), "all": gs}
+        elif gerr:
+            row[f"ggml_{th}"] = {"error": gerr}
+        elif exe is None and (fmt, th) in REFERENCE_MS and tokens == 32768 and n_query == 1:  # the issue's shape only
+            row[f"ggml_{th}"] = {"best": REFERENCE_MS[(fmt, th)], "reference": True}
+        g = row.get(f"ggml_{th}", {})
+        log(f"  {fmt} T={tokens} nq={n_query} threads={th}: tbq {min(ts):.2f} ms"
+            + (f", ggml {g['best']:.2f} ms{' (reference)' if g.get('reference') else ''}" if "best" in g else f", {g.get('error', 'no ggml type')}"))
+    return row
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ggml", metavar="PATH", help="a ggml build (include/, lib/), e.g. ../shared/ggml/upstream")
     p.add_argument("--tokens", default="32K")
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--formats", default="tbq4_0,tbq3_0,q8_0,q4_0")
+    p.add_argument("--formats", default="all", help="comma-separated, or 'all' registered formats")
+    p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--sweep", default="1K,4K,16K,64K,256K", help="token counts of the scaling sweep (tbq4_0)")
+    p.add_argument("--sweep", default="1K,4K,16K,32K,64K,256K", help="token counts of the growth table (tbq4_0, tbq3_0, 2 threads)")
     p.add_argument("--no-sweep", action="store_true")
+    p.add_argument("--prefill-tokens", default="4K")
+    p.add_argument("--prefill-formats", default="f16,q8_0,q4_0,tbq4_0,tbq3_0")
+    p.add_argument("--no-prefill", action="store_true")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--markdown", metavar="ATTENTION_JSON")
     args = p.parse_args(argv)
@@ -126,43 +181,30 @@ def main(argv=None) -> int:
     def log(m):
         print(m, file=sys.stderr, flush=True)
 
+    exe = build_ggml(Path(args.ggml).resolve()) if args.ggml else None
     load_before = os.getloadavg()
     copy = copy_rate()
-    T, G, H, D = parse_size(args.tokens), args.kv_heads, args.heads, 128
-    rows = []
-    for fmt in args.formats.split(","):
-        q, K, V = make(T, G, H, D, fmt)
-        baseline = Baseline(K, V)
-        ref = baseline(q)
-        fused = attention_rotated(q, K, V, backend="numba")
-        err = float(np.max(np.abs(fused - ref)) / np.max(np.abs(ref)))
-        r = time_rounds({
-            "baseline": lambda: baseline(q),
-            "fused": lambda: attention_rotated(q, K, V, backend="numba"),
-            "fused-1": lambda: attention_rotated(q, K, V, backend="numba", threads=1),
-        }, args.rounds)
-        nbytes = K.data.nbytes + V.data.nbytes
-        row = {"format": fmt, "tokens": T, "kv_heads": G, "heads": H, "head_dim": D, "cache_bytes": nbytes, "max_rel_diff": err,
-               **{f"{k}_s": v["s_median"] for k, v in r.items()}, **{f"{k}_spread": v["spread"] for k, v in r.items()}}
-        row["speedup"] = row["baseline_s"] / row["fused_s"]
-        row["fused_gb_per_s"] = nbytes / row["fused_s"] / 1e9
-        rows.append(row)
-        log(f"  {fmt}: baseline {row['baseline_s'] * 1e3:.1f} ms, fused {row['fused_s'] * 1e3:.1f} ms "
-            f"(1 thread {row['fused-1_s'] * 1e3:.1f}), x{row['speedup']:.2f}, {row['fused_gb_per_s']:.2f} GB/s read")
+    threads = [int(t) for t in args.threads.split(",")]
+    fmts = tbq.formats() if args.formats == "all" else tuple(args.formats.split(","))
+    T = parse_size(args.tokens)
+    rows = [side_by_side(exe, T, f, threads, args.rounds, log=log) for f in fmts]
     sweep = []
     if not args.no_sweep:
-        for s in args.sweep.split(","):
-            t = parse_size(s)
-            q, K, V = make(t, G, H, D, "tbq4_0", seed=1)
-            fns = {"fused": lambda: attention_rotated(q, K, V, backend="numba")}
-            if t <= (64 << 10):
-                base = Baseline(K, V)
-                fns["baseline"] = lambda: base(q)
-            r = time_rounds(fns, max(3, args.rounds // 2))
-            sweep.append({"tokens": t, **{f"{k}_s": v["s_median"] for k, v in r.items()}, "cache_bytes": K.data.nbytes + V.data.nbytes})
-            log(f"  sweep {s}: fused {r['fused']['s_median'] * 1e3:.2f} ms")
-            del q, K, V
-    doc = {"rows": rows, "sweep": sweep, "copy": copy, "rounds": args.rounds, "load_before": load_before, "load_after": os.getloadavg(),
+        for f in ("tbq4_0", "tbq3_0"):
+            for s in args.sweep.split(","):
+                t = parse_size(s)
+                q, K, V = make(t, f)
+                tbq_time(q, K, V, 2)
+                ts = [tbq_time(q, K, V, 2) for _ in range(max(3, args.rounds // 2))]
+                sweep.append({"format": f, "tokens": t, "best": min(ts), "median": float(np.median(ts)), "cache_bytes": K.data.nbytes + V.data.nbytes})
+                log(f"  sweep {f} {s}: {min(ts):.2f} ms")
+                del q, K, V
+    prefill = []
+    if not args.no_prefill:
+        for f in args.prefill_formats.split(","):
+            prefill.append(side_by_side(exe, parse_size(args.prefill_tokens), f, threads, max(3, args.rounds // 2), 64, True, log=log))
+    doc = {"rows": rows, "sweep": sweep, "prefill": prefill, "copy": copy, "rounds": args.rounds, "threads": threads,
+           "ggml": str(args.ggml) if args.ggml else None, "load_before": load_before, "load_after": os.getloadavg(),
            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -171,35 +213,65 @@ def main(argv=None) -> int:
     return 0
 
 
+def _ms(cell: dict | None) -> str:
+    if not cell:
+        return "–"
+    if "error" in cell:
+        return "failed"
+    return f"{cell['best']:.1f} ms" + (" (ref.)" if cell.get("reference") else "")
+
+
+def _ratio(g: dict | None, t: dict) -> str:
+    return f"{g['best'] / t['best']:.2f}x" if g and "best" in g else "–"
+
+
+def _table(rows, threads, doc, first: str) -> list:
+    head = f"| {first} | " + " | ".join(f"ggml FA, {t} thr | tbq fused, {t} thr | ggml / tbq, {t} thr" for t in threads) + " |"
+    lines = [head, "|---|" + "---|" * (3 * len(threads))]
+    for r in rows:
+        cells = []
+        for t in threads:
+            g, tb = r.get(f"ggml_{t}"), r[f"tbq_{t}"]
+            cells += [_ms(g), f"{tb['best']:.1f} ms", _ratio(g, tb)]
+        lines.append(f"| {r['format']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(doc: dict) -> str:
-    lines = [
-        "| K/V format | dequantize + NumPy f32 | fused, all cores | fused, 1 thread | speed-up | cache read by the fused kernel |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in doc["rows"]:
-        lines.append(f"| {r['format']} | {r['baseline_s'] * 1e3:.1f} ms | {r['fused_s'] * 1e3:.1f} ms | {r['fused-1_s'] * 1e3:.1f} ms | "
-                     f"{r['speedup']:.1f}x | {r['fused_gb_per_s']:.2f} GB/s |")
-    r0 = doc["rows"][0]
-    cp = doc["copy"]
+    th = doc["threads"]
+    rows = doc["rows"]
+    r0 = rows[0]
+    lines = _table(rows, th, doc, "cache")
+    spread = max((max(c["all"]) - min(c["all"])) / min(c["all"]) for r in rows for k, c in r.items() if isinstance(c, dict) and "all" in c)
+    fails = sorted({c["error"] for r in rows + doc.get("prefill", []) for c in r.values() if isinstance(c, dict) and "error" in c})
+    anchor = (f"ggml: the build at `{doc['ggml']}`, measured in this run back to back with tbq in each round" if doc["ggml"]
+              else "ggml: **reference figures from issue 22's table, not measured in this run** (pass `--ggml PATH` to measure)")
     text = "\n".join(lines) + (
-        f"\n\nOne decode step, {r0['heads']} query heads over {r0['tokens']:,} tokens x {r0['kv_heads']} KV heads x {r0['head_dim']}, "
-        f"median of {doc['rounds']} interleaved rounds (largest spread "
-        f"{max(max(r['baseline_spread'], r['fused_spread'], r['fused-1_spread']) for r in doc['rows']):.0%}), {doc['cores']} cores, "
-        f"load average {doc['load_before'][0]:.1f} before / {doc['load_after'][0]:.1f} after. A plain memory copy moved "
-        f"{cp['gb_per_s_1_thread']:.1f} GB/s (1 thread) / {cp['gb_per_s_2_threads']:.1f} GB/s (2 threads) in the same run: the fused "
-        f"kernel is compute-bound, not bandwidth-bound."
+        f"\n\nOne decode step: 1 query token, {H} query heads, {r0['tokens']:,} cached tokens x {G} KV heads x head_dim {D}, "
+        f"K and V in the same format; best of {doc['rounds']} rounds (the largest spread of a cell's rounds: {spread:.0%}). {anchor}. "
+        f"{doc['cores']} cores, load average {doc['load_before'][0]:.1f} before / {doc['load_after'][0]:.1f} after. "
+        f"A plain memory copy moved {doc['copy']['gb_per_s_1_thread']:.1f} GB/s (1 thread) / {doc['copy']['gb_per_s_2_threads']:.1f} GB/s "
+        f"(2 threads) in the same run. tbq's largest relative error against dequantize + float64 attention: "
+        f"{max(r['rel_err'] for r in rows):.1e}."
     )
+    if fails:
+        text += " ggml cells marked failed: " + "; ".join(fails) + "."
     if doc.get("sweep"):
-        s0 = doc["sweep"][0]
-        text += "\n\n| tokens | fused | per 1K tokens | dequantize + NumPy f32 |\n|---|---|---|---|\n"
-        text += "\n".join(
-            f"| {s['tokens'] // 1024}K | {s['fused_s'] * 1e3:.2f} ms | {s['fused_s'] * 1e3 / (s['tokens'] / 1024):.3f} ms | "
-            + (f"{s['baseline_s'] * 1e3:.1f} ms |" if "baseline_s" in s else "– |")
-            for s in doc["sweep"]
-        )
-        last = doc["sweep"][-1]
-        text += (f"\n\ntbq4_0 K and V; from {s0['tokens'] // 1024}K to {last['tokens'] // 1024}K tokens "
-                 f"({last['tokens'] / s0['tokens']:.0f}x) the fused time grows {last['fused_s'] / s0['fused_s']:.0f}x.")
+        text += "\n\n| tokens | " + " | ".join(f"{f}, 2 thr | {f} per 1K tokens | {f} cache read" for f in ("tbq4_0", "tbq3_0")) + " |\n"
+        text += "|---|" + "---|" * 6 + "\n"
+        by = {(s["format"], s["tokens"]): s for s in doc["sweep"]}
+        for t in sorted({s["tokens"] for s in doc["sweep"]}):
+            cells = []
+            for f in ("tbq4_0", "tbq3_0"):
+                s = by.get((f, t))
+                cells += ([f"{s['best']:.2f} ms", f"{s['best'] / (t / 1024):.3f} ms", f"{s['cache_bytes'] / s['best'] / 1e6:.1f} GB/s"] if s else ["–"] * 3)
+            text += f"| {t // 1024}K | " + " | ".join(cells) + " |\n"
+        text += f"\nGrowth of one decode step with the cache (2 threads, best of {max(3, doc['rounds'] // 2)})."
+    if doc.get("prefill"):
+        p0 = doc["prefill"][0]
+        text += "\n\n" + "\n".join(_table(doc["prefill"], th, doc, "cache (prefill)"))
+        text += (f"\n\nPrefill-shaped call: {p0['n_query']} query tokens, causal (query token i sees the cache up to itself), "
+                 f"{p0['tokens']:,} cached tokens, same heads; ggml with the causal mask; best of {max(3, doc['rounds'] // 2)}.")
     return text
 
 

@@ -19,6 +19,8 @@ from tbq import attention as att
 from tbq.attention import KVCache, attention_dequantized, attention_rotated, encode_kv, f32_tolerance
 from tbq.errors import ConfigError, TbqTypeError, TbqValueError
 
+from tbq.kernels import address
+from tbq.kernels import jit as njit_cache
 from test_attention import CASES, build, data
 
 CORE = ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
@@ -61,7 +63,7 @@ def test_kernel_on_the_golden_attention_sets():
 
 @pytest.mark.parametrize("T", [1, 2, 63, 64, 65, 200, 5000])
 def test_chunk_and_split_boundaries(T, monkeypatch):
-    monkeypatch.setattr(att, "MIN_TOKENS_PER_TASK", 16)  # split short caches over threads too
+    monkeypatch.setattr(att, "TASK_TOKENS", 64)  # split short caches into tasks too
     q, k, v = data(T, T, 8, 2)
     K, V = encode_kv(k, v, "tbq4_0", "tbq3_0", n_sink=min(2, T - 1))
     r1 = check(q, K, V, threads=1)
@@ -91,7 +93,7 @@ def test_any_registered_format_holds_the_sinks(sink_format):
 
 @pytest.mark.parametrize("fmt", tbq.formats())
 def test_any_registered_format_as_the_main_cache(fmt):
-    """Formats without a dedicated kernel path are read through their decoder (original domain)."""
+    """Every format is read through its attention reader, as keys or as values, beside another format."""
     q, k, v = data(12, 40, 4, 2)
     K, V = encode_kv(k, v, fmt, "tbq4_0", n_sink=2)
     check(q, K, V)
@@ -201,3 +203,101 @@ def test_attention_fused_on_exact_rows():
         assert np.max(np.abs(att.attention_fused(q, kk, vv, threads=2) - want)) < 1e-5
     with pytest.raises(TbqValueError):
         att.attention_fused(q, k[:10], v)
+
+
+# ---------------------------------------------------------------------------
+# every format through its reader; bits independent of the threads; prefill
+# ---------------------------------------------------------------------------
+
+
+@njit_cache
+def _read_rows(read, data, aux, n_blocks, out):
+    for i in range(data.shape[0]):
+        read(address(data[i]), address(out[i]), n_blocks, address(aux), aux.shape[0])
+
+
+@pytest.mark.parametrize("fmt", tbq.formats())
+def test_every_format_declares_a_reader_that_gives_the_decoders_bits(fmt):
+    """No registered format is decoded first: its reader gives exactly the decoder's float32 bits
+    (original domain) or ``c[idx] * d`` rounded once (rotated domain), on arbitrary bytes too."""
+    f = tbq.get_codec(fmt).format
+    r = f.attention_reader()
+    assert r is not None, f"{fmt} has no attention reader"
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((50, 256)).astype(np.float32)
+    for blocks in (tbq.quantize(x, fmt), rng.integers(0, 256, (50, f.info.row_bytes(256)), dtype=np.uint8)):
+        out = np.empty((50, 256), np.float32)
+        _read_rows(r.read, np.ascontiguousarray(blocks), r.aux, 256 // f.block_size, out)
+        if f.attention_domain == "rotated":
+            fl = f.fields(data)
+            with np.errstate(all="ignore"):
+                want = (f.codebook.centroids[fl["idx"]] * fl["d"][..., None]).reshape(50, 256)
+        else:
+            want = tbq.get_codec(fmt).decode(data)
+        assert np.array_equal(out.view(np.uint32), want.astype(np.float32).view(np.uint32)), fmt
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kf=st.sampled_from(tbq.formats()),
+    vf=st.sampled_from(tbq.formats()),
+    T=st.integers(1, 200),
+    heads=st.sampled_from([(1, 1), (4, 1), (8, 2), (6, 3)]),
+    n_sink=st.integers(0, 3),
+    sink_format=st.sampled_from(att.SINK_FORMATS),
+    seed=st.integers(0, 2**31),
+)
+def test_fuzzed_mixed_formats(kf, vf, T, heads, n_sink, sink_format, seed):
+    """K and V in any two formats, sinks in any format: within the float32 tolerance of the float64 reference."""
+    H, G = heads
+    q, k, v = data(seed, T, H, G, 256)
+    K, V = encode_kv(k, v, kf, vf, n_sink=min(n_sink, T), sink_format=sink_format)
+    check(q, K, V, threads=2)
+
+
+@pytest.mark.parametrize("kf, vf", [("tbq4_0", "tbq3_0"), ("q8_0", "f16"), ("bf16", "q4_0"), ("fp8_e4m3", "nvfp4"), ("iso4_0", "q5_1")])
+def test_the_bits_do_not_depend_on_the_threads(kf, vf, monkeypatch):
+    """Several tasks (a cache of 2600 tokens in 64-token tasks) and sinks: threads 1, 2 and 3 give the same bits."""
+    monkeypatch.setattr(att, "TASK_TOKENS", 64)
+    q, k, v = data(21, 2600, 8, 2)
+    K, V = encode_kv(k, v, kf, vf, n_sink=3, sink_format="q8_0")
+    outs = [attention_rotated(q, K, V, backend="numba", threads=t) for t in (1, 2, 3)]
+    assert len(att.task_bounds(K.n_tokens - 3)) - 1 == 41
+    assert all(np.array_equal(o.view(np.uint32), outs[0].view(np.uint32)) for o in outs[1:])
+    assert check(q, K, V, threads=2) < 0.5
+
+
+@pytest.mark.parametrize("kf, vf, n_sink", [("tbq4_0", "tbq4_0", 0), ("q8_0", "tbq3_0", 2), ("f16", "bf16", 0)])
+def test_prefill_is_causal_attention_of_every_query_token(kf, vf, n_sink):
+    """A (n_query, n_head, D) call with causal=True: query token i sees the cache's tokens 0 .. T - n_query + i,
+    each row within the tolerance of the float64 reference on the truncated cache; without causal, all of them."""
+    nq, T = 9, 150
+    q, k, v = data(23, T, 8, 2)
+    qs = np.random.default_rng(5).standard_normal((nq, 8, 128)).astype(np.float32)
+    K, V = encode_kv(k, v, kf, vf, n_sink=n_sink)
+    out = att.attention_fused(qs, K, V, causal=True, threads=2)
+    assert out.shape == (nq, 8, 128) and out.dtype == np.float32
+    assert np.array_equal(out, att.attention_fused(qs, K, V, causal=True, threads=1))
+    for i in range(nq):
+        n = T - nq + i + 1
+        Ki = KVCache(K.fmt, K.data[: n - n_sink], K.head_dim, K.config, K.sink, K.sink_format)
+        Vi = KVCache(V.fmt, V.data[: n - n_sink], V.head_dim, V.config, V.sink, V.sink_format)
+        err = np.max(np.abs(out[i] - attention_dequantized(qs[i], Ki, Vi)))
+        assert err <= f32_tolerance(qs[i], Ki, Vi), (i, err)
+    full = att.attention_fused(qs, K, V)
+    for i in (0, nq - 1):
+        assert np.array_equal(full[i], att.attention_fused(qs[i], K, V))
+    assert not np.array_equal(full[0], out[0])
+    with pytest.raises(TbqValueError):
+        att.attention_fused(np.zeros((T + 1, 8, 128), np.float32), K, V, causal=True)
+
+
+@pytest.mark.parametrize("fmt", [f for f in tbq.formats() if tbq.get_codec(f).format.attention_domain == "original"])
+def test_a_cache_read_in_the_original_domain_gives_the_bits_of_its_decoded_rows(fmt):
+    """The reader is the decoder, so the kernel on the cache and on its decoded rows agree bit for bit
+    (``tbq compare`` passes the decoded rows and compiles no reader)."""
+    q, k, v = data(31, 700, 8, 2)
+    K, V = encode_kv(k, v, fmt, fmt)
+    a = att.attention_fused(q, K, V, threads=2)
+    b = att.attention_fused(q, K.dequantize(), V.dequantize(), threads=1)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

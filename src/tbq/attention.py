@@ -14,9 +14,12 @@ sides so a kernel has something to be compared with:
   kernel computes) or float64.
 
 ``attention_rotated(..., backend="numba")`` runs that algorithm as a
-compiled kernel (:mod:`tbq.attention_kernels`): one pass over the blocks with
-an online softmax over token chunks, GQA heads sharing each cache read, and
-threads over KV heads and token ranges.
+compiled kernel (:mod:`tbq.attention_kernels`, also :func:`attention_fused`):
+one pass over the blocks of any registered format (each read by its format's
+attention reader) with an online softmax over token chunks, GQA heads (and
+the query tokens of a prefill call) sharing each cache read, and threads over
+token ranges fixed by the cache length, so its bits do not depend on the
+number of threads.
 
 In float64 the two agree to about 1e-16 of the largest value (they differ
 only in rounding: the rotation is exactly orthonormal in exact arithmetic).
@@ -73,7 +76,6 @@ import numpy as np
 from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
 from .formats import FORMATS, format_info, format_name, formats
-from .half import f16_table
 from .parallel import default_threads, run_groups
 
 __all__ = [
@@ -110,9 +112,9 @@ def _sink_block(fmt: str) -> int:
 
 
 def _tbq_like(fmt) -> bool:
-    """True when a :class:`~tbq.formats.Format` declares the rotated-domain reader (``attention_reader =
-    "rotated"``: a randomized Hadamard rotation, a scalar codebook, fp16 norm + index fields: TBQ4_0, TBQ3_0)."""
-    return fmt.attention_reader == "rotated"
+    """True when a :class:`~tbq.formats.Format` is read in its rotated domain (``attention_domain = "rotated"``:
+    a randomized Hadamard rotation, a scalar codebook, fp16 norm + index fields: TBQ4_0, TBQ3_0)."""
+    return fmt.attention_domain == "rotated"
 
 
 @dataclass(frozen=True, eq=False)
@@ -123,7 +125,7 @@ class KVCache:
 
     Attributes
     ----------
-    fmt : the format of tokens ``n_sink .. T-1`` (``q8_0``, ``q4_0``, ``tbq4_0``, ``tbq3_0``).
+    fmt : the format of tokens ``n_sink .. T-1`` (any registered format).
     data : uint8 ``(T - n_sink, n_head_kv, row_bytes)``, each ``head_dim`` row
         encoded as ``head_dim / block_size`` consecutive blocks.
     head_dim : values per head (a multiple of the format's block size).
@@ -443,7 +445,7 @@ def attention_rotated(q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32
         if dtype != np.float32:
             raise TbqTypeError("the numba attention kernel computes in float32; use backend='numpy' for float64")
         q, scale, _ = _check(q, k, v, scale, dtype)
-        return _attention_kernel(q, k, v, scale, threads)
+        return _attention_kernel(q[None], k, v, scale, threads)[0]
     q, scale, kvh = _check(q, k, v, scale, dtype)
     s = _scores(q, k, kvh, dtype) * scale
     p = _softmax(s, dtype)
@@ -454,38 +456,38 @@ def attention_rotated(q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32
 # the compiled kernel: preparing the caches, splitting the work, merging
 # ---------------------------------------------------------------------------
 
-#: A token range handed to one thread is at least this long (shorter ranges
-#: cost more in thread handoff and merging than they save).
-MIN_TOKENS_PER_TASK = 2048
+#: Tokens per task of the compiled kernel (at least; a long cache is cut into at most
+#: :data:`MAX_TASKS` tasks). The tasks and the order their partial sums merge in depend on the
+#: cache's length only, never on the number of threads, so neither do the bits of the result.
+TASK_TOKENS = 512
+#: Most tasks one call makes (their partial sums are merged in float64 afterwards).
+MAX_TASKS = 64
 
-_NO_BYTES = np.zeros((0, 1, 1), np.uint8)
-_NO_DENSE = np.zeros((0, 1, 1), np.float32)
-_NO_PAIR = np.zeros((1, 2), np.float32)
-
-
-def _pair_table(fmt) -> np.ndarray:
-    """float32 ``(pairs, 2)``: the two centroids of every byte (4 bits) or 6-bit pair (3 bits) of indices."""
-    c = np.asarray(fmt.codebook.centroids, np.float32)
-    bits = fmt.info.index_bits
-    v = np.arange(1 << (2 * bits))
-    return np.ascontiguousarray(np.stack([c[v & ((1 << bits) - 1)], c[v >> bits]], axis=1))
+_NO_AUX = np.zeros(1, np.float32)
 
 
-def _kernel_operand(cache, kn, n_sink: int):
-    """``(kind, blocks, dense rows, pair table, type size)`` of tokens ``n_sink ..`` for :func:`tbq.attention_kernels.attend`."""
+def _rows_operand(rows: np.ndarray) -> tuple:
+    """float32 rows ``(T, n_head_kv, head_dim)`` as a kernel operand (read by ``read_f32_rows``)."""
+    from . import attention_kernels as kn
+    from .kernels import attention_reader
+
+    rows = np.ascontiguousarray(rows, np.float32)
+    return attention_reader(kn.read_f32_rows), rows.view(np.uint8), _NO_AUX, rows.shape[2], None
+
+
+def _kernel_operand(cache, n_sink: int) -> tuple:
+    """``(reader, bytes, tables, blocks per row, rotation or None)`` of tokens ``n_sink ..`` for
+    :func:`tbq.attention_kernels.attend`: the format's attention reader on its bytes as they are, or
+    (a format declaring none) its decoder's float32 rows."""
     if isinstance(cache, np.ndarray):  # exact float rows
-        return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(cache[n_sink:], np.float32), _NO_PAIR, 1
+        return _rows_operand(cache[n_sink:])
     fmt = cache.codec.format
     data = np.ascontiguousarray(cache.data[n_sink - cache.n_sink :])  # a view of a C-contiguous cache
-    reader = fmt.attention_reader  # declared by the format (tbq.formats.base.Format.attention_reader)
-    if reader == "rotated":
-        kind = kn.KIND_TBQ4 if fmt.info.index_bits == 4 else kn.KIND_TBQ3
-        return kind, data, _NO_DENSE, _pair_table(fmt), fmt.info.type_size
-    if reader in ("ggml_q8_0", "ggml_q4_0"):
-        return {"ggml_q8_0": kn.KIND_Q8_0, "ggml_q4_0": kn.KIND_Q4_0}[reader], data, _NO_DENSE, _NO_PAIR, fmt.info.type_size
-    # any other format: its decoder's float32 rows (the library decoder is the format's spec)
-    dense = codec_from(cache.fmt, cache.config).decode(data)
-    return kn.KIND_DENSE, _NO_BYTES, np.ascontiguousarray(dense, np.float32), _NO_PAIR, fmt.info.type_size
+    reader = fmt.attention_reader()
+    if reader is None:
+        return _rows_operand(codec_from(cache.fmt, cache.config).decode(data))
+    rotation = fmt.rotation if fmt.attention_domain == "rotated" else None
+    return reader.read, data, reader.aux, cache.head_dim // fmt.block_size, rotation
 
 
 def _sink_rows(cache, n_sink: int) -> np.ndarray:
@@ -499,29 +501,41 @@ def _sink_rows(cache, n_sink: int) -> np.ndarray:
     return np.ascontiguousarray(rows, np.float32)
 
 
-def attention_fused(q, k, v, *, scale=None, threads=None) -> np.ndarray:
+def attention_fused(q, k, v, *, scale=None, threads=None, causal: bool = False) -> np.ndarray:
     """The numba kernel on caches and/or exact float rows: float32 ``(n_head, head_dim)``.
 
-    ``k`` and ``v`` are each a :class:`KVCache` or a float array ``(T,
-    n_head_kv, head_dim)`` of exact rows (read in the original domain), so
-    that the same kernel computes a reference output from the exact data and
-    the output of a quantized cache (``tbq compare``'s ``out NMSE``).
+    ``k`` and ``v`` are each a :class:`KVCache` (any registered format, read
+    through its attention reader) or a float array ``(T, n_head_kv,
+    head_dim)`` of exact rows (read in the original domain), so that the same
+    kernel computes a reference output from the exact data and the output of
+    a quantized cache (``tbq compare``'s ``out NMSE``).
     ``attention_rotated(q, K, V, backend="numba")`` is this with two caches.
+
+    ``q`` may also be ``(n_query, n_head, head_dim)``: several query tokens
+    (a prefill step) read each decoded key and value once; the result is then
+    ``(n_query, n_head, head_dim)``. With ``causal=True`` query token ``i``
+    is the cache's token ``T - n_query + i`` and sees the tokens up to
+    itself. The result does not depend on ``threads``, bit for bit.
     """
     k = k if isinstance(k, KVCache) else _float_rows(k, "k")
     v = v if isinstance(v, KVCache) else _float_rows(v, "v")
     q = np.asarray(q)
-    if q.dtype.kind != "f" or q.ndim != 2:
-        raise TbqTypeError(f"q must be a float array (n_head, head_dim), got {q.dtype} {q.shape}")
+    if q.dtype.kind != "f" or q.ndim not in (2, 3):
+        raise TbqTypeError(f"q must be a float array (n_head, head_dim) or (n_query, n_head, head_dim), got {q.dtype} {q.shape}")
     shapes = [(x.n_tokens, x.n_head_kv, x.head_dim) if isinstance(x, KVCache) else x.shape for x in (k, v)]
-    if shapes[0] != shapes[1] or shapes[0][2] != q.shape[1] or q.shape[0] % shapes[0][1] or not shapes[0][0]:
+    if shapes[0] != shapes[1] or shapes[0][2] != q.shape[-1] or q.shape[-2] % shapes[0][1] or not shapes[0][0]:
         raise TbqValueError(f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TbqTypeError(f"causal must be True or False, got {causal!r}")
+    if causal and q.ndim == 3 and q.shape[0] > shapes[0][0]:
+        raise TbqValueError(f"a causal call needs at most T = {shapes[0][0]} query tokens, got {q.shape[0]}")
     if not np.isfinite(q).all():
         raise NonFiniteError("q holds a non-finite value")
-    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else _check_scale(scale)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _check_scale(scale)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
         raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
-    return _attention_kernel(q.astype(np.float32), k, v, scale, threads)
+    out = _attention_kernel(q.astype(np.float32).reshape((-1,) + q.shape[-2:]), k, v, scale, threads, bool(causal))
+    return out if q.ndim == 3 else out[0]
 
 
 def _check_scale(scale) -> float:
@@ -541,69 +555,79 @@ def _float_rows(x, name) -> np.ndarray:
     return np.ascontiguousarray(a, np.float32)
 
 
-def _attention_kernel(q: np.ndarray, k, v, scale, threads) -> np.ndarray:
+def task_bounds(n_tokens: int) -> np.ndarray:
+    """The token ranges of the compiled kernel's tasks for a cache part of ``n_tokens`` tokens (boundaries,
+    multiples of the kernel's chunk): they depend on ``n_tokens`` only (see :data:`TASK_TOKENS`).
+
+    >>> task_bounds(1300).tolist(), len(task_bounds(1 << 20)) - 1
+    ([0, 512, 1024, 1300], 64)
+    """
+    from .attention_kernels import CHUNK
+
+    step = max(TASK_TOKENS, -(-n_tokens // MAX_TASKS))
+    step = -(-step // CHUNK) * CHUNK
+    return np.append(np.arange(0, n_tokens, step), n_tokens) if n_tokens else np.zeros(1, int)
+
+
+def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False) -> np.ndarray:
+    """``q`` float32 ``(n_query, n_head, D)`` -> float32 ``(n_query, n_head, D)``."""
     from . import attention_kernels as kn
 
-    n_head, dim = q.shape
+    n_q, n_head, dim = q.shape
     rows_k, rows_v = not isinstance(k, KVCache), not isinstance(v, KVCache)
     G = k.shape[1] if rows_k else k.n_head_kv
     R = n_head // G
-    f16 = f16_table()
-    qo = np.ascontiguousarray(q, np.float32).reshape(G, R, dim)
-    kfmt = None if rows_k else k.codec.format
-    vfmt = None if rows_v else v.codec.format
+    n_total = k.shape[0] if rows_k else k.n_tokens
     n_sink = max(0 if rows_k else k.n_sink, 0 if rows_v else v.n_sink)  # K and V may keep different numbers
-    T = (k.shape[0] if rows_k else k.n_tokens) - n_sink
-    if T and kfmt is not None and _tbq_like(kfmt):  # rotate the query once, per 128-value block, with the key cache's rotation
-        qr = np.ascontiguousarray(kfmt.rotation.forward(qo.reshape(G, R, dim // 128, 128)).reshape(G, R, dim), np.float32)
-    else:
-        qr = qo
-    n_threads = threads if threads is not None else default_threads()
-    tasks = []  # (K operand, V operand, first KV head, end KV head, first token, end token)
+    T = n_total - n_sink
+    # the query rows of each KV head: (G, n_q * R, D), row i * R + r is query token i, head g * R + r
+    qo = np.ascontiguousarray(q.reshape(n_q, G, R, dim).transpose(1, 0, 2, 3).reshape(G, n_q * R, dim))
+    lim = np.repeat(np.arange(n_total - n_q + 1, n_total + 1) if causal else np.full(n_q, n_total), R).astype(np.int64)
+    tasks = []  # (queries, lim, K operand, V operand, first token, end token)
+    rot_v = None
     if T:
-        kop, vop = _kernel_operand(k, kn, n_sink), _kernel_operand(v, kn, n_sink)
-        # token ranges first (each range reads its bytes once for all heads), heads when the cache is short
-        splits = max(1, min(n_threads, T // MIN_TOKENS_PER_TASK))
-        hsplits = max(1, min(G, -(-n_threads // splits)))
-        tb = np.linspace(0, T, splits + 1).astype(int)
-        hb = np.linspace(0, G, hsplits + 1).astype(int)
-        for i in range(splits):
-            for j in range(hsplits):
-                tasks.append((kop, vop, int(hb[j]), int(hb[j + 1]), int(tb[i]), int(tb[i + 1])))
+        kop, vop = _kernel_operand(k, n_sink), _kernel_operand(v, n_sink)
+        rot_k, rot_v = kop[4], vop[4]
+        qr = qo
+        if rot_k is not None:  # rotate the query once, per block, with the key cache's rotation
+            bs = k.codec.block_size
+            qr = np.ascontiguousarray(rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32)
+        bounds = task_bounds(T)
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            tasks.append((qr, lim - n_sink, kop[:4], vop[:4], int(s), int(e)))
+    n_main = len(tasks)
     if n_sink:  # the sink tokens: float32 rows in the original domain
-        ks = (kn.KIND_DENSE, _NO_BYTES, _sink_rows(k, n_sink), _NO_PAIR, 1)
-        vs = (kn.KIND_DENSE, _NO_BYTES, _sink_rows(v, n_sink), _NO_PAIR, 1)
-        tasks.append((ks, vs, 0, G, 0, n_sink))
+        tasks.append((qo, lim, _rows_operand(_sink_rows(k, n_sink))[:4], _rows_operand(_sink_rows(v, n_sink))[:4], 0, n_sink))
     n = len(tasks)
-    m = [np.empty((t[3] - t[2], R), np.float32) for t in tasks]
-    l = [np.empty((t[3] - t[2], R), np.float32) for t in tasks]
-    accr = [np.empty((t[3] - t[2], R, dim), np.float32) for t in tasks]
-    acco = [np.empty((t[3] - t[2], R, dim), np.float32) for t in tasks]
+    M = np.empty((n, G, n_q * R), np.float32)
+    L = np.empty((n, G, n_q * R), np.float32)
+    ACC = np.empty((n, G, n_q * R, dim), np.float32)
     sc = np.float32(scale)
 
     def run(ids):
         for i in ids:
-            (kk, kd, kdn, kp, kts), (vk, vd, vdn, vp, vts), g0, g1, t0, t1 = tasks[i]
-            kn.attend(qr, qo, sc, kk, kd, kdn, kp, kts, vk, vd, vdn, vp, vts, f16, g0, g1, t0, t1, kn.CHUNK, m[i], l[i], accr[i], acco[i])
+            Q, lm, (rk, kd, ka, kb), (rv, vd, va, vb), t0, t1 = tasks[i]
+            kn.attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
 
-    run_groups(n, n_threads, run)  # returns only when every worker finished writing
-    # merge the partial softmax sums of each query head (float64: a handful of terms)
-    M = np.full((G, R), -np.inf)
-    for i, t in enumerate(tasks):
-        M[t[2] : t[3]] = np.maximum(M[t[2] : t[3]], m[i])
-    L = np.zeros((G, R))
-    AR = np.zeros((G, R, dim))
-    AO = np.zeros((G, R, dim))
-    for i, t in enumerate(tasks):
-        g = slice(t[2], t[3])
-        w = np.exp(m[i].astype(np.float64) - M[g])
-        L[g] += w * l[i]
-        AR[g] += w[..., None] * accr[i]
-        AO[g] += w[..., None] * acco[i]
-    out = AO.reshape(n_head, dim)
-    if T and vfmt is not None and _tbq_like(vfmt):  # rotate the output back once
-        out = out + vfmt.rotation.inverse(AR.reshape(n_head, dim // 128, 128)).reshape(n_head, dim)
-    return (out / L.reshape(n_head, 1)).astype(np.float32)
+    run_groups(n, threads if threads is not None else default_threads(), run)  # returns when every worker is done
+    # merge the partial softmax sums in task order (float64; the tasks do not depend on the threads)
+    with np.errstate(invalid="ignore"):
+        Mx = M.max(axis=0).astype(np.float64)
+        w = np.exp(M.astype(np.float64) - Mx)  # a task that saw nothing: m = -inf, weight 0
+    w[~np.isfinite(w)] = 0.0
+    total = np.zeros((G, n_q * R))
+    out = np.zeros((G, n_q * R, dim))
+    for i in range(n):
+        total += w[i] * L[i]
+    for i in range(n_main):
+        out += w[i][..., None] * ACC[i]
+    if rot_v is not None:  # rotate the output back once
+        bs = v.codec.block_size
+        out = rot_v.inverse(out.reshape(G, n_q * R, dim // bs, bs)).reshape(out.shape)
+    for i in range(n_main, n):
+        out += w[i][..., None] * ACC[i]
+    out = out / total[..., None]
+    return out.reshape(G, n_q, R, dim).transpose(1, 0, 2, 3).reshape(n_q, n_head, dim).astype(np.float32)
 
 
 def score_condition(q, k: KVCache, *, scale=None) -> float:

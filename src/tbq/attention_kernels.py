@@ -1,36 +1,40 @@
-"""numba kernel of the fused rotated-domain attention (:func:`tbq.attention.attention_rotated`, ``backend="numba"``).
+"""numba kernel of the fused attention (:func:`tbq.attention.attention_fused`, ``attention_rotated(..., backend="numba")``).
 
-One call handles one KV head and a range of tokens for all the query heads
-that share that KV head (GQA: each cache block is read once for all of them),
-with a one-pass online softmax over chunks of ``chunk`` tokens
-(flash-decoding): per chunk it computes the raw scores, updates the running
-maximum ``m``, rescales the running sum ``l`` and the accumulators by
-``exp(m_old - m_new)``, and adds ``p_t = exp(s_t - m)`` times the value rows.
-The caller splits the tokens of long caches into ranges, runs them on
-threads (the kernel releases the GIL) and merges the partial ``(m, l, acc)``.
+One call handles a range of tokens of every KV head, for all the query rows
+that share each KV head (GQA: the query heads of a KV head, times the query
+tokens of a prefill call), with a one-pass online softmax over chunks of
+``chunk`` tokens (flash-decoding): per chunk it computes the raw scores,
+updates the running maximum ``m``, rescales the running sum ``l`` and the
+accumulator by ``exp(m_old - m_new)``, and adds ``p_t = exp(s_t - m)`` times
+the value rows. The caller splits the tokens into ranges that depend on the
+cache length only, runs them on threads (the kernel releases the GIL) and
+merges the partial ``(m, l, acc)`` in range order, so the result does not
+depend on the number of threads, bit for bit.
 
-How each cache is read (``kind``):
+No per-format code: the kernel reads every cache through its format's
+*attention reader* (:meth:`tbq.formats.base.Format.attention_reader`), a
+C-callable function of one signature (:data:`tbq.kernels.READER_SIG`) that
+decodes the blocks of one row (a token's ``head_dim`` values of one KV head)
+into float32, in the format's ``attention_domain``: the original domain (the
+decoder's exact bits) or, for TBQ, the rotated domain (``c[idx] * d``; the
+caller rotates the query once and the output back once). Readers are
+first-class function arguments, so this kernel is compiled (and cached) once
+for every pair of formats, and each format's reader only when it is read.
+Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
 
-- ``KIND_TBQ4`` / ``KIND_TBQ3``: straight from the blocks, in the rotated
-  domain. A key block contributes ``d * (q' . c[idx])`` with ``q' = R(q)``
-  rotated once by the caller; a value block adds ``(p_t * d) * c[idx]`` to a
-  rotated-domain accumulator that the caller rotates back once. The indices
-  are looked up two at a time in a pair table (``(c[lo], c[hi])`` per byte for
-  4 bits, per 6-bit pair for 3 bits), one 8-byte copy per pair.
-- ``KIND_Q8_0`` / ``KIND_Q4_0``: in the original domain, ``code * d`` (exact
-  in float32) read from the blocks.
-- ``KIND_DENSE``: float32 rows (the sink tokens, and formats without a
-  dedicated path, which the caller decodes).
+No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
+(all KV heads: consecutive blocks in the cache) is decoded by one reader call
+into a scratch of ``chunk x n_head_kv x head_dim`` floats that stays in L2,
+and each decoded key serves every query row of its KV head. Keys
+are then transposed (``B[j, t]``, 8 x 8 tiles at a time) so that the loop of a
+score ``sum_j q_j k_tj`` runs SIMD across tokens; values stay by rows so that
+the accumulation runs SIMD along the head dimension. Sums take two channels
+(or two tokens) per step, so their order differs from the NumPy model's
+strictly sequential one; the float32 error stays within
+:func:`tbq.attention.f32_tolerance` (measured in tests/test_attention_kernel.py).
 
-No dequantize pass, no float copy of a TBQ/Q8_0/Q4_0 cache: a chunk of
-``chunk`` tokens is decoded into a scratch of ``128 x chunk`` floats that
-stays in L1. Keys are decoded transposed (``B[j, t]``) so that the loop of a
-score ``sum_j q_j k_tj`` runs SIMD across tokens (the TBQ codec kernels' lane
-trick); values are decoded by rows so that the accumulation runs SIMD along
-the head dimension. Sums take two channels (or two tokens) per step, so their
-order differs from the NumPy model's strictly sequential one; the float32
-error stays within :func:`tbq.attention.f32_tolerance` (measured in
-tests/test_attention_kernel.py: under 0.4 of it).
+A causal call gives each query row the end of the tokens it sees (``lim``);
+later tokens get a score of ``-inf`` (weight 0).
 
 The exponential is :func:`expf` below (Cody-Waite reduction and a degree-6
 polynomial, float32, branch-free so it vectorises; within 1 ulp of the
@@ -44,20 +48,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import jit
+from .kernels import address, jit, reader_aux, reader_blocks, transpose8
 
 F32 = np.float32
 _0 = F32(0.0)
 _1 = F32(1.0)
 _NEG_INF = F32(-np.inf)
 
-KIND_DENSE = 0
-KIND_TBQ4 = 1
-KIND_TBQ3 = 2
-KIND_Q8_0 = 3
-KIND_Q4_0 = 4
-
-#: Tokens per online-softmax chunk: the key/value scratch (128 x CHUNK float32, 32 KiB) stays in L1.
+#: Tokens per online-softmax chunk: the key and value scratch (CHUNK x n_head_kv x head_dim float32 each, 256 KiB
+#: at 8 x 128) stay in L2.
 CHUNK = 64
 
 # expf constants (Cephes): log2(e), ln2 split in a part exact in float32 and the rest
@@ -100,232 +99,124 @@ def expf(x):
     return y if x > _EXP_LO else _0
 
 
-@jit
-def _tbq_scale(row, off, f16):
-    return f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
-
-
-@jit
-def _load_key_pairs(kind, data, pair64, f16, g, c0, n, b, ts, B64, DB):
-    """TBQ keys of tokens ``c0 .. c0+n``, block ``b``: ``B64[k, t]`` holds the centroids of channels 2k
-    and 2k+1 of token t (one 8-byte copy from the pair table per byte of indices); ``DB[t]`` the scale."""
-    off = b * ts
-    if kind == KIND_TBQ4:
-        for t in range(n):
-            row = data[c0 + t, g]
-            DB[t] = _tbq_scale(row, off, f16)
-            for k in range(64):
-                B64[k, t] = pair64[np.int64(row[off + 2 + k])]
-    else:
-        for t in range(n):
-            row = data[c0 + t, g]
-            DB[t] = _tbq_scale(row, off, f16)
-            for lg in range(16):
-                o = off + 2 + 3 * lg
-                lane = np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
-                B64[4 * lg, t] = pair64[lane & 63]
-                B64[4 * lg + 1, t] = pair64[(lane >> 6) & 63]
-                B64[4 * lg + 2, t] = pair64[(lane >> 12) & 63]
-                B64[4 * lg + 3, t] = pair64[(lane >> 18) & 63]
-
-
-@jit
-def _load_value_pairs(kind, data, pair64, f16, g, c0, n, b, ts, V64, DV):
-    """TBQ values by rows: ``V64[t, k]`` holds the centroids of channels 2k and 2k+1 of token t."""
-    off = b * ts
-    if kind == KIND_TBQ4:
-        for t in range(n):
-            row = data[c0 + t, g]
-            DV[t] = _tbq_scale(row, off, f16)
-            vt = V64[t]
-            for k in range(64):
-                vt[k] = pair64[np.int64(row[off + 2 + k])]
-    else:
-        for t in range(n):
-            row = data[c0 + t, g]
-            DV[t] = _tbq_scale(row, off, f16)
-            vt = V64[t]
-            for lg in range(16):
-                o = off + 2 + 3 * lg
-                lane = np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16)
-                vt[4 * lg] = pair64[lane & 63]
-                vt[4 * lg + 1] = pair64[(lane >> 6) & 63]
-                vt[4 * lg + 2] = pair64[(lane >> 12) & 63]
-                vt[4 * lg + 3] = pair64[(lane >> 18) & 63]
-
-
-@jit
-def _load_keys(kind, data, dense, f16, g, c0, n, D, B):
-    """Decode the rows of tokens ``c0 .. c0+n`` (Q8_0, Q4_0, dense) transposed into ``B[j, t]``: exact float32 values."""
-    if kind == KIND_DENSE:
-        for t in range(n):
-            src = dense[c0 + t, g]
-            for j in range(D):
-                B[j, t] = src[j]
-    elif kind == KIND_Q8_0:
-        for t in range(n):
-            row = data[c0 + t, g]
-            for blk in range(D // 32):
-                off = 34 * blk
-                d = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
-                for j in range(32):
-                    B[32 * blk + j, t] = F32(np.int8(row[off + 2 + j])) * d
-    elif kind == KIND_Q4_0:
-        for t in range(n):
-            row = data[c0 + t, g]
-            for blk in range(D // 32):
-                off = 18 * blk
-                d = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
-                for j in range(16):
-                    v = np.int32(row[off + 2 + j])
-                    B[32 * blk + j, t] = F32((v & 15) - 8) * d
-                    B[32 * blk + j + 16, t] = F32((v >> 4) - 8) * d
-
-
-@jit
-def _load_values(kind, data, dense, f16, g, c0, n, D, V):
-    """Decode the rows of tokens ``c0 .. c0+n`` (Q8_0, Q4_0, dense) into ``V[t, j]``: exact float32 values."""
-    if kind == KIND_DENSE:
-        for t in range(n):
-            src = dense[c0 + t, g]
-            vt = V[t]
-            for j in range(D):
-                vt[j] = src[j]
-    elif kind == KIND_Q8_0:
-        for t in range(n):
-            row = data[c0 + t, g]
-            vt = V[t]
-            for blk in range(D // 32):
-                off = 34 * blk
-                d = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
-                for j in range(32):
-                    vt[32 * blk + j] = F32(np.int8(row[off + 2 + j])) * d
-    elif kind == KIND_Q4_0:
-        for t in range(n):
-            row = data[c0 + t, g]
-            vt = V[t]
-            for blk in range(D // 32):
-                off = 18 * blk
-                d = f16[np.int64(row[off]) | (np.int64(row[off + 1]) << 8)]
-                for j in range(16):
-                    v = np.int32(row[off + 2 + j])
-                    vt[32 * blk + j] = F32((v & 15) - 8) * d
-                    vt[32 * blk + j + 16] = F32((v >> 4) - 8) * d
+def read_f32_rows(src, dst, n_blocks, aux, n_aux):
+    """The attention reader (:data:`tbq.kernels.READER_SIG`) of float32 rows: ``n_blocks`` values copied."""
+    v = reader_blocks(src, n_blocks, 4).reshape(4 * n_blocks).view(np.float32)
+    out = reader_aux(dst, n_blocks)
+    for j in range(n_blocks):
+        out[j] = v[j]
 
 
 @jit
 def attend(
-    QR, QO, scale,
-    kind_k, kdata, kdense, kpair, kts,
-    kind_v, vdata, vdense, vpair, vts,
-    f16, g0, g1, t0, t1, chunk,
-    M, L, AR, AO,
+    Q, lim, scale,
+    read_k, kdata, kaux, kblocks,
+    read_v, vdata, vaux, vblocks,
+    t0, t1, chunk,
+    M, L, ACC,
 ):
-    """Attention over tokens ``t0 .. t1`` of KV heads ``g0 .. g1``, for the query heads of each.
+    """Attention over tokens ``t0 .. t1`` of every KV head, for the query rows of each.
 
-    ``QR``: the queries ``(G, R, D)`` (R query heads per KV head) rotated per
-    128-value block with the K cache's rotation (read for TBQ keys); ``QO``:
-    the queries as given (other keys); ``scale``: the softmax scale.
-    ``kdata``/``vdata``: uint8 ``(T, G, row_bytes)`` blocks, ``kdense``/``vdense``:
-    float32 ``(T, G, D)`` rows (``KIND_DENSE``), ``kpair``/``vpair``: float32
-    pair tables of the TBQ codebooks, ``kts``/``vts``: bytes per block, ``f16``:
-    :func:`tbq.half.f16_table`.
+    ``Q``: float32 ``(G, RQ, D)``, the ``RQ`` query rows of each of the ``G``
+    KV heads (in the K reader's domain); ``lim``: int64 ``(RQ,)``, row ``r``
+    sees tokens ``< lim[r]`` (``lim >= t1``: all); ``scale``: the softmax scale.
+    ``read_k``/``read_v``: the readers, ``kdata``/``vdata`` uint8 ``(T, G,
+    row_bytes)`` C-contiguous, ``kaux``/``vaux`` their float32 tables,
+    ``kblocks``/``vblocks`` blocks per row.
 
     Tokens are the outer loop and KV heads the inner one, so the bytes of a
     chunk of tokens (all heads, contiguous in the cache) are read from memory
-    once. Writes, per KV head ``g`` (row ``g - g0``): the running maximum
-    ``M`` (., R), the sum ``L`` (., R) of ``exp(s_t - m)`` and the
-    unnormalised sums ``AR`` (., R, D; rotated domain, TBQ values) and ``AO``
-    (., R, D; original domain, other values), all float32. The attention
-    output of a head is ``(R^-1(accr) + acco) / l``.
+    once. Writes, per KV head ``g``: the running maximum ``M[g]`` (RQ,), the
+    sum ``L[g]`` of ``exp(s_t - m)`` and the unnormalised sum ``ACC[g]`` (RQ,
+    D) of ``exp(s_t - m) v_t`` in the V reader's domain, all float32.
     """
-    R = QO.shape[1]
-    D = QO.shape[2]
-    nbk = D // 128
-    rows = D if D > 128 else 128
-    B = np.empty((rows, chunk), np.float32)
-    DB = np.empty(chunk, np.float32)
-    V = np.empty((chunk, rows), np.float32)
-    S = np.empty((R, chunk), np.float32)
-    B64 = np.empty((64, chunk), np.uint64)
-    Bf = B64.view(np.float32)  # (64, 2 * chunk): channel 2k of token t at [k, 2t], channel 2k+1 at [k, 2t+1]
-    V64 = np.empty((chunk, 64), np.uint64)
-    Vf = V64.view(np.float32)  # (chunk, 128): the channels of token t in order
-    P2 = np.empty(2 * chunk, np.float32)
-    kp64 = kpair.view(np.uint64).reshape(kpair.shape[0])
-    vp64 = vpair.view(np.uint64).reshape(vpair.shape[0])
-    for i in range(g1 - g0):
-        for r in range(R):
-            M[i, r] = _NEG_INF
-            L[i, r] = _0
+    G = Q.shape[0]
+    RQ = Q.shape[1]
+    D = Q.shape[2]
+    K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
+    B = np.empty((D, chunk), np.float32)
+    V = np.empty((chunk, G, D), np.float32)
+    S = np.empty((RQ, chunk), np.float32)
+    kp = address(kaux)
+    vp = address(vaux)
+    nka = kaux.shape[0]
+    nva = vaux.shape[0]
+    for g in range(G):
+        for r in range(RQ):
+            M[g, r] = _NEG_INF
+            L[g, r] = _0
             for j in range(D):
-                AR[i, r, j] = _0
-                AO[i, r, j] = _0
-    rotated_k = kind_k == KIND_TBQ4 or kind_k == KIND_TBQ3
-    rotated_v = kind_v == KIND_TBQ4 or kind_v == KIND_TBQ3
+                ACC[g, r, j] = _0
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
-        for g in range(g0, g1):
-            qr = QR[g]
-            qo = QO[g]
-            m_out = M[g - g0]
-            l_out = L[g - g0]
-            accr = AR[g - g0]
-            acco = AO[g - g0]
-            # scores s[r, t] = scale * q . k_t
-            for r in range(R):
+        n8 = n - n % 8 if D % 8 == 0 else 0
+        # the chunk's rows of all heads are contiguous in the cache: one reader call for K and one for V
+        read_k(address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
+        read_v(address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
+        for g in range(G):
+            qo = Q[g]
+            m_out = M[g]
+            l_out = L[g]
+            acc = ACC[g]
+            # keys: transpose (8 x 8 tiles), scores s[r, t] = scale * q . k_t SIMD across tokens
+            for t in range(0, n8, 8):
+                for j in range(0, D, 8):
+                    transpose8(K, (t * G + g) * D + j, G * D, B, j * chunk + t, chunk)
+            for t in range(n8, n):
+                kt = K[t, g]
+                for j in range(D):
+                    B[j, t] = kt[j]
+            for r in range(RQ):
+                sr = S[r]
                 for t in range(n):
-                    S[r, t] = _0
-            if rotated_k:
-                for b in range(nbk):
-                    _load_key_pairs(kind_k, kdata, kp64, f16, g, c0, n, b, kts, B64, DB)
-                    for r in range(R):
-                        for u in range(2 * n):
-                            P2[u] = _0
-                        for k in range(0, 64, 2):  # even and odd channels in two partial sums, SIMD across tokens
-                            qe0 = qr[r, 128 * b + 2 * k]
-                            qo0 = qr[r, 128 * b + 2 * k + 1]
-                            qe1 = qr[r, 128 * b + 2 * k + 2]
-                            qo1 = qr[r, 128 * b + 2 * k + 3]
-                            b0 = Bf[k]
-                            b1 = Bf[k + 1]
-                            for t in range(n):
-                                P2[2 * t] += qe0 * b0[2 * t] + qe1 * b1[2 * t]
-                                P2[2 * t + 1] += qo0 * b0[2 * t + 1] + qo1 * b1[2 * t + 1]
-                        sr = S[r]
-                        for t in range(n):  # score = sum over blocks of d_b * (q'_b . c_b)
-                            sr[t] += DB[t] * (P2[2 * t] + P2[2 * t + 1])
-            else:
-                _load_keys(kind_k, kdata, kdense, f16, g, c0, n, D, B)
-                for r in range(R):
-                    sr = S[r]
-                    for j in range(0, D - 1, 2):  # two channels per pass over the tokens, SIMD across tokens
-                        q0 = qo[r, j]
-                        q1 = qo[r, j + 1]
-                        b0 = B[j]
-                        b1 = B[j + 1]
-                        for t in range(n):
-                            sr[t] += q0 * b0[t] + q1 * b1[t]
-                    if D % 2:
-                        qv = qo[r, D - 1]
-                        bj = B[D - 1]
-                        for t in range(n):
-                            sr[t] += qv * bj[t]
+                    sr[t] = _0
+                D8 = D - D % 8
+                for j in range(0, D8, 8):  # eight channels per pass over the tokens (SIMD across tokens)
+                    q0 = qo[r, j]
+                    q1 = qo[r, j + 1]
+                    q2 = qo[r, j + 2]
+                    q3 = qo[r, j + 3]
+                    q4 = qo[r, j + 4]
+                    q5 = qo[r, j + 5]
+                    q6 = qo[r, j + 6]
+                    q7 = qo[r, j + 7]
+                    b0 = B[j]
+                    b1 = B[j + 1]
+                    b2 = B[j + 2]
+                    b3 = B[j + 3]
+                    b4 = B[j + 4]
+                    b5 = B[j + 5]
+                    b6 = B[j + 6]
+                    b7 = B[j + 7]
+                    for t in range(n):
+                        sr[t] += ((q0 * b0[t] + q1 * b1[t]) + (q2 * b2[t] + q3 * b3[t])) + ((q4 * b4[t] + q5 * b5[t]) + (q6 * b6[t] + q7 * b7[t]))
+                for j in range(D8, D):
+                    qv = qo[r, j]
+                    bj = B[j]
+                    for t in range(n):
+                        sr[t] += qv * bj[t]
             # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
-            for r in range(R):
+            for r in range(RQ):
                 sr = S[r]
                 for t in range(n):
                     sr[t] = sr[t] * scale
+                if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
+                    for t in range(max(0, lim[r] - c0), n):
+                        sr[t] = _NEG_INF
                 mc = m_out[r]
                 for t in range(n):
                     mc = sr[t] if sr[t] > mc else mc
+                if mc == _NEG_INF:  # nothing seen yet: weights 0
+                    for t in range(n):
+                        sr[t] = _0
+                    continue
                 if mc > m_out[r]:
                     if l_out[r] != _0:
                         alpha = expf(m_out[r] - mc)
                         l_out[r] *= alpha
+                        ar = acc[r]
                         for j in range(D):
-                            accr[r, j] *= alpha
-                            acco[r, j] *= alpha
+                            ar[j] *= alpha
                     m_out[r] = mc
                 for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
                     sr[t] = expf(sr[t] - mc)
@@ -334,44 +225,26 @@ def attend(
                     ls += sr[t]
                 l_out[r] += ls
             # values: acc += p_t * v_t
-            if rotated_v:
-                for b in range(nbk):
-                    _load_value_pairs(kind_v, vdata, vp64, f16, g, c0, n, b, vts, V64, DB)
-                    t = 0
-                    while t + 1 < n:  # two tokens per pass over the accumulator
-                        v0 = Vf[t]
-                        v1 = Vf[t + 1]
-                        for r in range(R):
-                            w0 = S[r, t] * DB[t]  # (p_t * d_t) * c[idx_t], as the model
-                            w1 = S[r, t + 1] * DB[t + 1]
-                            ar = accr[r]
-                            for j in range(128):
-                                ar[128 * b + j] += w0 * v0[j] + w1 * v1[j]
-                        t += 2
-                    if t < n:
-                        vt = Vf[t]
-                        for r in range(R):
-                            w = S[r, t] * DB[t]
-                            ar = accr[r]
-                            for j in range(128):
-                                ar[128 * b + j] += w * vt[j]
-            else:
-                _load_values(kind_v, vdata, vdense, f16, g, c0, n, D, V)
-                t = 0
-                while t + 1 < n:
-                    v0 = V[t]
-                    v1 = V[t + 1]
-                    for r in range(R):
-                        w0 = S[r, t]
-                        w1 = S[r, t + 1]
-                        ar = acco[r]
-                        for j in range(D):
-                            ar[j] += w0 * v0[j] + w1 * v1[j]
-                    t += 2
-                if t < n:
-                    vt = V[t]
-                    for r in range(R):
-                        w = S[r, t]
-                        ar = acco[r]
-                        for j in range(D):
-                            ar[j] += w * vt[j]
+            t = 0
+            while t + 3 < n:  # four tokens per pass over the accumulator (SIMD along the head dimension)
+                v0 = V[t, g]
+                v1 = V[t + 1, g]
+                v2 = V[t + 2, g]
+                v3 = V[t + 3, g]
+                for r in range(RQ):
+                    w0 = S[r, t]
+                    w1 = S[r, t + 1]
+                    w2 = S[r, t + 2]
+                    w3 = S[r, t + 3]
+                    ar = acc[r]
+                    for j in range(D):
+                        ar[j] += (w0 * v0[j] + w1 * v1[j]) + (w2 * v2[j] + w3 * v3[j])
+                t += 4
+            while t < n:
+                vt = V[t, g]
+                for r in range(RQ):
+                    w = S[r, t]
+                    ar = acc[r]
+                    for j in range(D):
+                        ar[j] += w * vt[j]
+                t += 1

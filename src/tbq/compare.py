@@ -229,7 +229,11 @@ def _attention_columns_fused(X: Any, Y: Any, role: Any, P: Any, queries: Any, to
         if q.ndim == 2:
             q = np.broadcast_to(q[:, None, :], (q.shape[0], heads, q.shape[1]))
         q = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(-1, X.shape[2])  # query heads (head, query): GQA over the heads
-        cache = KVCache(codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config())
+        cache: KVCache | np.ndarray
+        if codec.format.attention_domain == "rotated":  # read in the rotated domain, from the blocks
+            cache = KVCache(codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config())
+        else:  # the decoded rows: the format's reader gives exactly these bits (the same result), and compiles nothing
+            cache = np.asarray(Y, np.float32)
         with np.errstate(all="ignore"):
             if role == "keys":
                 exact, approx = attention_fused(q, X, P, threads=threads), attention_fused(q, cache, P, threads=threads)
@@ -442,8 +446,9 @@ def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
     return True
 
 
-def _warm(fmts: Any, config: dict[str, Any], attention: bool) -> None:
-    """Compile (or load from the cache) the kernels a comparison of ``fmts`` uses, on small inputs of the same types."""
+def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | None = None) -> None:
+    """Compile (or load from the cache) the kernels a comparison of ``fmts`` uses, on small inputs of the same types
+    (``readers``, default ``attention``: the formats' attention readers too)."""
     x = np.zeros((64, 1024), np.float32)  # 64 rows of 8 heads: whole blocks of every format, >= 32 blocks a call
     x[:, ::7] = 1.0
     for f in fmts:
@@ -452,7 +457,9 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool) -> None:
         c = get_codec(f, **cfg)
         if c.backend == "numba":
             c.decode(c.encode(x))
-    if attention:  # one kernel for every kind of cache (the kind is a run-time argument)
+        if (attention if readers is None else readers) and c.format.attention_domain == "rotated":
+            c.format.attention_reader()  # the fused kernel's reader of a rotated format (the others' rows are decoded)
+    if attention:  # one kernel for every format (the formats' readers are run-time arguments)
         rows = x.reshape(64, 8, HEAD_DIM)
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
@@ -495,11 +502,12 @@ def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool 
 
     procs = []
     for share in shares[1:]:
-        job = {"formats": fmts_of(share), "config": config, "attention": "tbq.attention_kernels" in share}
-        code = f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); c._warm(j['formats'], j['config'], j['attention'])"
+        job = {"formats": fmts_of(share), "config": config, "attention": "tbq.attention_kernels" in share, "readers": attention}
+        code = (f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); "
+                "c._warm(j['formats'], j['config'], j['attention'], j['readers'])")
         procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
-        _warm(fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0])
+        _warm(fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0], attention)
     finally:
         for pr in procs:
             pr.wait()

@@ -23,6 +23,8 @@ processing stops there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -264,3 +266,54 @@ def store_fence(typingctx):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+# --- attention readers ----------------------------------------------------------------------
+
+#: The C signature of a format's attention reader: ``read(src, dst, n_blocks, aux, n_aux)`` decodes the
+#: ``n_blocks`` consecutive blocks at ``src`` (uint8) into ``n_blocks * block_size`` float32 values at
+#: ``dst``, with ``aux`` (float32, ``n_aux`` values) the format's tables. The fused attention kernel
+#: (:mod:`tbq.attention_kernels`) takes readers as first-class functions of this one type, so it is
+#: compiled (and cached) once for every format, and a format's reader is compiled only when used.
+READER_SIG = types.void(types.CPointer(types.uint8), types.CPointer(types.float32), types.int64,
+                        types.CPointer(types.float32), types.int64)
+
+_READERS: dict = {}
+
+
+def attention_reader(fn: Callable) -> object:
+    """The compiled (and cached on disk) C-callable reader of Python function ``fn`` (signature
+    :data:`READER_SIG`), compiled on first use and then kept."""
+    r = _READERS.get(fn)
+    if r is None:
+        r = _READERS[fn] = nb.cfunc(READER_SIG, nopython=True, cache=True, error_model="numpy", boundscheck=False)(fn)
+    return r
+
+
+@intrinsic
+def address(typingctx, arr):
+    """The data pointer of array ``arr`` (a view's first element), for passing rows to a reader."""
+    sig = types.CPointer(arr.dtype)(arr)
+
+    def codegen(context, builder, signature, args):
+        return context.make_array(signature.args[0])(context, builder, args[0]).data
+
+    return sig, codegen
+
+
+@jit
+def reader_blocks(src, n_blocks, type_size):
+    """uint8 ``(n_blocks, type_size)`` view of a reader's ``src``."""
+    return nb.carray(src, (n_blocks, type_size))
+
+
+@jit
+def reader_out(dst, n_blocks, block_size):
+    """float32 ``(n_blocks, block_size)`` view of a reader's ``dst``."""
+    return nb.carray(dst, (n_blocks, block_size))
+
+
+@jit
+def reader_aux(aux, n_aux):
+    """float32 ``(n_aux,)`` view of a reader's tables."""
+    return nb.carray(aux, n_aux)

@@ -269,6 +269,14 @@ def run_cli(args: argparse.Namespace) -> int:
         raise TbqValueError(f"--option: {exc}") from None
     signs = options.get("signs", "turboq-mtp")
     config = {**options, "backend": args.backend, "on_overflow": args.on_overflow}
+    # The first run in a fresh environment compiles the numba kernels: say so at once (before building the
+    # codecs or reading the data), on stderr whether or not it is a terminal, as one whole line.
+    numba_fmts = fmts if args.backend != "numpy" else []
+    attention = not args.file  # the built-in data holds keys and values: out NMSE runs the fused attention kernel
+    cores = _cores()
+    cold = bool(numba_fmts) and kernels_cached(numba_fmts, attention) is False
+    if cold and not args.quiet:
+        print(f"tbq compare: compiling numba kernels on {cores} core{'s' if cores != 1 else ''} (first run only)...", file=sys.stderr, flush=True)
     codecs = {}
     for fmt in fmts:  # every configuration error before any work
         cfg = config_for(fmt, config)
@@ -305,16 +313,11 @@ def run_cli(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     if not args.json:
         print("\n".join(w for line in header for w in textwrap.wrap(line, 99, subsequent_indent="  ")), flush=True)
-    # The first run in a fresh environment compiles the numba kernels: say so at once, and
-    # compile on every core (helper processes fill numba's on-disk cache in parallel).
+    # compile on every core when cold (helper processes fill numba's on-disk cache in parallel)
     numba_fmts = [f for f, c in codecs.items() if c.backend == "numba"]
-    attention = "keys" in data and "values" in data  # out NMSE runs the fused attention kernel
-    cores = _cores()
-    cold = bool(numba_fmts) and kernels_cached(numba_fmts, attention) is False
-    if cold:
-        notice = slow_notice(f"compiling numba kernels on {cores} core{'s' if cores != 1 else ''} (first run only)...", after=0.0, enabled=show)
-    else:  # cached (or a stale cache numba recompiles): a notice only if it takes long
-        notice = slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=show)
+    attention = "keys" in data and "values" in data
+    # cached (or a stale cache numba recompiles): a notice only if it takes long, on a terminal
+    notice = slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=False if cold else show)
     with notice:
         warm_up(numba_fmts, config, attention=attention, processes=cores if cold else 1)
     with Progress(len(data) * len(fmts), "tbq compare", enabled=show) as bar:

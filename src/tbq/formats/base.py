@@ -38,7 +38,7 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
 
-__all__ = ["Option", "FieldKind", "FIELD_KINDS", "register_field_kind", "read_field", "ordered_field_code", "Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
+__all__ = ["Option", "AttentionReader", "FieldKind", "FIELD_KINDS", "register_field_kind", "read_field", "ordered_field_code", "Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,19 @@ class FormatInfo:
         if n_values % self.block_size:
             raise BlockShapeError(f"{n_values} values is not a multiple of {self.name}'s block size {self.block_size}")
         return n_values // self.block_size * self.type_size
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionReader:
+    """How the fused attention kernel reads a format's blocks (:meth:`Format.attention_reader`).
+
+    ``read``: the compiled C-callable reader (:func:`tbq.kernels.attention_reader`), which decodes a
+    row's blocks to float32 in the format's :attr:`Format.attention_domain`; ``aux``: the float32 tables
+    it reads (:meth:`Format.attention_tables`).
+    """
+
+    read: object
+    aux: np.ndarray
 
 
 #: kernel module name -> the imported module (:meth:`Format.kernels`).
@@ -240,11 +253,15 @@ class Format:
     #: ``"raise"`` (the golden inputs fit); FP8 ``"saturate"`` (vLLM saturates: the shared golden
     #: inputs reach 464 and beyond, E4M3's limit at scale 1).
     golden_overflow: ClassVar[str] = "raise"
-    #: Which reader of the fused attention kernel (:mod:`tbq.attention_kernels`) reads the bytes as they are:
-    #: ``"dense"`` (the default: the codec decodes to float32 rows first), ``"ggml_q8_0"`` / ``"ggml_q4_0"`` (ggml's
-    #: scalar blocks), ``"rotated"`` (an fp16 norm + codebook indices read in the rotated domain of the
-    #: format's ``rotation`` and ``codebook``: TBQ4_0, TBQ3_0).
-    attention_reader: ClassVar[str] = "dense"
+    #: The domain the fused attention kernel (:mod:`tbq.attention_kernels`) reads this format's blocks in:
+    #: ``"original"`` (the values, as the decoder gives them) or ``"rotated"`` (the block's coordinates in the
+    #: domain of the format's ``rotation``, an orthonormal map of each ``block_size`` values with ``forward``
+    #: and ``inverse``: the kernel rotates the query once and the output back once; TBQ4_0, TBQ3_0).
+    attention_domain: ClassVar[str] = "original"
+    #: Name of the function of ``kernel_module`` that reads blocks for the fused attention kernel (signature
+    #: :data:`tbq.kernels.READER_SIG`, with :meth:`attention_tables` as its ``aux``); ``""``: the format
+    #: has none, and the kernel reads its cache decoded to float32 rows first (a plugin format's default).
+    attention_read: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -420,6 +437,21 @@ class Format:
     def _int_levels(lo: int, n: int, v) -> tuple:
         """Integer codes ``lo .. lo + n - 1`` met by the traced ``v``."""
         return np.arange(lo, lo + n, dtype=np.float64), np.asarray(v, np.float64).ravel()
+
+    def attention_tables(self) -> np.ndarray:
+        """float32 tables the attention reader gets as ``aux`` (default: :func:`tbq.half.f16_table`, for an fp16 scale)."""
+        return f16_table()
+
+    def attention_reader(self) -> AttentionReader | None:
+        """The :class:`AttentionReader` of this instance (compiled on first use, then kept), or ``None`` when
+        the format declares no :attr:`attention_read` (its cache is then decoded to float32 rows first)."""
+        r = self.__dict__.get("_attention_reader")
+        if r is None and self.attention_read:
+            from ..kernels import attention_reader
+
+            aux = np.ascontiguousarray(self.attention_tables(), np.float32).reshape(-1)
+            r = self.__dict__["_attention_reader"] = AttentionReader(attention_reader(getattr(self.kernels(), self.attention_read)), aux)
+        return r
 
     # -- what the codec refuses (unless on_overflow="inf") ------------------------------
     def scale_overflows(self, trace: dict) -> np.ndarray:

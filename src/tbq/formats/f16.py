@@ -135,6 +135,10 @@ class F16(_Half):
         layout=(Field("v", 0, 2, "f16", "fp16(x), round to nearest even"),),
     )
     kernel_module = "tbq.formats.f16_kernels"
+    attention_read = "attention_read_f16"
+
+    def attention_tables(self):
+        return f16_decode_table().view(np.float32)  # the bits of every fp16 value
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
     _limit = "65504"
@@ -168,6 +172,7 @@ class BF16(_Half):
         layout=(Field("v", 0, 2, "bf16", "bf16(x): the float32 bits >> 16, rounded to nearest even"),),
     )
     kernel_module = "tbq.formats.f16_kernels"
+    attention_read = "attention_read_bf16"
     _overflow_bits = BF16_OVERFLOW_BITS
     _type_name = "bfloat16"
     _limit = "3.3895314e+38"

@@ -285,6 +285,7 @@ class MXFP4(Format):
     )
     kernel_module = "tbq.formats.fp4_kernels"
     tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
+    attention_read = "attention_read_mxfp4"
     hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
 
     def reference_encode(self, x):
@@ -385,6 +386,7 @@ class NVFP4(Format):
     )
     kernel_module = "tbq.formats.fp4_kernels"
     tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
+    attention_read = "attention_read_nvfp4"
     hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
 
     def reference_encode(self, x):

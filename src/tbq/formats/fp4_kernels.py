@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_UNDEFINED, f32_bits, jit
+from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_UNDEFINED, f32_bits, jit, reader_blocks, reader_out
 from ..packing_kernels import hi4, lo4, pair4
 from .fp4 import E2M1_VALUES, e8m0_half, ue4m3_to_f32
 
@@ -246,3 +246,13 @@ def decode_nvfp4(data, out):
                 dst[s * sub + j] = _VF[lo4(v)] * dd
                 dst[s * sub + hs + j] = _VF[hi4(v)] * dd
     return out
+
+
+def attention_read_mxfp4(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): MXFP4 blocks by :func:`decode_mxfp4`."""
+    decode_mxfp4(reader_blocks(src, n_blocks, 17), reader_out(dst, n_blocks, 32))
+
+
+def attention_read_nvfp4(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader: NVFP4 blocks by :func:`decode_nvfp4`."""
+    decode_nvfp4(reader_blocks(src, n_blocks, 36), reader_out(dst, n_blocks, 64))

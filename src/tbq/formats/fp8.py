@@ -132,6 +132,10 @@ class _FP8(Format):
     """Shared body of FP8_E4M3 and FP8_E5M2."""
 
     kernel_module = "tbq.formats.fp8_kernels"
+    attention_read = "attention_read"
+
+    def attention_tables(self):
+        return self._table.view(np.float32)  # the 256 decoded values
     options = {"scale": Option(1.0, "float32, finite, > 0", "the per-tensor scale s: v = x / s, y = fp8 * s", check=lambda v, name: _scale_f32(v, name))}
     overflow_modes = ("raise", "inf", "saturate")
     golden_overflow = "saturate"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, jit
+from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, jit, reader_aux, reader_blocks, reader_out
 
 F32 = np.float32
 
@@ -84,3 +84,10 @@ def decode(q, out, table):
     for j in range(q.shape[0]):
         out[j] = table[np.int64(q[j])]
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` values by
+    :func:`decode`, ``aux`` the 256 scaled values (either FP8 format: one reader, its table)."""
+    decode(reader_blocks(src, n_blocks, 1).reshape(n_blocks), reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32),
+           reader_aux(aux, n_aux).view(np.uint32))

@@ -107,6 +107,7 @@ class IQ4_NL(Format):
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"
+    attention_read = "attention_read"
     #: the strategies aim at x/d0 halfway between two table values (ties go up) and at the 1e-15 tiny-block rule
     hazards = {"grid_ties": {"table": tuple(int(v) for v in IQ4_NL_VALUES), "divisor": -127.0}}
     row_rule = True

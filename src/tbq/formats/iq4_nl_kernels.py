@@ -20,6 +20,9 @@ from ..kernels import (
     f32_to_f16_bits,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
 )
 from ..packing_kernels import hi4, lo4, pair4
@@ -135,3 +138,9 @@ def decode(data, out, table):
             dst[j] = d * _KF[lo4(v)]
             dst[j + half] = d * _KF[hi4(v)]
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode` (the same bits), ``aux`` the fp16 table."""
+    decode(reader_blocks(src, n_blocks, 18), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))

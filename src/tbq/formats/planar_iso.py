@@ -224,6 +224,18 @@ class _PlanarIso(Format):
         rot = (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
         return kn.encode(x, out, self.bits, True, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES)
 
+    def _decode_tables(self) -> tuple:
+        """The rotation tables of :func:`~tbq.formats.planar_iso_kernels.decode` (cos, sin, -sin, sin or w, x, y, z)."""
+        k = self._k
+        if self._rot == "givens":
+            return (k["givens_cos"], k["givens_sin"], k["ngivens_sin"], k["givens_sin"])
+        return (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
+
+    def attention_tables(self):
+        rot = self._decode_tables()
+        head = np.float32([self.bits, self._rot == "quat", self._k["centroids"].size, rot[0].size])
+        return np.concatenate([head, self._k["centroids"], *rot, f16_table()]).astype(np.float32)
+
     def kernel_decode(self, data, out):
         kn, k = self.kernels(), self._k
         if self._rot == "givens":
@@ -338,6 +350,7 @@ class PLANAR3_0(_PlanarIso):
         ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
+    attention_read = "attention_read"
     _rot = "givens"
 
 
@@ -353,6 +366,7 @@ class ISO3_0(_PlanarIso):
         ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
+    attention_read = "attention_read"
     _rot = "quat"
 
 
@@ -364,6 +378,7 @@ class PLANAR4_0(_PlanarIso):
         layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4")),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
+    attention_read = "attention_read"
     _rot = "givens"
 
 
@@ -375,4 +390,5 @@ class ISO4_0(_PlanarIso):
         layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4")),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
+    attention_read = "attention_read"
     _rot = "quat"

@@ -32,6 +32,9 @@ from ..kernels import (
     f32_to_f16_bits,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
 )
 from ..packing_kernels import hi4, lo4, pair4
@@ -294,3 +297,17 @@ def decode(data, out, bits, quat, centroids, ta, tb, tc, td, table, lanes):
                 orow[j] = Tf[p]
                 p += lanes
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode` (the same bits), for all four PLANAR/ISO formats: ``aux`` is ``[bits, quat, nc, nr]``,
+    the ``nc`` centroids, the four rotation tables of ``nr`` values and the fp16 table
+    (``attention_tables`` of :mod:`tbq.formats.planar_iso`)."""
+    a = reader_aux(aux, n_aux)
+    bits = np.int64(a[0])
+    nc = np.int64(a[2])
+    nr = np.int64(a[3])
+    o = 4 + nc
+    decode(reader_blocks(src, n_blocks, 2 + 16 * bits), reader_out(dst, n_blocks, 128), bits, a[1] != _0, a[4:o],
+           a[o:o + nr], a[o + nr:o + 2 * nr], a[o + 2 * nr:o + 3 * nr], a[o + 3 * nr:o + 4 * nr], a[o + 4 * nr:], LANES)

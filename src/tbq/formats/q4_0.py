@@ -34,7 +34,7 @@ class Q4_0(Format):
     kernel_module = "tbq.formats.q4_0_kernels"
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
     tie_rule = "up"
-    attention_reader = "ggml_q4_0"
+    attention_read = "attention_read"
     hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
 
     def reference_encode(self, x):

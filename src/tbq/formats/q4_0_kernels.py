@@ -14,6 +14,9 @@ from ..kernels import (
     f32_to_int32,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
     store_fence,
     store_nontemporal,
@@ -114,3 +117,9 @@ def decode(data, out, table):
             dst[j] = F32(lo4(v) - 8) * d
             dst[j + half] = F32(hi4(v) - 8) * d
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode` (the same bits), ``aux`` the fp16 table."""
+    decode(reader_blocks(src, n_blocks, 18), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))

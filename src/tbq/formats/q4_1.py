@@ -139,6 +139,7 @@ class Q4_1(Format):
     kernel_module = "tbq.formats.q4_1_kernels"
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
     tie_rule = "away"
+    attention_read = "attention_read"
     hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
 
     def reference_encode(self, x):

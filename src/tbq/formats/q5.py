@@ -76,6 +76,7 @@ class Q5_0(_Q5):
     kernel_module = "tbq.formats.q5_kernels"
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
     tie_rule = "up"  # trunc(v + 16.5)
+    attention_read = "attention_read"
     hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
 
     def value_table(self, trace):
@@ -133,6 +134,7 @@ class Q5_1(_Q5):
     kernel_module = "tbq.formats.q5_kernels"
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
     tie_rule = "away"  # trunc(v + 0.5), v >= 0
+    attention_read = "attention_read_q5_1"
     hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
 
     def value_table(self, trace):

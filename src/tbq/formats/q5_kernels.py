@@ -19,6 +19,9 @@ from ..kernels import (
     f32_to_int32,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
 )
 from ..packing_kernels import hi4, lo4, pair4
@@ -170,3 +173,15 @@ def decode_q5_1(data, out, table):
                 dst[j] = add_min_nonfinite(lo4(v) | hi_bit(qh, j), d, m)
                 dst[j + half] = add_min_nonfinite(hi4(v) | hi_bit(qh, j + half), d, m)
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode_q5_0` (the same bits), ``aux`` the fp16 table."""
+    decode_q5_0(reader_blocks(src, n_blocks, 22), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))
+
+
+def attention_read_q5_1(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode_q5_1` (the same bits), ``aux`` the fp16 table."""
+    decode_q5_1(reader_blocks(src, n_blocks, 24), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))

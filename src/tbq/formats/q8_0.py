@@ -37,7 +37,7 @@ class Q8_0(Format):
     kernel_module = "tbq.formats.q8_0_kernels"
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
     tie_rule = "away"
-    attention_reader = "ggml_q8_0"
+    attention_read = "attention_read"
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
     def reference_encode(self, x):

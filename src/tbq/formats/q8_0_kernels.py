@@ -20,6 +20,9 @@ from ..kernels import (
     f32_to_int32,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     roundf,
     store_f16,
     store_fence,
@@ -107,3 +110,9 @@ def decode(data, out, table):
         for j in range(bs):
             dst[j] = F32(np.int8(src[2 + j])) * d
     return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
+    :func:`decode` (the same bits), ``aux`` the fp16 table."""
+    decode(reader_blocks(src, n_blocks, 34), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))

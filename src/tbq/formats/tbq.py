@@ -79,7 +79,8 @@ class _TBQ(Format):
                         known=("turboq-mtp", 0, 1, 42)),
     }
     kernel_module = "tbq.formats.tbq_kernels"
-    attention_reader = "rotated"
+    attention_domain = "rotated"
+    attention_read = "attention_read"
     ulp_floor = TBQ_ULP_FLOOR
     hazards = {"thresholds": {}}
 
@@ -148,6 +149,9 @@ class _TBQ(Format):
         if x.shape[0] < kn.SMALL_BLOCKS:
             return kn.encode_blocks(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow)
         return kn.encode(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES)
+
+    def attention_tables(self):
+        return np.concatenate([self._k["f16"], self._k["centroids"]]).astype(np.float32)  # tbq_kernels.attention_read
 
     def kernel_decode(self, data, out):
         kn, k = self.kernels(), self._k

@@ -25,6 +25,9 @@ from ..kernels import (
     f32_to_f16_bits,
     jit,
     load_f16,
+    reader_aux,
+    reader_blocks,
+    reader_out,
     store_f16,
     store_fence,
     store_nontemporal,
@@ -453,3 +456,31 @@ def decode_blocks(data, out, bits, centroids, s2, cs1, table):
         for j in range(n):
             orow[j] = (v[j] * cs1[j]) * d
     return out
+
+
+@jit
+def read_rotated(data, out, table, centroids):
+    """Blocks in the rotated domain: ``out[b, j] = centroids[idx_j] * d`` (one rounded product; no inverse rotation)."""
+    for b in range(data.shape[0]):
+        src = data[b]
+        dst = out[b]
+        d = load_f16(data, b, table)
+        if centroids.shape[0] == 16:
+            for k in range(64):
+                v = src[2 + k]
+                dst[2 * k] = centroids[lo4(v)] * d
+                dst[2 * k + 1] = centroids[hi4(v)] * d
+        else:
+            for lg in range(16):
+                lane = load_lane3(src, 2 + 3 * lg)
+                for t in range(8):
+                    dst[8 * lg + t] = centroids[idx3(lane, t)] * d
+    return out
+
+
+def attention_read(src, dst, n_blocks, aux, n_aux):
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`) of TBQ4_0 and TBQ3_0, in the rotated
+    domain (:func:`read_rotated`): ``aux`` is the fp16 table followed by the 16 or 8 centroids."""
+    a = reader_aux(aux, n_aux)
+    nc = n_aux - 65536
+    read_rotated(reader_blocks(src, n_blocks, 2 + 16 * (4 if nc == 16 else 3)), reader_out(dst, n_blocks, 128), a[:65536], a[65536:])
