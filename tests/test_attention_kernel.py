@@ -229,11 +229,11 @@ def test_every_format_declares_a_reader_that_gives_the_decoders_bits(fmt):
         out = np.empty((50, 256), np.float32)
         _read_rows(r.read, np.ascontiguousarray(blocks), r.aux, 256 // f.block_size, out)
         if f.attention_domain == "rotated":
-            fl = f.fields(data)
+            fl = f.fields(blocks)
             with np.errstate(all="ignore"):
                 want = (f.codebook.centroids[fl["idx"]] * fl["d"][..., None]).reshape(50, 256)
         else:
-            want = tbq.get_codec(fmt).decode(data)
+            want = tbq.get_codec(fmt).decode(blocks)
         assert np.array_equal(out.view(np.uint32), want.astype(np.float32).view(np.uint32)), fmt
 
 
