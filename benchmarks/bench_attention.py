@@ -57,7 +57,14 @@ HARNESS = HERE / "ggml_fa_bench.c"
 #: tbq formats that are also ggml cache types (ggml's type names)
 GGML_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")
 #: issue 22's table (ggml-org/ggml d99724f, -DGGML_NATIVE=ON, best of 7, 32K tokens): the reference without --ggml
-REFERENCE_MS = {("f16", 1): 39.4, ("f16", 2): 18.5, ("q8_0", 1): 62.8, ("q8_0", 2): 34.3, ("q4_0", 1): 88.5, ("q4_0", 2): 45.5}
+REFERENCE_MS = {
+    ("f16", 1): 39.4,
+    ("f16", 2): 18.5,
+    ("q8_0", 1): 62.8,
+    ("q8_0", 2): 34.3,
+    ("q4_0", 1): 88.5,
+    ("q4_0", 2): 45.5,
+}
 G, H, D = 8, 32, 128
 
 
@@ -78,16 +85,30 @@ def build_ggml(path: Path) -> Path:
     """Compile the harness against the ggml build at ``path`` (``include/``, ``lib/``); the executable's path."""
     lib = path / "lib"
     exe = Path(tempfile.mkdtemp(prefix="tbq-ggml-")) / "ggml_fa_bench"
-    cmd = ["cc", "-O2", "-I", str(path / "include"), str(HARNESS), "-o", str(exe),
-           str(_elf(lib, "libggml-base")), str(_elf(lib, "libggml-cpu")), f"-Wl,-rpath,{lib}", "-lm"]
+    cmd = [
+        "cc",
+        "-O2",
+        "-I",
+        str(path / "include"),
+        str(HARNESS),
+        "-o",
+        str(exe),
+        str(_elf(lib, "libggml-base")),
+        str(_elf(lib, "libggml-cpu")),
+        f"-Wl,-rpath,{lib}",
+        "-lm",
+    ]
     subprocess.run(cmd, check=True)
     return exe
 
 
 def ggml_times(exe: Path, tokens: int, fmt: str, threads: int, n_query: int, causal: bool, reps: int):
     """ggml's times in ms (``reps`` computes after a warm-up), or the reason there are none."""
-    r = subprocess.run([str(exe), str(tokens), fmt, str(threads), str(n_query), str(int(causal)), str(reps)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(exe), str(tokens), fmt, str(threads), str(n_query), str(int(causal)), str(reps)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         why = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
         return f"ggml failed ({why}{': illegal instruction, a build for another CPU' if r.returncode == -4 else ''})"
@@ -133,8 +154,14 @@ def tbq_time(q, K, V, threads: int, causal: bool = False) -> float:
 def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False, log=print) -> dict:
     """Best and median times of tbq and ggml, ``rounds`` rounds, the two back to back in each."""
     q, K, V = make(tokens, fmt, n_query)
-    row = {"format": fmt, "tokens": tokens, "n_query": n_query, "causal": causal, "cache_bytes": K.data.nbytes + V.data.nbytes,
-           "rel_err": check(q, K, V)}
+    row = {
+        "format": fmt,
+        "tokens": tokens,
+        "n_query": n_query,
+        "causal": causal,
+        "cache_bytes": K.data.nbytes + V.data.nbytes,
+        "rel_err": check(q, K, V),
+    }
     for th in threads_list:
         tbq_time(q, K, V, th, causal)  # warm-up (and compile)
         ts, gs, gerr = [], [], None
@@ -154,8 +181,14 @@ def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False
         elif exe is None and (fmt, th) in REFERENCE_MS and tokens == 32768 and n_query == 1:  # the issue's shape only
             row[f"ggml_{th}"] = {"best": REFERENCE_MS[(fmt, th)], "reference": True}
         g = row.get(f"ggml_{th}", {})
-        log(f"  {fmt} T={tokens} nq={n_query} threads={th}: tbq {min(ts):.2f} ms"
-            + (f", ggml {g['best']:.2f} ms{' (reference)' if g.get('reference') else ''}" if "best" in g else f", {g.get('error', 'no ggml type')}"))
+        log(
+            f"  {fmt} T={tokens} nq={n_query} threads={th}: tbq {min(ts):.2f} ms"
+            + (
+                f", ggml {g['best']:.2f} ms{' (reference)' if g.get('reference') else ''}"
+                if "best" in g
+                else f", {g.get('error', 'no ggml type')}"
+            )
+        )
     return row
 
 
@@ -166,7 +199,9 @@ def main(argv=None) -> int:
     p.add_argument("--formats", default="all", help="comma-separated, or 'all' registered formats")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--sweep", default="1K,4K,16K,32K,64K,256K", help="token counts of the growth table (tbq4_0, tbq3_0, 2 threads)")
+    p.add_argument(
+        "--sweep", default="1K,4K,16K,32K,64K,256K", help="token counts of the growth table (tbq4_0, tbq3_0, 2 threads)"
+    )
     p.add_argument("--no-sweep", action="store_true")
     p.add_argument("--prefill-tokens", default="4K")
     p.add_argument("--prefill-formats", default="f16,q8_0,q4_0,tbq4_0,tbq3_0")
@@ -196,16 +231,37 @@ def main(argv=None) -> int:
                 q, K, V = make(t, f)
                 tbq_time(q, K, V, 2)
                 ts = [tbq_time(q, K, V, 2) for _ in range(max(3, args.rounds // 2))]
-                sweep.append({"format": f, "tokens": t, "best": min(ts), "median": float(np.median(ts)), "cache_bytes": K.data.nbytes + V.data.nbytes})
+                sweep.append(
+                    {
+                        "format": f,
+                        "tokens": t,
+                        "best": min(ts),
+                        "median": float(np.median(ts)),
+                        "cache_bytes": K.data.nbytes + V.data.nbytes,
+                    }
+                )
                 log(f"  sweep {f} {s}: {min(ts):.2f} ms")
                 del q, K, V
     prefill = []
     if not args.no_prefill:
         for f in args.prefill_formats.split(","):
-            prefill.append(side_by_side(exe, parse_size(args.prefill_tokens), f, threads, max(3, args.rounds // 2), 64, True, log=log))
-    doc = {"rows": rows, "sweep": sweep, "prefill": prefill, "copy": copy, "rounds": args.rounds, "threads": threads,
-           "ggml": str(args.ggml) if args.ggml else None, "load_before": load_before, "load_after": os.getloadavg(),
-           "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+            prefill.append(
+                side_by_side(
+                    exe, parse_size(args.prefill_tokens), f, threads, max(3, args.rounds // 2), 64, True, log=log
+                )
+            )
+    doc = {
+        "rows": rows,
+        "sweep": sweep,
+        "prefill": prefill,
+        "copy": copy,
+        "rounds": args.rounds,
+        "threads": threads,
+        "ggml": str(args.ggml) if args.ggml else None,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attention.json").write_text(json.dumps(doc, indent=1))
@@ -226,7 +282,11 @@ def _ratio(g: dict | None, t: dict) -> str:
 
 
 def _table(rows, threads, doc, first: str) -> list:
-    head = f"| {first} | " + " | ".join(f"ggml FA, {t} thr | tbq fused, {t} thr | ggml / tbq, {t} thr" for t in threads) + " |"
+    head = (
+        f"| {first} | "
+        + " | ".join(f"ggml FA, {t} thr | tbq fused, {t} thr | ggml / tbq, {t} thr" for t in threads)
+        + " |"
+    )
     lines = [head, "|---|" + "---|" * (3 * len(threads))]
     for r in rows:
         cells = []
@@ -242,10 +302,20 @@ def markdown(doc: dict) -> str:
     rows = doc["rows"]
     r0 = rows[0]
     lines = _table(rows, th, doc, "cache")
-    spread = max((max(c["all"]) - min(c["all"])) / min(c["all"]) for r in rows for k, c in r.items() if isinstance(c, dict) and "all" in c)
-    fails = sorted({c["error"] for r in rows + doc.get("prefill", []) for c in r.values() if isinstance(c, dict) and "error" in c})
-    anchor = (f"ggml: the build at `{doc['ggml']}`, measured in this run back to back with tbq in each round" if doc["ggml"]
-              else "ggml: **reference figures from issue 22's table, not measured in this run** (pass `--ggml PATH` to measure)")
+    spread = max(
+        (max(c["all"]) - min(c["all"])) / min(c["all"])
+        for r in rows
+        for k, c in r.items()
+        if isinstance(c, dict) and "all" in c
+    )
+    fails = sorted(
+        {c["error"] for r in rows + doc.get("prefill", []) for c in r.values() if isinstance(c, dict) and "error" in c}
+    )
+    anchor = (
+        f"ggml: the build at `{doc['ggml']}`, measured in this run back to back with tbq in each round"
+        if doc["ggml"]
+        else "ggml: **reference figures from issue 22's table, not measured in this run** (pass `--ggml PATH` to measure)"
+    )
     text = "\n".join(lines) + (
         f"\n\nOne decode step: 1 query token, {H} query heads, {r0['tokens']:,} cached tokens x {G} KV heads x head_dim {D}, "
         f"K and V in the same format; best of {doc['rounds']} rounds (the largest spread of a cell's rounds: {spread:.0%}). {anchor}. "
@@ -257,21 +327,35 @@ def markdown(doc: dict) -> str:
     if fails:
         text += " ggml cells marked failed: " + "; ".join(fails) + "."
     if doc.get("sweep"):
-        text += "\n\n| tokens | " + " | ".join(f"{f}, 2 thr | {f} per 1K tokens | {f} cache read" for f in ("tbq4_0", "tbq3_0")) + " |\n"
+        text += (
+            "\n\n| tokens | "
+            + " | ".join(f"{f}, 2 thr | {f} per 1K tokens | {f} cache read" for f in ("tbq4_0", "tbq3_0"))
+            + " |\n"
+        )
         text += "|---|" + "---|" * 6 + "\n"
         by = {(s["format"], s["tokens"]): s for s in doc["sweep"]}
         for t in sorted({s["tokens"] for s in doc["sweep"]}):
             cells = []
             for f in ("tbq4_0", "tbq3_0"):
                 s = by.get((f, t))
-                cells += ([f"{s['best']:.2f} ms", f"{s['best'] / (t / 1024):.3f} ms", f"{s['cache_bytes'] / s['best'] / 1e6:.1f} GB/s"] if s else ["–"] * 3)
+                cells += (
+                    [
+                        f"{s['best']:.2f} ms",
+                        f"{s['best'] / (t / 1024):.3f} ms",
+                        f"{s['cache_bytes'] / s['best'] / 1e6:.1f} GB/s",
+                    ]
+                    if s
+                    else ["–"] * 3
+                )
             text += f"| {t // 1024}K | " + " | ".join(cells) + " |\n"
         text += f"\nGrowth of one decode step with the cache (2 threads, best of {max(3, doc['rounds'] // 2)})."
     if doc.get("prefill"):
         p0 = doc["prefill"][0]
         text += "\n\n" + "\n".join(_table(doc["prefill"], th, doc, "cache (prefill)"))
-        text += (f"\n\nPrefill-shaped call: {p0['n_query']} query tokens, causal (query token i sees the cache up to itself), "
-                 f"{p0['tokens']:,} cached tokens, same heads; ggml with the causal mask; best of {max(3, doc['rounds'] // 2)}.")
+        text += (
+            f"\n\nPrefill-shaped call: {p0['n_query']} query tokens, causal (query token i sees the cache up to itself), "
+            f"{p0['tokens']:,} cached tokens, same heads; ggml with the causal mask; best of {max(3, doc['rounds'] // 2)}."
+        )
     return text
 
 

@@ -44,14 +44,30 @@ def main() -> int:
         print(f"{'format':<8}{'blocks':>9}{'golden q':>10}{'golden dq':>10}{'bytes dq':>10}{'total':>9}")
         for fmt in args.formats.split(","):
             lib = Path(tmp) / f"lib{fmt}.so"
-            subprocess.run([cc, "-O2", "-shared", "-fPIC", "-ffp-contract=off", f"-I{tmp}", f"-I{ROOT / 'tests' / 'c'}",
-                            str(ROOT / "tests" / "c" / SOURCES[fmt]), "-o", str(lib), "-lm"], check=True)
+            subprocess.run(
+                [
+                    cc,
+                    "-O2",
+                    "-shared",
+                    "-fPIC",
+                    "-ffp-contract=off",
+                    f"-I{tmp}",
+                    f"-I{ROOT / 'tests' / 'c'}",
+                    str(ROOT / "tests" / "c" / SOURCES[fmt]),
+                    "-o",
+                    str(lib),
+                    "-lm",
+                ],
+                check=True,
+            )
             t0 = time.perf_counter()
             r = check_library(lib, fmt, blocks=args.blocks, examples=0)
             wall = time.perf_counter() - t0
             sec = {(p.direction, p.phase): p.seconds for p in r.phases}
-            print(f"{fmt:<8}{args.blocks:>9,}{sec[('quantize', 'golden')]:>9.2f}s{sec[('dequantize', 'golden')]:>9.2f}s"
-                  f"{sec[('dequantize', 'bytes')]:>9.2f}s{wall:>8.2f}s  {r.verdict()}")
+            print(
+                f"{fmt:<8}{args.blocks:>9,}{sec[('quantize', 'golden')]:>9.2f}s{sec[('dequantize', 'golden')]:>9.2f}s"
+                f"{sec[('dequantize', 'bytes')]:>9.2f}s{wall:>8.2f}s  {r.verdict()}"
+            )
     return 0
 
 

@@ -178,16 +178,25 @@ def anchor_table(fmts, n: int, rounds: int, log) -> list[dict]:
                 if k in cpu:
                     cpu[k].append(c1_ - c0)
         for (backend, direction), ts in wall.items():
-            rows.append({
-                "format": fmt, "direction": direction, "backend": backend, "values": n,
-                "mvalues_per_s": n / statistics.median(ts) / 1e6, "spread": spread(ts),
-                "mvalues_per_s_cpu": n / statistics.median(cpu[(backend, direction)]) / 1e6 if (backend, direction) in cpu else None,
-                "rounds": rounds,
-            })
+            rows.append(
+                {
+                    "format": fmt,
+                    "direction": direction,
+                    "backend": backend,
+                    "values": n,
+                    "mvalues_per_s": n / statistics.median(ts) / 1e6,
+                    "spread": spread(ts),
+                    "mvalues_per_s_cpu": n / statistics.median(cpu[(backend, direction)]) / 1e6
+                    if (backend, direction) in cpu
+                    else None,
+                    "rounds": rounds,
+                }
+            )
         by = {(r["backend"], r["direction"]): r for r in rows if r["format"] == fmt}
         msg = "  ".join(
             f"{b} {by[(b, 'encode')]['mvalues_per_s']:.0f}/{by[(b, 'decode')]['mvalues_per_s']:.0f}"
-            for b in ("C", "numba-1", f"numba-{threads_all}") if (b, "encode") in by
+            for b in ("C", "numba-1", f"numba-{threads_all}")
+            if (b, "encode") in by
         )
         log(f"  {fmt:9s} {msg}  (Mv/s enc/dec, largest spread {max(by[k]['spread'] for k in by):.0%})")
     return rows
@@ -225,7 +234,11 @@ def sweep(fmts, sizes, repeat: int, log) -> list[dict]:
             q = tbq.quantize(x, fmt)
             out_y, out_q = np.empty_like(x), np.empty_like(q)
             runs = []
-            for lab, cfg in (("numpy", {"backend": "numpy"}), ("numba-1", {"threads": 1}), (f"numba-{threads_all}", {"threads": threads_all})):
+            for lab, cfg in (
+                ("numpy", {"backend": "numpy"}),
+                ("numba-1", {"threads": 1}),
+                (f"numba-{threads_all}", {"threads": threads_all}),
+            ):
                 c = tbq.get_codec(fmt, **cfg)
                 runs.append((lab, lambda c=c: c.encode(x, out=out_q), lambda c=c: c.decode(q, out=out_y)))
             try:
@@ -243,8 +256,17 @@ def sweep(fmts, sizes, repeat: int, log) -> list[dict]:
                     continue  # the slow references only up to 1M values (minutes otherwise)
                 for direction, fn in (("encode", enc), ("decode", dec)):
                     t = timed(fn, repeat)
-                    results.append({"format": fmt, "direction": direction, "values": n, "backend": lab, "seconds": t,
-                                    "mvalues_per_s": n / t / 1e6, "peak_extra_bytes": peak_extra(fn)})
+                    results.append(
+                        {
+                            "format": fmt,
+                            "direction": direction,
+                            "values": n,
+                            "backend": lab,
+                            "seconds": t,
+                            "mvalues_per_s": n / t / 1e6,
+                            "peak_extra_bytes": peak_extra(fn),
+                        }
+                    )
             log(f"  sweep {fmt:9s} {label(n):>4s} done")
     return results
 
@@ -286,6 +308,7 @@ def markdown_table(path: Path) -> str:
     ]
     fmts = list(dict.fromkeys(r["format"] for r in doc.get("anchor", [])))
     for fmt in fmts:
+
         def v(b, d):
             r = by.get((fmt, d, b))
             return r["mvalues_per_s"] if r else None
@@ -379,21 +402,38 @@ def main(argv=None) -> int:
     fmts = [f for f in args.formats.split(",") if f]
     load_before = os.getloadavg()
     copy = copy_rate()
-    log(f"memory copy: {copy['gb_per_s_1_thread']:.1f} GB/s (1 thread), {copy['gb_per_s_2_threads']:.1f} GB/s (2 threads)")
+    log(
+        f"memory copy: {copy['gb_per_s_1_thread']:.1f} GB/s (1 thread), {copy['gb_per_s_2_threads']:.1f} GB/s (2 threads)"
+    )
     n = parse_size(args.values)
     anchor = anchor_table(fmts, n, args.rounds, log)
     results = [] if args.no_sweep else sweep(fmts, [parse_size(s) for s in args.sizes.split(",")], args.repeat, log)
     jit = None if args.no_jit else jit_times()
-    machine = {"python": platform.python_version(), "numpy": np.__version__, "platform": platform.platform(),
-               "processor": _cpu_name(), "cores": cores(), "tbq": tbq.__version__}
+    machine = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "processor": _cpu_name(),
+        "cores": cores(),
+        "tbq": tbq.__version__,
+    }
     try:
         import numba
 
         machine["numba"] = numba.__version__
     except ImportError:  # pragma: no cover
         pass
-    doc = {"machine": machine, "load_before": load_before, "load_after": os.getloadavg(), "copy": copy,
-           "anchor_values": n, "rounds": args.rounds, "anchor": anchor, "jit": jit, "results": results}
+    doc = {
+        "machine": machine,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "copy": copy,
+        "anchor_values": n,
+        "rounds": args.rounds,
+        "anchor": anchor,
+        "jit": jit,
+        "results": results,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(doc, indent=1))
@@ -433,7 +473,11 @@ def _plot(results, path: Path, machine: dict) -> None:
         for k, direction in enumerate(("encode", "decode")):
             ax = axes[2 * (i // cols) + k][i % cols]
             for backend in dict.fromkeys(r["backend"] for r in results):
-                pts = [(r["values"], r["mvalues_per_s"]) for r in results if r["format"] == fmt and r["direction"] == direction and r["backend"] == backend]
+                pts = [
+                    (r["values"], r["mvalues_per_s"])
+                    for r in results
+                    if r["format"] == fmt and r["direction"] == direction and r["backend"] == backend
+                ]
                 if pts:
                     ax.plot(*zip(*pts, strict=True), marker="o", label=backend)
             ax.set_xscale("log", base=2)

@@ -39,7 +39,9 @@ def run_in_pty(cmd, env, terminal: bool = True) -> dict:
         p = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
     else:
         master, slave = os.pipe()
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, env=env, close_fds=True)
+        p = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave, env=env, close_fds=True
+        )
     os.close(slave)
     first = {}
     buf = b""
@@ -65,8 +67,13 @@ def run_in_pty(cmd, env, terminal: bool = True) -> dict:
     out = buf.decode(errors="replace")
     os.close(master)
     done = [line for line in out.replace("\r", "\n").splitlines() if "compiling numba kernels" in line]
-    return {"total_s": time.perf_counter() - t0, "exit": p.returncode, **first, "notice": done[-1].strip() if done else None,
-            "notices": len(done)}
+    return {
+        "total_s": time.perf_counter() - t0,
+        "exit": p.returncode,
+        **first,
+        "notice": done[-1].strip() if done else None,
+        "notices": len(done),
+    }
 
 
 def import_time(env, rounds: int = 5) -> float:
@@ -96,10 +103,22 @@ def main(argv=None) -> int:
             warm = run_in_pty(cmd, env)
         with tempfile.TemporaryDirectory() as cache:
             cold_tty = run_in_pty(cmd, dict(os.environ, NUMBA_CACHE_DIR=cache))
-        rows.append({"formats": fmts or "all", "load_before": load, "load_after": os.getloadavg(), "cold": cold, "warm": warm, "cold_tty": cold_tty})
-        print(f"{fmts or 'all'}: notice at {cold.get('notice_s', float('nan')):.2f} s (stderr a pipe; {cold['notices']} line), "
-              f"cold {cold['total_s']:.2f} s, warm {warm['total_s']:.2f} s, cold on a terminal {cold_tty['total_s']:.2f} s "
-              f"(notice {cold_tty.get('notice_s', float('nan')):.2f} s) (load {load[0]:.1f}); {cold['notice']}", file=sys.stderr)
+        rows.append(
+            {
+                "formats": fmts or "all",
+                "load_before": load,
+                "load_after": os.getloadavg(),
+                "cold": cold,
+                "warm": warm,
+                "cold_tty": cold_tty,
+            }
+        )
+        print(
+            f"{fmts or 'all'}: notice at {cold.get('notice_s', float('nan')):.2f} s (stderr a pipe; {cold['notices']} line), "
+            f"cold {cold['total_s']:.2f} s, warm {warm['total_s']:.2f} s, cold on a terminal {cold_tty['total_s']:.2f} s "
+            f"(notice {cold_tty.get('notice_s', float('nan')):.2f} s) (load {load[0]:.1f}); {cold['notice']}",
+            file=sys.stderr,
+        )
     doc = {"cores": len(os.sched_getaffinity(0)), "import_s": imp, "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,14 +128,20 @@ def main(argv=None) -> int:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["| `tbq compare` formats | notice (stderr a pipe) | cold, stderr a pipe | cold, terminal | warm | load before / after |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| `tbq compare` formats | notice (stderr a pipe) | cold, stderr a pipe | cold, terminal | warm | load before / after |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in doc["rows"]:
         c, t, w = r["cold"], r["cold_tty"], r["warm"]
-        lines.append(f"| {r['formats']} | {c.get('notice_s', float('nan')):.2f} s ({c['notices']} line) | {c['total_s']:.1f} s | "
-                     f"{t['total_s']:.1f} s | {w['total_s']:.1f} s | {r['load_before'][0]:.1f} / {r['load_after'][0]:.1f} |")
-    return "\n".join(lines) + (f"\n\nEmpty numba cache for each cold run, {doc['cores']} cores; "
-                                f"`python -c \"import tbq\"` {doc['import_s']:.2f} s (best of 5).")
+        lines.append(
+            f"| {r['formats']} | {c.get('notice_s', float('nan')):.2f} s ({c['notices']} line) | {c['total_s']:.1f} s | "
+            f"{t['total_s']:.1f} s | {w['total_s']:.1f} s | {r['load_before'][0]:.1f} / {r['load_after'][0]:.1f} |"
+        )
+    return "\n".join(lines) + (
+        f"\n\nEmpty numba cache for each cold run, {doc['cores']} cores; "
+        f'`python -c "import tbq"` {doc["import_s"]:.2f} s (best of 5).'
+    )
 
 
 if __name__ == "__main__":

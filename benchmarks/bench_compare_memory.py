@@ -53,8 +53,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     row = args.heads * args.head_dim
     extra = ["--repeat", "1", "--quiet"] + (["--formats", args.formats] if args.formats else [])
-    results = {"python": platform.python_version(), "numpy": np.__version__, "load_before": os.getloadavg(),
-               "heads": args.heads, "head_dim": args.head_dim, "formats": args.formats or "all", "limit": LIMIT, "runs": []}
+    results = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "load_before": os.getloadavg(),
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "formats": args.formats or "all",
+        "limit": LIMIT,
+        "runs": [],
+    }
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as d:
         tiny = Path(d) / "tiny.npy"
@@ -75,8 +83,10 @@ def main(argv=None) -> int:
             print(f"{size:>6.0f} MiB  {tokens:>8,}  {peak:>6.0f} MiB  {ratio:>23.2f}")
     results["load_after"] = os.getloadavg()
     worst = max(r["ratio"] for r in results["runs"])
-    print(f"worst ratio {worst:.2f} (bound {LIMIT:g}); load average before {results['load_before'][0]:.2f}, "
-          f"after {results['load_after'][0]:.2f}")
+    print(
+        f"worst ratio {worst:.2f} (bound {LIMIT:g}); load average before {results['load_before'][0]:.2f}, "
+        f"after {results['load_after'][0]:.2f}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0 if worst <= LIMIT else 1

@@ -35,8 +35,17 @@ DEFAULT_FORMATS = "f16,q8_0,q4_0,q5_1,iq4_nl,tbq4_0,tbq3_0,planar3_0,nvfp4"
 
 def large_model(seed: int = 0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128, num_hidden_layers=32,
-                      intermediate_size=2816, vocab_size=32000, max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=1024,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=128,
+        num_hidden_layers=32,
+        intermediate_size=2816,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -77,7 +86,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--large-rounds", type=int, default=2)
     p.add_argument("--formats", default=DEFAULT_FORMATS)
-    p.add_argument("--large-formats", default="f16,q8_0,q4_0,tbq4_0,tbq3_0", help="the cache types timed on the large model")
+    p.add_argument(
+        "--large-formats", default="f16,q8_0,q4_0,tbq4_0,tbq3_0", help="the cache types timed on the large model"
+    )
     p.add_argument("--no-large", action="store_true", help="skip the 0.43 B-parameter model")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
@@ -86,7 +97,11 @@ def main(argv=None) -> int:
     model, _ = load(tokenizer=False)
     out = [measure(model, args.context, formats, args.rounds, "shipped model")]
     if not args.no_large:
-        out.append(measure(large_model(), args.context, args.large_formats.split(","), args.large_rounds, "random-weight Llama"))
+        out.append(
+            measure(
+                large_model(), args.context, args.large_formats.split(","), args.large_rounds, "random-weight Llama"
+            )
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

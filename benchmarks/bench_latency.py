@@ -57,8 +57,16 @@ def measure(fmts, calls: int, rounds: int, log) -> list[dict]:
                     fn()
                 times[k].append((time.perf_counter() - t0) / calls * 1e6)
         for (nb, what), ts in times.items():
-            rows.append({"format": fmt, "blocks": nb, "call": what, "us_median": statistics.median(ts), "us_min": min(ts),
-                         "spread": (max(ts) - min(ts)) / statistics.median(ts)})
+            rows.append(
+                {
+                    "format": fmt,
+                    "blocks": nb,
+                    "call": what,
+                    "us_median": statistics.median(ts),
+                    "us_min": min(ts),
+                    "spread": (max(ts) - min(ts)) / statistics.median(ts),
+                }
+            )
         one = {r["call"]: r["us_median"] for r in rows if r["format"] == fmt and r["blocks"] == 1}
         log(f"  {fmt:9s} 1 block: " + "  ".join(f"{k} {v:.1f}" for k, v in one.items()) + " us")
     return rows
@@ -68,7 +76,11 @@ def markdown_table(path: Path) -> str:
     doc = json.loads(Path(path).read_text())
     by = {(r["format"], r["blocks"], r["call"]): r for r in doc["rows"]}
     fmts = list(dict.fromkeys(r["format"] for r in doc["rows"]))
-    head = "| format | " + " | ".join(f"{nb} block{'s' if nb > 1 else ''}: codec | {nb}: quantize / dequantize" for nb in BLOCKS) + " |"
+    head = (
+        "| format | "
+        + " | ".join(f"{nb} block{'s' if nb > 1 else ''}: codec | {nb}: quantize / dequantize" for nb in BLOCKS)
+        + " |"
+    )
     lines = [head, "|---|" + "---|---|" * len(BLOCKS)]
     for fmt in fmts:
         cells = []
@@ -102,9 +114,20 @@ def main(argv=None) -> int:
         print(markdown_table(Path(args.markdown)))
         return 0
     load_before = os.getloadavg()
-    rows = measure([f for f in args.formats.split(",") if f], args.calls, args.rounds, lambda m: print(m, file=sys.stderr, flush=True))
-    doc = {"rows": rows, "calls": args.calls, "rounds": args.rounds, "load_before": load_before, "load_after": os.getloadavg(),
-           "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()}
+    rows = measure(
+        [f for f in args.formats.split(",") if f],
+        args.calls,
+        args.rounds,
+        lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    doc = {
+        "rows": rows,
+        "calls": args.calls,
+        "rounds": args.rounds,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "latency.json").write_text(json.dumps(doc, indent=1))

@@ -32,9 +32,14 @@ FLAGS = ["-O2", "-ffp-contract=off", "-shared", "-fPIC"]
 SOURCES = {"q8_0": "q8_0.c", "q4_0": "q4_0.c", "tbq4_0": "tbq.c", "tbq3_0": "tbq.c"}
 SOURCES.update({f: "ggml_extra.c" for f in ("f16", "bf16", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")})
 SOURCES.update({f: "planar_iso.c" for f in ("planar3_0", "iso3_0", "planar4_0", "iso4_0")})
-SOURCES.update({f: "fp8.c" for f in ("fp8_e4m3", "fp8_e5m2")})  # scale 1.0 (the default); the anchor data never saturates
+SOURCES.update(
+    {f: "fp8.c" for f in ("fp8_e4m3", "fp8_e5m2")}
+)  # scale 1.0 (the default); the anchor data never saturates
 #: ggml's names where they are not quantize_row_<fmt>_ref / dequantize_row_<fmt>
-SYMBOLS = {"f16": ("ggml_fp32_to_fp16_row", "ggml_fp16_to_fp32_row"), "bf16": ("ggml_fp32_to_bf16_row_ref", "ggml_bf16_to_fp32_row")}
+SYMBOLS = {
+    "f16": ("ggml_fp32_to_fp16_row", "ggml_fp16_to_fp32_row"),
+    "bf16": ("ggml_fp32_to_bf16_row_ref", "ggml_bf16_to_fp32_row"),
+}
 
 
 @dataclass
@@ -56,18 +61,31 @@ def _tables_headers() -> dict:
     from tbq.golden import hex_literal
 
     def arr(name, a):
-        return f"static const float {name}[{np.size(a)}] = {{{', '.join(hex_literal(float(v)) for v in np.ravel(a))}}};\n"
+        return (
+            f"static const float {name}[{np.size(a)}] = {{{', '.join(hex_literal(float(v)) for v in np.ravel(a))}}};\n"
+        )
 
     out = {}
     t4, t3 = tbq.get_format("tbq4_0").tables(), tbq.get_format("tbq3_0").tables()
-    out["tbq_tables.h"] = ("#pragma once\n" + arr("TBQ4_CENTROIDS", t4["centroids"]) + arr("TBQ4_THRESHOLDS", t4["thresholds"])
-                           + arr("TBQ3_CENTROIDS", t3["centroids"]) + arr("TBQ3_THRESHOLDS", t3["thresholds"])
-                           + arr("TBQ_SIGNS1", t4["signs1"]) + arr("TBQ_SIGNS2", t4["signs2"]))
+    out["tbq_tables.h"] = (
+        "#pragma once\n"
+        + arr("TBQ4_CENTROIDS", t4["centroids"])
+        + arr("TBQ4_THRESHOLDS", t4["thresholds"])
+        + arr("TBQ3_CENTROIDS", t3["centroids"])
+        + arr("TBQ3_THRESHOLDS", t3["thresholds"])
+        + arr("TBQ_SIGNS1", t4["signs1"])
+        + arr("TBQ_SIGNS2", t4["signs2"])
+    )
     if all(f in tbq.formats() for f in ("planar3_0", "iso3_0", "planar4_0")):
         p3, i3, p4 = (tbq.get_format(f).tables() for f in ("planar3_0", "iso3_0", "planar4_0"))
-        out["planar_iso_tables.h"] = ("#pragma once\n" + arr("PI_CENTROIDS3", p3["centroids"]) + arr("PI_CENTROIDS4", p4["centroids"])
-                                      + arr("GIVENS_COS", p3["givens_cos"]) + arr("GIVENS_SIN", p3["givens_sin"])
-                                      + "".join(arr("QUAT_" + c.upper(), i3["quat_" + c]) for c in "wxyz"))
+        out["planar_iso_tables.h"] = (
+            "#pragma once\n"
+            + arr("PI_CENTROIDS3", p3["centroids"])
+            + arr("PI_CENTROIDS4", p4["centroids"])
+            + arr("GIVENS_COS", p3["givens_cos"])
+            + arr("GIVENS_SIN", p3["givens_sin"])
+            + "".join(arr("QUAT_" + c.upper(), i3["quat_" + c]) for c in "wxyz")
+        )
     return out
 
 

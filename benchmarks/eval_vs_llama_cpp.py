@@ -41,7 +41,9 @@ CASES = [
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--llama-cpp", type=Path, default=DEFAULT_DIR, help="the llama.cpp folder (its bin/ holds llama-perplexity)")
+    p.add_argument(
+        "--llama-cpp", type=Path, default=DEFAULT_DIR, help="the llama.cpp folder (its bin/ holds llama-perplexity)"
+    )
     p.add_argument("--gguf", type=Path)
     p.add_argument("--text", type=Path)
     p.add_argument("--context", type=int, default=512)
@@ -63,13 +65,20 @@ def main(argv=None) -> int:
     rows = []
     for rotate in (True, False):
         cases = [c for c in CASES if c[2] == rotate]
-        res = evaluate(model, tokens, [CacheType(k, v, e) for k, v, _, e in cases if k != "f16"],
-                       context=args.context, chunks=args.chunks, rotate_attention=rotate)
+        res = evaluate(
+            model,
+            tokens,
+            [CacheType(k, v, e) for k, v, _, e in cases if k != "f16"],
+            context=args.context,
+            chunks=args.chunks,
+            rotate_attention=rotate,
+        )
         for k, v, _, e in cases:
             ours = res.row(f"{k}:{v}" if k == "f16" else CacheType(k, v, e).label).ppl
             try:
-                theirs = run_llama_perplexity(args.llama_cpp, gguf, text, args.context, args.chunks, cache_type=k,
-                                              v_type=v, rotate=rotate)["ppl"]
+                theirs = run_llama_perplexity(
+                    args.llama_cpp, gguf, text, args.context, args.chunks, cache_type=k, v_type=v, rotate=rotate
+                )["ppl"]
             except RuntimeError:  # e.g. an illegal instruction on this CPU: reported as no output
                 theirs = None
             rows.append((f"{k}:{v}", "on" if rotate else "off", e, theirs, ours))

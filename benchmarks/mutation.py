@@ -85,7 +85,7 @@ def run_pytest(clone: Path, tests: list[str], timeout: float) -> tuple[int | Non
     try:
         r = subprocess.run(cmd, cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")
+        out = exc.stdout or b""
         out = out.decode(errors="replace") if isinstance(out, bytes) else out
         return None, time.perf_counter() - t0, out[-3000:]
     return r.returncode, time.perf_counter() - t0, (r.stdout + r.stderr)[-3000:]
@@ -146,7 +146,9 @@ def markdown(doc: dict) -> str:
         lines.append(f"| {pk} | {len(mine)} | {killed} | {rest} |")
     lines += ["", "| mutant | file | result | s | first failing test |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['file'].removeprefix('src/tbq/')} | {r['result']} | {r['seconds']:.0f} | {r.get('caught_by', '').removeprefix('FAILED ')} |")
+        lines.append(
+            f"| {r['name']} | {r['file'].removeprefix('src/tbq/')} | {r['result']} | {r['seconds']:.0f} | {r.get('caught_by', '').removeprefix('FAILED ')} |"
+        )
     return "\n".join(lines)
 
 
@@ -160,7 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own clone (default 1)")
     ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the tests")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--markdown", metavar="RESULTS_JSON", help="print the tables of docs/robustness.md from a results file and exit")
+    ap.add_argument(
+        "--markdown", metavar="RESULTS_JSON", help="print the tables of docs/robustness.md from a results file and exit"
+    )
     args = ap.parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
@@ -219,8 +223,10 @@ def main(argv=None) -> int:
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(clones)) as ex:
             for i, row in enumerate(ex.map(job, chosen), 1):
                 results.append(row)
-                print(f"[{i:3d}/{len(chosen)}] {row['result']:18s} {row['seconds']:7.1f} s  {row['name']:34s} {row.get('caught_by', '')}",
-                      flush=True)
+                print(
+                    f"[{i:3d}/{len(chosen)}] {row['result']:18s} {row['seconds']:7.1f} s  {row['name']:34s} {row.get('caught_by', '')}",
+                    flush=True,
+                )
                 if "output" in row and row["result"] == "survived":
                     print("    tests passed with the mutant: " + " ".join(row["tests"]), flush=True)
     finally:
@@ -230,7 +236,11 @@ def main(argv=None) -> int:
     for r in results:
         key = r["result"].split(" (")[0]
         counts[key] = counts.get(key, 0) + 1
-    print(f"\n{len(results)} mutants: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; wall time {wall / 60:.1f} min")
+    print(
+        f"\n{len(results)} mutants: "
+        + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+        + f"; wall time {wall / 60:.1f} min"
+    )
     for r in results:
         if not r["result"].startswith("killed"):
             print(f"  {r['result']}: {r['name']} ({r['file']})")

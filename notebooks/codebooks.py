@@ -101,7 +101,9 @@ for ds, x in data.items():
             mid = (1 << b) // 2
             middle[ds, b, label] = counts[mid - 1 : mid + 1].sum() / counts.sum()
 for (ds, b, label), h in ent.items():
-    print(f"{ds:13s} {b} bits {label:6s}: entropy {h:.3f} bits of {b}; share in the two middle cells {middle[ds, b, label]:.2%}")
+    print(
+        f"{ds:13s} {b} bits {label:6s}: entropy {h:.3f} bits of {b}; share in the two middle cells {middle[ds, b, label]:.2%}"
+    )
 
 # %%
 path = plots.plot_index_histograms(
@@ -151,7 +153,9 @@ for b in (4, 3):
         q = study.get_quantizer(f"tbq{b}_0", codebook=label)
         att[b, label] = metrics.attention_error(Qr, Kx, None, q(Kx), topk=8)
         m = att[b, label]
-        print(f"K tbq{b}_0 {label:10s}: logit RMSE {m['logit_rmse']:.3f}  KL {m['kl_mean']:.4f}  top-8 {m['topk_agreement']:.3f}")
+        print(
+            f"K tbq{b}_0 {label:10s}: logit RMSE {m['logit_rmse']:.3f}  KL {m['kl_mean']:.4f}  top-8 {m['topk_agreement']:.3f}"
+        )
 
 # %% [markdown]
 # ## Conclusion for a user of the fork
@@ -255,12 +259,16 @@ for label, fmt, opts in SHIPPED:
         row["N(0, 1/128)"] = metrics.table_distortion(levels, sigma=SIGMA_128, n_levels=n)
     dist[label] = row
 
-print(f"{'table':30s} {'codes':>5s} {'N(0,1/128)':>10s} {'gaussian data':>13s} {'best scale':>10s} {'at scale':>8s} {'outlier keys':>12s}")
+print(
+    f"{'table':30s} {'codes':>5s} {'N(0,1/128)':>10s} {'gaussian data':>13s} {'best scale':>10s} {'at scale':>8s} {'outlier keys':>12s}"
+)
 for label, row in dist.items():
     g = row["gaussian"]
     closed = f"{row['N(0, 1/128)']['ratio']:10.3f}" if "N(0, 1/128)" in row else f"{'':10s}"
     outl = f"{row['outlier keys']['ratio']:12.3f}" if "outlier keys" in row else ""
-    print(f"{label:30s} {row['n']:5d} {closed} {g['ratio']:13.3f} {g['best_ratio']:10.3f} {g['best_scale']:8.3f} {outl}")
+    print(
+        f"{label:30s} {row['n']:5d} {closed} {g['ratio']:13.3f} {g['best_ratio']:10.3f} {g['best_scale']:8.3f} {outl}"
+    )
 print(
     "Columns: the distortion ratio in closed form on N(0, 1/128) (rotated formats), measured on the values the table meets "
     "with Gaussian data, the same at the best scale and that scale, and measured on the keys with outlier channels."
@@ -273,21 +281,41 @@ print(
 # dimensions have `-6/130`).
 
 # %%
-for label, fmt in (("TBQ4 lloyd-max", "Hadamard (tbq)"), ("planar/iso 4-bit in planar4_0", "Givens pairs (planar)"),
-                   ("planar/iso 4-bit in iso4_0", "quaternion groups (iso)")):
+for label, fmt in (
+    ("TBQ4 lloyd-max", "Hadamard (tbq)"),
+    ("planar/iso 4-bit in planar4_0", "Givens pairs (planar)"),
+    ("planar/iso 4-bit in iso4_0", "quaternion groups (iso)"),
+):
     for ds in ("gaussian", "outlier keys"):
         r = inputs[label, ds]
-        print(f"{fmt:24s} {ds:13s} std x sqrt(128) {np.std(r) * np.sqrt(128):7.4f}   excess kurtosis {metrics.kurtosis(r):7.3f}")
+        print(
+            f"{fmt:24s} {ds:13s} std x sqrt(128) {np.std(r) * np.sqrt(128):7.4f}   excess kurtosis {metrics.kurtosis(r):7.3f}"
+        )
 print(f"a uniformly random unit vector in 128 dimensions: excess kurtosis {-6 / 130:.3f}")
 
 # %%
-PANELS = ["TBQ4 lloyd-max", "TBQ3 lloyd-max", "TBQ4 turboq-mtp", "TBQ3 turboq-mtp", "planar/iso 4-bit in planar4_0",
-          "planar/iso 3-bit in planar3_0", "iq4_nl K", "E2M1 in mxfp4", "E2M1 in nvfp4", "q4_0 grid", "q5_0 grid", "q8_0 grid"]
+PANELS = [
+    "TBQ4 lloyd-max",
+    "TBQ3 lloyd-max",
+    "TBQ4 turboq-mtp",
+    "TBQ3 turboq-mtp",
+    "planar/iso 4-bit in planar4_0",
+    "planar/iso 3-bit in planar3_0",
+    "iq4_nl K",
+    "E2M1 in mxfp4",
+    "E2M1 in nvfp4",
+    "q4_0 grid",
+    "q5_0 grid",
+    "q8_0 grid",
+]
 path = plots.plot_value_tables(
     {
         f"{lab} (ratio {dist[lab]['gaussian']['ratio']:.2f})": {
             "samples": inputs[lab, "gaussian"],
-            "tables": {"shipped table": dist[lab]["levels"], "Lloyd-Max of these values": dist[lab]["gaussian"]["lloyd_max_levels"]},
+            "tables": {
+                "shipped table": dist[lab]["levels"],
+                "Lloyd-Max of these values": dist[lab]["gaussian"]["lloyd_max_levels"],
+            },
         }
         for lab in PANELS
     },
@@ -301,11 +329,16 @@ path = plots.plot_bars(
     {
         "distortion ratio, Gaussian data": {lab: row["gaussian"]["ratio"] for lab, row in dist.items()},
         "at the best scale": {lab: row["gaussian"]["best_ratio"] for lab, row in dist.items()},
-        "outlier keys (rotated formats)": {lab: row["outlier keys"]["ratio"] for lab, row in dist.items() if "outlier keys" in row},
+        "outlier keys (rotated formats)": {
+            lab: row["outlier keys"]["ratio"] for lab, row in dist.items() if "outlier keys" in row
+        },
     },
     plots.figure_path("codebooks_ratios.png"),
     ncols=3,
-    hline={k: (1.0, "Lloyd-Max") for k in ("distortion ratio, Gaussian data", "at the best scale", "outlier keys (rotated formats)")},
+    hline={
+        k: (1.0, "Lloyd-Max")
+        for k in ("distortion ratio, Gaussian data", "at the best scale", "outlier keys (rotated formats)")
+    },
     title="Table MSE / Lloyd-Max MSE at the same number of codes",
 )
 display(Image(filename=str(path)))
@@ -329,7 +362,11 @@ print(
 p3, p4 = "planar/iso 3-bit in planar3_0", "planar/iso 4-bit in planar4_0"
 print(
     f"planar/iso 3-bit: ratio {C(p3):.3f} on N(0, 1/128) and {R(p3):.3f} measured: "
-    + ("a Lloyd-Max table for the Gaussian the rotations deliver on Gaussian data." if R(p3) < 1.02 else "not quite Lloyd-Max.")
+    + (
+        "a Lloyd-Max table for the Gaussian the rotations deliver on Gaussian data."
+        if R(p3) < 1.02
+        else "not quite Lloyd-Max."
+    )
     + f" planar/iso 4-bit: ratio {C(p4):.2f} on N(0, 1/128) and {R(p4):.2f} measured; it fits best a Gaussian "
     f"{1 / C(p4, 'best_scale'):.2f} times as wide (sigma {SIGMA_128 / C(p4, 'best_scale'):.4f}), where its ratio is "
     f"{C(p4, 'best_ratio'):.3f}: too narrow for the coordinates it meets"
@@ -357,7 +394,9 @@ print(
 )
 print(
     "The uniform grids: "
-    + ", ".join(f"{lab.split()[0]} {R(lab):.3f}" for lab in ("q4_0 grid", "q5_0 grid", "q8_0 grid", "q4_1 grid", "q5_1 grid"))
+    + ", ".join(
+        f"{lab.split()[0]} {R(lab):.3f}" for lab in ("q4_0 grid", "q5_0 grid", "q8_0 grid", "q4_1 grid", "q5_1 grid")
+    )
     + f": a uniform grid over the block's range loses between {min(R(l) for l in ('q4_0 grid', 'q5_0 grid', 'q8_0 grid', 'q4_1 grid', 'q5_1 grid')) - 1:.0%} "
     f"and {max(R(l) for l in ('q4_0 grid', 'q5_0 grid', 'q8_0 grid', 'q4_1 grid', 'q5_1 grid')) - 1:.0%} "
     "to the optimal non-uniform one; iq4_nl's table shows how much of that a fixed non-uniform grid recovers."

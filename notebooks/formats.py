@@ -61,7 +61,9 @@ from tbq import metrics, plots, study, synthetic
 
 SMALL = plots.small_mode()
 TOKENS, HEADS, NQ = (64, 2, 8) if SMALL else (2048, 8, 32)
-print(f"data: {TOKENS} tokens x {HEADS} heads x 128 channels = {TOKENS * HEADS * 128:,} values per data set; {NQ} queries per head")
+print(
+    f"data: {TOKENS} tokens x {HEADS} heads x 128 channels = {TOKENS * HEADS * 128:,} values per data set; {NQ} queries per head"
+)
 
 # %% [markdown]
 # ## The anchors
@@ -116,7 +118,9 @@ assert all(r["bits_per_value"] == tbq.format_info(r["name"]).bits_per_value for 
 # %%
 for ds in data:
     print(f"\n{ds}")
-    print(f"{'quantizer':22s} {'bits/val':>8s} {'code b':>6s} {'NMSE':>10s} {'SNR dB':>7s} {'xShannon':>9s} {'position':>8s} {'x LM(code b)':>12s}")
+    print(
+        f"{'quantizer':22s} {'bits/val':>8s} {'code b':>6s} {'NMSE':>10s} {'SNR dB':>7s} {'xShannon':>9s} {'position':>8s} {'x LM(code b)':>12s}"
+    )
     for r in results:
         if r["dataset"] == ds:
             print(
@@ -136,7 +140,11 @@ for ds in data:
 # %%
 RD_MAX_BITS = 9
 path = plots.plot_rate_distortion(
-    [{k: r[k] for k in ("dataset", "name", "family", "bits_per_value", "nmse")} for r in results if r["bits_per_value"] <= RD_MAX_BITS],
+    [
+        {k: r[k] for k in ("dataset", "name", "family", "bits_per_value", "nmse")}
+        for r in results
+        if r["bits_per_value"] <= RD_MAX_BITS
+    ],
     plots.figure_path("formats_rate_distortion.png"),
     title="NMSE against bits per value, with the Shannon bound, Gaussian Lloyd-Max and the TurboQuant upper bound",
 )
@@ -144,6 +152,7 @@ display(Image(filename=str(path)))
 
 # %% [markdown]
 # ## Where each format lands
+
 
 # %%
 def get(ds, name):
@@ -162,7 +171,9 @@ UB = metrics.TURBOQUANT_UPPER_FACTOR
 
 def band(ratio):
     """Where a ratio NMSE / 4^-b lies relative to the band [1, UB]."""
-    return "inside the band" if 1 <= ratio <= UB else ("below the Shannon bound" if ratio < 1 else "above the upper bound")
+    return (
+        "inside the band" if 1 <= ratio <= UB else ("below the Shannon bound" if ratio < 1 else "above the upper bound")
+    )
 
 
 for r in (t4, t3):
@@ -178,6 +189,8 @@ print(
 )
 o4, o3, oq4 = get(O, "tbq4_0"), get(O, "tbq3_0"), get(O, "q4_0")
 olm4, okc, okt = get(O, "lm4-norot"), get(O, "kivi3-g32-channel"), get(O, "kivi3-g32-token")
+
+
 def versus(a, b, tol=0.1):
     """'lower than' / 'about the same as' / 'higher than', comparing a with b within a relative tolerance."""
     return "about the same as" if abs(a / b - 1) <= tol else ("lower than" if a < b else "higher than")
@@ -221,15 +234,24 @@ print(
 
 # %%
 GROUPS = {
-    "q8_0": "absmax integer", "q4_0": "absmax integer", "q5_0": "absmax integer",
-    "q4_1": "min + range integer", "q5_1": "min + range integer",
+    "q8_0": "absmax integer",
+    "q4_0": "absmax integer",
+    "q5_0": "absmax integer",
+    "q4_1": "min + range integer",
+    "q5_1": "min + range integer",
     "iq4_nl": "non-uniform table",
-    "mxfp4": "FP4 grid", "nvfp4": "FP4 grid",
-    "tbq4_0": "Hadamard rotation", "tbq3_0": "Hadamard rotation",
-    "planar4_0": "Givens pairs", "planar3_0": "Givens pairs",
-    "iso4_0": "quaternion groups", "iso3_0": "quaternion groups",
-    "f16": "16-bit float", "bf16": "16-bit float",
-    "fp8_e4m3": "8-bit float, per-tensor scale", "fp8_e5m2": "8-bit float, per-tensor scale",
+    "mxfp4": "FP4 grid",
+    "nvfp4": "FP4 grid",
+    "tbq4_0": "Hadamard rotation",
+    "tbq3_0": "Hadamard rotation",
+    "planar4_0": "Givens pairs",
+    "planar3_0": "Givens pairs",
+    "iso4_0": "quaternion groups",
+    "iso3_0": "quaternion groups",
+    "f16": "16-bit float",
+    "bf16": "16-bit float",
+    "fp8_e4m3": "8-bit float, per-tensor scale",
+    "fp8_e5m2": "8-bit float, per-tensor scale",
 }
 assert set(GROUPS) == set(tbq.formats())
 fmt_rows = [r for r in results if r["family"] is None]
@@ -252,7 +274,9 @@ display(Image(filename=str(path)))
 # %%
 for ds in data:
     print(f"\n{ds} (keys quantized, {NQ} queries per head)")
-    print(f"{'format':10s} {'bits/val':>8s} {'NMSE':>10s} {'NMSE*4^b':>9s} {'logit RMSE':>10s} {'softmax KL':>10s} {'top-8 kept':>10s}")
+    print(
+        f"{'format':10s} {'bits/val':>8s} {'NMSE':>10s} {'NMSE*4^b':>9s} {'logit RMSE':>10s} {'softmax KL':>10s} {'top-8 kept':>10s}"
+    )
     for r in sorted((r for r in fmt_rows if r["dataset"] == ds), key=lambda r: (r["bits_per_value"], r["nmse"])):
         print(
             f"{r['name']:10s} {r['bits_per_value']:8.3f} {r['nmse']:10.3e} {r['x_shannon']:9.2f} {r['logit_rmse']:10.4f} "
@@ -293,7 +317,9 @@ ROTATED = {f for f in tbq.formats() if tbq.format_info(f).rotated}
 best = {}
 for ds in data:
     rows = [r for r in window if r["dataset"] == ds]
-    best[ds] = {k: sorted(rows, key=lambda r: r[key]) for k, key in (("nmse", "nmse"), ("kl", "kl_mean"), ("rate", "x_shannon"))}
+    best[ds] = {
+        k: sorted(rows, key=lambda r: r[key]) for k, key in (("nmse", "nmse"), ("kl", "kl_mean"), ("rate", "x_shannon"))
+    }
     print(f"\n{ds}: ranked by NMSE (softmax KL, top-8 kept, NMSE*4^b)")
     for i, r in enumerate(best[ds]["nmse"], 1):
         print(
@@ -305,9 +331,7 @@ for ds in data:
         f"least NMSE*4^b: {best[ds]['rate'][0]['name']}"
     )
 
-worst = {
-    f: {k: max(r[k] for r in window if r["name"] == f) for k in ("nmse", "kl_mean", "x_shannon")} for f in WINDOW
-}
+worst = {f: {k: max(r[k] for r in window if r["name"] == f) for k in ("nmse", "kl_mean", "x_shannon")} for f in WINDOW}
 print("\nWorst case over the three data sets (the data a cache will meet is not known in advance):")
 for f in sorted(WINDOW, key=lambda f: worst[f]["nmse"]):
     print(
@@ -337,7 +361,11 @@ dn, dt = dense_rows["nvfp4"], dense_rows["tbq4_0"]
 print(
     f"With an outlier in every sub-block nvfp4 has NMSE {dn['nmse']:.4f} against tbq4_0's {dt['nmse']:.4f} "
     f"({dn['nmse'] / dt['nmse']:.1f}x): "
-    + ("its per-sub-block scale no longer isolates the outliers." if dn["nmse"] > 1.5 * dt["nmse"] else "its per-sub-block scale still copes.")
+    + (
+        "its per-sub-block scale no longer isolates the outliers."
+        if dn["nmse"] > 1.5 * dt["nmse"]
+        else "its per-sub-block scale still copes."
+    )
 )
 
 # %% [markdown]
@@ -348,6 +376,7 @@ print(
 # (iq4_nl's non-uniform table, FP4's float grid, q4_1's minimum) or into finer
 # scales (nvfp4). Below, each one's NMSE as a multiple of tbq4_0's, with the
 # bits per value it spends beyond tbq4_0's.
+
 
 # %%
 def close(a, b, tol=0.05):
@@ -367,7 +396,11 @@ wins = {}
 for ds, rows in sets.items():
     t = rows[T4]
     g = min((rows[f] for f in GRIDS), key=lambda r: r["nmse"])
-    wins[ds] = (t["nmse"] < g["nmse"] and not close(t["nmse"], g["nmse"]), close(t["nmse"], g["nmse"]), t["x_shannon"] < g["x_shannon"])
+    wins[ds] = (
+        t["nmse"] < g["nmse"] and not close(t["nmse"], g["nmse"]),
+        close(t["nmse"], g["nmse"]),
+        t["x_shannon"] < g["x_shannon"],
+    )
     outright, tie, per_bit = wins[ds]
     if outright:
         verdict = "the rotation wins outright: less error than the best unrotated grid, with fewer bits"
@@ -394,14 +427,19 @@ for ds in data:
         f"({'above' if min(p['nmse'], i['nmse']) > q['nmse'] else 'below'} q4_0's {q['nmse']:.4f})."
     )
 
+
 # %%
 def leaders(ds):
     a, b = best[ds]["nmse"][0]["name"], best[ds]["kl"][0]["name"]
-    return f"{a} has the least NMSE and softmax KL" if a == b else f"{a} has the least NMSE and {b} the least softmax KL"
+    return (
+        f"{a} has the least NMSE and softmax KL" if a == b else f"{a} has the least NMSE and {b} the least softmax KL"
+    )
 
 
 robust = sorted(WINDOW, key=lambda f: worst[f]["nmse"])
-small_rot_lose = all(min(sets[ds]["planar4_0"]["nmse"], sets[ds]["iso4_0"]["nmse"]) > sets[ds][T4]["nmse"] for ds in sets)
+small_rot_lose = all(
+    min(sets[ds]["planar4_0"]["nmse"], sets[ds]["iso4_0"]["nmse"]) > sets[ds][T4]["nmse"] for ds in sets
+)
 print("Answer, at four to five bits per value:")
 print("- least error, per data set: " + "; ".join(f"{ds}: {leaders(ds)}" for ds in data) + ".")
 print(
@@ -411,8 +449,11 @@ print(
 per_bit_all = all(w[2] for w in wins.values())
 print(
     "- rotation against a better scalar grid: "
-    + ("per bit spent, the Hadamard rotation (tbq4_0) wins on every data set, including the dense outliers; "
-       if per_bit_all else "per bit spent, the Hadamard rotation does not win everywhere; ")
+    + (
+        "per bit spent, the Hadamard rotation (tbq4_0) wins on every data set, including the dense outliers; "
+        if per_bit_all
+        else "per bit spent, the Hadamard rotation does not win everywhere; "
+    )
     + "in absolute error "
     + ", ".join(
         f"{ds}: " + ("rotation ahead" if w[0] else "a tie" if w[1] else "a grid ahead, for more bits")

@@ -54,6 +54,7 @@ print(
     f"(uniform would be {1 / TOKENS:.4f}); value excess kurtosis: {metrics.kurtosis(V):.1f}"
 )
 
+
 # %%
 def evaluate(policy, ctx=None):
     """Attention metrics of a CachePolicy on the first ctx tokens (all by default)."""
@@ -63,6 +64,7 @@ def evaluate(policy, ctx=None):
     m["value_nmse"] = metrics.nmse(V[:ctx], v_hat)
     m["bits_per_value"] = policy.bits_per_value(k_hat.shape[0])
     return m
+
 
 # %% [markdown]
 # ## 1. Key errors and value errors as the context grows
@@ -139,7 +141,16 @@ print(
 # reference.
 
 # %%
-key_specs = ["kivi2-channel", "kivi2-token", "kivi3-channel", "kivi3-token", "kivi4-channel", "kivi4-token", "tbq3_0", "tbq4_0"]
+key_specs = [
+    "kivi2-channel",
+    "kivi2-token",
+    "kivi3-channel",
+    "kivi3-token",
+    "kivi4-channel",
+    "kivi4-token",
+    "tbq3_0",
+    "tbq4_0",
+]
 axis_res = {}
 for spec in key_specs:
     pol = study.CachePolicy(spec, "f32")
@@ -156,7 +167,10 @@ path = plots.plot_bars(
 )
 display(Image(filename=str(path)))
 for n, m in axis_res.items():
-    print(f"{n:34s} key NMSE {m['key_nmse']:.2e}  logit RMSE {m['logit_rmse']:.3f}  KL {m['kl_mean']:.2e}  top-8 {m['topk_agreement']:.3f}")
+    print(
+        f"{n:34s} key NMSE {m['key_nmse']:.2e}  logit RMSE {m['logit_rmse']:.3f}  KL {m['kl_mean']:.2e}  top-8 {m['topk_agreement']:.3f}"
+    )
+
 
 # %%
 def kivi(bits, axis):
@@ -264,7 +278,8 @@ print(
     )
     + f", for "
     f"{s1['bits_per_value'] - base['bits_per_value']:.4f} extra bits per value at {TOKENS} tokens. With the sink in q8_0 instead the KL is "
-    f"{s1q['kl_mean']:.3f}" + (", as good as f16 at half the cost." if abs(s1q["kl_mean"] / s1["kl_mean"] - 1) < 0.1 else ".")
+    f"{s1q['kl_mean']:.3f}"
+    + (", as good as f16 at half the cost." if abs(s1q["kl_mean"] / s1["kl_mean"] - 1) < 0.1 else ".")
 )
 s4 = sink_res["4 sink f16"]
 if abs(s4["kl_mean"] / s1["kl_mean"] - 1) < 0.1:

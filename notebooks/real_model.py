@@ -53,8 +53,10 @@ CONTEXT, CHUNKS = (256, 2) if SMALL else (512, 4)
 model, tokenizer = load()
 tokens = text_tokens(tokenizer, heldout_text(), model.config.bos_token_id)
 n_layers, kv_heads, head_dim = model.config.num_hidden_layers, model.config.num_key_value_heads, model.config.head_dim
-print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {n_layers} layers, {kv_heads} KV heads of {head_dim}; "
-      f"held-out text: {len(tokens):,} tokens; {CHUNKS} chunks of {CONTEXT}")
+print(
+    f"{sum(p.numel() for p in model.parameters()):,} parameters, {n_layers} layers, {kv_heads} KV heads of {head_dim}; "
+    f"held-out text: {len(tokens):,} tokens; {CHUNKS} chunks of {CONTEXT}"
+)
 
 # %% [markdown]
 # ## 1. Every format as K and as V, with and without the attention rotation
@@ -78,17 +80,23 @@ def label(k, v):
 runs = {}
 for rot in (True, False):
     types = [label(f, "f16") for f in FORMATS] + [label("f16", f) for f in FORMATS]
-    runs[rot] = evaluate(model, tokens, types, context=CONTEXT, chunks=CHUNKS, rotate_attention=rot, model_name="shipped")
+    runs[rot] = evaluate(
+        model, tokens, types, context=CONTEXT, chunks=CHUNKS, rotate_attention=rot, model_name="shipped"
+    )
 
 
 def kl(res, k, v):
     return res.row(label(k, v)).kl_mean
 
 
-print(f"{'format':<10} {'bits':>5} {'K: KL rot':>10} {'K: KL no rot':>12} {'V: KL rot':>10} {'V: KL no rot':>12} {'K: dPPL% rot':>13}")
+print(
+    f"{'format':<10} {'bits':>5} {'K: KL rot':>10} {'K: KL no rot':>12} {'V: KL rot':>10} {'V: KL no rot':>12} {'K: dPPL% rot':>13}"
+)
 for f in FORMATS:
-    print(f"{f:<10} {tbq.FORMATS[f].bits_per_value:>5.3g} {kl(runs[True], f, 'f16'):>10.2e} {kl(runs[False], f, 'f16'):>12.2e} "
-          f"{kl(runs[True], 'f16', f):>10.2e} {kl(runs[False], 'f16', f):>12.2e} {runs[True].row(label(f, 'f16')).delta_ppl_pct:>+13.3f}")
+    print(
+        f"{f:<10} {tbq.FORMATS[f].bits_per_value:>5.3g} {kl(runs[True], f, 'f16'):>10.2e} {kl(runs[False], f, 'f16'):>12.2e} "
+        f"{kl(runs[True], 'f16', f):>10.2e} {kl(runs[False], 'f16', f):>12.2e} {runs[True].row(label(f, 'f16')).delta_ppl_pct:>+13.3f}"
+    )
 
 path = plots.plot_bars(
     {
@@ -128,8 +136,9 @@ for (bits, book, role), r in tables.items():
 # figures against `llama-perplexity`).
 
 # %%
-fork = evaluate(model, tokens, ["tbq4_0", "tbq4_0@fork", "tbq3_0", "tbq3_0@fork", "f16:tbq3_0@fork"],
-                context=CONTEXT, chunks=CHUNKS)
+fork = evaluate(
+    model, tokens, ["tbq4_0", "tbq4_0@fork", "tbq3_0", "tbq3_0@fork", "f16:tbq3_0@fork"], context=CONTEXT, chunks=CHUNKS
+)
 for r in fork.rows[1:]:
     print(f"{r.cache:<22} PPL {r.ppl:9.3f}  KL {r.kl_mean:.2e}  top-1 {r.top1:.3f}")
 
@@ -151,7 +160,9 @@ q = metrics.random_queries(8, 128, syn["keys"].shape[1], seed=1)
 syn_kl = {}
 for f in FORMATS:
     k_hat = tbq.dequantize(tbq.quantize(syn["keys"], f), f)
-    syn_kl[f] = float(np.mean(metrics.softmax_kl(metrics.attention_logits(q, syn["keys"]), metrics.attention_logits(q, k_hat))))
+    syn_kl[f] = float(
+        np.mean(metrics.softmax_kl(metrics.attention_logits(q, syn["keys"]), metrics.attention_logits(q, k_hat)))
+    )
 real_kl = [kl(runs[True], f, "f16") for f in FORMATS]
 rho = spearmanr([syn_kl[f] for f in FORMATS], real_kl).statistic
 print(f"Spearman rank correlation, synthetic attention KL vs real-model KL (K caches): {rho:.2f}")
@@ -185,10 +196,17 @@ views = {"as stored (llama.cpp order)": k_llama, "llama.cpp's H_128": k_rot, "TB
 rms = {name: np.sqrt((v.astype(np.float64) ** 2).mean(axis=(0, 1))) for name, v in views.items()}
 for name, v in views.items():
     b = v.reshape(-1, 128)
-    print(f"{name:<28} channel RMS max/median {rms[name].max() / np.median(rms[name]):6.2f}   "
-          f"block kurtosis {np.mean(metrics.kurtosis(b, axis=-1)):6.2f}   block max/RMS {np.mean(metrics.peak_to_rms(b)):5.2f}")
-path = plots.plot_lines(np.arange(128), {"per-channel RMS of real keys (all layers, heads, tokens)": rms},
-                        plots.figure_path("real_key_channels.png"), xlabel="channel (llama.cpp order)", logy=True)
+    print(
+        f"{name:<28} channel RMS max/median {rms[name].max() / np.median(rms[name]):6.2f}   "
+        f"block kurtosis {np.mean(metrics.kurtosis(b, axis=-1)):6.2f}   block max/RMS {np.mean(metrics.peak_to_rms(b)):5.2f}"
+    )
+path = plots.plot_lines(
+    np.arange(128),
+    {"per-channel RMS of real keys (all layers, heads, tokens)": rms},
+    plots.figure_path("real_key_channels.png"),
+    xlabel="channel (llama.cpp order)",
+    logy=True,
+)
 display(Image(filename=str(path)))
 
 # %% [markdown]
@@ -199,15 +217,26 @@ display(Image(filename=str(path)))
 # unrotated rows (what its own rotation does alone) — a tbq4_0 K cache in
 # llama.cpp is rotated twice.
 
+
 # %%
 def stored_rows(x, n):
     return hfe.rotate(torch.from_numpy(np.ascontiguousarray(x)), n).numpy().reshape(len(x), -1)
 
 
-rows = {"K": (stored_rows(k_llama, 128), k_llama.reshape(len(k_llama), -1)), "V": (stored_rows(values, 64), values.reshape(len(values), -1))}
+rows = {
+    "K": (stored_rows(k_llama, 128), k_llama.reshape(len(k_llama), -1)),
+    "V": (stored_rows(values, 64), values.reshape(len(values), -1)),
+}
 table = {}
 for role, (rotated, plain) in rows.items():
-    for f, opts in (("q4_0", {}), ("iq4_nl", {}), ("q4_1", {}), ("mxfp4", {}), ("tbq4_0", {"codebook": "turboq-mtp"}), ("tbq4_0", {})):
+    for f, opts in (
+        ("q4_0", {}),
+        ("iq4_nl", {}),
+        ("q4_1", {}),
+        ("mxfp4", {}),
+        ("tbq4_0", {"codebook": "turboq-mtp"}),
+        ("tbq4_0", {}),
+    ):
         label = f + (" (fork tables)" if opts else "")
         for name, data in (("llama.cpp-rotated", rotated), ("unrotated", plain)):
             if f != "tbq4_0" and name == "unrotated":
@@ -215,7 +244,9 @@ for role, (rotated, plain) in rows.items():
             y = tbq.dequantize(tbq.quantize(data, f, **opts), f, **opts)
             table[(role, label, name)] = metrics.nmse(data, y)
 for key, v in table.items():
-    print(f"{key[0]}  {key[1]:<22} {key[2]:<18} bits {tbq.FORMATS[key[1].split()[0]].bits_per_value:5.3g}   NMSE {v:.3e}")
+    print(
+        f"{key[0]}  {key[1]:<22} {key[2]:<18} bits {tbq.FORMATS[key[1].split()[0]].bits_per_value:5.3g}   NMSE {v:.3e}"
+    )
 
 # %% [markdown]
 # ## 5. Sinks and layers
@@ -235,6 +266,11 @@ layer_res = evaluate(model, tokens, ["q4_0", "tbq3_0"], context=CONTEXT, chunks=
 per_layer = {c: [layer_res.row(c, layer=i).kl_mean for i in range(n_layers)] for c in ("q4_0:q4_0", "tbq3_0:tbq3_0")}
 for c, vals in per_layer.items():
     print(f"{c}: KL with one layer in the type, layers 0..{n_layers - 1}: " + ", ".join(f"{v:.2e}" for v in vals))
-path = plots.plot_lines(np.arange(n_layers), {"mean KL with one layer in the type (rest f16)": per_layer},
-                        plots.figure_path("real_layers.png"), xlabel="layer", logy=True)
+path = plots.plot_lines(
+    np.arange(n_layers),
+    {"mean KL with one layer in the type (rest f16)": per_layer},
+    plots.figure_path("real_layers.png"),
+    xlabel="layer",
+    logy=True,
+)
 display(Image(filename=str(path)))

@@ -54,6 +54,7 @@ print(f"{TOKENS * HEADS:,} key blocks of 128 values; outlier channels {OUTLIERS}
 # quantizes). Excess kurtosis is 0 for a Gaussian; max/RMS is the ratio an
 # absmax scale has to cover.
 
+
 # %%
 def unit_blocks(x):
     b = x.reshape(-1, 128).astype(np.float64)
@@ -83,7 +84,9 @@ for label, st in stats.items():
 
 u_out = unit_blocks(keys)
 share = np.sum(u_out[:, list(OUTLIERS)] ** 2, axis=1)
-print(f"\nthe {len(OUTLIERS)} outlier channels hold {np.median(share):.1%} of a key block's energy (median over blocks)")
+print(
+    f"\nthe {len(OUTLIERS)} outlier channels hold {np.median(share):.1%} of a key block's energy (median over blocks)"
+)
 
 # %%
 so = stats["outlier keys"]
@@ -194,8 +197,15 @@ for f in factors:
     for name in sweep:
         q = study.get_quantizer(name)
         sweep[name].append(metrics.nmse(x, q(x)))
-labels = {"lm4": "Lloyd-Max 4 bit, no rotation", "tbq4_0": "tbq4_0", "lm3": "Lloyd-Max 3 bit, no rotation",
-          "tbq3_0": "tbq3_0", "q4_0": "q4_0", "planar4_0": "planar4_0 (Givens pairs)", "iso4_0": "iso4_0 (quaternion groups)"}
+labels = {
+    "lm4": "Lloyd-Max 4 bit, no rotation",
+    "tbq4_0": "tbq4_0",
+    "lm3": "Lloyd-Max 3 bit, no rotation",
+    "tbq3_0": "tbq3_0",
+    "q4_0": "q4_0",
+    "planar4_0": "planar4_0 (Givens pairs)",
+    "iso4_0": "iso4_0 (quaternion groups)",
+}
 path = plots.plot_lines(
     factors,
     {"NMSE against outlier size": {labels[k]: v for k, v in sweep.items()}},
@@ -268,7 +278,9 @@ for label, (f4, _) in ROTATIONS.items():
     coords[label, "outlier keys"] = rotated(f4, keys)
     coords[label, "gaussian"] = rotated(f4, gauss)
 rot_stats = {}
-print(f"{'domain':24s} {'data':13s} {'kurtosis':>9s} {'max/RMS':>8s} {'top coord':>9s} {'pairs':>7s} {'groups':>7s}   (medians over blocks)")
+print(
+    f"{'domain':24s} {'data':13s} {'kurtosis':>9s} {'max/RMS':>8s} {'top coord':>9s} {'pairs':>7s} {'groups':>7s}   (medians over blocks)"
+)
 for (label, ds), v in coords.items():
     st = rot_stats[label, ds] = {
         "kurtosis": metrics.kurtosis(v, axis=1),
@@ -382,6 +394,7 @@ path = plots.plot_bars(
 )
 display(Image(filename=str(path)))
 
+
 # %%
 def nmse_at(data, bits):
     """The NMSE of `data` at `bits` bits, looked up by (rotation label, table)."""
@@ -401,8 +414,11 @@ for bits in (4, 3):
         f"{bits} bits, gaussian: tbq {g(H, 'own table'):.4f}, planar {g(P, 'own table'):.4f}, iso {g(Q, 'own table'):.4f} "
         f"with their own tables; with the Lloyd-Max table planar {g(P, 'Lloyd-Max table'):.4f} and iso "
         f"{g(Q, 'Lloyd-Max table'):.4f}"
-        + (": on Gaussian data the rotations are equivalent and only the table differs."
-           if max(abs(g(lab, 'Lloyd-Max table') / g(H, 'own table') - 1) for lab in (P, Q)) < 0.05 else ".")
+        + (
+            ": on Gaussian data the rotations are equivalent and only the table differs."
+            if max(abs(g(lab, "Lloyd-Max table") / g(H, "own table") - 1) for lab in (P, Q)) < 0.05
+            else "."
+        )
     )
 o4 = lambda label, table: nm["outlier keys", 4, label, table]  # noqa: E731
 share_table = (o4(P, "own table") - o4(P, "Lloyd-Max table")) / (o4(P, "own table") - o4(H, "own table"))

@@ -58,7 +58,9 @@ def execute(name: str, *, small: bool, figure_dir: Path, out_dir: Path | None = 
     os.environ["TBQ_FIGURE_DIR"] = str(Path(figure_dir).resolve())
     os.environ["MPLBACKEND"] = "Agg"
     try:
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
+        NotebookClient(
+            nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}
+        ).execute()
     finally:
         for k, v in saved.items():
             if v is None:

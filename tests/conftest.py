@@ -46,7 +46,9 @@ if settings is not None:
     try:
         settings.load_profile(_profile)
     except Exception as exc:  # an unknown name: say which exist instead of a bare KeyError
-        raise pytest.UsageError(f"{PROFILE_ENV}={_profile!r} is not a hypothesis profile; use default, fuzz or dev") from exc
+        raise pytest.UsageError(
+            f"{PROFILE_ENV}={_profile!r} is not a hypothesis profile; use default, fuzz or dev"
+        ) from exc
 
 
 def pytest_report_header(config):

@@ -50,7 +50,9 @@ def assert_bits_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
     a, b = np.atleast_1d(a), np.atleast_1d(b)  # np.argwhere of a 0-d array finds nothing, even when it differs
     ua, ub = a.view(np.uint32), b.view(np.uint32)
     bad = np.argwhere(ua != ub)
-    assert bad.size == 0, f"{what}: {len(bad)} float32 values differ; first at {tuple(bad[0])}: {a[tuple(bad[0])]!r} != {b[tuple(bad[0])]!r}"
+    assert bad.size == 0, (
+        f"{what}: {len(bad)} float32 values differ; first at {tuple(bad[0])}: {a[tuple(bad[0])]!r} != {b[tuple(bad[0])]!r}"
+    )
 
 
 def assert_bytes_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
@@ -58,7 +60,9 @@ def assert_bytes_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
     assert a.shape == b.shape, (what, a.shape, b.shape)
     a, b = np.atleast_1d(a), np.atleast_1d(b)
     bad = np.argwhere(a != b)
-    assert bad.size == 0, f"{what}: {len(bad)} bytes differ; first at {tuple(bad[0])}: {a[tuple(bad[0])]:#04x} != {b[tuple(bad[0])]:#04x}"
+    assert bad.size == 0, (
+        f"{what}: {len(bad)} bytes differ; first at {tuple(bad[0])}: {a[tuple(bad[0])]:#04x} != {b[tuple(bad[0])]:#04x}"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -92,7 +96,9 @@ def battery_inputs(fmt: str, n_rows: int = 3, seed: int = 0) -> dict:
         "neg_zeros": np.full((n_rows, n), -0.0, np.float32),
         "constant": np.full((n_rows, n), 0.75, np.float32),
         "half_integers": tie,
-        "one_hot": np.where(np.arange(n) == 5, np.float32(3.0), np.float32(0.0)).astype(np.float32)[None, :].repeat(n_rows, 0),
+        "one_hot": np.where(np.arange(n) == 5, np.float32(3.0), np.float32(0.0))
+        .astype(np.float32)[None, :]
+        .repeat(n_rows, 0),
     }
 
 
@@ -141,7 +147,9 @@ def _check_backends_agree(fmt, opts):
     ya, yb = ref.decode(raw), tbq.get_codec(fmt, backend="numba", **opts).decode(raw)
     nan = np.isnan(ya)
     assert np.array_equal(nan, np.isnan(yb)), f"{fmt}: NaN positions differ on random bytes"
-    assert np.array_equal(ya.view(np.uint32)[~nan], yb.view(np.uint32)[~nan]), f"{fmt}: numba vs numpy decode of random bytes"
+    assert np.array_equal(ya.view(np.uint32)[~nan], yb.view(np.uint32)[~nan]), (
+        f"{fmt}: numba vs numpy decode of random bytes"
+    )
 
 
 def _check_conformance(fmt, opts):
@@ -237,7 +245,11 @@ def _check_trace(fmt, opts):
     for name, x in battery_inputs(fmt).items():
         q, trace = f.encode(x, trace=True)
         # (on_overflow="inf": the battery's subnormal input is refused by MXFP4 by default; the bytes are the point here)
-        assert_bytes_equal(q, tbq.quantize(x, fmt, backend="numpy", on_overflow="inf", **opts), f"{fmt} {name}: Format.encode vs quantize")
+        assert_bytes_equal(
+            q,
+            tbq.quantize(x, fmt, backend="numpy", on_overflow="inf", **opts),
+            f"{fmt} {name}: Format.encode vs quantize",
+        )
         nb = x.shape[-1] // info.block_size
         for key, a in trace.items():
             assert a.dtype == np.float32 and a.shape[:2] == (x.shape[0], nb), (fmt, name, key, a.dtype, a.shape)
@@ -254,16 +266,24 @@ def _check_trace(fmt, opts):
         if has_model(f):  # the slow model agrees on the first two blocks of each input (row_rule: one row)
             xb = np.ascontiguousarray(x.reshape(-1, info.block_size)[:2])
             for i, row in enumerate(xb):
-                b, tr = encode_block(f, x[0][: (i + 1) * info.block_size] if f.row_rule else row)  # a row model sees the row so far
+                b, tr = encode_block(
+                    f, x[0][: (i + 1) * info.block_size] if f.row_rule else row
+                )  # a row model sees the row so far
                 if f.row_rule:  # the model returns the whole prefix; compare its last block
                     b = b[-info.type_size :]
                     tr = {k: np.asarray(v)[-1] for k, v in tr.items()}
                 assert bytes(q.reshape(-1, info.type_size)[i]) == b, f"{fmt} {name} block {i}: bytes vs tests/naive.py"
                 for key, v in tr.items():
                     got = trace[key].reshape((-1,) + trace[key].shape[2:])[i]
-                    assert_bits_equal(got, np.asarray(v, np.float32), f"{fmt} {name} block {i}: trace {key} vs tests/naive.py")
+                    assert_bits_equal(
+                        got, np.asarray(v, np.float32), f"{fmt} {name} block {i}: trace {key} vs tests/naive.py"
+                    )
                 y = decode_block(f, b)
-                assert_bits_equal(f.decode(np.frombuffer(b, np.uint8)), np.array(y, np.float32), f"{fmt} {name} block {i}: decode vs tests/naive.py")
+                assert_bits_equal(
+                    f.decode(np.frombuffer(b, np.uint8)),
+                    np.array(y, np.float32),
+                    f"{fmt} {name} block {i}: decode vs tests/naive.py",
+                )
 
 
 def check_format(fmt: str, **options) -> None:

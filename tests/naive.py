@@ -235,7 +235,14 @@ def _encode_block(fmt_obj, x):
         return b, {"d": d}
     if name in ("tbq4_0", "tbq3_0"):
         t = fmt_obj.tables()
-        return encode_tbq(x, fmt_obj.info.index_bits, [F32(c) for c in t["centroids"]], [F32(m) for m in t["thresholds"]], t["signs1"], t["signs2"])
+        return encode_tbq(
+            x,
+            fmt_obj.info.index_bits,
+            [F32(c) for c in t["centroids"]],
+            [F32(m) for m in t["thresholds"]],
+            t["signs1"],
+            t["signs2"],
+        )
     mod = _extra(fmt_obj)
     if mod is None:
         raise KeyError(f"no naive model of {name}")

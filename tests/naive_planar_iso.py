@@ -37,7 +37,9 @@ def tables() -> dict:
 
 def kind(name: str) -> tuple[str, int]:
     """("planar" | "iso", bits) of a format name."""
-    fam, bits = {"planar3_0": ("planar", 3), "iso3_0": ("iso", 3), "planar4_0": ("planar", 4), "iso4_0": ("iso", 4)}[name]
+    fam, bits = {"planar3_0": ("planar", 3), "iso3_0": ("iso", 3), "planar4_0": ("planar", 4), "iso4_0": ("iso", 4)}[
+        name
+    ]
     return fam, bits
 
 

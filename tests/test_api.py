@@ -12,19 +12,48 @@ from tbq.codebooks import lloyd_max
 
 #: (values per block, bytes per block, bits per value), written out from docs/formats.md's overview table
 SIZES = {
-    "q8_0": (32, 34, 8.5), "q4_0": (32, 18, 4.5), "tbq4_0": (128, 66, 4.125), "tbq3_0": (128, 50, 3.125),
-    "f16": (1, 2, 16.0), "bf16": (1, 2, 16.0), "q4_1": (32, 20, 5.0), "q5_0": (32, 22, 5.5), "q5_1": (32, 24, 6.0),
-    "iq4_nl": (32, 18, 4.5), "mxfp4": (32, 17, 4.25), "nvfp4": (64, 36, 4.5),
-    "planar3_0": (128, 50, 3.125), "iso3_0": (128, 50, 3.125), "planar4_0": (128, 66, 4.125), "iso4_0": (128, 66, 4.125),
-    "fp8_e4m3": (1, 1, 8.0), "fp8_e5m2": (1, 1, 8.0),
+    "q8_0": (32, 34, 8.5),
+    "q4_0": (32, 18, 4.5),
+    "tbq4_0": (128, 66, 4.125),
+    "tbq3_0": (128, 50, 3.125),
+    "f16": (1, 2, 16.0),
+    "bf16": (1, 2, 16.0),
+    "q4_1": (32, 20, 5.0),
+    "q5_0": (32, 22, 5.5),
+    "q5_1": (32, 24, 6.0),
+    "iq4_nl": (32, 18, 4.5),
+    "mxfp4": (32, 17, 4.25),
+    "nvfp4": (64, 36, 4.5),
+    "planar3_0": (128, 50, 3.125),
+    "iso3_0": (128, 50, 3.125),
+    "planar4_0": (128, 66, 4.125),
+    "iso4_0": (128, 66, 4.125),
+    "fp8_e4m3": (1, 1, 8.0),
+    "fp8_e5m2": (1, 1, 8.0),
 }
 
 
 def test_formats():
     """ggml's names, in the order of their stable numeric codes (docs/formats.md)."""
     assert tbq.formats() == (
-        "q8_0", "q4_0", "tbq4_0", "tbq3_0", "f16", "bf16", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4",
-        "planar3_0", "iso3_0", "planar4_0", "iso4_0", "fp8_e4m3", "fp8_e5m2",
+        "q8_0",
+        "q4_0",
+        "tbq4_0",
+        "tbq3_0",
+        "f16",
+        "bf16",
+        "q4_1",
+        "q5_0",
+        "q5_1",
+        "iq4_nl",
+        "mxfp4",
+        "nvfp4",
+        "planar3_0",
+        "iso3_0",
+        "planar4_0",
+        "iso4_0",
+        "fp8_e4m3",
+        "fp8_e5m2",
     )
     assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 19))
 
@@ -134,7 +163,9 @@ def test_seeded_signs_documented_prng():
 def test_backends_and_thread_counts_agree(fmt, cfg):
     rng = np.random.default_rng(6)
     x = (rng.standard_t(3, size=(300, 1024)) * rng.uniform(1e-4, 1e3, size=(300, 1))).astype(np.float32)
-    cfg = dict(cfg, on_overflow="inf")  # heavy tails x 1e3 overflow some fp16 scales (planar/iso): agreement is the point
+    cfg = dict(
+        cfg, on_overflow="inf"
+    )  # heavy tails x 1e3 overflow some fp16 scales (planar/iso): agreement is the point
     ref = tbq.quantize(x, fmt, backend="numpy", **cfg)
     for threads in (1, 2, 3):
         assert_bytes_equal(tbq.quantize(x, fmt, backend="numba", threads=threads, **cfg), ref, f"threads={threads}")
@@ -214,11 +245,25 @@ def test_no_other_spelling_is_a_format(bad):
         format_name(bad)
 
 
-@pytest.mark.parametrize("command", [
-    ["budget", "--values-per-token", "1000", "--formats", "Q8_0", "--contexts", "8K", "--json"],
-    ["golden", "--formats", "Q8_0", "--rows-per-family", "1", "--families", "gaussian", "--quiet", "--out", "{tmp}/g"],
-    ["compare", "--formats", "Q8_0", "--repeat", "1", "--queries", "1", "--json", "{tmp}/x.npy"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["budget", "--values-per-token", "1000", "--formats", "Q8_0", "--contexts", "8K", "--json"],
+        [
+            "golden",
+            "--formats",
+            "Q8_0",
+            "--rows-per-family",
+            "1",
+            "--families",
+            "gaussian",
+            "--quiet",
+            "--out",
+            "{tmp}/g",
+        ],
+        ["compare", "--formats", "Q8_0", "--repeat", "1", "--queries", "1", "--json", "{tmp}/x.npy"],
+    ],
+)
 def test_every_command_takes_any_case(command, tmp_path, capsys):
     from tbq import cli
 
@@ -235,8 +280,22 @@ def test_check_takes_any_case(capsys):
     from tbq import cli
 
     # an unknown program fails after the format was read: the format name itself is accepted
-    rc = cli.main(["check", "--format", "Q8_0", "--exec", "/nonexistent/prog {in} {out}", "--only", "quantize",
-                   "--blocks", "1", "--examples", "0", "--quiet"])
+    rc = cli.main(
+        [
+            "check",
+            "--format",
+            "Q8_0",
+            "--exec",
+            "/nonexistent/prog {in} {out}",
+            "--only",
+            "quantize",
+            "--blocks",
+            "1",
+            "--examples",
+            "0",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert "invalid choice" not in err and "unknown format" not in err
     assert rc == 2

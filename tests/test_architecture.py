@@ -20,7 +20,22 @@ LAYERS = [
     {"rotation", "codebooks"},
     {"formats"},
     {"codecs"},
-    {"golden", "attention", "attention_kernels", "metrics", "study", "budget", "numcodecs", "dask", "testing", "compare", "synthetic", "plots", "check", "hf"},
+    {
+        "golden",
+        "attention",
+        "attention_kernels",
+        "metrics",
+        "study",
+        "budget",
+        "numcodecs",
+        "dask",
+        "testing",
+        "compare",
+        "synthetic",
+        "plots",
+        "check",
+        "hf",
+    },
     {"cli", "__main__"},
 ]
 TOP = {"tbq"}  # the package __init__: the public API, may import any layer below cli
@@ -38,7 +53,9 @@ def _layer(top: str) -> int:
     for i, layer in enumerate(LAYERS):
         if top in layer:
             return i
-    raise AssertionError(f"module tbq.{top} is in no layer of docs/architecture.md; add it to the picture and to LAYERS")
+    raise AssertionError(
+        f"module tbq.{top} is in no layer of docs/architecture.md; add it to the picture and to LAYERS"
+    )
 
 
 def _modules():
@@ -137,7 +154,10 @@ def test_no_import_cycle():
         if len(comp) < 2:
             continue
         pkg = min(comp, key=len)
-        if all(c == pkg or c.startswith(pkg + ".") for c in comp) and (SRC.parent / pkg.replace(".", "/") / "__init__.py").exists():
+        if (
+            all(c == pkg or c.startswith(pkg + ".") for c in comp)
+            and (SRC.parent / pkg.replace(".", "/") / "__init__.py").exists()
+        ):
             continue
         bad.append(" <-> ".join(comp))
     assert not bad, "import cycles: " + "; ".join(bad)
@@ -211,7 +231,12 @@ def test_no_format_name_or_type_test_outside_the_formats_package():
                     bad.append(f"{where}: a dict keyed by format names: {ast.unparse(node)[:80]}")
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "startswith" and node.args:
                 a = node.args[0]
-                if isinstance(a, ast.Constant) and isinstance(a.value, str) and len(a.value) >= 2 and any(n.startswith(a.value) for n in names):
+                if (
+                    isinstance(a, ast.Constant)
+                    and isinstance(a.value, str)
+                    and len(a.value) >= 2
+                    and any(n.startswith(a.value) for n in names)
+                ):
                     bad.append(f"{where}: a format-name prefix test: {ast.unparse(node)}")
     assert not bad, "\n".join(bad)
 
@@ -258,7 +283,9 @@ def test_no_private_name_imported_across_modules():
                     if sub is None or sub != _subpackage(src):
                         found.add((modname, src, a.name))
     new = sorted(found - set(PRIVATE_IMPORT_EXCEPTIONS))
-    assert not new, "private names imported across modules:\n" + "\n".join(f"{m} imports {n} from {s}" for m, s, n in new)
+    assert not new, "private names imported across modules:\n" + "\n".join(
+        f"{m} imports {n} from {s}" for m, s, n in new
+    )
     stale = sorted(set(PRIVATE_IMPORT_EXCEPTIONS) - found)
     assert not stale, f"fixed: drop these from PRIVATE_IMPORT_EXCEPTIONS: {stale}"
 

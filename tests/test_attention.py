@@ -60,7 +60,9 @@ def build(case, seed):
     return q, K, V
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-T{c[2]}-H{c[3]}x{c[4]}-sink{c[5]}{c[6]}-d{c[7]}-x{c[8]}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-T{c[2]}-H{c[3]}x{c[4]}-sink{c[5]}{c[6]}-d{c[7]}-x{c[8]}"
+)
 def test_rotated_algorithm_equals_dequantized_attention(case):
     q, K, V = build(case, CASES.index(case))
     ref = attention_dequantized(q, K, V)
@@ -170,7 +172,12 @@ def test_gqa_head_mapping_and_scale():
     out = attention_dequantized(q, K, V, scale=0.3)
     for h in range(6):
         g = h // 2  # heads 0,1 -> KV head 0; 2,3 -> 1; 4,5 -> 2
-        single = attention_dequantized(q[h : h + 1], KVCache(K.fmt, K.data[:, g : g + 1], 128), KVCache(V.fmt, V.data[:, g : g + 1], 128), scale=0.3)
+        single = attention_dequantized(
+            q[h : h + 1],
+            KVCache(K.fmt, K.data[:, g : g + 1], 128),
+            KVCache(V.fmt, V.data[:, g : g + 1], 128),
+            scale=0.3,
+        )
         np.testing.assert_allclose(out[h], single[0], rtol=0, atol=1e-15)
     # scale 0: uniform weights, the mean of the value rows
     flat = attention_rotated(q, K, V, scale=0.0, dtype=np.float64)
@@ -179,7 +186,9 @@ def test_gqa_head_mapping_and_scale():
     assert np.array_equal(attention_dequantized(q, K, V), attention_dequantized(q, K, V, scale=1 / math.sqrt(128)))
     # one token: the output is that token's value row
     K1, V1 = encode_kv(k[:1], v[:1], "tbq4_0", "tbq4_0")
-    np.testing.assert_allclose(attention_rotated(q, K1, V1, dtype=np.float64), V1.dequantize(np.float64)[0][np.arange(6) // 2], atol=1e-15)
+    np.testing.assert_allclose(
+        attention_rotated(q, K1, V1, dtype=np.float64), V1.dequantize(np.float64)[0][np.arange(6) // 2], atol=1e-15
+    )
 
 
 def test_errors():
@@ -203,7 +212,9 @@ def test_errors():
     with pytest.raises(ConfigError):
         KVCache.encode(k, "tbq4_0", n_sink=1, sink_format="q9_0")  # any registered format holds sinks; this is none
     with pytest.raises(TbqValueError, match="multiple of 128"):
-        KVCache.encode(k[..., :96], "q8_0", n_sink=1, sink_format="tbq4_0")  # a sink format's block must divide head_dim
+        KVCache.encode(
+            k[..., :96], "q8_0", n_sink=1, sink_format="tbq4_0"
+        )  # a sink format's block must divide head_dim
     with pytest.raises(TbqValueError, match="n_sink"):
         KVCache.encode(k, "tbq4_0", n_sink=9)
     big = k.copy()

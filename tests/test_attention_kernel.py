@@ -37,7 +37,9 @@ def check(q, K, V, **kw):
     return err / tol
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-T{c[2]}-H{c[3]}x{c[4]}-sink{c[5]}{c[6]}-d{c[7]}-x{c[8]}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-T{c[2]}-H{c[3]}x{c[4]}-sink{c[5]}{c[6]}-d{c[7]}-x{c[8]}"
+)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_kernel_within_tolerance_on_the_reference_cases(case, threads):
     q, K, V = build(case, CASES.index(case))
@@ -122,7 +124,9 @@ def test_expf():
         for i in range(x.size):
             out[i] = expf(x[i])
 
-    x = np.concatenate([np.linspace(-87.3, 0, 200_001).astype(np.float32), np.float32([-0.0, -1e-30, -87.4, -100, -np.inf])])
+    x = np.concatenate(
+        [np.linspace(-87.3, 0, 200_001).astype(np.float32), np.float32([-0.0, -1e-30, -87.4, -100, -np.inf])]
+    )
     y = np.empty_like(x)
     run(x, y)
     exact = np.exp(x.astype(np.float64))
@@ -255,7 +259,9 @@ def test_fuzzed_mixed_formats(kf, vf, T, heads, n_sink, sink_format, seed):
     check(q, K, V, threads=2)
 
 
-@pytest.mark.parametrize("kf, vf", [("tbq4_0", "tbq3_0"), ("q8_0", "f16"), ("bf16", "q4_0"), ("fp8_e4m3", "nvfp4"), ("iso4_0", "q5_1")])
+@pytest.mark.parametrize(
+    "kf, vf", [("tbq4_0", "tbq3_0"), ("q8_0", "f16"), ("bf16", "q4_0"), ("fp8_e4m3", "nvfp4"), ("iso4_0", "q5_1")]
+)
 def test_the_bits_do_not_depend_on_the_threads(kf, vf, monkeypatch):
     """Several tasks (a cache of 2600 tokens in 64-token tasks) and sinks: threads 1, 2 and 3 give the same bits."""
     monkeypatch.setattr(att, "TASK_TOKENS", 64)

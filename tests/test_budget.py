@@ -94,7 +94,9 @@ def test_worked_example_inversion():
 def test_bits_per_value_table():
     assert bits_per_value("f32") == 32
     assert bits_per_value("f16") == bits_per_value("bf16") == 16
-    assert bits_per_value("fp8") == bits_per_value("fp8_e4m3") == bits_per_value("fp8_e5m2") == 8  # fp8: vLLM's name for E4M3
+    assert (
+        bits_per_value("fp8") == bits_per_value("fp8_e4m3") == bits_per_value("fp8_e5m2") == 8
+    )  # fp8: vLLM's name for E4M3
     assert bits_per_value("q8_0") == 8.5  # 34-byte blocks of 32 values: 34 x 8 / 32
     assert bits_per_value("q4_0") == 4.5  # 18 x 8 / 32
     assert bits_per_value("tbq4_0") == 4.125  # 66 x 8 / 128
@@ -199,8 +201,14 @@ def test_context_sweep_rows():
 
 def test_context_sweep_with_speed_and_fit():
     rows = context_sweep(
-        98304, ["f16"], ["32K"], vram_bytes="32GB", weights_bytes="18.8GiB", workspace_bytes="1GiB",
-        weights_traffic_bytes="15.88GB", bandwidth_bytes_per_s="1296GB/s",
+        98304,
+        ["f16"],
+        ["32K"],
+        vram_bytes="32GB",
+        weights_bytes="18.8GiB",
+        workspace_bytes="1GiB",
+        weights_traffic_bytes="15.88GB",
+        bandwidth_bytes_per_s="1296GB/s",
     )
     (r,) = rows
     # 1296e9 / (15.88e9 + 32,768 x 196,608) = 1296e9 / 22,322,450,944 = 58.058
@@ -403,9 +411,15 @@ def test_format_helpers():
 
 def test_budget_report_numbers_and_json():
     r = budget_report(
-        98304, "f16,tbq4_0", "8K,262K", 1,
-        vram_bytes="32GB", weights_bytes="18.8GiB", workspace_bytes="1GiB",
-        weights_traffic_bytes="15.88GB", bandwidth_bytes_per_s="1296GB/s",
+        98304,
+        "f16,tbq4_0",
+        "8K,262K",
+        1,
+        vram_bytes="32GB",
+        weights_bytes="18.8GiB",
+        workspace_bytes="1GiB",
+        weights_traffic_bytes="15.88GB",
+        bandwidth_bytes_per_s="1296GB/s",
     )
     f16, tbq4 = r.formats
     assert (f16.kv_bytes_per_token, tbq4.kv_bytes_per_token) == (196608, 50688)
@@ -483,12 +497,29 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- CLI (through tbq.cli.main)
 
 EXAMPLE = [
-    "budget", "--layers", "48", "--kv-heads", "8", "--head-dim", "128",
-    "--formats", "f16,q8_0,q4_0,tbq4_0,tbq3_0", "--contexts", "8K,32K,128K,262K",
+    "budget",
+    "--layers",
+    "48",
+    "--kv-heads",
+    "8",
+    "--head-dim",
+    "128",
+    "--formats",
+    "f16,q8_0,q4_0,tbq4_0,tbq3_0",
+    "--contexts",
+    "8K,32K,128K,262K",
 ]
 MEMORY = [
-    "--vram", "32GB", "--weights", "18.8GiB", "--workspace", "1GiB",
-    "--weights-traffic", "15.88GB", "--bandwidth", "1296GB/s",
+    "--vram",
+    "32GB",
+    "--weights",
+    "18.8GiB",
+    "--workspace",
+    "1GiB",
+    "--weights-traffic",
+    "15.88GB",
+    "--bandwidth",
+    "1296GB/s",
 ]
 
 
@@ -613,10 +644,19 @@ def test_block_sizes_come_from_the_format_table():
     for name, info in FORMATS.items():
         assert budget.format_block_size(name) == info.block_size
     assert budget.format_block_size("nvfp4") == 64 and budget.format_block_size("mxfp4") == 32  # ggml's blocks
-    assert budget.format_block_size("f16") == 1 and budget.format_block_size("f32") is None and budget.format_block_size(5.5) is None
+    assert (
+        budget.format_block_size("f16") == 1
+        and budget.format_block_size("f32") is None
+        and budget.format_block_size(5.5) is None
+    )
     # 100 = 3 x 32 + 4 = 0 x 128 + 100: no block format tiles it; 96 = 3 x 32 is fine for the 32-value blocks
     assert budget.incompatible_formats(100, "f16,q8_0,q4_0,nvfp4,tbq4_0,tbq3_0,6") == [
-        ("q8_0", 32), ("q4_0", 32), ("nvfp4", 64), ("tbq4_0", 128), ("tbq3_0", 128)]
+        ("q8_0", 32),
+        ("q4_0", 32),
+        ("nvfp4", 64),
+        ("tbq4_0", 128),
+        ("tbq3_0", 128),
+    ]
     assert budget.incompatible_formats(96, "q8_0,mxfp4,tbq4_0") == [("tbq4_0", 128)]
     assert budget.incompatible_formats(256, budget.DEFAULT_FORMATS) == []
 
@@ -630,19 +670,57 @@ def test_cli_default_formats_leave_out_what_the_head_cannot_use(cli_main, capsys
     lines = _lines(out)
     assert "q8_0 8.5 6,528 6.38 KiB" in lines  # 2 x 32 x 1 x 96 = 6,144 values x 8.5 / 8
     assert not any(line.startswith("tbq4_0") for line in lines)
-    assert cli_main(["budget", "--layers", "32", "--kv-heads", "1", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    assert (
+        cli_main(["budget", "--layers", "32", "--kv-heads", "1", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert [f["format"] for f in d["formats"]] == ["f16", "q8_0", "q4_0"] and "head_dim 96" in d["notes"][0]
 
 
 def test_cli_tbq_blocks_tile_the_row_not_the_head(cli_main, capsys):
     # the fork checks n_embd_k_gqa for TBQ: 8 heads x 96 = 768 = 6 blocks of 128; ggml's nvfp4 (64) must divide the head
-    assert cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    assert (
+        cli_main(["budget", "--layers", "32", "--kv-heads", "8", "--head-dim", "96", "--contexts", "8K", "--json"]) == 0
+    )
     d = json.loads(capsys.readouterr().out)
     assert [f["format"] for f in d["formats"]] == ["f16", "q8_0", "q4_0", "tbq4_0", "tbq3_0"] and not d["notes"]
-    assert cli_main(["budget", "--layers", "16", "--kv-heads", "8", "--head-dim", "64", "--formats", "tbq4_0,nvfp4", "--contexts", "8K"]) == 0
+    assert (
+        cli_main(
+            [
+                "budget",
+                "--layers",
+                "16",
+                "--kv-heads",
+                "8",
+                "--head-dim",
+                "64",
+                "--formats",
+                "tbq4_0,nvfp4",
+                "--contexts",
+                "8K",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert cli_main(["budget", "--layers", "16", "--kv-heads", "8", "--head-dim", "96", "--formats", "nvfp4", "--contexts", "8K"]) == 2
+    assert (
+        cli_main(
+            [
+                "budget",
+                "--layers",
+                "16",
+                "--kv-heads",
+                "8",
+                "--head-dim",
+                "96",
+                "--formats",
+                "nvfp4",
+                "--contexts",
+                "8K",
+            ]
+        )
+        == 2
+    )
     assert "nvfp4 (64 values)" in capsys.readouterr().err
 
 

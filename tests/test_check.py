@@ -21,7 +21,9 @@ from tbq.golden import hex_literal
 
 C_DIR = Path(__file__).parent / "c"
 CC = shutil.which("gcc") or shutil.which("cc")
-needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler (gcc or cc) on PATH: the C kernels of tests/c cannot be built")
+needs_cc = pytest.mark.skipif(
+    CC is None, reason="no C compiler (gcc or cc) on PATH: the C kernels of tests/c cannot be built"
+)
 
 #: small runs: the phases, not their length, are under test (the suite stays well under a minute)
 FAST = dict(blocks=1500, examples=15)
@@ -34,16 +36,29 @@ FAST = dict(blocks=1500, examples=15)
 
 def _tables_headers() -> dict:
     def arr(name, a):
-        return f"static const float {name}[{np.size(a)}] = {{{', '.join(hex_literal(float(v)) for v in np.ravel(a))}}};\n"
+        return (
+            f"static const float {name}[{np.size(a)}] = {{{', '.join(hex_literal(float(v)) for v in np.ravel(a))}}};\n"
+        )
 
     t4, t3 = tbq.get_format("tbq4_0").tables(), tbq.get_format("tbq3_0").tables()
-    tbq_h = ("#pragma once\n" + arr("TBQ4_CENTROIDS", t4["centroids"]) + arr("TBQ4_THRESHOLDS", t4["thresholds"])
-             + arr("TBQ3_CENTROIDS", t3["centroids"]) + arr("TBQ3_THRESHOLDS", t3["thresholds"])
-             + arr("TBQ_SIGNS1", t4["signs1"]) + arr("TBQ_SIGNS2", t4["signs2"]))
+    tbq_h = (
+        "#pragma once\n"
+        + arr("TBQ4_CENTROIDS", t4["centroids"])
+        + arr("TBQ4_THRESHOLDS", t4["thresholds"])
+        + arr("TBQ3_CENTROIDS", t3["centroids"])
+        + arr("TBQ3_THRESHOLDS", t3["thresholds"])
+        + arr("TBQ_SIGNS1", t4["signs1"])
+        + arr("TBQ_SIGNS2", t4["signs2"])
+    )
     p3, i3, p4 = (tbq.get_format(f).tables() for f in ("planar3_0", "iso3_0", "planar4_0"))
-    pi_h = ("#pragma once\n" + arr("PI_CENTROIDS3", p3["centroids"]) + arr("PI_CENTROIDS4", p4["centroids"])
-            + arr("GIVENS_COS", p3["givens_cos"]) + arr("GIVENS_SIN", p3["givens_sin"])
-            + "".join(arr("QUAT_" + c.upper(), i3["quat_" + c]) for c in "wxyz"))
+    pi_h = (
+        "#pragma once\n"
+        + arr("PI_CENTROIDS3", p3["centroids"])
+        + arr("PI_CENTROIDS4", p4["centroids"])
+        + arr("GIVENS_COS", p3["givens_cos"])
+        + arr("GIVENS_SIN", p3["givens_sin"])
+        + "".join(arr("QUAT_" + c.upper(), i3["quat_" + c]) for c in "wxyz")
+    )
     return {"tbq_tables.h": tbq_h, "planar_iso_tables.h": pi_h}
 
 
@@ -53,7 +68,10 @@ def build(tmp_path_factory):
     if CC is None:
         pytest.skip("no C compiler (gcc or cc) on PATH: the C kernels of tests/c cannot be built")
     out = tmp_path_factory.mktemp("kernels")
-    for name, text in _tables_headers().items():  # the kernels' tables, exactly tbq's (as tbq golden's headers give them)
+    for (
+        name,
+        text,
+    ) in _tables_headers().items():  # the kernels' tables, exactly tbq's (as tbq golden's headers give them)
         (out / name).write_text(text)
     made = {}
 
@@ -64,8 +82,19 @@ def build(tmp_path_factory):
             path = out / (name if exe else f"lib{name}.so")
             flags = ["-O2", f"-I{out}", f"-I{C_DIR}"] + ([] if exe else ["-shared", "-fPIC"])
             flags += [] if contract else ["-ffp-contract=off"]  # the correct kernels: no FMA contraction
-            linked = ["-Wl,--no-as-needed"] * bool(libs) + [a for lib in libs for a in (str(lib), f"-Wl,-rpath,{Path(lib).parent}")]
-            cmd = [CC, *flags, *(f"-D{d}" for d in defines), *(str(C_DIR / s) for s in sources), *linked, "-o", str(path), "-lm"]
+            linked = ["-Wl,--no-as-needed"] * bool(libs) + [
+                a for lib in libs for a in (str(lib), f"-Wl,-rpath,{Path(lib).parent}")
+            ]
+            cmd = [
+                CC,
+                *flags,
+                *(f"-D{d}" for d in defines),
+                *(str(C_DIR / s) for s in sources),
+                *linked,
+                "-o",
+                str(path),
+                "-lm",
+            ]
             subprocess.run(cmd, check=True, capture_output=True)
             made[key] = path
         return made[key]
@@ -78,11 +107,18 @@ KERNELS.update({f: "ggml_extra.c" for f in ("f16", "bf16", "q4_1", "q5_0", "q5_1
 KERNELS.update({f: "planar_iso.c" for f in ("planar3_0", "iso3_0", "planar4_0", "iso4_0")})
 KERNELS.update({f: "fp8.c" for f in ("fp8_e4m3", "fp8_e5m2")})
 #: ggml's own names where they are not quantize_row_<fmt>_ref / dequantize_row_<fmt>
-SYMBOLS = {"f16": ("ggml_fp32_to_fp16_row", "ggml_fp16_to_fp32_row"), "bf16": ("ggml_fp32_to_bf16_row_ref", "ggml_bf16_to_fp32_row")}
+SYMBOLS = {
+    "f16": ("ggml_fp32_to_fp16_row", "ggml_fp16_to_fp32_row"),
+    "bf16": ("ggml_fp32_to_bf16_row_ref", "ggml_bf16_to_fp32_row"),
+}
 
 
 def names(report: CheckReport, direction: str | None = None, scope: str = "wrong") -> list[str]:
-    return [d.name for d in report.diagnoses if (direction is None or d.direction in (direction, "both")) and d.scope == scope]
+    return [
+        d.name
+        for d in report.diagnoses
+        if (direction is None or d.direction in (direction, "both")) and d.scope == scope
+    ]
 
 
 def assert_counts_add_up(report: CheckReport) -> None:
@@ -132,7 +168,10 @@ def test_tbq3_shift_bug_is_wrong_in_the_golden_phase_with_the_shift_diagnosis(bu
     assert wrong + report.counts("quantize")["equivalent"] == 500
     assert any(f"reproduces the target's bytes in {wrong} of {wrong}" in e for e in diag.evidence), diag.evidence
     # the title states what was measured: the positions that differ include t = 0 and 2 (the fork's packer)
-    assert "codes 0, 2, 3, 4, 5, 6, 7 of the 8-value groups differ" in diag.title and f"reproduces {wrong} of {wrong}" in diag.title
+    assert (
+        "codes 0, 2, 3, 4, 5, 6, 7 of the 8-value groups differ" in diag.title
+        and f"reproduces {wrong} of {wrong}" in diag.title
+    )
     ce = report.counterexamples["quantize"]
     assert ce.phase == "golden" and ce.classification == "wrong" and ce.input.size == 128
     assert any(f["field"] == "idx" for f in ce.fields)
@@ -165,7 +204,9 @@ def test_fma_decoder_of_a_rotated_format_is_fragile_within_decode_tolerance(buil
 def test_fma_decoder_of_a_rotated_format_passes_on_arbitrary_bytes(build):
     """Regression: decode_tolerance once took the signed scale, so a negative fp16 scale (arbitrary
     bytes) got a negative tolerance and an FMA decoder was called wrong there."""
-    report = check_library(build("planar_iso.c", defines=["FMA_DECODE"]), "planar3_0", only="dequantize", blocks=1500, examples=0)
+    report = check_library(
+        build("planar_iso.c", defines=["FMA_DECODE"]), "planar3_0", only="dequantize", blocks=1500, examples=0
+    )
     assert report.ok, report
 
 
@@ -192,7 +233,9 @@ def test_kernel_built_with_another_codebook_names_it(build):
     # the known tables and sign seeds, tried in both directions: the one the kernel follows is named
     for direction in ("quantize", "dequantize"):
         (g,) = [g for g in report.diagnoses if g.name == "format_options" and g.direction == direction]
-        assert g.title == "the target follows tbq3_0 with codebook='lloyd-max' (check with --codebook lloyd-max)", g.title
+        assert g.title == "the target follows tbq3_0 with codebook='lloyd-max' (check with --codebook lloyd-max)", (
+            g.title
+        )
         assert "gives exactly the target's output in" in g.evidence[0]
     seeded = check_library(build("tbq.c"), "tbq4_0", signs=7, blocks=300, examples=0)
     titles = [g.title for g in seeded.diagnoses if g.name == "format_options"]
@@ -212,8 +255,13 @@ def test_q4_0_swapped_nibbles_is_wrong_with_the_nibble_diagnosis(build):
 
 
 @needs_cc
-@pytest.mark.parametrize("fmt, source, variant, spec", [("q8_0", "q8_0.c", "ROUND_HALF_EVEN", "half away from zero"),
-                                                        ("mxfp4", "ggml_extra.c", "FP4_TIES_EVEN", "half toward zero")])
+@pytest.mark.parametrize(
+    "fmt, source, variant, spec",
+    [
+        ("q8_0", "q8_0.c", "ROUND_HALF_EVEN", "half away from zero"),
+        ("mxfp4", "ggml_extra.c", "FP4_TIES_EVEN", "half toward zero"),
+    ],
+)
 def test_another_tie_rule_is_its_own_class_never_fragile_and_exact_refuses_it(build, fmt, source, variant, spec):
     lib = build(source, defines=[variant])
     report = check_library(lib, fmt, only="quantize", blocks=4000, examples=0)
@@ -222,8 +270,11 @@ def test_another_tie_rule_is_its_own_class_never_fragile_and_exact_refuses_it(bu
     assert_counts_add_up(report)
     (diag,) = [g for g in report.diagnoses if g.scope == "tie_rule"]
     assert diag.name == "tie_rounding"
-    assert diag.title == f"ties are rounded half to even (rintf, nearbyintf, cvtps2dq, __float2int_rn) where the spec rounds {spec}" \
-        + (" (roundf)" if "away" in spec else ""), diag.title
+    assert (
+        diag.title
+        == f"ties are rounded half to even (rintf, nearbyintf, cvtps2dq, __float2int_rn) where the spec rounds {spec}"
+        + (" (roundf)" if "away" in spec else "")
+    ), diag.title
     assert f"{c['tie_rule']:,} of the {c['tie_rule']:,} blocks whose bytes differ (100%)" in diag.evidence[0]
     assert "the even level in 100%" in diag.evidence[1]
     assert "blocks with another tie rule accepted" in report.verdict() and "tie_rule" in report.table()
@@ -234,15 +285,20 @@ def test_another_tie_rule_is_its_own_class_never_fragile_and_exact_refuses_it(bu
 
 @needs_cc
 def test_a_zero_scale_of_the_other_sign_is_equivalent_with_the_signed_zero_diagnosis(build):
-    report = check_library(build("q4_0.c", defines=["SIGN_FROM_FIRST"]), "q4_0", only="quantize", blocks=3000, examples=30)
+    report = check_library(
+        build("q4_0.c", defines=["SIGN_FROM_FIRST"]), "q4_0", only="quantize", blocks=3000, examples=30
+    )
     c = report.counts()
     assert report.ok and c["equivalent"] > 0 and c["wrong"] == 0, c
-    assert check_library(build("q4_0.c", defines=["SIGN_FROM_FIRST"]), "q4_0", only="quantize", blocks=3000, examples=30,
-                         exact=True).ok  # equivalent blocks decode to the same values: accepted even under exact
+    assert check_library(
+        build("q4_0.c", defines=["SIGN_FROM_FIRST"]), "q4_0", only="quantize", blocks=3000, examples=30, exact=True
+    ).ok  # equivalent blocks decode to the same values: accepted even under exact
     (diag,) = [g for g in report.diagnoses if g.scope == "equivalent"]
     assert diag.name == "signed_zero" and diag.title == "only the sign of a zero d differs (+0 against -0)"
-    assert f"in all {c['equivalent']} blocks the only difference is the sign of a zero in field d: tbq stores -0 in " \
+    assert (
+        f"in all {c['equivalent']} blocks the only difference is the sign of a zero in field d: tbq stores -0 in "
         f"{c['equivalent']} of them" in diag.evidence[0]
+    )
     assert "is the opposite of the sign of x[0] in every one of them" in diag.evidence[2]
     assert "x[0] = -0.0" in diag.evidence[3]  # the example shows the -0 that decides it
 
@@ -260,7 +316,9 @@ def test_garbage_codes_in_zero_scale_blocks_are_equivalent_not_wrong(build):
 def test_undefined_inputs_are_their_own_class_accepted_unless_exact():
     tiny = np.float32(2.0**-140)
 
-    def q8(x):  # ggml's SIMD q8_0 where 1/d overflows: -128 codes instead of 0 ... and here a non-zero scale, so it shows
+    def q8(
+        x,
+    ):  # ggml's SIMD q8_0 where 1/d overflows: -128 codes instead of 0 ... and here a non-zero scale, so it shows
         out = tbq.quantize(x, "q8_0").reshape(-1, 34)
         amax = np.abs(x.reshape(-1, 32)).max(axis=1)
         with np.errstate(divide="ignore", over="ignore"):
@@ -305,7 +363,9 @@ def _swapped_q4_0(x):
 
 
 def test_python_callable_is_classified_like_a_library():
-    good = check_kernel("q4_0", quantize=lambda x: tbq.quantize(x, "q4_0"), dequantize=lambda d: tbq.dequantize(d, "q4_0"), **FAST)
+    good = check_kernel(
+        "q4_0", quantize=lambda x: tbq.quantize(x, "q4_0"), dequantize=lambda d: tbq.dequantize(d, "q4_0"), **FAST
+    )
     assert good.ok and good.counts()["exact"] == good.counts()["blocks"]
     bad = check_kernel("q4_0", quantize=_swapped_q4_0, **FAST)
     assert not bad.ok and bad.directions == ["quantize"]
@@ -327,7 +387,22 @@ def test_python_callable_shapes_are_checked():
 def test_exec_program_is_classified_like_a_library(build, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     good = build("exec_main.c", "q8_0.c", defines=["FMT=q8_0", "TYPE_SIZE=34", "BLOCK=32"], exe=True)
-    assert main(["check", "--format", "q8_0", "--exec", f"{good} {{op}} {{in}} {{out}}", "--blocks", "600", "--examples", "8"]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                "q8_0",
+                "--exec",
+                f"{good} {{op}} {{in}} {{out}}",
+                "--blocks",
+                "600",
+                "--examples",
+                "8",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     assert "PASS" in out.out and out.err == ""  # no progress when stderr is not a terminal
     bad = build("exec_main.c", "q4_0.c", defines=["FMT=q4_0", "TYPE_SIZE=18", "BLOCK=32", "SWAP_NIBBLES"], exe=True)
@@ -482,13 +557,30 @@ def test_cli_failure_writes_json_npz_and_a_c_repro_that_fails(build, tmp_path, c
     lib = build("q4_0.c", defines=["SWAP_NIBBLES"])
     out = tmp_path / "ce"
     js = tmp_path / "r.json"
-    code = main(["check", "--format", "q4_0", "--lib", str(lib), "--blocks", "500", "--examples", "5",
-                 "--out", str(out), "--json", str(js)])
+    code = main(
+        [
+            "check",
+            "--format",
+            "q4_0",
+            "--lib",
+            str(lib),
+            "--blocks",
+            "500",
+            "--examples",
+            "5",
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 1 and "FAIL" in text and "nibble order swapped" in text
     data = json.loads(js.read_text())
     assert data["ok"] is False and data["totals"]["quantize"]["wrong"] > 0
-    assert data["totals"]["quantize"]["blocks"] == sum(p["blocks"] for p in data["phases"] if p["direction"] == "quantize")
+    assert data["totals"]["quantize"]["blocks"] == sum(
+        p["blocks"] for p in data["phases"] if p["direction"] == "quantize"
+    )
     assert {d["name"] for d in data["diagnoses"]} >= {"nibble_order", "round_trip"}
     z = np.load(out / "q4_0-quantize.npz")
     assert z["input"].dtype == np.float32 and z["expected"].dtype == np.uint8
@@ -524,8 +616,26 @@ def test_cli_exit_2_for_loading_and_usage_errors(build, tmp_path, capsys):
 def test_cli_only_one_direction_and_json_on_stdout(build, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     lib = build("q8_0.c")
-    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "dequantize", "--blocks", "300", "--examples", "0",
-                 "--json", "-"]) == 0
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                "q8_0",
+                "--lib",
+                str(lib),
+                "--only",
+                "dequantize",
+                "--blocks",
+                "300",
+                "--examples",
+                "0",
+                "--json",
+                "-",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr()
     data = json.loads(out.out)
     assert list(data["totals"]) == ["dequantize"] and "PASS" in out.err
@@ -555,7 +665,9 @@ def test_nothing_is_written_in_the_working_directory_when_nothing_fails(build, t
     # a read-only working directory does not stop a correct kernel from being checked
     tmp_path.chmod(0o555)
     try:
-        assert main(["check", "--format", "q8_0", "--lib", str(lib), "--blocks", "300", "--examples", "5", "--quiet"]) == 0
+        assert (
+            main(["check", "--format", "q8_0", "--lib", str(lib), "--blocks", "300", "--examples", "5", "--quiet"]) == 0
+        )
     finally:
         tmp_path.chmod(0o755)
     assert "PASS" in capsys.readouterr().out
@@ -564,7 +676,24 @@ def test_nothing_is_written_in_the_working_directory_when_nothing_fails(build, t
 def test_zero_blocks_and_zero_examples_are_refused(capsys):
     with pytest.raises(tbq.TbqError, match="nothing would be checked"):
         check_kernel("q8_0", quantize=lambda x: tbq.quantize(x, "q8_0"), blocks=0, examples=0)
-    assert main(["check", "--format", "q8_0", "--exec", "prog {in} {out}", "--only", "quantize", "--blocks", "0", "--examples", "0"]) == 2
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                "q8_0",
+                "--exec",
+                "prog {in} {out}",
+                "--only",
+                "quantize",
+                "--blocks",
+                "0",
+                "--examples",
+                "0",
+            ]
+        )
+        == 2
+    )
     assert "checks nothing" in capsys.readouterr().err
 
 
@@ -572,8 +701,26 @@ def test_zero_blocks_and_zero_examples_are_refused(capsys):
 def test_the_repro_compile_line_runs_as_printed(build, tmp_path, capsys):
     lib = build("q4_0.c", defines=["SWAP_NIBBLES"])
     out = tmp_path / "ce"
-    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--only", "quantize", "--blocks", "300", "--examples", "0",
-                 "--out", str(out)]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                "q4_0",
+                "--lib",
+                str(lib),
+                "--only",
+                "quantize",
+                "--blocks",
+                "300",
+                "--examples",
+                "0",
+                "--out",
+                str(out),
+            ]
+        )
+        == 1
+    )
     src = (out / "q4_0-quantize.c").read_text()
     line = next(ln for ln in src.splitlines() if ln.lstrip(" *").startswith("cc "))
     assert f"-Wl,-rpath,{lib.parent}" in line
@@ -589,7 +736,12 @@ def test_provenance_names_the_file_that_defines_the_symbol_and_strict_lib_refuse
     report = check_library(wrapper, "q8_0", blocks=300, examples=0)
     assert report.ok
     pv = report.provenance["quantize"]
-    assert pv == {"symbol": "quantize_row_q8_0_ref", "file": str(base.resolve()), "library": str(wrapper.resolve()), "elsewhere": True}
+    assert pv == {
+        "symbol": "quantize_row_q8_0_ref",
+        "file": str(base.resolve()),
+        "library": str(wrapper.resolve()),
+        "elsewhere": True,
+    }
     assert f"quantize_row_q8_0_ref from {base.resolve()}  (NOT the library given)" in report.text()
     assert any("is not defined in" in n and "--strict-lib" in n for n in report.notes)
     assert json.loads(report.to_json())["provenance"]["dequantize"]["file"] == str(base.resolve())
@@ -609,9 +761,33 @@ def test_a_kernel_that_needs_an_init_call_is_wrong_without_it_and_exact_with_it(
     with_init = check_library(lib, "q8_0", only="quantize", blocks=300, examples=0, init=["kernel_init"])
     assert with_init.ok and with_init.counts()["exact"] == with_init.counts()["blocks"]
     assert with_init.provenance["init kernel_init"]["symbol"] == "kernel_init"
-    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "kernel_init", "--blocks", "300",
-                 "--examples", "0", "--quiet"]) == 0
-    assert main(["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "nope", "--examples", "0"]) == 2
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                "q8_0",
+                "--lib",
+                str(lib),
+                "--only",
+                "quantize",
+                "--init",
+                "kernel_init",
+                "--blocks",
+                "300",
+                "--examples",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["check", "--format", "q8_0", "--lib", str(lib), "--only", "quantize", "--init", "nope", "--examples", "0"]
+        )
+        == 2
+    )
     assert "no symbol 'nope' (--init)" in capsys.readouterr().err
 
 
@@ -630,7 +806,9 @@ def test_an_exception_in_a_python_kernel_names_the_block_and_keeps_the_traceback
 
 
 def test_a_kernel_returning_none_or_objects_is_told_so():
-    with pytest.raises(TargetError, match=r"returned None; return the encoded rows \(uint8\), 136 bytes, shape \(1, 136\)"):
+    with pytest.raises(
+        TargetError, match=r"returned None; return the encoded rows \(uint8\), 136 bytes, shape \(1, 136\)"
+    ):
         check_kernel("q8_0", quantize=lambda x: None, blocks=100, examples=0)
     with pytest.raises(TargetError, match="that NumPy reads as Python objects"):
         check_kernel("q8_0", dequantize=lambda d: [object()] * 32, blocks=100, examples=0)
@@ -651,10 +829,36 @@ def test_accept_waives_a_known_deviation_and_the_next_distinct_one_is_found(buil
     assert waived.name == "nibble_order" and waived.evidence[-1].startswith("e.g. the block with input ")
     assert "wrong blocks waived by --accept" not in both.verdict() and "accepted" in both.table()
     # the blocks the second bug does not touch are explained by the first: waiving it leaves only the big blocks wrong
-    assert check_library(build("q4_0.c", defines=["SWAP_NIBBLES"]), "q4_0", only="quantize", blocks=3000, examples=0,
-                         accept=["nibble_order"]).ok
-    assert main(["check", "--format", "q4_0", "--lib", str(lib), "--only", "quantize", "--blocks", "3000", "--examples", "0",
-                 "--accept", "nibble_order", "--out", str(tmp_path / "ce")]) == 1
+    assert check_library(
+        build("q4_0.c", defines=["SWAP_NIBBLES"]),
+        "q4_0",
+        only="quantize",
+        blocks=3000,
+        examples=0,
+        accept=["nibble_order"],
+    ).ok
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                "q4_0",
+                "--lib",
+                str(lib),
+                "--only",
+                "quantize",
+                "--blocks",
+                "3000",
+                "--examples",
+                "0",
+                "--accept",
+                "nibble_order",
+                "--out",
+                str(tmp_path / "ce"),
+            ]
+        )
+        == 1
+    )
     out = capsys.readouterr().out
     assert "quantize: " in out and "accepted blocks: " in out and "waived by accept='nibble_order'" in out
     with pytest.raises(tbq.TbqError, match="cannot accept 'wrong'"):
@@ -672,13 +876,18 @@ def test_accept_a_class_lets_exact_look_past_it(build):
 
 
 @needs_cc
-def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_that_exits_1(build, tmp_path, monkeypatch):
+def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_that_exits_1(
+    build, tmp_path, monkeypatch
+):
     import tbq.check.runner as runner
 
-    monkeypatch.setattr(runner, "SHRINK_SECONDS", 2.0)  # hypothesis's shrink of a length-dependent failure is slow; ours cuts it
+    monkeypatch.setattr(
+        runner, "SHRINK_SECONDS", 2.0
+    )  # hypothesis's shrink of a length-dependent failure is slow; ours cuts it
     lib = build("simd_tail.c")
-    report = check_library(lib, "bf16", quantize="ggml_fp32_to_bf16_row_ref", only="quantize", blocks=2000, examples=20,
-                           out=tmp_path)
+    report = check_library(
+        lib, "bf16", quantize="ggml_fp32_to_bf16_row_ref", only="quantize", blocks=2000, examples=20, out=tmp_path
+    )
     assert not report.ok and report.counts()["wrong"] > 0
     ce = report.counterexamples["quantize"]
     assert ce.classification == "wrong" and ce.input.size == 16, (ce.input.size, ce.how)  # one pass of the 16-wide body
@@ -688,7 +897,9 @@ def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_
     assert "(subnormal)" in "\n".join(ce.lines())
     with np.load(tmp_path / "bf16-quantize.npz") as z:
         assert z["input"].size == 16 and not np.array_equal(z["expected"], z["got"])
-    line = next(ln for ln in (tmp_path / "bf16-quantize.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc "))
+    line = next(
+        ln for ln in (tmp_path / "bf16-quantize.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc ")
+    )
     subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path)
     res = subprocess.run(["./repro"], cwd=tmp_path, capture_output=True, text=True)
     assert res.returncode == 1 and "differ from tbq" in res.stdout, res.stdout
@@ -715,13 +926,33 @@ def test_dot_products_correct_exact_or_within_the_bound_and_broken_ones_wrong(bu
         assert ce.n == 32, (variant, ce.n, ce.how)  # the shortest failing call: one block
         assert variant != "DROP_TAIL" or ce.got == 0.0  # its only block dropped
         assert abs(ce.got - ce.expected) > ce.bound
-        line = next(ln for ln in (tmp_path / variant / f"{fmt}-dot.c").read_text().splitlines() if ln.lstrip(" *").startswith("cc "))
+        line = next(
+            ln
+            for ln in (tmp_path / variant / f"{fmt}-dot.c").read_text().splitlines()
+            if ln.lstrip(" *").startswith("cc ")
+        )
         subprocess.run(line.lstrip(" *").replace("cc ", f"{CC} ", 1), shell=True, check=True, cwd=tmp_path / variant)
         assert subprocess.run(["./repro"], cwd=tmp_path / variant, capture_output=True).returncode == 1
     assert main(["check", "--format", fmt, "--lib", str(build("vec_dot.c")), "--dot", sym, "--blocks", "500"]) == 0
     assert "PASS" in capsys.readouterr().out
-    assert main(["check", "--format", fmt, "--lib", str(build("vec_dot.c", defines=["DROP_TAIL"])), "--dot", sym, "--blocks", "500",
-                 "--out", str(tmp_path / "cli")]) == 1
+    assert (
+        main(
+            [
+                "check",
+                "--format",
+                fmt,
+                "--lib",
+                str(build("vec_dot.c", defines=["DROP_TAIL"])),
+                "--dot",
+                sym,
+                "--blocks",
+                "500",
+                "--out",
+                str(tmp_path / "cli"),
+            ]
+        )
+        == 1
+    )
 
 
 def test_dot_of_a_python_kernel_and_formats_without_an_exact_form(capsys):
@@ -746,7 +977,9 @@ GGML = Path(__file__).resolve().parents[1].parent / "shared" / "ggml"
 def _ggml_cpu(build_name: str) -> Path:
     lib = GGML / build_name / "lib" / "libggml-cpu.so.0"
     if not lib.is_file():
-        pytest.skip(f"{lib} is absent: the real ggml builds live outside the repo (../shared/ggml), not on users' machines")
+        pytest.skip(
+            f"{lib} is absent: the real ggml builds live outside the repo (../shared/ggml), not on users' machines"
+        )
     try:
         import ctypes
 
@@ -759,16 +992,30 @@ def _ggml_cpu(build_name: str) -> Path:
 def test_real_ggml_cpu_library_provenance_simd_q8_0_tie_rule_and_dot_products():
     lib = _ggml_cpu("upstream")
     ref = check_library(lib, "q8_0", blocks=2000, examples=0)
-    assert ref.ok and ref.provenance["quantize"]["elsewhere"] and ref.provenance["quantize"]["file"].endswith("libggml-base.so.0")
+    assert (
+        ref.ok
+        and ref.provenance["quantize"]["elsewhere"]
+        and ref.provenance["quantize"]["file"].endswith("libggml-base.so.0")
+    )
     with pytest.raises(TargetError, match="not in"):
         check_library(lib, "q8_0", blocks=100, examples=0, strict_lib=True)
-    simd = check_library(lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000, examples=0)
+    simd = check_library(
+        lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000, examples=0
+    )
     c = simd.counts()
     assert simd.ok and c["tie_rule"] > 0 and c["wrong"] == 0, c  # ggml's SIMD q8_0 rounds exact ties to even
     (g,) = [g for g in simd.diagnoses if g.scope == "tie_rule"]
     assert "ties are rounded half to even" in g.title and "where the spec rounds half away from zero" in g.title
-    assert not check_library(lib, "q8_0", quantize="quantize_row_q8_0", only="quantize", init=["ggml_cpu_init"], blocks=20000,
-                             examples=0, exact=True).ok
+    assert not check_library(
+        lib,
+        "q8_0",
+        quantize="quantize_row_q8_0",
+        only="quantize",
+        init=["ggml_cpu_init"],
+        blocks=20000,
+        examples=0,
+        exact=True,
+    ).ok
     for fmt in ("q4_0", "q8_0"):
         for sym in (f"ggml_vec_dot_{fmt}_q8_0", f"ggml_vec_dot_{fmt}_q8_0_generic"):
             r = check_library(lib, fmt, dot=sym, init=["ggml_cpu_init"], blocks=2000)

@@ -64,7 +64,9 @@ def test_compare_any_head_dim_tiles_rows_as_llama_cpp(tmp_path, capsys, shape):
         assert "tbq4_0" in got  # at head_dim 64 a TBQ block holds two heads
     # the bytes are those of the rows, encoded as one row of kv_heads x head_dim per token
     for fmt in got[:3]:
-        assert np.array_equal(tbq.quantize(x.reshape(32, -1), fmt).reshape(32, -1), tbq.quantize(x.reshape(32, -1), fmt))
+        assert np.array_equal(
+            tbq.quantize(x.reshape(32, -1), fmt).reshape(32, -1), tbq.quantize(x.reshape(32, -1), fmt)
+        )
     text_rc = cli.main(["compare", str(f), "--repeat", "1", "--queries", "2"])
     out = capsys.readouterr().out
     assert text_rc == 0 and f"x head_dim {hd}" in out and "blocks along the row" in out
@@ -79,6 +81,7 @@ def test_compare_unreadable_file(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- what the output says
+
 
 def _small(tmp_path, name="kv.npy", shape=(16, 2, 128), seed=0):
     f = tmp_path / name

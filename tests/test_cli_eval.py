@@ -20,9 +20,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def _save(path, head_dim=128, kv_heads=2, heads=4, vocab=1024):
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=128, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-                      num_hidden_layers=2, intermediate_size=96, vocab_size=vocab, max_position_embeddings=1024,
-                      bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path)
     for f in TOKENIZER_FILES:
         shutil.copy(MODEL_DIR / f, path / f)
@@ -49,8 +59,23 @@ def _run(capsys, *argv):
 
 def test_eval_json_rows_and_capture(rand_dir, text, tmp_path, capsys):
     cap = tmp_path / "kv.npz"
-    code, out, err = _run(capsys, rand_dir, "--text", text, "--context", 256, "--chunks", 2,
-                          "--cache-types", "q8_0,q4_0:tbq3_0,tbq4_0@fork", "--generate", 4, "--json", "--capture", cap)
+    code, out, err = _run(
+        capsys,
+        rand_dir,
+        "--text",
+        text,
+        "--context",
+        256,
+        "--chunks",
+        2,
+        "--cache-types",
+        "q8_0,q4_0:tbq3_0,tbq4_0@fork",
+        "--generate",
+        4,
+        "--json",
+        "--capture",
+        cap,
+    )
     assert code == 0, err
     res = json.loads(out)
     assert [r["cache"] for r in res["rows"]] == ["f32:f32", "f16:f16", "q8_0:q8_0", "q4_0:tbq3_0", "tbq4_0:tbq4_0@fork"]
@@ -66,8 +91,24 @@ def test_eval_json_rows_and_capture(rand_dir, text, tmp_path, capsys):
 
 def test_eval_table_fits_100_columns_and_plots(rand_dir, text, tmp_path, capsys):
     png = tmp_path / "eval.png"
-    code, out, err = _run(capsys, rand_dir, "--text", text, "--context", 256, "--chunks", 2, "--cache-types", "q4_0",
-                          "--per-layer", "--roles", "--generate", 0, "--plot", png)
+    code, out, err = _run(
+        capsys,
+        rand_dir,
+        "--text",
+        text,
+        "--context",
+        256,
+        "--chunks",
+        2,
+        "--cache-types",
+        "q4_0",
+        "--per-layer",
+        "--roles",
+        "--generate",
+        0,
+        "--plot",
+        png,
+    )
     assert code == 0, err
     assert max(len(line) for line in out.splitlines()) <= 100
     assert "q4_0:q4_0 (K)" in out and "q4_0:q4_0 (V)" in out
@@ -137,8 +178,10 @@ def test_eval_tokens_file(rand_dir, tmp_path, capsys):
         (["{rand}", "--text", "/no/such.txt"], "--text /no/such.txt: no such file"),
         (["{rand}", "--tokens", "{badtok}"], "token ids must be in 0..1023"),
         (["{rand}", "--sink-type", "q9"], "--sink-type 'q9': unknown format"),
-        (["{rand80}", "--cache-types", "q8_0", "--text", "{text}", "--context", "256"],
-         "its 32-value block does not divide head_dim 80"),
+        (
+            ["{rand80}", "--cache-types", "q8_0", "--text", "{text}", "--context", "256"],
+            "its 32-value block does not divide head_dim 80",
+        ),
         (["{bert}"], "cannot be loaded as a causal language model"),
         (["{rand}", "--context", "0"], "must be at least 4"),
         (["{rand}", "--plot", "{tmp}"], "is a directory"),
@@ -155,7 +198,9 @@ def test_eval_bad_input_is_one_line_and_exit_2(argv, message, rand_dir, text, tm
     if any("{rand80}" in a for a in argv):
         names["rand80"] = _save(tmp_path / "m80", head_dim=80, kv_heads=1, heads=2)
     if any("{bert}" in a for a in argv):
-        DistilBertModel(DistilBertConfig(n_layers=1, dim=32, hidden_dim=32, n_heads=2, vocab_size=50)).save_pretrained(tmp_path / "bert")
+        DistilBertModel(DistilBertConfig(n_layers=1, dim=32, hidden_dim=32, n_heads=2, vocab_size=50)).save_pretrained(
+            tmp_path / "bert"
+        )
         names["bert"] = tmp_path / "bert"
     code, out, err = _run(capsys, *[a.format(**names) for a in argv])
     assert code == 2
@@ -168,7 +213,9 @@ def test_eval_default_run_in_a_fresh_process():
     """``tbq eval`` with no arguments: the shipped model, held-out text, every format and the mixes."""
     from tbq.cli.eval import default_cache_types
 
-    proc = subprocess.run([sys.executable, "-m", "tbq.cli", "eval", "--json"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tbq.cli", "eval", "--json"], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     caches = [r["cache"] for r in res["rows"]]

@@ -63,7 +63,10 @@ CASES = [
     (["compare", "{d}/adir"], "cannot read"),
     (["compare", "{d}/ints.npy"], "float16, float32 or float64"),
     (["compare", "{d}/scalar.npy"], "got a scalar"),
-    (["compare", "{d}/width96.npy", "--formats", "tbq4_0"], "tbq4_0 (blocks of 128 must divide the row of 1 x 96 = 96 values)"),
+    (
+        ["compare", "{d}/width96.npy", "--formats", "tbq4_0"],
+        "tbq4_0 (blocks of 128 must divide the row of 1 x 96 = 96 values)",
+    ),
     (["compare", "{d}/width96.npy", "--formats", "Q8_0,nvfp4"], "nvfp4 (blocks of 64 must divide head_dim 96)"),
     (["compare", "{d}/huge.npy", "--repeat", "1"], "--on-overflow inf"),
     (["compare", "{d}/nan.npy", "--repeat", "1"], "non-finite"),
@@ -93,8 +96,10 @@ CASES = [
     (["budget"], "give the model geometry"),
     (["budget", "--layers", "0", "--kv-heads", "8", "--head-dim", "128"], "--layers: must be at least 1"),
     (["budget", "--layers", "4", "--kv-heads", "x", "--head-dim", "128"], "--kv-heads: expected an integer"),
-    (["budget", "--layers", "4", "--kv-heads", "8", "--head-dim", "100", "--formats", "f16,q8_0,tbq4_0"],
-     "--head-dim 100 is not a multiple of the block size of q8_0 (32 values) and tbq4_0 (128 values)"),
+    (
+        ["budget", "--layers", "4", "--kv-heads", "8", "--head-dim", "100", "--formats", "f16,q8_0,tbq4_0"],
+        "--head-dim 100 is not a multiple of the block size of q8_0 (32 values) and tbq4_0 (128 values)",
+    ),
     (["budget", "--values-per-token", "1e5", "--sequences", "0"], "--sequences: must be at least 1"),
     (["budget", "--values-per-token", "abc"], "--values-per-token: expected a number"),
     (["budget", "--values-per-token", "-5"], "--values-per-token must be positive"),
@@ -141,7 +146,12 @@ NUMERIC_FLAGS = [
     (["budget", "--layers", "8", "--kv-heads", "8"], "--head-dim", "", ()),
     (["budget", "--values-per-token", "1e5", "--weights", "1GB"], "--vram", "GB", ("0", "1e-400")),  # rounds to 0 bytes
     (["budget", "--values-per-token", "1e5", "--vram", "32GB"], "--weights", "GB", ("0", "1e-400")),
-    (["budget", "--values-per-token", "1e5", "--vram", "32GB", "--weights", "1GB"], "--workspace", "GiB", ("0", "1e-400")),
+    (
+        ["budget", "--values-per-token", "1e5", "--vram", "32GB", "--weights", "1GB"],
+        "--workspace",
+        "GiB",
+        ("0", "1e-400"),
+    ),
     (["budget", "--values-per-token", "1e5", "--bandwidth", "1TB/s"], "--weights-traffic", "GB", ("0", "1e-400")),
     (["budget", "--values-per-token", "1e5", "--weights", "1GB"], "--bandwidth", "GB/s", ()),
     (["budget", "--values-per-token", "1e5"], "--vram", "", ()),  # no unit at all: refused for every number
@@ -190,9 +200,16 @@ def test_every_numeric_flag_refuses_bad_numbers_in_one_line(files, capsys, argv,
     _assert_one_line_error(rc, err, "error")
     dest = flag.lstrip("-").replace("-", "_")
     # the message names the flag (or, for the library's checks of golden's numbers, the parameter)
-    names = {flag, dest, dest.replace("_", " "), "n_head" if flag == "--heads" else flag, "n_head_kv" if flag == "--kv-heads" else flag,
-             "fragility margin" if flag == "--fragile-ulps" else flag, "ulp_floor" if flag == "--ulp-floor" else flag,
-             "rows per family" if flag == "--rows-per-family" else flag}
+    names = {
+        flag,
+        dest,
+        dest.replace("_", " "),
+        "n_head" if flag == "--heads" else flag,
+        "n_head_kv" if flag == "--kv-heads" else flag,
+        "fragility margin" if flag == "--fragile-ulps" else flag,
+        "ulp_floor" if flag == "--ulp-floor" else flag,
+        "rows per family" if flag == "--rows-per-family" else flag,
+    }
     assert any(n in err for n in names), err
     assert "np.float" not in err and "np.int" not in err  # no NumPy reprs in messages
     assert not (files / "g").exists()
@@ -225,8 +242,12 @@ BIG = [
 def test_work_that_cannot_fit_is_refused_before_it_starts(files, capsys, argv, needle, monkeypatch):
     import json
 
-    manifest = {"kind": "tbq-golden-format", "format": "q8_0", "arrays": {"input": {"sha256": "0" * 64}},
-                "generator": {"rows_per_family": 10**12, "seed": 0, "families": [{"name": "gaussian", "seed": 1}]}}
+    manifest = {
+        "kind": "tbq-golden-format",
+        "format": "q8_0",
+        "arrays": {"input": {"sha256": "0" * 64}},
+        "generator": {"rows_per_family": 10**12, "seed": 0, "families": [{"name": "gaussian", "seed": 1}]},
+    }
     (files / "huge_manifest.json").write_text(json.dumps(manifest))
     with open(files / "huge_header.npy", "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (10**9, 8, 128)})
@@ -286,8 +307,11 @@ def test_output_paths_are_checked_before_any_work(files, capsys, monkeypatch):
 
     monkeypatch.setattr(tbq.cli.compare, "compare", boom)
     monkeypatch.setattr(tbq.cli.budget, "budget_report", boom)
-    for argv in (["compare", "--plot", f"{files}/afile/x.png"], ["compare", "--plot", str(files / "adir")],
-                 ["budget", "--values-per-token", "1", "--plot", f"{files}/afile/x.png"]):
+    for argv in (
+        ["compare", "--plot", f"{files}/afile/x.png"],
+        ["compare", "--plot", str(files / "adir")],
+        ["budget", "--values-per-token", "1", "--plot", f"{files}/afile/x.png"],
+    ):
         assert cli.main(argv) == 2
         assert "--plot" in capsys.readouterr().err
 
@@ -341,21 +365,41 @@ def test_subprocess_prints_no_traceback(files, argv, needle):
 
 def test_python_dash_m_tbq_is_the_command(files):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    proc = subprocess.run([sys.executable, "-m", "tbq", "budget", "--values-per-token", "1000", "--contexts", "8K"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tbq", "budget", "--values-per-token", "1000", "--contexts", "8K"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("KV cache budget: 1,000 values per token")
-    proc = subprocess.run([sys.executable, "-m", "tbq", "budget", "--contexts", "-8K", "--values-per-token", "1"],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tbq", "budget", "--contexts", "-8K", "--values-per-token", "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     _assert_one_line_error(proc.returncode, proc.stderr, "--contexts: a context cannot be negative: '-8K'")
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["budget", "--values-per-token", "1e5", "--contexts", "-8K"], "--contexts: a context cannot be negative: '-8K'"),
-    (["budget", "--values-per-token", "1e5", "--weights", "1GB", "--bandwidth", "-5GB/s"], "--bandwidth: a bandwidth must be positive"),
-    (["budget", "--values-per-token", "1e5", "--vram", "8GB", "--weights", "1GB", "--workspace", "-1GiB"], "--workspace: a size cannot be negative"),
-    (["budget", "--values-per-token", "1e5", "--vram", "-inf"], "--vram"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            ["budget", "--values-per-token", "1e5", "--contexts", "-8K"],
+            "--contexts: a context cannot be negative: '-8K'",
+        ),
+        (
+            ["budget", "--values-per-token", "1e5", "--weights", "1GB", "--bandwidth", "-5GB/s"],
+            "--bandwidth: a bandwidth must be positive",
+        ),
+        (
+            ["budget", "--values-per-token", "1e5", "--vram", "8GB", "--weights", "1GB", "--workspace", "-1GiB"],
+            "--workspace: a size cannot be negative",
+        ),
+        (["budget", "--values-per-token", "1e5", "--vram", "-inf"], "--vram"),
+    ],
+)
 def test_negative_values_reach_the_flag_not_expected_one_argument(capsys, argv, needle):
     rc = cli.main(argv)
     err = capsys.readouterr().err
@@ -370,8 +414,23 @@ def test_plot_without_extension_reports_the_file_written(files, capsys, tmp_path
     out = capsys.readouterr().out
     assert f"wrote {target}.png" in out and (tmp_path / "out" / "plotnoext.png").exists() and not target.exists()
     np.save(tmp_path / "kv.npy", np.random.default_rng(0).standard_normal((16, 1, 128)).astype(np.float32))
-    assert cli.main(["compare", str(tmp_path / "kv.npy"), "--formats", "q8_0", "--repeat", "1", "--queries", "1",
-                     "--plot", str(tmp_path / "cmp")]) == 0
+    assert (
+        cli.main(
+            [
+                "compare",
+                str(tmp_path / "kv.npy"),
+                "--formats",
+                "q8_0",
+                "--repeat",
+                "1",
+                "--queries",
+                "1",
+                "--plot",
+                str(tmp_path / "cmp"),
+            ]
+        )
+        == 0
+    )
     assert f"figure saved to {tmp_path / 'cmp'}.png" in capsys.readouterr().out and (tmp_path / "cmp.png").exists()
 
 
@@ -384,7 +443,9 @@ def test_budget_measured_prints_no_raw_floats_and_says_values_per_token_is_not_w
 
 
 def test_budget_says_when_the_weights_alone_do_not_fit(capsys):
-    assert cli.main(["budget", "--values-per-token", "1000", "--contexts", "8K", "--vram", "8GB", "--weights", "9GB"]) == 0
+    assert (
+        cli.main(["budget", "--values-per-token", "1000", "--contexts", "8K", "--vram", "8GB", "--weights", "9GB"]) == 0
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert "the weights alone (8.38 GiB) do not fit in the VRAM (7.45 GiB)" in out
 
@@ -397,8 +458,28 @@ def test_budget_refuses_more_contexts_than_a_table_can_show(capsys):
 
 def test_default_tables_fit_100_columns(capsys):
     # the budget feasibility table was 106 columns (headers 150); golden --attention's 128 (tested in test_golden)
-    assert cli.main(["budget", "--layers", "48", "--kv-heads", "8", "--head-dim", "128", "--vram", "32GB", "--weights",
-                     "18.8GiB", "--weights-traffic", "15.88GB", "--bandwidth", "1296GB/s"]) == 0
+    assert (
+        cli.main(
+            [
+                "budget",
+                "--layers",
+                "48",
+                "--kv-heads",
+                "8",
+                "--head-dim",
+                "128",
+                "--vram",
+                "32GB",
+                "--weights",
+                "18.8GiB",
+                "--weights-traffic",
+                "15.88GB",
+                "--bandwidth",
+                "1296GB/s",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 100
     for command in ("compare", "budget", "golden", "check"):

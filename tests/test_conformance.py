@@ -14,7 +14,9 @@ from tbq.codebooks import lloyd_max, named_codebook
 
 def test_every_conformance_file_belongs_to_a_format_battery():
     """No vector file is left out: each strict file maps to a format that runs the battery."""
-    stems = {p.stem for p in DATA.glob("*__strict.npz")} - {"tbq3_buggy_vs_fixed__strict"}  # the shift-bug file has its own test
+    stems = {p.stem for p in DATA.glob("*__strict.npz")} - {
+        "tbq3_buggy_vs_fixed__strict"
+    }  # the shift-bug file has its own test
     covered = {stem for fmt in tbq.formats() for stem, _ in conformance_cases(fmt)}
     assert stems and stems <= covered, sorted(stems - covered)
 

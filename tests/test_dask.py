@@ -102,7 +102,10 @@ def test_misaligned_chunks_are_rechunked(x):
 
 def test_rechunk_false_raises_naming_chunks(x):
     dx = da.from_array(x, chunks=(16, 3, 2, 100))
-    with pytest.raises(tbq.BlockShapeError, match=r"last-axis chunks \(100, 100, 56\).*block size 32.*offending sizes: \[56, 100\].*rechunk\(\{-1: 96\}\)"):
+    with pytest.raises(
+        tbq.BlockShapeError,
+        match=r"last-axis chunks \(100, 100, 56\).*block size 32.*offending sizes: \[56, 100\].*rechunk\(\{-1: 96\}\)",
+    ):
         td.quantize(dx, "q8_0", rechunk=False)
     q = td.quantize(da.from_array(x, chunks=(16, 3, 2, 256)), "q4_0").rechunk({3: 100})
     with pytest.raises(tbq.EncodedLengthError, match=r"last-axis chunks \(100, 44\).*type size \(bytes per block\) 18"):
@@ -145,7 +148,14 @@ def test_graph_is_picklable_and_deterministic(x):
 def test_empty_leading_axis():
     e = da.zeros((0, 128), chunks=(1, 128), dtype=np.float32)
     assert td.quantize(e, "tbq4_0").compute().shape == (0, 66)
-    assert td.error_metrics(e, e) == {"nmse": 0.0, "snr_db": math.inf, "max_abs_error": 0.0, "sum_squared_error": 0.0, "sum_squares": 0.0, "count": 0}
+    assert td.error_metrics(e, e) == {
+        "nmse": 0.0,
+        "snr_db": math.inf,
+        "max_abs_error": 0.0,
+        "sum_squared_error": 0.0,
+        "sum_squares": 0.0,
+        "count": 0,
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -245,14 +255,14 @@ def test_distributed_local_cluster(x):
         distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
         distributed.Client(cluster) as client,
     ):
-            misaligned = da.from_array(x, chunks=(32, 3, 1, 100))  # rechunked on the cluster
-            dx = da.from_array(x, chunks=(32, 3, 1, 256))
-            for fmt in FORMATS:
-                check_same_as_memory(x, misaligned, fmt, client)
-                y_np = tbq.dequantize(tbq.quantize(x, fmt), fmt)
-                m = client.compute(td.error_metrics(dx, td.dequantize(td.quantize(dx, fmt), fmt), compute=False)).result()
-                assert m["max_abs_error"] == metrics.max_abs_error(x, y_np)
-                assert m["nmse"] == pytest.approx(metrics.nmse(x, y_np), rel=1e-12)
+        misaligned = da.from_array(x, chunks=(32, 3, 1, 100))  # rechunked on the cluster
+        dx = da.from_array(x, chunks=(32, 3, 1, 256))
+        for fmt in FORMATS:
+            check_same_as_memory(x, misaligned, fmt, client)
+            y_np = tbq.dequantize(tbq.quantize(x, fmt), fmt)
+            m = client.compute(td.error_metrics(dx, td.dequantize(td.quantize(dx, fmt), fmt), compute=False)).result()
+            assert m["max_abs_error"] == metrics.max_abs_error(x, y_np)
+            assert m["nmse"] == pytest.approx(metrics.nmse(x, y_np), rel=1e-12)
 
 
 # ---------------------------------------------------------------------------
@@ -276,7 +286,9 @@ def test_docs_example_small(tmp_path, scheduler):
     ex = _example()
     if scheduler == "distributed":
         pytest.importorskip("distributed", reason="optional extra 'zarr' (distributed) is not installed")
-    rep = ex.run(tmp_path, tokens=64, layers=4, heads=2, chunk_tokens=16, chunk_layers=2, fmt="tbq4_0", scheduler=scheduler)
+    rep = ex.run(
+        tmp_path, tokens=64, layers=4, heads=2, chunk_tokens=16, chunk_layers=2, fmt="tbq4_0", scheduler=scheduler
+    )
     assert rep["shape"] == [64, 4, 2, 128]
     assert set(rep["phases"]) == {"generate", "quantize_and_store", "metrics_from_disk"}
     assert rep["metrics"]["serializer_vs_blocks_mismatches"] == 0
@@ -296,7 +308,26 @@ def test_docs_example_small(tmp_path, scheduler):
 
 def test_docs_example_cli(tmp_path, capsys):
     ex = _example()
-    assert ex.main(["--root", str(tmp_path), "--tokens", "32", "--layers", "2", "--heads", "1", "--chunk-tokens", "16", "--format", "q4_0", "--cleanup"]) == 0
+    assert (
+        ex.main(
+            [
+                "--root",
+                str(tmp_path),
+                "--tokens",
+                "32",
+                "--layers",
+                "2",
+                "--heads",
+                "1",
+                "--chunk-tokens",
+                "16",
+                "--format",
+                "q4_0",
+                "--cleanup",
+            ]
+        )
+        == 0
+    )
     import json
 
     rep = json.loads(capsys.readouterr().out)

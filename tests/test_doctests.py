@@ -24,7 +24,17 @@ def _modules():
 
 MODULES = _modules()
 #: Public modules whose docstrings must carry runnable examples.
-MUST_HAVE_EXAMPLES = {"tbq", "tbq.codebooks", "tbq.rotation", "tbq.packing", "tbq.codecs", "tbq.metrics", "tbq.synthetic", "tbq.attention", "tbq.progress"}
+MUST_HAVE_EXAMPLES = {
+    "tbq",
+    "tbq.codebooks",
+    "tbq.rotation",
+    "tbq.packing",
+    "tbq.codecs",
+    "tbq.metrics",
+    "tbq.synthetic",
+    "tbq.attention",
+    "tbq.progress",
+}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -9,7 +9,13 @@ from tbq.codebooks import Codebook
 
 
 def test_error_hierarchy():
-    for cls in (tbq.BlockShapeError, tbq.NonFiniteError, tbq.ScaleOverflowError, tbq.ConfigError, tbq.EncodedLengthError):
+    for cls in (
+        tbq.BlockShapeError,
+        tbq.NonFiniteError,
+        tbq.ScaleOverflowError,
+        tbq.ConfigError,
+        tbq.EncodedLengthError,
+    ):
         assert issubclass(cls, tbq.TbqError) and issubclass(cls, ValueError)
     assert issubclass(tbq.TbqTypeError, tbq.TbqError) and issubclass(tbq.TbqTypeError, TypeError)
 
@@ -175,12 +181,15 @@ def test_a_zero_d_array_is_a_block_shape_error_on_both_backends(backend):
         tbq.dequantize(np.array(1, np.uint8), "q8_0", backend=backend)
 
 
-@pytest.mark.parametrize("call", [
-    lambda: tbq.get_codec("q8_0", threads=np.float32(2.5)),
-    lambda: tbq.quantize(np.array([np.inf] + [1.0] * 31, np.float32), "q8_0"),
-    lambda: __import__("tbq.budget").budget.kv_values_per_token(np.float64(2.5), 8, 128),
-    lambda: __import__("tbq.budget").budget.cache_bytes(1000, "q8_0", np.float32(1.5)),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: tbq.get_codec("q8_0", threads=np.float32(2.5)),
+        lambda: tbq.quantize(np.array([np.inf] + [1.0] * 31, np.float32), "q8_0"),
+        lambda: __import__("tbq.budget").budget.kv_values_per_token(np.float64(2.5), 8, 128),
+        lambda: __import__("tbq.budget").budget.cache_bytes(1000, "q8_0", np.float32(1.5)),
+    ],
+)
 def test_messages_show_values_not_numpy_reprs(call):
     with pytest.raises(tbq.TbqError) as info:
         call()
@@ -191,21 +200,44 @@ BAD_NUMBERS = [1e400, -1, float("nan"), 0, float("inf"), 10**40, np.float32(np.n
 
 
 @pytest.mark.parametrize("value", BAD_NUMBERS, ids=repr)
-@pytest.mark.parametrize("call", [
-    lambda v: tbq.get_codec("q8_0", threads=v),
-    lambda v: __import__("tbq.metrics").metrics.random_queries(v, 128),
-    lambda v: __import__("tbq.metrics").metrics.random_queries(4, v),
-    lambda v: __import__("tbq.synthetic").synthetic.builtin_kv(tokens=v),
-    lambda v: __import__("tbq.synthetic").synthetic.gaussian(4, v),
-    lambda v: __import__("tbq.synthetic").synthetic.heavy_tailed_values(v, 1),
-    lambda v: __import__("tbq.budget").budget.cache_bytes(v, "q8_0", 1024),
-    lambda v: __import__("tbq.budget").budget.cache_bytes(1000, "q8_0", v),
-    lambda v: __import__("tbq.budget").budget.feasibility(v, 1, 0, 1000, 1024),
-    lambda v: __import__("tbq.budget").budget.decode_tokens_per_s(10**9, 1000, 1024, v),
-    lambda v: __import__("tbq.attention").attention.attention_fused(np.ones((2, 128), np.float32), np.ones((4, 2, 128), np.float32), np.ones((4, 2, 128), np.float32), threads=v),
-    lambda v: __import__("tbq.attention").attention.attention_fused(np.ones((2, 128), np.float32), np.ones((4, 2, 128), np.float32), np.ones((4, 2, 128), np.float32), scale=v if v != 2.5 else -2.5),
-], ids=["threads", "queries n", "queries head_dim", "builtin tokens", "gaussian heads", "heavy tokens", "budget values", "budget context",
-        "feasibility vram", "decode bandwidth", "attention threads", "attention scale"])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda v: tbq.get_codec("q8_0", threads=v),
+        lambda v: __import__("tbq.metrics").metrics.random_queries(v, 128),
+        lambda v: __import__("tbq.metrics").metrics.random_queries(4, v),
+        lambda v: __import__("tbq.synthetic").synthetic.builtin_kv(tokens=v),
+        lambda v: __import__("tbq.synthetic").synthetic.gaussian(4, v),
+        lambda v: __import__("tbq.synthetic").synthetic.heavy_tailed_values(v, 1),
+        lambda v: __import__("tbq.budget").budget.cache_bytes(v, "q8_0", 1024),
+        lambda v: __import__("tbq.budget").budget.cache_bytes(1000, "q8_0", v),
+        lambda v: __import__("tbq.budget").budget.feasibility(v, 1, 0, 1000, 1024),
+        lambda v: __import__("tbq.budget").budget.decode_tokens_per_s(10**9, 1000, 1024, v),
+        lambda v: __import__("tbq.attention").attention.attention_fused(
+            np.ones((2, 128), np.float32), np.ones((4, 2, 128), np.float32), np.ones((4, 2, 128), np.float32), threads=v
+        ),
+        lambda v: __import__("tbq.attention").attention.attention_fused(
+            np.ones((2, 128), np.float32),
+            np.ones((4, 2, 128), np.float32),
+            np.ones((4, 2, 128), np.float32),
+            scale=v if v != 2.5 else -2.5,
+        ),
+    ],
+    ids=[
+        "threads",
+        "queries n",
+        "queries head_dim",
+        "builtin tokens",
+        "gaussian heads",
+        "heavy tokens",
+        "budget values",
+        "budget context",
+        "feasibility vram",
+        "decode bandwidth",
+        "attention threads",
+        "attention scale",
+    ],
+)
 def test_library_numbers_are_tbq_errors_never_tracebacks(call, value):
     """Huge, negative, NaN, infinite, zero and non-numbers at the library boundary: a TbqError or a valid result."""
     import warnings

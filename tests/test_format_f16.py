@@ -105,7 +105,9 @@ def test_matches_gguf_py(fmt, dist):
     for backend in BACKENDS:
         q = tbq.quantize(x, fmt, backend=backend, on_overflow="inf")  # t(2) tails may pass 65520 (gguf stores inf)
         assert_bytes_equal(q, ref, f"{fmt} {dist} {backend}")
-        assert_bits_equal(tbq.dequantize(q, fmt, backend=backend), quants.dequantize(ref, qtype), f"{fmt} {dist} {backend} decode")
+        assert_bits_equal(
+            tbq.dequantize(q, fmt, backend=backend), quants.dequantize(ref, qtype), f"{fmt} {dist} {backend} decode"
+        )
     if dist == "ties":  # the data does sit on ties: they round to even, not up
         h = ref.view("<u2")
         assert np.count_nonzero(h & 1) < 0.45 * h.size

@@ -124,8 +124,12 @@ def dense_scales():
     mids = np.concatenate([(vals[1:] + vals[:-1]) / 2, vals, [2.0**-10, 2.0**-6, 248.0, 256.0, 448.0, 480.0, 1e30]])
     e = np.arange(-149, 128)
     mant = np.array([0, 1, 2, 0x3FFFF, 0x40000, 0x40001, 0x7FFFF, 0x80000, 0x80001, 0x7FFFFF, 0x7FFFFE])
-    grid = ((np.clip(e + 127, 0, 254)[:, None].astype(np.uint32) << 23) | mant[None, :].astype(np.uint32)).view(np.float32)
-    return np.concatenate([around(mids, 3), grid.reshape(-1), np.random.default_rng(4).uniform(0, 300, 1 << 18).astype(np.float32)])
+    grid = ((np.clip(e + 127, 0, 254)[:, None].astype(np.uint32) << 23) | mant[None, :].astype(np.uint32)).view(
+        np.float32
+    )
+    return np.concatenate(
+        [around(mids, 3), grid.reshape(-1), np.random.default_rng(4).uniform(0, 300, 1 << 18).astype(np.float32)]
+    )
 
 
 @numba.njit
@@ -194,12 +198,18 @@ def test_e8m0_exponent_binade_tops_follow_the_spec_table():
 
 def test_kernel_exponent_table_equals_log2_everywhere_sampled():
     rng = np.random.default_rng(8)
-    bits = np.concatenate([
-        rng.integers(1, 0x7F800000, 1 << 20, dtype=np.uint32),
-        ((np.arange(0, 255, dtype=np.uint32) << 23)[:, None] + np.arange(0, 64, dtype=np.uint32)[None, :]).reshape(-1),  # binade bottoms
-        ((np.arange(1, 256, dtype=np.uint32) << 23)[:, None] - np.arange(1, 65, dtype=np.uint32)[None, :]).reshape(-1),  # binade tops
-        np.arange(1, 1 << 12, dtype=np.uint32),  # the smallest subnormals
-    ])
+    bits = np.concatenate(
+        [
+            rng.integers(1, 0x7F800000, 1 << 20, dtype=np.uint32),
+            ((np.arange(0, 255, dtype=np.uint32) << 23)[:, None] + np.arange(0, 64, dtype=np.uint32)[None, :]).reshape(
+                -1
+            ),  # binade bottoms
+            ((np.arange(1, 256, dtype=np.uint32) << 23)[:, None] - np.arange(1, 65, dtype=np.uint32)[None, :]).reshape(
+                -1
+            ),  # binade tops
+            np.arange(1, 1 << 12, dtype=np.uint32),  # the smallest subnormals
+        ]
+    )
     bits = bits[(bits > 0) & (bits < 0x7F800000)]
     got = np.empty(bits.size, np.int32)
     _kernel_E(bits, e8m0_boundaries(), got)
@@ -292,14 +302,25 @@ def mxfp4_midpoint_data():
 def test_mxfp4_kernel_equals_the_literal_search_around_every_midpoint_of_every_scale():
     x = mxfp4_midpoint_data()
     rng = np.random.default_rng(9)
-    r = rng.standard_normal((4096, 32)).astype(np.float32) * np.ldexp(1.0, rng.integers(-120, 120, (4096, 1))).astype(np.float32)
+    r = rng.standard_normal((4096, 32)).astype(np.float32) * np.ldexp(1.0, rng.integers(-120, 120, (4096, 1))).astype(
+        np.float32
+    )
     for data in (x, r):
         q_np = codec("mxfp4", "numpy").encode(data)
         assert_bytes_equal(codec("mxfp4", "numba").encode(data), q_np, "midpoints: kernel vs literal argmin")
-        assert np.array_equal(tbq.get_format("mxfp4").fields(q_np)["qs"].reshape(data.shape), fp4_codes(data, e8m0_half(q_np.reshape(-1, 17)[:, 0])))
+        assert np.array_equal(
+            tbq.get_format("mxfp4").fields(q_np)["qs"].reshape(data.shape),
+            fp4_codes(data, e8m0_half(q_np.reshape(-1, 17)[:, 0])),
+        )
     # the wrapped exponents of the undefined case (on_overflow="inf") agree as well
-    u = rng.standard_normal((512, 32)).astype(np.float32) * np.ldexp(1.0, rng.integers(-170, -125, (512, 1))).astype(np.float32)
-    assert_bytes_equal(codec("mxfp4", "numba", on_overflow="inf").encode(u), codec("mxfp4", "numpy", on_overflow="inf").encode(u), "undefined")
+    u = rng.standard_normal((512, 32)).astype(np.float32) * np.ldexp(1.0, rng.integers(-170, -125, (512, 1))).astype(
+        np.float32
+    )
+    assert_bytes_equal(
+        codec("mxfp4", "numba", on_overflow="inf").encode(u),
+        codec("mxfp4", "numpy", on_overflow="inf").encode(u),
+        "undefined",
+    )
 
 
 def test_mxfp4_fragility():
@@ -319,8 +340,13 @@ def test_mxfp4_fragility():
 # ---------------------------------------------------------------------------
 
 UE4M3_EXAMPLES = [  # s -> byte (docs/formats.md, "NVFP4", checked against the C encoder)
-    (0.3125, 0x2A), (1.0625, 0x39), (240.0, 0x77), (250.0, 0x7E), (0.0146484375, 0x07),
-    (0.015609741, 0x07), (2.0**-10, 0x01),
+    (0.3125, 0x2A),
+    (1.0625, 0x39),
+    (240.0, 0x77),
+    (250.0, 0x7E),
+    (0.0146484375, 0x07),
+    (0.015609741, 0x07),
+    (2.0**-10, 0x01),
 ]
 
 
@@ -328,7 +354,15 @@ UE4M3_EXAMPLES = [  # s -> byte (docs/formats.md, "NVFP4", checked against the C
 def test_ue4m3_examples_of_the_spec(backend):
     s = np.float32([v for v, _ in UE4M3_EXAMPLES])
     assert ue4m3_from_f32(s).tolist() == [u for _, u in UE4M3_EXAMPLES]
-    assert (ue4m3_to_f32(ue4m3_from_f32(s)) * 2).tolist() == [0.3125, 1.125, 240, 448, 0.013671875, 0.013671875, 2.0**-9]
+    assert (ue4m3_to_f32(ue4m3_from_f32(s)) * 2).tolist() == [
+        0.3125,
+        1.125,
+        240,
+        448,
+        0.013671875,
+        0.013671875,
+        2.0**-9,
+    ]
     assert ue4m3_to_f32(np.uint8([0x7F, 0x80, 0xFF, 0x7E, 0x00])).tolist() == [0.0, 0.0, 240.0, 224.0, 0.0]
     # through the encoder: a sub-block whose amax / 6 is exactly s
     amax = s * F32(6)
@@ -389,9 +423,13 @@ def test_nvfp4_kernel_equals_the_literal_search_around_every_midpoint_of_every_s
     x, n_scales = nvfp4_midpoint_data()
     assert n_scales == 120  # every UE4M3 byte the encoder produces except 0: 0x01..0x77 and 0x7E
     rng = np.random.default_rng(12)
-    r = rng.standard_normal((8192, 64)).astype(np.float32) * np.ldexp(1.0, rng.integers(-12, 10, (8192, 1))).astype(np.float32)
+    r = rng.standard_normal((8192, 64)).astype(np.float32) * np.ldexp(1.0, rng.integers(-12, 10, (8192, 1))).astype(
+        np.float32
+    )
     for data in (x, r):
-        assert_bytes_equal(codec("nvfp4", "numba").encode(data), codec("nvfp4", "numpy").encode(data), "kernel vs literal argmin")
+        assert_bytes_equal(
+            codec("nvfp4", "numba").encode(data), codec("nvfp4", "numpy").encode(data), "kernel vs literal argmin"
+        )
 
 
 def test_nvfp4_fragility():

@@ -45,7 +45,9 @@ def test_conformance_vectors(fmt, backend):
         assert_bytes_equal(q, ref[f"q_{i}"], f"{fmt} scale {s} saturating encode ({backend})")
         qn = tbq.quantize(x, fmt, scale=s, on_overflow="inf", backend=backend)
         assert_bytes_equal(qn, ref[f"q_nosat_{i}"], f"{fmt} scale {s} non-saturating encode ({backend})")
-        assert_bits_equal(tbq.dequantize(ref[f"q_{i}"], fmt, scale=s, backend=backend), ref[f"y_{i}"], f"{fmt} scale {s} decode")
+        assert_bits_equal(
+            tbq.dequantize(ref[f"q_{i}"], fmt, scale=s, backend=backend), ref[f"y_{i}"], f"{fmt} scale {s} decode"
+        )
         every = tbq.dequantize(np.arange(256, dtype=np.uint8), fmt, scale=s, backend=backend)
         assert_bits_equal(every, ref[f"dec_all_{i}"], f"{fmt} scale {s}: every byte decoded ({backend})")
         overflowed += int((q != qn).sum())
@@ -92,11 +94,17 @@ def _cuda_include():
 def cuda_oracle(tmp_path_factory):
     inc, cxx = _cuda_include(), shutil.which("g++") or shutil.which("c++")
     if inc is None:
-        pytest.skip("no CUDA toolkit header cuda_fp8.hpp on this machine (CUDA_HOME, nvcc, /usr/local/cuda*): NVIDIA's host conversion is not available as an oracle")
+        pytest.skip(
+            "no CUDA toolkit header cuda_fp8.hpp on this machine (CUDA_HOME, nvcc, /usr/local/cuda*): NVIDIA's host conversion is not available as an oracle"
+        )
     if cxx is None:
         pytest.skip("no C++ compiler (g++ or c++) on PATH: cannot build the cuda_fp8.hpp oracle")
     exe = tmp_path_factory.mktemp("fp8oracle") / "oracle"
-    subprocess.run([cxx, "-O1", "-ffp-contract=off", f"-I{inc}", str(C_DIR / "fp8_cuda_oracle.cpp"), "-o", str(exe)], check=True, capture_output=True)
+    subprocess.run(
+        [cxx, "-O1", "-ffp-contract=off", f"-I{inc}", str(C_DIR / "fp8_cuda_oracle.cpp"), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+    )
 
     def run(x, s):
         x = np.ascontiguousarray(x, np.float32).reshape(-1)
@@ -145,7 +153,9 @@ def test_nvidia_host_conversion_oracle(cuda_oracle, scale):
             got = tbq.quantize(x, fmt, scale=scale, on_overflow="saturate", backend=backend)
             assert_bytes_equal(got, want[fmt]["sat"], f"{fmt} scale {scale} saturating vs cuda_fp8.hpp ({backend})")
             got = tbq.quantize(x, fmt, scale=scale, on_overflow="inf", backend=backend)
-            assert_bytes_equal(got, want[fmt]["nosat"], f"{fmt} scale {scale} non-saturating vs cuda_fp8.hpp ({backend})")
+            assert_bytes_equal(
+                got, want[fmt]["nosat"], f"{fmt} scale {scale} non-saturating vs cuda_fp8.hpp ({backend})"
+            )
             every = tbq.dequantize(np.arange(256, dtype=np.uint8), fmt, scale=scale, backend=backend)
             assert_bits_equal(every, want[fmt]["decode"], f"{fmt} scale {scale} decode vs cuda_fp8.hpp ({backend})")
 
@@ -186,7 +196,9 @@ def test_the_scale_divides(backend, scale):
     g = tbq.get_format("fp8_e4m3").grid
     fin = np.unique(np.abs(g.values[np.isfinite(g.values)]).astype(np.float64))
     mids = ((fin[:-1] + fin[1:]) / 2 * np.float64(s)).astype(np.float32).view(np.uint32)
-    x = np.concatenate([(mids.astype(np.int64) + k).astype(np.uint32) for k in range(-64, 65)]).view(np.float32)  # inputs next to rounding midpoints
+    x = np.concatenate([(mids.astype(np.int64) + k).astype(np.uint32) for k in range(-64, 65)]).view(
+        np.float32
+    )  # inputs next to rounding midpoints
     div, mul = x / s, x * (np.float32(1) / s)
     from tbq.formats.fp8 import fp8_codes
 
@@ -226,8 +238,20 @@ def test_scale_option(fmt):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_specials(backend):
     y = lambda fmt, b, s=1.0: tbq.dequantize(np.uint8(b), fmt, scale=s, backend=backend).view(np.uint32).tolist()  # noqa: E731
-    assert y("fp8_e4m3", [0x7F, 0xFF, 0x80, 0x7E, 0x01], 2.0) == [0x7FFFFFFF, 0x7FFFFFFF, 0x80000000, f32(0).dtype.type(896).view(np.uint32), f32(0).dtype.type(2.0**-8).view(np.uint32)]
-    assert y("fp8_e5m2", [0x7C, 0xFC, 0x7D, 0xFE, 0x7B]) == [0x7F800000, 0xFF800000, 0x7FFFFFFF, 0x7FFFFFFF, np.float32(57344).view(np.uint32)]
+    assert y("fp8_e4m3", [0x7F, 0xFF, 0x80, 0x7E, 0x01], 2.0) == [
+        0x7FFFFFFF,
+        0x7FFFFFFF,
+        0x80000000,
+        f32(0).dtype.type(896).view(np.uint32),
+        f32(0).dtype.type(2.0**-8).view(np.uint32),
+    ]
+    assert y("fp8_e5m2", [0x7C, 0xFC, 0x7D, 0xFE, 0x7B]) == [
+        0x7F800000,
+        0xFF800000,
+        0x7FFFFFFF,
+        0x7FFFFFFF,
+        np.float32(57344).view(np.uint32),
+    ]
 
 
 def test_c_kernel_matches(tmp_path):
@@ -239,17 +263,35 @@ def test_c_kernel_matches(tmp_path):
     x = _hard_values()
     for scale, sat in ((1.0, 0), (0.0173, 1)):
         lib = tmp_path / f"libfp8_{sat}.so"
-        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-ffp-contract=off", f"-DFP8_SCALE={float(np.float32(scale)).hex()}f",
-                        f"-DFP8_SATURATE={sat}", str(C_DIR / "fp8.c"), "-o", str(lib)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                cc,
+                "-O2",
+                "-shared",
+                "-fPIC",
+                "-ffp-contract=off",
+                f"-DFP8_SCALE={float(np.float32(scale)).hex()}f",
+                f"-DFP8_SATURATE={sat}",
+                str(C_DIR / "fp8.c"),
+                "-o",
+                str(lib),
+            ],
+            check=True,
+            capture_output=True,
+        )
         dll = ctypes.CDLL(str(lib))
         for fmt in FORMATS:
             want = tbq.quantize(x, fmt, scale=scale, on_overflow="saturate" if sat else "inf")
             got = np.zeros_like(want)
-            getattr(dll, f"quantize_row_{fmt}_ref")(x.ctypes.data_as(ctypes.c_void_p), got.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(x.size))
+            getattr(dll, f"quantize_row_{fmt}_ref")(
+                x.ctypes.data_as(ctypes.c_void_p), got.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(x.size)
+            )
             assert_bytes_equal(got, want, f"tests/c/fp8.c {fmt} scale {scale}")
             b = np.arange(256, dtype=np.uint8)
             yc = np.zeros(256, np.float32)
-            getattr(dll, f"dequantize_row_{fmt}")(b.ctypes.data_as(ctypes.c_void_p), yc.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(256))
+            getattr(dll, f"dequantize_row_{fmt}")(
+                b.ctypes.data_as(ctypes.c_void_p), yc.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(256)
+            )
             assert_bits_equal(yc, tbq.dequantize(b, fmt, scale=scale), f"tests/c/fp8.c {fmt} decode")
 
 
@@ -261,9 +303,35 @@ def test_tbq_check_cli_with_the_scale_option(tmp_path, capsys):
     from tbq.cli import main
 
     lib = tmp_path / "libfp8.so"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-ffp-contract=off", f"-DFP8_SCALE={float(np.float32(0.0173)).hex()}f",
-                    str(C_DIR / "fp8.c"), "-o", str(lib)], check=True, capture_output=True)
-    common = ["check", "--lib", str(lib), "--format", "fp8_e5m2", "--examples", "0", "--blocks", "2000", "--quiet", "--out", str(tmp_path / "o")]
+    subprocess.run(
+        [
+            cc,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-ffp-contract=off",
+            f"-DFP8_SCALE={float(np.float32(0.0173)).hex()}f",
+            str(C_DIR / "fp8.c"),
+            "-o",
+            str(lib),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    common = [
+        "check",
+        "--lib",
+        str(lib),
+        "--format",
+        "fp8_e5m2",
+        "--examples",
+        "0",
+        "--blocks",
+        "2000",
+        "--quiet",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert main(common + ["--option", "scale=0.0173"]) == 0
     assert main(common) == 1  # the default scale 1.0 is not what this kernel divides by
     capsys.readouterr()
@@ -282,6 +350,8 @@ def test_golden_records_the_scale_and_regenerates_bit_for_bit(tmp_path):
         for key in z.files:
             assert z[key].tobytes() == np.asarray(again.arrays[key]).tobytes(), key
         x = z["input"].view(np.float32).reshape(-1)
-        assert_bytes_equal(z["bytes"].reshape(-1), tbq.quantize(x, "fp8_e4m3", scale=0.0173, on_overflow="saturate"), "golden bytes")
+        assert_bytes_equal(
+            z["bytes"].reshape(-1), tbq.quantize(x, "fp8_e4m3", scale=0.0173, on_overflow="saturate"), "golden bytes"
+        )
     with pytest.raises(tbq.ConfigError, match="the formats that take it: fp8_e4m3, fp8_e5m2"):
         generate(tmp_path / "h", formats=["q8_0"], options={"scale": 2.0})

@@ -100,12 +100,14 @@ def _around(points, ulps):
 
 
 def test_midpoint_count_equals_the_c_search_around_every_midpoint():
-    a = np.concatenate([
-        _around(IQ4_NL_MIDPOINTS, 64),
-        _around(K, 64),
-        _around([0.0, -0.0, 127.0, -130.0, 114.0], 8),
-        np.random.default_rng(3).uniform(-130, 130, 1 << 20).astype(np.float32),
-    ])
+    a = np.concatenate(
+        [
+            _around(IQ4_NL_MIDPOINTS, 64),
+            _around(K, 64),
+            _around([0.0, -0.0, 127.0, -130.0, 114.0], 8),
+            np.random.default_rng(3).uniform(-130, 130, 1 << 20).astype(np.float32),
+        ]
+    )
     got = np.empty(a.size, np.int32)
     _kernel_best(a, got)
     want = iq4_nl_best(a)

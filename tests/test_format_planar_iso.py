@@ -60,8 +60,19 @@ def test_shipped_tables_are_the_conformance_tables():
     raw = json.loads((DATA / "tables-planar-iso.json").read_text())
     shipped = planar_iso_tables()
     assert "cuda" not in shipped and not any(k.startswith("cuda") for k in shipped)
-    for key in ("eps_1e-10f", "centroids_3bit", "centroids_4bit", "givens_cos", "givens_sin", "quat_w", "quat_x", "quat_y", "quat_z",
-                "derived_thresholds_3bit", "derived_thresholds_4bit"):
+    for key in (
+        "eps_1e-10f",
+        "centroids_3bit",
+        "centroids_4bit",
+        "givens_cos",
+        "givens_sin",
+        "quat_w",
+        "quat_x",
+        "quat_y",
+        "quat_z",
+        "derived_thresholds_3bit",
+        "derived_thresholds_4bit",
+    ):
         assert_bits_equal(shipped[key], _json_f32(raw[key]), key)
     assert shipped["eps_1e-10f"].view(np.uint32)[0] == 0x2EDBE6FF
     # the spec's quirk: the middle thresholds sit one ulp above 2**-30 / 2**-32
@@ -155,7 +166,9 @@ def test_threshold_form_equals_the_nearest_centroid_search(bits):
     pat = rng.integers(0, 0x3FC00001, 300_000, dtype=np.uint32) | (rng.integers(0, 2, 300_000, dtype=np.uint32) << 31)
     special = np.array([0.0, -0.0, 2.0**-30, -(2.0**-30), 2.0**-32, 1e-45, -1e-45, 1.5, -1.5, 1.0, -1.0, np.nan], F32)
     every = np.concatenate([r, rand, pat.view(F32), special, C, (C[1:] + C[:-1]) / F32(2)])
-    assert_bytes_equal(threshold_index(every, thr), literal_search(every, C), f"{bits}-bit threshold form vs the literal search")
+    assert_bytes_equal(
+        threshold_index(every, thr), literal_search(every, C), f"{bits}-bit threshold form vs the literal search"
+    )
     # the naive model's scalar loop agrees too (a sample)
     for v in np.concatenate([special, r[::97]]):
         assert nearest(v, list(C)) == int(threshold_index(np.array([v]), thr)[0]), v
@@ -187,12 +200,16 @@ def test_zero_and_underflowing_blocks_are_the_zero_block(fmt):
     zero = bytes([0, 0]) + ZERO_PAYLOAD[bits_of(fmt)]
     rng = np.random.default_rng(2)
     g = rng.standard_normal((4, 128)).astype(F32)
-    x = np.stack([
-        np.zeros(128, F32),
-        np.full(128, -0.0, F32),
-        g[0] * F32(1e-40),  # subnormal inputs: every square underflows, norm^2 = 0
-        g[1] / np.sqrt((g[1].astype(np.float64) ** 2).sum()).astype(F32) * F32(9e-11),  # 1e-19 < norm <= 1e-10: inv = 0
-    ])
+    x = np.stack(
+        [
+            np.zeros(128, F32),
+            np.full(128, -0.0, F32),
+            g[0] * F32(1e-40),  # subnormal inputs: every square underflows, norm^2 = 0
+            g[1]
+            / np.sqrt((g[1].astype(np.float64) ** 2).sum()).astype(F32)
+            * F32(9e-11),  # 1e-19 < norm <= 1e-10: inv = 0
+        ]
+    )
     q = _both(fmt, x)
     for i in range(len(x)):
         assert bytes(q[i]) == zero, (fmt, i, bytes(q[i]).hex())
@@ -328,8 +345,14 @@ def test_random_bytes_decode_like_the_naive_model(fmt):
 
 # One output line = sum of (sign, coefficient table, input slot), evaluated left to right.
 LINES = {
-    ("givens", "forward"): [[(1, "givens_cos", 0), (-1, "givens_sin", 1)], [(1, "givens_sin", 0), (1, "givens_cos", 1)]],
-    ("givens", "inverse"): [[(1, "givens_cos", 0), (1, "givens_sin", 1)], [(-1, "givens_sin", 0), (1, "givens_cos", 1)]],
+    ("givens", "forward"): [
+        [(1, "givens_cos", 0), (-1, "givens_sin", 1)],
+        [(1, "givens_sin", 0), (1, "givens_cos", 1)],
+    ],
+    ("givens", "inverse"): [
+        [(1, "givens_cos", 0), (1, "givens_sin", 1)],
+        [(-1, "givens_sin", 0), (1, "givens_cos", 1)],
+    ],
     ("quat", "forward"): [
         [(1, "quat_w", 0), (-1, "quat_x", 1), (-1, "quat_y", 2), (-1, "quat_z", 3)],
         [(1, "quat_w", 1), (1, "quat_x", 0), (1, "quat_y", 3), (-1, "quat_z", 2)],
@@ -408,7 +431,9 @@ def test_decode_tolerance_covers_fused_decoders(fmt):
         if var[0] == 0 and not any(var[1]):
             assert_bits_equal(yv, y, f"{fmt}: the strict emulation is the C decoder")
         worst = np.maximum(worst, np.abs(yv.astype(np.float64) - y))
-    assert (worst <= tol).all(), f"{fmt}: an FMA decoder lands {np.max(worst / np.where(tol > 0, tol, 1)):.3g}x beyond the bound"
+    assert (worst <= tol).all(), (
+        f"{fmt}: an FMA decoder lands {np.max(worst / np.where(tol > 0, tol, 1)):.3g}x beyond the bound"
+    )
     # contraction really changes decoded bits (the spec: every row with d != 0), and the bound is tight:
     # within ~4x of the measured 1.14 * 2**-24 * d
     assert (worst[nz] > 0).any(axis=1).mean() > 0.9

@@ -14,7 +14,9 @@ LAYOUT = {"q4_1": (15, 2), "q5_1": (31, 2), "q5_0": (16, None)}
 
 def oracle_data(dist: str, fmt: str) -> np.ndarray:
     """~1M float32 values, rows of 128, of one distribution; ``ties`` puts values exactly on code boundaries."""
-    rng = np.random.default_rng({"gaussian": 21, "student_t": 22, "tiny": 23, "large": 24, "ties": 25, "zeros": 26}[dist])
+    rng = np.random.default_rng(
+        {"gaussian": 21, "student_t": 22, "tiny": 23, "large": 24, "ties": 25, "zeros": 26}[dist]
+    )
     shape = (N // 128, 128)
     if dist == "gaussian":
         return rng.standard_normal(shape, dtype=np.float32)
@@ -28,7 +30,9 @@ def oracle_data(dist: str, fmt: str) -> np.ndarray:
     if dist == "zeros":  # signed zeros: all-zero blocks of random signs, and blocks whose minimum is a zero
         x = np.where(rng.random((nb, 32)) < 0.5, np.float32(-0.0), np.float32(0.0)).astype(np.float32)
         pos = rng.random(nb) < 0.5
-        x[pos] = np.where(rng.random((int(pos.sum()), 32)) < 0.3, x[pos], np.abs(rng.standard_normal((int(pos.sum()), 32)))).astype(np.float32)
+        x[pos] = np.where(
+            rng.random((int(pos.sum()), 32)) < 0.3, x[pos], np.abs(rng.standard_normal((int(pos.sum()), 32)))
+        ).astype(np.float32)
         return x.reshape(-1, 128)
     # ties: per block a power-of-two step s; for the min formats min = -h*s, max = (levels - h)*s, values
     # (k + 1/2)*s in between, so (x - min)/d is exactly a half-integer; for q5_0 the Q4_0 construction with 16
@@ -72,7 +76,9 @@ def compare_with_gguf(fmt: str, x: np.ndarray, q: np.ndarray, ref: np.ndarray) -
         assert (qb[allzero, :2] == [0x00, 0x80]).all(), "C's zero block has max = +0, d = -0"
     else:
         zmin = xb.min(axis=1) == 0
-        assert np.array_equal((qb[zmin, 3] & 0x80) != 0, first_zero_negative(xb[zmin])), "m carries the first zero's sign"
+        assert np.array_equal((qb[zmin, 3] & 0x80) != 0, first_zero_negative(xb[zmin])), (
+            "m carries the first zero's sign"
+        )
         assert (qb[allzero, :2] == 0).all(), "an all-zero block has d = x0 - x0 = +0"
     bad = np.flatnonzero((qb != rb).any(axis=1))
     if not bad.size:
@@ -99,7 +105,9 @@ def gguf_case(fmt, dist, backends=BACKENDS):
     for backend in backends:
         q = tbq.quantize(x, fmt, backend=backend)
         allowed = compare_with_gguf(fmt, x, q, ref)
-        assert_bits_equal(tbq.dequantize(ref, fmt, backend=backend), quants.dequantize(ref, qtype), f"{fmt} {dist} {backend} decode")
+        assert_bits_equal(
+            tbq.dequantize(ref, fmt, backend=backend), quants.dequantize(ref, qtype), f"{fmt} {dist} {backend} decode"
+        )
         if dist == "zeros":
             assert allowed > 0, f"{backend}: the zeros data should hit the documented signed-zero difference"
         else:

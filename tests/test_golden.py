@@ -27,7 +27,9 @@ CONSUMER = ROOT / "docs" / "examples" / "check_golden.c"
 FORMATS = ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
 CC = shutil.which("gcc") or shutil.which("cc")
 CXX = shutil.which("g++") or shutil.which("c++")
-needs_cc = pytest.mark.skipif(CC is None, reason="no C compiler (gcc/cc) on PATH: the header and C-consumer checks need one")
+needs_cc = pytest.mark.skipif(
+    CC is None, reason="no C compiler (gcc/cc) on PATH: the header and C-consumer checks need one"
+)
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++/c++) on PATH")
 
 
@@ -49,8 +51,15 @@ def gdir(tmp_path_factory):
     """
     d = tmp_path_factory.mktemp("golden")
     summary = golden.generate(
-        d, formats=FORMATS, attention=True, attention_pairs=[("tbq4_0", "tbq4_0"), ("q8_0", "tbq3_0")], tokens=12, n_head=4, n_head_kv=2,
-        n_sink=2, sink_format="q8_0",
+        d,
+        formats=FORMATS,
+        attention=True,
+        attention_pairs=[("tbq4_0", "tbq4_0"), ("q8_0", "tbq3_0")],
+        tokens=12,
+        n_head=4,
+        n_head_kv=2,
+        n_sink=2,
+        sink_format="q8_0",
     )
     golden.write_set(golden.build_attention("tbq4_0", "q4_0", tokens=8, n_head=2, n_head_kv=1), d)
     return d, summary
@@ -113,8 +122,10 @@ def test_bytes_and_decoded_are_the_library_codecs(gdir, fmt):
         y = tbq.dequantize(a["bytes"], fmt, backend=backend, **cfg)
         assert np.array_equal(y.view(np.uint32), a["decoded"].view(np.uint32)), (fmt, backend)
     # the codec rebuilt from the manifest's exact config is the codec of the named config
-    assert tbq.codec_from_config(m["codec_config"]).get_config() == tbq.get_codec(fmt, **{
-        k: v for k, v in m["codec_config_named"].items() if k != "name"}).get_config()
+    assert (
+        tbq.codec_from_config(m["codec_config"]).get_config()
+        == tbq.get_codec(fmt, **{k: v for k, v in m["codec_config_named"].items() if k != "name"}).get_config()
+    )
 
 
 def test_edge_scales_are_finite_and_inputs_hold_negative_zero(gdir):
@@ -145,9 +156,14 @@ def test_manifest_is_complete(gdir):
             codec = tbq.get_codec(fmt)  # defaults: lloyd-max codebook, turboq-mtp signs
             cb = m["codec_config"]["codebook"]
             assert np.array_equal(np.float32(cb["centroids"]).view(np.uint32), codec.codebook.centroids.view(np.uint32))
-            assert np.array_equal(np.float32(cb["thresholds"]).view(np.uint32), codec.codebook.thresholds.view(np.uint32))
+            assert np.array_equal(
+                np.float32(cb["thresholds"]).view(np.uint32), codec.codebook.thresholds.view(np.uint32)
+            )
             assert m["codec_config"]["signs"]["signs1"] == codec.rotation.signs1.tolist()
-            assert m["tables"]["centroids"]["float32_bits"][0] == f"0x{int(codec.codebook.centroids.view(np.uint32)[0]):08x}"
+            assert (
+                m["tables"]["centroids"]["float32_bits"][0]
+                == f"0x{int(codec.codebook.centroids.view(np.uint32)[0]):08x}"
+            )
     assert golden.verify(d) == []
 
 
@@ -161,7 +177,19 @@ def test_regenerate_from_manifest_bit_for_bit(gdir, tmp_path):
         assert got == want, mp.name
         assert gs.header == (d / f"{gs.name}.h").read_text(), mp.name
     # the CLI does the same and writes identical files
-    assert run_golden(["--out", str(tmp_path), "--quiet", "--from-manifest", str(d / "tbq3_0.json"), str(d / "attention_q8_0_tbq3_0.json")]) == 0
+    assert (
+        run_golden(
+            [
+                "--out",
+                str(tmp_path),
+                "--quiet",
+                "--from-manifest",
+                str(d / "tbq3_0.json"),
+                str(d / "attention_q8_0_tbq3_0.json"),
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "tbq3_0.h").read_text() == (d / "tbq3_0.h").read_text()
     assert golden.verify(tmp_path) == []
 
@@ -234,7 +262,10 @@ def test_header_literals_are_the_arrays_exactly(gdir):
     assert np.array_equal(h["tbq_golden_tbq4_0_signs2"], tbq.get_codec("tbq4_0").rotation.signs2)
     a, _ = load(d, "attention_q8_0_tbq3_0")
     h = header_arrays((d / "attention_q8_0_tbq3_0.h").read_text())
-    assert np.array_equal(h["tbq_golden_attention_q8_0_tbq3_0_out_dequantized"].view(np.uint64), a["out_dequantized"].reshape(-1).view(np.uint64))
+    assert np.array_equal(
+        h["tbq_golden_attention_q8_0_tbq3_0_out_dequantized"].view(np.uint64),
+        a["out_dequantized"].reshape(-1).view(np.uint64),
+    )
     assert np.array_equal(h["tbq_golden_attention_q8_0_tbq3_0_k_sink"], a["k_sink"].reshape(-1))
 
 
@@ -256,7 +287,11 @@ def test_headers_compile_warning_free_in_c(gdir, tmp_path):
     assert len(headers) == 7
     src = tmp_path / "all.c"
     src.write_text("".join(f'#include "{h}"\n' for h in headers) + "int main(void) { return 0; }\n")
-    compile_run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(d), "-c", str(src), "-o", "all.o"], tmp_path, run=False)
+    compile_run(
+        [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(d), "-c", str(src), "-o", "all.o"],
+        tmp_path,
+        run=False,
+    )
 
 
 @needs_cxx
@@ -264,7 +299,9 @@ def test_headers_compile_warning_free_in_cpp(gdir, tmp_path):
     d, _ = gdir
     src = tmp_path / "all.cpp"
     src.write_text("".join(f'#include "{p.name}"\n' for p in sorted(d.glob("*.h"))) + "int main() { return 0; }\n")
-    compile_run([CXX, "-std=c++17", "-Wall", "-Werror", "-I", str(d), "-c", str(src), "-o", "all.o"], tmp_path, run=False)
+    compile_run(
+        [CXX, "-std=c++17", "-Wall", "-Werror", "-I", str(d), "-c", str(src), "-o", "all.o"], tmp_path, run=False
+    )
 
 
 @needs_cc
@@ -282,7 +319,9 @@ def test_headers_from_two_translation_units_link(gdir, tmp_path):
         "  for (i = 0; i < TBQ_GOLDEN_Q4_0_BLOCKS * TBQ_GOLDEN_Q4_0_TYPE_SIZE; i++) n += tbq_golden_q4_0_bytes[i];\n"
         "  return n; }\n"
     )
-    r = compile_run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(d), "a.c", "b.c", "-o", "a.out"], tmp_path)
+    r = compile_run(
+        [CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-I", str(d), "a.c", "b.c", "-o", "a.out"], tmp_path
+    )
     assert r.returncode == 0, r.stderr
     a4, _ = load(d, "tbq4_0")
     a0, _ = load(d, "q4_0")
@@ -298,8 +337,25 @@ def build_consumer(gen_dir: Path, work: Path, *extra) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     exe = work / "check_golden"
     subprocess.run(
-        [CC, "-std=c11", "-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Werror", *extra, "-I", str(gen_dir), str(CONSUMER), "-o", str(exe), "-lm"],
-        check=True, capture_output=True, text=True,
+        [
+            CC,
+            "-std=c11",
+            "-O2",
+            "-ffp-contract=off",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            *extra,
+            "-I",
+            str(gen_dir),
+            str(CONSUMER),
+            "-o",
+            str(exe),
+            "-lm",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
     )
     return exe
 
@@ -347,9 +403,14 @@ def test_fragility_masks_absorb_kernel_arithmetic_and_are_needed(tmp_path):
     tolerated = [int(x) for x in re.findall(r"tolerated (\d+)", outs[8].stdout)]
     assert sum(tolerated) > 0
     # without masks the same encoder fails, on codes it would otherwise have been allowed
-    rows = {m[0]: (int(m[1]), int(m[2]), int(m[3]), m[4])
-            for m in re.findall(r"^(\w+)\s+blocks .*decode mismatches (\d+) .*codes exact \d+ tolerated (\d+) .*failures (\d+)  (PASS|FAIL)$",
-                                outs[0].stdout, flags=re.M)}
+    rows = {
+        m[0]: (int(m[1]), int(m[2]), int(m[3]), m[4])
+        for m in re.findall(
+            r"^(\w+)\s+blocks .*decode mismatches (\d+) .*codes exact \d+ tolerated (\d+) .*failures (\d+)  (PASS|FAIL)$",
+            outs[0].stdout,
+            flags=re.M,
+        )
+    }
     assert len(rows) == 4, outs[0].stdout
     assert outs[0].returncode == 1 and "FAILED" in outs[0].stdout
     assert sum(f for _, _, f, _ in rows.values()) > 0
@@ -488,7 +549,9 @@ def test_tbq_mask_is_the_literal_ulp_definition_without_floor(fmt):
     data = codec.encode(xb)
     r = np.array([naive.encode_block(codec.format, row)[1]["r"] for row in xb])  # the slow model's own r
     thr = codec.codebook.thresholds.astype(np.float64)
-    assert np.array_equal(codec.codebook.index(r), (unpack4_pairs if fmt == "tbq4_0" else unpack3)(data[:, 2:], backend="numpy"))
+    assert np.array_equal(
+        codec.codebook.index(r), (unpack4_pairs if fmt == "tbq4_0" else unpack3)(data[:, 2:], backend="numpy")
+    )
     for k in (1, 4, 64):
         want = brute_force_mask(lambda y: np.searchsorted(thr, y, side="right"), r, k)
         got = golden.fragility(codec, xb, data, k, ulp_floor=0.0)["fragile"].astype(bool)
@@ -552,13 +615,48 @@ def test_summary_counts_are_the_masks(gdir):
 def test_cli_writes_files_progress_and_table(tmp_path, capsys, monkeypatch):
     import tbq.progress
 
-    monkeypatch.setattr(tbq.progress, "stderr_is_terminal", lambda stream=None: True)  # progress only draws on a terminal
+    monkeypatch.setattr(
+        tbq.progress, "stderr_is_terminal", lambda stream=None: True
+    )  # progress only draws on a terminal
     out = tmp_path / "o"
-    assert run_golden(["--formats", "q8_0,tbq4_0", "--families", "gaussian,edge", "--rows-per-family", "3", "--seed", "2",
-                       "--codebook", "turboq-mtp", "--signs", "17", "-k", "2", "--attention", "--attention-pairs", "q4_0:tbq4_0",
-                       "--tokens", "5", "--heads", "4", "--kv-heads", "4", "--n-sink", "1", "--out", str(out)]) == 0
+    assert (
+        run_golden(
+            [
+                "--formats",
+                "q8_0,tbq4_0",
+                "--families",
+                "gaussian,edge",
+                "--rows-per-family",
+                "3",
+                "--seed",
+                "2",
+                "--codebook",
+                "turboq-mtp",
+                "--signs",
+                "17",
+                "-k",
+                "2",
+                "--attention",
+                "--attention-pairs",
+                "q4_0:tbq4_0",
+                "--tokens",
+                "5",
+                "--heads",
+                "4",
+                "--kv-heads",
+                "4",
+                "--n-sink",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
-    assert "format  family" in cap.out and "fragile values  fragile scales" in cap.out and "fragile blocks" not in cap.out
+    assert (
+        "format  family" in cap.out and "fragile values  fragile scales" in cap.out and "fragile blocks" not in cap.out
+    )
     assert golden.generate.__globals__["SUMMARY_NOTE"] in cap.out  # lines under the table explain both counts
     assert all(len(line) <= 100 for line in cap.out.splitlines())  # the tables fit 100 columns
     assert re.search(r"tbq4_0\s+edge\s+3\s+384", cap.out)
@@ -567,7 +665,8 @@ def test_cli_writes_files_progress_and_table(tmp_path, capsys, monkeypatch):
     assert "tbq golden: 3/4 tbq4_0" in cap.err and "tbq golden: 4/4 attention q4_0/tbq4_0" in cap.err
     assert "tbq golden" not in cap.out
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        f"{s}.{e}" for s in ("q8_0", "tbq4_0", "attention_q4_0_tbq4_0") for e in ("npz", "json", "h"))
+        f"{s}.{e}" for s in ("q8_0", "tbq4_0", "attention_q4_0_tbq4_0") for e in ("npz", "json", "h")
+    )
     m = json.loads((out / "tbq4_0.json").read_text())
     assert m["codec_config_named"]["codebook"] == "turboq-mtp" and m["fragility"]["k"] == 2
     assert m["generator"]["seed"] == 2 and [f["seed"] for f in m["generator"]["families"]] == [2001, 2004]
@@ -578,11 +677,29 @@ def test_cli_writes_files_progress_and_table(tmp_path, capsys, monkeypatch):
 
 def test_cli_codebook_and_signs_from_json(tmp_path, capsys):
     cb = tbq.get_codec("tbq3_0", codebook="turboq-mtp").codebook
-    (tmp_path / "cb.json").write_text(json.dumps({"tbq3_0": {"centroids": cb.centroids.tolist(), "thresholds": cb.thresholds.tolist()}}))
+    (tmp_path / "cb.json").write_text(
+        json.dumps({"tbq3_0": {"centroids": cb.centroids.tolist(), "thresholds": cb.thresholds.tolist()}})
+    )
     s1, s2 = tbq.get_codec("tbq3_0", signs=3).rotation.signs1, tbq.get_codec("tbq3_0", signs=3).rotation.signs2
     (tmp_path / "signs.json").write_text(json.dumps({"signs1": s1.tolist(), "signs2": s2.tolist()}))
-    assert run_golden(["--formats", "tbq3_0", "--rows-per-family", "1", "--quiet", "--codebook", str(tmp_path / "cb.json"),
-                       "--signs", str(tmp_path / "signs.json"), "--out", str(tmp_path / "o")]) == 0
+    assert (
+        run_golden(
+            [
+                "--formats",
+                "tbq3_0",
+                "--rows-per-family",
+                "1",
+                "--quiet",
+                "--codebook",
+                str(tmp_path / "cb.json"),
+                "--signs",
+                str(tmp_path / "signs.json"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == ""
     a, m = load(tmp_path / "o", "tbq3_0")
     assert np.array_equal(tbq.quantize(a["input"], "tbq3_0", codebook="turboq-mtp", signs=3), a["bytes"])
@@ -687,12 +804,22 @@ def test_cli_refuses_an_unwritable_out(tmp_path, capsys, monkeypatch):
 def test_cli_bad_manifests_exit_2_with_one_line(tmp_path, capsys):
     (tmp_path / "list.json").write_text("[1, 2]")
     (tmp_path / "other.json").write_text(json.dumps({"kind": "something else", "arrays": {}}))
-    (tmp_path / "cut.json").write_text(json.dumps({"kind": "tbq-golden-format", "arrays": {"input": {"sha256": "0" * 64}}}))
+    (tmp_path / "cut.json").write_text(
+        json.dumps({"kind": "tbq-golden-format", "arrays": {"input": {"sha256": "0" * 64}}})
+    )
     out = str(tmp_path / "o")
-    assert "cannot read the manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "missing.json"), "--out", out])
-    assert "not a tbq golden manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "list.json"), "--out", out])
-    assert "not a tbq golden manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "other.json"), "--out", out])
-    assert "incomplete tbq golden manifest" in _cli_error(capsys, ["--from-manifest", str(tmp_path / "cut.json"), "--out", out])
+    assert "cannot read the manifest" in _cli_error(
+        capsys, ["--from-manifest", str(tmp_path / "missing.json"), "--out", out]
+    )
+    assert "not a tbq golden manifest" in _cli_error(
+        capsys, ["--from-manifest", str(tmp_path / "list.json"), "--out", out]
+    )
+    assert "not a tbq golden manifest" in _cli_error(
+        capsys, ["--from-manifest", str(tmp_path / "other.json"), "--out", out]
+    )
+    assert "incomplete tbq golden manifest" in _cli_error(
+        capsys, ["--from-manifest", str(tmp_path / "cut.json"), "--out", out]
+    )
 
 
 def test_cli_help_shows_every_default():
@@ -722,9 +849,18 @@ def test_rows_per_family_and_its_old_name_blocks(tmp_path):
 
 def test_generate_reports_progress_and_prints_nothing(tmp_path, capsys):
     seen = []
-    golden.generate(tmp_path, formats=["q8_0", "q4_0"], families=["gaussian"], rows_per_family=1,
-                    attention=True, attention_pairs="q8_0:q8_0", tokens=2, n_head=1, n_head_kv=1,
-                    progress=lambda label, done, total: seen.append((label, done, total)))
+    golden.generate(
+        tmp_path,
+        formats=["q8_0", "q4_0"],
+        families=["gaussian"],
+        rows_per_family=1,
+        attention=True,
+        attention_pairs="q8_0:q8_0",
+        tokens=2,
+        n_head=1,
+        n_head_kv=1,
+        progress=lambda label, done, total: seen.append((label, done, total)),
+    )
     assert seen == [("inputs", 1, 4), ("q8_0", 2, 4), ("q4_0", 3, 4), ("attention q8_0/q8_0", 4, 4)]
     assert capsys.readouterr() == ("", "")
     with pytest.raises(TbqTypeError, match="progress"):
@@ -749,7 +885,9 @@ def test_attention_golden_outputs(gdir):
     a, m = load(d, "attention_q8_0_tbq3_0")
     assert a["k_sink"].shape == (2, 2, 136) and a["k_bytes"].shape == (10, 2, 136) and a["v_bytes"].shape == (10, 2, 50)
     K = KVCache("q8_0", a["k_bytes"], 128, {}, a["k_sink"], "q8_0")
-    V = KVCache("tbq3_0", a["v_bytes"], 128, {k: v for k, v in m["v_config"].items() if k != "name"}, a["v_sink"], "q8_0")
+    V = KVCache(
+        "tbq3_0", a["v_bytes"], 128, {k: v for k, v in m["v_config"].items() if k != "name"}, a["v_sink"], "q8_0"
+    )
     ref = attention_dequantized(a["q"], K, V)
     assert np.array_equal(ref, a["out_dequantized"])
     assert np.max(np.abs(a["out_rotated_f64"] - ref)) < 1e-12
@@ -775,14 +913,33 @@ def test_golden_trace_fields_equal_the_encoder_on_zero_and_tie_edges(tmp_path, f
     """
     gs = golden.build_format(fmt, rows_per_family=len(golden.EDGE_KINDS), families=["edge"], seed=3)
     a = gs.arrays
-    kinds = [golden.EDGE_KINDS.index(k) for k in ("zero", "neg_zero", "const_0.5", "const_-0.5", "q4_ties", "q8_ties", "maxabs_sign_tie", "fp16_tie_q4", "fp16_tie_q8", "fp16_tie_tbq4")]
+    kinds = [
+        golden.EDGE_KINDS.index(k)
+        for k in (
+            "zero",
+            "neg_zero",
+            "const_0.5",
+            "const_-0.5",
+            "q4_ties",
+            "q8_ties",
+            "maxabs_sign_tie",
+            "fp16_tie_q4",
+            "fp16_tie_q8",
+            "fp16_tie_tbq4",
+        )
+    ]
     rows = np.flatnonzero(np.isin(a["kind"], kinds))
     assert rows.size >= len(kinds)
     f = tbq.get_format(fmt)
     for i in rows:
         b, tr = naive.encode_block(f, a["input"][i])
         assert bytes(a["bytes"][i]) == b, (fmt, i)
-        assert np.float32(a["scale_f32"][i]).view(np.uint32) == np.float32(tr["d"]).view(np.uint32), (fmt, i, a["scale_f32"][i], tr["d"])
+        assert np.float32(a["scale_f32"][i]).view(np.uint32) == np.float32(tr["d"]).view(np.uint32), (
+            fmt,
+            i,
+            a["scale_f32"][i],
+            tr["d"],
+        )
         if "norm" in a:
             assert np.float32(a["norm"][i]).view(np.uint32) == np.float32(tr["norm"]).view(np.uint32), (fmt, i)
     if fmt == "q4_0":

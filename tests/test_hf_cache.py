@@ -163,6 +163,7 @@ def test_stored_bytes_are_tbq_quantize_of_llama_cpp_rows(model, ids, k, v):
     cache = TbqCache(model.config, k, v)
     kv = _run_kv(model, ids, cache)
     assert len(kv) == 3
+
     def opts(f):
         return {"codebook": "turboq-mtp"} if f.startswith("tbq") else {}  # the fork's own tables
 
@@ -300,7 +301,10 @@ def test_rotation_order_and_hadamard():
     torch.testing.assert_close(eng.rotate(x, 128).double(), want, rtol=0, atol=1e-5)
     # and bit for bit the spec's NumPy butterfly
     for n in (64, 128, 256):
-        np.testing.assert_array_equal(eng.rotate(x, n).numpy().view(np.uint32), tbq.rotation.fwht(x.numpy().reshape(-1, n)).reshape(8, 256).view(np.uint32))
+        np.testing.assert_array_equal(
+            eng.rotate(x, n).numpy().view(np.uint32),
+            tbq.rotation.fwht(x.numpy().reshape(-1, n)).reshape(8, 256).view(np.uint32),
+        )
 
 
 def test_the_fused_transform_is_the_separate_steps_bit_for_bit():
@@ -308,8 +312,12 @@ def test_the_fused_transform_is_the_separate_steps_bit_for_bit():
     x = torch.from_numpy((rng.standard_normal((3, 5, 2, 128)) * 4).astype(np.float32))
     perm = eng.gguf_permutation(128)
     stepwise = eng.rotate(x[..., torch.from_numpy(perm)], 128)
-    np.testing.assert_array_equal(eng.transform(x, perm, 128, False).numpy().view(np.uint32), stepwise.numpy().view(np.uint32))
-    np.testing.assert_array_equal(eng.transform(x, perm, 128, False, q8_0=True).numpy(), eng.q8_0_simd(stepwise).numpy())
+    np.testing.assert_array_equal(
+        eng.transform(x, perm, 128, False).numpy().view(np.uint32), stepwise.numpy().view(np.uint32)
+    )
+    np.testing.assert_array_equal(
+        eng.transform(x, perm, 128, False, q8_0=True).numpy(), eng.q8_0_simd(stepwise).numpy()
+    )
     back = eng.rotate(stepwise, 128)[..., torch.from_numpy(np.argsort(perm))]
     np.testing.assert_array_equal(eng.transform(stepwise, perm, 128, True).numpy(), back.numpy())
     np.testing.assert_array_equal(eng.transform(x, None, 64, True).numpy(), eng.rotate(x, 64).numpy())

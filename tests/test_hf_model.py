@@ -106,7 +106,9 @@ def test_the_training_log_records_the_corpus_and_the_held_out_loss():
 def test_the_held_out_text_is_the_standard_library_files_on_this_interpreter():
     log = shipped.train_log()
     if train.platform.python_version() != log["corpus"]["python"]:
-        pytest.skip(f"the corpus is CPython {log['corpus']['python']}'s standard library, this is {train.platform.python_version()}")
+        pytest.skip(
+            f"the corpus is CPython {log['corpus']['python']}'s standard library, this is {train.platform.python_version()}"
+        )
     stdlib = train.stdlib_dir()
     names = train.corpus_files(stdlib)
     assert train.corpus_sha256(stdlib, names) == log["corpus"]["sha256"]
@@ -232,16 +234,51 @@ def test_the_shipped_gguf_is_the_export_of_the_shipped_checkpoint(tmp_path):
 # ------------------------------------------------------------------------------------------ training
 
 
-TINY = ["--steps", "3", "--hidden-size", "32", "--num-layers", "1", "--num-heads", "2", "--num-kv-heads", "1",
-        "--head-dim", "16", "--intermediate-size", "64", "--vocab-size", "300", "--seq-len", "64", "--batch-size", "2",
-        "--max-files", "3", "--log-every", "1", "--warmup", "1", "--eval-max-chunks", "2", "--threads", "1"]
+TINY = [
+    "--steps",
+    "3",
+    "--hidden-size",
+    "32",
+    "--num-layers",
+    "1",
+    "--num-heads",
+    "2",
+    "--num-kv-heads",
+    "1",
+    "--head-dim",
+    "16",
+    "--intermediate-size",
+    "64",
+    "--vocab-size",
+    "300",
+    "--seq-len",
+    "64",
+    "--batch-size",
+    "2",
+    "--max-files",
+    "3",
+    "--log-every",
+    "1",
+    "--warmup",
+    "1",
+    "--eval-max-chunks",
+    "2",
+    "--threads",
+    "1",
+]
 
 
 def test_training_is_deterministic(tmp_path):
     """Two processes (each its own hash seed), one thread each, run side by side: byte-identical results."""
     outs = [tmp_path / "a", tmp_path / "b"]
-    procs = [subprocess.Popen([sys.executable, "-m", "tbq.hf.train", "--out", str(out), *TINY],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for out in outs]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tbq.hf.train", "--out", str(out), *TINY],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for out in outs
+    ]
     for proc in procs:
         output = proc.communicate(timeout=300)[0]
         assert proc.returncode == 0, output.decode(errors="replace")
@@ -257,8 +294,9 @@ def test_training_is_deterministic(tmp_path):
 
 @pytest.fixture(scope="module")
 def llama_cpp(tmp_path_factory):
-    return gguf_export.compare_with_llama_cpp(shipped.MODEL_DIR, LLAMA_CPP, n_ctx=512, n_chunks=4,
-                                              work_dir=tmp_path_factory.mktemp("llama"))
+    return gguf_export.compare_with_llama_cpp(
+        shipped.MODEL_DIR, LLAMA_CPP, n_ctx=512, n_chunks=4, work_dir=tmp_path_factory.mktemp("llama")
+    )
 
 
 @needs_llama_cpp

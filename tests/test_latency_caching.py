@@ -213,7 +213,9 @@ def test_branch_free_fp16_conversion_equals_the_reference_conversion():
     exps = np.arange(256, dtype=np.uint32) << np.uint32(23)
     low = np.uint32([0, 1, 0xFFF, 0x1000, 0x1001, 0x1FFF, 0x2000, 0x3000, 0x7FFFFF, 0x7FF000, 0x7FE000, 0x400000])
     patterns = [(e | m | s) for e in exps for m in low for s in (np.uint32(0), np.uint32(0x80000000))]
-    u = np.concatenate([np.array(patterns, np.uint32), rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32)])
+    u = np.concatenate(
+        [np.array(patterns, np.uint32), rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32)]
+    )
     u = u[(u & np.uint32(0x7FFFFFFF)) <= np.uint32(0x7F800000)]  # finite and +-inf
     a = np.empty(u.size, np.uint16)
     b = np.empty(u.size, np.uint16)

@@ -35,7 +35,14 @@ def x64():
 
 @pytest.mark.parametrize(
     "fmt,backend",
-    [("tbq4_0", "numba"), ("tbq3_0", "numba"), ("q8_0", "numba"), ("q4_0", "numba"), ("q8_0", "numpy"), ("q4_0", "numpy")],
+    [
+        ("tbq4_0", "numba"),
+        ("tbq3_0", "numba"),
+        ("q8_0", "numba"),
+        ("q4_0", "numba"),
+        ("q8_0", "numpy"),
+        ("q4_0", "numpy"),
+    ],
 )
 def test_encode_float64_input_is_converted_chunk_by_chunk(x64, fmt, backend):
     codec = tbq.get_codec(fmt, backend=backend)

@@ -113,7 +113,9 @@ def test_softmax_kl_zero_for_identical_and_shift_positive_otherwise():
 
 def test_softmax_kl_hand_value():
     # KL([.5,.5] || [.25,.75]) = .5 ln 2 + .5 ln(2/3)
-    assert metrics.softmax_kl([0.0, 0.0], [0.0, math.log(3)])[()] == pytest.approx(0.5 * math.log(2) + 0.5 * math.log(2 / 3))
+    assert metrics.softmax_kl([0.0, 0.0], [0.0, math.log(3)])[()] == pytest.approx(
+        0.5 * math.log(2) + 0.5 * math.log(2 / 3)
+    )
 
 
 def test_topk_agreement():
@@ -191,7 +193,9 @@ def test_lloyd_max_distortion_agrees_with_the_library_tables_and_monte_carlo():
 
     for b in (3, 4):
         cb = lloyd_max(b, 1.0)
-        assert metrics.gaussian_distortion(cb.centroids, cb.thresholds) == pytest.approx(metrics.lloyd_max_distortion(b), rel=1e-6)
+        assert metrics.gaussian_distortion(cb.centroids, cb.thresholds) == pytest.approx(
+            metrics.lloyd_max_distortion(b), rel=1e-6
+        )
     x = rng(12).standard_normal(400_000)
     cb = lloyd_max(3, 1.0)
     mc = np.mean((cb.centroids[cb.index(x.astype(np.float32))] - x) ** 2)
@@ -301,8 +305,14 @@ def test_every_shipped_rotated_table_is_at_least_lloyd_max_on_the_gaussian():
     """Lloyd-Max is the global optimum for the (log-concave) Gaussian: every table's ratio is >= 1, at any scale."""
     from tbq.codebooks import SIGMA_128
 
-    for fmt, opts in (("tbq4_0", {}), ("tbq3_0", {}), ("tbq4_0", {"codebook": "turboq-mtp"}), ("tbq3_0", {"codebook": "turboq-mtp"}),
-                      ("planar4_0", {}), ("planar3_0", {})):
+    for fmt, opts in (
+        ("tbq4_0", {}),
+        ("tbq3_0", {}),
+        ("tbq4_0", {"codebook": "turboq-mtp"}),
+        ("tbq3_0", {"codebook": "turboq-mtp"}),
+        ("planar4_0", {}),
+        ("planar3_0", {}),
+    ):
         c = tbq.get_format(fmt, **opts).tables()["centroids"]
         d = metrics.table_distortion(c, sigma=SIGMA_128)
         assert d["ratio"] >= 1 - 1e-6 and 1 - 1e-6 <= d["best_ratio"] <= d["ratio"] + 1e-12, (fmt, opts, d)
@@ -320,6 +330,12 @@ def test_table_distortion_on_samples():
     from tbq.codebooks import lloyd_max
 
     two = [-1.0, 1.0]
-    assert metrics.table_distortion(two, samples=x)["ratio"] == pytest.approx(metrics.table_distortion(two, sigma=1.0)["ratio"], rel=0.01)
+    assert metrics.table_distortion(two, samples=x)["ratio"] == pytest.approx(
+        metrics.table_distortion(two, sigma=1.0)["ratio"], rel=0.01
+    )
     d = metrics.table_distortion(2.0 * lloyd_max(4, 1.0).centroids, samples=x)
-    assert d["ratio"] > 1.5 and d["best_scale"] == pytest.approx(0.5, rel=0.02) and d["best_ratio"] == pytest.approx(1.0, abs=0.01)
+    assert (
+        d["ratio"] > 1.5
+        and d["best_scale"] == pytest.approx(0.5, rel=0.02)
+        and d["best_ratio"] == pytest.approx(1.0, abs=0.01)
+    )

@@ -14,7 +14,13 @@ NB_DIR = ROOT / "notebooks"
 #: figures each notebook saves (through tbq.plots into $TBQ_FIGURE_DIR)
 FIGURES = {
     "formats": ["formats_rate_distortion.png", "formats_attention.png"],
-    "rotation": ["rotation_block.png", "rotation_channels.png", "rotation_error.png", "rotation_planar_iso.png", "rotation_nmse.png"],
+    "rotation": [
+        "rotation_block.png",
+        "rotation_channels.png",
+        "rotation_error.png",
+        "rotation_planar_iso.png",
+        "rotation_nmse.png",
+    ],
     "keys_vs_values": ["kv_context.png", "kv_key_axis.png", "kv_bits.png", "kv_sinks.png"],
     "codebooks": ["codebooks_tables.png", "codebooks_indices.png", "codebooks_shipped.png", "codebooks_ratios.png"],
     "real_model": ["real_kl.png", "real_key_channels.png", "real_layers.png"],
@@ -47,7 +53,9 @@ def test_ipynb_matches_py_and_has_no_outputs(name):
     )
     for c in committed.cells:
         if c.cell_type == "code":
-            assert c.outputs == [] and c.execution_count is None, f"{name}.ipynb has outputs: strip them (run_all.py --sync)"
+            assert c.outputs == [] and c.execution_count is None, (
+                f"{name}.ipynb has outputs: strip them (run_all.py --sync)"
+            )
     assert committed.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent"
 
 

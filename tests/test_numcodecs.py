@@ -54,6 +54,7 @@ def takes_tables(fmt) -> bool:
 
     return "codebook" in FORMAT_CLASSES[fmt].options
 
+
 #: Lloyd-Max distortion of N(0, 1/128) is 0.0095 (4 bits) and 0.0345 (3 bits) per unit energy.
 TBQ_BLOCK_NMSE = {"tbq4_0": 0.1, "tbq3_0": 0.2}  # worst single block (measured max ~0.05 / ~0.10 over 16k blocks)
 TBQ_ARRAY_NMSE = {"tbq4_0": 0.0125, "tbq3_0": 0.042}  # whole arrays of >= 64 blocks
@@ -123,13 +124,24 @@ def check_encode_decode_lossy(arr, codec):
     if arr.dtype == np.float32:
         flat = np.ascontiguousarray(arr).reshape(-1)
         ref_flat = reference(flat, fmt, **cfg)
-        for buf in (arr.tobytes(), bytearray(arr.tobytes()), array.array("b", arr.tobytes()), memoryview(arr.tobytes())):
+        for buf in (
+            arr.tobytes(),
+            bytearray(arr.tobytes()),
+            array.array("b", arr.tobytes()),
+            memoryview(arr.tobytes()),
+        ):
             e = codec.encode(buf)
             check_decoded(flat, codec.decode(e), fmt, ref_flat, shape=flat.shape)
 
     # decoding accepts any buffer
     enc_bytes = numcodecs.compat.ensure_bytes(enc)
-    for buf in (enc_bytes, bytearray(enc_bytes), array.array("b", enc_bytes), np.frombuffer(enc_bytes, "u1"), memoryview(enc_bytes)):
+    for buf in (
+        enc_bytes,
+        bytearray(enc_bytes),
+        array.array("b", enc_bytes),
+        np.frombuffer(enc_bytes, "u1"),
+        memoryview(enc_bytes),
+    ):
         check_decoded(arr, codec.decode(buf), fmt, ref, shape=arr.shape)
 
     # decoding into out: a float32 array of the shape, a flat one, a bytearray
@@ -224,7 +236,12 @@ def test_config(fmt):
 
 
 def test_config_values():
-    assert tn.Q8_0(backend="numpy").get_config() == {"id": "tbq.q8_0", "backend": "numpy", "threads": None, "on_overflow": "raise"}
+    assert tn.Q8_0(backend="numpy").get_config() == {
+        "id": "tbq.q8_0",
+        "backend": "numpy",
+        "threads": None,
+        "on_overflow": "raise",
+    }
     assert tn.TBQ3_0(backend="numpy").get_config() == {
         "id": "tbq.tbq3_0",
         "codebook": "lloyd-max",
@@ -261,7 +278,9 @@ def test_header_layout():
 
 def test_encode_errors():
     c = tn.Q8_0()
-    with pytest.raises(tbq.BlockShapeError, match=r"chunk of shape \(4, 100\).*last axis has 100 values.*multiple of the block size 32"):
+    with pytest.raises(
+        tbq.BlockShapeError, match=r"chunk of shape \(4, 100\).*last axis has 100 values.*multiple of the block size 32"
+    ):
         c.encode(np.zeros((4, 100), np.float32))
     with pytest.raises(tbq.BlockShapeError, match="block size 128"):
         tn.TBQ4_0().encode(np.zeros(96, np.float32))
@@ -277,7 +296,9 @@ def test_encode_errors():
         c.encode(np.full(32, np.nan, np.float32))
     with pytest.raises(tbq.ScaleOverflowError):
         c.encode(np.full(32, 1e9, np.float32))
-    assert np.isinf(tn.Q8_0(on_overflow="inf").decode(tn.Q8_0(on_overflow="inf").encode(np.full(32, 1e9, np.float32)))).any()
+    assert np.isinf(
+        tn.Q8_0(on_overflow="inf").decode(tn.Q8_0(on_overflow="inf").encode(np.full(32, 1e9, np.float32)))
+    ).any()
 
 
 def test_decode_errors():
@@ -393,7 +414,9 @@ def test_backwards_compatibility(fmt):
                 want = np.frombuffer(enc_fn.read_bytes(), np.uint8)
                 assert_bytes_equal(enc, want, f"{cid} codec.{j:02d} array.{i:02d} ({backend}): encoded bytes changed")
                 dec = c.decode(want)
-                assert_bits_equal(dec, np.load(dec_fn), f"{cid} codec.{j:02d} array.{i:02d} ({backend}): decoded bits changed")
+                assert_bits_equal(
+                    dec, np.load(dec_fn), f"{cid} codec.{j:02d} array.{i:02d} ({backend}): decoded bits changed"
+                )
                 assert dec.shape == arr.shape
 
 
@@ -417,7 +440,10 @@ def synthetic_kv(tokens=48, layers=3, heads=4, head_dim=128, seed=0):
 def test_zarr3_codec_object():
     _zarr()
     z = tn.zarr_codec("tbq4_0", codebook="turboq-mtp")
-    assert z.to_dict() == {"name": "tbq.tbq4_0", "configuration": {k: v for k, v in tn.TBQ4_0(codebook="turboq-mtp").get_config().items() if k != "id"}}
+    assert z.to_dict() == {
+        "name": "tbq.tbq4_0",
+        "configuration": {k: v for k, v in tn.TBQ4_0(codebook="turboq-mtp").get_config().items() if k != "id"},
+    }
     assert type(z).from_dict(json.loads(json.dumps(z.to_dict()))) == z
     assert z.numcodec == tn.TBQ4_0(codebook="turboq-mtp")
     from zarr.registry import get_codec_class
@@ -436,8 +462,12 @@ def test_zarr3_serializer_round_trip(tmp_path, compressors):
     comp = None if compressors is None else [zarr.codecs.ZstdCodec(level=1)]
     for fmt in FORMATS:
         a = zarr.create_array(
-            store=tmp_path / f"{fmt}.zarr", shape=x.shape, chunks=(16, 1, 4, 128), dtype="float32",
-            serializer=tn.zarr_codec(fmt), compressors=comp,
+            store=tmp_path / f"{fmt}.zarr",
+            shape=x.shape,
+            chunks=(16, 1, 4, 128),
+            dtype="float32",
+            serializer=tn.zarr_codec(fmt),
+            compressors=comp,
         )
         a[:] = x
         b = zarr.open_array(tmp_path / f"{fmt}.zarr", mode="r")
@@ -455,8 +485,13 @@ def test_zarr3_sharded(tmp_path):
     zarr = _zarr()
     x = synthetic_kv()
     a = zarr.create_array(
-        store=tmp_path / "s.zarr", shape=x.shape, chunks=(8, 1, 4, 128), shards=(48, 3, 4, 128),
-        dtype="float32", serializer=tn.zarr_codec("tbq3_0"), compressors=None,
+        store=tmp_path / "s.zarr",
+        shape=x.shape,
+        chunks=(8, 1, 4, 128),
+        shards=(48, 3, 4, 128),
+        dtype="float32",
+        serializer=tn.zarr_codec("tbq3_0"),
+        compressors=None,
     )
     a[:] = x
     assert_bits_equal(zarr.open_array(tmp_path / "s.zarr", mode="r")[:], reference(x, "tbq3_0"))
@@ -465,16 +500,34 @@ def test_zarr3_sharded(tmp_path):
 def test_zarr3_validation(tmp_path):
     zarr = _zarr()
     with pytest.raises(tbq.BlockShapeError, match=r"chunks' last dimension.*block size 32.*\(4, 48\)"):
-        zarr.create_array(store=tmp_path / "a.zarr", shape=(8, 96), chunks=(4, 48), dtype="float32", serializer=tn.zarr_codec("q8_0"))
+        zarr.create_array(
+            store=tmp_path / "a.zarr", shape=(8, 96), chunks=(4, 48), dtype="float32", serializer=tn.zarr_codec("q8_0")
+        )
     with pytest.raises(tbq.BlockShapeError, match=r"array's last dimension.*\(8, 100\)"):
-        zarr.create_array(store=tmp_path / "b.zarr", shape=(8, 100), chunks=(4, 128), dtype="float32", serializer=tn.zarr_codec("q8_0"))
+        zarr.create_array(
+            store=tmp_path / "b.zarr",
+            shape=(8, 100),
+            chunks=(4, 128),
+            dtype="float32",
+            serializer=tn.zarr_codec("q8_0"),
+        )
     with pytest.raises(tbq.TbqTypeError, match="must be float32.*float64"):
-        zarr.create_array(store=tmp_path / "c.zarr", shape=(8, 128), chunks=(4, 128), dtype="float64", serializer=tn.zarr_codec("tbq4_0"))
+        zarr.create_array(
+            store=tmp_path / "c.zarr",
+            shape=(8, 128),
+            chunks=(4, 128),
+            dtype="float64",
+            serializer=tn.zarr_codec("tbq4_0"),
+        )
     # a numcodecs object is not a Zarr 3 codec: Zarr rejects it as a v3 filter or compressor
     with pytest.raises(TypeError, match="ArrayArrayCodec"):
-        zarr.create_array(store=tmp_path / "d.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", filters=[tn.Q8_0()])
+        zarr.create_array(
+            store=tmp_path / "d.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", filters=[tn.Q8_0()]
+        )
     with pytest.raises(TypeError, match="BytesBytesCodec"):
-        zarr.create_array(store=tmp_path / "e.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", compressors=[tn.Q8_0()])
+        zarr.create_array(
+            store=tmp_path / "e.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", compressors=[tn.Q8_0()]
+        )
 
 
 def test_zarr3_empty_chunks(tmp_path):
@@ -485,14 +538,24 @@ def test_zarr3_empty_chunks(tmp_path):
     for fmt in ("q4_0", "tbq4_0"):
         ref = reference(x, fmt)
         assert np.signbit(ref[:2]).any()  # dequantize(quantize(0)) has negative zeros in these formats
-        a = zarr.create_array(store=tmp_path / f"{fmt}-skip.zarr", shape=x.shape, chunks=(2, 128), dtype="float32", serializer=tn.zarr_codec(fmt))
+        a = zarr.create_array(
+            store=tmp_path / f"{fmt}-skip.zarr",
+            shape=x.shape,
+            chunks=(2, 128),
+            dtype="float32",
+            serializer=tn.zarr_codec(fmt),
+        )
         a[:] = x
         y = a[:]
         np.testing.assert_array_equal(y, ref)  # equal values ...
         assert not np.signbit(y[:2]).any()  # ... but +0.0: the chunk was never stored
         a = zarr.create_array(
-            store=tmp_path / f"{fmt}-keep.zarr", shape=x.shape, chunks=(2, 128), dtype="float32",
-            serializer=tn.zarr_codec(fmt), config={"write_empty_chunks": True},
+            store=tmp_path / f"{fmt}-keep.zarr",
+            shape=x.shape,
+            chunks=(2, 128),
+            dtype="float32",
+            serializer=tn.zarr_codec(fmt),
+            config={"write_empty_chunks": True},
         )
         a[:] = x
         assert_bits_equal(a[:], ref, fmt)
@@ -504,8 +567,13 @@ def test_zarr2_filter(tmp_path):
     x = synthetic_kv(tokens=16)
     for fmt in FORMATS:
         a = zarr.create_array(
-            store=tmp_path / f"{fmt}.zarr", shape=x.shape, chunks=(8, 1, 4, 128), dtype="float32",
-            filters=[tn.get_numcodec(fmt)], compressors=None, zarr_format=2,
+            store=tmp_path / f"{fmt}.zarr",
+            shape=x.shape,
+            chunks=(8, 1, 4, 128),
+            dtype="float32",
+            filters=[tn.get_numcodec(fmt)],
+            compressors=None,
+            zarr_format=2,
         )
         a[:] = x
         meta = json.loads((tmp_path / f"{fmt}.zarr" / ".zarray").read_text())
@@ -519,9 +587,13 @@ def test_zarr3_reopen_in_new_process(tmp_path):
     x = synthetic_kv(tokens=64, layers=4, heads=2, seed=7)
     for fmt in FORMATS:
         a = zarr.create_array(
-            store=tmp_path / f"{fmt}.zarr", shape=x.shape, chunks=(32, 2, 2, 128), dtype="float32",
+            store=tmp_path / f"{fmt}.zarr",
+            shape=x.shape,
+            chunks=(32, 2, 2, 128),
+            dtype="float32",
             serializer=tn.zarr_codec(fmt, **({"codebook": "turboq-mtp", "signs": 3} if fmt == "tbq3_0" else {})),
-            compressors=[zarr.codecs.ZstdCodec(level=1)], attributes={"tbq_format": fmt},
+            compressors=[zarr.codecs.ZstdCodec(level=1)],
+            attributes={"tbq_format": fmt},
         )
         a[:] = x
     child = textwrap.dedent(
@@ -537,7 +609,9 @@ def test_zarr3_reopen_in_new_process(tmp_path):
         print("ok")
         """
     )
-    r = subprocess.run([sys.executable, "-c", child, str(tmp_path), ",".join(FORMATS)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", child, str(tmp_path), ",".join(FORMATS)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     for fmt in FORMATS:
         cfg = {"codebook": "turboq-mtp", "signs": 3} if fmt == "tbq3_0" else {}
@@ -550,7 +624,9 @@ def test_zarr3_reopen_in_new_process(tmp_path):
 def test_scale_out_doc_lists_every_registered_codec():
     """docs/scale-out.md's codec table has one row per registered format, with the format's bits per value."""
     doc = (Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text()
-    rows = re.findall(r"^\| `(tbq\.[a-z0-9_]+)` \| `tbq\.numcodecs\.([A-Z0-9_]+)` \| .*? \| ([0-9.]+) \|$", doc, flags=re.M)
+    rows = re.findall(
+        r"^\| `(tbq\.[a-z0-9_]+)` \| `tbq\.numcodecs\.([A-Z0-9_]+)` \| .*? \| ([0-9.]+) \|$", doc, flags=re.M
+    )
     assert [r[0] for r in rows] == list(tn.CODEC_IDS.values())
     for cid, cls, bits in rows:
         fmt = cid[4:]

@@ -45,7 +45,9 @@ def test_children_work_after_the_parent_used_the_thread_pool(tmp_path, method):
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
-        proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, env=env, timeout=240)
+        proc = subprocess.run(
+            [sys.executable, str(script), method], capture_output=True, text=True, env=env, timeout=240
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"a {method} child hung on its first multi-threaded tbq call")
     assert proc.returncode == 0, proc.stderr
@@ -77,7 +79,9 @@ def test_the_child_builds_its_own_executor():
     assert parallel.executor() is parent  # the parent's is untouched
 
 
-@pytest.mark.parametrize("n, chunk, threads, min_chunk", [(0, 4, 1, 1), (10, 4, 1, 1), (10, 100, 3, 1), (10, 100, 3, 5), (7, 1, 8, 1)])
+@pytest.mark.parametrize(
+    "n, chunk, threads, min_chunk", [(0, 4, 1, 1), (10, 4, 1, 1), (10, 100, 3, 1), (10, 100, 3, 5), (7, 1, 8, 1)]
+)
 def test_plan_chunks_covers_the_range_in_order(n, chunk, threads, min_chunk):
     bounds = parallel.plan_chunks(n, chunk, threads, min_chunk)
     assert [s for s, _ in bounds] == list(range(0, n, bounds[0][1] - bounds[0][0] if bounds else 1))

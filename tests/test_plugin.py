@@ -19,7 +19,9 @@ SRC = HERE.parent / "src"
 
 def _env():
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(PLUGIN), str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(SRC), str(PLUGIN), str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     return env
 
 
@@ -83,15 +85,44 @@ def test_plugin_format_on_the_cli(tmp_path):
     r = _cli("golden", "--out", str(tmp_path / "g"), "--formats", "demo_q8r", "--quiet")
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "g" / "demo_q8r.json").read_text())
-    r = _cli("golden", "--out", str(tmp_path / "g2"), "--from-manifest", str(tmp_path / "g" / "demo_q8r.json"), "--quiet")
+    r = _cli(
+        "golden", "--out", str(tmp_path / "g2"), "--from-manifest", str(tmp_path / "g" / "demo_q8r.json"), "--quiet"
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "g2" / "demo_q8r.json").read_text())["arrays"] == m["arrays"]  # bit for bit
     r = _cli("compare", "--formats", "demo_q8r,q8_0", "--quiet", "--repeat", "1")
     assert r.returncode == 0 and "demo_q8r" in r.stdout, r.stderr
-    prog = f"{sys.executable} -c 'import sys, tbq_demo_plugin as p; sys.exit(p._main(sys.argv[1:]))' {{op}} {{in}} {{out}}"
-    r = _cli("check", "--exec", prog, "--format", "demo_q8r", "--examples", "10", "--blocks", "400", "--quiet", "--out", str(tmp_path / "c"))
+    prog = (
+        f"{sys.executable} -c 'import sys, tbq_demo_plugin as p; sys.exit(p._main(sys.argv[1:]))' {{op}} {{in}} {{out}}"
+    )
+    r = _cli(
+        "check",
+        "--exec",
+        prog,
+        "--format",
+        "demo_q8r",
+        "--examples",
+        "10",
+        "--blocks",
+        "400",
+        "--quiet",
+        "--out",
+        str(tmp_path / "c"),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = _cli("budget", "--formats", "demo_q8r,q8_0", "--layers", "2", "--kv-heads", "2", "--head-dim", "128", "--contexts", "4K")
+    r = _cli(
+        "budget",
+        "--formats",
+        "demo_q8r,q8_0",
+        "--layers",
+        "2",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "128",
+        "--contexts",
+        "4K",
+    )
     assert r.returncode == 0 and "demo_q8r" in r.stdout, r.stderr
     r = _cli("compare", "--formats", "demo_q8r", "--option", "scale=2")  # options are still checked for a plugin
     assert r.returncode == 2 and "'scale' is not an option of demo_q8r" in r.stderr and "Traceback" not in r.stderr
@@ -104,14 +135,20 @@ def test_a_broken_plugin_warns_and_tbq_still_loads(tmp_path):
     (d / "entry_points.txt").write_text("[tbq.formats]\nbad = no_such_module_for_tbq\n")
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(tmp_path)])
-    r = subprocess.run([sys.executable, "-W", "always", "-c", "import tbq; print(len(tbq.formats()))"], capture_output=True, text=True, env=env, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-W", "always", "-c", "import tbq; print(len(tbq.formats()))"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 0 and "format plugin 'bad'" in r.stderr and int(r.stdout) >= 18, r.stderr
 
 
 def test_the_recipe_shows_the_plugin_as_it_is():
     """docs/architecture.md's plugin class is the test plugin's code, line for line."""
     doc = (HERE.parent / "docs" / "architecture.md").read_text()
-    block = doc[doc.index("class DEMO_Q8R(Format):"):]
+    block = doc[doc.index("class DEMO_Q8R(Format):") :]
     block = block[: block.index("```")]
     src = (PLUGIN / "tbq_demo_plugin.py").read_text()
     for line in block.strip().splitlines():

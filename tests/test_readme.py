@@ -11,7 +11,11 @@ README = (ROOT / "README.md").read_text()
 
 def test_formats_table_is_the_registry():
     rows = [line for line in README.splitlines() if line.startswith("| ") and line.count("|") == 6]
-    table = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:5]] for r in rows if r.split("|")[1].strip() in FORMATS}
+    table = {
+        r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:5]]
+        for r in rows
+        if r.split("|")[1].strip() in FORMATS
+    }
     assert list(table) == list(tbq.formats())
     for name, (bs, ts, bits) in table.items():
         info = FORMATS[name]
@@ -19,7 +23,7 @@ def test_formats_table_is_the_registry():
 
 
 def test_layout_names_every_module():
-    layout = README[README.index("## Layout"):]
+    layout = README[README.index("## Layout") :]
     src = ROOT / "src" / "tbq"
     for path in sorted(src.glob("*.py")):
         if path.stem != "__init__":

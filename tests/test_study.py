@@ -202,7 +202,10 @@ def test_compare_cli_attention_and_plot(tmp_path, capsys):
     png = tmp_path / "sub" / "cmp.png"
     f = tmp_path / "k.npy"
     np.save(f, synthetic.keys_with_outliers(32, 2, seed=0))
-    assert cli.main(["compare", str(f), "--formats", "q4_0,tbq4_0", "--repeat", "1", "--topk", "4", "--plot", str(png)]) == 0
+    assert (
+        cli.main(["compare", str(f), "--formats", "q4_0,tbq4_0", "--repeat", "1", "--topk", "4", "--plot", str(png)])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "softmax KL" in out and "top-4" in out and "figure saved" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -214,7 +217,17 @@ def _drawn(fig):
     for ax in fig.axes:
         if ax.get_visible():
             lines = [ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")]
-            out.append((ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale(), ax.get_yscale(), lines, len(ax.patches)))
+            out.append(
+                (
+                    ax.get_title(),
+                    ax.get_xlabel(),
+                    ax.get_ylabel(),
+                    ax.get_xscale(),
+                    ax.get_yscale(),
+                    lines,
+                    len(ax.patches),
+                )
+            )
     return out
 
 
@@ -226,7 +239,10 @@ def test_plots_write_pngs(tmp_path, monkeypatch):
     figs = {}
     save = plots._save
     monkeypatch.setattr(plots, "_save", lambda fig, path: figs.setdefault(Path(path).name, fig) and save(fig, path))
-    cb = {"a": study.get_quantizer("tbq3_0").codec.codebook, "b": study.get_quantizer("tbq3_0:turboq-mtp").codec.codebook}
+    cb = {
+        "a": study.get_quantizer("tbq3_0").codec.codebook,
+        "b": study.get_quantizer("tbq3_0:turboq-mtp").codec.codebook,
+    }
     paths = [
         plots.plot_rate_distortion(
             [
@@ -244,17 +260,22 @@ def test_plots_write_pngs(tmp_path, monkeypatch):
         plots.plot_format_metrics(
             [
                 {"dataset": d, "name": n, "bits_per_value": b, "nmse": e, "kl_mean": e / 2}
-                for d in ("g", "o") for n, b, e in (("q4_0", 4.5, 0.007), ("tbq4_0", 4.125, 0.009), ("f16", 16.0, 4e-8))
+                for d in ("g", "o")
+                for n, b, e in (("q4_0", 4.5, 0.007), ("tbq4_0", 4.125, 0.009), ("f16", 16.0, 4e-8))
             ],
             tmp_path / "fm.png",
             metrics={"nmse": "NMSE", "kl_mean": "KL"},
             groups={"q4_0": "grid", "tbq4_0": "rotation"},
         ),
         plots.plot_rotated_blocks(
-            {"a": np.arange(128.0), "b": np.ones(128)}, tmp_path / "rb.png", mark=[4, 5], distributions={"d": {"x": [1.0, 2.0]}}
+            {"a": np.arange(128.0), "b": np.ones(128)},
+            tmp_path / "rb.png",
+            mark=[4, 5],
+            distributions={"d": {"x": [1.0, 2.0]}},
         ),
         plots.plot_value_tables(
-            {"t": {"samples": np.linspace(-1, 1, 100), "tables": {"a": [-0.5, 0.5], "b": [-0.6, 0.6]}}}, tmp_path / "vt.png"
+            {"t": {"samples": np.linspace(-1, 1, 100), "tables": {"a": [-0.5, 0.5], "b": [-0.6, 0.6]}}},
+            tmp_path / "vt.png",
         ),
     ]
     for p in paths:
@@ -263,7 +284,15 @@ def test_plots_write_pngs(tmp_path, monkeypatch):
     bounds = ["Shannon lower bound $4^{-b}$", "upper bound $(\\sqrt{3}\\pi/2)\\,4^{-b}$", "Gaussian Lloyd-Max"]
     assert _drawn(figs["rd.png"])[:2] == [
         ("g", "", "NMSE", "linear", "log", bounds + ["rlm", "tbq4_0"], 0),
-        ("", "bits per value (storage, including scales)", "NMSE / 4^-b", "linear", "log", bounds + ["rlm", "tbq4_0"], 0),
+        (
+            "",
+            "bits per value (storage, including scales)",
+            "NMSE / 4^-b",
+            "linear",
+            "log",
+            bounds + ["rlm", "tbq4_0"],
+            0,
+        ),
     ]
     rlm = next(ln for ln in figs["rd.png"].axes[0].get_lines() if ln.get_label() == "rlm")
     assert list(rlm.get_xdata()) == [3.125, 4.125] and list(rlm.get_ydata()) == [0.034, 0.0095]
@@ -322,15 +351,20 @@ def test_rate_distortion_rows_cover_every_format_and_match_direct_computation():
         y = c.decode(c.encode(x)).astype(np.float64)
         assert r["bits_per_value"] == tbq.format_info(r["name"]).bits_per_value
         nmse = float(np.sum((y - x64) ** 2) / np.sum(x64**2))
-        assert r["nmse"] == pytest.approx(nmse, rel=1e-12) and r["snr_db"] == pytest.approx(-10 * math.log10(nmse), rel=1e-12)
+        assert r["nmse"] == pytest.approx(nmse, rel=1e-12) and r["snr_db"] == pytest.approx(
+            -10 * math.log10(nmse), rel=1e-12
+        )
         zb = np.einsum("qhd,thd->hqt", q, y) / math.sqrt(128)
         la = za - za.max(-1, keepdims=True)
         la -= np.log(np.exp(la).sum(-1, keepdims=True))
         lb = zb - zb.max(-1, keepdims=True)
         lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
         kl = np.maximum(np.sum(np.exp(la) * (la - lb), axis=-1), 0.0)
-        top = [len(set(np.argsort(-za[h, i], kind="stable")[:4]) & set(np.argsort(-zb[h, i], kind="stable")[:4])) / 4
-               for h in range(2) for i in range(4)]
+        top = [
+            len(set(np.argsort(-za[h, i], kind="stable")[:4]) & set(np.argsort(-zb[h, i], kind="stable")[:4])) / 4
+            for h in range(2)
+            for i in range(4)
+        ]
         assert r["logit_rmse"] == pytest.approx(math.sqrt(np.mean((zb - za) ** 2)), rel=1e-9, abs=1e-15)
         assert r["kl_mean"] == pytest.approx(float(kl.mean()), rel=1e-6, abs=1e-15)
         assert r["topk_agreement"] == pytest.approx(float(np.mean(top)), abs=1e-12)
@@ -386,16 +420,25 @@ def test_table_inputs_rounded_to_the_table_are_the_stored_codes():
         assert np.array_equal(got, np.rint(stored).ravel()) and np.allclose(stored, np.rint(stored), atol=1e-3), f
     fm = tbq.get_format("iq4_nl")
     idx = fm.fields(fm.encode(x))["qs"].ravel()
-    assert np.array_equal(_nearest(study.table_levels("iq4_nl"), study.table_inputs("iq4_nl", x)), fm.tables()["values"][idx])
-    for f in ("mxfp4", "nvfp4"):  # codes 0..15 -> doubled E2M1 values; ties (to the smaller magnitude) do not occur here
+    assert np.array_equal(
+        _nearest(study.table_levels("iq4_nl"), study.table_inputs("iq4_nl", x)), fm.tables()["values"][idx]
+    )
+    for f in (
+        "mxfp4",
+        "nvfp4",
+    ):  # codes 0..15 -> doubled E2M1 values; ties (to the smaller magnitude) do not occur here
         fm = tbq.get_format(f)
         codes = fm.fields(fm.encode(x))["qs"].ravel()
-        assert np.array_equal(_nearest(study.table_levels(f), study.table_inputs(f, x)), fm.tables()["values"][codes].astype(np.float64)), f
+        assert np.array_equal(
+            _nearest(study.table_levels(f), study.table_inputs(f, x)), fm.tables()["values"][codes].astype(np.float64)
+        ), f
     for f in ("tbq4_0", "tbq3_0", "planar4_0", "iso3_0"):
         fm = tbq.get_format(f)
         key = [k for k in fm.fields(fm.encode(x)) if k != "d"][0]
         idx = fm.fields(fm.encode(x))[key].ravel()
-        assert np.array_equal(_nearest(study.table_levels(f), study.table_inputs(f, x)), fm.tables()["centroids"][idx].astype(np.float64)), f
+        assert np.array_equal(
+            _nearest(study.table_levels(f), study.table_inputs(f, x)), fm.tables()["centroids"][idx].astype(np.float64)
+        ), f
 
 
 def test_rotated_nmse_reproduces_the_format_and_swaps_tables():
@@ -411,6 +454,8 @@ def test_rotated_nmse_reproduces_the_format_and_swaps_tables():
             assert study.rotated_nmse(f, x, tbq.get_format(f).tables()["centroids"]) == mine
     # on Gaussian data every rotation gives Gaussian coordinates: planar's rotation with TBQ's table is TBQ's error
     g = synthetic.gaussian(256, 2, seed=9)
-    assert study.rotated_nmse("planar4_0", g, lloyd_max(4).centroids) == pytest.approx(study.rotated_nmse("tbq4_0", g), rel=0.05)
+    assert study.rotated_nmse("planar4_0", g, lloyd_max(4).centroids) == pytest.approx(
+        study.rotated_nmse("tbq4_0", g), rel=0.05
+    )
     with pytest.raises(ConfigError):
         study.rotated_nmse("q4_0", g)

@@ -109,7 +109,9 @@ def test_llm_like_kv_structure():
     kv = synthetic.llm_like_kv(256, 2, seed=0, sink_scale=6.0)
     k, v = kv["keys"].astype(np.float64), kv["values"]
     n = np.linalg.norm(k, axis=-1)
-    typical = np.sqrt(np.mean(np.sum(synthetic.llm_like_kv(256, 2, seed=0, sink_scale=0)["keys"].astype(np.float64) ** 2, -1)))
+    typical = np.sqrt(
+        np.mean(np.sum(synthetic.llm_like_kv(256, 2, seed=0, sink_scale=0)["keys"].astype(np.float64) ** 2, -1))
+    )
     assert np.allclose(n[0], 6.0 * typical, rtol=1e-4)
     rms = np.sqrt(np.mean(k[1:] ** 2, axis=(0, 1)))
     big = set(np.argsort(rms)[-8:])

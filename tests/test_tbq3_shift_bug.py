@@ -142,7 +142,9 @@ def test_the_checks_have_teeth():
     b = all_lane_bytes()[: 3 * 4096]
     assert not np.array_equal(buggy_pack3(packing.unpack3(b)), b)
     z = load_npz("tbq3_buggy_vs_fixed__strict")
-    lost = packing.unpack3(buggy_encode(z["x"], "turboq-mtp")[:, 2:]).reshape(16, 16, 8) != z["idx_true"].reshape(16, 16, 8)
+    lost = packing.unpack3(buggy_encode(z["x"], "turboq-mtp")[:, 2:]).reshape(16, 16, 8) != z["idx_true"].reshape(
+        16, 16, 8
+    )
     per_position = lost.mean(axis=(0, 1))
     assert per_position[1] == 0  # index 1 survives
     assert np.all(per_position[3:] > 0.5)  # indices 3..7 are read back as 0 whenever they were not 0

@@ -150,10 +150,14 @@ class KVCache:
         if self.sink_format not in SINK_FORMATS:
             raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {self.sink_format!r}")
         if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1 or self.head_dim % info.block_size:
-            raise TbqValueError(f"head_dim must be a positive multiple of {self.fmt}'s block size {info.block_size}, got {self.head_dim!r}")
+            raise TbqValueError(
+                f"head_dim must be a positive multiple of {self.fmt}'s block size {info.block_size}, got {self.head_dim!r}"
+            )
         sb = _sink_block(self.sink_format)
         if self.head_dim % sb:
-            raise TbqValueError(f"a {self.sink_format} sink needs head_dim to be a multiple of {sb}, got {self.head_dim}")
+            raise TbqValueError(
+                f"a {self.sink_format} sink needs head_dim to be a multiple of {sb}, got {self.head_dim}"
+            )
         data = np.asarray(self.data)
         if data.dtype != np.uint8:
             raise TbqTypeError(f"cache data must be uint8, got {data.dtype}")
@@ -167,7 +171,9 @@ class KVCache:
             sink = np.asarray(self.sink)
             want = (sink.shape[0] if sink.ndim == 3 else -1, data.shape[1], _row_bytes(self.sink_format, self.head_dim))
             if sink.dtype != np.uint8 or sink.ndim != 3 or sink.shape[1:] != want[1:]:
-                raise TbqValueError(f"sink must be uint8 of shape (n_sink, {want[1]}, {want[2]}), got {sink.dtype} {sink.shape}")
+                raise TbqValueError(
+                    f"sink must be uint8 of shape (n_sink, {want[1]}, {want[2]}), got {sink.dtype} {sink.shape}"
+                )
             object.__setattr__(self, "sink", sink if sink.shape[0] else None)
         object.__setattr__(self, "config", dict(self.config or {}))
 
@@ -197,7 +203,9 @@ class KVCache:
         if n_sink:
             xs = x[:n_sink]
             if xs.shape[2] % _sink_block(sink_format):
-                raise TbqValueError(f"a {sink_format} sink needs head_dim to be a multiple of {_sink_block(sink_format)}, got {xs.shape[2]}")
+                raise TbqValueError(
+                    f"a {sink_format} sink needs head_dim to be a multiple of {_sink_block(sink_format)}, got {xs.shape[2]}"
+                )
             # the sink format's own codec: f16 refuses a value that rounds to inf (use sink_format='q8_0' there)
             sink = get_codec(sink_format, backend="numpy").encode(xs)
         return cls(fmt, data, int(x.shape[2]), config, sink, sink_format)
@@ -416,7 +424,9 @@ def _values(p: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray
     return out
 
 
-def attention_rotated(q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32, backend: str = "numpy", threads=None) -> np.ndarray:
+def attention_rotated(
+    q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32, backend: str = "numpy", threads=None
+) -> np.ndarray:
     """The fused-kernel algorithm of ``SPEC.md`` in ``dtype`` (float32 or float64).
 
     For a TBQ K cache: ``q' = R(q)`` once per head, then for each token
@@ -521,10 +531,14 @@ def attention_fused(q, k, v, *, scale=None, threads=None, causal: bool = False) 
     v = v if isinstance(v, KVCache) else _float_rows(v, "v")
     q = np.asarray(q)
     if q.dtype.kind != "f" or q.ndim not in (2, 3):
-        raise TbqTypeError(f"q must be a float array (n_head, head_dim) or (n_query, n_head, head_dim), got {q.dtype} {q.shape}")
+        raise TbqTypeError(
+            f"q must be a float array (n_head, head_dim) or (n_query, n_head, head_dim), got {q.dtype} {q.shape}"
+        )
     shapes = [(x.n_tokens, x.n_head_kv, x.head_dim) if isinstance(x, KVCache) else x.shape for x in (k, v)]
     if shapes[0] != shapes[1] or shapes[0][2] != q.shape[-1] or q.shape[-2] % shapes[0][1] or not shapes[0][0]:
-        raise TbqValueError(f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1")
+        raise TbqValueError(
+            f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1"
+        )
     if not isinstance(causal, (bool, np.bool_)):
         raise TbqTypeError(f"causal must be True or False, got {causal!r}")
     if causal and q.ndim == 3 and q.shape[0] > shapes[0][0]:
@@ -591,13 +605,17 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False)
         qr = qo
         if rot_k is not None:  # rotate the query once, per block, with the key cache's rotation
             bs = k.codec.block_size
-            qr = np.ascontiguousarray(rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32)
+            qr = np.ascontiguousarray(
+                rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32
+            )
         bounds = task_bounds(T)
         for s, e in zip(bounds[:-1], bounds[1:]):
             tasks.append((qr, lim - n_sink, kop[:4], vop[:4], int(s), int(e)))
     n_main = len(tasks)
     if n_sink:  # the sink tokens: float32 rows in the original domain
-        tasks.append((qo, lim, _rows_operand(_sink_rows(k, n_sink))[:4], _rows_operand(_sink_rows(v, n_sink))[:4], 0, n_sink))
+        tasks.append(
+            (qo, lim, _rows_operand(_sink_rows(k, n_sink))[:4], _rows_operand(_sink_rows(v, n_sink))[:4], 0, n_sink)
+        )
     n = len(tasks)
     M = np.empty((n, G, n_q * R), np.float32)
     L = np.empty((n, G, n_q * R), np.float32)

@@ -109,11 +109,23 @@ def read_f32_rows(src, dst, n_blocks, aux, n_aux):
 
 @jit
 def attend(
-    Q, lim, scale,
-    read_k, kdata, kaux, kblocks,
-    read_v, vdata, vaux, vblocks,
-    t0, t1, chunk,
-    M, L, ACC,
+    Q,
+    lim,
+    scale,
+    read_k,
+    kdata,
+    kaux,
+    kblocks,
+    read_v,
+    vdata,
+    vaux,
+    vblocks,
+    t0,
+    t1,
+    chunk,
+    M,
+    L,
+    ACC,
 ):
     """Attention over tokens ``t0 .. t1`` of every KV head, for the query rows of each.
 
@@ -189,7 +201,9 @@ def attend(
                     b6 = B[j + 6]
                     b7 = B[j + 7]
                     for t in range(n):
-                        sr[t] += ((q0 * b0[t] + q1 * b1[t]) + (q2 * b2[t] + q3 * b3[t])) + ((q4 * b4[t] + q5 * b5[t]) + (q6 * b6[t] + q7 * b7[t]))
+                        sr[t] += ((q0 * b0[t] + q1 * b1[t]) + (q2 * b2[t] + q3 * b3[t])) + (
+                            (q4 * b4[t] + q5 * b5[t]) + (q6 * b6[t] + q7 * b7[t])
+                        )
                 for j in range(D8, D):
                     qv = qo[r, j]
                     bj = B[j]

@@ -268,7 +268,6 @@ def parse_measured(spec: str) -> tuple[int, int, str]:
     return parse_bytes(size.strip()), parse_context(ctx.strip()), name
 
 
-
 # ---------------------------------------------------------------------------
 # Formulas
 # ---------------------------------------------------------------------------
@@ -641,7 +640,9 @@ class BudgetReport:
 
     def tokens_per_s(self, kv_bytes_per_token: Any, context: Any) -> float:
         """:func:`decode_tokens_per_s` with this report's weights traffic, bandwidth and sequences."""
-        return decode_tokens_per_s(self.weights_traffic_bytes, kv_bytes_per_token, context, self.bandwidth_bytes_per_s, self.sequences)
+        return decode_tokens_per_s(
+            self.weights_traffic_bytes, kv_bytes_per_token, context, self.bandwidth_bytes_per_s, self.sequences
+        )
 
     def row(self, fmt: str, context: int) -> SweepRow:
         """The sweep row of one format and context."""
@@ -768,7 +769,9 @@ def _table(headers: list[str], rows: list[list[str]], left: int = 1) -> list[str
     widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows, strict=True)]
 
     def line(cells: list[str]) -> str:
-        parts = [str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        parts = [
+            str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return ("  " + "  ".join(parts)).rstrip()
 
     return [line(headers)] + [line(r) for r in rows]
@@ -829,7 +832,8 @@ def format_report(report: BudgetReport) -> str:
             f" = {format_bytes(r.weights_traffic_bytes)}{per})"
         )
         out += _table(
-            ["format", "crossover (tokens)"], [[f.format, _tokens_str(cast(float, f.crossover_tokens))] for f in r.formats]  # set: weights traffic given
+            ["format", "crossover (tokens)"],
+            [[f.format, _tokens_str(cast(float, f.crossover_tokens))] for f in r.formats],  # set: weights traffic given
         )
     else:
         out.append("Crossover: give --weights-traffic (or --weights) to compute it")
@@ -847,7 +851,10 @@ def format_report(report: BudgetReport) -> str:
             out.append(f"  weights only (context 0): {r.weights_only_tokens_per_s:,.1f} tok/s")
         out += _table(
             ["context", "tokens", *names],
-            [row + [f"{r.row(n, c).decode_tokens_per_s:,.1f}" for n in names] for row, c in zip(ctx_rows, r.contexts, strict=True)],
+            [
+                row + [f"{r.row(n, c).decode_tokens_per_s:,.1f}" for n in names]
+                for row, c in zip(ctx_rows, r.contexts, strict=True)
+            ],
         )
     else:
         out.append("Decode tokens/s: give --bandwidth and --weights-traffic (or --weights) to estimate it")

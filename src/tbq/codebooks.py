@@ -28,7 +28,17 @@ from numpy.typing import ArrayLike, NDArray
 
 from .errors import ConfigError, check_int
 
-__all__ = ["Codebook", "lloyd_max", "lloyd_max_iterate", "normal_pdf", "named_codebook", "get_codebook", "fork_vs_lloyd_max", "CODEBOOK_NAMES", "tables"]
+__all__ = [
+    "Codebook",
+    "lloyd_max",
+    "lloyd_max_iterate",
+    "normal_pdf",
+    "named_codebook",
+    "get_codebook",
+    "fork_vs_lloyd_max",
+    "CODEBOOK_NAMES",
+    "tables",
+]
 
 #: Names accepted by :func:`get_codebook` (and the TBQ codecs' ``codebook=``).
 CODEBOOK_NAMES = ("lloyd-max", "turboq-mtp")
@@ -268,12 +278,16 @@ def get_codebook(spec: Any, bits: int) -> Codebook:
         cb = named_codebook(spec, bits)
     elif isinstance(spec, dict):
         if set(spec) != {"centroids", "thresholds"}:
-            raise ConfigError(f"a codebook dict needs exactly the keys 'centroids' and 'thresholds', got {sorted(spec)}")
+            raise ConfigError(
+                f"a codebook dict needs exactly the keys 'centroids' and 'thresholds', got {sorted(spec)}"
+            )
         cb = Codebook(spec["centroids"], spec["thresholds"])
     else:
         raise ConfigError(f"codebook must be a name {CODEBOOK_NAMES}, a Codebook or a dict, got {type(spec).__name__}")
     if cb.bits != bits:
-        raise ConfigError(f"this format needs a {bits}-bit codebook ({1 << bits} centroids), got {cb.centroids.size} centroids")
+        raise ConfigError(
+            f"this format needs a {bits}-bit codebook ({1 << bits} centroids), got {cb.centroids.size} centroids"
+        )
     return cb
 
 

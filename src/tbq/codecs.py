@@ -173,7 +173,9 @@ _CODEC_CACHE = _LRU(256)
 def _build_format(name: str, options: dict[str, Any]) -> Format:
     """The format ``name`` with ``options``, from the cache when the same options were seen before."""
     cls: type[Format] = format_class(name)
-    options = cls.check_options(options)  # the declared options, validated (an unknown one names the formats that take it)
+    options = cls.check_options(
+        options
+    )  # the declared options, validated (an unknown one names the formats that take it)
     key: tuple[Hashable, ...]
     if not options:
         key = (name,)
@@ -276,7 +278,13 @@ class Codec:
     info: FormatInfo
 
     def __init__(
-        self, fmt: str | None = None, *, backend: str | None = None, threads: int | None = None, on_overflow: str = "raise", **format_options: Any
+        self,
+        fmt: str | None = None,
+        *,
+        backend: str | None = None,
+        threads: int | None = None,
+        on_overflow: str = "raise",
+        **format_options: Any,
     ) -> None:
         if fmt is not None and fmt != self.name:
             canonical = format_name(fmt)
@@ -289,8 +297,12 @@ class Codec:
         #: the :class:`tbq.formats.Format` with this codec's format options
         self.format: Format = _build_format(self.name, format_options)
         self.backend = resolve_backend(backend)
-        self.threads = None if threads is None else check_int(
-            threads, "threads", lo=1, expected="a positive integer or None (all cores)", error=ConfigError
+        self.threads = (
+            None
+            if threads is None
+            else check_int(
+                threads, "threads", lo=1, expected="a positive integer or None (all cores)", error=ConfigError
+            )
         )
         modes = self.format.overflow_modes
         if not isinstance(on_overflow, str) or on_overflow not in modes:
@@ -372,7 +384,9 @@ class Codec:
                         x2, out.reshape(-1, ts), self.on_overflow == "raise", row_blocks=n // bs, **self._overflow_kw
                     )
                 else:
-                    b, status = fmt.kernel_encode(x2, out.reshape(-1, ts), self.on_overflow == "raise", **self._overflow_kw)
+                    b, status = fmt.kernel_encode(
+                        x2, out.reshape(-1, ts), self.on_overflow == "raise", **self._overflow_kw
+                    )
                 if status != STATUS_OK:
                     self._raise_encode_error(_Blocks(x, bs, np.float32), int(b), int(status))
                 return out
@@ -445,7 +459,9 @@ class Codec:
         raise self.format.encode_error(kind, block, vals)
 
     # -- decode --
-    def decode(self, data: ArrayLike | bytes | bytearray | memoryview, out: NDArray[np.float32] | None = None) -> NDArray[np.float32]:
+    def decode(
+        self, data: ArrayLike | bytes | bytearray | memoryview, out: NDArray[np.float32] | None = None
+    ) -> NDArray[np.float32]:
         """Decode bytes to float32.
 
         ``data``: uint8 array (or a bytes-like object) whose last axis is a
@@ -457,7 +473,13 @@ class Codec:
         if out is None and type(data) is np.ndarray and data.dtype is _U8 and self.backend == "numba":
             nbytes = data.shape[-1] if data.ndim else 0
             ts = self.info.type_size
-            if data.ndim and data.size > 0 and nbytes % ts == 0 and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"] and data.flags.c_contiguous:
+            if (
+                data.ndim
+                and data.size > 0
+                and nbytes % ts == 0
+                and data.size // ts * self.info.block_size <= _FAST_VALUES["decode"]
+                and data.flags.c_contiguous
+            ):
                 bs = self.info.block_size
                 out = np.empty(data.shape[:-1] + (nbytes // ts * bs,), np.float32)
                 self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))
@@ -553,7 +575,9 @@ def codec_class(name: str) -> type:
         info = format_info(name)
         parts = (f"{info.description}.", format_class(name).__doc__, Codec.__doc__)
         doc = "\n\n".join(inspect.cleandoc(p) for p in parts if p)  # one indentation, so it renders as reST
-        _CLASSES[name] = type(name.upper(), (Codec,), {"name": name, "info": info, "__doc__": doc, "__module__": __name__})
+        _CLASSES[name] = type(
+            name.upper(), (Codec,), {"name": name, "info": info, "__doc__": doc, "__module__": __name__}
+        )
     return _CLASSES[name]
 
 
@@ -647,7 +671,9 @@ def quantize(x: ArrayLike, fmt: str, *, out: NDArray[np.uint8] | None = None, **
     return _shortcut_codec(fmt, config).encode(x, out=out)
 
 
-def dequantize(data: ArrayLike, fmt: str, *, out: NDArray[np.float32] | None = None, **config: Any) -> NDArray[np.float32]:
+def dequantize(
+    data: ArrayLike, fmt: str, *, out: NDArray[np.float32] | None = None, **config: Any
+) -> NDArray[np.float32]:
     """Decode uint8 ``data`` (last axis a multiple of the type size) in format ``fmt`` to float32.
 
     >>> dequantize(quantize(np.ones((3, 64), np.float32), "q4_0"), "q4_0")[0, :3]

@@ -50,7 +50,19 @@ from .errors import BlockShapeError, TbqTypeError, TbqValueError, check_int
 from .formats import FORMATS, check_options, config_for, format_class, format_name, formats
 from .metrics import attention_error, cosine_similarity, nmse, random_queries, softmax_kl, topk_agreement
 
-__all__ = ["compare", "kv_geometry", "untileable", "format_table", "attention_columns", "to_records", "kernels_cached", "warm_up", "COLUMNS", "COMPACT_COLUMNS", "JSON_KEYS"]
+__all__ = [
+    "compare",
+    "kv_geometry",
+    "untileable",
+    "format_table",
+    "attention_columns",
+    "to_records",
+    "kernels_cached",
+    "warm_up",
+    "COLUMNS",
+    "COMPACT_COLUMNS",
+    "JSON_KEYS",
+]
 
 #: Head size of the built-in data set.
 HEAD_DIM = 128
@@ -162,7 +174,17 @@ def _logits(queries: np.ndarray, X: np.ndarray) -> np.ndarray:
     return out * (1.0 / math.sqrt(X.shape[2]))
 
 
-def attention_columns(x: ArrayLike, y: ArrayLike, *, role: str = "keys", partner: Any = None, queries: ArrayLike | None = None, topk: int = 8, encoded: Any = None, threads: Any = None) -> dict[str, Any]:
+def attention_columns(
+    x: ArrayLike,
+    y: ArrayLike,
+    *,
+    role: str = "keys",
+    partner: Any = None,
+    queries: ArrayLike | None = None,
+    topk: int = 8,
+    encoded: Any = None,
+    threads: Any = None,
+) -> dict[str, Any]:
     """The attention columns of a :func:`compare` row for reference ``x`` and reconstruction ``y``.
 
     ``role="keys"``: logit RMSE, softmax KL and top-k agreement of ``y`` as the
@@ -204,7 +226,9 @@ def _fused_ok(codec: Any, head_dim: int) -> bool:
     return head_dim % info.block_size == 0 and (not info.rotated or head_dim % 128 == 0)
 
 
-def _attention_columns_fused(X: Any, Y: Any, role: Any, P: Any, queries: Any, topk: Any, encoded: Any, threads: Any) -> dict[str, Any]:
+def _attention_columns_fused(
+    X: Any, Y: Any, role: Any, P: Any, queries: Any, topk: Any, encoded: Any, threads: Any
+) -> dict[str, Any]:
     out: dict[str, Any] = {"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None}
     if role == "keys":  # one head at a time: the float64 logits of all heads at once were 1.5x the input
         q = np.asarray(queries, np.float64)
@@ -228,10 +252,14 @@ def _attention_columns_fused(X: Any, Y: Any, role: Any, P: Any, queries: Any, to
         q = np.asarray(queries, np.float32)
         if q.ndim == 2:
             q = np.broadcast_to(q[:, None, :], (q.shape[0], heads, q.shape[1]))
-        q = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(-1, X.shape[2])  # query heads (head, query): GQA over the heads
+        q = np.ascontiguousarray(q.transpose(1, 0, 2)).reshape(
+            -1, X.shape[2]
+        )  # query heads (head, query): GQA over the heads
         cache: KVCache | np.ndarray
         if codec.format.attention_domain == "rotated":  # read in the rotated domain, from the blocks
-            cache = KVCache(codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config())
+            cache = KVCache(
+                codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config()
+            )
         else:  # the decoded rows: the format's reader gives exactly these bits (the same result), and compiles nothing
             cache = np.asarray(Y, np.float32)
         with np.errstate(all="ignore"):
@@ -350,10 +378,19 @@ def compare(
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
                 s = chunked_error_summary(_heads(x), _heads(y))
                 row.update(
-                    {"NMSE": s["nmse"], "SNR dB": s["snr_db"], "max abs err": s["max_abs_error"], "mean cos": s["mean_cosine"]}
+                    {
+                        "NMSE": s["nmse"],
+                        "SNR dB": s["snr_db"],
+                        "max abs err": s["max_abs_error"],
+                        "mean cos": s["mean_cosine"],
+                    }
                 )
                 if attention:
-                    row.update(attention_columns(x, y, role=role, partner=partner, queries=queries, topk=topk, encoded=(q, codec)))
+                    row.update(
+                        attention_columns(
+                            x, y, role=role, partner=partner, queries=queries, topk=topk, encoded=(q, codec)
+                        )
+                    )
                 else:
                     row.update({"logit rmse": None, "softmax KL": None, "top-k": None, "out NMSE": None})
             row["enc Mv/s"] = x.size / t_enc / 1e6
@@ -370,7 +407,9 @@ def tiling_message(bad: Any, heads: int, head_dim: int) -> str:
     parts = []
     for f in bad:
         info = FORMATS[f]
-        unit = f"the row of {heads} x {head_dim} = {heads * head_dim} values" if info.row_tiled else f"head_dim {head_dim}"
+        unit = (
+            f"the row of {heads} x {head_dim} = {heads * head_dim} values" if info.row_tiled else f"head_dim {head_dim}"
+        )
         parts.append(f"{f} (blocks of {info.block_size} must divide {unit})")
     return "cannot tile the rows: " + "; ".join(parts)
 
@@ -464,7 +503,9 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
 
-def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool = True, processes: int | None = None) -> float:
+def warm_up(
+    fmts: Any, config: dict[str, Any] | None = None, *, attention: bool = True, processes: int | None = None
+) -> float:
     """Compile the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores at once.
 
     Numba compiles one function at a time per process, so a cold start runs
@@ -502,10 +543,19 @@ def warm_up(fmts: Any, config: dict[str, Any] | None = None, *, attention: bool 
 
     procs = []
     for share in shares[1:]:
-        job = {"formats": fmts_of(share), "config": config, "attention": "tbq.attention_kernels" in share, "readers": attention}
-        code = (f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); "
-                "c._warm(j['formats'], j['config'], j['attention'], j['readers'])")
-        procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        job = {
+            "formats": fmts_of(share),
+            "config": config,
+            "attention": "tbq.attention_kernels" in share,
+            "readers": attention,
+        }
+        code = (
+            f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); "
+            "c._warm(j['formats'], j['config'], j['attention'], j['readers'])"
+        )
+        procs.append(
+            subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
     try:
         _warm(fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0], attention)
     finally:
@@ -575,7 +625,11 @@ def format_table(rows: list[dict[str, Any]], *, wide: bool = True, topk: int | N
             i = j + 1
         lines.append(line.rstrip())
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -35,7 +35,9 @@ try:
     import dask.base
     from dask.delayed import delayed
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("tbq.dask needs the optional dependency dask[array]; install it with `pip install 'tbq[zarr]'`") from _exc
+    raise ImportError(
+        "tbq.dask needs the optional dependency dask[array]; install it with `pip install 'tbq[zarr]'`"
+    ) from _exc
 
 from .codecs import Codec, codec_from_config, get_codec
 from .errors import BlockShapeError, EncodedLengthError, TbqTypeError, TbqValueError

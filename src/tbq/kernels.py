@@ -71,7 +71,7 @@ def f32_to_f16_bits(f):
         if rem > half or (rem == half and (q & np.uint32(1)) != 0):
             q += np.uint32(1)
         return np.uint16(sign | q)
-    h = ((a >> np.uint32(13)) - np.uint32(0x1C000))  # rebias exponent 127 -> 15, keep 10 mantissa bits
+    h = (a >> np.uint32(13)) - np.uint32(0x1C000)  # rebias exponent 127 -> 15, keep 10 mantissa bits
     rem = a & np.uint32(0x1FFF)
     if rem > np.uint32(0x1000) or (rem == np.uint32(0x1000) and (h & np.uint32(1)) != 0):
         h += np.uint32(1)  # a carry into the exponent is the correct rounding
@@ -275,8 +275,9 @@ def store_fence(typingctx):
 #: ``dst``, with ``aux`` (float32, ``n_aux`` values) the format's tables. The fused attention kernel
 #: (:mod:`tbq.attention_kernels`) takes readers as first-class functions of this one type, so it is
 #: compiled (and cached) once for every format, and a format's reader is compiled only when used.
-READER_SIG = types.void(types.CPointer(types.uint8), types.CPointer(types.float32), types.int64,
-                        types.CPointer(types.float32), types.int64)
+READER_SIG = types.void(
+    types.CPointer(types.uint8), types.CPointer(types.float32), types.int64, types.CPointer(types.float32), types.int64
+)
 
 _READERS: dict = {}
 

@@ -232,7 +232,9 @@ def random_queries(n: int, head_dim: int, heads: int | None = None, *, seed: int
     return rng.standard_normal(shape)
 
 
-def inner_product_error(x: ArrayLike, y: ArrayLike, queries: ArrayLike | None = None, *, n_queries: int = 64, seed: int = 0) -> dict[str, Any]:
+def inner_product_error(
+    x: ArrayLike, y: ArrayLike, queries: ArrayLike | None = None, *, n_queries: int = 64, seed: int = 0
+) -> dict[str, Any]:
     """Statistics of ``e = q.y - q.x`` (``y`` the reconstruction of ``x``) over queries and vectors.
 
     ``x``, ``y``: ``(..., d)``, every vector along the last axis is used.
@@ -409,7 +411,16 @@ def logit_error(q: ArrayLike, k: ArrayLike, k_hat: ArrayLike, scale: float | Non
     }
 
 
-def attention_error(q: ArrayLike, k: ArrayLike, v: ArrayLike | None = None, k_hat: ArrayLike | None = None, v_hat: ArrayLike | None = None, *, topk: int = 8, scale: float | None = None) -> dict[str, Any]:
+def attention_error(
+    q: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike | None = None,
+    k_hat: ArrayLike | None = None,
+    v_hat: ArrayLike | None = None,
+    *,
+    topk: int = 8,
+    scale: float | None = None,
+) -> dict[str, Any]:
     """How quantizing K and/or V changes attention for the queries ``q``.
 
     ``k_hat``/``v_hat`` default to the exact ``k``/``v`` (so passing only one
@@ -597,7 +608,6 @@ def peak_to_rms(x: ArrayLike, axis: int = -1) -> np.ndarray | float:
     return float(r) if np.ndim(r) == 0 else r
 
 
-
 # ---------------------------------------------------------------------------
 # Value tables against Lloyd-Max
 # ---------------------------------------------------------------------------
@@ -724,7 +734,9 @@ def _best_scale(f: Any, lo: float = 1 / 64, hi: float = 64.0, points: int = 241)
     return float(grid[i]), float(vals[i])
 
 
-def table_distortion(levels: ArrayLike, *, samples: ArrayLike | None = None, sigma: float | None = None, n_levels: int | None = None) -> dict[str, Any]:
+def table_distortion(
+    levels: ArrayLike, *, samples: ArrayLike | None = None, sigma: float | None = None, n_levels: int | None = None
+) -> dict[str, Any]:
     """A value table against the Lloyd-Max quantizer of the distribution it meets.
 
     ``levels``: the values the table's codes decode to (sorted and

@@ -129,9 +129,7 @@ def encoded_size(shape: Any, fmt: str) -> int:
 
 
 def _pack_header(fmt: str, shape: Any) -> bytes:
-    return _FIXED.pack(MAGIC, HEADER_VERSION, FORMAT_CODES[fmt], len(shape), 0) + struct.pack(
-        f"<{len(shape)}Q", *shape
-    )
+    return _FIXED.pack(MAGIC, HEADER_VERSION, FORMAT_CODES[fmt], len(shape), 0) + struct.pack(f"<{len(shape)}Q", *shape)
 
 
 def read_header(buf: Any) -> tuple[str, tuple[int, ...], int]:
@@ -245,7 +243,9 @@ class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: 
     def from_config(cls, config: Any) -> Any:
         cfg = dict(config)
         cid = cfg.pop("id", cls.codec_id)
-        if cid != cls.codec_id and (not isinstance(cid, str) or not cid[:4].lower() == "tbq." or _fmt_of(cid) != cls.fmt):
+        if cid != cls.codec_id and (
+            not isinstance(cid, str) or not cid[:4].lower() == "tbq." or _fmt_of(cid) != cls.fmt
+        ):
             raise ConfigError(f"{cls.__name__}.from_config: config id {cid!r} is not {cls.codec_id!r}")
         return cls(**cfg)
 
@@ -327,7 +327,9 @@ class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: 
 def _numcodec_class(fmt: str) -> type[TbqCodec]:
     info = FORMATS[fmt]
     doc = f"{info.description} numcodecs codec (id ``tbq.{fmt}``): {info.type_size} bytes per {info.block_size} values."
-    return type(fmt.upper(), (TbqCodec,), {"codec_id": CODEC_IDS[fmt], "fmt": fmt, "__doc__": doc, "__module__": __name__})
+    return type(
+        fmt.upper(), (TbqCodec,), {"codec_id": CODEC_IDS[fmt], "fmt": fmt, "__doc__": doc, "__module__": __name__}
+    )
 
 
 #: One numcodecs class per format of the registry, named like the format (``Q8_0``, ``TBQ4_0``, ...).
@@ -350,9 +352,7 @@ def _fmt_of(name: str) -> str:
             fmt = ""
         if fmt in _CLASSES:
             return fmt
-    raise ConfigError(
-        f"unknown tbq codec {name!r}; known: {', '.join(CODEC_IDS.values())} (or the bare format names)"
-    )
+    raise ConfigError(f"unknown tbq codec {name!r}; known: {', '.join(CODEC_IDS.values())} (or the bare format names)")
 
 
 def get_numcodec(fmt: str, **config: Any) -> TbqCodec:
@@ -428,7 +428,9 @@ if _HAVE_ZARR3:
             return {"name": self.name, "configuration": dict(self.configuration)}
 
         def __repr__(self) -> Any:
-            return f"ZarrCodec({_fmt_of(self.name)!r}, {', '.join(f'{k}={v!r}' for k, v in self.configuration.items())})"
+            return (
+                f"ZarrCodec({_fmt_of(self.name)!r}, {', '.join(f'{k}={v!r}' for k, v in self.configuration.items())})"
+            )
 
         def validate(self, *, shape: Any, dtype: Any, chunk_grid: Any) -> None:
             native = dtype.to_native_dtype()

@@ -43,7 +43,9 @@ def _check_len(a: NDArray[Any], multiple: int, what: str) -> None:
 def _check_max(idx: NDArray[Any], limit: int) -> None:
     if idx.size and int(idx.max()) >= limit:
         pos = np.unravel_index(int(np.argmax(idx >= limit)), idx.shape)
-        raise TbqValueError(f"index {int(idx[pos])} at position {tuple(int(p) for p in pos)} does not fit in {limit.bit_length() - 1} bits")
+        raise TbqValueError(
+            f"index {int(idx[pos])} at position {tuple(int(p) for p in pos)} does not fit in {limit.bit_length() - 1} bits"
+        )
 
 
 def _backend(backend: str | None) -> str:
@@ -101,7 +103,13 @@ def np_unpack3(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
 # --- public dispatch ------------------------------------------------------------
 
 
-def _run(np_fn: Callable[[NDArray[np.uint8]], NDArray[np.uint8]], nb_name: str, a: NDArray[np.uint8], backend: str | None, n_out: int) -> NDArray[np.uint8]:
+def _run(
+    np_fn: Callable[[NDArray[np.uint8]], NDArray[np.uint8]],
+    nb_name: str,
+    a: NDArray[np.uint8],
+    backend: str | None,
+    n_out: int,
+) -> NDArray[np.uint8]:
     if _backend(backend) == "numba":
         from . import packing_kernels
 

@@ -37,8 +37,14 @@ def hi4(byte):
 def lane3(i0, i1, i2, i3, i4, i5, i6, i7):
     """The 24-bit lane of eight 3-bit indices: ``sum(i_t << 3t)`` (as int32)."""
     return (
-        np.int32(i0) | (np.int32(i1) << 3) | (np.int32(i2) << 6) | (np.int32(i3) << 9)
-        | (np.int32(i4) << 12) | (np.int32(i5) << 15) | (np.int32(i6) << 18) | (np.int32(i7) << 21)
+        np.int32(i0)
+        | (np.int32(i1) << 3)
+        | (np.int32(i2) << 6)
+        | (np.int32(i3) << 9)
+        | (np.int32(i4) << 12)
+        | (np.int32(i5) << 15)
+        | (np.int32(i6) << 18)
+        | (np.int32(i7) << 21)
     )
 
 
@@ -107,7 +113,11 @@ def pack3(idx):
     out = np.empty(idx.size // 8 * 3, np.uint8)
     for g in range(idx.size // 8):
         i = 8 * g
-        store_lane3(out, 3 * g, lane3(idx[i], idx[i + 1], idx[i + 2], idx[i + 3], idx[i + 4], idx[i + 5], idx[i + 6], idx[i + 7]))
+        store_lane3(
+            out,
+            3 * g,
+            lane3(idx[i], idx[i + 1], idx[i + 2], idx[i + 3], idx[i + 4], idx[i + 5], idx[i + 6], idx[i + 7]),
+        )
     return out
 
 

@@ -57,8 +57,7 @@ def require_matplotlib(what: str = "plotting") -> Any:
         import matplotlib
     except ImportError:
         raise ConfigError(
-            f"{what} needs matplotlib, which is not installed: {INSTALL_HINT} "
-            "('.[notebooks]' for the study notebooks)"
+            f"{what} needs matplotlib, which is not installed: {INSTALL_HINT} ('.[notebooks]' for the study notebooks)"
         ) from None
     return matplotlib
 
@@ -79,7 +78,9 @@ def figure_path(name: str) -> Path:
     return d / name
 
 
-def _figure(nrows: Any = 1, ncols: Any = 1, width: Any = None, height: Any = None, *, what: str = "plotting", **kw: Any) -> Any:
+def _figure(
+    nrows: Any = 1, ncols: Any = 1, width: Any = None, height: Any = None, *, what: str = "plotting", **kw: Any
+) -> Any:
     require_matplotlib(what)
     from matplotlib.figure import Figure
 
@@ -115,7 +116,11 @@ def plot_compare(rows: list[dict[str, Any]], path: str | os.PathLike[str], *, ti
     """Grouped bars of :func:`tbq.compare.compare` rows: NMSE, softmax KL (keys) and attention-output NMSE per format."""
     datas = list(dict.fromkeys(r["data"] for r in rows))
     fmts = list(dict.fromkeys(r["format"] for r in rows))
-    panels = [("NMSE", "NMSE of the tensor"), ("softmax KL", "softmax KL (nats), keys"), ("out NMSE", "attention output NMSE")]
+    panels = [
+        ("NMSE", "NMSE of the tensor"),
+        ("softmax KL", "softmax KL (nats), keys"),
+        ("out NMSE", "attention output NMSE"),
+    ]
     panels = [p for p in panels if any(r.get(p[0]) is not None for r in rows)]
     fig, axes = _figure(1, len(panels))
     colors = dict(zip(datas, _colors(len(datas)), strict=True))
@@ -131,7 +136,9 @@ def plot_compare(rows: list[dict[str, Any]], path: str | os.PathLike[str], *, ti
                 series[d] = vals
         width = 0.8 / max(1, len(series))
         for j, (d, vals) in enumerate(series.items()):
-            ax.bar(np.arange(len(fmts)) + (j - (len(series) - 1) / 2) * width, vals, width, label=str(d), color=colors[d])
+            ax.bar(
+                np.arange(len(fmts)) + (j - (len(series) - 1) / 2) * width, vals, width, label=str(d), color=colors[d]
+            )
         ax.set_xticks(np.arange(len(fmts)), fmts, rotation=30, ha="right")
         ax.set_yscale("log")
         ax.set_title(label)
@@ -219,7 +226,13 @@ def plot_budget(report: Any, path: str | os.PathLike[str], *, what: str = "plot_
 # ---------------------------------------------------------------------------
 
 
-def plot_rate_distortion(results: list[dict[str, Any]], path: str | os.PathLike[str], *, bits_range: Any = (1.0, 9.0), title: str | None = None) -> Path:
+def plot_rate_distortion(
+    results: list[dict[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    bits_range: Any = (1.0, 9.0),
+    title: str | None = None,
+) -> Path:
     """NMSE (SNR on the right axis) against bits per value, one column per data set, with the anchors.
 
     ``results``: dicts with ``dataset``, ``name``, ``bits_per_value`` and
@@ -246,12 +259,20 @@ def plot_rate_distortion(results: list[dict[str, Any]], path: str | os.PathLike[
         for row, rel in enumerate((False, True)):
             ax = axes[row][col]
             f: Callable[[Any, Any], Any] = (lambda bb, y: y / shannon_lower_bound(bb)) if rel else (lambda bb, y: y)
-            ax.fill_between(b, f(b, shannon_lower_bound(b)), f(b, turboquant_upper_bound(b)), color="0.9", label="between the bounds")
+            ax.fill_between(
+                b,
+                f(b, shannon_lower_bound(b)),
+                f(b, turboquant_upper_bound(b)),
+                color="0.9",
+                label="between the bounds",
+            )
             ax.plot(b, f(b, shannon_lower_bound(b)), "k-", lw=1, label=r"Shannon lower bound $4^{-b}$")
             ax.plot(b, f(b, turboquant_upper_bound(b)), "k--", lw=1, label=r"upper bound $(\sqrt{3}\pi/2)\,4^{-b}$")
             ax.plot(bi, f(bi, lm), "k:", marker="x", lw=1, label="Gaussian Lloyd-Max")
             for fam in families:
-                pts = sorted((r["bits_per_value"], r["nmse"]) for r in results if r["dataset"] == ds and r.get("family") == fam)
+                pts = sorted(
+                    (r["bits_per_value"], r["nmse"]) for r in results if r["dataset"] == ds and r.get("family") == fam
+                )
                 if pts:
                     x, y = map(np.asarray, zip(*pts, strict=True))
                     ax.plot(x, f(x, y), "-", marker=".", color=colors[fam], alpha=0.8, label=fam)
@@ -259,8 +280,12 @@ def plot_rate_distortion(results: list[dict[str, Any]], path: str | os.PathLike[
                 for r in results:
                     if r["dataset"] == ds and r["name"] == nm and not r.get("family"):
                         ax.plot(
-                            r["bits_per_value"], f(r["bits_per_value"], r["nmse"]), markers[i % len(markers)],
-                            color=colors[nm], ms=7, label=nm,
+                            r["bits_per_value"],
+                            f(r["bits_per_value"], r["nmse"]),
+                            markers[i % len(markers)],
+                            color=colors[nm],
+                            ms=7,
+                            label=nm,
                         )
             ax.set_yscale("log")
             ax.grid(alpha=0.3, which="both")
@@ -294,7 +319,9 @@ def plot_rate_distortion(results: list[dict[str, Any]], path: str | os.PathLike[
 # ---------------------------------------------------------------------------
 
 
-def plot_rotation_block(block: Any, rotated: Any, path: str | os.PathLike[str], *, peak_rms: Any = None, title: str | None = None) -> Path:
+def plot_rotation_block(
+    block: Any, rotated: Any, path: str | os.PathLike[str], *, peak_rms: Any = None, title: str | None = None
+) -> Path:
     """One block before/after the rotation, and (optionally) max/RMS over many blocks.
 
     ``block``, ``rotated``: 1-D arrays of one block in the original and the
@@ -379,7 +406,14 @@ def plot_lines(
     for k, t in enumerate(titles):
         ax = axes[k // ncols][k % ncols]
         for lab, y in panels[t].items():
-            ax.plot(x, np.asarray(y, dtype=np.float64), (styles or {}).get(lab, "-"), marker=".", color=colors[lab], label=lab)
+            ax.plot(
+                x,
+                np.asarray(y, dtype=np.float64),
+                (styles or {}).get(lab, "-"),
+                marker=".",
+                color=colors[lab],
+                label=lab,
+            )
         if logx:
             ax.set_xscale("log", base=2 if logx is True else logx)
         ly = logy.get(t, True) if isinstance(logy, dict) else logy
@@ -406,7 +440,15 @@ def plot_lines(
     return _save(fig, path)
 
 
-def plot_bars(panels: dict[str, Any], path: str | os.PathLike[str], *, logy: bool = True, title: str | None = None, ncols: int | None = None, hline: Any = None) -> Path:
+def plot_bars(
+    panels: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    logy: bool = True,
+    title: str | None = None,
+    ncols: int | None = None,
+    hline: Any = None,
+) -> Path:
     """Bar panels: ``{panel title: {bar label: value}}``; ``logy`` a bool or ``{panel: bool}``.
 
     ``hline``: optional ``{panel title: (y, label)}`` reference line.
@@ -442,7 +484,9 @@ def plot_bars(panels: dict[str, Any], path: str | os.PathLike[str], *, logy: boo
 # ---------------------------------------------------------------------------
 
 
-def plot_codebooks(tables: dict[str, Any], path: str | os.PathLike[str], *, sigma: float, title: str | None = None) -> Path:
+def plot_codebooks(
+    tables: dict[str, Any], path: str | os.PathLike[str], *, sigma: float, title: str | None = None
+) -> Path:
     """Codebook levels against the N(0, sigma^2) density they should fit.
 
     ``tables``: ``{panel title: {label: Codebook}}`` (e.g. one panel per bit
@@ -499,7 +543,6 @@ def plot_index_histograms(hists: dict[str, Any], path: str | os.PathLike[str], *
     if title:
         fig.suptitle(title)
     return _save(fig, path)
-
 
 
 # ---------------------------------------------------------------------------
@@ -581,7 +624,9 @@ def plot_format_metrics(
             if j == 0:
                 ax.set_ylabel(metrics[key])
             if i == nr - 1:
-                ax.set_xlabel(f"bits per value (axis compressed above {cut:g})" if max(bits) > cut else "bits per value")
+                ax.set_xlabel(
+                    f"bits per value (axis compressed above {cut:g})" if max(bits) > cut else "bits per value"
+                )
     seen: dict[Any, Any] = {}
     for row in axes:
         for ax in row:
@@ -599,7 +644,13 @@ def plot_format_metrics(
 
 
 def plot_rotated_blocks(
-    blocks: dict[str, Any], path: str | os.PathLike[str], *, mark: Any = None, distributions: dict[str, Any] | None = None, ncols: int = 3, title: str | None = None
+    blocks: dict[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    mark: Any = None,
+    distributions: dict[str, Any] | None = None,
+    ncols: int = 3,
+    title: str | None = None,
 ) -> Path:
     """One block in several domains, coordinate by coordinate, and per-block statistics as histograms.
 
@@ -634,7 +685,7 @@ def plot_rotated_blocks(
         ax.set_title(t, fontsize="medium")
         ax.set_xlabel("coordinate")
         ax.set_ylabel("value / block RMS")
-    for ax, (t, series) in zip(flat[len(blocks):], distributions.items(), strict=False):
+    for ax, (t, series) in zip(flat[len(blocks) :], distributions.items(), strict=False):
         allv = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in series.values()])
         bins = np.linspace(float(allv.min()), float(allv.max()) * 1.02 + 1e-12, 60)
         for (lab, v), c in zip(series.items(), _colors(len(series)), strict=True):
@@ -654,7 +705,9 @@ def plot_rotated_blocks(
 # ---------------------------------------------------------------------------
 
 
-def plot_value_tables(panels: dict[str, Any], path: str | os.PathLike[str], *, ncols: int = 4, title: str | None = None) -> Path:
+def plot_value_tables(
+    panels: dict[str, Any], path: str | os.PathLike[str], *, ncols: int = 4, title: str | None = None
+) -> Path:
     """Value tables drawn over the distribution of the values they quantize.
 
     ``panels``: ``{panel title: {"samples": array, "tables": {label: levels}}}``.
@@ -689,7 +742,7 @@ def plot_value_tables(panels: dict[str, Any], path: str | os.PathLike[str], *, n
         ax.set_title(t, fontsize="medium")
         ax.set_yticks([])
         ax.minorticks_off()
-    for ax in flat[len(titles):]:
+    for ax in flat[len(titles) :]:
         ax.set_visible(False)
     seen: dict[Any, Any] = {}
     for ax in flat:

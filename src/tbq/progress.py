@@ -86,7 +86,15 @@ class slow_notice:
     False
     """
 
-    def __init__(self, message: str, after: float = 1.0, *, done: str = "done", enabled: bool | None = None, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        after: float = 1.0,
+        *,
+        done: str = "done",
+        enabled: bool | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
         self.message, self.after, self.done_text = message, float(after), done
         self.stream = sys.stderr if stream is None else stream
         self.enabled = stderr_is_terminal(self.stream) if enabled is None else bool(enabled)

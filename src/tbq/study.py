@@ -208,7 +208,9 @@ class KIVI(Quantizer):
     :class:`CachePolicy` if needed.
     """
 
-    def __init__(self, bits: int = 2, group_size: int = 32, axis: str = "channel", param_dtype: Any = np.float16) -> None:
+    def __init__(
+        self, bits: int = 2, group_size: int = 32, axis: str = "channel", param_dtype: Any = np.float16
+    ) -> None:
         check_int(bits, "KIVI bits", lo=1, hi=8, expected="an integer in 1..8", error=ConfigError)
         check_int(group_size, "KIVI group_size", lo=1, expected="a positive integer", error=ConfigError)
         check_choice(axis, "KIVI axis", AXES)
@@ -269,7 +271,9 @@ class KIVI(Quantizer):
             s = ((hi - z.astype(np.float64)) / self.levels).astype(np.float32)
             s = np.where(s.astype(np.float64) * self.levels < hi - z, np.nextafter(s, np.float32(np.inf)), s)
         if not (np.all(np.isfinite(z)) and np.all(np.isfinite(s))):
-            raise TbqValueError(f"{self.name}: a group's range does not fit {self.param_dtype}; use param_dtype=np.float32")
+            raise TbqValueError(
+                f"{self.name}: a group's range does not fit {self.param_dtype}; use param_dtype=np.float32"
+            )
         s64 = s.astype(np.float64)[..., None]
         with np.errstate(invalid="ignore", divide="ignore"):
             q = np.where(s64 > 0, np.rint((g - z.astype(np.float64)[..., None]) / np.where(s64 > 0, s64, 1.0)), 0.0)
@@ -326,7 +330,9 @@ class _BlockLloydMax(Quantizer):
         self.bits = self.code_bits = int(bits)
         self.block_size = int(block_size)
         sigma = 1.0 / math.sqrt(self.block_size)
-        self.codebook: Codebook = _gaussian_codebook(self.bits, sigma) if codebook is None else get_codebook(codebook, self.bits)
+        self.codebook: Codebook = (
+            _gaussian_codebook(self.bits, sigma) if codebook is None else get_codebook(codebook, self.bits)
+        )
         self.rotation = rotation
         self.bits_per_value = self.bits + 16.0 / self.block_size
 
@@ -519,13 +525,14 @@ class CachePolicy:
         return f"<CachePolicy {self.label}>"
 
 
-
 # ---------------------------------------------------------------------------
 # Measurements over the real formats
 # ---------------------------------------------------------------------------
 
 
-def rate_distortion_rows(datasets: dict[str, Any], specs: Any = None, *, n_queries: int = 16, topk: int = 8, seed: int = 0) -> list[dict[str, Any]]:
+def rate_distortion_rows(
+    datasets: dict[str, Any], specs: Any = None, *, n_queries: int = 16, topk: int = 8, seed: int = 0
+) -> list[dict[str, Any]]:
     """One row per data set and format: bits per value, vector error and what attention sees.
 
     ``datasets``: ``{name: array}``, each ``(tokens, heads, head_dim)`` or
@@ -550,7 +557,9 @@ def rate_distortion_rows(datasets: dict[str, Any], specs: Any = None, *, n_queri
     for ds, x in datasets.items():
         x = _as_f32(x)
         if x.ndim not in (2, 3):
-            raise TbqValueError(f"data set {ds!r}: expected (tokens, heads, head_dim) or (tokens, head_dim), got {x.shape}")
+            raise TbqValueError(
+                f"data set {ds!r}: expected (tokens, heads, head_dim) or (tokens, head_dim), got {x.shape}"
+            )
         q = metrics.random_queries(n_queries, x.shape[-1], x.shape[1] if x.ndim == 3 else None, seed=seed)
         for spec in specs:
             quant = get_quantizer(spec)

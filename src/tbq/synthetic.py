@@ -114,7 +114,9 @@ def _pair_index(head_dim: int, pairing: str) -> tuple[NDArray[np.intp], NDArray[
     raise AssertionError(f"PAIRINGS lists {pairing!r} but _pairs has no rule for it")  # pragma: no cover
 
 
-def apply_rope(x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0, pairing: str = "half") -> NDArray[np.float32]:
+def apply_rope(
+    x: ArrayLike, positions: ArrayLike | None = None, *, base: float = 10000.0, pairing: str = "half"
+) -> NDArray[np.float32]:
     """Rotate channel pairs of ``x`` (``(tokens, ..., head_dim)``) by ``position * theta_i``.
 
     Pair ``i`` is ``(i, i + head_dim/2)`` for ``pairing="half"`` and
@@ -244,9 +246,7 @@ def llm_like_kv(
     :func:`heavy_tailed_values` (seed ``seed + 1``, ``df``). Both
     ``(tokens, heads, head_dim)`` float32.
     """
-    k = rope_keys(
-        tokens, heads, head_dim, seed=seed, outlier_pairs=outlier_pairs, outlier_factor=outlier_factor
-    )
+    k = rope_keys(tokens, heads, head_dim, seed=seed, outlier_pairs=outlier_pairs, outlier_factor=outlier_factor)
     if sink_scale and tokens:
         # The sink norm is relative to this key set's typical norm.
         typical = float(np.sqrt(np.mean(np.sum(k.astype(np.float64) ** 2, axis=-1))))

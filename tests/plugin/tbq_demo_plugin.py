@@ -27,7 +27,13 @@ _F16_OVER = F32(F16_OVERFLOW)
 
 class DEMO_Q8R(Format):
     info = FormatInfo(
-        "demo_q8r", 32, 34, False, 8, "demo plugin: fp16 scale amax/127 + 32 int8 codes rint(x/d)", code=200,
+        "demo_q8r",
+        32,
+        34,
+        False,
+        8,
+        "demo plugin: fp16 scale amax/127 + 32 int8 codes rint(x/d)",
+        code=200,
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes rint(x/d)")),
     )
 
@@ -112,4 +118,3 @@ def _main(argv):
         y = f.reference_decode(np.fromfile(src, np.uint8).reshape(-1, 34))
         y.astype("<f4").tofile(dst)
     return 0
-

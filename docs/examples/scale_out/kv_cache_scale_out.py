@@ -152,13 +152,24 @@ def _synthetic_chunk(block_info=None, *, seed: int, dtype=np.float32):
 
 def synthetic_kv(shape, chunks, seed: int = 0):
     """A lazy Dask array of synthetic keys; no chunk exists until computed."""
-    return da.map_blocks(_synthetic_chunk, seed=seed, chunks=da.core.normalize_chunks(chunks, shape), dtype=np.float32, meta=np.empty((0,) * len(shape), np.float32))
+    return da.map_blocks(
+        _synthetic_chunk,
+        seed=seed,
+        chunks=da.core.normalize_chunks(chunks, shape),
+        dtype=np.float32,
+        meta=np.empty((0,) * len(shape), np.float32),
+    )
 
 
 def generate(root: Path, shape, chunks, seed: int = 0) -> zarr.Array:
     src = zarr.create_array(
-        store=root / "kv.zarr", shape=shape, chunks=chunks, dtype="float32", compressors=None,
-        dimension_names=("token", "layer", "head", "dim"), attributes={"seed": seed, "generator": "keys with outlier channels x20"},
+        store=root / "kv.zarr",
+        shape=shape,
+        chunks=chunks,
+        dtype="float32",
+        compressors=None,
+        dimension_names=("token", "layer", "head", "dim"),
+        attributes={"seed": seed, "generator": "keys with outlier channels x20"},
         overwrite=True,
     )
     da.store(synthetic_kv(shape, chunks, seed), src, lock=False)
@@ -170,12 +181,22 @@ def quantize(root: Path, fmt: str, **config) -> tuple[zarr.Array, zarr.Array]:
     q = tbq.dask.quantize(x, fmt, **config)
     codec_cfg = tbq.get_codec(fmt, **config).get_config()
     blocks = zarr.create_array(
-        store=root / f"kv.{fmt}.blocks.zarr", shape=q.shape, chunks=tuple(c[0] for c in q.chunks), dtype="uint8",
-        compressors=None, attributes={"tbq_codec": codec_cfg, "float_shape": list(x.shape)}, overwrite=True,
+        store=root / f"kv.{fmt}.blocks.zarr",
+        shape=q.shape,
+        chunks=tuple(c[0] for c in q.chunks),
+        dtype="uint8",
+        compressors=None,
+        attributes={"tbq_codec": codec_cfg, "float_shape": list(x.shape)},
+        overwrite=True,
     )
     stored = zarr.create_array(
-        store=root / f"kv.{fmt}.zarr", shape=x.shape, chunks=tuple(c[0] for c in x.chunks), dtype="float32",
-        serializer=tbq.numcodecs.zarr_codec(fmt, **config), compressors=None, overwrite=True,
+        store=root / f"kv.{fmt}.zarr",
+        shape=x.shape,
+        chunks=tuple(c[0] for c in x.chunks),
+        dtype="float32",
+        serializer=tbq.numcodecs.zarr_codec(fmt, **config),
+        compressors=None,
+        overwrite=True,
     )
     # one graph: the input chunks are read once and feed both stores
     da.store([q, x], [blocks, stored], lock=False)
@@ -198,8 +219,23 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def run(root, *, tokens=32768, layers=32, heads=8, head_dim=128, chunk_tokens=1024, chunk_layers=4,
-        fmt="tbq4_0", seed=0, scheduler="threads", workers=2, cleanup=False, progress=None, **config) -> dict:
+def run(
+    root,
+    *,
+    tokens=32768,
+    layers=32,
+    heads=8,
+    head_dim=128,
+    chunk_tokens=1024,
+    chunk_layers=4,
+    fmt="tbq4_0",
+    seed=0,
+    scheduler="threads",
+    workers=2,
+    cleanup=False,
+    progress=None,
+    **config,
+) -> dict:
     """Run the three passes under ``root`` and return the report dict.
 
     ``progress``: report each pass on stderr (``None``: only when stderr is a terminal).
@@ -220,7 +256,10 @@ def run(root, *, tokens=32768, layers=32, heads=8, head_dim=128, chunk_tokens=10
             "cpus": os.cpu_count(),
             "mem_total_gib": _mem_total_gib(),
             "python": platform.python_version(),
-            "numpy": np.__version__, "dask": dask.__version__, "zarr": zarr.__version__, "tbq": tbq.__version__,
+            "numpy": np.__version__,
+            "dask": dask.__version__,
+            "zarr": zarr.__version__,
+            "tbq": tbq.__version__,
         },
         "rss_after_imports_mib": _mib(_status_kib("VmRSS")),
     }
@@ -238,21 +277,33 @@ def run(root, *, tokens=32768, layers=32, heads=8, head_dim=128, chunk_tokens=10
     bar = scheduler != "distributed"
     try:
         with ctx:
-            with Phase("generate", report), announce(
-                f"[1/3] generate: write {format_bytes(nbytes)} of float32 in {n_chunks} chunk{'s' if n_chunks != 1 else ''}"
-                f" to {root / 'kv.zarr'}",
-                show=show, bar=bar,
+            with (
+                Phase("generate", report),
+                announce(
+                    f"[1/3] generate: write {format_bytes(nbytes)} of float32 in {n_chunks} chunk{'s' if n_chunks != 1 else ''}"
+                    f" to {root / 'kv.zarr'}",
+                    show=show,
+                    bar=bar,
+                ),
             ):
                 generate(root, shape, chunks, seed)
-            with Phase("quantize_and_store", report), announce(
-                f"[2/3] quantize_and_store: read {format_bytes(nbytes)}, write {fmt} blocks and the serializer array"
-                " (the first run also compiles the numba kernels)",
-                show=show, bar=bar,
+            with (
+                Phase("quantize_and_store", report),
+                announce(
+                    f"[2/3] quantize_and_store: read {format_bytes(nbytes)}, write {fmt} blocks and the serializer array"
+                    " (the first run also compiles the numba kernels)",
+                    show=show,
+                    bar=bar,
+                ),
             ):
                 quantize(root, fmt, **config)
-            with Phase("metrics_from_disk", report), announce(
-                "[3/3] metrics_from_disk: read everything back, NMSE / SNR / max error and mismatches",
-                show=show, bar=bar,
+            with (
+                Phase("metrics_from_disk", report),
+                announce(
+                    "[3/3] metrics_from_disk: read everything back, NMSE / SNR / max error and mismatches",
+                    show=show,
+                    bar=bar,
+                ),
             ):
                 report["metrics"] = metrics(root, fmt, **config)
     finally:
@@ -279,7 +330,9 @@ def _mem_total_gib():
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--root", required=True, help="directory for the Zarr stores")
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--layers", type=int, default=32)
@@ -290,13 +343,25 @@ def main(argv=None) -> int:
     p.add_argument("--format", default="tbq4_0", choices=tbq.formats())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduler", default="threads", choices=("threads", "sync", "distributed"))
-    p.add_argument("--workers", type=int, default=2, help="threads (threads scheduler) or threads of the one local worker")
+    p.add_argument(
+        "--workers", type=int, default=2, help="threads (threads scheduler) or threads of the one local worker"
+    )
     p.add_argument("--cleanup", action="store_true", help="delete the stores at the end")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr (shown only on a terminal anyway)")
     a = p.parse_args(argv)
     report = run(
-        a.root, tokens=a.tokens, layers=a.layers, heads=a.heads, head_dim=a.head_dim, chunk_tokens=a.chunk_tokens,
-        chunk_layers=a.chunk_layers, fmt=a.format, seed=a.seed, scheduler=a.scheduler, workers=a.workers, cleanup=a.cleanup,
+        a.root,
+        tokens=a.tokens,
+        layers=a.layers,
+        heads=a.heads,
+        head_dim=a.head_dim,
+        chunk_tokens=a.chunk_tokens,
+        chunk_layers=a.chunk_layers,
+        fmt=a.format,
+        seed=a.seed,
+        scheduler=a.scheduler,
+        workers=a.workers,
+        cleanup=a.cleanup,
         progress=False if a.quiet else None,
     )
     json.dump(report, sys.stdout, indent=2)

@@ -102,7 +102,9 @@ def resolve_format(fmt, codebook=None, signs=None, options=None) -> Format:
             raise ConfigError("pass format options with a format name; a Codec already carries its options")
         return inner
     if not isinstance(fmt, str):
-        raise ConfigError(f"fmt must be a format name such as 'q8_0', a tbq Format or a tbq Codec, got {type(fmt).__name__}")
+        raise ConfigError(
+            f"fmt must be a format name such as 'q8_0', a tbq Format or a tbq Codec, got {type(fmt).__name__}"
+        )
     return get_format(fmt, **opts)
 
 
@@ -117,22 +119,58 @@ def _finish(report: CheckReport, target: Target, out) -> CheckReport:
     return report
 
 
-def check_target(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
-                 exact: bool = False, k: int = DEFAULT_K, seed: int = 0, out=None, progress: bool | None = False,
-                 accept=()) -> CheckReport:
+def check_target(
+    target: Target,
+    *,
+    blocks: int = DEFAULT_BLOCKS,
+    examples: int = DEFAULT_EXAMPLES,
+    seconds: float | None = None,
+    exact: bool = False,
+    k: int = DEFAULT_K,
+    seed: int = 0,
+    out=None,
+    progress: bool | None = False,
+    accept=(),
+) -> CheckReport:
     """Check any :class:`Target` (see :func:`check_kernel` for the settings); closes the target afterwards."""
     try:
-        report = run_check(target, blocks=blocks, examples=examples, seconds=seconds, exact=exact, k=k, seed=seed, progress=progress,
-                           accept=accept)
+        report = run_check(
+            target,
+            blocks=blocks,
+            examples=examples,
+            seconds=seconds,
+            exact=exact,
+            k=k,
+            seed=seed,
+            progress=progress,
+            accept=accept,
+        )
         return _finish(report, target, out)
     finally:
         target.close()
 
 
-def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=None, options=None, blocks: int = DEFAULT_BLOCKS,
-                 examples: int = DEFAULT_EXAMPLES, seconds: float | None = None, exact: bool = False, k: int = DEFAULT_K,
-                 seed: int = 0, out=None, progress: bool | None = False, name: str | None = None, accept=(), dot=None,
-                 rhs=None) -> CheckReport:
+def check_kernel(
+    fmt,
+    quantize=None,
+    dequantize=None,
+    *,
+    codebook=None,
+    signs=None,
+    options=None,
+    blocks: int = DEFAULT_BLOCKS,
+    examples: int = DEFAULT_EXAMPLES,
+    seconds: float | None = None,
+    exact: bool = False,
+    k: int = DEFAULT_K,
+    seed: int = 0,
+    out=None,
+    progress: bool | None = False,
+    name: str | None = None,
+    accept=(),
+    dot=None,
+    rhs=None,
+) -> CheckReport:
     """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
 
     ``quantize(x)`` takes float32 rows ``(rows, k)`` and returns the encoded
@@ -167,14 +205,39 @@ def check_kernel(fmt, quantize=None, dequantize=None, *, codebook=None, signs=No
     if dot is not None:
         if quantize is not None or dequantize is not None:
             raise ConfigError("give dot= alone: a dot-product check does not take quantize= or dequantize=")
-        return check_dot(CallableDot(f, right_format(f, rhs), dot, name=name), blocks=blocks, exact=exact, seed=seed, out=out)
-    return check_target(CallableTarget(f, quantize, dequantize, name=name), blocks=blocks, examples=examples, seconds=seconds,
-                        exact=exact, k=k, seed=seed, out=out, progress=progress, accept=accept)
+        return check_dot(
+            CallableDot(f, right_format(f, rhs), dot, name=name), blocks=blocks, exact=exact, seed=seed, out=out
+        )
+    return check_target(
+        CallableTarget(f, quantize, dequantize, name=name),
+        blocks=blocks,
+        examples=examples,
+        seconds=seconds,
+        exact=exact,
+        k=k,
+        seed=seed,
+        out=out,
+        progress=progress,
+        accept=accept,
+    )
 
 
-def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
-                  init=(), strict_lib: bool = False, codebook=None, signs=None, options=None, dot: str | None = None, rhs=None,
-                  **settings) -> CheckReport:
+def check_library(
+    path: str | os.PathLike,
+    fmt,
+    *,
+    quantize: str | None = None,
+    dequantize: str | None = None,
+    only: str | None = None,
+    init=(),
+    strict_lib: bool = False,
+    codebook=None,
+    signs=None,
+    options=None,
+    dot: str | None = None,
+    rhs=None,
+    **settings,
+) -> CheckReport:
     """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
 
     ``quantize`` / ``dequantize`` name other symbols; ``only`` (``"quantize"``
@@ -192,14 +255,27 @@ def check_library(path: str | os.PathLike, fmt, *, quantize: str | None = None, 
     if dot is not None:
         extra = set(settings) - {"blocks", "exact", "seed", "out"}
         if extra or quantize or dequantize or only:
-            raise ConfigError(f"a dot-product check takes blocks, exact, seed and out, not {', '.join(sorted(extra)) or 'row symbols'}")
+            raise ConfigError(
+                f"a dot-product check takes blocks, exact, seed and out, not {', '.join(sorted(extra)) or 'row symbols'}"
+            )
         return check_dot(LibraryDot(path, dot, f, right_format(f, rhs), init=init, strict_lib=strict_lib), **settings)
-    return check_target(LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only, init=init, strict_lib=strict_lib),
-                        **settings)
+    return check_target(
+        LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only, init=init, strict_lib=strict_lib),
+        **settings,
+    )
 
 
-def check_program(command: str, fmt, *, only: str | None = None, timeout: float = 600.0, codebook=None, signs=None, options=None,
-                  **settings) -> CheckReport:
+def check_program(
+    command: str,
+    fmt,
+    *,
+    only: str | None = None,
+    timeout: float = 600.0,
+    codebook=None,
+    signs=None,
+    options=None,
+    **settings,
+) -> CheckReport:
     """Check an external program: ``command`` with ``{in}``, ``{out}`` and optionally ``{op}``, ``{k}``, ``{rows}``, ``{format}``.
 
     The program reads ``{in}`` (raw little-endian float32 to quantize, or

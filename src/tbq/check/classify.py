@@ -51,8 +51,25 @@ import numpy as np
 from ..formats import Format
 from ..formats.base import ordered_field_code
 
-__all__ = ["EXACT", "FRAGILE", "WRONG", "EQUIVALENT", "UNDEFINED", "TIE_RULE", "ACCEPTED", "CLASSES", "ACCEPTED_UNLESS_EXACT", "Classified",
-           "classify_encoded", "classify_decoded", "encoder_trace", "value_codes", "ordered_code", "row_kw", "tie_blocks"]
+__all__ = [
+    "EXACT",
+    "FRAGILE",
+    "WRONG",
+    "EQUIVALENT",
+    "UNDEFINED",
+    "TIE_RULE",
+    "ACCEPTED",
+    "CLASSES",
+    "ACCEPTED_UNLESS_EXACT",
+    "Classified",
+    "classify_encoded",
+    "classify_decoded",
+    "encoder_trace",
+    "value_codes",
+    "ordered_code",
+    "row_kw",
+    "tie_blocks",
+]
 
 EXACT, FRAGILE, WRONG, EQUIVALENT, UNDEFINED, TIE_RULE, ACCEPTED = 0, 1, 2, 3, 4, 5, 6
 #: Class names, indexed by the class codes :data:`EXACT`, :data:`FRAGILE`, :data:`WRONG`, :data:`EQUIVALENT`,
@@ -243,7 +260,9 @@ def _field_diffs(fmt: Format, ref: np.ndarray, got: np.ndarray):
     return dict(Fr=Fr, Fg=Fg, neq_v=neq_v, adj=adj, code_changed=code_changed, d_neq=d_neq, d_adj=d_adj, maybe=maybe)
 
 
-def classify_encoded_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray, k: int, diffs: dict | None = None) -> np.ndarray:
+def classify_encoded_blocks(
+    fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray, k: int, diffs: dict | None = None
+) -> np.ndarray:
     """Classes of blocks whose bytes differ: ``ref``/``got`` uint8 (blocks, type_size), ``trace`` of those blocks."""
     nb = ref.shape[0]
     if nb == 0:
@@ -280,8 +299,11 @@ def classify_encoded(fmt: Format, x_rows: np.ndarray, ref: np.ndarray, got: np.n
     f = _field_diffs(fmt, rb[idx], gb[idx])
     cand = np.flatnonzero(f["maybe"])
     if cand.size:
-        sub = {key: (v[cand] if isinstance(v, np.ndarray) and v.shape[:1] == (idx.size,) else v) for key, v in f.items()
-               if key not in ("Fr", "Fg")}
+        sub = {
+            key: (v[cand] if isinstance(v, np.ndarray) and v.shape[:1] == (idx.size,) else v)
+            for key, v in f.items()
+            if key not in ("Fr", "Fg")
+        }
         sub["Fr"] = {n: v[cand] for n, v in f["Fr"].items()}
         sub["Fg"] = {n: v[cand] for n, v in f["Fg"].items()}
         trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx[cand])

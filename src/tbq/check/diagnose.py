@@ -53,15 +53,43 @@ from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack
 from .classify import CLASSES, FRAGILE, WRONG, ordered_code, row_kw, value_codes
 from .targets import FILL_BYTE
 
-__all__ = ["Diagnosis", "Kept", "KEEP_BLOCKS", "DIAGNOSES", "select_kept", "diagnose_encoder", "diagnose_decoder", "diagnose_fragile", "diagnose_accepted",
-           "describe_differences", "describe_values"]
+__all__ = [
+    "Diagnosis",
+    "Kept",
+    "KEEP_BLOCKS",
+    "DIAGNOSES",
+    "select_kept",
+    "diagnose_encoder",
+    "diagnose_decoder",
+    "diagnose_fragile",
+    "diagnose_accepted",
+    "describe_differences",
+    "describe_values",
+]
 
 #: Failing blocks kept per direction for the diagnoses and the report.
 KEEP_BLOCKS = 4096
 #: The names of the diagnoses a check makes (what ``accept`` may name).
-DIAGNOSES = ("shift_bug_3bit", "nibble_order", "scale_ulp", "scale_conversion", "tie_rounding", "rotated_sign", "input_sign",
-             "permutation", "decoder_ulp", "signed_zero", "special_scales", "flush_to_zero", "output_sign", "codebook",
-             "scale_factor", "round_trip", "unwritten", "format_options")
+DIAGNOSES = (
+    "shift_bug_3bit",
+    "nibble_order",
+    "scale_ulp",
+    "scale_conversion",
+    "tie_rounding",
+    "rotated_sign",
+    "input_sign",
+    "permutation",
+    "decoder_ulp",
+    "signed_zero",
+    "special_scales",
+    "flush_to_zero",
+    "output_sign",
+    "codebook",
+    "scale_factor",
+    "round_trip",
+    "unwritten",
+    "format_options",
+)
 #: Share of the evidence that must agree before a pattern is named.
 AGREE = 0.9
 
@@ -80,7 +108,13 @@ class Diagnosis:
         return "\n".join([self.title] + [f"    - {e}" for e in self.evidence])
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "direction": self.direction, "scope": self.scope, "title": self.title, "evidence": list(self.evidence)}
+        return {
+            "name": self.name,
+            "direction": self.direction,
+            "scope": self.scope,
+            "title": self.title,
+            "evidence": list(self.evidence),
+        }
 
 
 class Kept:
@@ -191,13 +225,19 @@ def describe_differences(fmt: Format, direction: str, kept: dict) -> list[str]:
     n = kept["cls"].size
     if direction == "dequantize":
         neq = kept["ref"].view(np.uint32) != kept["got"].view(np.uint32)
-        return [f"{n} wrong blocks: {int(neq.sum())} of {neq.size} decoded values differ "
-                f"(per block: median {int(np.median(neq.sum(1)))}, at most {int(neq.sum(1).max())})"]
+        return [
+            f"{n} wrong blocks: {int(neq.sum())} of {neq.size} decoded values differ "
+            f"(per block: median {int(np.median(neq.sum(1)))}, at most {int(neq.sum(1).max())})"
+        ]
     Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
     lines = []
     for name in Fr:
         a, b = Fr[name], Fg[name]
-        neq = (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32)) if a.dtype.kind == "f" else a != b
+        neq = (
+            (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32))
+            if a.dtype.kind == "f"
+            else a != b
+        )
         nb = int(neq.any(1).sum())
         if not nb:
             lines.append(f"{name}: identical in all {n} wrong blocks")
@@ -253,20 +293,30 @@ def _shift_bug(fmt, kept) -> Diagnosis | None:
             f"(or the unwritten fill 0x{FILL_BYTE:02X}) in the target's output",
         ]
         if repro.any():
-            ev.append(f"the fork's buggy packer (qs[0] |= idx << (bit < 8 ? bit : 0); for bit >= 8 qs[1] |= idx >> (8 - bit), "
-                      f"a negative shift) applied to tbq's codes reproduces the target's bytes in {int(repro.sum())} of {rows.size} blocks")
+            ev.append(
+                f"the fork's buggy packer (qs[0] |= idx << (bit < 8 ? bit : 0); for bit >= 8 qs[1] |= idx >> (8 - bit), "
+                f"a negative shift) applied to tbq's codes reproduces the target's bytes in {int(repro.sum())} of {rows.size} blocks"
+            )
         differing = [t for t in range(8) if per_t[t]]
-        title = (f"3-bit packer shift bug (docs/formats.md, \"The 3-bit shift bug\"): codes {_positions(differing)} of the "
-                 f"8-value groups differ, {percent(late)} of them at t = 3..7; bytes 1-2 of {percent(high_lost)} of the "
-                 "24-bit lanes are not written")
+        title = (
+            f'3-bit packer shift bug (docs/formats.md, "The 3-bit shift bug"): codes {_positions(differing)} of the '
+            f"8-value groups differ, {percent(late)} of them at t = 3..7; bytes 1-2 of {percent(high_lost)} of the "
+            "24-bit lanes are not written"
+        )
         if repro.any():
             title += f"; the fork's buggy packer reproduces {int(repro.sum())} of {rows.size} wrong blocks"
         return Diagnosis("shift_bug_3bit", title, ev)
     return None
 
 
-_READ4 = {"u4_halves": lambda b: unpack4_halves(b, backend="numpy"), "u4_pairs": lambda b: unpack4_pairs(b, backend="numpy")}
-_PACK4 = {"u4_halves": lambda q: pack4_halves(q, backend="numpy"), "u4_pairs": lambda q: pack4_pairs(q, backend="numpy")}
+_READ4 = {
+    "u4_halves": lambda b: unpack4_halves(b, backend="numpy"),
+    "u4_pairs": lambda b: unpack4_pairs(b, backend="numpy"),
+}
+_PACK4 = {
+    "u4_halves": lambda q: pack4_halves(q, backend="numpy"),
+    "u4_pairs": lambda q: pack4_pairs(q, backend="numpy"),
+}
 _LAYOUT4 = {
     ("u4_halves", False): "byte j = q[j] | q[j+16] << 4 (split halves)",
     ("u4_halves", True): "byte j = q[j+16] | q[j] << 4 (split halves, high and low nibbles swapped)",
@@ -287,8 +337,10 @@ def _nibble_alternatives(kind: str):
 def _nibble_title(kind, alt_kind, swap) -> str:
     if alt_kind == kind:
         return "nibble order swapped: high and low nibbles are exchanged"
-    return f"nibble order swapped: {'adjacent pairs' if alt_kind == 'u4_pairs' else 'split halves'} instead of " \
-           f"{'split halves' if kind == 'u4_halves' else 'adjacent pairs'}" + (", high and low exchanged" if swap else "")
+    return (
+        f"nibble order swapped: {'adjacent pairs' if alt_kind == 'u4_pairs' else 'split halves'} instead of "
+        f"{'split halves' if kind == 'u4_halves' else 'adjacent pairs'}" + (", high and low exchanged" if swap else "")
+    )
 
 
 def _nibble_encoder(fmt, kept) -> Diagnosis | None:
@@ -305,9 +357,11 @@ def _nibble_encoder(fmt, kept) -> Diagnosis | None:
             G2 = _swap_nibbles(G[rows]) if swap else G[rows]
             match = (_READ4[alt](G2) == cr).all(axis=1)
             if match.mean() >= AGREE:
-                ev = [f"reading the target's {f.name} bytes as {_LAYOUT4[(alt, swap)]} gives exactly tbq's codes in "
-                      f"{int(match.sum())} of {rows.size} wrong blocks whose {f.name} differs",
-                      f"the format stores {_LAYOUT4[(f.kind, False)]}"]
+                ev = [
+                    f"reading the target's {f.name} bytes as {_LAYOUT4[(alt, swap)]} gives exactly tbq's codes in "
+                    f"{int(match.sum())} of {rows.size} wrong blocks whose {f.name} differs",
+                    f"the format stores {_LAYOUT4[(f.kind, False)]}",
+                ]
                 return Diagnosis("nibble_order", _nibble_title(f.kind, alt, swap), ev)
     return None
 
@@ -350,17 +404,29 @@ def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
         boundary = (dg + nb) / 2
         ulps = np.ceil(np.abs(boundary - d32) / np.spacing(np.abs(d32).astype(np.float32)).astype(np.float64))
     ulps = ulps[np.isfinite(ulps)]
-    ev = [f"{int(dneq.sum())} wrong blocks differ in d, every one by exactly one fp16 step; their codes equal tbq's "
-          "or differ by one at fragile positions"]
+    ev = [
+        f"{int(dneq.sum())} wrong blocks differ in d, every one by exactly one fp16 step; their codes equal tbq's "
+        "or differ by one at fragile positions"
+    ]
     if ulps.size:
-        ev.append(f"to round to the target's fp16 values its float32 d must have been {int(ulps.min())} to {int(ulps.max())} "
-                  f"float32 ulps from tbq's (median {int(np.median(ulps))}); the fragility margin is k = {k} "
-                  f"(--fragile-ulps {int(ulps.max())} would accept them as fragile)")
+        ev.append(
+            f"to round to the target's fp16 values its float32 d must have been {int(ulps.min())} to {int(ulps.max())} "
+            f"float32 ulps from tbq's (median {int(np.median(ulps))}); the fragility margin is k = {k} "
+            f"(--fragile-ulps {int(ulps.max())} would accept them as fragile)"
+        )
     if ulps.size and ulps.min() > 64:  # no reduction order moves a float32 scale that far
-        return Diagnosis("scale_ulp", "every differing scale is one fp16 step from tbq's, too far from tbq's float32 scale "
-                         "for a reduction-order difference: the conversion to fp16 rounds differently", ev)
-    return Diagnosis("scale_ulp", "every differing scale is one fp16 ulp from tbq's: FMA contraction or another reduction "
-                     "order in the scale's arithmetic, beyond the fragility margin", ev)
+        return Diagnosis(
+            "scale_ulp",
+            "every differing scale is one fp16 step from tbq's, too far from tbq's float32 scale "
+            "for a reduction-order difference: the conversion to fp16 rounds differently",
+            ev,
+        )
+    return Diagnosis(
+        "scale_ulp",
+        "every differing scale is one fp16 ulp from tbq's: FMA contraction or another reduction "
+        "order in the scale's arithmetic, beyond the fragility margin",
+        ev,
+    )
 
 
 def _f16_bits(v64: np.ndarray) -> np.ndarray:
@@ -395,9 +461,11 @@ def _scale_conversion(fmt, kept) -> Diagnosis | None:
     for title, alt in alts.items():
         explains = alt[rows] == G[rows]
         if explains.mean() >= AGREE and (alt != R).any():
-            ev = [f"in {int(explains.sum())} of {int(rows.sum())} wrong blocks whose d differs, the target's 2 scale bytes equal "
-                  f"that conversion of tbq's float32 d (e.g. d = {float(d[rows][0])!r}: tbq 0x{int(R[rows][0]):04X}, "
-                  f"target 0x{int(G[rows][0]):04X})"]
+            ev = [
+                f"in {int(explains.sum())} of {int(rows.sum())} wrong blocks whose d differs, the target's 2 scale bytes equal "
+                f"that conversion of tbq's float32 d (e.g. d = {float(d[rows][0])!r}: tbq 0x{int(R[rows][0]):04X}, "
+                f"target 0x{int(G[rows][0]):04X})"
+            ]
             return Diagnosis("scale_conversion", title, ev)
     return None
 
@@ -423,8 +491,10 @@ def _ties(fmt, kept, min_codes: int = 4, need_rule: bool = False) -> Diagnosis |
         step = (cg - cr)[diff]
         if not (np.abs(step) == 1).all() or step.size < min_codes:
             continue
-        ev = [f"all {int(diff.sum())} differing codes sit on exact ties: the traced {name} is exactly k + 1/2 there",
-              f"the target's code is tbq's - 1 in {int((step < 0).sum())} of them, + 1 in {int((step > 0).sum())}"]
+        ev = [
+            f"all {int(diff.sum())} differing codes sit on exact ties: the traced {name} is exactly k + 1/2 there",
+            f"the target's code is tbq's - 1 in {int((step < 0).sum())} of them, + 1 in {int((step > 0).sum())}",
+        ]
         title = "ties are rounded differently"
         if (np.rint(t) == cg[diff]).all():
             title = "ties are rounded to even (rintf, nearbyintf, cvtps2dq, __float2int_rn) where the spec rounds half away from zero (roundf)"
@@ -460,14 +530,20 @@ def _rotated_sign(fmt, kept) -> Diagnosis | None:
     mirror = (cg == top - cr)[diff]
     if mirror.mean() < AGREE:
         return None
-    ev = [f"the codes differ only at rotated coordinate(s) {_positions(J)} ({int(blocks.sum())} wrong blocks)",
-          f"there the target's index is the mirror image {top} - idx of tbq's (the centroid of -r) in {int(mirror.sum())} "
-          f"of {mirror.size} differing codes"]
+    ev = [
+        f"the codes differ only at rotated coordinate(s) {_positions(J)} ({int(blocks.sum())} wrong blocks)",
+        f"there the target's index is the mirror image {top} - idx of tbq's (the centroid of -r) in {int(mirror.sum())} "
+        f"of {mirror.size} differing codes",
+    ]
     hint = ""
     if "signs2" in tables:
         hint = f": the target's signs2[{_positions(J)}] differs from tbq's (tbq: {_positions(np.asarray(tables['signs2'])[J])})"
-    return Diagnosis("rotated_sign", f"rotated coordinate(s) {_positions(J)} are negated before quantizing: a different "
-                     f"sign table or rotation{hint}", ev)
+    return Diagnosis(
+        "rotated_sign",
+        f"rotated coordinate(s) {_positions(J)} are negated before quantizing: a different "
+        f"sign table or rotation{hint}",
+        ev,
+    )
 
 
 def _input_sign(fmt, kept, tries: int = 4) -> Diagnosis | None:
@@ -490,9 +566,17 @@ def _input_sign(fmt, kept, tries: int = 4) -> Diagnosis | None:
         return None
     i = min(common)
     tables = fmt.tables()
-    hint = f": the target's signs1[{i}] differs from tbq's (tbq: {int(tables['signs1'][i])})" if "signs1" in tables else ""
-    ev = [f"in each of {len(found)} wrong blocks tried, tbq's encoding of the input with value {i} negated equals the target's bytes exactly"]
-    return Diagnosis("input_sign", f"the sign of input value {i} is flipped before the rotation: a different first sign table{hint}", ev)
+    hint = (
+        f": the target's signs1[{i}] differs from tbq's (tbq: {int(tables['signs1'][i])})" if "signs1" in tables else ""
+    )
+    ev = [
+        f"in each of {len(found)} wrong blocks tried, tbq's encoding of the input with value {i} negated equals the target's bytes exactly"
+    ]
+    return Diagnosis(
+        "input_sign",
+        f"the sign of input value {i} is flipped before the rotation: a different first sign table{hint}",
+        ev,
+    )
 
 
 def _permutation(fmt, kept) -> Diagnosis | None:
@@ -512,14 +596,25 @@ def _permutation(fmt, kept) -> Diagnosis | None:
     for j in range(bs):
         src = np.flatnonzero((cg[:, j][:, None] == cr).all(axis=0))
         if not src.size:
-            return Diagnosis("permutation", "the target's codes are tbq's codes in another order", [
-                f"in {int(same_multiset.sum())} of {rows.size} blocks whose codes differ, the target's codes are the same multiset as tbq's"])
+            return Diagnosis(
+                "permutation",
+                "the target's codes are tbq's codes in another order",
+                [
+                    f"in {int(same_multiset.sum())} of {rows.size} blocks whose codes differ, the target's codes are the same multiset as tbq's"
+                ],
+            )
         perm.append(int(src[0]) if j not in src else j)
     moved = [(j, p) for j, p in enumerate(perm) if p != j]
-    return Diagnosis("permutation", "the target's codes are tbq's codes in another order", [
-        f"in {int(same_multiset.sum())} of {rows.size} blocks whose codes differ, the target's codes are the same multiset as tbq's",
-        "value j holds the code of value p(j), consistently over those blocks: " + ", ".join(f"{j} <- {p}" for j, p in moved[:10])
-        + (", ..." if len(moved) > 10 else "")])
+    return Diagnosis(
+        "permutation",
+        "the target's codes are tbq's codes in another order",
+        [
+            f"in {int(same_multiset.sum())} of {rows.size} blocks whose codes differ, the target's codes are the same multiset as tbq's",
+            "value j holds the code of value p(j), consistently over those blocks: "
+            + ", ".join(f"{j} <- {p}" for j, p in moved[:10])
+            + (", ..." if len(moved) > 10 else ""),
+        ],
+    )
 
 
 def _known_options(fmt: Format):
@@ -551,19 +646,32 @@ def _other_options(fmt: Format, kept: dict, direction: str) -> Diagnosis | None:
         codec = codec_from(alt.name, alt.config(), on_overflow="inf")
         with np.errstate(all="ignore"):
             if direction == "quantize":
-                same = (codec.encode(np.ascontiguousarray(kept["x"], np.float32)).reshape(n, -1) == kept["got"]).all(axis=1)
+                same = (codec.encode(np.ascontiguousarray(kept["x"], np.float32)).reshape(n, -1) == kept["got"]).all(
+                    axis=1
+                )
             else:
                 y = codec.decode(kept["data"]).reshape(n, -1)
                 same = (y.view(np.uint32) == kept["got"].view(np.uint32)).all(axis=1)
         if same.mean() >= AGREE:
             own = fmt.config()
             changed = {k: v for k, v in opts.items() if own.get(k) != v}
-            flags = " ".join(f"--{k} {v}" if k in ("codebook", "signs") else f"--option {k}={v}" for k, v in changed.items())
-            return Diagnosis("format_options", f"the target follows {fmt.name} with {', '.join(f'{k}={v!r}' for k, v in changed.items())} "
-                             f"(check with {flags})", [
-                f"tbq's {direction} with those options gives exactly the target's output in {int(same.sum())} of {n} wrong blocks",
-                "tried every combination of the known values: " + "; ".join(f"{k}: {', '.join(map(repr, fmt.options[k].known))}"
-                                                                             for k in fmt.options if fmt.options[k].known)])
+            flags = " ".join(
+                f"--{k} {v}" if k in ("codebook", "signs") else f"--option {k}={v}" for k, v in changed.items()
+            )
+            return Diagnosis(
+                "format_options",
+                f"the target follows {fmt.name} with {', '.join(f'{k}={v!r}' for k, v in changed.items())} "
+                f"(check with {flags})",
+                [
+                    f"tbq's {direction} with those options gives exactly the target's output in {int(same.sum())} of {n} wrong blocks",
+                    "tried every combination of the known values: "
+                    + "; ".join(
+                        f"{k}: {', '.join(map(repr, fmt.options[k].known))}"
+                        for k in fmt.options
+                        if fmt.options[k].known
+                    ),
+                ],
+            )
     return None
 
 
@@ -572,8 +680,16 @@ def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
     if not kept:
         return []
     out = []
-    for fn in (_shift_bug, _nibble_encoder, lambda f, kp: _scale_ulp(f, kp, k), _scale_conversion, _ties, _rotated_sign, _input_sign,
-               lambda f, kp: _other_options(f, kp, "quantize")):
+    for fn in (
+        _shift_bug,
+        _nibble_encoder,
+        lambda f, kp: _scale_ulp(f, kp, k),
+        _scale_conversion,
+        _ties,
+        _rotated_sign,
+        _input_sign,
+        lambda f, kp: _other_options(f, kp, "quantize"),
+    ):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:
@@ -608,8 +724,11 @@ def describe_values(x: np.ndarray, limit: int = 6) -> str:
             text += " (subnormal)"
         return text
 
-    return (f"{nz.size} of {x.size} values other than +0: " + ", ".join(one(i) for i in nz[:limit])
-            + (" ..." if nz.size > limit else ""))
+    return (
+        f"{nz.size} of {x.size} values other than +0: "
+        + ", ".join(one(i) for i in nz[:limit])
+        + (" ..." if nz.size > limit else "")
+    )
 
 
 def _tie_share(fmt: Format, kept: dict):
@@ -642,8 +761,13 @@ def _tie_share(fmt: Format, kept: dict):
     return int(diff.sum()), float(away.mean()), float(even.mean()), int((on_tie & (yr == yg)).sum())
 
 
-_RULES = {"even": "half to even (rintf, nearbyintf, cvtps2dq, __float2int_rn)", "away": "half away from zero (roundf)",
-          "toward": "half toward zero", "odd": "half to odd", "up": "half up (trunc(v + k + 1/2))"}
+_RULES = {
+    "even": "half to even (rintf, nearbyintf, cvtps2dq, __float2int_rn)",
+    "away": "half away from zero (roundf)",
+    "toward": "half toward zero",
+    "odd": "half to odd",
+    "up": "half up (trunc(v + k + 1/2))",
+}
 _COMPLEMENT = {"even": "odd", "odd": "even", "away": "toward", "toward": "away"}
 
 
@@ -666,11 +790,13 @@ def _tie_rule(fmt, kept, total_differing: int) -> Diagnosis | None:
     nb = kept["cls"].size
     title = "ties are rounded " + (_RULES[target] if target else "by another rule")
     title += f" where the spec rounds {_RULES[spec]}" if spec in _RULES else " than the spec's"
-    ev = [f"{nb:,} of the {total_differing:,} blocks whose bytes differ ({percent(nb / max(1, total_differing))}) differ only in "
-          f"value codes one step apart that sit on exact ties of the value the format rounds ({n:,} codes)",
-          f"at those ties the target takes the level farther from zero in {percent(away)} and the even level in {percent(even)}; "
-          f"at {agreeing:,} other exact ties of the same blocks it agrees with tbq",
-          "accepted unless --exact (exact=True): a different tie rule is a real difference from the spec, not a reduction-order one"]
+    ev = [
+        f"{nb:,} of the {total_differing:,} blocks whose bytes differ ({percent(nb / max(1, total_differing))}) differ only in "
+        f"value codes one step apart that sit on exact ties of the value the format rounds ({n:,} codes)",
+        f"at those ties the target takes the level farther from zero in {percent(away)} and the even level in {percent(even)}; "
+        f"at {agreeing:,} other exact ties of the same blocks it agrees with tbq",
+        "accepted unless --exact (exact=True): a different tie rule is a real difference from the spec, not a reduction-order one",
+    ]
     return Diagnosis("tie_rounding", title, ev, scope="tie_rule")
 
 
@@ -697,9 +823,11 @@ def _signed_zero(fmt, kept) -> Diagnosis | None:
     a, b = Fr[n], Fg[n]
     rows = (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32)).any(axis=1)
     tneg = int(np.signbit(a[rows]).any(axis=1).sum())
-    ev = [f"in all {int(rows.sum())} blocks the only difference is the sign of a zero in field {', '.join(names)}: tbq stores -0 "
-          f"in {tneg} of them and +0 in {int(rows.sum()) - tneg}, the target the other one",
-          "they decode to the same values (zeros of one sign or the other): equivalent, accepted"]
+    ev = [
+        f"in all {int(rows.sum())} blocks the only difference is the sign of a zero in field {', '.join(names)}: tbq stores -0 "
+        f"in {tneg} of them and +0 in {int(rows.sum()) - tneg}, the target the other one",
+        "they decode to the same values (zeros of one sign or the other): equivalent, accepted",
+    ]
     x = kept.get("x")
     if x is not None and a.shape[1] == 1:
         sg = np.signbit(b[rows, 0])
@@ -709,14 +837,18 @@ def _signed_zero(fmt, kept) -> Diagnosis | None:
                 ev.append(f"the target's sign of {n} is the sign of x[{j}] in every one of them")
                 break
             if (xs[:, j] != sg).all():
-                ev.append(f"the target's sign of {n} is the opposite of the sign of x[{j}] in every one of them (as {n} = x[{j}] / "
-                          "a negative constant would give)")
+                ev.append(
+                    f"the target's sign of {n} is the opposite of the sign of x[{j}] in every one of them (as {n} = x[{j}] / "
+                    "a negative constant would give)"
+                )
                 break
         ev.append(f"e.g. the input {describe_values(np.asarray(x, np.float32)[rows][0])}")
     return Diagnosis("signed_zero", f"only the sign of a zero {', '.join(names)} differs (+0 against -0)", ev)
 
 
-def diagnose_accepted(fmt: Format, direction: str, cls_name: str, kept: dict, total_differing: int, rule: str = "") -> list[Diagnosis]:
+def diagnose_accepted(
+    fmt: Format, direction: str, cls_name: str, kept: dict, total_differing: int, rule: str = ""
+) -> list[Diagnosis]:
     """What the accepted non-exact blocks of one class (``equivalent``, ``undefined``, ``tie_rule``) are, with the evidence."""
     if not kept or direction != "quantize":
         return []
@@ -730,16 +862,29 @@ def diagnose_accepted(fmt: Format, direction: str, cls_name: str, kept: dict, to
             d = _signed_zero(fmt, kept)
             if d is None:
                 ex = kept["x"][0] if kept.get("x") is not None else None
-                d = Diagnosis("equivalent", f"{nb:,} blocks have other bytes than tbq's that decode to the same values", [
-                    "a zero scale makes every code decode to zero (C leaves those codes to whatever the kernel computes), or a "
-                    "zero of the other sign"] + ([f"e.g. the input {describe_values(ex)}"] if ex is not None else []))
+                d = Diagnosis(
+                    "equivalent",
+                    f"{nb:,} blocks have other bytes than tbq's that decode to the same values",
+                    [
+                        "a zero scale makes every code decode to zero (C leaves those codes to whatever the kernel computes), or a "
+                        "zero of the other sign"
+                    ]
+                    + ([f"e.g. the input {describe_values(ex)}"] if ex is not None else []),
+                )
             out.append(d)
         elif cls_name == "undefined":
             ex = kept["x"][0] if kept.get("x") is not None else None
-            out.append(Diagnosis("undefined", f"{nb:,} blocks are inputs on which the C reference's behaviour is undefined", [
-                f"the rule: {rule}" if rule else "the format declares these blocks undefined",
-                "accepted unless --exact (exact=True); tbq's bytes there are what x86-64 gcc's build of the reference writes"]
-                + ([f"e.g. the input {describe_values(ex)}"] if ex is not None else [])))
+            out.append(
+                Diagnosis(
+                    "undefined",
+                    f"{nb:,} blocks are inputs on which the C reference's behaviour is undefined",
+                    [
+                        f"the rule: {rule}" if rule else "the format declares these blocks undefined",
+                        "accepted unless --exact (exact=True); tbq's bytes there are what x86-64 gcc's build of the reference writes",
+                    ]
+                    + ([f"e.g. the input {describe_values(ex)}"] if ex is not None else []),
+                )
+            )
     for d in out:
         d.direction, d.scope = direction, cls_name
     return out
@@ -780,9 +925,11 @@ def _nibble_decoder(fmt, kept) -> Diagnosis | None:
                 y = fmt.reference_decode(moved[rows])
             match = (y.view(np.uint32) == g[rows]).all(axis=1)
             if match.mean() >= AGREE:
-                ev = [f"tbq's decoder gives exactly the target's values in {int(match.sum())} of {rows.size} wrong blocks once "
-                      f"{f.name} is read as {_LAYOUT4[(alt, swap)]}",
-                      f"the format stores {_LAYOUT4[(f.kind, False)]}"]
+                ev = [
+                    f"tbq's decoder gives exactly the target's values in {int(match.sum())} of {rows.size} wrong blocks once "
+                    f"{f.name} is read as {_LAYOUT4[(alt, swap)]}",
+                    f"the format stores {_LAYOUT4[(f.kind, False)]}",
+                ]
                 return Diagnosis("nibble_order", _nibble_title(f.kind, alt, swap), ev)
     return None
 
@@ -806,22 +953,37 @@ def _decoder_values(fmt, kept) -> Diagnosis | None:
     dist = _ulp_distance(r[neq], g[neq])
     zeros = (r[neq] == 0) & (g[neq] == 0)
     if zeros.all():
-        return Diagnosis("signed_zero", "only the sign of zero differs", [
-            f"all {int(neq.sum())} differing values are zeros of the opposite sign (e.g. -0.0 where the C reference gives "
-            "+0.0): the order of a subtraction or a multiply by a signed zero scale differs from the spec's"])
+        return Diagnosis(
+            "signed_zero",
+            "only the sign of zero differs",
+            [
+                f"all {int(neq.sum())} differing values are zeros of the opposite sign (e.g. -0.0 where the C reference gives "
+                "+0.0): the order of a subtraction or a multiply by a signed zero scale differs from the spec's"
+            ],
+        )
     if dist.max() <= 4:
         exact = not (tol > 0).any()
-        ev = [f"all {int(neq.sum())} differing values are within {int(dist.max())} float32 ulp(s) of tbq's "
-              f"({int((dist == 1).sum())} at one ulp)"]
-        ev.append("the format's decoder is exact (products of a code and a scale), so tbq expects identical bits"
-                  if exact else "they lie beyond the format's decode_tolerance (the largest legitimate FMA difference)")
-        return Diagnosis("decoder_ulp", "decoded values off by a few float32 ulps: FMA contraction or another order of "
-                         "operations in the decoder", ev)
+        ev = [
+            f"all {int(neq.sum())} differing values are within {int(dist.max())} float32 ulp(s) of tbq's "
+            f"({int((dist == 1).sum())} at one ulp)"
+        ]
+        ev.append(
+            "the format's decoder is exact (products of a code and a scale), so tbq expects identical bits"
+            if exact
+            else "they lie beyond the format's decode_tolerance (the largest legitimate FMA difference)"
+        )
+        return Diagnosis(
+            "decoder_ulp",
+            "decoded values off by a few float32 ulps: FMA contraction or another order of operations in the decoder",
+            ev,
+        )
     return None
 
 
 def _decoder_scales(fmt, kept) -> Diagnosis | None:
-    f = next((f for f in fmt.info.layout if f.kind == "f16" and f.size == 2 and f.offset == 0 and fmt.block_size > 1), None)
+    f = next(
+        (f for f in fmt.info.layout if f.kind == "f16" and f.size == 2 and f.offset == 0 and fmt.block_size > 1), None
+    )
     if f is None:
         return None
     bits = kept["data"][:, 0:2].copy().view("<u2").reshape(-1)
@@ -830,16 +992,26 @@ def _decoder_scales(fmt, kept) -> Diagnosis | None:
     subnormal = (exp == 0) & (mant != 0)
     n = bits.size
     if special.all():
-        return Diagnosis("special_scales", "only blocks whose fp16 scale is Inf or NaN decode differently", [
-            f"every one of the {n} wrong blocks has an Inf or NaN scale (tbq returns what the C reference computes: "
-            "+-Inf for non-zero codes, NaN for a zero code times Inf, NaN for a NaN scale)"])
+        return Diagnosis(
+            "special_scales",
+            "only blocks whose fp16 scale is Inf or NaN decode differently",
+            [
+                f"every one of the {n} wrong blocks has an Inf or NaN scale (tbq returns what the C reference computes: "
+                "+-Inf for non-zero codes, NaN for a zero code times Inf, NaN for a NaN scale)"
+            ],
+        )
     if subnormal.all():
         g = kept["got"]
         flushed = (g == 0).all(axis=1)
         if flushed.mean() >= AGREE:
-            return Diagnosis("flush_to_zero", "subnormal fp16 scales are flushed to zero (FTZ/DAZ, e.g. CUDA's -ftz=true or "
-                             "--use_fast_math)", [f"every one of the {n} wrong blocks has a subnormal fp16 scale, and the target "
-                                                 f"decodes {int(flushed.sum())} of them to all zeros"])
+            return Diagnosis(
+                "flush_to_zero",
+                "subnormal fp16 scales are flushed to zero (FTZ/DAZ, e.g. CUDA's -ftz=true or --use_fast_math)",
+                [
+                    f"every one of the {n} wrong blocks has a subnormal fp16 scale, and the target "
+                    f"decodes {int(flushed.sum())} of them to all zeros"
+                ],
+            )
     return None
 
 
@@ -855,8 +1027,13 @@ def _output_sign(fmt, kept) -> Diagnosis | None:
         return None
     tables = fmt.tables()
     hint = f": the target's signs1[{_positions(J)}] differs from tbq's" if "signs1" in tables else ""
-    return Diagnosis("output_sign", f"decoded value(s) {_positions(J)} have the wrong sign{hint}", [
-        f"in all {kept['cls'].size} wrong blocks the only differences are exact negations, at value position(s) {_positions(J)}"])
+    return Diagnosis(
+        "output_sign",
+        f"decoded value(s) {_positions(J)} have the wrong sign{hint}",
+        [
+            f"in all {kept['cls'].size} wrong blocks the only differences are exact negations, at value position(s) {_positions(J)}"
+        ],
+    )
 
 
 def _decoder_rotated_sign(fmt, kept) -> Diagnosis | None:
@@ -885,9 +1062,14 @@ def _decoder_rotated_sign(fmt, kept) -> Diagnosis | None:
         return None
     tables = fmt.tables()
     hint = f": the target's signs2[{_positions(J)}] differs from tbq's" if "signs2" in tables else ""
-    return Diagnosis("rotated_sign", f"rotated coordinate(s) {_positions(J)} are negated before the inverse rotation{hint}", [
-        f"rotating the target's decoded blocks with tbq's rotation gives tbq's rotated block with coordinate(s) "
-        f"{_positions(J)} negated in {int((close | flipped).all(axis=1).sum())} of {int(ok.sum())} wrong blocks"])
+    return Diagnosis(
+        "rotated_sign",
+        f"rotated coordinate(s) {_positions(J)} are negated before the inverse rotation{hint}",
+        [
+            f"rotating the target's decoded blocks with tbq's rotation gives tbq's rotated block with coordinate(s) "
+            f"{_positions(J)} negated in {int((close | flipped).all(axis=1).sum())} of {int(ok.sum())} wrong blocks"
+        ],
+    )
 
 
 def _decoder_codebook(fmt, kept) -> Diagnosis | None:
@@ -922,10 +1104,12 @@ def _decoder_codebook(fmt, kept) -> Diagnosis | None:
         return None  # not one level per code: the rotation differs, not (only) the codebook
     if np.allclose(levels, ours, rtol=1e-4, atol=1e-7):
         return None
-    ev = [f"rotating the target's decoded blocks with tbq's rotation gives one value per code over {int(ok.sum())} wrong blocks: "
-          f"its centroids are {', '.join(f'{v:.6g}' for v in levels)}",
-          f"tbq's ({fmt.config().get('codebook', 'this format') if isinstance(fmt.config().get('codebook'), str) else 'custom'}) "
-          f"are {', '.join(f'{v:.6g}' for v in ours)}"]
+    ev = [
+        f"rotating the target's decoded blocks with tbq's rotation gives one value per code over {int(ok.sum())} wrong blocks: "
+        f"its centroids are {', '.join(f'{v:.6g}' for v in levels)}",
+        f"tbq's ({fmt.config().get('codebook', 'this format') if isinstance(fmt.config().get('codebook'), str) else 'custom'}) "
+        f"are {', '.join(f'{v:.6g}' for v in ours)}",
+    ]
     title = "the decoder uses another codebook"
     if "codebook" in fmt.options:
         from ..codebooks import CODEBOOK_NAMES, named_codebook
@@ -964,8 +1148,10 @@ def _scale_factor(fmt, kept) -> Diagnosis | None:
     if const.mean() < AGREE:
         return None
     f = lo[const]
-    ev = [f"in {int(const.sum())} of {const.size} wrong blocks the target's values are tbq's times one factor per block "
-          f"(median {float(np.median(f)):.6g}, from {float(f.min()):.6g} to {float(f.max()):.6g})"]
+    ev = [
+        f"in {int(const.sum())} of {const.size} wrong blocks the target's values are tbq's times one factor per block "
+        f"(median {float(np.median(f)):.6g}, from {float(f.min()):.6g} to {float(f.max()):.6g})"
+    ]
     d_field = next((x for x in fmt.info.layout if x.name == "d" and x.kind == "f16" and x.size == 2), None)
     title = "the decoded block is tbq's times a per-block factor: the scale is read or applied differently"
     if d_field is not None:
@@ -985,8 +1171,16 @@ def diagnose_decoder(fmt: Format, kept: dict) -> list[Diagnosis]:
     if not kept:
         return []
     out = []
-    for fn in (_nibble_decoder, _decoder_scales, _decoder_values, _output_sign, _decoder_rotated_sign, _decoder_codebook, _scale_factor,
-               lambda f, kp: _other_options(f, kp, "dequantize")):
+    for fn in (
+        _nibble_decoder,
+        _decoder_scales,
+        _decoder_values,
+        _output_sign,
+        _decoder_rotated_sign,
+        _decoder_codebook,
+        _scale_factor,
+        lambda f, kp: _other_options(f, kp, "dequantize"),
+    ):
         with np.errstate(all="ignore"):
             d = fn(fmt, kept)
         if d is not None:

@@ -68,17 +68,25 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
         right = get_format(left.vec_dot_type)
     else:
         pairs = ", ".join(f"{n} x {c.vec_dot_type}" for n, c in FORMAT_CLASSES.items() if c.vec_dot_type)
-        raise TbqValueError(f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
-                            f"exact integer form; the pairs it checks: {pairs}")
+        raise TbqValueError(
+            f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
+            f"exact integer form; the pairs it checks: {pairs}"
+        )
     for f in (left, right):
         if f.dot_parts(np.zeros((1, f.type_size), np.uint8)) is None:
-            raise TbqValueError(f"{f.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it")
+            raise TbqValueError(
+                f"{f.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it"
+            )
     if left.block_size != right.block_size:
-        raise TbqValueError(f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair")
+        raise TbqValueError(
+            f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair"
+        )
     return right
 
 
-def reference_dot(left: Format, right: Format, x: bytes | np.ndarray, y: bytes | np.ndarray) -> tuple[np.float32, float]:
+def reference_dot(
+    left: Format, right: Format, x: bytes | np.ndarray, y: bytes | np.ndarray
+) -> tuple[np.float32, float]:
     """``(exact, bound)`` of one dot product: the float32 of the exact sum and the derived accumulation bound.
 
     >>> import tbq
@@ -152,19 +160,31 @@ class LibraryDot(DotTarget):
             try:
                 fn = getattr(lib, name)
             except AttributeError:
-                raise TargetError(f"{path} has no symbol {name!r} ({key}); check the name (nm -D shows the exported symbols)") from None
+                raise TargetError(
+                    f"{path} has no symbol {name!r} ({key}); check the name (nm -D shows the exported symbols)"
+                ) from None
             where = defining_file(fn)
             elsewhere = bool(where and Path(real).exists() and where != real)
             if elsewhere and strict_lib:
-                raise TargetError(f"{name} ({key}) is defined in {where}, not in {real} (the dynamic loader found it in a dependency)")
+                raise TargetError(
+                    f"{name} ({key}) is defined in {where}, not in {real} (the dynamic loader found it in a dependency)"
+                )
             self._prov[key] = {"symbol": name, "file": where, "library": real, "elsewhere": elsewhere}
             fns.append(fn)
         for fn in fns[:-1]:
             fn.argtypes, fn.restype = (), None
             fn()
         self.fn = fns[-1]
-        self.fn.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
-                            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        self.fn.argtypes = (
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_float),
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+        )
         self.fn.restype = None
 
     def dot(self, x, y, n):
@@ -200,7 +220,9 @@ class CallableDot(DotTarget):
         try:
             return np.float32(out)
         except (TypeError, ValueError):
-            raise TargetError(f"{self.description} returned {type(out).__name__}; return the dot product as a float") from None
+            raise TargetError(
+                f"{self.description} returned {type(out).__name__}; return the dot product as a float"
+            ) from None
 
 
 @dataclass
@@ -220,53 +242,85 @@ class DotCounterexample:
     per_block: list = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"dot: first minimal {self.classification} dot product ({self.phase} phase; {self.how})",
-               f"  n = {self.n} ({len(self.per_block)} blocks): tbq {float(self.expected)!r} (the float32 of the exact sum), "
-               f"target {float(self.got)!r}, difference {abs(float(self.got) - float(self.expected)):.6g}, bound {self.bound:.6g}"]
+        out = [
+            f"dot: first minimal {self.classification} dot product ({self.phase} phase; {self.how})",
+            f"  n = {self.n} ({len(self.per_block)} blocks): tbq {float(self.expected)!r} (the float32 of the exact sum), "
+            f"target {float(self.got)!r}, difference {abs(float(self.got) - float(self.expected)):.6g}, bound {self.bound:.6g}",
+        ]
         for i, (sumi, t) in enumerate(self.per_block[:8]):
             out.append(f"  block {i}: sumi = {sumi}, term sumi*dx*dy = {t!r}")
         return out
 
     def to_dict(self) -> dict:
-        return {"direction": "dot", "phase": self.phase, "classification": self.classification, "how": self.how, "n": self.n,
-                "x": self.x.tobytes().hex(), "y": self.y.tobytes().hex(), "expected": float(self.expected), "bound": self.bound,
-                "got": float(self.got)}
+        return {
+            "direction": "dot",
+            "phase": self.phase,
+            "classification": self.classification,
+            "how": self.how,
+            "n": self.n,
+            "x": self.x.tobytes().hex(),
+            "y": self.y.tobytes().hex(),
+            "expected": float(self.expected),
+            "bound": self.bound,
+            "got": float(self.got),
+        }
 
     def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         stem = d / f"{fmt.name}-dot"
-        np.savez(stem.with_suffix(".npz"), x=self.x, y=self.y, n=np.int64(self.n), expected=np.float32(self.expected),
-                 bound=np.float64(self.bound), got=np.float32(self.got))
+        np.savez(
+            stem.with_suffix(".npz"),
+            x=self.x,
+            y=self.y,
+            n=np.int64(self.n),
+            expected=np.float32(self.expected),
+            bound=np.float64(self.bound),
+            got=np.float32(self.got),
+        )
         stem.with_suffix(".c").write_text(self.c_source(fmt, symbol or "vec_dot", link))
         return [stem.with_suffix(".npz"), stem.with_suffix(".c")]
 
     def c_source(self, fmt: Format, symbol: str, link: list | None = None) -> str:
         src = f"{fmt.name}-dot.c"
-        libs = " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in (link or [])) \
+        libs = (
+            " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in (link or []))
             or "./libmykernel.so -Wl,-rpath,$PWD"
+        )
 
         def arr(name, a):
             return f"static const uint8_t {name}[{a.size}] = {{{', '.join(f'0x{int(v):02X}' for v in a)}}};"
 
         e = int(np.array(np.float32(self.expected)).view(np.uint32))
-        return "\n".join([
-            f"/* Counterexample from `tbq check --dot`: {fmt.name} dot product, {self.phase} phase ({self.how}).",
-            f" * tbq's value is the float32 of the exact sum; a correct float32 kernel lands within {self.bound!r} of it.",
-            " * Build and run (exit status 1 while the kernel is outside the bound):",
-            f" *     cc -O2 -o repro {src} {libs} -lm",
-            " *     ./repro */",
-            "#include <math.h>", "#include <stdint.h>", "#include <stdio.h>", "#include <string.h>", "#include <stddef.h>", "",
-            f"void {symbol}(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by, int nrc);", "",
-            arr("x", self.x), arr("y", self.y), "",
-            "int main(void) {",
-            f"    uint32_t eb = 0x{e:08X}u; float e, s = NAN;",
-            "    memcpy(&e, &eb, 4);",
-            f"    {symbol}({self.n}, &s, 0, x, 0, y, 0, 1);",
-            f"    const double diff = fabs((double)s - (double)e), bound = {self.bound!r};",
-            "    printf(\"target %.9g, tbq %.9g, difference %.6g, bound %.6g\\n\", s, e, diff, bound);",
-            "    return !(diff <= bound);",
-            "}", ""])
+        return "\n".join(
+            [
+                f"/* Counterexample from `tbq check --dot`: {fmt.name} dot product, {self.phase} phase ({self.how}).",
+                f" * tbq's value is the float32 of the exact sum; a correct float32 kernel lands within {self.bound!r} of it.",
+                " * Build and run (exit status 1 while the kernel is outside the bound):",
+                f" *     cc -O2 -o repro {src} {libs} -lm",
+                " *     ./repro */",
+                "#include <math.h>",
+                "#include <stdint.h>",
+                "#include <stdio.h>",
+                "#include <string.h>",
+                "#include <stddef.h>",
+                "",
+                f"void {symbol}(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by, int nrc);",
+                "",
+                arr("x", self.x),
+                arr("y", self.y),
+                "",
+                "int main(void) {",
+                f"    uint32_t eb = 0x{e:08X}u; float e, s = NAN;",
+                "    memcpy(&e, &eb, 4);",
+                f"    {symbol}({self.n}, &s, 0, x, 0, y, 0, 1);",
+                f"    const double diff = fabs((double)s - (double)e), bound = {self.bound!r};",
+                '    printf("target %.9g, tbq %.9g, difference %.6g, bound %.6g\\n", s, e, diff, bound);',
+                "    return !(diff <= bound);",
+                "}",
+                "",
+            ]
+        )
 
 
 def _random_blocks(fmt: Format, n: int, rng) -> np.ndarray:
@@ -292,7 +346,9 @@ def _classify(got: np.float32, exact: np.float32, bound: float) -> int:
     return FRAGILE if ok else WRONG
 
 
-def check_dot(target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = False, seed: int = 0, out=None) -> CheckReport:
+def check_dot(
+    target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = False, seed: int = 0, out=None
+) -> CheckReport:
     """Check a dot-product kernel on ``blocks`` blocks of each phase; returns a :class:`~tbq.check.report.CheckReport`
     with direction ``"dot"`` (each dot product counts as one; ``exact=True`` refuses results that are only within the
     bound)."""
@@ -301,8 +357,18 @@ def check_dot(target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = 
     L, R = target.left, target.right
     bs = L.block_size
     t_start = time.perf_counter()
-    report = CheckReport(L.name, L.config(), target.description, {"blocks": int(blocks), "exact": bool(exact), "seed": seed,
-                                                                   "rhs": R.name, "bound": "(nb + 8) * 2**-24 * sum_b |dx dy| sum_j |cx_j cy_j|"})
+    report = CheckReport(
+        L.name,
+        L.config(),
+        target.description,
+        {
+            "blocks": int(blocks),
+            "exact": bool(exact),
+            "seed": seed,
+            "rhs": R.name,
+            "bound": "(nb + 8) * 2**-24 * sum_b |dx dy| sum_j |cx_j cy_j|",
+        },
+    )
     report.provenance = target.provenance()
     report.unit = "dot products"
     first = None
@@ -314,8 +380,16 @@ def check_dot(target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = 
                 xv = golden_rows(L, blocks, seed).reshape(-1)[: blocks * bs]
                 yv = golden_rows(R, blocks, seed + 1).reshape(-1, bs)
                 yv = yv[rng.permutation(yv.shape[0])].reshape(-1)[: xv.size]
-                xb = codec_from(L.name, L.config(), on_overflow="inf").encode(xv.reshape(-1, bs)).reshape(-1, L.type_size)
-                yb = codec_from(R.name, R.config(), on_overflow="inf").encode(yv.reshape(-1, bs)).reshape(-1, R.type_size)
+                xb = (
+                    codec_from(L.name, L.config(), on_overflow="inf")
+                    .encode(xv.reshape(-1, bs))
+                    .reshape(-1, L.type_size)
+                )
+                yb = (
+                    codec_from(R.name, R.config(), on_overflow="inf")
+                    .encode(yv.reshape(-1, bs))
+                    .reshape(-1, R.type_size)
+                )
             else:
                 xb, yb = _random_blocks(L, blocks, rng), _random_blocks(R, blocks, rng)
             counts = np.zeros(len(CLASSES), np.int64)
@@ -333,9 +407,17 @@ def check_dot(target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = 
                 failing = cls == WRONG or (exact and cls == FRAGILE)
                 if failing and first is None:
                     first = (phase, x, y, nb, cls)
-            report.phases.append(PhaseResult.from_counts("dot", phase, counts, time.perf_counter() - t0,
-                                                         "golden families, 1 to 8 blocks a call" if phase == "golden"
-                                                         else "encoder codes, random finite fp16 scales"))
+            report.phases.append(
+                PhaseResult.from_counts(
+                    "dot",
+                    phase,
+                    counts,
+                    time.perf_counter() - t0,
+                    "golden families, 1 to 8 blocks a call"
+                    if phase == "golden"
+                    else "encoder codes, random finite fp16 scales",
+                )
+            )
         if first is not None:
             report.counterexamples["dot"] = _minimal(target, *first)
     finally:
@@ -373,4 +455,6 @@ def _minimal(target: DotTarget, phase, x, y, nb, cls) -> DotCounterexample:
     per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy)]
     how = f"blocks {a}..{b - 1} of a call of {nb} blocks" + (" (the shortest that still fails)" if b - a < nb else "")
     got = target.dot(xs, ys, (b - a) * bs)
-    return DotCounterexample(phase, CLASSES[cls], xs, ys, (b - a) * bs, float(e), bound, float(got), how, per_block=per_block)
+    return DotCounterexample(
+        phase, CLASSES[cls], xs, ys, (b - a) * bs, float(e), bound, float(got), how, per_block=per_block
+    )

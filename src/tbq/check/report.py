@@ -59,13 +59,36 @@ class PhaseResult:
     def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> "PhaseResult":
         """From the blocks of each class, in the order of :data:`~tbq.check.classify.CLASSES`."""
         c = dict(zip(CLASSES, (int(v) for v in counts)))
-        return cls(direction, phase, sum(c.values()), c["exact"], c["fragile"], c["wrong"], seconds, note,
-                   c["equivalent"], c["undefined"], c["tie_rule"], c["accepted"])
+        return cls(
+            direction,
+            phase,
+            sum(c.values()),
+            c["exact"],
+            c["fragile"],
+            c["wrong"],
+            seconds,
+            note,
+            c["equivalent"],
+            c["undefined"],
+            c["tie_rule"],
+            c["accepted"],
+        )
 
     def to_dict(self) -> dict:
-        return {"direction": self.direction, "phase": self.phase, "blocks": self.blocks, "exact": self.exact,
-                "fragile": self.fragile, "wrong": self.wrong, "equivalent": self.equivalent, "undefined": self.undefined,
-                "tie_rule": self.tie_rule, "accepted": self.accepted, "seconds": round(self.seconds, 4), "note": self.note}
+        return {
+            "direction": self.direction,
+            "phase": self.phase,
+            "blocks": self.blocks,
+            "exact": self.exact,
+            "fragile": self.fragile,
+            "wrong": self.wrong,
+            "equivalent": self.equivalent,
+            "undefined": self.undefined,
+            "tie_rule": self.tie_rule,
+            "accepted": self.accepted,
+            "seconds": round(self.seconds, 4),
+            "note": self.note,
+        }
 
 
 def _num(v):
@@ -108,10 +131,15 @@ class Counterexample:
         if self.direction == "quantize":
             out.append(f"  input: {self.input.size} float32 values; {describe_values(self.input)}")
         else:
-            out.append(f"  input: {self.input.size} bytes: {self.input.tobytes().hex(' ')}" if self.input.size <= 72 else
-                       f"  input: {self.input.size} bytes")
-        out.append(f"  differing {what} (block {self.block}): {', '.join(map(str, self.offsets[:24]))}"
-                   + (" ..." if len(self.offsets) > 24 else ""))
+            out.append(
+                f"  input: {self.input.size} bytes: {self.input.tobytes().hex(' ')}"
+                if self.input.size <= 72
+                else f"  input: {self.input.size} bytes"
+            )
+        out.append(
+            f"  differing {what} (block {self.block}): {', '.join(map(str, self.offsets[:24]))}"
+            + (" ..." if len(self.offsets) > 24 else "")
+        )
         for f in self.fields:
             out.append(f"  {f['text']}")
         for key, v in self.trace.items():
@@ -125,10 +153,20 @@ class Counterexample:
                 return a.tobytes().hex()
             return [f"0x{int(b):08X}" for b in a.astype(np.float32).view(np.uint32)]
 
-        return {"direction": self.direction, "phase": self.phase, "classification": self.classification, "how": self.how,
-                "block": self.block, "input": arr(self.input), "expected": arr(self.expected), "got": arr(self.got),
-                "offsets": [int(o) for o in self.offsets], "fields": [{k: v for k, v in f.items() if k != "text"} for f in self.fields],
-                "trace": self.trace, "encoding": "uint8 as hex strings, float32 as bit patterns"}
+        return {
+            "direction": self.direction,
+            "phase": self.phase,
+            "classification": self.classification,
+            "how": self.how,
+            "block": self.block,
+            "input": arr(self.input),
+            "expected": arr(self.expected),
+            "got": arr(self.got),
+            "offsets": [int(o) for o in self.offsets],
+            "fields": [{k: v for k, v in f.items() if k != "text"} for f in self.fields],
+            "trace": self.trace,
+            "encoding": "uint8 as hex strings, float32 as bit patterns",
+        }
 
     # -- files -----------------------------------------------------------------------------
     def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
@@ -140,9 +178,18 @@ class Counterexample:
         d.mkdir(parents=True, exist_ok=True)
         stem = d / f"{fmt.name}-{self.direction}"
         npz = stem.with_suffix(".npz")
-        np.savez(npz, input=self.input, expected=self.expected, got=self.got, block=np.int64(self.block),
-                 format=np.array(fmt.name), direction=np.array(self.direction), phase=np.array(self.phase),
-                 options=np.array(json.dumps(fmt.config())), offsets=np.asarray(self.offsets, np.int64))
+        np.savez(
+            npz,
+            input=self.input,
+            expected=self.expected,
+            got=self.got,
+            block=np.int64(self.block),
+            format=np.array(fmt.name),
+            direction=np.array(self.direction),
+            phase=np.array(self.phase),
+            options=np.array(json.dumps(fmt.config())),
+            offsets=np.asarray(self.offsets, np.int64),
+        )
         c = stem.with_suffix(".c")
         c.write_text(self.c_source(fmt, symbol, link))
         return [npz, c]
@@ -197,13 +244,13 @@ class Counterexample:
                 "    for (int i = 0; i < NBYTES; i++) {",
                 "        if (y[i] != expected[i]) {",
                 "            if (bad < 32)",
-                "                printf(\"block %d byte %2d (%s): got 0x%02x, tbq 0x%02x\\n\", i / TYPE_SIZE, i % TYPE_SIZE,",
+                '                printf("block %d byte %2d (%s): got 0x%02x, tbq 0x%02x\\n", i / TYPE_SIZE, i % TYPE_SIZE,',
                 "                       field_of_byte[i % TYPE_SIZE], y[i], expected[i]);",
                 "            bad++;",
                 "        }",
                 "    }",
-                "    if (bad) printf(\"%d of %d bytes differ from tbq\\n\", bad, NBYTES);",
-                "    else printf(\"identical to tbq (%d bytes)\\n\", NBYTES);",
+                '    if (bad) printf("%d of %d bytes differ from tbq\\n", bad, NBYTES);',
+                '    else printf("identical to tbq (%d bytes)\\n", NBYTES);',
                 "    return bad != 0;",
                 "}",
             ]
@@ -227,12 +274,12 @@ class Counterexample:
                 "        memcpy(&got, &y[i], 4);",
                 "        if (got != expected_bits[i]) {",
                 "            memcpy(&e, &expected_bits[i], 4);",
-                "            if (bad < 32) printf(\"value %3d: got %a (0x%08x), tbq %a (0x%08x)\\n\", i, y[i], got, e, expected_bits[i]);",
+                '            if (bad < 32) printf("value %3d: got %a (0x%08x), tbq %a (0x%08x)\\n", i, y[i], got, e, expected_bits[i]);',
                 "            bad++;",
                 "        }",
                 "    }",
-                "    if (bad) printf(\"%d of %d values differ from tbq\\n\", bad, K);",
-                "    else printf(\"identical to tbq (%d values)\\n\", K);",
+                '    if (bad) printf("%d of %d values differ from tbq\\n", bad, K);',
+                '    else printf("identical to tbq (%d values)\\n", K);',
                 "    return bad != 0;",
                 "}",
             ]
@@ -263,8 +310,19 @@ def _short(vals, n=8) -> str:
     return ", ".join(vals[:n]) + (" ..." if len(vals) > n else "")
 
 
-def make_counterexample(fmt: Format, direction: str, phase: str, inp: np.ndarray, expected: np.ndarray, got: np.ndarray,
-                        block: int, cls: int, trace: dict | None, k: int, how: str) -> Counterexample:
+def make_counterexample(
+    fmt: Format,
+    direction: str,
+    phase: str,
+    inp: np.ndarray,
+    expected: np.ndarray,
+    got: np.ndarray,
+    block: int,
+    cls: int,
+    trace: dict | None,
+    k: int,
+    how: str,
+) -> Counterexample:
     """Describe block ``block`` of one failing row: differing offsets, fields and tbq's trace."""
     bs, ts = fmt.block_size, fmt.type_size
     fields, tr = [], {}
@@ -278,7 +336,11 @@ def make_counterexample(fmt: Format, direction: str, phase: str, inp: np.ndarray
         value_pos: list = []
         for n in Fe:
             a, b = Fe[n], Fg[n]
-            neq = (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32)) if a.dtype.kind == "f" else a != b
+            neq = (
+                (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32))
+                if a.dtype.kind == "f"
+                else a != b
+            )
             if not neq.any():
                 continue
             pos = np.flatnonzero(neq)
@@ -292,10 +354,19 @@ def make_counterexample(fmt: Format, direction: str, phase: str, inp: np.ndarray
             else:
                 if a.size == bs:
                     value_pos = pos.tolist()
-                text = (f"field {n}{where}: {pos.size} of {a.size} entries differ; at "
-                        + _short([f"[{p}] tbq {_fmt_val(a[p])} target {_fmt_val(b[p])}" for p in pos], 6))
-            fields.append({"field": n, "bytes": list(span) if span else None, "positions": pos.tolist()[:64],
-                           "expected": [_num(v) for v in a[pos][:64]], "got": [_num(v) for v in b[pos][:64]], "text": text})
+                text = f"field {n}{where}: {pos.size} of {a.size} entries differ; at " + _short(
+                    [f"[{p}] tbq {_fmt_val(a[p])} target {_fmt_val(b[p])}" for p in pos], 6
+                )
+            fields.append(
+                {
+                    "field": n,
+                    "bytes": list(span) if span else None,
+                    "positions": pos.tolist()[:64],
+                    "expected": [_num(v) for v in a[pos][:64]],
+                    "got": [_num(v) for v in b[pos][:64]],
+                    "text": text,
+                }
+            )
         if trace:
             per_block = {}
             per_value = {}
@@ -342,13 +413,38 @@ def make_counterexample(fmt: Format, direction: str, phase: str, inp: np.ndarray
         pos = np.array(offsets[:64], np.int64)
         for n, a in F.items():
             if a.size == bs and pos.size:
-                fields.append({"field": n, "positions": pos.tolist(), "codes": [_num(v) for v in a[pos]],
-                               "text": f"field {n} at the differing values: " + _short([f"[{p}] {_fmt_val(a[p])}" for p in pos], 8)})
-        fields.append({"field": "decoded", "positions": pos.tolist(), "expected": [_num(v) for v in e[pos]],
-                       "got": [_num(v) for v in g[pos]], "tolerance": [_num(v) for v in tol[pos]],
-                       "text": "decoded: " + _short([f"[{p}] tbq {_f32_text(e[p])} target {_f32_text(g[p])}" for p in pos], 4)})
-    return Counterexample(direction, phase, CLASSES[cls], np.asarray(inp).reshape(-1), np.asarray(expected).reshape(-1),
-                          np.asarray(got).reshape(-1), int(block), offsets, fields, tr, how)
+                fields.append(
+                    {
+                        "field": n,
+                        "positions": pos.tolist(),
+                        "codes": [_num(v) for v in a[pos]],
+                        "text": f"field {n} at the differing values: "
+                        + _short([f"[{p}] {_fmt_val(a[p])}" for p in pos], 8),
+                    }
+                )
+        fields.append(
+            {
+                "field": "decoded",
+                "positions": pos.tolist(),
+                "expected": [_num(v) for v in e[pos]],
+                "got": [_num(v) for v in g[pos]],
+                "tolerance": [_num(v) for v in tol[pos]],
+                "text": "decoded: " + _short([f"[{p}] tbq {_f32_text(e[p])} target {_f32_text(g[p])}" for p in pos], 4),
+            }
+        )
+    return Counterexample(
+        direction,
+        phase,
+        CLASSES[cls],
+        np.asarray(inp).reshape(-1),
+        np.asarray(expected).reshape(-1),
+        np.asarray(got).reshape(-1),
+        int(block),
+        offsets,
+        fields,
+        tr,
+        how,
+    )
 
 
 def _fmt_val(v) -> str:
@@ -403,7 +499,16 @@ class CheckReport:
     def counts(self, direction: str | None = None, phase: str | None = None) -> dict:
         """``{"blocks", "exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule", "accepted"}`` over the phases of
         ``direction`` (default: all)."""
-        out = {"blocks": 0, "exact": 0, "fragile": 0, "wrong": 0, "equivalent": 0, "undefined": 0, "tie_rule": 0, "accepted": 0}
+        out = {
+            "blocks": 0,
+            "exact": 0,
+            "fragile": 0,
+            "wrong": 0,
+            "equivalent": 0,
+            "undefined": 0,
+            "tie_rule": 0,
+            "accepted": 0,
+        }
         for p in self.phases:
             if (direction is None or p.direction == direction) and (phase is None or p.phase == phase):
                 for key in out:
@@ -448,18 +553,25 @@ class CheckReport:
         def cells(c):
             return "".join(f"{c[k]:>{_WIDTH[k]},}" for k in extra)
 
-        head = (f"{'direction':<11}{'phase':<8}{'blocks':>10}{'exact':>10}{'fragile':>9}"
-                + "".join(f"{k:>{_WIDTH[k]}}" for k in extra) + f"{'wrong':>9}{'time':>9}  note")
+        head = (
+            f"{'direction':<11}{'phase':<8}{'blocks':>10}{'exact':>10}{'fragile':>9}"
+            + "".join(f"{k:>{_WIDTH[k]}}" for k in extra)
+            + f"{'wrong':>9}{'time':>9}  note"
+        )
         lines = [head, "-" * len(head)]
         for d in self.directions:
             rows = [p for p in self.phases if p.direction == d]
             for p in rows:
-                lines.append(f"{d:<11}{p.phase:<8}{p.blocks:>10,}{p.exact:>10,}{p.fragile:>9,}{cells(p.to_dict())}{p.wrong:>9,}"
-                             f"{p.seconds:>7.2f} s  {p.note}".rstrip())
+                lines.append(
+                    f"{d:<11}{p.phase:<8}{p.blocks:>10,}{p.exact:>10,}{p.fragile:>9,}{cells(p.to_dict())}{p.wrong:>9,}"
+                    f"{p.seconds:>7.2f} s  {p.note}".rstrip()
+                )
             c = self.counts(d)
             t = sum(p.seconds for p in rows)
-            lines.append(f"{d:<11}{'total':<8}{c['blocks']:>10,}{c['exact']:>10,}{c['fragile']:>9,}{cells(c)}{c['wrong']:>9,}{t:>7.2f} s  "
-                         f"{'FAIL' if self.failed(d) else 'ok'}")
+            lines.append(
+                f"{d:<11}{'total':<8}{c['blocks']:>10,}{c['exact']:>10,}{c['fragile']:>9,}{cells(c)}{c['wrong']:>9,}{t:>7.2f} s  "
+                f"{'FAIL' if self.failed(d) else 'ok'}"
+            )
         return "\n".join(lines)
 
     def verdict(self) -> str:
@@ -483,7 +595,9 @@ class CheckReport:
         lines = [f"tbq check: {self.format} ({opts}), {self.target}"]
         for key, pv in self.provenance.items():
             where = pv.get("file") or "an unknown file"
-            lines.append(f"  {key}: {pv['symbol']} from {where}" + ("  (NOT the library given)" if pv.get("elsewhere") else ""))
+            lines.append(
+                f"  {key}: {pv['symbol']} from {where}" + ("  (NOT the library given)" if pv.get("elsewhere") else "")
+            )
         lines += ["", self.table(), "", self.verdict()]
         for note in self.notes:
             lines.append(f"note: {note}")
@@ -491,12 +605,17 @@ class CheckReport:
             for g in self.diagnoses:
                 if g.direction == d and g.scope in _EXTRA_CLASSES:
                     lines.append("")
-                    lines.append(f"{d}: {self.counts(d)[g.scope]:,} {g.scope.replace('_', '-')} blocks: " + g.text().replace("\n", "\n  "))
+                    lines.append(
+                        f"{d}: {self.counts(d)[g.scope]:,} {g.scope.replace('_', '-')} blocks: "
+                        + g.text().replace("\n", "\n  ")
+                    )
             hidden = [g for g in self.diagnoses if g.direction == d and g.scope == "fragile"]
             if hidden:
                 lines.append("")
-                lines.append(f"{d}: the fragile blocks follow a pattern (fragile blocks pass unless exact; this one may be a bug "
-                             "hiding inside the fragility mask):")
+                lines.append(
+                    f"{d}: the fragile blocks follow a pattern (fragile blocks pass unless exact; this one may be a bug "
+                    "hiding inside the fragility mask):"
+                )
                 for g in hidden:
                     lines.append("    " + g.text().replace("\n", "\n    "))
             if not self.failed(d):
@@ -566,4 +685,3 @@ class CheckReport:
             paths += ce.save(directory, fmt, (symbols or {}).get(d), (links or {}).get(d))
         self.files = [str(p) for p in paths]
         return paths
-

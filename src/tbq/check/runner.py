@@ -38,15 +38,47 @@ from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..parallel import require_memory
 from ..progress import Progress
-from .classify import (ACCEPTED, ACCEPTED_UNLESS_EXACT, CLASSES, EQUIVALENT, EXACT, FRAGILE, TIE_RULE, UNDEFINED, WRONG, classify_decoded,
-                       classify_encoded, encoder_trace)
-from .diagnose import (KEEP_BLOCKS, Diagnosis, Kept, describe_differences, describe_values, diagnose_accepted, diagnose_decoder, diagnose_encoder, diagnose_fragile,
-                       percent, select_kept, DIAGNOSES)
+from .classify import (
+    ACCEPTED,
+    ACCEPTED_UNLESS_EXACT,
+    CLASSES,
+    EQUIVALENT,
+    EXACT,
+    FRAGILE,
+    TIE_RULE,
+    UNDEFINED,
+    WRONG,
+    classify_decoded,
+    classify_encoded,
+    encoder_trace,
+)
+from .diagnose import (
+    KEEP_BLOCKS,
+    Diagnosis,
+    Kept,
+    describe_differences,
+    describe_values,
+    diagnose_accepted,
+    diagnose_decoder,
+    diagnose_encoder,
+    diagnose_fragile,
+    percent,
+    select_kept,
+    DIAGNOSES,
+)
 from .report import CheckReport, PhaseResult, make_counterexample
 from .targets import CALL_VALUES, Target, TargetError
 
-__all__ = ["DEFAULT_BLOCKS", "DEFAULT_EXAMPLES", "DEFAULT_K", "run_check", "golden_rows", "random_blocks", "require_hypothesis",
-           "FuzzUnavailable"]
+__all__ = [
+    "DEFAULT_BLOCKS",
+    "DEFAULT_EXAMPLES",
+    "DEFAULT_K",
+    "run_check",
+    "golden_rows",
+    "random_blocks",
+    "require_hypothesis",
+    "FuzzUnavailable",
+]
 
 #: The fragility margin in float32 ulps unless told otherwise. ``tbq golden`` marks 4 ulps, but
 #: a TBQ kernel that sums the norm's squares pairwise instead of sequentially moves rotated
@@ -67,6 +99,8 @@ def check_memory(fmt: Format, blocks: int) -> int:
     """Bytes the golden and random-bytes phases of ``blocks`` blocks of ``fmt`` need (an estimate that errs high)."""
     info = fmt.info
     return int(blocks) * (BYTES_PER_VALUE * info.block_size + BYTES_PER_ENCODED_BYTE * info.type_size + BYTES_PER_BLOCK)
+
+
 #: Hypothesis examples per direction unless told otherwise.
 DEFAULT_EXAMPLES = 100
 #: Rows per fuzz example (each example is one target call).
@@ -98,8 +132,10 @@ def require_hypothesis() -> None:
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise FuzzUnavailable("the fuzz phase needs the hypothesis package (pip install hypothesis, or pip install 'tbq[test]'); "
-                              "pass --examples 0 (examples=0 in Python) to skip the fuzz phase") from None
+        raise FuzzUnavailable(
+            "the fuzz phase needs the hypothesis package (pip install hypothesis, or pip install 'tbq[test]'); "
+            "pass --examples 0 (examples=0 in Python) to skip the fuzz phase"
+        ) from None
 
 
 # ---------------------------------------------------------------------------
@@ -297,7 +333,9 @@ class _Encoder(_Direction):
         ts = self.fmt.type_size
         e, g = ref.reshape(-1, ts)[b : b + 1], got.reshape(-1, ts)[b : b + 1]
         Fe, Fg = self.fmt.fields(e), self.fmt.fields(g)
-        return tuple(n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8)))
+        return tuple(
+            n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8))
+        )
 
     def trace(self, row, blk):
         return encoder_trace(self.fmt, row[None, :], np.array([blk]))[0]
@@ -331,7 +369,9 @@ class _Decoder(_Direction):
 
     def keep(self, kept, cls, where, rows, keep, ref, got):
         ts, bs = self.fmt.type_size, self.fmt.block_size
-        kept.add(cls, where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep], got=got.reshape(-1, bs)[keep])
+        kept.add(
+            cls, where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep], got=got.reshape(-1, bs)[keep]
+        )
 
     def golden_input(self, x, ref_bytes):
         return ref_bytes
@@ -342,8 +382,10 @@ class _Decoder(_Direction):
         from ..testing import strategies as tst
 
         c = self.check.codec
-        return st.one_of(tst.encoded_blocks(c, valid=True, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
-                         tst.encoded_blocks(c, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead))
+        return st.one_of(
+            tst.encoded_blocks(c, valid=True, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
+            tst.encoded_blocks(c, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
+        )
 
     def signature(self, ref, got, b):
         """Whether values differ beyond the sign of zero and NaN payloads."""
@@ -385,13 +427,26 @@ _PHASE = {p.name: p for p in PHASES}
 
 
 class _Check:
-    def __init__(self, target: Target, *, blocks: int, examples: int, seconds, exact: bool, k: int, seed: int, progress,
-                 accept: frozenset = frozenset()):
+    def __init__(
+        self,
+        target: Target,
+        *,
+        blocks: int,
+        examples: int,
+        seconds,
+        exact: bool,
+        k: int,
+        seed: int,
+        progress,
+        accept: frozenset = frozenset(),
+    ):
         self.target, self.fmt = target, target.format
         self.accept = accept
         self.accept_diagnoses = accept - set(CLASSES)
         #: the classes that fail: wrong, and under exact the ones accepted unless exact that accept does not waive
-        self.failing_classes = [WRONG] + ([c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in accept] if exact else [])
+        self.failing_classes = [WRONG] + (
+            [c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in accept] if exact else []
+        )
         self.blocks, self.examples, self.seconds = blocks, examples, seconds
         self.exact, self.k, self.seed = exact, k, seed
         # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
@@ -483,7 +538,7 @@ class _Check:
         strat = self._strategy(d)
         counts = np.zeros(len(CLASSES), np.int64)
         state = {"found": False, "examples": 0, "first": None, "best": None, "found_at": 0.0}
-        run = (lambda r: self._classify(d, r))  # noqa: E731
+        run = lambda r: self._classify(d, r)  # noqa: E731
 
         def condition(rows):
             rows = np.ascontiguousarray(rows)
@@ -510,10 +565,18 @@ class _Check:
         rounds = 0
         while True:
             n = self.examples if not self.seconds else ROUND_EXAMPLES
-            settings = hypothesis.settings(max_examples=max(1, n), deadline=None, database=None, verbosity=Verbosity.quiet,
-                                           phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
+            settings = hypothesis.settings(
+                max_examples=max(1, n),
+                deadline=None,
+                database=None,
+                verbosity=Verbosity.quiet,
+                phases=[Phase.generate, Phase.shrink],
+                suppress_health_check=list(HealthCheck),
+            )
             try:
-                minimal = hypothesis.find(strat, condition, settings=settings, random=random.Random(self.seed * 7919 + rounds))
+                minimal = hypothesis.find(
+                    strat, condition, settings=settings, random=random.Random(self.seed * 7919 + rounds)
+                )
                 break
             except NoSuchExample:
                 pass
@@ -536,7 +599,9 @@ class _Check:
         elif state["first"] is not None:
             self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
         n = state["examples"]
-        note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (" (stopped at the first failure)" if state["found"] else "")
+        note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (
+            " (stopped at the first failure)" if state["found"] else ""
+        )
         d.phases.append(PhaseResult.from_counts(d.name, "fuzz", counts, time.perf_counter() - t0, note))
 
     def _call_of(self, rows: np.ndarray, b: int, per_row: int):
@@ -561,7 +626,12 @@ class _Check:
         per_row = rows.shape[1] // width
         b = int(bad[0])
         row, blk = rows[b // per_row], b % per_row
-        d.first[int(c.cls[b])] = ("fuzz", row.copy(), blk, how)  # the reduction cuts it to the block where that still fails
+        d.first[int(c.cls[b])] = (
+            "fuzz",
+            row.copy(),
+            blk,
+            how,
+        )  # the reduction cuts it to the block where that still fails
         d.batch[int(c.cls[b])] = self._call_of(rows, b, per_row)
 
     # -- counterexamples ---------------------------------------------------------------------
@@ -587,7 +657,9 @@ class _Check:
             cur, blk = batch
             calls += 1
             ok, first, _, sig = self._fails(d, cur)
-            start = f"its row alone passes, the {cur.size // row.size} rows of the target call up to it fail as one row; "
+            start = (
+                f"its row alone passes, the {cur.size // row.size} rows of the target call up to it fail as one row; "
+            )
         if not ok:  # pragma: no cover - a target that does not answer the same input the same way
             return row, blk, "not reduced: the target does not fail on it again"
         blk = first
@@ -636,8 +708,10 @@ class _Check:
                     bits = cur.view(np.uint32) if cur.dtype == np.float32 else cur
             chunk //= 2
         if shrunk_row:
-            how = (f"{start}the block alone passes: the minimal failing row is {cur.size} {d.unit} ({cur.size // width} blocks, "
-                   "cut while it kept failing)")
+            how = (
+                f"{start}the block alone passes: the minimal failing row is {cur.size} {d.unit} ({cur.size // width} blocks, "
+                "cut while it kept failing)"
+            )
         else:
             how = start + ("the block alone" if cur.size == width else "its row (blocks depend on their row)")
         how += f", {zeroed} {d.unit} zeroed while it kept failing the same way ({calls} target calls)"
@@ -670,10 +744,16 @@ class _Check:
         if not diff.size:
             return None
         where = d.field_names(diff, width)
-        return Diagnosis("unwritten", f"the kernel leaves part of its output unwritten ({diff.size} {unit}s of the counterexample)", [
-            f"{unit}s {', '.join(str(int(o)) for o in diff[:16])}{' ...' if diff.size > 16 else ''} of the output keep whatever the "
-            "buffer held before the call (they differ between a buffer filled with 0x00 and one filled with 0xFF)"
-            + (f"; fields: {', '.join(where)}" if where else "")], d.name)
+        return Diagnosis(
+            "unwritten",
+            f"the kernel leaves part of its output unwritten ({diff.size} {unit}s of the counterexample)",
+            [
+                f"{unit}s {', '.join(str(int(o)) for o in diff[:16])}{' ...' if diff.size > 16 else ''} of the output keep whatever the "
+                "buffer held before the call (they differ between a buffer filled with 0x00 and one filled with 0xFF)"
+                + (f"; fields: {', '.join(where)}" if where else "")
+            ],
+            d.name,
+        )
 
     def _round_trip(self) -> Diagnosis | None:
         if len(self.dirs) < 2 or not any(self._direction_failed(d) for d in self.dirs.values()):
@@ -700,20 +780,29 @@ class _Check:
             keep = (nx > 0) & np.isfinite(nx)
             if keep.sum() < 4:
                 return None
+
             def err(y):
                 return np.sqrt(((y - x) ** 2).sum(1))[keep] / nx[keep]
 
             bt, bx, br = err(yt), err(yx), err(yr)
             et, ex, er = (float(np.nanmedian(b)) for b in (bt, bx, br))
-            worse = float(np.mean(~(bx <= 1.01 * bt)))  # blocks where decoding tbq's bytes is worse than the own round trip
+            worse = float(
+                np.mean(~(bx <= 1.01 * bt))
+            )  # blocks where decoding tbq's bytes is worse than the own round trip
         # the own round trip is as good as tbq's (within 10%), decoding tbq's bytes clearly worse, block after block
         if not (np.isfinite(et) and et <= 1.1 * er + 1e-7 and not ex <= 1.25 * er + 1e-6 and worse >= 0.75):
             return None
-        return Diagnosis("round_trip", "the target's own encode/decode round trip agrees, but decoding tbq's bytes does not: the "
-                         "target gives the bytes another meaning (a different sign table, rotation or codebook, or another packing)", [
-            f"median relative error over {int(keep.sum())} blocks: target encode + target decode {et:.4g}, tbq round trip {er:.4g}, "
-            f"target decoding tbq's bytes {ex:.4g} (worse than the target's own round trip in {percent(worse)} of the blocks)",
-            "so the target's encoder and decoder agree with each other but not with tbq's bytes"], "both")
+        return Diagnosis(
+            "round_trip",
+            "the target's own encode/decode round trip agrees, but decoding tbq's bytes does not: the "
+            "target gives the bytes another meaning (a different sign table, rotation or codebook, or another packing)",
+            [
+                f"median relative error over {int(keep.sum())} blocks: target encode + target decode {et:.4g}, tbq round trip {er:.4g}, "
+                f"target decoding tbq's bytes {ex:.4g} (worse than the target's own round trip in {percent(worse)} of the blocks)",
+                "so the target's encoder and decoder agree with each other but not with tbq's bytes",
+            ],
+            "both",
+        )
 
     def _direction_failed(self, d: _Direction) -> bool:
         w = sum(p.wrong for p in d.phases)
@@ -773,8 +862,10 @@ class _Check:
         report.provenance = self.target.provenance()
         for key, pv in report.provenance.items():
             if pv.get("elsewhere"):
-                self.notes.append(f"{key}: {pv['symbol']} is not defined in {pv['library']} but in {pv['file']} (a dependency the "
-                                  "dynamic loader searched): that file's function was checked; --strict-lib refuses it")
+                self.notes.append(
+                    f"{key}: {pv['symbol']} is not defined in {pv['library']} but in {pv['file']} (a dependency the "
+                    "dynamic loader searched): that file's function was checked; --strict-lib refuses it"
+                )
         for d in self.dirs.values():
             report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
         for d in self.dirs.values():
@@ -812,9 +903,17 @@ class _Check:
             hv = hypothesis.__version__
         except ImportError:
             hv = None
-        return {"blocks": self.blocks, "examples": self.examples, "seconds": self.seconds, "exact": self.exact,
-                "accept": sorted(self.accept),
-                "fragile_ulps": self.k, "seed": self.seed, "reference_backend": self.codec.backend, "hypothesis": hv}
+        return {
+            "blocks": self.blocks,
+            "examples": self.examples,
+            "seconds": self.seconds,
+            "exact": self.exact,
+            "accept": sorted(self.accept),
+            "fragile_ulps": self.k,
+            "seed": self.seed,
+            "reference_backend": self.codec.backend,
+            "hypothesis": hv,
+        }
 
 
 def _int(name: str, v, lo: int) -> int:
@@ -823,8 +922,18 @@ def _int(name: str, v, lo: int) -> int:
     return int(v)
 
 
-def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = DEFAULT_EXAMPLES, seconds: float | None = None,
-              exact: bool = False, k: int = DEFAULT_K, seed: int = 0, progress: bool | None = False, accept=()) -> CheckReport:
+def run_check(
+    target: Target,
+    *,
+    blocks: int = DEFAULT_BLOCKS,
+    examples: int = DEFAULT_EXAMPLES,
+    seconds: float | None = None,
+    exact: bool = False,
+    k: int = DEFAULT_K,
+    seed: int = 0,
+    progress: bool | None = False,
+    accept=(),
+) -> CheckReport:
     """Run every phase on ``target`` and return the :class:`~tbq.check.report.CheckReport`.
 
     ``accept``: class names (``fragile``, ``tie_rule``, ``undefined``: accepted even under ``exact``) or
@@ -843,7 +952,11 @@ def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = D
     k = _int("k (the fragility margin in ulps)", k, 0)
     seed = _int("seed", seed, 0)
     if seconds is not None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float, np.integer, np.floating)) or not seconds > 0:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float, np.integer, np.floating))
+            or not seconds > 0
+        ):
             raise TbqValueError(f"seconds must be a positive number of seconds or None, got {seconds!r}")
         seconds = float(seconds)
     if not isinstance(exact, (bool, np.bool_)):
@@ -851,14 +964,24 @@ def run_check(target: Target, *, blocks: int = DEFAULT_BLOCKS, examples: int = D
     if not target.directions:
         raise TargetError(f"{target.description} implements neither quantize nor dequantize")
     if not blocks and not examples and not seconds:
-        raise TbqValueError("blocks and examples are both 0: nothing would be checked; give blocks >= 1 or examples >= 1 "
-                            "(or seconds)")
+        raise TbqValueError(
+            "blocks and examples are both 0: nothing would be checked; give blocks >= 1 or examples >= 1 (or seconds)"
+        )
     if examples or seconds:
         require_hypothesis()
     require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")
     accept = check_accept(accept)
-    return _Check(target, blocks=blocks, examples=examples, seconds=seconds, exact=bool(exact), k=k, seed=seed, progress=progress,
-                  accept=accept).run()
+    return _Check(
+        target,
+        blocks=blocks,
+        examples=examples,
+        seconds=seconds,
+        exact=bool(exact),
+        k=k,
+        seed=seed,
+        progress=progress,
+        accept=accept,
+    ).run()
 
 
 def check_accept(accept) -> frozenset:
@@ -872,6 +995,8 @@ def check_accept(accept) -> frozenset:
     choices = ("fragile", "tie_rule", "undefined") + DIAGNOSES
     bad = sorted(str(n) for n in names if n not in choices)
     if bad:
-        raise TbqValueError(f"cannot accept {', '.join(map(repr, bad))}: choose classes fragile, tie_rule, undefined or a diagnosis: "
-                            f"{', '.join(DIAGNOSES)} (equivalent blocks are always accepted, wrong ones only through a diagnosis)")
+        raise TbqValueError(
+            f"cannot accept {', '.join(map(repr, bad))}: choose classes fragile, tie_rule, undefined or a diagnosis: "
+            f"{', '.join(DIAGNOSES)} (equivalent blocks are always accepted, wrong ones only through a diagnosis)"
+        )
     return names

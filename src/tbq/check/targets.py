@@ -37,8 +37,16 @@ import numpy as np
 from ..errors import TbqValueError
 from ..formats import Format
 
-__all__ = ["TargetError", "Target", "LibraryTarget", "CallableTarget", "ProgramTarget", "DIRECTIONS", "default_symbol",
-           "defining_file"]
+__all__ = [
+    "TargetError",
+    "Target",
+    "LibraryTarget",
+    "CallableTarget",
+    "ProgramTarget",
+    "DIRECTIONS",
+    "default_symbol",
+    "defining_file",
+]
 
 #: The two directions a kernel can implement, in the order they are checked.
 DIRECTIONS = ("quantize", "dequantize")
@@ -67,8 +75,12 @@ def default_symbol(direction: str, fmt: str) -> str:
 
 
 class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
-                ("dli_saddr", ctypes.c_void_p)]
+    _fields_ = [
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    ]
 
 
 def _dladdr():
@@ -208,13 +220,17 @@ def _to_numpy(obj):
 
 def _shaped(out, shape: tuple, dtype, what: str) -> np.ndarray:
     if out is None:
-        raise TargetError(f"{what} returned None; return the {'encoded rows (uint8)' if dtype == np.uint8 else 'decoded rows (float32)'}"
-                          f", {int(np.prod(shape))} {'bytes' if dtype == np.uint8 else 'values'}, shape {shape} (a kernel that "
-                          "writes into its argument must return it too)")
+        raise TargetError(
+            f"{what} returned None; return the {'encoded rows (uint8)' if dtype == np.uint8 else 'decoded rows (float32)'}"
+            f", {int(np.prod(shape))} {'bytes' if dtype == np.uint8 else 'values'}, shape {shape} (a kernel that "
+            "writes into its argument must return it too)"
+        )
     a = _to_numpy(out)
     if a.dtype == object:
-        raise TargetError(f"{what} returned {type(out).__name__} that NumPy reads as Python objects (shape {a.shape}); "
-                          f"return a {np.dtype(dtype)} array, shape {shape}")
+        raise TargetError(
+            f"{what} returned {type(out).__name__} that NumPy reads as Python objects (shape {a.shape}); "
+            f"return a {np.dtype(dtype)} array, shape {shape}"
+        )
     dtype = np.dtype(dtype)
     if dtype == np.uint8 and a.dtype.kind in "iub" and a.dtype.itemsize == 1:
         a = a.view(np.uint8)
@@ -248,8 +264,17 @@ class LibraryTarget(Target):
 
     kind = "library"
 
-    def __init__(self, path, fmt: Format, *, quantize: str | None = None, dequantize: str | None = None, only: str | None = None,
-                 init=(), strict_lib: bool = False):
+    def __init__(
+        self,
+        path,
+        fmt: Format,
+        *,
+        quantize: str | None = None,
+        dequantize: str | None = None,
+        only: str | None = None,
+        init=(),
+        strict_lib: bool = False,
+    ):
         want = _check_only(only)
         path = os.fspath(path)
         p = Path(path)
@@ -281,13 +306,17 @@ class LibraryTarget(Target):
             try:
                 fn = getattr(self.lib, name)
             except AttributeError:
-                raise TargetError(f"{path} has no symbol {name!r} (--init); check the name (nm -D shows the exported symbols)") from None
+                raise TargetError(
+                    f"{path} has no symbol {name!r} (--init); check the name (nm -D shows the exported symbols)"
+                ) from None
             fn.argtypes, fn.restype = (), None
             self._resolved(f"init {name}", name, fn)
         for d in DIRECTIONS:
             if d not in want:
                 if names[d] is not None:
-                    raise TargetError(f"--{d} {names[d]} names a function of the direction that --only {only} leaves out")
+                    raise TargetError(
+                        f"--{d} {names[d]} names a function of the direction that --only {only} leaves out"
+                    )
                 continue
             sym = names[d] or default_symbol(d, fmt.name)
             try:
@@ -296,8 +325,10 @@ class LibraryTarget(Target):
                 if names[d]:
                     hint = "check the name (nm -D shows the exported symbols)"
                 else:
-                    hint = (f"name the function with --{d} SYMBOL ({d}= in Python), or check the other direction "
-                            f"alone with --only {other[d]}")
+                    hint = (
+                        f"name the function with --{d} SYMBOL ({d}= in Python), or check the other direction "
+                        f"alone with --only {other[d]}"
+                    )
                 raise TargetError(f"{path} has no symbol {sym!r} ({d} for {fmt.name}); {hint}") from None
             fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
             fn.restype = None
@@ -312,8 +343,10 @@ class LibraryTarget(Target):
         where = defining_file(fn)
         elsewhere = where is not None and self.file is not None and where != self.file
         if elsewhere and self.strict_lib:
-            raise TargetError(f"{sym} ({key}) is defined in {where}, not in {self.path} (the dynamic loader found it in a "
-                              "dependency); without --strict-lib (strict_lib=False) it is checked from there")
+            raise TargetError(
+                f"{sym} ({key}) is defined in {where}, not in {self.path} (the dynamic loader found it in a "
+                "dependency); without --strict-lib (strict_lib=False) it is checked from there"
+            )
         self._provenance[key] = {"symbol": sym, "file": where, "library": self.path, "elsewhere": bool(elsewhere)}
 
     def provenance(self) -> dict:
@@ -341,10 +374,15 @@ class LibraryTarget(Target):
             fn(mine.ctypes.data, buf.ctypes.data, k_of_chunk(r1 - r0))
             if (buf[n:] != _GUARD).any():
                 last = int(np.flatnonzero(buf[n:] != _GUARD)[-1]) + 1
-                self._fault(direction, f"{self.symbols[direction]} writes past the end of its output: at least {last} "
-                            f"byte(s) after the {n} bytes of a call with k = {k_of_chunk(r1 - r0)}")
+                self._fault(
+                    direction,
+                    f"{self.symbols[direction]} writes past the end of its output: at least {last} "
+                    f"byte(s) after the {n} bytes of a call with k = {k_of_chunk(r1 - r0)}",
+                )
             if not np.array_equal(mine.view(np.uint8), np.ascontiguousarray(src[r0:r1]).view(np.uint8)):
-                self._fault(direction, f"{self.symbols[direction]} writes into its input (declared const in ggml's signature)")
+                self._fault(
+                    direction, f"{self.symbols[direction]} writes into its input (declared const in ggml's signature)"
+                )
             out[r0:r1] = buf[:n].reshape(r1 - r0, out_width_bytes)
         return out if out_dtype == np.uint8 else out.view(out_dtype)
 
@@ -412,10 +450,16 @@ class CallableTarget(Target):
         except Exception as exc:
             culprit, what = self._culprit(fn, rows, direction)
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-            shown = (", ".join(f"{v}" for v in culprit.reshape(-1)[:8]) if culprit.dtype == np.float32 else culprit.tobytes().hex(" ")[:96])
-            raise TargetError(f"{self.description}: {direction} raised {type(exc).__name__}: {exc} on {what} "
-                              f"({culprit.size} {'values' if culprit.dtype == np.float32 else 'bytes'}: {shown}"
-                              f"{' ...' if culprit.size > 8 else ''}); the kernel's traceback:\n{tb}") from exc
+            shown = (
+                ", ".join(f"{v}" for v in culprit.reshape(-1)[:8])
+                if culprit.dtype == np.float32
+                else culprit.tobytes().hex(" ")[:96]
+            )
+            raise TargetError(
+                f"{self.description}: {direction} raised {type(exc).__name__}: {exc} on {what} "
+                f"({culprit.size} {'values' if culprit.dtype == np.float32 else 'bytes'}: {shown}"
+                f"{' ...' if culprit.size > 8 else ''}); the kernel's traceback:\n{tb}"
+            ) from exc
 
     def _culprit(self, fn, rows: np.ndarray, direction: str):
         """The first row, then block of that row (when blocks are independent), on which ``fn`` raises by itself."""
@@ -464,7 +508,7 @@ class ProgramTarget(Target):
 
     def __init__(self, command: str, fmt: Format, *, only: str | None = None, timeout: float = 600.0):
         if not isinstance(command, str) or not command.strip():
-            raise TargetError("--exec needs a command line such as \"./mykernel {op} {in} {out}\"")
+            raise TargetError('--exec needs a command line such as "./mykernel {op} {in} {out}"')
         try:
             argv = shlex.split(command)
         except ValueError as exc:
@@ -472,13 +516,19 @@ class ProgramTarget(Target):
         used = {m for a in argv for m in _PLACEHOLDER.findall(a)}
         unknown = sorted(used - set(PLACEHOLDERS))
         if unknown:
-            raise TargetError(f"--exec: unknown placeholder {{{unknown[0]}}}; known: {' '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+            raise TargetError(
+                f"--exec: unknown placeholder {{{unknown[0]}}}; known: {' '.join('{' + p + '}' for p in PLACEHOLDERS)}"
+            )
         missing = [p for p in ("in", "out") if p not in used]
         if missing:
-            raise TargetError(f"--exec {command!r} has no {{{missing[0]}}} placeholder; the program must take {{in}} and {{out}} file names")
+            raise TargetError(
+                f"--exec {command!r} has no {{{missing[0]}}} placeholder; the program must take {{in}} and {{out}} file names"
+            )
         if only is None and "op" not in used:
-            raise TargetError(f"--exec {command!r} has no {{op}} placeholder, so the program implements one direction: "
-                              "say which with --only quantize or --only dequantize (only= in Python)")
+            raise TargetError(
+                f"--exec {command!r} has no {{op}} placeholder, so the program implements one direction: "
+                "say which with --only quantize or --only dequantize (only= in Python)"
+            )
         want = _check_only(only)
         super().__init__(fmt, want, f"program {Path(argv[0]).name}")
         self.command, self.argv, self.used = command, argv, used
@@ -500,7 +550,14 @@ class ProgramTarget(Target):
         src.write_bytes(payload.tobytes())
         if dst.exists():
             dst.unlink()
-        values = {"in": str(src), "out": str(dst), "op": op, "k": str(k), "rows": str(payload.shape[0]), "format": self.format.name}
+        values = {
+            "in": str(src),
+            "out": str(dst),
+            "op": op,
+            "k": str(k),
+            "rows": str(payload.shape[0]),
+            "format": self.format.name,
+        }
         argv = [_PLACEHOLDER.sub(lambda m: values[m.group(1)], a) for a in self.argv]
         try:
             res = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=self.timeout)
@@ -515,13 +572,17 @@ class ProgramTarget(Target):
         if res.returncode != 0:
             tail = (res.stderr or res.stdout or b"").decode(errors="replace").strip().splitlines()
             why = f": {tail[-1]}" if tail else ""
-            raise TargetError(f"--exec: `{shlex.join(argv)}` exited with status {res.returncode} ({op}, {payload.shape[0]} row(s) of k = {k}){why}")
+            raise TargetError(
+                f"--exec: `{shlex.join(argv)}` exited with status {res.returncode} ({op}, {payload.shape[0]} row(s) of k = {k}){why}"
+            )
         if not dst.exists():
             raise TargetError(f"--exec: the program exited with status 0 but wrote no {{out}} file ({op})")
         data = dst.read_bytes()
         if len(data) != out_bytes:
-            raise TargetError(f"--exec: the program wrote {len(data)} bytes to {{out}} for {op} of {payload.shape[0]} row(s) of "
-                              f"k = {k}; expected {out_bytes}")
+            raise TargetError(
+                f"--exec: the program wrote {len(data)} bytes to {{out}} for {op} of {payload.shape[0]} row(s) of "
+                f"k = {k}; expected {out_bytes}"
+            )
         return data
 
     def _quantize(self, x, fill):

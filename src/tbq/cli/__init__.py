@@ -33,9 +33,18 @@ from ..errors import TbqError, TbqValueError
 COMMANDS = {
     "compare": ("tbq.cli.compare", "encode/decode a KV data set with every format and print an error table"),
     "budget": ("tbq.cli.budget", "KV cache memory and bandwidth budget for a model geometry"),
-    "golden": ("tbq.cli.golden", "write golden test vectors (inputs, bytes, decoded floats, fragility masks, C headers) for kernel tests"),
-    "eval": ("tbq.cli.eval", "a model's predictions with its KV cache in tbq formats: perplexity, KL, top-1, greedy, per layer"),
-    "check": ("tbq.cli.check", "check a kernel (shared library, program) against tbq: exact, fragile or wrong, with a diagnosis"),
+    "golden": (
+        "tbq.cli.golden",
+        "write golden test vectors (inputs, bytes, decoded floats, fragility masks, C headers) for kernel tests",
+    ),
+    "eval": (
+        "tbq.cli.eval",
+        "a model's predictions with its KV cache in tbq formats: perplexity, KL, top-1, greedy, per layer",
+    ),
+    "check": (
+        "tbq.cli.check",
+        "check a kernel (shared library, program) against tbq: exact, fragile or wrong, with a diagnosis",
+    ),
 }
 
 
@@ -49,9 +58,13 @@ class ArgumentParser(argparse.ArgumentParser):
         # ``--contexts -8K``, ``--workspace -1GiB``, ``--vram -inf``: a value that starts with '-' but is
         # no option of this parser is the option's value (argparse alone only takes plain negative
         # numbers such as -5), so the flag's own parser says what is wrong with it.
-        if (len(arg_string) > 1 and arg_string[0] == "-" and arg_string[1] != "-"
-                and not any(arg_string.startswith(o) for o in self._option_string_actions if not o.startswith("--"))
-                and _VALUE_LIKE.match(arg_string)):
+        if (
+            len(arg_string) > 1
+            and arg_string[0] == "-"
+            and arg_string[1] != "-"
+            and not any(arg_string.startswith(o) for o in self._option_string_actions if not o.startswith("--"))
+            and _VALUE_LIKE.match(arg_string)
+        ):
             return None
         return super()._parse_optional(arg_string)
 
@@ -155,7 +168,9 @@ def check_figure_file(path: str, flag: str) -> Path:
     kinds = FigureCanvasBase.get_supported_filetypes()
     ext = p.suffix[1:].lower()
     if ext and ext not in kinds:
-        raise TbqValueError(f"{flag} {path}: matplotlib cannot write .{ext} files; use one of .{', .'.join(sorted(kinds))}")
+        raise TbqValueError(
+            f"{flag} {path}: matplotlib cannot write .{ext} files; use one of .{', .'.join(sorted(kinds))}"
+        )
     return p
 
 

@@ -35,10 +35,15 @@ MAX_GEOMETRY = 10**6
 def add_arguments(parser: Any) -> None:
     """Add the ``tbq budget`` options to an argparse (sub-)parser."""
     g = parser.add_argument_group("model (the geometry, or --values-per-token, or --measured)")
-    g.add_argument("--layers", type=int_at_least(1, MAX_GEOMETRY), help="number of full-attention layers (not linear-attention ones)")
+    g.add_argument(
+        "--layers",
+        type=int_at_least(1, MAX_GEOMETRY),
+        help="number of full-attention layers (not linear-attention ones)",
+    )
     g.add_argument("--kv-heads", type=int_at_least(1, MAX_GEOMETRY), help="KV heads per layer")
     g.add_argument(
-        "--head-dim", type=int_at_least(1, MAX_GEOMETRY),
+        "--head-dim",
+        type=int_at_least(1, MAX_GEOMETRY),
         help="head dimension; a block format is only offered when its block size divides it",
     )
     src = g.add_mutually_exclusive_group()
@@ -127,7 +132,9 @@ def _report_from_args(args: Any) -> BudgetReport:
         if v <= 0:
             raise TbqValueError(f"--values-per-token must be positive, got {text!r}")
         if v < 1:
-            raise TbqValueError(f"--values-per-token must be at least 1 (a token caches at least one value), got {text!r}")
+            raise TbqValueError(
+                f"--values-per-token must be at least 1 (a token caches at least one value), got {text!r}"
+            )
         if v > MAX_QUANTITY:
             raise TbqValueError(f"--values-per-token {text!r} is too large: at most 10^30 is taken")
         vpt = _out(v)

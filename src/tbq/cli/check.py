@@ -79,56 +79,132 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--lib", metavar="PATH", help="shared library with ggml's row functions (loaded with ctypes)")
     t.add_argument("--quantize", metavar="SYMBOL", help="--lib: the encoder's symbol (default: quantize_row_<fmt>_ref)")
     t.add_argument("--dequantize", metavar="SYMBOL", help="--lib: the decoder's symbol (default: dequantize_row_<fmt>)")
-    t.add_argument("--exec", dest="exec_cmd", metavar="CMD",
-                   help="external program reading {in} and writing {out}, e.g. \"./kernel {op} {in} {out}\"; placeholders: "
-                   + ", ".join("{" + k + "}" for k in PLACEHOLDERS))
-    t.add_argument("--init", action="append", default=[], metavar="SYMBOL",
-                   help="--lib: a void f(void) function called once after loading, repeatable (ggml's CPU backend: ggml_cpu_init)")
-    t.add_argument("--strict-lib", action="store_true",
-                   help="--lib: refuse a symbol that the library's dependencies define rather than the library itself")
-    t.add_argument("--dot", metavar="SYMBOL",
-                   help="--lib: check a dot-product kernel with ggml's vec_dot signature instead of row functions, e.g. "
-                   "ggml_vec_dot_q4_0_q8_0 (its left operand in --format, the right in --rhs)")
+    t.add_argument(
+        "--exec",
+        dest="exec_cmd",
+        metavar="CMD",
+        help='external program reading {in} and writing {out}, e.g. "./kernel {op} {in} {out}"; placeholders: '
+        + ", ".join("{" + k + "}" for k in PLACEHOLDERS),
+    )
+    t.add_argument(
+        "--init",
+        action="append",
+        default=[],
+        metavar="SYMBOL",
+        help="--lib: a void f(void) function called once after loading, repeatable (ggml's CPU backend: ggml_cpu_init)",
+    )
+    t.add_argument(
+        "--strict-lib",
+        action="store_true",
+        help="--lib: refuse a symbol that the library's dependencies define rather than the library itself",
+    )
+    t.add_argument(
+        "--dot",
+        metavar="SYMBOL",
+        help="--lib: check a dot-product kernel with ggml's vec_dot signature instead of row functions, e.g. "
+        "ggml_vec_dot_q4_0_q8_0 (its left operand in --format, the right in --rhs)",
+    )
     pairs = ", ".join(f"{n} x {format_class(n).vec_dot_type}" for n in formats() if format_class(n).vec_dot_type)
-    t.add_argument("--rhs", type=_format_arg, metavar="FMT", help="--dot: the right operand's format (default: the one ggml pairs "
-                   f"--format with; checked pairs: {pairs})")
+    t.add_argument(
+        "--rhs",
+        type=_format_arg,
+        metavar="FMT",
+        help=f"--dot: the right operand's format (default: the one ggml pairs --format with; checked pairs: {pairs})",
+    )
     t.add_argument("--only", choices=("quantize", "dequantize"), help="check one direction (default: both)")
-    t.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take")
+    t.add_argument(
+        "--timeout", type=_positive_float, default=600.0, metavar="S", help="--exec: seconds one run may take"
+    )
     f = p.add_argument_group("format")
-    f.add_argument("--format", required=True, type=_format_arg, metavar="FMT",
-                   help=f"the block format the kernel implements (required): {', '.join(formats())}")
-    f.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale)")
-    f.add_argument("--codebook", help="formats with a codebook option (TBQ): lloyd-max, turboq-mtp or a JSON file of exact "
-                   "tables (default: the format's default)")
-    f.add_argument("--signs", help="formats with a signs option (TBQ): turboq-mtp, an integer seed or a JSON file "
-                   "{signs1, signs2} (default: the format's default)")
+    f.add_argument(
+        "--format",
+        required=True,
+        type=_format_arg,
+        metavar="FMT",
+        help=f"the block format the kernel implements (required): {', '.join(formats())}",
+    )
+    f.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale)",
+    )
+    f.add_argument(
+        "--codebook",
+        help="formats with a codebook option (TBQ): lloyd-max, turboq-mtp or a JSON file of exact "
+        "tables (default: the format's default)",
+    )
+    f.add_argument(
+        "--signs",
+        help="formats with a signs option (TBQ): turboq-mtp, an integer seed or a JSON file "
+        "{signs1, signs2} (default: the format's default)",
+    )
     r = p.add_argument_group("what runs")
-    r.add_argument("--blocks", type=int_at_least(0), default=DEFAULT_BLOCKS, metavar="N",
-                   help="blocks of the golden phase and of the decoders' random-bytes phase; 0 skips both")
+    r.add_argument(
+        "--blocks",
+        type=int_at_least(0),
+        default=DEFAULT_BLOCKS,
+        metavar="N",
+        help="blocks of the golden phase and of the decoders' random-bytes phase; 0 skips both",
+    )
     fz = r.add_mutually_exclusive_group()
-    fz.add_argument("--examples", type=int_at_least(0), default=DEFAULT_EXAMPLES, metavar="N",
-                    help="hypothesis examples per direction (each a batch of rows); 0 skips the fuzz phase")
-    fz.add_argument("--seconds", type=_positive_float, metavar="T", help="fuzz for T seconds per direction instead of --examples")
-    r.add_argument("--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the golden families and of the fuzz")
+    fz.add_argument(
+        "--examples",
+        type=int_at_least(0),
+        default=DEFAULT_EXAMPLES,
+        metavar="N",
+        help="hypothesis examples per direction (each a batch of rows); 0 skips the fuzz phase",
+    )
+    fz.add_argument(
+        "--seconds", type=_positive_float, metavar="T", help="fuzz for T seconds per direction instead of --examples"
+    )
+    r.add_argument(
+        "--seed", type=int_at_least(0), default=0, metavar="S", help="seed of the golden families and of the fuzz"
+    )
     c = p.add_argument_group("classification")
-    c.add_argument("--exact", action="store_true", help="refuse fragile, tie-rule and undefined differences too (default: accepted)")
-    c.add_argument("--accept", action="append", default=[], metavar="CLASS_OR_DIAGNOSIS",
-                   help="waive a known deviation and go on to the next distinct one, repeatable: a class (fragile, tie_rule, "
-                   "undefined) or a diagnosis name (e.g. nibble_order, signed_zero, scale_ulp)")
-    c.add_argument("-k", "--fragile-ulps", type=int_at_least(0), default=DEFAULT_K, metavar="K",
-                   help="fragility margin in float32 ulps")
+    c.add_argument(
+        "--exact",
+        action="store_true",
+        help="refuse fragile, tie-rule and undefined differences too (default: accepted)",
+    )
+    c.add_argument(
+        "--accept",
+        action="append",
+        default=[],
+        metavar="CLASS_OR_DIAGNOSIS",
+        help="waive a known deviation and go on to the next distinct one, repeatable: a class (fragile, tie_rule, "
+        "undefined) or a diagnosis name (e.g. nibble_order, signed_zero, scale_ulp)",
+    )
+    c.add_argument(
+        "-k",
+        "--fragile-ulps",
+        type=int_at_least(0),
+        default=DEFAULT_K,
+        metavar="K",
+        help="fragility margin in float32 ulps",
+    )
     o = p.add_argument_group("output")
-    o.add_argument("--json", metavar="FILE", help="also write the report as JSON to FILE ('-': stdout, and the table goes to stderr)")
-    o.add_argument("--out", metavar="DIR", default=None,
-                   help="directory for the counterexamples (.npz and a C repro), written only when something fails "
-                   "(default: tbq-check-<fmt> in the working directory, made only then)")
+    o.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the report as JSON to FILE ('-': stdout, and the table goes to stderr)",
+    )
+    o.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="directory for the counterexamples (.npz and a C repro), written only when something fails "
+        "(default: tbq-check-<fmt> in the working directory, made only then)",
+    )
     o.add_argument("--quiet", action="store_true", help="print the verdict line only, no progress")
 
 
 def _target(args: argparse.Namespace, fmt: Any) -> Any:
     if (args.lib is None) == (args.exec_cmd is None):
-        raise TbqValueError("give the kernel under test: --lib PATH (a shared library) or --exec CMD (a program), one of them")
+        raise TbqValueError(
+            "give the kernel under test: --lib PATH (a shared library) or --exec CMD (a program), one of them"
+        )
     if args.exec_cmd is not None:
         for flag in ("quantize", "dequantize"):
             if getattr(args, flag) is not None:
@@ -136,8 +212,15 @@ def _target(args: argparse.Namespace, fmt: Any) -> Any:
         if args.init or args.strict_lib:
             raise TbqValueError(f"--{'init' if args.init else 'strict-lib'} applies to --lib, not to --exec")
         return ProgramTarget(args.exec_cmd, fmt, only=args.only, timeout=args.timeout)
-    return LibraryTarget(args.lib, fmt, quantize=args.quantize, dequantize=args.dequantize, only=args.only, init=args.init,
-                         strict_lib=args.strict_lib)
+    return LibraryTarget(
+        args.lib,
+        fmt,
+        quantize=args.quantize,
+        dequantize=args.dequantize,
+        only=args.only,
+        init=args.init,
+        strict_lib=args.strict_lib,
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -149,16 +232,27 @@ def run_cli(args: argparse.Namespace) -> int:
     out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-{fmt.name}")
     check_accept(args.accept)
     if not args.blocks and not args.examples and not args.seconds:
-        raise TbqValueError("--blocks 0 with --examples 0 checks nothing; give --blocks N or --examples N (or --seconds T)")
+        raise TbqValueError(
+            "--blocks 0 with --examples 0 checks nothing; give --blocks N or --examples N (or --seconds T)"
+        )
     if args.examples or args.seconds:
         require_hypothesis()  # before loading anything: say so at once
     require_memory(check_memory(fmt, args.blocks), f"--blocks {args.blocks:,} ({fmt.name})")  # before any work
     if args.dot or args.rhs:
         return _run_dot(args, fmt, out_dir, json_path)
     target = _target(args, fmt)
-    report = check_target(target, blocks=args.blocks, examples=args.examples if not args.seconds else 0, seconds=args.seconds,
-                          exact=args.exact, k=args.fragile_ulps, seed=args.seed, out=out_dir, accept=args.accept,
-                          progress=False if args.quiet else None)
+    report = check_target(
+        target,
+        blocks=args.blocks,
+        examples=args.examples if not args.seconds else 0,
+        seconds=args.seconds,
+        exact=args.exact,
+        k=args.fragile_ulps,
+        seed=args.seed,
+        out=out_dir,
+        accept=args.accept,
+        progress=False if args.quiet else None,
+    )
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
     if args.json == "-":
@@ -175,10 +269,14 @@ def _run_dot(args: argparse.Namespace, fmt: Format, out_dir: Path, json_path: Pa
         raise TbqValueError("--dot SYMBOL checks a dot-product kernel of --lib PATH (--rhs only goes with --dot)")
     for flag in ("quantize", "dequantize", "only", "exec_cmd"):
         if getattr(args, flag) is not None:
-            raise TbqValueError(f"--{flag.replace('_cmd', '')} is for row functions; --dot checks a dot-product kernel alone")
+            raise TbqValueError(
+                f"--{flag.replace('_cmd', '')} is for row functions; --dot checks a dot-product kernel alone"
+            )
     if args.accept:
         raise TbqValueError("--accept is for row functions; a dot-product check has no diagnoses to waive yet")
-    target = LibraryDot(args.lib, args.dot, fmt, right_format(fmt, args.rhs), init=args.init, strict_lib=args.strict_lib)
+    target = LibraryDot(
+        args.lib, args.dot, fmt, right_format(fmt, args.rhs), init=args.init, strict_lib=args.strict_lib
+    )
     report = check_dot(target, blocks=max(1, args.blocks), exact=args.exact, seed=args.seed, out=out_dir)
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)

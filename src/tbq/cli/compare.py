@@ -39,39 +39,83 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(2-D: one head per token), float16/32/64; default: the built-in synthetic keys and values",
     )
     d = p.add_argument_group("data")
-    d.add_argument("--role", choices=("keys", "values"), default=None,
-                   help="what FILE holds; keys get the logit/KL/top-k columns (default: keys)")
+    d.add_argument(
+        "--role",
+        choices=("keys", "values"),
+        default=None,
+        help="what FILE holds; keys get the logit/KL/top-k columns (default: keys)",
+    )
     d.add_argument("--array", metavar="NAME", help="the array of a .npz FILE to use (needed when it holds several)")
-    d.add_argument("--seed", type=int_at_least(0), default=0,
-                   help="seed of the built-in data set and of the random queries")
+    d.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="seed of the built-in data set and of the random queries"
+    )
     c = p.add_argument_group("codecs")
-    c.add_argument("--formats", default=None,
-                   help="comma-separated formats, any case (default: every format whose blocks tile the rows)")
-    c.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale); it goes to "
-                   "the formats that take it, and one that no listed format takes is an error")
-    c.add_argument("--codebook", default=None, help="TBQ codebook: lloyd-max (default) or turboq-mtp (= --option codebook=...)")
-    c.add_argument("--signs", default=None, help="TBQ sign tables: turboq-mtp (default) or an integer seed (= --option signs=...)")
-    c.add_argument("--backend", default=None, choices=("numba", "numpy"),
-                   help="codec implementation (default: numba when it is installed, else numpy)")
-    c.add_argument("--on-overflow", default="raise", choices=("raise", "inf", "saturate"),
-                   help="a block whose float16 scale (or norm, or FP8 value) overflows: stop with an error, "
-                   "or store an infinite scale as the C reference does (FP8: the non-saturating result); "
-                   "saturate: FP8 only, the largest finite value (vLLM)")
+    c.add_argument(
+        "--formats",
+        default=None,
+        help="comma-separated formats, any case (default: every format whose blocks tile the rows)",
+    )
+    c.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale); it goes to "
+        "the formats that take it, and one that no listed format takes is an error",
+    )
+    c.add_argument(
+        "--codebook", default=None, help="TBQ codebook: lloyd-max (default) or turboq-mtp (= --option codebook=...)"
+    )
+    c.add_argument(
+        "--signs", default=None, help="TBQ sign tables: turboq-mtp (default) or an integer seed (= --option signs=...)"
+    )
+    c.add_argument(
+        "--backend",
+        default=None,
+        choices=("numba", "numpy"),
+        help="codec implementation (default: numba when it is installed, else numpy)",
+    )
+    c.add_argument(
+        "--on-overflow",
+        default="raise",
+        choices=("raise", "inf", "saturate"),
+        help="a block whose float16 scale (or norm, or FP8 value) overflows: stop with an error, "
+        "or store an infinite scale as the C reference does (FP8: the non-saturating result); "
+        "saturate: FP8 only, the largest finite value (vLLM)",
+    )
     m = p.add_argument_group("measurement")
-    m.add_argument("--repeat", type=int_at_least(1), default=3, help="timed runs per throughput figure (the best counts)")
-    m.add_argument("--queries", type=int_at_least(1), default=16, help="random N(0,1) queries per head for the attention columns")
-    m.add_argument("--topk", type=int_at_least(1), default=None,
-                   help=f"k of the top-k agreement, at most the number of tokens (default: {DEFAULT_TOPK}, "
-                   "or the number of tokens if fewer)")
+    m.add_argument(
+        "--repeat", type=int_at_least(1), default=3, help="timed runs per throughput figure (the best counts)"
+    )
+    m.add_argument(
+        "--queries", type=int_at_least(1), default=16, help="random N(0,1) queries per head for the attention columns"
+    )
+    m.add_argument(
+        "--topk",
+        type=int_at_least(1),
+        default=None,
+        help=f"k of the top-k agreement, at most the number of tokens (default: {DEFAULT_TOPK}, "
+        "or the number of tokens if fewer)",
+    )
     o = p.add_argument_group("output")
-    o.add_argument("--wide", action="store_true",
-                   help="the full table (bytes, max abs error, mean cosine; long headers): about 140 columns")
-    o.add_argument("--json", action="store_true",
-                   help="print the settings and rows as JSON on stdout (nothing else goes to stdout)")
-    o.add_argument("--plot", metavar="FILE.png",
-                   help="also save a figure of the errors (needs matplotlib; missing directories are created)")
-    o.add_argument("--quiet", action="store_true", help="no progress messages on stderr (they appear only on a terminal)")
+    o.add_argument(
+        "--wide",
+        action="store_true",
+        help="the full table (bytes, max abs error, mean cosine; long headers): about 140 columns",
+    )
+    o.add_argument(
+        "--json",
+        action="store_true",
+        help="print the settings and rows as JSON on stdout (nothing else goes to stdout)",
+    )
+    o.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also save a figure of the errors (needs matplotlib; missing directories are created)",
+    )
+    o.add_argument(
+        "--quiet", action="store_true", help="no progress messages on stderr (they appear only on a terminal)"
+    )
 
 
 # --------------------------------------------------------------------------- input
@@ -99,7 +143,9 @@ def _read_open_file(fh: Any, path: str, array: str | None) -> tuple[np.ndarray, 
         raise TbqValueError(f"cannot read {path!r} as a .npy or .npz file: {reason}") from None
     if isinstance(loaded, np.ndarray):
         if array is not None:
-            raise TbqValueError(f"--array {array}: {path} is a .npy file with a single array; --array is for .npz files")
+            raise TbqValueError(
+                f"--array {array}: {path} is a .npy file with a single array; --array is for .npz files"
+            )
         return loaded, None
     with loaded:  # an NpzFile
         names = list(loaded.files)
@@ -183,7 +229,13 @@ def _load(args: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
         data = builtin_kv(seed=args.seed)
         shape = data["keys"].shape
         channels = ", ".join(map(str, DEFAULT_OUTLIER_CHANNELS))
-        info = {"source": "built-in", "seed": args.seed, "arrays": ["keys", "values"], "shape": list(shape), "dtype": "float32"}
+        info = {
+            "source": "built-in",
+            "seed": args.seed,
+            "arrays": ["keys", "values"],
+            "shape": list(shape),
+            "dtype": "float32",
+        }
         header = [
             f"built-in synthetic KV (seed {args.seed}): keys and values of shape {shape} (tokens, heads, head_dim)",
             f"keys: N(0, 1) with outlier channels {channels} (x20); values: N(0, 1)",
@@ -198,8 +250,15 @@ def _load(args: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     except MemoryError:
         raise TbqValueError(f"{label}: not enough memory to convert the array to float32") from None
     tokens, heads, head_dim = kv_geometry(arr)
-    info = {"source": args.file, "array": name, "role": role, "shape": list(arr.shape), "tokens": tokens, "heads": heads,
-            "head_dim": head_dim}
+    info = {
+        "source": args.file,
+        "array": name,
+        "role": role,
+        "shape": list(arr.shape),
+        "tokens": tokens,
+        "heads": heads,
+        "head_dim": head_dim,
+    }
     header = [
         f"{label}: shape {arr.shape}, read as {role} (--role): {tokens} token{'s' if tokens != 1 else ''} "
         f"(axis 0) x {heads} KV head{'s' if heads != 1 else ''} x head_dim {head_dim}",
@@ -233,8 +292,10 @@ def _legend(rows: list[dict[str, Any]], args: Any, topk: int, wide: bool, width:
 def _overflow_message(exc: ScaleOverflowError) -> str:
     text = " ".join(str(exc).split())
     text = text.split(" Pass on_overflow=")[0].rstrip(". ")
-    return (f"{text}. Pass --on-overflow inf to store an infinite scale as the C reference does "
-            "(the errors of such rows are then inf or nan)")
+    return (
+        f"{text}. Pass --on-overflow inf to store an infinite scale as the C reference does "
+        "(the errors of such rows are then inf or nan)"
+    )
 
 
 # --------------------------------------------------------------------------- run
@@ -276,7 +337,11 @@ def run_cli(args: argparse.Namespace) -> int:
     cores = _cores()
     cold = bool(numba_fmts) and kernels_cached(numba_fmts, attention) is False
     if cold and not args.quiet:
-        print(f"tbq compare: compiling numba kernels on {cores} core{'s' if cores != 1 else ''} (first run only)...", file=sys.stderr, flush=True)
+        print(
+            f"tbq compare: compiling numba kernels on {cores} core{'s' if cores != 1 else ''} (first run only)...",
+            file=sys.stderr,
+            flush=True,
+        )
     codecs = {}
     for fmt in fmts:  # every configuration error before any work
         cfg = config_for(fmt, config)
@@ -284,7 +349,14 @@ def run_cli(args: argparse.Namespace) -> int:
             codecs[fmt] = get_codec(fmt, **cfg)
         except TbqValueError as exc:
             msg = " ".join(str(exc).split())
-            flag = next((f"--{k}: " if k in ("codebook", "signs") else f"--option {k}: " for k in options if k.rstrip("s") in msg), "")
+            flag = next(
+                (
+                    f"--{k}: " if k in ("codebook", "signs") else f"--option {k}: "
+                    for k in options
+                    if k.rstrip("s") in msg
+                ),
+                "",
+            )
             raise TbqValueError(flag + msg) from None
     if args.plot:
         check_figure_file(args.plot, "--plot")
@@ -342,9 +414,15 @@ def run_cli(args: argparse.Namespace) -> int:
 
     if args.json:
         settings = {
-            "formats": fmts, "codebook": options.get("codebook", "lloyd-max"), "signs": signs, "options": options,
+            "formats": fmts,
+            "codebook": options.get("codebook", "lloyd-max"),
+            "signs": signs,
+            "options": options,
             "backend": getattr(next(iter(codecs.values())), "backend", args.backend),
-            "on_overflow": args.on_overflow, "repeat": args.repeat, "queries": args.queries, "topk": topk,
+            "on_overflow": args.on_overflow,
+            "repeat": args.repeat,
+            "queries": args.queries,
+            "topk": topk,
             "query_seed": args.seed,
         }
         print(json.dumps({"input": info, "settings": settings, "rows": to_records(rows)}, indent=2))

@@ -37,37 +37,72 @@ def default_cache_types() -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", help="a Hugging Face model directory or a .gguf file (default: the shipped model)")
+    p.add_argument(
+        "model", nargs="?", help="a Hugging Face model directory or a .gguf file (default: the shipped model)"
+    )
     d = p.add_argument_group("text")
     src = d.add_mutually_exclusive_group()
-    src.add_argument("--text", metavar="FILE", help="a UTF-8 text file, tokenized by the model's tokenizer "
-                     "with BOS first, as llama-perplexity does (default: the shipped held-out text)")
+    src.add_argument(
+        "--text",
+        metavar="FILE",
+        help="a UTF-8 text file, tokenized by the model's tokenizer "
+        "with BOS first, as llama-perplexity does (default: the shipped held-out text)",
+    )
     src.add_argument("--tokens", metavar="FILE.npy", help="a 1-d integer .npy array of token ids, used as it is")
-    d.add_argument("--context", type=int_at_least(4, 1 << 20), default=512, help="tokens per chunk (llama-perplexity's -c)")
-    d.add_argument("--chunks", type=_chunks_arg, default=None,
-                   help="chunks to evaluate (llama-perplexity's --chunks), or 'all' "
-                   f"(default: {DEFAULT_CHUNKS}, or all the text holds if fewer)")
+    d.add_argument(
+        "--context", type=int_at_least(4, 1 << 20), default=512, help="tokens per chunk (llama-perplexity's -c)"
+    )
+    d.add_argument(
+        "--chunks",
+        type=_chunks_arg,
+        default=None,
+        help="chunks to evaluate (llama-perplexity's --chunks), or 'all' "
+        f"(default: {DEFAULT_CHUNKS}, or all the text holds if fewer)",
+    )
     c = p.add_argument_group("cache")
-    c.add_argument("--cache-types", metavar="K:V,...", default=None,
-                   help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32 "
-                   "(default: every format as K = V plus q8_0:q4_0, q8_0:tbq4_0, tbq4_0:tbq3_0, f16:tbq3_0, ...)")
-    c.add_argument("--engine", choices=ENGINES, default="llama.cpp",
-                   help="what stores the rows: llama.cpp's -ctk/-ctv semantics, the same with the TurboQuant "
-                   "fork's defects, or plain rows")
-    c.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                   help="a format option for the cache types that take it, repeatable, e.g. --option codebook=lloyd-max "
-                   "(TBQ; the llama.cpp engines default to the fork's tables) or --option scale=0.05 (FP8)")
-    c.add_argument("--no-attn-rot", action="store_true",
-                   help="no attention rotation (llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)")
-    c.add_argument("--sinks", type=int_at_least(0, 1 << 20), default=0, help="the first N tokens of each chunk in --sink-type")
+    c.add_argument(
+        "--cache-types",
+        metavar="K:V,...",
+        default=None,
+        help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32 "
+        "(default: every format as K = V plus q8_0:q4_0, q8_0:tbq4_0, tbq4_0:tbq3_0, f16:tbq3_0, ...)",
+    )
+    c.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="llama.cpp",
+        help="what stores the rows: llama.cpp's -ctk/-ctv semantics, the same with the TurboQuant "
+        "fork's defects, or plain rows",
+    )
+    c.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a format option for the cache types that take it, repeatable, e.g. --option codebook=lloyd-max "
+        "(TBQ; the llama.cpp engines default to the fork's tables) or --option scale=0.05 (FP8)",
+    )
+    c.add_argument(
+        "--no-attn-rot", action="store_true", help="no attention rotation (llama.cpp's LLAMA_ATTN_ROT_DISABLE=1)"
+    )
+    c.add_argument(
+        "--sinks", type=int_at_least(0, 1 << 20), default=0, help="the first N tokens of each chunk in --sink-type"
+    )
     c.add_argument("--sink-type", default="f16", help="the format of the sink tokens")
     a = p.add_argument_group("analysis")
     a.add_argument("--per-layer", action="store_true", help="also one run per layer with only that layer in the type")
     a.add_argument("--roles", action="store_true", help="also K-only (K:f16) and V-only (f16:V) runs")
-    a.add_argument("--generate", type=int_at_least(0, 1 << 16), default=32,
-                   help="greedy tokens generated with each cache; the table shows the first that departs from f16's")
-    a.add_argument("--capture", metavar="FILE.npz",
-                   help="also save the model's real post-RoPE K and V of the first chunk (arrays layer<L>_k, layer<L>_v)")
+    a.add_argument(
+        "--generate",
+        type=int_at_least(0, 1 << 16),
+        default=32,
+        help="greedy tokens generated with each cache; the table shows the first that departs from f16's",
+    )
+    a.add_argument(
+        "--capture",
+        metavar="FILE.npz",
+        help="also save the model's real post-RoPE K and V of the first chunk (arrays layer<L>_k, layer<L>_v)",
+    )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the settings and rows as JSON on stdout")
     o.add_argument("--plot", metavar="FILE.png", help="also save a figure of the results (needs matplotlib)")
@@ -107,10 +142,14 @@ def _tokens(args: Any, tokenizer: Any, model: Any) -> np.ndarray:
         except (OSError, ValueError) as exc:
             raise TbqValueError(f"--tokens {args.tokens}: cannot read it as a .npy file: {exc}") from None
         if t.ndim != 1 or not np.issubdtype(t.dtype, np.integer):
-            raise TbqValueError(f"--tokens {args.tokens}: expected a 1-d integer array, got {t.dtype} of shape {t.shape}")
+            raise TbqValueError(
+                f"--tokens {args.tokens}: expected a 1-d integer array, got {t.dtype} of shape {t.shape}"
+            )
         vocab = model.config.get_text_config().vocab_size
         if t.size and (t.min() < 0 or t.max() >= vocab):
-            raise TbqValueError(f"--tokens {args.tokens}: token ids must be in 0..{vocab - 1}, got {t.min()}..{t.max()}")
+            raise TbqValueError(
+                f"--tokens {args.tokens}: token ids must be in 0..{vocab - 1}, got {t.min()}..{t.max()}"
+            )
         return t.astype(np.int64)
     if args.text is not None:
         try:
@@ -185,9 +224,13 @@ def run_cli(args: argparse.Namespace) -> int:
         print(result.to_json())
     else:
         print(result.table())
-        greedy = f"greedy: the first of {args.generate} generated tokens that departs from f16's; " if args.generate else ""
-        print(f"({greedy}B/token: every layer's K and V rows; engine {args.engine}"
-              f"{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)")
+        greedy = (
+            f"greedy: the first of {args.generate} generated tokens that departs from f16's; " if args.generate else ""
+        )
+        print(
+            f"({greedy}B/token: every layer's K and V rows; engine {args.engine}"
+            f"{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)"
+        )
     if plot is not None:
         from ..hf.plot import plot_eval
 

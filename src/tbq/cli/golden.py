@@ -48,37 +48,113 @@ def _spec_from_cli(value: str, what: str) -> Any:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``tbq golden`` (every help text states its default)."""
-    parser.add_argument("--out", required=True, metavar="DIR", help="output directory, created if needed (required; no default)")
-    parser.add_argument("--formats", default=",".join(formats()), help=f"comma-separated formats, any case (default: all: {', '.join(formats())})")
-    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated input families (default: {', '.join(FAMILIES)})")
-    parser.add_argument("--rows-per-family", "--blocks", dest="rows_per_family", type=int, default=DEFAULT_ROWS_PER_FAMILY, metavar="N",
-                        help="rows of 128 values per family; a Q8_0/Q4_0 row is 4 blocks, a TBQ row 1 block "
-                        "(--blocks is the old name; default: %(default)s = one row per edge kind)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, metavar="S", help="base seed; family i uses S*1000+1+i (default: %(default)s)")
-    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
-                        help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale; default: none, each format's defaults), for the formats "
-                        "that take it (recorded in the manifests)")
-    parser.add_argument("--codebook", default="lloyd-max",
-                        help="TBQ codebook: lloyd-max, turboq-mtp, or a JSON file with exact tables (default: %(default)s)")
-    parser.add_argument("--signs", default="turboq-mtp",
-                        help="TBQ sign vectors: turboq-mtp, an integer seed, or a JSON file {signs1, signs2} (default: %(default)s)")
-    parser.add_argument("-k", "--fragile-ulps", type=int, default=DEFAULT_K, metavar="K",
-                        help="fragility margin in float32 ulps, >= 0 (default: %(default)s)")
-    parser.add_argument("--ulp-floor", type=float, default=None, metavar="F",
-                        help=f"TBQ rotated coordinates below F count ulps at F; 0 = literal ulps (default: {TBQ_ULP_FLOOR} = 2^-4)")
-    parser.add_argument("--attention", action="store_true", help="also write attention_<k>_<v> reference sets (default: off)")
-    parser.add_argument("--attention-pairs", default=",".join(f"{a}:{b}" for a, b in DEFAULT_ATTENTION_PAIRS),
-                        metavar="K:V,...", help=f"K:V format pairs for --attention (default: {', '.join(f'{a}:{b}' for a, b in DEFAULT_ATTENTION_PAIRS)})")
-    parser.add_argument("--tokens", type=int, default=32, metavar="T", help="attention: tokens per cache, >= 1 (default: %(default)s)")
-    parser.add_argument("--heads", type=int, default=8, metavar="H", help="attention: query heads (default: %(default)s)")
-    parser.add_argument("--kv-heads", type=int, default=2, metavar="H",
-                        help="attention: KV heads; --heads must be a multiple (default: %(default)s)")
-    parser.add_argument("--n-sink", type=int, default=0, metavar="T",
-                        help="attention: first tokens kept in --sink-format, at most --tokens (default: %(default)s)")
-    parser.add_argument("--sink-format", default="f16", choices=("f16", "q8_0"), help="attention: format of the sink tokens (default: %(default)s)")
-    parser.add_argument("--from-manifest", nargs="+", metavar="JSON",
-                        help="regenerate these sets bit for bit; the other generation flags are ignored (default: none, generate)")
-    parser.add_argument("--quiet", action="store_true", help="no progress and no table (default: off; progress only on a terminal)")
+    parser.add_argument(
+        "--out", required=True, metavar="DIR", help="output directory, created if needed (required; no default)"
+    )
+    parser.add_argument(
+        "--formats",
+        default=",".join(formats()),
+        help=f"comma-separated formats, any case (default: all: {', '.join(formats())})",
+    )
+    parser.add_argument(
+        "--families",
+        default=",".join(FAMILIES),
+        help=f"comma-separated input families (default: {', '.join(FAMILIES)})",
+    )
+    parser.add_argument(
+        "--rows-per-family",
+        "--blocks",
+        dest="rows_per_family",
+        type=int,
+        default=DEFAULT_ROWS_PER_FAMILY,
+        metavar="N",
+        help="rows of 128 values per family; a Q8_0/Q4_0 row is 4 blocks, a TBQ row 1 block "
+        "(--blocks is the old name; default: %(default)s = one row per edge kind)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=DEFAULT_SEED,
+        metavar="S",
+        help="base seed; family i uses S*1000+1+i (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a format option, repeatable, e.g. --option scale=0.0173 (FP8's per-tensor scale; default: none, each format's defaults), for the formats "
+        "that take it (recorded in the manifests)",
+    )
+    parser.add_argument(
+        "--codebook",
+        default="lloyd-max",
+        help="TBQ codebook: lloyd-max, turboq-mtp, or a JSON file with exact tables (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--signs",
+        default="turboq-mtp",
+        help="TBQ sign vectors: turboq-mtp, an integer seed, or a JSON file {signs1, signs2} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-k",
+        "--fragile-ulps",
+        type=int,
+        default=DEFAULT_K,
+        metavar="K",
+        help="fragility margin in float32 ulps, >= 0 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ulp-floor",
+        type=float,
+        default=None,
+        metavar="F",
+        help=f"TBQ rotated coordinates below F count ulps at F; 0 = literal ulps (default: {TBQ_ULP_FLOOR} = 2^-4)",
+    )
+    parser.add_argument(
+        "--attention", action="store_true", help="also write attention_<k>_<v> reference sets (default: off)"
+    )
+    parser.add_argument(
+        "--attention-pairs",
+        default=",".join(f"{a}:{b}" for a, b in DEFAULT_ATTENTION_PAIRS),
+        metavar="K:V,...",
+        help=f"K:V format pairs for --attention (default: {', '.join(f'{a}:{b}' for a, b in DEFAULT_ATTENTION_PAIRS)})",
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=32, metavar="T", help="attention: tokens per cache, >= 1 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--heads", type=int, default=8, metavar="H", help="attention: query heads (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--kv-heads",
+        type=int,
+        default=2,
+        metavar="H",
+        help="attention: KV heads; --heads must be a multiple (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--n-sink",
+        type=int,
+        default=0,
+        metavar="T",
+        help="attention: first tokens kept in --sink-format, at most --tokens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--sink-format",
+        default="f16",
+        choices=("f16", "q8_0"),
+        help="attention: format of the sink tokens (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--from-manifest",
+        nargs="+",
+        metavar="JSON",
+        help="regenerate these sets bit for bit; the other generation flags are ignored (default: none, generate)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress and no table (default: off; progress only on a terminal)"
+    )
 
 
 def _from_manifests(args: argparse.Namespace, enabled: bool | None) -> Summary:
@@ -98,7 +174,9 @@ def _from_manifests(args: argparse.Namespace, enabled: bool | None) -> Summary:
         for mp, want in zip(args.from_manifest, wanted, strict=True):
             gs = regenerate(mp)
             if want != {k: v["sha256"] for k, v in gs.manifest["arrays"].items()}:
-                raise TbqValueError(f"{mp}: the regenerated arrays differ from the manifest's SHA-256 (library version {__version__})")
+                raise TbqValueError(
+                    f"{mp}: the regenerated arrays differ from the manifest's SHA-256 (library version {__version__})"
+                )
             paths += write_set(gs, args.out)
             (att if gs.manifest["kind"] == "tbq-golden-attention" else rows).extend(gs.summary)
             bar.step(gs.name)

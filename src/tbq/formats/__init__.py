@@ -60,7 +60,9 @@ def _load_plugins() -> None:
             ep.load()
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not break tbq
             PLUGIN_ERRORS[ep.name] = exc
-            warnings.warn(f"tbq: format plugin {ep.name!r} ({ep.value}) was not loaded: {exc}", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"tbq: format plugin {ep.name!r} ({ep.value}) was not loaded: {exc}", RuntimeWarning, stacklevel=2
+            )
 
 
 def _discover() -> None:
@@ -84,8 +86,21 @@ def _discover() -> None:
 _discover()
 
 __all__ = [
-    "FormatInfo", "Format", "Field", "Option", "FORMATS", "formats", "format_name", "format_info", "format_class", "get_format",
-    "options_of", "takes_option", "config_for", "check_options", "parse_option",
+    "FormatInfo",
+    "Format",
+    "Field",
+    "Option",
+    "FORMATS",
+    "formats",
+    "format_name",
+    "format_info",
+    "format_class",
+    "get_format",
+    "options_of",
+    "takes_option",
+    "config_for",
+    "check_options",
+    "parse_option",
 ]
 
 

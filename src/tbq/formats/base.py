@@ -38,7 +38,24 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
 
-__all__ = ["Option", "AttentionReader", "FieldKind", "FIELD_KINDS", "register_field_kind", "read_field", "ordered_field_code", "Field", "FormatInfo", "Format", "FORMATS", "FORMAT_CLASSES", "register", "ulp32", "band", "offset_trunc_fragility"]
+__all__ = [
+    "Option",
+    "AttentionReader",
+    "FieldKind",
+    "FIELD_KINDS",
+    "register_field_kind",
+    "read_field",
+    "ordered_field_code",
+    "Field",
+    "FormatInfo",
+    "Format",
+    "FORMATS",
+    "FORMAT_CLASSES",
+    "register",
+    "ulp32",
+    "band",
+    "offset_trunc_fragility",
+]
 
 
 @dataclass(frozen=True)
@@ -153,12 +170,16 @@ def register(cls: type) -> type:
     """Add a :class:`Format` subclass to the registry (done by ``__init_subclass__``)."""
     info = cls.info
     if info.name in FORMAT_CLASSES and FORMAT_CLASSES[info.name] is not cls:
-        raise ConfigError(f"format {info.name!r} is registered twice ({FORMAT_CLASSES[info.name].__name__} and {cls.__name__})")
+        raise ConfigError(
+            f"format {info.name!r} is registered twice ({FORMAT_CLASSES[info.name].__name__} and {cls.__name__})"
+        )
     codes = {i.code: n for n, i in FORMATS.items() if n != info.name}
     if info.code in codes or info.code <= 0:
         raise ConfigError(f"format {info.name!r}: code {info.code} is not a new positive code (taken: {codes})")
     if sum(f.size for f in info.layout) != info.type_size:
-        raise ConfigError(f"format {info.name!r}: the layout's fields add up to {sum(f.size for f in info.layout)} bytes, not {info.type_size}")
+        raise ConfigError(
+            f"format {info.name!r}: the layout's fields add up to {sum(f.size for f in info.layout)} bytes, not {info.type_size}"
+        )
     FORMATS[info.name] = info
     FORMAT_CLASSES[info.name] = cls
     return cls
@@ -415,8 +436,10 @@ class Format:
         d = np.asarray(d, np.float32).reshape(-1)
         with np.errstate(all="ignore"):
             over = (d != 0) & np.isfinite(d) & np.isinf(np.float32(1) / d)
-        return over, ("1/d overflows float32 (|d| below 2**-128, amax about 1e-37 or less): x * (1/d) is +-Inf or NaN, and "
-                      "C's conversion of it to an integer code is undefined")
+        return over, (
+            "1/d overflows float32 (|d| below 2**-128, amax about 1e-37 or less): x * (1/d) is +-Inf or NaN, and "
+            "C's conversion of it to an integer code is undefined"
+        )
 
     def equivalent_blocks(self, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
         """bool (blocks,): encoded blocks ``got`` (uint8, blocks x type_size) that differ from ``ref`` but decode to the
@@ -450,7 +473,9 @@ class Format:
             from ..kernels import attention_reader
 
             aux = np.ascontiguousarray(self.attention_tables(), np.float32).reshape(-1)
-            r = self.__dict__["_attention_reader"] = AttentionReader(attention_reader(getattr(self.kernels(), self.attention_read)), aux)
+            r = self.__dict__["_attention_reader"] = AttentionReader(
+                attention_reader(getattr(self.kernels(), self.attention_read)), aux
+            )
         return r
 
     # -- what the codec refuses (unless on_overflow="inf") ------------------------------
@@ -515,7 +540,9 @@ class Format:
             raise TbqTypeError(f"{self.name}: encoded data must be uint8, got dtype {a.dtype}")
         if a.ndim == 0 or a.shape[-1] % self.type_size:
             n = a.shape[-1] if a.ndim else 0
-            raise EncodedLengthError(f"{self.name}: the last axis has {n} bytes, which is not a multiple of the block's {self.type_size} bytes")
+            raise EncodedLengthError(
+                f"{self.name}: the last axis has {n} bytes, which is not a multiple of the block's {self.type_size} bytes"
+            )
         return a.reshape(a.shape[:-1] + (a.shape[-1] // self.type_size, self.type_size))
 
     # -- fragility ------------------------------------------------------------------------
@@ -556,7 +583,9 @@ class Format:
             raise TbqTypeError(f"{self.name}: input must be float, got dtype {a.dtype}")
         if a.ndim == 0 or a.shape[-1] % self.block_size:
             n = a.shape[-1] if a.ndim else 0
-            raise BlockShapeError(f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {self.block_size}")
+            raise BlockShapeError(
+                f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {self.block_size}"
+            )
         if not np.isfinite(a).all():
             from ..errors import NonFiniteError
 
@@ -663,21 +692,52 @@ def _packing(name):
 #: fp16 patterns: infinities, NaNs (any payload), subnormals, zeros, the extremes, either sign, and the two
 #: finite ranges (the one list the fuzzers and the checker inject into fp16 fields).
 SPECIAL_F16 = {
-    "+inf": (0x7C00, 0x7C00), "-inf": (0xFC00, 0xFC00), "nan": (0x7C01, 0x7FFF), "-nan": (0xFC01, 0xFFFF),
-    "subnormal": (0x0001, 0x03FF), "-subnormal": (0x8001, 0x83FF), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
-    "max": (0x7BFF, 0x7BFF), "-max": (0xFBFF, 0xFBFF), "min_normal": (0x0400, 0x0400), "-min_normal": (0x8400, 0x8400),
-    "negative": (0x8400, 0xFBFF), "positive": (0x0400, 0x7BFF),
+    "+inf": (0x7C00, 0x7C00),
+    "-inf": (0xFC00, 0xFC00),
+    "nan": (0x7C01, 0x7FFF),
+    "-nan": (0xFC01, 0xFFFF),
+    "subnormal": (0x0001, 0x03FF),
+    "-subnormal": (0x8001, 0x83FF),
+    "+0": (0x0000, 0x0000),
+    "-0": (0x8000, 0x8000),
+    "max": (0x7BFF, 0x7BFF),
+    "-max": (0xFBFF, 0xFBFF),
+    "min_normal": (0x0400, 0x0400),
+    "-min_normal": (0x8400, 0x8400),
+    "negative": (0x8400, 0xFBFF),
+    "positive": (0x0400, 0x7BFF),
 }
 SPECIAL_BF16 = {
-    "+inf": (0x7F80, 0x7F80), "-inf": (0xFF80, 0xFF80), "nan": (0x7F81, 0x7FFF), "-nan": (0xFF81, 0xFFFF),
-    "subnormal": (0x0001, 0x007F), "-subnormal": (0x8001, 0x807F), "+0": (0x0000, 0x0000), "-0": (0x8000, 0x8000),
-    "max": (0x7F7F, 0x7F7F), "-max": (0xFF7F, 0xFF7F), "min_normal": (0x0080, 0x0080), "-min_normal": (0x8080, 0x8080),
+    "+inf": (0x7F80, 0x7F80),
+    "-inf": (0xFF80, 0xFF80),
+    "nan": (0x7F81, 0x7FFF),
+    "-nan": (0xFF81, 0xFFFF),
+    "subnormal": (0x0001, 0x007F),
+    "-subnormal": (0x8001, 0x807F),
+    "+0": (0x0000, 0x0000),
+    "-0": (0x8000, 0x8000),
+    "max": (0x7F7F, 0x7F7F),
+    "-max": (0xFF7F, 0xFF7F),
+    "min_normal": (0x0080, 0x0080),
+    "-min_normal": (0x8080, 0x8080),
 }
 
-register_field_kind("f16", FieldKind(
-    _f16_reader, lambda a: _sign_magnitude_order(a.astype(np.float16).view(np.uint16).astype(np.int64), 15), SPECIAL_F16))
-register_field_kind("bf16", FieldKind(
-    _bf16_reader, lambda a: _sign_magnitude_order((a.astype(np.float32).view(np.uint32) >> 16).astype(np.int64), 15), SPECIAL_BF16))
+register_field_kind(
+    "f16",
+    FieldKind(
+        _f16_reader,
+        lambda a: _sign_magnitude_order(a.astype(np.float16).view(np.uint16).astype(np.int64), 15),
+        SPECIAL_F16,
+    ),
+)
+register_field_kind(
+    "bf16",
+    FieldKind(
+        _bf16_reader,
+        lambda a: _sign_magnitude_order((a.astype(np.float32).view(np.uint32) >> 16).astype(np.int64), 15),
+        SPECIAL_BF16,
+    ),
+)
 register_field_kind("int8", FieldKind(lambda raw: raw.view(np.int8)))
 register_field_kind("uint8", FieldKind(lambda raw: raw))
 register_field_kind("u32", FieldKind(lambda raw: raw.view("<u4")[..., 0].astype(np.uint32)))

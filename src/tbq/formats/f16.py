@@ -83,8 +83,6 @@ def _bf16_code(y):
     return np.rint(y / step) * step
 
 
-
-
 class _Half(Format):
     """Shared body of F16 and BF16: block size 1, no scale, a refusal for values that round to infinity."""
 
@@ -93,7 +91,6 @@ class _Half(Format):
     _overflow_bits = 0
     _type_name = ""  #: "float16" / "bfloat16", for messages
     _limit = ""  #: the largest finite value, for messages
-
 
     def kernel_encode(self, x, out, raise_overflow):
         # x is (n, 1) float32 and out (n, 2) uint8, both C-contiguous: the kernel runs over the flat
@@ -131,7 +128,13 @@ class _Half(Format):
 
 class F16(_Half):
     info = FormatInfo(
-        "f16", 1, 2, False, 16, "IEEE binary16 per value (ggml F16)", code=5,
+        "f16",
+        1,
+        2,
+        False,
+        16,
+        "IEEE binary16 per value (ggml F16)",
+        code=5,
         layout=(Field("v", 0, 2, "f16", "fp16(x), round to nearest even"),),
     )
     kernel_module = "tbq.formats.f16_kernels"
@@ -139,6 +142,7 @@ class F16(_Half):
 
     def attention_tables(self):
         return f16_decode_table().view(np.float32)  # the bits of every fp16 value
+
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
     _limit = "65504"
@@ -168,7 +172,13 @@ class F16(_Half):
 
 class BF16(_Half):
     info = FormatInfo(
-        "bf16", 1, 2, False, 16, "bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even", code=6,
+        "bf16",
+        1,
+        2,
+        False,
+        16,
+        "bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
+        code=6,
         layout=(Field("v", 0, 2, "bf16", "bf16(x): the float32 bits >> 16, rounded to nearest even"),),
     )
     kernel_module = "tbq.formats.f16_kernels"

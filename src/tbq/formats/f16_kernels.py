@@ -156,11 +156,16 @@ def decode_bf16(h, out):
 def attention_read_f16(src, dst, n_blocks, aux, n_aux):
     """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` fp16 values by
     :func:`decode_f16`, ``aux`` its table (:func:`tbq.formats.f16.f16_decode_table`)."""
-    decode_f16(reader_blocks(src, n_blocks, 2).reshape(2 * n_blocks).view(np.uint16),
-               reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32), reader_aux(aux, n_aux).view(np.uint32))
+    decode_f16(
+        reader_blocks(src, n_blocks, 2).reshape(2 * n_blocks).view(np.uint16),
+        reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32),
+        reader_aux(aux, n_aux).view(np.uint32),
+    )
 
 
 def attention_read_bf16(src, dst, n_blocks, aux, n_aux):
     """The fused attention kernel's reader: ``n_blocks`` bf16 values by :func:`decode_bf16`."""
-    decode_bf16(reader_blocks(src, n_blocks, 2).reshape(2 * n_blocks).view(np.uint16),
-                reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32))
+    decode_bf16(
+        reader_blocks(src, n_blocks, 2).reshape(2 * n_blocks).view(np.uint16),
+        reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32),
+    )

@@ -95,7 +95,9 @@ def e8m0_exponent(amax) -> np.ndarray:
     """
     a = np.asarray(amax, np.float32)
     if np.any(~(a > 0)) or not np.isfinite(a).all():
-        raise TbqValueError("e8m0_exponent needs positive finite float32 values (an all-zero block has e = 0 and no exponent)")
+        raise TbqValueError(
+            "e8m0_exponent needs positive finite float32 values (an all-zero block has e = 0 and no exponent)"
+        )
     return np.floor(np.log2(a.astype(np.float64)).astype(np.float32)).astype(np.int32)
 
 
@@ -277,7 +279,13 @@ class MXFP4(Format):
     """MXFP4: E8M0 shared exponent + 32 E2M1 codes (split halves), 17 bytes."""
 
     info = FormatInfo(
-        "mxfp4", 32, 17, False, 4, "MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)", code=11,
+        "mxfp4",
+        32,
+        17,
+        False,
+        4,
+        "MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
+        code=11,
         layout=(
             Field("e", 0, 1, "uint8", "E8M0 exponent: the codes' scale is half(e) = 2**(e - 128)"),
             Field("qs", 1, 16, "u4_halves", "E2M1 codes (bit 3 = sign), byte j = c[j] | c[j+16] << 4"),
@@ -317,8 +325,10 @@ class MXFP4(Format):
         l2 = np.asarray(trace["log2amax"], np.float32).reshape(-1)
         with np.errstate(invalid="ignore"):
             below = (amax > 0) & (np.floor(l2) <= -126)
-        return below, ("amax below 2**-125 (floor(log2 amax) <= -126): the C code converts a negative float exponent to uint8_t, "
-                       "which is undefined")
+        return below, (
+            "amax below 2**-125 (floor(log2 amax) <= -126): the C code converts a negative float exponent to uint8_t, "
+            "which is undefined"
+        )
 
     def tables(self) -> dict:
         """``values`` (int8, kvalues_mxfp4: E2M1 doubled) and ``e8m0_boundaries`` (uint32)."""
@@ -378,9 +388,21 @@ class NVFP4(Format):
     """NVFP4: four UE4M3 sub-block scales + 64 E2M1 codes, 36 bytes (no per-tensor scale)."""
 
     info = FormatInfo(
-        "nvfp4", 64, 36, False, 4, "NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes", code=12,
+        "nvfp4",
+        64,
+        36,
+        False,
+        4,
+        "NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
+        code=12,
         layout=(
-            Field("d", 0, 4, "uint8", "UE4M3 scale bytes of the 16-value sub-blocks (the codes' scale is half their value)"),
+            Field(
+                "d",
+                0,
+                4,
+                "uint8",
+                "UE4M3 scale bytes of the 16-value sub-blocks (the codes' scale is half their value)",
+            ),
             Field("qs", 4, 32, "u4_halves16", "E2M1 codes, byte 8s+j = c[16s+j] | c[16s+8+j] << 4"),
         ),
     )
@@ -444,4 +466,3 @@ class NVFP4(Format):
         s = np.asarray(trace["s"], np.float32)
         with np.errstate(all="ignore"):
             return band(lambda v: ue4m3_from_f32(v.astype(np.float32)), s, k).any(axis=-1)
-

@@ -105,8 +105,15 @@ def _codes(xr, lo, hi, d, c):
         # sub-block scale saturates at 448.) The minimum is fl(|x| - 12d); count how many
         # smaller grid values tie with it.
         e = a - top
-        ties = (_eq(a - g0, e) + _eq(a - g1, e) + _eq(a - g2, e) + _eq(a - g3, e)
-                + _eq(a - g4, e) + _eq(a - g5, e) + _eq(a - g6, e))
+        ties = (
+            _eq(a - g0, e)
+            + _eq(a - g1, e)
+            + _eq(a - g2, e)
+            + _eq(a - g3, e)
+            + _eq(a - g4, e)
+            + _eq(a - g5, e)
+            + _eq(a - g6, e)
+        )
         mag = mag if not (a > t6) else np.int32(7) - ties
         neg = np.int32(8) if (v < _0 and mag != 0) else np.int32(0)  # -0 and values rounding to 0: code 0
         c[j - lo] = mag + neg

@@ -70,7 +70,9 @@ class Grid:
         sign = np.where(c & 0x80, -1.0, 1.0)
         e = (c >> self.m) & ((1 << (7 - self.m)) - 1)
         mant = c & ((1 << self.m) - 1)
-        mag = np.where(e == 0, mant * 2.0 ** (1 - self.bias - self.m), (1 + mant / 2.0**self.m) * 2.0 ** (e - self.bias))
+        mag = np.where(
+            e == 0, mant * 2.0 ** (1 - self.bias - self.m), (1 + mant / 2.0**self.m) * 2.0 ** (e - self.bias)
+        )
         top = (1 << (7 - self.m)) - 1
         if self.has_inf:
             special = e == top
@@ -120,11 +122,15 @@ def _code64(g: Grid):
 def _scale_f32(value, name: str) -> np.float32:
     """The scale option as a float32: a real number, finite and > 0 after the float32 rounding."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise ConfigError(f"bad configuration for {name}: scale must be a real number (float32, finite, > 0), got {value!r}")
+        raise ConfigError(
+            f"bad configuration for {name}: scale must be a real number (float32, finite, > 0), got {value!r}"
+        )
     with np.errstate(all="ignore"):
         s = np.float32(value)
     if not (np.isfinite(s) and s > 0):
-        raise ConfigError(f"bad configuration for {name}: scale must be finite and > 0 as a float32, got {value!r} (float32 {float(s)!r})")
+        raise ConfigError(
+            f"bad configuration for {name}: scale must be finite and > 0 as a float32, got {value!r} (float32 {float(s)!r})"
+        )
     return s
 
 
@@ -136,7 +142,15 @@ class _FP8(Format):
 
     def attention_tables(self):
         return self._table.view(np.float32)  # the 256 decoded values
-    options = {"scale": Option(1.0, "float32, finite, > 0", "the per-tensor scale s: v = x / s, y = fp8 * s", check=lambda v, name: _scale_f32(v, name))}
+
+    options = {
+        "scale": Option(
+            1.0,
+            "float32, finite, > 0",
+            "the per-tensor scale s: v = x / s, y = fp8 * s",
+            check=lambda v, name: _scale_f32(v, name),
+        )
+    }
     overflow_modes = ("raise", "inf", "saturate")
     golden_overflow = "saturate"
     hazards = {"fp8_grid": {}}  #: per instance: the grid, its limits and the scale (see ``__init__``)
@@ -148,10 +162,14 @@ class _FP8(Format):
         self._table.setflags(write=False)
         g = self.grid.values.astype(np.float64)
         fin = np.unique(np.abs(g[np.isfinite(g)]))
-        self.hazards = {"fp8_grid": {
-            "values": tuple(fin.tolist()), "limit": float(fin[-1] + (fin[-1] - fin[-2]) / 2),
-            "min_normal": 2.0 ** (1 - self.grid.bias), "scale": float(self.scale),
-        }}
+        self.hazards = {
+            "fp8_grid": {
+                "values": tuple(fin.tolist()),
+                "limit": float(fin[-1] + (fin[-1] - fin[-2]) / 2),
+                "min_normal": 2.0 ** (1 - self.grid.bias),
+                "scale": float(self.scale),
+            }
+        }
 
     def config(self):
         return {"scale": float(self.scale)}
@@ -171,7 +189,9 @@ class _FP8(Format):
     # -- kernels ---------------------------------------------------------------------------
     def kernel_encode(self, x, out, raise_overflow, saturate=False):
         g = self.grid
-        return self.kernels().encode(x.reshape(-1), out.reshape(-1), self.scale, raise_overflow, saturate, *_kernel_grid(g))
+        return self.kernels().encode(
+            x.reshape(-1), out.reshape(-1), self.scale, raise_overflow, saturate, *_kernel_grid(g)
+        )
 
     def kernel_decode(self, data, out):
         self.kernels().decode(data.reshape(-1), out.view(np.uint32).reshape(-1), self._table)
@@ -218,8 +238,13 @@ class _FP8(Format):
 
 def _kernel_grid(g: Grid) -> tuple:
     return (
-        np.uint32(g.shift), np.uint32(g.rebias), np.uint32(g.min_normal_bits), np.uint32(g.sub_add_bits),
-        np.uint32(g.max_code), np.uint32(g.nosat_code), np.uint32(g.overflow_bits),
+        np.uint32(g.shift),
+        np.uint32(g.rebias),
+        np.uint32(g.min_normal_bits),
+        np.uint32(g.sub_add_bits),
+        np.uint32(g.max_code),
+        np.uint32(g.nosat_code),
+        np.uint32(g.overflow_bits),
     )
 
 
@@ -227,11 +252,32 @@ class FP8_E4M3(_FP8):
     """FP8 E4M3 ("fn": no infinities; 448 is the largest value) with a per-tensor scale."""
 
     info = FormatInfo(
-        "fp8_e4m3", 1, 1, False, 8, "FP8 E4M3 per value (vLLM fp8_e4m3), per-tensor float32 scale", code=17,
-        layout=(Field("q", 0, 1, "uint8", "E4M3 byte of x / scale, round to nearest even", specials=(
-            ("+0", 0x00, 0x00), ("-0", 0x80, 0x80), ("nan", 0x7F, 0x7F), ("-nan", 0xFF, 0xFF), ("max", 0x7E, 0x7E),
-            ("-max", 0xFE, 0xFE), ("subnormal", 0x01, 0x07), ("-subnormal", 0x81, 0x87),
-        )),),
+        "fp8_e4m3",
+        1,
+        1,
+        False,
+        8,
+        "FP8 E4M3 per value (vLLM fp8_e4m3), per-tensor float32 scale",
+        code=17,
+        layout=(
+            Field(
+                "q",
+                0,
+                1,
+                "uint8",
+                "E4M3 byte of x / scale, round to nearest even",
+                specials=(
+                    ("+0", 0x00, 0x00),
+                    ("-0", 0x80, 0x80),
+                    ("nan", 0x7F, 0x7F),
+                    ("-nan", 0xFF, 0xFF),
+                    ("max", 0x7E, 0x7E),
+                    ("-max", 0xFE, 0xFE),
+                    ("subnormal", 0x01, 0x07),
+                    ("-subnormal", 0x81, 0x87),
+                ),
+            ),
+        ),
     )
     grid = E4M3
 
@@ -240,11 +286,34 @@ class FP8_E5M2(_FP8):
     """FP8 E5M2 (IEEE-like: infinities and NaNs; 57344 is the largest finite value) with a per-tensor scale."""
 
     info = FormatInfo(
-        "fp8_e5m2", 1, 1, False, 8, "FP8 E5M2 per value (vLLM fp8_e5m2), per-tensor float32 scale", code=18,
-        layout=(Field("q", 0, 1, "uint8", "E5M2 byte of x / scale, round to nearest even", specials=(
-            ("+0", 0x00, 0x00), ("-0", 0x80, 0x80), ("+inf", 0x7C, 0x7C), ("-inf", 0xFC, 0xFC), ("nan", 0x7D, 0x7F),
-            ("-nan", 0xFD, 0xFF), ("max", 0x7B, 0x7B), ("-max", 0xFB, 0xFB), ("subnormal", 0x01, 0x03), ("-subnormal", 0x81, 0x83),
-        )),),
+        "fp8_e5m2",
+        1,
+        1,
+        False,
+        8,
+        "FP8 E5M2 per value (vLLM fp8_e5m2), per-tensor float32 scale",
+        code=18,
+        layout=(
+            Field(
+                "q",
+                0,
+                1,
+                "uint8",
+                "E5M2 byte of x / scale, round to nearest even",
+                specials=(
+                    ("+0", 0x00, 0x00),
+                    ("-0", 0x80, 0x80),
+                    ("+inf", 0x7C, 0x7C),
+                    ("-inf", 0xFC, 0xFC),
+                    ("nan", 0x7D, 0x7F),
+                    ("-nan", 0xFD, 0xFF),
+                    ("max", 0x7B, 0x7B),
+                    ("-max", 0xFB, 0xFB),
+                    ("subnormal", 0x01, 0x03),
+                    ("-subnormal", 0x81, 0x83),
+                ),
+            ),
+        ),
     )
     grid = E5M2
 

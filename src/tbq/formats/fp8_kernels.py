@@ -89,5 +89,8 @@ def decode(q, out, table):
 def attention_read(src, dst, n_blocks, aux, n_aux):
     """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` values by
     :func:`decode`, ``aux`` the 256 scaled values (either FP8 format: one reader, its table)."""
-    decode(reader_blocks(src, n_blocks, 1).reshape(n_blocks), reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32),
-           reader_aux(aux, n_aux).view(np.uint32))
+    decode(
+        reader_blocks(src, n_blocks, 1).reshape(n_blocks),
+        reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32),
+        reader_aux(aux, n_aux).view(np.uint32),
+    )

@@ -62,7 +62,9 @@ IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 _KF = IQ4_NL_VALUES.astype(np.float32)
 #: The 15 midpoints ``(K[i] + K[i+1]) / 2`` (exact in float32). ``best(a)`` equals the
 #: number of midpoints ``<= a`` for every float32 ``a`` (see :func:`iq4_nl_best`).
-IQ4_NL_MIDPOINTS = ((IQ4_NL_VALUES[:-1].astype(np.float32) + IQ4_NL_VALUES[1:].astype(np.float32)) / F32(2)).astype(np.float32)
+IQ4_NL_MIDPOINTS = ((IQ4_NL_VALUES[:-1].astype(np.float32) + IQ4_NL_VALUES[1:].astype(np.float32)) / F32(2)).astype(
+    np.float32
+)
 
 
 def iq4_nl_best(a) -> np.ndarray:
@@ -100,10 +102,22 @@ class IQ4_NL(Format):
     """IQ4_NL: fp16 least-squares scale + 32 4-bit indices into ``kvalues_iq4nl`` (split halves)."""
 
     info = FormatInfo(
-        "iq4_nl", 32, 18, False, 4, "ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)", code=10,
+        "iq4_nl",
+        32,
+        18,
+        False,
+        4,
+        "ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
+        code=10,
         layout=(
             Field("d", 0, 2, "f16", "least-squares scale sum(w q x) / sum(w q q), w = x*x"),
-            Field("qs", 2, 16, "u4_halves", "indices into kvalues_iq4nl chosen with max/-127, byte j = l[j] | l[j+16] << 4"),
+            Field(
+                "qs",
+                2,
+                16,
+                "u4_halves",
+                "indices into kvalues_iq4nl chosen with max/-127, byte j = l[j] | l[j+16] << 4",
+            ),
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"
@@ -119,7 +133,10 @@ class IQ4_NL(Format):
         if n == 0:  # no rows (e.g. a row whose first block is not finite: nothing before it to write)
             z = np.zeros(0, np.float32)
             return np.empty((0, self.info.type_size), np.uint8), {
-                "d0": z, "a": np.zeros((0, 32), np.float32), "d": z, "carried": z,
+                "d0": z,
+                "a": np.zeros((0, 32), np.float32),
+                "d": z,
+                "carried": z,
             }
         rows = np.arange(n)
         ax = np.abs(x)
@@ -182,7 +199,9 @@ class IQ4_NL(Format):
 
     # -- kernels -------------------------------------------------------------------
     def kernel_encode(self, x, out, raise_overflow, row_blocks=None):
-        return self.kernels().encode(x, out, raise_overflow, max(x.shape[0] if row_blocks is None else int(row_blocks), 1))
+        return self.kernels().encode(
+            x, out, raise_overflow, max(x.shape[0] if row_blocks is None else int(row_blocks), 1)
+        )
 
     def kernel_decode(self, data, out):
         self.kernels().decode(data, out, f16_table())
@@ -192,8 +211,10 @@ class IQ4_NL(Format):
         with np.errstate(all="ignore"):
             d = float(self.reference_encode(values[None, :], 1)[1]["d"][0])
         if d != d:
-            why = ("is NaN: x*x overflows float32 (|x| >= ~1.8e19), so sum(w q x) / sum(w q q) is inf/inf; "
-                   "the C reference stores the fp16 NaN 0xFE00")
+            why = (
+                "is NaN: x*x overflows float32 (|x| >= ~1.8e19), so sum(w q x) / sum(w q q) is inf/inf; "
+                "the C reference stores the fp16 NaN 0xFE00"
+            )
         else:
             why = "does not fit float16 (it rounds to infinity; the largest finite fp16 is 65504)"
         return ScaleOverflowError(

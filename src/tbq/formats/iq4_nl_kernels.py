@@ -65,9 +65,21 @@ def _ge(a, m):
 def best(a):
     """``best_index_int8(16, K, a)``: the number of midpoints ``<= a`` (an exact tie goes up, as in C)."""
     return (
-        _ge(a, _M0) + _ge(a, _M1) + _ge(a, _M2) + _ge(a, _M3) + _ge(a, _M4)
-        + _ge(a, _M5) + _ge(a, _M6) + _ge(a, _M7) + _ge(a, _M8) + _ge(a, _M9)
-        + _ge(a, _M10) + _ge(a, _M11) + _ge(a, _M12) + _ge(a, _M13) + _ge(a, _M14)
+        _ge(a, _M0)
+        + _ge(a, _M1)
+        + _ge(a, _M2)
+        + _ge(a, _M3)
+        + _ge(a, _M4)
+        + _ge(a, _M5)
+        + _ge(a, _M6)
+        + _ge(a, _M7)
+        + _ge(a, _M8)
+        + _ge(a, _M9)
+        + _ge(a, _M10)
+        + _ge(a, _M11)
+        + _ge(a, _M12)
+        + _ge(a, _M13)
+        + _ge(a, _M14)
     )
 
 

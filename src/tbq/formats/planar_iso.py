@@ -220,7 +220,9 @@ class _PlanarIso(Format):
         kn, k = self.kernels(), self._k
         if self._rot == "givens":
             rot = (k["givens_cos"], k["givens_sin"], k["givens_sin"], k["givens_sin"])  # unused slots: same shape
-            return kn.encode(x, out, self.bits, False, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES)
+            return kn.encode(
+                x, out, self.bits, False, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES
+            )
         rot = (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
         return kn.encode(x, out, self.bits, True, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES)
 
@@ -252,7 +254,9 @@ class _PlanarIso(Format):
         d = f16_table()[np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]]
         payload = blocks[..., 2:]
         if self.bits == 4:
-            idx = np_unpack4_pairs(np.ascontiguousarray(payload).reshape(-1, payload.shape[-1])).reshape(payload.shape[:-1] + (128,))
+            idx = np_unpack4_pairs(np.ascontiguousarray(payload).reshape(-1, payload.shape[-1])).reshape(
+                payload.shape[:-1] + (128,)
+            )
         else:
             idx = unpack_planes3(payload)
         return {"d": d, "idx": idx.astype(np.uint8)}
@@ -305,7 +309,9 @@ class _PlanarIso(Format):
         # bound is at most ~1.2 (planar) / ~3.4 (iso) * 2**-24 * d; the spec measured
         # 1.14 * 2**-24 * d. D = 0 gives +-0 either way (0); Inf/NaN D: unbounded (inf).
         blocks = np.asarray(data, np.uint8).reshape(-1, self.type_size)
-        D = np.abs(get_f16_scale(blocks).astype(np.float64))[:, None]  # a bound: |D| (arbitrary bytes may hold a negative scale)
+        D = np.abs(get_f16_scale(blocks).astype(np.float64))[
+            :, None
+        ]  # a bound: |D| (arbitrary bytes may hold a negative scale)
         v = self.centroids[self._indices(blocks[:, 2:])].astype(np.float64)
         n = 2 if self._rot == "givens" else 4
         if n == 2:
@@ -342,7 +348,13 @@ class PLANAR3_0(_PlanarIso):
     """PLANAR3_0: 128 values -> fp16 corrected norm + 3-bit indices after 64 Givens rotations (50 bytes)."""
 
     info = FormatInfo(
-        "planar3_0", 128, 50, True, 3, "PLANAR3_0: fp16 norm + 128 3-bit indices after 64 Givens rotations", code=13,
+        "planar3_0",
+        128,
+        50,
+        True,
+        3,
+        "PLANAR3_0: fp16 norm + 128 3-bit indices after 64 Givens rotations",
+        code=13,
         layout=(
             Field("d", 0, 2, "f16", "corrected norm"),
             Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
@@ -358,7 +370,13 @@ class ISO3_0(_PlanarIso):
     """ISO3_0: 128 values -> fp16 corrected norm + 3-bit indices after 32 quaternion left-multiplications (50 bytes)."""
 
     info = FormatInfo(
-        "iso3_0", 128, 50, True, 3, "ISO3_0: fp16 norm + 128 3-bit indices after 32 quaternion rotations", code=14,
+        "iso3_0",
+        128,
+        50,
+        True,
+        3,
+        "ISO3_0: fp16 norm + 128 3-bit indices after 32 quaternion rotations",
+        code=14,
         layout=(
             Field("d", 0, 2, "f16", "corrected norm"),
             Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
@@ -374,8 +392,17 @@ class PLANAR4_0(_PlanarIso):
     """PLANAR4_0: 128 values -> fp16 corrected norm + 4-bit indices after 64 Givens rotations (66 bytes)."""
 
     info = FormatInfo(
-        "planar4_0", 128, 66, True, 4, "PLANAR4_0: fp16 norm + 128 4-bit indices after 64 Givens rotations", code=15,
-        layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4")),
+        "planar4_0",
+        128,
+        66,
+        True,
+        4,
+        "PLANAR4_0: fp16 norm + 128 4-bit indices after 64 Givens rotations",
+        code=15,
+        layout=(
+            Field("d", 0, 2, "f16", "corrected norm"),
+            Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
+        ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
     attention_read = "attention_read"
@@ -386,8 +413,17 @@ class ISO4_0(_PlanarIso):
     """ISO4_0: 128 values -> fp16 corrected norm + 4-bit indices after 32 quaternion left-multiplications (66 bytes)."""
 
     info = FormatInfo(
-        "iso4_0", 128, 66, True, 4, "ISO4_0: fp16 norm + 128 4-bit indices after 32 quaternion rotations", code=16,
-        layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4")),
+        "iso4_0",
+        128,
+        66,
+        True,
+        4,
+        "ISO4_0: fp16 norm + 128 4-bit indices after 32 quaternion rotations",
+        code=16,
+        layout=(
+            Field("d", 0, 2, "f16", "corrected norm"),
+            Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
+        ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
     attention_read = "attention_read"

@@ -61,9 +61,14 @@ def qs_byte(i0, i1, i2, i3):
 def signs_byte(i0, i1, i2, i3, i4, i5, i6, i7):
     """One ``signs`` byte: bit 2 of eight consecutive indices, the first in bit 0."""
     return (
-        ((np.int32(i0) >> 2) & 1) | (((np.int32(i1) >> 2) & 1) << 1) | (((np.int32(i2) >> 2) & 1) << 2)
-        | (((np.int32(i3) >> 2) & 1) << 3) | (((np.int32(i4) >> 2) & 1) << 4) | (((np.int32(i5) >> 2) & 1) << 5)
-        | (((np.int32(i6) >> 2) & 1) << 6) | (((np.int32(i7) >> 2) & 1) << 7)
+        ((np.int32(i0) >> 2) & 1)
+        | (((np.int32(i1) >> 2) & 1) << 1)
+        | (((np.int32(i2) >> 2) & 1) << 2)
+        | (((np.int32(i3) >> 2) & 1) << 3)
+        | (((np.int32(i4) >> 2) & 1) << 4)
+        | (((np.int32(i5) >> 2) & 1) << 5)
+        | (((np.int32(i6) >> 2) & 1) << 6)
+        | (((np.int32(i7) >> 2) & 1) << 7)
     )
 
 
@@ -152,25 +157,66 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
         # 4. idx = #{k : r >= t_k} (branch-free; equals the C nearest-centroid search, see the spec);
         # NaN r compares false everywhere: index 0, as in C
         if bits == 4:
-            m0, m1, m2, m3, m4, m5, m6, m7 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6], thresholds[7]
-            m8, m9, m10, m11, m12, m13, m14 = thresholds[8], thresholds[9], thresholds[10], thresholds[11], thresholds[12], thresholds[13], thresholds[14]
+            m0, m1, m2, m3, m4, m5, m6, m7 = (
+                thresholds[0],
+                thresholds[1],
+                thresholds[2],
+                thresholds[3],
+                thresholds[4],
+                thresholds[5],
+                thresholds[6],
+                thresholds[7],
+            )
+            m8, m9, m10, m11, m12, m13, m14 = (
+                thresholds[8],
+                thresholds[9],
+                thresholds[10],
+                thresholds[11],
+                thresholds[12],
+                thresholds[13],
+                thresholds[14],
+            )
             for j in range(n):
                 for l in range(lanes):
                     r = T[j, l]
                     K[j, l] = (
-                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
-                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6) + np.int32(r >= m7)
-                        + np.int32(r >= m8) + np.int32(r >= m9) + np.int32(r >= m10) + np.int32(r >= m11)
-                        + np.int32(r >= m12) + np.int32(r >= m13) + np.int32(r >= m14)
+                        np.int32(r >= m0)
+                        + np.int32(r >= m1)
+                        + np.int32(r >= m2)
+                        + np.int32(r >= m3)
+                        + np.int32(r >= m4)
+                        + np.int32(r >= m5)
+                        + np.int32(r >= m6)
+                        + np.int32(r >= m7)
+                        + np.int32(r >= m8)
+                        + np.int32(r >= m9)
+                        + np.int32(r >= m10)
+                        + np.int32(r >= m11)
+                        + np.int32(r >= m12)
+                        + np.int32(r >= m13)
+                        + np.int32(r >= m14)
                     )
         else:
-            m0, m1, m2, m3, m4, m5, m6 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6]
+            m0, m1, m2, m3, m4, m5, m6 = (
+                thresholds[0],
+                thresholds[1],
+                thresholds[2],
+                thresholds[3],
+                thresholds[4],
+                thresholds[5],
+                thresholds[6],
+            )
             for j in range(n):
                 for l in range(lanes):
                     r = T[j, l]
                     K[j, l] = (
-                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
-                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6)
+                        np.int32(r >= m0)
+                        + np.int32(r >= m1)
+                        + np.int32(r >= m2)
+                        + np.int32(r >= m3)
+                        + np.int32(r >= m4)
+                        + np.int32(r >= m5)
+                        + np.int32(r >= m6)
                     )
         # stage: recon
         # 5. recon^2: a sequential float32 sum of C[idx]^2 per block (C*C is the exact rounded product)
@@ -193,8 +239,14 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
             for m in range(n // 8):
                 for l in range(lanes):
                     P[o + m, l] = signs_byte(
-                        K[8 * m, l], K[8 * m + 1, l], K[8 * m + 2, l], K[8 * m + 3, l],
-                        K[8 * m + 4, l], K[8 * m + 5, l], K[8 * m + 6, l], K[8 * m + 7, l],
+                        K[8 * m, l],
+                        K[8 * m + 1, l],
+                        K[8 * m + 2, l],
+                        K[8 * m + 3, l],
+                        K[8 * m + 4, l],
+                        K[8 * m + 5, l],
+                        K[8 * m + 6, l],
+                        K[8 * m + 7, l],
                     )
         for l in range(bad):
             recon = np.sqrt(recon2[l])
@@ -309,5 +361,16 @@ def attention_read(src, dst, n_blocks, aux, n_aux):
     nc = np.int64(a[2])
     nr = np.int64(a[3])
     o = 4 + nc
-    decode(reader_blocks(src, n_blocks, 2 + 16 * bits), reader_out(dst, n_blocks, 128), bits, a[1] != _0, a[4:o],
-           a[o:o + nr], a[o + nr:o + 2 * nr], a[o + 2 * nr:o + 3 * nr], a[o + 3 * nr:o + 4 * nr], a[o + 4 * nr:], LANES)
+    decode(
+        reader_blocks(src, n_blocks, 2 + 16 * bits),
+        reader_out(dst, n_blocks, 128),
+        bits,
+        a[1] != _0,
+        a[4:o],
+        a[o : o + nr],
+        a[o + nr : o + 2 * nr],
+        a[o + 2 * nr : o + 3 * nr],
+        a[o + 3 * nr : o + 4 * nr],
+        a[o + 4 * nr :],
+        LANES,
+    )

@@ -24,12 +24,19 @@ _M8 = F32(-8.0)
 _8_5 = F32(8.5)
 
 
-
-
 class Q4_0(Format):
     info = FormatInfo(
-        "q4_0", 32, 18, False, 4, "ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)", code=2,
-        layout=(Field("d", 0, 2, "f16", "scale max/-8"), Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4")),
+        "q4_0",
+        32,
+        18,
+        False,
+        4,
+        "ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)",
+        code=2,
+        layout=(
+            Field("d", 0, 2, "f16", "scale max/-8"),
+            Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4"),
+        ),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
@@ -66,7 +73,6 @@ class Q4_0(Format):
         d = get_f16_scale(data)
         q = np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
         return q * d[:, None]
-
 
     def value_table(self, trace):
         return self._int_levels(-8, 16, trace["v"])  # code - 8, v = x / d

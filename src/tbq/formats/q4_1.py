@@ -125,11 +125,15 @@ def min_overflow_error(fmt: Format, block: int, values: np.ndarray) -> Exception
     )
 
 
-
-
 class Q4_1(Format):
     info = FormatInfo(
-        "q4_1", 32, 20, False, 4, "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)", code=7,
+        "q4_1",
+        32,
+        20,
+        False,
+        4,
+        "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
+        code=7,
         layout=(
             Field("d", 0, 2, "f16", "scale (max - min)/15"),
             Field("m", 2, 2, "f16", "the block's minimum"),
@@ -156,7 +160,6 @@ class Q4_1(Format):
         m = get_f16_at(data, 2)
         q = np_unpack4_halves(data[:, 4:]).astype(np.float32)
         return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
-
 
     def value_table(self, trace):
         return self._int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d

@@ -57,20 +57,25 @@ def unpack_codes(data: np.ndarray, qh_off: int) -> np.ndarray:
     return (lo | (((qh >> _BIT) & np.uint32(1)) << np.uint32(4))).astype(np.int32)
 
 
-
-
 class _Q5(Format):
     """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
 
 
-
 class Q5_0(_Q5):
     info = FormatInfo(
-        "q5_0", 32, 22, False, 5, "ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)", code=8,
+        "q5_0",
+        32,
+        22,
+        False,
+        5,
+        "ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)",
+        code=8,
         layout=(
             Field("d", 0, 2, "f16", "scale max/-16"),
             Field("qh", 2, 4, "u32", "bit i = bit 4 of code i"),
-            Field("qs", 6, 16, "u4_halves", "low 4 bits of codes min(31, trunc(x/d + 16.5)), byte j = q[j] | q[j+16] << 4"),
+            Field(
+                "qs", 6, 16, "u4_halves", "low 4 bits of codes min(31, trunc(x/d + 16.5)), byte j = q[j] | q[j+16] << 4"
+            ),
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
@@ -123,12 +128,20 @@ class Q5_0(_Q5):
 
 class Q5_1(_Q5):
     info = FormatInfo(
-        "q5_1", 32, 24, False, 5, "ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)", code=9,
+        "q5_1",
+        32,
+        24,
+        False,
+        5,
+        "ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)",
+        code=9,
         layout=(
             Field("d", 0, 2, "f16", "scale (max - min)/31"),
             Field("m", 2, 2, "f16", "the block's minimum"),
             Field("qh", 4, 4, "u32", "bit i = bit 4 of code i"),
-            Field("qs", 8, 16, "u4_halves", "low 4 bits of codes trunc((x - min)/d + 0.5), byte j = q[j] | q[j+16] << 4"),
+            Field(
+                "qs", 8, 16, "u4_halves", "low 4 bits of codes trunc((x - min)/d + 0.5), byte j = q[j] | q[j+16] << 4"
+            ),
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"

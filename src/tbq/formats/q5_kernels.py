@@ -91,7 +91,9 @@ def encode_q5_0(x, out, raise_overflow):
         abits, first = abs_bits_max(x, b, bs)
         if abits >= np.uint32(0x7F800000):  # Inf or NaN
             return b, STATUS_NONFINITE
-        m = x[b, first] if abits != np.uint32(0) else _0  # signed, first of equal magnitudes; +0 for a zero block (ggml)
+        m = (
+            x[b, first] if abits != np.uint32(0) else _0
+        )  # signed, first of equal magnitudes; +0 for a zero block (ggml)
         d = m / _M16
         inv = _1 / d if d != _0 else _0
         h = f32_to_f16_bits(d)

@@ -27,11 +27,15 @@ def _roundf64(y: np.ndarray) -> np.ndarray:
     return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
 
 
-
-
 class Q8_0(Format):
     info = FormatInfo(
-        "q8_0", 32, 34, False, 8, "ggml Q8_0: fp16 scale + 32 int8 codes", code=1,
+        "q8_0",
+        32,
+        34,
+        False,
+        8,
+        "ggml Q8_0: fp16 scale + 32 int8 codes",
+        code=1,
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
@@ -63,7 +67,6 @@ class Q8_0(Format):
     def reference_decode(self, data):
         d = get_f16_scale(data)
         return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
-
 
     def kernel_encode(self, x, out, raise_overflow):
         return self.kernels().encode(x, out, raise_overflow)

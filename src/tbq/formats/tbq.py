@@ -67,16 +67,22 @@ def _signs_config(spec, rot: RandomizedHadamard):
     return {"signs1": rot.signs1.tolist(), "signs2": rot.signs2.tolist()}
 
 
-
-
 class _TBQ(Format):
     """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
 
     options = {
-        "codebook": Option("lloyd-max", "'lloyd-max', 'turboq-mtp' or a tbq.Codebook", "the scalar codebook of the rotated coordinates",
-                           known=("lloyd-max", "turboq-mtp")),
-        "signs": Option("turboq-mtp", "'turboq-mtp', an integer seed or a pair of +-1 arrays", "the rotation's two sign vectors",
-                        known=("turboq-mtp", 0, 1, 42)),
+        "codebook": Option(
+            "lloyd-max",
+            "'lloyd-max', 'turboq-mtp' or a tbq.Codebook",
+            "the scalar codebook of the rotated coordinates",
+            known=("lloyd-max", "turboq-mtp"),
+        ),
+        "signs": Option(
+            "turboq-mtp",
+            "'turboq-mtp', an integer seed or a pair of +-1 arrays",
+            "the rotation's two sign vectors",
+            known=("turboq-mtp", 0, 1, 42),
+        ),
     }
     kernel_module = "tbq.formats.tbq_kernels"
     attention_domain = "rotated"
@@ -147,8 +153,12 @@ class _TBQ(Format):
     def kernel_encode(self, x, out, raise_overflow):
         kn, k = self.kernels(), self._k
         if x.shape[0] < kn.SMALL_BLOCKS:
-            return kn.encode_blocks(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow)
-        return kn.encode(x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES)
+            return kn.encode_blocks(
+                x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow
+            )
+        return kn.encode(
+            x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES
+        )
 
     def attention_tables(self):
         return np.concatenate([self._k["f16"], self._k["centroids"]]).astype(np.float32)  # tbq_kernels.attention_read
@@ -188,8 +198,18 @@ class TBQ4_0(_TBQ):
     """TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes)."""
 
     info = FormatInfo(
-        "tbq4_0", 128, 66, True, 4, "TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices", code=3, row_tiled=True,
-        layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4")),
+        "tbq4_0",
+        128,
+        66,
+        True,
+        4,
+        "TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices",
+        code=3,
+        row_tiled=True,
+        layout=(
+            Field("d", 0, 2, "f16", "corrected norm"),
+            Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4"),
+        ),
     )
 
 
@@ -197,6 +217,16 @@ class TBQ3_0(_TBQ):
     """TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes)."""
 
     info = FormatInfo(
-        "tbq3_0", 128, 50, True, 3, "TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices", code=4, row_tiled=True,
-        layout=(Field("d", 0, 2, "f16", "corrected norm"), Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane")),
+        "tbq3_0",
+        128,
+        50,
+        True,
+        3,
+        "TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices",
+        code=4,
+        row_tiled=True,
+        layout=(
+            Field("d", 0, 2, "f16", "corrected norm"),
+            Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane"),
+        ),
     )

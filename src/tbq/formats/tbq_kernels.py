@@ -170,29 +170,79 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
         for l in range(lanes):
             recon2[l] = _0
         if bits == 4:
-            m0, m1, m2, m3, m4, m5, m6, m7 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6], thresholds[7]
-            m8, m9, m10, m11, m12, m13, m14 = thresholds[8], thresholds[9], thresholds[10], thresholds[11], thresholds[12], thresholds[13], thresholds[14]
+            m0, m1, m2, m3, m4, m5, m6, m7 = (
+                thresholds[0],
+                thresholds[1],
+                thresholds[2],
+                thresholds[3],
+                thresholds[4],
+                thresholds[5],
+                thresholds[6],
+                thresholds[7],
+            )
+            m8, m9, m10, m11, m12, m13, m14 = (
+                thresholds[8],
+                thresholds[9],
+                thresholds[10],
+                thresholds[11],
+                thresholds[12],
+                thresholds[13],
+                thresholds[14],
+            )
             for j in range(n):
                 cj = cs2[j]
                 for l in range(lanes):
                     r = T[j, l] * cj
                     k = (
-                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
-                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6) + np.int32(r >= m7)
-                        + np.int32(r >= m8) + np.int32(r >= m9) + np.int32(r >= m10) + np.int32(r >= m11)
-                        + np.int32(r >= m12) + np.int32(r >= m13) + np.int32(r >= m14)
+                        np.int32(r >= m0)
+                        + np.int32(r >= m1)
+                        + np.int32(r >= m2)
+                        + np.int32(r >= m3)
+                        + np.int32(r >= m4)
+                        + np.int32(r >= m5)
+                        + np.int32(r >= m6)
+                        + np.int32(r >= m7)
+                        + np.int32(r >= m8)
+                        + np.int32(r >= m9)
+                        + np.int32(r >= m10)
+                        + np.int32(r >= m11)
+                        + np.int32(r >= m12)
+                        + np.int32(r >= m13)
+                        + np.int32(r >= m14)
                     )
                     K[j, l] = k
         else:
-            m0, m1, m2, m3, m4, m5, m6 = thresholds[0], thresholds[1], thresholds[2], thresholds[3], thresholds[4], thresholds[5], thresholds[6]
-            q0, q1, q2, q3, q4, q5, q6, q7 = centroids_sq[0], centroids_sq[1], centroids_sq[2], centroids_sq[3], centroids_sq[4], centroids_sq[5], centroids_sq[6], centroids_sq[7]
+            m0, m1, m2, m3, m4, m5, m6 = (
+                thresholds[0],
+                thresholds[1],
+                thresholds[2],
+                thresholds[3],
+                thresholds[4],
+                thresholds[5],
+                thresholds[6],
+            )
+            q0, q1, q2, q3, q4, q5, q6, q7 = (
+                centroids_sq[0],
+                centroids_sq[1],
+                centroids_sq[2],
+                centroids_sq[3],
+                centroids_sq[4],
+                centroids_sq[5],
+                centroids_sq[6],
+                centroids_sq[7],
+            )
             for j in range(n):
                 cj = cs2[j]
                 for l in range(lanes):
                     r = T[j, l] * cj
                     k = (
-                        np.int32(r >= m0) + np.int32(r >= m1) + np.int32(r >= m2) + np.int32(r >= m3)
-                        + np.int32(r >= m4) + np.int32(r >= m5) + np.int32(r >= m6)
+                        np.int32(r >= m0)
+                        + np.int32(r >= m1)
+                        + np.int32(r >= m2)
+                        + np.int32(r >= m3)
+                        + np.int32(r >= m4)
+                        + np.int32(r >= m5)
+                        + np.int32(r >= m6)
                     )
                     K[j, l] = k
                     v = q0
@@ -225,8 +275,14 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
             for g in range(n // 8):
                 for l in range(lanes):
                     P[g, l] = lane3(
-                        K[8 * g, l], K[8 * g + 1, l], K[8 * g + 2, l], K[8 * g + 3, l],
-                        K[8 * g + 4, l], K[8 * g + 5, l], K[8 * g + 6, l], K[8 * g + 7, l],
+                        K[8 * g, l],
+                        K[8 * g + 1, l],
+                        K[8 * g + 2, l],
+                        K[8 * g + 3, l],
+                        K[8 * g + 4, l],
+                        K[8 * g + 5, l],
+                        K[8 * g + 6, l],
+                        K[8 * g + 7, l],
                     )
         for l in range(bad):
             recon = np.sqrt(recon2[l])
@@ -427,8 +483,20 @@ def encode_blocks(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflo
                 orow[2 + k] = pair4(K[2 * k], K[2 * k + 1])
         else:
             for g in range(n // 8):
-                store_lane3(orow, 2 + 3 * g, lane3(K[8 * g], K[8 * g + 1], K[8 * g + 2], K[8 * g + 3],
-                                                   K[8 * g + 4], K[8 * g + 5], K[8 * g + 6], K[8 * g + 7]))
+                store_lane3(
+                    orow,
+                    2 + 3 * g,
+                    lane3(
+                        K[8 * g],
+                        K[8 * g + 1],
+                        K[8 * g + 2],
+                        K[8 * g + 3],
+                        K[8 * g + 4],
+                        K[8 * g + 5],
+                        K[8 * g + 6],
+                        K[8 * g + 7],
+                    ),
+                )
     return -1, STATUS_OK
 
 
@@ -483,4 +551,9 @@ def attention_read(src, dst, n_blocks, aux, n_aux):
     domain (:func:`read_rotated`): ``aux`` is the fp16 table followed by the 16 or 8 centroids."""
     a = reader_aux(aux, n_aux)
     nc = n_aux - 65536
-    read_rotated(reader_blocks(src, n_blocks, 2 + 16 * (4 if nc == 16 else 3)), reader_out(dst, n_blocks, 128), a[:65536], a[65536:])
+    read_rotated(
+        reader_blocks(src, n_blocks, 2 + 16 * (4 if nc == 16 else 3)),
+        reader_out(dst, n_blocks, 128),
+        a[:65536],
+        a[65536:],
+    )

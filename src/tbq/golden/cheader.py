@@ -38,9 +38,14 @@ def _literals(a: np.ndarray) -> list[str]:
 
 
 _CTYPE = {
-    np.dtype(np.float32): "float", np.dtype(np.float64): "double",
-    np.dtype(np.uint8): "uint8_t", np.dtype(np.int8): "int8_t", np.dtype(np.uint16): "uint16_t", np.dtype(np.int16): "int16_t",
-    np.dtype(np.uint32): "uint32_t", np.dtype(np.int32): "int32_t",
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.uint8): "uint8_t",
+    np.dtype(np.int8): "int8_t",
+    np.dtype(np.uint16): "uint16_t",
+    np.dtype(np.int16): "int16_t",
+    np.dtype(np.uint32): "uint32_t",
+    np.dtype(np.int32): "int32_t",
 }
 
 
@@ -57,8 +62,20 @@ def _c_array(name: str, a: np.ndarray, size: str, comment: str = "") -> str:
 
 #: Arrays the header writes by name; any other array of a format set is a table written as is.
 _KNOWN = {
-    "input", "bytes", "decoded", "fragile", "scale_fragile", "scale_f32", "decode_tolerance", "family", "kind",
-    "norm", "centroids", "thresholds", "signs1", "signs2",
+    "input",
+    "bytes",
+    "decoded",
+    "fragile",
+    "scale_fragile",
+    "scale_f32",
+    "decode_tolerance",
+    "family",
+    "kind",
+    "norm",
+    "centroids",
+    "thresholds",
+    "signs1",
+    "signs2",
 }
 
 
@@ -118,24 +135,51 @@ def c_header(gs: Any) -> str:
         out.append(f"static const char *const {p}_family_names[{P}_N_FAMILIES] TBQ_GOLDEN_UNUSED = {{{names}}};\n")
         kinds = ", ".join(f'"{k}"' for k in EDGE_KINDS)
         out.append("/* _kind[b] indexes this list for the edge family and is 255 elsewhere. */\n")
-        out.append(f"static const char *const {p}_edge_kind_names[{len(EDGE_KINDS)}] TBQ_GOLDEN_UNUSED = {{{kinds}}};\n\n")
+        out.append(
+            f"static const char *const {p}_edge_kind_names[{len(EDGE_KINDS)}] TBQ_GOLDEN_UNUSED = {{{kinds}}};\n\n"
+        )
         V, B = f"{P}_VALUES", f"{P}_BLOCKS"
         out.append(_c_array(f"{p}_input", A["input"], V, "inputs, block after block"))
         out.append(_c_array(f"{p}_bytes", A["bytes"], f"{B} * {P}_TYPE_SIZE", "encoded blocks, back to back"))
         out.append(_c_array(f"{p}_decoded", A["decoded"], V, "decoded values of _bytes (bit-exact)"))
         out.append(_c_array(f"{p}_fragile", A["fragile"], V, "per value: 1 = the code may be the neighbouring one"))
-        out.append(_c_array(f"{p}_scale_fragile", A["scale_fragile"], B, "per block: 1 = the fp16 scale may be the neighbouring fp16 value"))
+        out.append(
+            _c_array(
+                f"{p}_scale_fragile",
+                A["scale_fragile"],
+                B,
+                "per block: 1 = the fp16 scale may be the neighbouring fp16 value",
+            )
+        )
         if "scale_f32" in A:
-            out.append(_c_array(f"{p}_scale_f32", A["scale_f32"], B, "per block: the float32 scale before fp16 rounding"))
+            out.append(
+                _c_array(f"{p}_scale_f32", A["scale_f32"], B, "per block: the float32 scale before fp16 rounding")
+            )
         if "decode_tolerance" in A:
-            out.append(_c_array(f"{p}_decode_tolerance", A["decode_tolerance"], V, "per value: largest legitimate |y - decoded| of an FMA decoder"))
+            out.append(
+                _c_array(
+                    f"{p}_decode_tolerance",
+                    A["decode_tolerance"],
+                    V,
+                    "per value: largest legitimate |y - decoded| of an FMA decoder",
+                )
+            )
         out.append(_c_array(f"{p}_family", A["family"], B, "per block: family index"))
         out.append(_c_array(f"{p}_kind", A["kind"], B, "per block: edge kind index or 255"))
         if "norm" in A:
-            out.append(_c_array(f"{p}_norm", A["norm"], B, "per block: float32 norm of encoder step 1 (to recompute d from other indices)"))
+            out.append(
+                _c_array(
+                    f"{p}_norm",
+                    A["norm"],
+                    B,
+                    "per block: float32 norm of encoder step 1 (to recompute d from other indices)",
+                )
+            )
         if "centroids" in A:
             out.append(_c_array(f"{p}_centroids", A["centroids"], f"{P}_N_CENTROIDS", "codebook centroids"))
-            out.append(_c_array(f"{p}_thresholds", A["thresholds"], f"{P}_N_CENTROIDS - 1", "codebook decision thresholds"))
+            out.append(
+                _c_array(f"{p}_thresholds", A["thresholds"], f"{P}_N_CENTROIDS - 1", "codebook decision thresholds")
+            )
         if "signs1" in A:
             out.append(_c_array(f"{p}_signs1", A["signs1"], "128", "rotation sign vector s1: R(x) = s2 * H(s1 * x)"))
             out.append(_c_array(f"{p}_signs2", A["signs2"], "128", "rotation sign vector s2"))
@@ -180,20 +224,81 @@ def c_header(gs: Any) -> str:
         out.append("\n")
         T_main = f"({P}_N_TOKENS - {P}_N_SINK)"
         out.append(_c_array(f"{p}_q", A["q"], f"{P}_N_HEAD * {P}_HEAD_DIM", "queries [head][dim]"))
-        out.append(_c_array(f"{p}_k_input", A["k_input"], f"{P}_N_TOKENS * {P}_N_HEAD_KV * {P}_HEAD_DIM", "keys before quantization"))
-        out.append(_c_array(f"{p}_v_input", A["v_input"], f"{P}_N_TOKENS * {P}_N_HEAD_KV * {P}_HEAD_DIM", "values before quantization"))
+        out.append(
+            _c_array(
+                f"{p}_k_input", A["k_input"], f"{P}_N_TOKENS * {P}_N_HEAD_KV * {P}_HEAD_DIM", "keys before quantization"
+            )
+        )
+        out.append(
+            _c_array(
+                f"{p}_v_input",
+                A["v_input"],
+                f"{P}_N_TOKENS * {P}_N_HEAD_KV * {P}_HEAD_DIM",
+                "values before quantization",
+            )
+        )
         if A["k_bytes"].size:
-            out.append(_c_array(f"{p}_k_bytes", A["k_bytes"], f"{T_main} * {P}_N_HEAD_KV * {P}_K_ROW_BYTES", f"K cache tokens n_sink.. in {kf}"))
-            out.append(_c_array(f"{p}_v_bytes", A["v_bytes"], f"{T_main} * {P}_N_HEAD_KV * {P}_V_ROW_BYTES", f"V cache tokens n_sink.. in {vf}"))
+            out.append(
+                _c_array(
+                    f"{p}_k_bytes",
+                    A["k_bytes"],
+                    f"{T_main} * {P}_N_HEAD_KV * {P}_K_ROW_BYTES",
+                    f"K cache tokens n_sink.. in {kf}",
+                )
+            )
+            out.append(
+                _c_array(
+                    f"{p}_v_bytes",
+                    A["v_bytes"],
+                    f"{T_main} * {P}_N_HEAD_KV * {P}_V_ROW_BYTES",
+                    f"V cache tokens n_sink.. in {vf}",
+                )
+            )
         if "k_sink" in A:
-            out.append(_c_array(f"{p}_k_sink", A["k_sink"], f"{P}_N_SINK * {P}_N_HEAD_KV * {P}_SINK_ROW_BYTES", f"K sink tokens in {m['sink_format']}"))
-            out.append(_c_array(f"{p}_v_sink", A["v_sink"], f"{P}_N_SINK * {P}_N_HEAD_KV * {P}_SINK_ROW_BYTES", f"V sink tokens in {m['sink_format']}"))
-        out.append(_c_array(f"{p}_out_dequantized", A["out_dequantized"], f"{P}_N_HEAD * {P}_HEAD_DIM", "float64 reference output [head][dim]"))
-        out.append(_c_array(f"{p}_out_rotated_f64", A["out_rotated_f64"], f"{P}_N_HEAD * {P}_HEAD_DIM", "fused algorithm, float64"))
-        out.append(_c_array(f"{p}_out_rotated_f32", A["out_rotated_f32"], f"{P}_N_HEAD * {P}_HEAD_DIM", "fused algorithm, float32"))
+            out.append(
+                _c_array(
+                    f"{p}_k_sink",
+                    A["k_sink"],
+                    f"{P}_N_SINK * {P}_N_HEAD_KV * {P}_SINK_ROW_BYTES",
+                    f"K sink tokens in {m['sink_format']}",
+                )
+            )
+            out.append(
+                _c_array(
+                    f"{p}_v_sink",
+                    A["v_sink"],
+                    f"{P}_N_SINK * {P}_N_HEAD_KV * {P}_SINK_ROW_BYTES",
+                    f"V sink tokens in {m['sink_format']}",
+                )
+            )
+        out.append(
+            _c_array(
+                f"{p}_out_dequantized",
+                A["out_dequantized"],
+                f"{P}_N_HEAD * {P}_HEAD_DIM",
+                "float64 reference output [head][dim]",
+            )
+        )
+        out.append(
+            _c_array(
+                f"{p}_out_rotated_f64", A["out_rotated_f64"], f"{P}_N_HEAD * {P}_HEAD_DIM", "fused algorithm, float64"
+            )
+        )
+        out.append(
+            _c_array(
+                f"{p}_out_rotated_f32", A["out_rotated_f32"], f"{P}_N_HEAD * {P}_HEAD_DIM", "fused algorithm, float32"
+            )
+        )
         for c in ("k", "v"):
             if f"{c}_centroids" in A:
-                out.append(_c_array(f"{p}_{c}_centroids", A[f"{c}_centroids"], str(A[f"{c}_centroids"].size), f"{c.upper()} codebook centroids"))
+                out.append(
+                    _c_array(
+                        f"{p}_{c}_centroids",
+                        A[f"{c}_centroids"],
+                        str(A[f"{c}_centroids"].size),
+                        f"{c.upper()} codebook centroids",
+                    )
+                )
                 out.append(_c_array(f"{p}_{c}_signs1", A[f"{c}_signs1"], "128", f"{c.upper()} rotation s1"))
                 out.append(_c_array(f"{p}_{c}_signs2", A[f"{c}_signs2"], "128", f"{c.upper()} rotation s2"))
     out.append(f"\n#endif /* {P}_H */\n")

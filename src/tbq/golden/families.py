@@ -112,14 +112,20 @@ def _check_families(families: Any) -> tuple[str, ...]:
 
 def _check_blocks(blocks: Any) -> int:
     return check_int(
-        blocks, "rows per family (rows of 128 values; --rows-per-family)", lo=1, expected="a positive integer", error=TbqValueError
+        blocks,
+        "rows per family (rows of 128 values; --rows-per-family)",
+        lo=1,
+        expected="a positive integer",
+        error=TbqValueError,
     )
 
 
 def _rows_per_family(rows_per_family: Any = None, blocks: Any = None) -> int:
     """``rows_per_family`` or its old name ``blocks`` (default :data:`DEFAULT_ROWS_PER_FAMILY`), checked."""
     if rows_per_family is not None and blocks is not None and rows_per_family != blocks:
-        raise TbqValueError(f"rows_per_family ({rows_per_family!r}) and its old name blocks ({blocks!r}) disagree; give one")
+        raise TbqValueError(
+            f"rows_per_family ({rows_per_family!r}) and its old name blocks ({blocks!r}) disagree; give one"
+        )
     n = rows_per_family if rows_per_family is not None else blocks
     return _check_blocks(DEFAULT_ROWS_PER_FAMILY if n is None else n)
 

@@ -23,7 +23,13 @@ DEFAULT_K = 4
 
 
 def fragility(
-    codec: Codec, xb: np.ndarray, data: np.ndarray, k: int = DEFAULT_K, ulp_floor: float | None = None, *, row_blocks: int = 1
+    codec: Codec,
+    xb: np.ndarray,
+    data: np.ndarray,
+    k: int = DEFAULT_K,
+    ulp_floor: float | None = None,
+    *,
+    row_blocks: int = 1,
 ) -> dict[str, NDArray[Any]]:
     """Fragility masks of blocks ``xb`` (float32 ``(blocks, block_size)``) encoded as ``data``.
 

@@ -88,7 +88,9 @@ MAX_K = 1 << 22
 def _check_k(k: Any) -> int:
     k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
     if k > MAX_K:
-        raise TbqValueError(f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}")
+        raise TbqValueError(
+            f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}"
+        )
     return int(k)
 
 
@@ -97,12 +99,20 @@ def _check_ulp_floor(ulp_floor: Any) -> None:
         return
     check_number(ulp_floor, "ulp_floor", lo=0, expected="a finite number >= 0 (0 = literal ulps)", error=TbqValueError)
     if ulp_floor > 1:
-        raise TbqValueError(f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}")
+        raise TbqValueError(
+            f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}"
+        )
 
 
 def _plain(x: Any) -> str:
     """A number for a message, never a NumPy repr (``np.float64(nan)`` shows as ``nan``)."""
-    return repr(float(x)) if isinstance(x, (float, np.floating)) else repr(int(x)) if isinstance(x, (int, np.integer)) else repr(x)
+    return (
+        repr(float(x))
+        if isinstance(x, (float, np.floating))
+        else repr(int(x))
+        if isinstance(x, (int, np.integer))
+        else repr(x)
+    )
 
 
 def _check_formats(fmts: Any) -> tuple[str, ...]:
@@ -149,7 +159,12 @@ def attention_memory(tokens: int, n_head: int, n_head_kv: int) -> int:
 
 
 def _check_attention_args(tokens: Any, n_head: Any, n_head_kv: Any, n_sink: Any, sink_format: Any) -> None:
-    for label, val, lo in (("tokens", tokens, 1), ("n_head", n_head, 1), ("n_head_kv", n_head_kv, 1), ("n_sink", n_sink, 0)):
+    for label, val, lo in (
+        ("tokens", tokens, 1),
+        ("n_head", n_head, 1),
+        ("n_head_kv", n_head_kv, 1),
+        ("n_sink", n_sink, 0),
+    ):
         check_int(val, label, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
     if n_head % n_head_kv:
         raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
@@ -170,7 +185,9 @@ def check_out_dir(out: Any) -> Path:
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
-        where = "exists and is not a directory" if existing == p else f"cannot be created: {existing} is not a directory"
+        where = (
+            "exists and is not a directory" if existing == p else f"cannot be created: {existing} is not a directory"
+        )
         raise TbqValueError(f"output directory {p} {where}")
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "is not writable" if existing == p else f"cannot be created: {existing} is not writable"
@@ -339,7 +356,9 @@ def build_attention(
         del c["name"]
         return c
 
-    K, V = encode_kv(k, v, k_fmt, v_fmt, n_sink=n_sink, sink_format=sink_format, k_config=cfg(k_fmt), v_config=cfg(v_fmt))
+    K, V = encode_kv(
+        k, v, k_fmt, v_fmt, n_sink=n_sink, sink_format=sink_format, k_config=cfg(k_fmt), v_config=cfg(v_fmt)
+    )
     scale = 1.0 / math.sqrt(ROW_SIZE)
     ref = attention_dequantized(q, K, V)
     rot64 = attention_rotated(q, K, V, dtype=np.float64)
@@ -348,7 +367,9 @@ def build_attention(
     err64 = float(np.max(np.abs(rot64 - ref)))
     err32 = float(np.max(np.abs(rot32.astype(np.float64) - ref)))
     if err32 > tol or err64 > 1e-12 * max(1.0, float(np.max(np.abs(V.dequantize(np.float64))))):  # pragma: no cover
-        raise AssertionError(f"attention {k_fmt}/{v_fmt}: the algorithms disagree (f64 {err64:.3g}, f32 {err32:.3g} > {tol:.3g})")
+        raise AssertionError(
+            f"attention {k_fmt}/{v_fmt}: the algorithms disagree (f64 {err64:.3g}, f32 {err32:.3g} > {tol:.3g})"
+        )
     arrays = {
         "q": _le(q),
         "k_input": _le(k),
@@ -421,11 +442,15 @@ def write_set(gs: GoldenSet, out: Any) -> list[Path]:
 # ---------------------------------------------------------------------------
 
 #: The line under the format table of :meth:`Summary.table`.
-SUMMARY_NOTE = ("fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale\n"
-                "  may be the neighbouring fp16 value")
+SUMMARY_NOTE = (
+    "fragile values: the code may be the neighbouring one; fragile scales: blocks whose fp16 scale\n"
+    "  may be the neighbouring fp16 value"
+)
 #: Under the attention table: what its error columns are (the table itself stays within 100 columns).
-ATTENTION_NOTE = ("f64 err, f32 err: max |fused - dequantized reference| in float64 and float32; f32 tol: the\n"
-                  "  float32 tolerance (attention.f32_tolerance)")
+ATTENTION_NOTE = (
+    "f64 err, f32 err: max |fused - dequantized reference| in float64 and float32; f32 tol: the\n"
+    "  float32 tolerance (attention.f32_tolerance)"
+)
 
 
 @dataclass
@@ -446,18 +471,34 @@ class Summary:
         """The summary table: format, family, blocks, values, fragile values, fragile scales (and attention errors)."""
         lines = []
         if self.rows:
-            cols = [("format", "format"), ("family", "family"), ("blocks", "blocks"), ("values", "values"),
-                    ("fragile values", "fragile_values"), ("fragile scales", "fragile_blocks")]
+            cols = [
+                ("format", "format"),
+                ("family", "family"),
+                ("blocks", "blocks"),
+                ("values", "values"),
+                ("fragile values", "fragile_values"),
+                ("fragile scales", "fragile_blocks"),
+            ]
             cells = [[c for c, _ in cols]] + [[str(r[key]) for _, key in cols] for r in self.rows]
             lines += _align(cells, left=2)
             lines.append(SUMMARY_NOTE)
         if self.attention:
             if lines:
                 lines.append("")
-            cols = [("attention K", "k_format"), ("V", "v_format"), ("tokens", "tokens"), ("heads", "n_head"),
-                    ("kv heads", "n_head_kv"), ("sink", "n_sink"), ("sink fmt", "sink_format")]
+            cols = [
+                ("attention K", "k_format"),
+                ("V", "v_format"),
+                ("tokens", "tokens"),
+                ("heads", "n_head"),
+                ("kv heads", "n_head_kv"),
+                ("sink", "n_sink"),
+                ("sink fmt", "sink_format"),
+            ]
             head = [c for c, _ in cols] + ["f64 err", "f32 err", "f32 tol"]
-            body = [[str(r[key]) for _, key in cols] + [f"{r['err_f64']:.2e}", f"{r['err_f32']:.2e}", f"{r['tol_f32']:.2e}"] for r in self.attention]
+            body = [
+                [str(r[key]) for _, key in cols] + [f"{r['err_f64']:.2e}", f"{r['err_f32']:.2e}", f"{r['tol_f32']:.2e}"]
+                for r in self.attention
+            ]
             lines += _align([head] + body, left=2)
             lines.append(ATTENTION_NOTE)
         return "\n".join(lines)
@@ -467,7 +508,11 @@ def _align(cells: Any, left: int) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     out = []
     for n, row in enumerate(cells):
-        out.append("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip())
+        out.append(
+            "  ".join(
+                c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return out
@@ -528,9 +573,15 @@ def generate(
     check_options(fmts, options)
     for fmt in fmts:  # every value checked before any work
         format_class(fmt).check_options(config_for(fmt, options))
-    require_memory(generate_memory(rows, len(fams), len(fmts)), f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats")
+    require_memory(
+        generate_memory(rows, len(fams), len(fmts)),
+        f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats",
+    )
     if pairs:
-        require_memory(attention_memory(tokens, n_head, n_head_kv), f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads")
+        require_memory(
+            attention_memory(tokens, n_head, n_head_kv),
+            f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads",
+        )
     check_out_dir(out)
     total, done = 1 + len(fmts) + len(pairs), 0
 
@@ -545,13 +596,32 @@ def generate(
     step("inputs")
     rows_out, att, paths = [], [], []
     for fmt in fmts:
-        gs = build_format(fmt, rows_per_family=rows, seed=seed, families=fams, codebook=tables, k=k, ulp_floor=ulp_floor, inputs=inputs,
-                          options=options)
+        gs = build_format(
+            fmt,
+            rows_per_family=rows,
+            seed=seed,
+            families=fams,
+            codebook=tables,
+            k=k,
+            ulp_floor=ulp_floor,
+            inputs=inputs,
+            options=options,
+        )
         paths += write_set(gs, out)
         rows_out += gs.summary
         step(fmt)
     for kf, vf in pairs:
-        gs = build_attention(kf, vf, seed=seed, tokens=tokens, n_head=n_head, n_head_kv=n_head_kv, n_sink=n_sink, sink_format=sink_format, codebook=tables)
+        gs = build_attention(
+            kf,
+            vf,
+            seed=seed,
+            tokens=tokens,
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            n_sink=n_sink,
+            sink_format=sink_format,
+            codebook=tables,
+        )
         paths += write_set(gs, out)
         att += gs.summary
         step(f"attention {kf}/{vf}")
@@ -578,7 +648,9 @@ def regenerate(manifest: Any, out: Any = None) -> GoldenSet:
             fams = [f["name"] for f in g["families"]]
             for f in g["families"]:
                 if family_seed(g["seed"], f["name"]) != f["seed"]:
-                    raise TbqValueError(f"family {f['name']}: the manifest's seed {f['seed']} does not follow this version's derivation")
+                    raise TbqValueError(
+                        f"family {f['name']}: the manifest's seed {f['seed']} does not follow this version's derivation"
+                    )
             fmt = m["format"]
             args = dict(
                 rows_per_family=g["rows_per_family"],

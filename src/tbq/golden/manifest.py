@@ -94,7 +94,6 @@ def _le(a: np.ndarray) -> np.ndarray:
     return a.astype(a.dtype.newbyteorder("<"), copy=False)
 
 
-
 # ---------------------------------------------------------------------------
 # exact tables as JSON
 # ---------------------------------------------------------------------------
@@ -126,7 +125,9 @@ def _array_meaning(arrays: dict[str, Any]) -> dict[str, Any]:
     if "scale_f32" not in arrays and "scale_fragile" in meaning:
         meaning["scale_fragile"] = OTHER_SCALE_FRAGILE
     meaning.update({k: v for k, v in TBQ_ARRAYS.items() if k in arrays})
-    meaning.update({k: "float32 table of the format (exact values; see docs/formats.md)" for k in arrays if k not in meaning})
+    meaning.update(
+        {k: "float32 table of the format (exact values; see docs/formats.md)" for k in arrays if k not in meaning}
+    )
     return meaning
 
 
@@ -328,7 +329,6 @@ def load_manifest(manifest: Any) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise TbqValueError(f"{manifest} is not a tbq golden manifest (a JSON object)")
     return m
-
 
 
 def _tables_from_manifest(m: dict[str, Any]) -> _Tables:

@@ -50,7 +50,9 @@ def geometry(config: Any) -> tuple[int, int, int]:
         kv = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     except AttributeError as exc:
-        raise ConfigError(f"the model config has no attention geometry ({exc}); tbq.hf needs a decoder with a KV cache") from None
+        raise ConfigError(
+            f"the model config has no attention geometry ({exc}); tbq.hf needs a decoder with a KV cache"
+        ) from None
     return layers, kv, int(head_dim)
 
 
@@ -123,8 +125,15 @@ class TbqLayer(CacheLayerMixin):
     is_croppable = False
     is_sliding = False
 
-    def __init__(self, engine: Engine, *, sinks: int = 0, residual: int = 0, sink_engine: Engine | None = None,
-                 tbq_attention: bool = False) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        sinks: int = 0,
+        residual: int = 0,
+        sink_engine: Engine | None = None,
+        tbq_attention: bool = False,
+    ) -> None:
         super().__init__()
         self.engine = engine
         #: the "tbq" attention reads K (V) in the stored domain: update() returns that side untransformed
@@ -303,16 +312,25 @@ class TbqCache(Cache):
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise ConfigError(f"layers[{idx}] must be a (k, v) pair of cache types, got {pair!r}")
         if permute is None:
-            model_type = getattr(config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", "")
+            model_type = getattr(
+                config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", ""
+            )
             permute = engine != "plain" and model_type in PERMUTED_MODEL_TYPES
         tbq_attention = getattr(config, "_attn_implementation", None) == "tbq"  # tbq.hf.prepare(model) sets it
-        kw: dict[str, Any] = dict(head_dim=head_dim, kv_heads=kv_heads, permute=bool(permute) and engine != "plain", rotate_attention=rotate_attention)
+        kw: dict[str, Any] = dict(
+            head_dim=head_dim,
+            kv_heads=kv_heads,
+            permute=bool(permute) and engine != "plain",
+            rotate_attention=rotate_attention,
+        )
         sink_engine = make_engine(engine, sink_type, sink_type, **kw) if sinks else None
         built: list[Any] = []
         for idx in range(n_layers):
             lk, lv = per_layer.get(idx, (k, v))
             eng = make_engine(engine, lk, lv, **kw)
-            built.append(TbqLayer(eng, sinks=sinks, residual=residual, sink_engine=sink_engine, tbq_attention=tbq_attention))
+            built.append(
+                TbqLayer(eng, sinks=sinks, residual=residual, sink_engine=sink_engine, tbq_attention=tbq_attention)
+            )
         super().__init__(layers=built)
         self.engine, self.sinks, self.residual = engine, sinks, residual
         self.kv_heads, self.head_dim = kv_heads, head_dim

@@ -85,8 +85,23 @@ F32 = "f32"
 #: The ggml types a llama.cpp engine stores: llama.cpp's -ctk/-ctv types, the fork's, and ggml's FP4 block types.
 #: Other formats (vLLM's FP8) are not llama.cpp cache types: their rows are stored plain.
 _GGML_TYPES = (
-    F32, "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4",
-    "tbq3_0", "tbq4_0", "planar3_0", "iso3_0", "planar4_0", "iso4_0",
+    F32,
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "iq4_nl",
+    "mxfp4",
+    "nvfp4",
+    "tbq3_0",
+    "tbq4_0",
+    "planar3_0",
+    "iso3_0",
+    "planar4_0",
+    "iso4_0",
 )
 
 #: Cache types llama.cpp treats as unquantized (``ggml_is_quantized`` is false): no attention rotation.
@@ -460,7 +475,9 @@ def _codec(spec: Any, engine: str) -> tuple[str, Codec | None]:
     return spec, get_codec(spec, **options)
 
 
-def make_engine(engine: str, k: Any, v: Any, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True) -> Engine:
+def make_engine(
+    engine: str, k: Any, v: Any, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True
+) -> Engine:
     """The :class:`Engine` of one layer with K cache type ``k`` and V cache type ``v``.
 
     ``permute``: the model's K rows are stored in llama.cpp's GGUF channel

@@ -36,7 +36,16 @@ from ..errors import ConfigError, TbqValueError, check_int
 from .cache import geometry
 from .engine import ENGINES, F32
 
-__all__ = ["CacheType", "EvalResult", "Row", "evaluate", "parse_cache_type", "perplexity_chunks", "text_tokens", "DEFAULT_MIXES"]
+__all__ = [
+    "CacheType",
+    "EvalResult",
+    "Row",
+    "evaluate",
+    "parse_cache_type",
+    "perplexity_chunks",
+    "text_tokens",
+    "DEFAULT_MIXES",
+]
 
 #: The two baselines every evaluation runs first.
 BASELINES = ("f32:f32", "f16:f16")
@@ -75,6 +84,7 @@ class CacheType:
         >>> CacheType(("tbq4_0", {"codebook": "lloyd-max"}), "q8_0", "plain").label
         'tbq4_0(codebook=lloyd-max):q8_0@plain'
         """
+
         def name(t: Any) -> str:
             base = t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
             opts = _side_options(t)
@@ -99,6 +109,7 @@ def _side_options(t: Any) -> dict[str, Any]:
 
 def _json_options(ct: CacheType) -> dict[str, dict[str, Any]]:
     """``ct.options`` with every value a JSON scalar (a number or name kept, an object named)."""
+
     def value(v: Any) -> Any:
         return v if isinstance(v, (str, int, float, bool)) or v is None else _option_text(v)
 
@@ -310,7 +321,9 @@ class _Runner:
             rotate_attention=self.rotate,
         )
 
-    def log_probs(self, i: int, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
+    def log_probs(
+        self, i: int, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False
+    ) -> Any:
         """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
@@ -318,7 +331,15 @@ class _Runner:
             logits = self.model(self.chunks[i : i + 1], cache=cache, use_cache=True).logits[0]
         return _log_softmax(logits[self.first : -1]), cache.bytes_per_token()
 
-    def greedy(self, ct: CacheType, prompt: Any, n: int, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> list[Any]:
+    def greedy(
+        self,
+        ct: CacheType,
+        prompt: Any,
+        n: int,
+        layers: dict[int, tuple[Any, Any]] | None = None,
+        *,
+        baseline: bool = False,
+    ) -> list[Any]:
         torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
         ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
@@ -466,7 +487,11 @@ def evaluate(
             layers = None if layer is None else {layer: (ct.k, ct.v)}
             lp, bpt = runner.log_probs(i, ct, layers)
             stats[(label, layer, role)].add(lp, targets, b16, b32, bpt)
-            tick(f"chunk {i + 1}: {label}" + ("" if layer is None else f" layer {layer}") + ("" if role == "K+V" else f" {role}"))
+            tick(
+                f"chunk {i + 1}: {label}"
+                + ("" if layer is None else f" layer {layer}")
+                + ("" if role == "K+V" else f" {role}")
+            )
 
     greedy = {}
     if generate:
@@ -481,8 +506,19 @@ def evaluate(
     ppl16 = float(math.exp(np.concatenate(stats["f16"].nll).mean()))
     rows = [stats["f32"].row(BASELINES[0], "llama.cpp", ppl16), stats["f16"].row(BASELINES[1], "llama.cpp", ppl16)]
     for label, ct, _, _ in jobs:
-        rows.append(stats[(label, None, "K+V")].row(label, ct.engine, ppl16, options=_json_options(ct), first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, []))))
-    layer_rows = [stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role, options=_json_options(ct)) for label, ct, layer, role in extra]
+        rows.append(
+            stats[(label, None, "K+V")].row(
+                label,
+                ct.engine,
+                ppl16,
+                options=_json_options(ct),
+                first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, [])),
+            )
+        )
+    layer_rows = [
+        stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role, options=_json_options(ct))
+        for label, ct, layer, role in extra
+    ]
     settings = {
         "model": model_name,
         "context": int(data.shape[1]),

@@ -148,9 +148,20 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
     order = ["model.embed_tokens.weight"]
     for i in range(n_layer):
         p = f"model.layers.{i}."
-        order += [p + s + ".weight" for s in ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                              "self_attn.o_proj", "post_attention_layernorm", "mlp.gate_proj",
-                                              "mlp.up_proj", "mlp.down_proj")]
+        order += [
+            p + s + ".weight"
+            for s in (
+                "input_layernorm",
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "post_attention_layernorm",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            )
+        ]
     order += ["model.norm.weight"] + (["lm_head.weight"] if "lm_head.weight" in tensors else [])
     if sorted(order) != sorted(tensors):
         raise ValueError(f"unexpected tensors: {sorted(set(tensors) ^ set(order))}")
@@ -160,8 +171,11 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
             data = permute_qk(data, n_head)
         elif hf_name.endswith("k_proj.weight"):
             data = permute_qk(data, n_kv)
-        w.add_tensor(cast(str, names.get_name(hf_name, try_suffixes=(".weight",))), np.ascontiguousarray(data),
-                     raw_dtype=gguf.GGMLQuantizationType.F32)
+        w.add_tensor(
+            cast(str, names.get_name(hf_name, try_suffixes=(".weight",))),
+            np.ascontiguousarray(data),
+            raw_dtype=gguf.GGMLQuantizationType.F32,
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -172,7 +186,9 @@ def export_gguf(model_dir: Path | str, out_path: Path | str, name: str | None = 
 # ---------------------------------------------------------------------------------------------- llama-perplexity in Python
 
 
-def chunk_nll(model: Any, ids: Sequence[int] | NDArray[np.integer[Any]], n_ctx: int, bos_id: int = 0) -> NDArray[np.float64]:
+def chunk_nll(
+    model: Any, ids: Sequence[int] | NDArray[np.integer[Any]], n_ctx: int, bos_id: int = 0
+) -> NDArray[np.float64]:
     """Per-position NLL (float64 array ``(chunks, n_ctx - 1)``) of ``ids`` cut into chunks the llama.cpp way.
 
     ``ids`` is the whole text tokenized with BOS in front; chunk ``c`` is
@@ -220,8 +236,14 @@ def register_f16_kv_attention() -> str:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def f16_kv(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-        return sdpa_attention_forward(module, query, key.to(torch.float16).to(query.dtype),
-                                      value.to(torch.float16).to(query.dtype), attention_mask, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key.to(torch.float16).to(query.dtype),
+            value.to(torch.float16).to(query.dtype),
+            attention_mask,
+            **kwargs,
+        )
 
     AttentionInterface.register(F16_KV_ATTENTION, f16_kv)
     return F16_KV_ATTENTION
@@ -233,9 +255,19 @@ def register_f16_kv_attention() -> str:
 _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 
-def run_llama_perplexity(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, n_ctx: int = 512,
-                         n_chunks: int = 4, threads: int = 2, cache_type: str = "f16", retries: int = 6, *,
-                         v_type: str | None = None, rotate: bool = True) -> dict[str, Any]:
+def run_llama_perplexity(
+    llama_dir: Path | str,
+    gguf_path: Path | str,
+    text_path: Path | str,
+    n_ctx: int = 512,
+    n_chunks: int = 4,
+    threads: int = 2,
+    cache_type: str = "f16",
+    retries: int = 6,
+    *,
+    v_type: str | None = None,
+    rotate: bool = True,
+) -> dict[str, Any]:
     """``llama-perplexity -m GGUF -f TEXT -c n_ctx --chunks n -t threads -ctk K -ctv V -fa on --no-warmup``.
 
     ``cache_type`` is K's type, ``v_type`` V's (default: the same);
@@ -253,35 +285,87 @@ def run_llama_perplexity(llama_dir: Path | str, gguf_path: Path | str, text_path
     env = dict(os.environ)
     if not rotate:
         env["LLAMA_ATTN_ROT_DISABLE"] = "1"
-    cmd = [str(Path(llama_dir) / "bin" / "llama-perplexity"), "-m", str(gguf_path), "-f", str(text_path),
-           "-c", str(n_ctx), "--chunks", str(n_chunks), "-t", str(threads), "-ctk", cache_type, "-ctv", v_type or cache_type,
-           "-fa", "on", "--no-warmup"]
+    cmd = [
+        str(Path(llama_dir) / "bin" / "llama-perplexity"),
+        "-m",
+        str(gguf_path),
+        "-f",
+        str(text_path),
+        "-c",
+        str(n_ctx),
+        "--chunks",
+        str(n_chunks),
+        "-t",
+        str(threads),
+        "-ctk",
+        cache_type,
+        "-ctv",
+        v_type or cache_type,
+        "-fa",
+        "on",
+        "--no-warmup",
+    ]
     for attempt in range(1, retries + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         m = _FINAL.search(proc.stdout + proc.stderr)
         if m:
-            return {"ppl": float(m.group(1)), "ppl_err": float(m.group(2)), "attempts": attempt,
-                    "command": " ".join(["llama-perplexity"] + cmd[1:]), "output": proc.stdout + proc.stderr}
-    raise RuntimeError(f"no 'Final estimate' line in {retries} runs of {' '.join(cmd)}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+            return {
+                "ppl": float(m.group(1)),
+                "ppl_err": float(m.group(2)),
+                "attempts": attempt,
+                "command": " ".join(["llama-perplexity"] + cmd[1:]),
+                "output": proc.stdout + proc.stderr,
+            }
+    raise RuntimeError(
+        f"no 'Final estimate' line in {retries} runs of {' '.join(cmd)}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    )
 
 
-def run_dump_logits(llama_dir: Path | str, gguf_path: Path | str, text_path: Path | str, out_bin: Path | str,
-                    n_ctx: int = 512, n_chunks: int = 4, cache_type: str = "f16", fa: int = 1, threads: int = 2) -> Any:
+def run_dump_logits(
+    llama_dir: Path | str,
+    gguf_path: Path | str,
+    text_path: Path | str,
+    out_bin: Path | str,
+    n_ctx: int = 512,
+    n_chunks: int = 4,
+    cache_type: str = "f16",
+    fa: int = 1,
+    threads: int = 2,
+) -> Any:
     """llama.cpp's tokens ``(chunks, n_ctx)`` and float32 logits ``(chunks, n_ctx, vocab)`` from ``dump_logits``."""
     import numpy as np
 
-    cmd = [str(Path(llama_dir) / "bin" / "dump_logits"), str(gguf_path), str(text_path), str(out_bin), str(n_ctx),
-           str(n_chunks), cache_type, cache_type, str(fa), str(threads)]
+    cmd = [
+        str(Path(llama_dir) / "bin" / "dump_logits"),
+        str(gguf_path),
+        str(text_path),
+        str(out_bin),
+        str(n_ctx),
+        str(n_chunks),
+        cache_type,
+        cache_type,
+        str(fa),
+        str(threads),
+    ]
     subprocess.run(cmd, check=True, capture_output=True)
     raw = Path(out_bin).read_bytes()
     n_ctx_, n_vocab, n_chunks_ = np.frombuffer(raw, dtype=np.int32, count=3)
     tokens = np.frombuffer(raw, dtype=np.int32, count=n_chunks_ * n_ctx_, offset=12).reshape(n_chunks_, n_ctx_)
-    logits = np.frombuffer(raw, dtype=np.float32, offset=12 + 4 * n_chunks_ * n_ctx_).reshape(n_chunks_, n_ctx_, n_vocab)
+    logits = np.frombuffer(raw, dtype=np.float32, offset=12 + 4 * n_chunks_ * n_ctx_).reshape(
+        n_chunks_, n_ctx_, n_vocab
+    )
     return tokens, logits
 
 
-def compare_with_llama_cpp(model_dir: Path | str, llama_dir: Path | str, text_path: Path | str | None = None,
-                           n_ctx: int = 512, n_chunks: int = 4, threads: int = 2, work_dir: Path | str | None = None) -> dict[str, Any]:
+def compare_with_llama_cpp(
+    model_dir: Path | str,
+    llama_dir: Path | str,
+    text_path: Path | str | None = None,
+    n_ctx: int = 512,
+    n_chunks: int = 4,
+    threads: int = 2,
+    work_dir: Path | str | None = None,
+) -> dict[str, Any]:
     """llama.cpp (f16 cache, flash attention) against transformers (float32) on ``text_path`` (default heldout.txt).
 
     Returns the llama-perplexity figure, the perplexity of dump_logits' logits,
@@ -305,8 +389,9 @@ def compare_with_llama_cpp(model_dir: Path | str, llama_dir: Path | str, text_pa
 
     ppl_cpp = run_llama_perplexity(llama_dir, gguf_path, text_path, n_ctx, n_chunks, threads)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        cpp_tokens, cpp_logits = run_dump_logits(llama_dir, gguf_path, text_path, Path(tmp) / "logits.bin",
-                                                 n_ctx, n_chunks, threads=threads)
+        cpp_tokens, cpp_logits = run_dump_logits(
+            llama_dir, gguf_path, text_path, Path(tmp) / "logits.bin", n_ctx, n_chunks, threads=threads
+        )
         cpp_logits = np.array(cpp_logits)
     expected = np.array(ids[: n_chunks * n_ctx], dtype=np.int32).reshape(n_chunks, n_ctx)
     expected[:, 0] = bos
@@ -315,15 +400,23 @@ def compare_with_llama_cpp(model_dir: Path | str, llama_dir: Path | str, text_pa
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     with torch.no_grad():
-        hf_logits = np.stack([model(input_ids=torch.tensor(expected[c], dtype=torch.long)[None]).logits[0].numpy()
-                              for c in range(n_chunks)])
+        hf_logits = np.stack(
+            [
+                model(input_ids=torch.tensor(expected[c], dtype=torch.long)[None]).logits[0].numpy()
+                for c in range(n_chunks)
+            ]
+        )
     diff = np.abs(hf_logits.astype(np.float64) - cpp_logits)
     nll32 = chunk_nll(model, ids[: n_chunks * n_ctx], n_ctx, bos)
     model.set_attn_implementation(register_f16_kv_attention())
     nll16 = chunk_nll(model, ids[: n_chunks * n_ctx], n_ctx, bos)
     with torch.no_grad():
-        hf16_logits = np.stack([model(input_ids=torch.tensor(expected[c], dtype=torch.long)[None]).logits[0].numpy()
-                                for c in range(n_chunks)])
+        hf16_logits = np.stack(
+            [
+                model(input_ids=torch.tensor(expected[c], dtype=torch.long)[None]).logits[0].numpy()
+                for c in range(n_chunks)
+            ]
+        )
     diff16 = np.abs(hf16_logits.astype(np.float64) - cpp_logits)
 
     lp = torch.log_softmax(torch.from_numpy(cpp_logits[:, :-1]).double(), dim=-1)
@@ -363,7 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctx", type=int, default=512)
     args = p.parse_args(argv)
     if args.compare:
-        print(json.dumps(compare_with_llama_cpp(args.model_dir, args.compare, args.text, args.ctx, args.chunks), indent=1))
+        print(
+            json.dumps(compare_with_llama_cpp(args.model_dir, args.compare, args.text, args.ctx, args.chunks), indent=1)
+        )
     else:
         print(export_gguf(args.model_dir, args.out or args.model_dir / "model.gguf"))
     return 0

@@ -29,10 +29,14 @@ def resolve_model_path(path: str | os.PathLike[str] | None = None) -> Path:
         return Path(MODEL_DIR)
     p = Path(path)
     if not p.exists():
-        raise TbqValueError(f"model {str(path)!r}: no such file or directory (a Hugging Face model directory or a .gguf file)")
+        raise TbqValueError(
+            f"model {str(path)!r}: no such file or directory (a Hugging Face model directory or a .gguf file)"
+        )
     if p.is_dir():
         if not (p / "config.json").is_file():
-            raise TbqValueError(f"model {str(path)!r}: a directory without config.json is not a Hugging Face model directory")
+            raise TbqValueError(
+                f"model {str(path)!r}: a directory without config.json is not a Hugging Face model directory"
+            )
     elif p.suffix.lower() != ".gguf":
         raise TbqValueError(f"model {str(path)!r}: expected a Hugging Face model directory or a .gguf file")
     return p

@@ -27,7 +27,9 @@ def plot_eval(result: Any, path: str | os.PathLike[str]) -> Path:
     fig = Figure(figsize=(5.2 * n_panels, 0.28 * max(len(rows), 8) + 1.6), dpi=DPI)
     labels = [r.cache for r in rows]
     y = np.arange(len(rows))
-    for k, (attr, title) in enumerate((("delta_ppl_pct", "perplexity change vs f16 cache (%)"), ("kl_mean", "mean KL vs f16 cache (nats)"))):
+    for k, (attr, title) in enumerate(
+        (("delta_ppl_pct", "perplexity change vs f16 cache (%)"), ("kl_mean", "mean KL vs f16 cache (nats)"))
+    ):
         ax = fig.add_subplot(1, n_panels, k + 1)
         vals = np.array([getattr(r, attr) for r in rows], dtype=float)
         ax.barh(y, vals, color=["#c44e52" if v > 0 else "#4c72b0" for v in vals])

@@ -50,7 +50,13 @@ BOS, EOS = "<|bos|>", "<|eos|>"
 #: general.name of the GGUF.
 MODEL_NAME = "tbq-stdlib-llama"
 #: The checkpoint files train() writes (besides model.gguf, train_log.json and heldout.txt).
-CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+CHECKPOINT_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
 
 
 @dataclass(frozen=True)
@@ -235,7 +241,9 @@ def _setup_torch(cfg: TrainConfig) -> Any:
     return torch
 
 
-def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = print, command: str | None = None) -> dict[str, Any]:
+def train(
+    out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = print, command: str | None = None
+) -> dict[str, Any]:
     """Run the whole recipe into ``out``; returns the log (also written as ``out/train_log.json``)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     t_start = time.time()
@@ -263,8 +271,10 @@ def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = pri
         stream += [bos] + enc.ids + [eos]
     data = torch.tensor(stream, dtype=torch.long)
     heldout_ids = tok.encode(corpus["heldout"]).ids  # BOS first
-    progress(f"corpus: {len(corpus['train_files'])} files, {corpus['train_bytes']} bytes -> {len(stream)} tokens; "
-             f"held out {corpus['heldout_bytes']} bytes -> {len(heldout_ids)} tokens; tokenizer {t_tok:.1f} s")
+    progress(
+        f"corpus: {len(corpus['train_files'])} files, {corpus['train_bytes']} bytes -> {len(stream)} tokens; "
+        f"held out {corpus['heldout_bytes']} bytes -> {len(heldout_ids)} tokens; tokenizer {t_tok:.1f} s"
+    )
 
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(model_config(cfg, vocab)).float()
@@ -273,7 +283,9 @@ def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = pri
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed_tokens" not in n)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
     )
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     n_windows = len(stream) - cfg.seq_len
@@ -297,11 +309,19 @@ def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = pri
         opt.step()
         window.append(loss.item())
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-            row = {"step": step + 1, "loss": window[-1], "loss_mean": sum(window) / len(window),
-                   "lr": lr, "grad_norm": float(gnorm), "seconds": round(time.time() - t0, 2)}
+            row = {
+                "step": step + 1,
+                "loss": window[-1],
+                "loss_mean": sum(window) / len(window),
+                "lr": lr,
+                "grad_norm": float(gnorm),
+                "seconds": round(time.time() - t0, 2),
+            }
             log_rows.append(row)
             window = []
-            progress(f"step {row['step']:5d}  loss {row['loss']:.4f}  mean {row['loss_mean']:.4f}  lr {lr:.2e}  {row['seconds']:.0f} s")
+            progress(
+                f"step {row['step']:5d}  loss {row['loss']:.4f}  mean {row['loss_mean']:.4f}  lr {lr:.2e}  {row['seconds']:.0f} s"
+            )
     t_train = time.time() - t0
 
     model.eval()
@@ -328,8 +348,12 @@ def train(out: Path | str, cfg: TrainConfig = TrainConfig(), progress: Any = pri
         "corpus": {k: v for k, v in corpus.items() if k not in ("train_texts", "heldout")},
         "train_tokens": len(stream),
         "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+        },
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
         "seconds": {"tokenizer": round(t_tok, 2), "train": round(t_train, 2), "total": round(time.time() - t_start, 2)},
         "train_loss": log_rows,
@@ -376,9 +400,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="output folder")
     p.add_argument("--plot", nargs=2, metavar=("LOG", "PNG"), help="only draw the loss curve of a train_log.json")
     d = TrainConfig()
-    for f in ("steps", "seed", "threads", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-              "head_dim", "intermediate_size", "max_position_embeddings", "seq_len", "batch_size", "warmup",
-              "log_every", "max_files", "eval_max_chunks"):
+    for f in (
+        "steps",
+        "seed",
+        "threads",
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "intermediate_size",
+        "max_position_embeddings",
+        "seq_len",
+        "batch_size",
+        "warmup",
+        "log_every",
+        "max_files",
+        "eval_max_chunks",
+    ):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=getattr(d, f))
     for f in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "initializer_range"):
         p.add_argument("--" + f.replace("_", "-"), type=float, default=getattr(d, f))
@@ -389,7 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         p.error("--out is required")
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k not in ("out", "plot")})
-    log = train(args.out, cfg, command=" ".join(["python -m tbq.hf.train"] + list(sys.argv[1:] if argv is None else argv)))
+    log = train(
+        args.out, cfg, command=" ".join(["python -m tbq.hf.train"] + list(sys.argv[1:] if argv is None else argv))
+    )
     print(json.dumps({"parameters": log["parameters"], "seconds": log["seconds"], "heldout": log["heldout"]}, indent=1))
     return 0
 
