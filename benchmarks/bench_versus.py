@@ -1,0 +1,128 @@
+"""Is any format slower than at another commit? Encode and decode throughput of two trees, side by side.
+
+The same machine, the same run: the source of ``--ref`` (``git archive``) and
+this checkout's ``src/`` are timed in alternating rounds, one child process per
+tree per round (each warms its kernels first, so numba compilation is not
+timed), every format the two trees share on one thread. The table gives each
+tree's median throughput and the ratio new/old with its spread over the rounds
+(min..max of the per-round ratios), so a slower format shows even on a loaded
+machine as long as the load is the same for both trees in a round.
+
+    python benchmarks/bench_versus.py --ref fb33a2a^1          # before issue 20's format interface
+    python benchmarks/bench_versus.py --ref v0.2.0 --formats q8_0,tbq4_0 --values 1M --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Run in a child with ``sys.path[0]`` the tree's ``src``: one JSON line per format.
+CHILD = r"""
+import json, sys, time
+import numpy as np
+import tbq
+
+n, repeat, wanted = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+rng = np.random.default_rng(0)
+x = (rng.standard_normal(n) * 0.5).astype(np.float32).reshape(-1, 4096)
+out = {}
+for fmt in wanted:
+    if fmt not in tbq.formats():
+        continue
+    codec = tbq.get_codec(fmt, threads=1)
+    codec.decode(codec.encode(x))  # compile or load the kernels (every path the timed calls take): not timed
+    best_e = best_d = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter(); b = codec.encode(x); best_e = min(best_e, time.perf_counter() - t)
+        t = time.perf_counter(); codec.decode(b); best_d = min(best_d, time.perf_counter() - t)
+    out[fmt] = {"encode": n / best_e / 1e6, "decode": n / best_d / 1e6}
+print(json.dumps(out))
+"""
+
+
+def _values(text: str) -> int:
+    units = {"K": 1024, "M": 1024 * 1024}
+    n = int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+    if n < 4096 or n % 4096:
+        raise SystemExit(f"bench_versus: --values must be a positive multiple of 4096, got {text}")
+    return n
+
+
+def _run(src: Path, n: int, repeat: int, formats: list[str]) -> dict[str, dict[str, float]]:
+    code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + CHILD
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(n), str(repeat), ",".join(formats)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=src.parent,
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"bench_versus: the child for {src} failed:\n{res.stderr.strip()}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ref", required=True, help="the git commit (or tag, branch) to compare against")
+    ap.add_argument("--formats", help="comma-separated (default: every format both trees have)")
+    ap.add_argument("--values", default="4M", help="values per call (K = 1024, M = 1024K; default 4M)")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed calls per format per round, best kept (default 3)")
+    ap.add_argument("--json", type=Path, help="write the per-round figures here")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.repeat < 1:
+        raise SystemExit("bench_versus: --rounds and --repeat must be at least 1")
+    n = _values(args.values)
+    sys.path.insert(0, str(ROOT / "src"))
+    import tbq
+
+    formats = args.formats.split(",") if args.formats else list(tbq.formats())
+    with tempfile.TemporaryDirectory(prefix="tbq-versus-") as tmp:
+        old = Path(tmp) / "old"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.ref, "src"], capture_output=True, check=False)
+        if archive.returncode != 0:
+            raise SystemExit(f"bench_versus: git archive {args.ref}: {archive.stderr.decode().strip()}")
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        trees = {"old": old / "src", "new": ROOT / "src"}
+        rounds: list[dict[str, dict[str, dict[str, float]]]] = []
+        for r in range(args.rounds):
+            order = ("old", "new") if r % 2 == 0 else ("new", "old")  # neither tree always runs first
+            got = {name: _run(trees[name], n, args.repeat, formats) for name in order}
+            rounds.append(got)
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    shared = [f for f in formats if all(f in rd["old"] and f in rd["new"] for rd in rounds)]
+    print(f"new = this checkout, old = {args.ref}; {n:,} values per call, one thread, {args.rounds} rounds")
+    print(
+        f"{'format':<11} {'encode old':>10} {'new M/s':>8} {'new/old':>8} {'spread':>11}   "
+        f"{'decode old':>10} {'new M/s':>8} {'new/old':>8} {'spread':>11}"
+    )
+    for f in shared:
+        cells = []
+        for way in ("encode", "decode"):
+            o = np.array([rd["old"][f][way] for rd in rounds])
+            w = np.array([rd["new"][f][way] for rd in rounds])
+            ratio = w / o
+            spread = f"{ratio.min():.2f}..{ratio.max():.2f}"
+            cells.append(f"{np.median(o):>10.0f} {np.median(w):>8.0f} {np.median(ratio):>8.2f} {spread:>11}")
+        print(f"{f:<11} " + "   ".join(cells))
+    only = sorted(set(formats) - set(shared))
+    if only:
+        print(f"(not in both trees: {', '.join(only)})")
+    if args.json:
+        args.json.write_text(json.dumps({"ref": args.ref, "values": n, "rounds": rounds}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
