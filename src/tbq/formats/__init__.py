@@ -22,16 +22,15 @@ recipe in docs/architecture.md.
 
 from __future__ import annotations
 
-import numpy as np  # noqa: F401  (doctest namespace)
-
 import importlib
 import pkgutil
 import sys
 import types
 
+import numpy as np  # noqa: F401  (doctest namespace)
+
 from ..errors import ConfigError
 from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo, Option
-
 
 #: The entry point group through which another package adds formats: each entry point names a
 #: module (or an object in one) whose import defines ``Format`` subclasses, which registers them.
@@ -58,7 +57,7 @@ def _load_plugins() -> None:
     for ep in sorted(eps, key=lambda e: e.name):
         try:
             ep.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break tbq
+        except Exception as exc:  # a broken plugin must not break tbq
             PLUGIN_ERRORS[ep.name] = exc
             warnings.warn(
                 f"tbq: format plugin {ep.name!r} ({ep.value}) was not loaded: {exc}", RuntimeWarning, stacklevel=2

@@ -43,7 +43,7 @@ F16_OVERFLOW_BITS = 0x477FF000
 BF16_OVERFLOW_BITS = 0x7F7F8000
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def f16_decode_table() -> np.ndarray:
     """float32 bit patterns (uint32) of ggml's fp16 -> fp32 for all 2**16 fp16 patterns.
 

@@ -127,7 +127,7 @@ def e8m0_half(e) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def e8m0_boundaries() -> np.ndarray:
     """uint32 (278,): entry ``i`` is the bit pattern of the smallest positive float32 whose ``E`` is ``>= i - 149``.
 

@@ -56,7 +56,7 @@ F32 = np.float32
 _ONE = F32(1.0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def planar_iso_tables() -> dict:
     """The shipped float32 tables (``tbq/data/planar_iso.json``), read by bit pattern: name -> read-only array."""
     raw = json.loads(resources.files("tbq").joinpath("data/planar_iso.json").read_text())
