@@ -273,7 +273,9 @@ class Format:
     #: ``"ties"`` (scalar grids: ``divisor`` = max|x| / |d|, ``codes`` = the range of
     #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid), ``"thresholds"``
     #: (codebook decision thresholds in a rotated domain).
-    hazards: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: A class attribute for most formats; FP8 sets it per instance (its grid limits scale with ``scale``).
+    hazards: dict[str, dict[str, Any]] = {}
+
     #: True when a block's bytes depend on earlier blocks of the same row (IQ4_NL's
     #: tiny-block rule). The codec then never splits a row between chunks and passes
     #: ``row_blocks`` (blocks per row) to :meth:`reference_encode` and :meth:`kernel_encode`.
