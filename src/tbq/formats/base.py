@@ -206,12 +206,16 @@ def ulp32(a: ArrayLike) -> NDArray[np.float64]:
     return np.spacing(np.abs(np.asarray(a, np.float64)).astype(np.float32)).astype(np.float64)
 
 
-def band(code: Callable[[NDArray[np.float64]], Any], v: ArrayLike, k: int, floor: float = 0.0) -> NDArray[np.bool_]:
+def band(
+    code: Callable[[NDArray[np.float64]], Any], v: ArrayLike, k: int, floor: float | NDArray[np.float64] = 0.0
+) -> NDArray[np.bool_]:
     """True where ``code`` differs between ``v - w`` and ``v + w``, ``w = k * ulp32(max(|v|, floor))``.
 
     ``code`` must be monotone; it is evaluated exactly in float64. This is "v
     lies within k ulps of a boundary": the code can change under a
     perturbation of at most k ulps (a value exactly on a boundary counts).
+    ``floor`` is a scalar or an array broadcast against ``v`` (planar/iso's per-value floor).
+
 
     >>> band(np.floor, np.float32([1.0, 1.5]), 1).tolist()
     [True, False]
