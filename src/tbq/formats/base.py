@@ -107,7 +107,7 @@ class Option:
     default: object
     kind: str = ""  #: what values it takes, for messages and docs
     description: str = ""
-    check: Callable[[Any, str], Any] | None = field(default=None, compare=False)
+    check: Callable[[object, str], object] | None = field(default=None, compare=False)
     #: Values in use elsewhere (other builds' tables, seeds): ``tbq check`` tries them on a failing kernel and names
     #: the one it matches.
     known: tuple[object, ...] = field(default=(), compare=False)
@@ -207,7 +207,7 @@ def ulp32(a: ArrayLike) -> NDArray[np.float64]:
 
 
 def band(
-    code: Callable[[NDArray[np.float64]], Any], v: ArrayLike, k: int, floor: float | NDArray[np.float64] = 0.0
+    code: Callable[[NDArray[np.float64]], NDArray[Any]], v: ArrayLike, k: int, floor: float | NDArray[np.float64] = 0.0
 ) -> NDArray[np.bool_]:
     """True where ``code`` differs between ``v - w`` and ``v + w``, ``w = k * ulp32(max(|v|, floor))``.
 
