@@ -427,11 +427,12 @@ class Codec:
             with np.errstate(all="ignore"):
                 data, trace = fmt.reference_encode(xc[:keep], **row_kw)
             if raise_overflow:
-                status = np.asarray(fmt.invalid_blocks(trace))[:first_bad]
-                if status.size and status.any():
-                    i = int(np.argmax(status != 0))
+                refused = np.asarray(fmt.invalid_blocks(trace))[:first_bad]
+                if refused.size and refused.any():
+                    i = int(np.argmax(refused != 0))
                     out2[s : s + i] = data[:i]
-                    return (s + i, int(status[i]))
+                    return (s + i, int(refused[i]))
+
             out2[s : s + first_bad] = data[:first_bad]
             return None if first_bad == e - s else (s + first_bad, STATUS_NONFINITE)
 

@@ -11,7 +11,7 @@ import math
 import numbers
 import re
 from collections.abc import Collection
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -116,7 +116,7 @@ class MemoryLimitError(TbqValueError):
 # ---------------------------------------------------------------------------
 
 
-def is_integer(value: object) -> bool:
+def is_integer(value: object) -> TypeGuard[int | np.integer[Any]]:
     """``True`` for a Python or NumPy integer, ``False`` for anything else, bools included.
 
     >>> is_integer(3), is_integer(np.int8(3)), is_integer(True), is_integer(3.0)
@@ -163,7 +163,8 @@ def check_int(
     """
     if not is_integer(value):
         raise (error or TbqTypeError)(f"{name} must be {expected or 'an integer'}, got {value!r}")
-    n = int(value)  # type: ignore[call-overload]  # is_integer: an int or a NumPy integer
+    n = int(value)
+
     if (lo is not None and n < lo) or (hi is not None and n > hi):
         raise (error or TbqValueError)(f"{name} must be {expected or _range_words(lo, hi)}, got {n}")
     return n

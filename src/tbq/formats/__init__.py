@@ -22,22 +22,26 @@ recipe in docs/architecture.md.
 
 from __future__ import annotations
 
-import numpy as np  # noqa: F401  (doctest namespace)
-
 import importlib
 import pkgutil
 import sys
 import types
+from collections.abc import Iterable, Mapping
+from typing import TypeVar
+
+import numpy as np  # noqa: F401  (doctest namespace)
 
 from ..errors import ConfigError
 from .base import FORMAT_CLASSES, FORMATS, Field, Format, FormatInfo, Option
 
-
 #: The entry point group through which another package adds formats: each entry point names a
 #: module (or an object in one) whose import defines ``Format`` subclasses, which registers them.
 PLUGIN_GROUP = "tbq.formats"
+_T = TypeVar("_T")
+_V = TypeVar("_V")
+
 #: entry point name -> the error that kept a plugin from loading (it is skipped, with a warning).
-PLUGIN_ERRORS: dict = {}
+PLUGIN_ERRORS: dict[str, Exception] = {}
 
 
 def _load_plugins() -> None:
@@ -58,7 +62,7 @@ def _load_plugins() -> None:
     for ep in sorted(eps, key=lambda e: e.name):
         try:
             ep.load()
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break tbq
+        except Exception as exc:  # a broken plugin must not break tbq
             PLUGIN_ERRORS[ep.name] = exc
             warnings.warn(
                 f"tbq: format plugin {ep.name!r} ({ep.value}) was not loaded: {exc}", RuntimeWarning, stacklevel=2
@@ -77,10 +81,14 @@ def _discover() -> None:
             importlib.import_module(f"{__name__}.{m.name}")
     _load_plugins()
     order = sorted(FORMATS, key=lambda name: FORMATS[name].code)
-    for registry in (FORMATS, FORMAT_CLASSES):
-        items = {name: registry[name] for name in order}
-        registry.clear()
-        registry.update(items)
+    _reorder(FORMATS, order)
+    _reorder(FORMAT_CLASSES, order)
+
+
+def _reorder(registry: dict[str, _T], order: list[str]) -> None:
+    items = {name: registry[name] for name in order}
+    registry.clear()
+    registry.update(items)
 
 
 _discover()
@@ -143,7 +151,7 @@ def format_class(name: str) -> type[Format]:
     return FORMAT_CLASSES[format_name(name)]
 
 
-def get_format(name: str, **options) -> Format:
+def get_format(name: str, **options: object) -> Format:
     """The format ``name`` with its format options (e.g. TBQ's ``codebook``, ``signs``).
 
     >>> get_format("tbq3_0", codebook="turboq-mtp").config()["codebook"]
@@ -153,7 +161,7 @@ def get_format(name: str, **options) -> Format:
     return cls(**cls.check_options(options))
 
 
-def options_of(name: str) -> dict:
+def options_of(name: str) -> dict[str, object]:
     """``{option: default}`` of the format ``name``'s own options (``{}`` for most ggml types).
 
     >>> options_of("fp8_e4m3"), options_of("q8_0")
@@ -166,7 +174,7 @@ def takes_option(name: str, option: str) -> bool:
     return option in format_class(name).options
 
 
-def config_for(name: str, config: dict) -> dict:
+def config_for(name: str, config: Mapping[str, _V]) -> dict[str, _V]:
     """``config`` without the format options that ``name`` does not take (execution settings are kept).
 
     One options mapping can so configure a comparison of several formats: TBQ's
@@ -180,7 +188,7 @@ def config_for(name: str, config: dict) -> dict:
     return {k: v for k, v in config.items() if k in own or k not in every}
 
 
-def check_options(names, options: dict) -> None:
+def check_options(names: Iterable[str], options: Mapping[str, object]) -> None:
     """Refuse an option that no format of ``names`` takes, naming the formats that do.
 
     >>> check_options(["q8_0"], {"codebook": "turboq-mtp"})

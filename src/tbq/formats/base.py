@@ -29,10 +29,13 @@ validate their input and run the NumPy reference.
 from __future__ import annotations
 
 import importlib
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, Literal, TypeVar, overload
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
@@ -55,7 +58,12 @@ __all__ = [
     "ulp32",
     "band",
     "offset_trunc_fragility",
+    "Trace",
 ]
+
+#: An encoder's trace (:meth:`Format.reference_encode`): name -> the intermediates of docs/formats.md, one row
+#: per block (float32 quantities; a format may add integer or boolean ones, IQ4_NL's ``"carried"``).
+Trace = dict[str, NDArray[Any]]
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,7 @@ class Field:
     #: Special bit patterns of this field that arbitrary-byte fuzzing injects, ``((name, lowest, highest), ...)``
     #: (inclusive, little-endian integers of the field's bytes). Empty: the fp16 scale patterns of
     #: :data:`tbq.testing.strategies.SPECIAL_SCALES` at bytes 0-1.
-    specials: tuple = field(default=(), compare=False)
+    specials: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -99,10 +107,10 @@ class Option:
     default: object
     kind: str = ""  #: what values it takes, for messages and docs
     description: str = ""
-    check: object = field(default=None, compare=False)
+    check: Callable[[object, str], object] | None = field(default=None, compare=False)
     #: Values in use elsewhere (other builds' tables, seeds): ``tbq check`` tries them on a failing kernel and names
     #: the one it matches.
-    known: tuple = field(default=(), compare=False)
+    known: tuple[object, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,7 @@ class FormatInfo:
     index_bits: int  #: bits per stored value code
     description: str
     code: int = 0  #: stable numeric code (the numcodecs header's byte 5); never renumber
-    layout: tuple = field(default=(), compare=False)  #: the block's :class:`Field` s, in byte order
+    layout: tuple[Field, ...] = field(default=(), compare=False)  #: the block's :class:`Field` s, in byte order
     #: How a KV cache row of ``n_kv_heads x head_dim`` values is tiled into blocks. ``False`` (ggml's
     #: types): llama.cpp needs the block to divide ``head_dim``, so a block never spans two heads.
     #: ``True`` (the fork's TBQ types): its llama-context.cpp checks only the row (``n_embd_k_gqa``),
@@ -154,11 +162,11 @@ class AttentionReader:
     """
 
     read: object
-    aux: np.ndarray
+    aux: NDArray[np.float32]
 
 
 #: kernel module name -> the imported module (:meth:`Format.kernels`).
-_KERNEL_MODULES: dict = {}
+_KERNEL_MODULES: dict[str, types.ModuleType] = {}
 
 #: name -> :class:`FormatInfo`, in registration order (the order of docs/formats.md).
 FORMATS: dict[str, FormatInfo] = {}
@@ -166,7 +174,10 @@ FORMATS: dict[str, FormatInfo] = {}
 FORMAT_CLASSES: dict[str, type[Format]] = {}
 
 
-def register(cls: type) -> type:
+_F = TypeVar("_F", bound="type[Format]")
+
+
+def register(cls: _F) -> _F:
     """Add a :class:`Format` subclass to the registry (done by ``__init_subclass__``)."""
     info = cls.info
     if info.name in FORMAT_CLASSES and FORMAT_CLASSES[info.name] is not cls:
@@ -190,17 +201,21 @@ def register(cls: type) -> type:
 # ---------------------------------------------------------------------------
 
 
-def ulp32(a) -> np.ndarray:
+def ulp32(a: ArrayLike) -> NDArray[np.float64]:
     """Spacing of float32 at ``|a|`` (float64 result; a float32 subnormal step at 0)."""
     return np.spacing(np.abs(np.asarray(a, np.float64)).astype(np.float32)).astype(np.float64)
 
 
-def band(code, v, k: int, floor: float = 0.0) -> np.ndarray:
+def band(
+    code: Callable[[NDArray[np.float64]], NDArray[Any]], v: ArrayLike, k: int, floor: float | NDArray[np.float64] = 0.0
+) -> NDArray[np.bool_]:
     """True where ``code`` differs between ``v - w`` and ``v + w``, ``w = k * ulp32(max(|v|, floor))``.
 
     ``code`` must be monotone; it is evaluated exactly in float64. This is "v
     lies within k ulps of a boundary": the code can change under a
     perturbation of at most k ulps (a value exactly on a boundary counts).
+    ``floor`` is a scalar or an array broadcast against ``v`` (planar/iso's per-value floor).
+
 
     >>> band(np.floor, np.float32([1.0, 1.5]), 1).tolist()
     [True, False]
@@ -210,7 +225,9 @@ def band(code, v, k: int, floor: float = 0.0) -> np.ndarray:
     return code(v64 - w) != code(v64 + w)
 
 
-def offset_trunc_fragility(v, t, k: int, offset: float, top: float | None = None) -> np.ndarray:
+def offset_trunc_fragility(
+    v: ArrayLike, t: ArrayLike, k: int, offset: float, top: float | None = None
+) -> NDArray[np.bool_]:
     """Fragility of codes ``min(top, trunc(t))`` with ``t = float32(v + offset)`` (Q4_0, Q5_0, Q4_1, Q5_1).
 
     A value is fragile when a k-ulp change of ``v`` (through the encoder's
@@ -221,11 +238,11 @@ def offset_trunc_fragility(v, t, k: int, offset: float, top: float | None = None
     [True, False]
     """
 
-    def code_t(tt):
+    def code_t(tt: NDArray[np.float64]) -> NDArray[np.float64]:
         c = np.trunc(tt)
         return c if top is None else np.minimum(float(top), c)
 
-    def code_v(vv):
+    def code_v(vv: NDArray[np.float64]) -> NDArray[np.float64]:
         return code_t((np.asarray(vv, np.float64) + offset).astype(np.float32).astype(np.float64))
 
     return band(code_v, v, k) | band(code_t, t, k)
@@ -253,14 +270,16 @@ class Format:
 
     info: ClassVar[FormatInfo]
     kernel_module: ClassVar[str] = ""
-    options: ClassVar[dict] = {}  #: ``{name: Option}``
+    options: ClassVar[dict[str, Option]] = {}  #: ``{name: Option}``
     #: Float32 magnitude below which fragility counts ulps at this magnitude (see :func:`band`).
     ulp_floor: ClassVar[float] = 0.0
     #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
     #: ``"ties"`` (scalar grids: ``divisor`` = max|x| / |d|, ``codes`` = the range of
     #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid), ``"thresholds"``
     #: (codebook decision thresholds in a rotated domain).
-    hazards: ClassVar[dict] = {}
+    #: A class attribute for most formats; FP8 sets it per instance (its grid limits scale with ``scale``).
+    hazards: dict[str, dict[str, Any]] = {}
+
     #: True when a block's bytes depend on earlier blocks of the same row (IQ4_NL's
     #: tiny-block rule). The codec then never splits a row between chunks and passes
     #: ``row_blocks`` (blocks per row) to :meth:`reference_encode` and :meth:`kernel_encode`.
@@ -269,7 +288,7 @@ class Format:
     #: refuses a value or scale that does not fit (naming it), ``"inf"`` stores what the C
     #: code stores. A format with more ways of storing it (FP8's ``"saturate"``) lists them
     #: and maps each to keyword arguments of its encoders in :meth:`overflow_kw`.
-    overflow_modes: ClassVar[tuple] = ("raise", "inf")
+    overflow_modes: ClassVar[tuple[str, ...]] = ("raise", "inf")
     #: The ``on_overflow`` mode golden vectors are written with: what the format's writers store.
     #: ``"raise"`` (the golden inputs fit); FP8 ``"saturate"`` (vLLM saturates: the shared golden
     #: inputs reach 464 and beyond, E4M3's limit at scale 1).
@@ -284,21 +303,21 @@ class Format:
     #: has none, and the kernel reads its cache decoded to float32 rows first (a plugin format's default).
     attention_read: ClassVar[str] = ""
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "info" in cls.__dict__:
             register(cls)
 
-    def __init__(self, **options):
+    def __init__(self, **options: object) -> None:
         self.check_options(options)
 
     @classmethod
-    def option_defaults(cls) -> dict:
+    def option_defaults(cls) -> dict[str, object]:
         """``{option: default}`` of the declared options."""
         return {k: o.default for k, o in cls.options.items()}
 
     @classmethod
-    def check_options(cls, options: dict) -> dict:
+    def check_options(cls, options: Mapping[str, object]) -> dict[str, object]:
         """The given ``options`` validated and normalised by their declarations (:class:`Option`).
 
         An option the format does not declare is a :class:`ConfigError` naming
@@ -314,7 +333,7 @@ class Format:
                 f"bad configuration for {name}: it has no option {', '.join(map(repr, unknown))} (its options: {known})"
                 + (f"; {who}" if who else "")
             )
-        out = {}
+        out: dict[str, object] = {}
         for k, v in options.items():
             check = cls.options[k].check
             out[k] = check(v, name) if check is not None else v
@@ -333,21 +352,21 @@ class Format:
     def type_size(self) -> int:
         return self.info.type_size
 
-    def config(self) -> dict:
+    def config(self) -> dict[str, Any]:
         """The format options as plain JSON data (``{}`` when the format has none)."""
         return {}
 
-    def __eq__(self, other):
-        return type(other) is type(self) and other.config() == self.config()
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Format) and type(other) is type(self) and other.config() == self.config()
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.name, repr(self.config())))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.config().items())})"
 
     # -- the specification (NumPy) ------------------------------------------------
-    def reference_encode(self, x: np.ndarray) -> tuple[np.ndarray, dict]:
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         """Encode clean float32 blocks ``x`` (blocks, block_size): ``(bytes, trace)``.
 
         (A ``row_rule`` format takes ``row_blocks`` too: ``x`` is whole rows of
@@ -361,12 +380,12 @@ class Format:
         """
         raise NotImplementedError
 
-    def reference_decode(self, data: np.ndarray) -> np.ndarray:
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         """Decode clean uint8 blocks ``data`` (blocks, type_size) to float32 (blocks, block_size)."""
         raise NotImplementedError
 
     # -- numba twins ----------------------------------------------------------------
-    def kernels(self):
+    def kernels(self) -> types.ModuleType:
         """The numba kernel module (imported, and so compiled lazily, on first use; then cached, because
         ``importlib`` on every call costs about a microsecond, which small calls feel)."""
         kn = _KERNEL_MODULES.get(self.kernel_module)
@@ -374,20 +393,20 @@ class Format:
             kn = _KERNEL_MODULES[self.kernel_module] = importlib.import_module(self.kernel_module)
         return kn
 
-    def kernel_encode(self, x: np.ndarray, out: np.ndarray, raise_overflow: bool):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         """numba encode of clean blocks into ``out``; returns ``(block, status)`` (see :mod:`tbq.backend`)."""
         raise NotImplementedError
 
-    def kernel_decode(self, data: np.ndarray, out: np.ndarray) -> None:
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         """numba decode of clean blocks into ``out``."""
         raise NotImplementedError
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """The exact value tables this instance uses (name -> array); ``{}`` for formats without any."""
         return {}
 
     # -- declared capabilities ---------------------------------------------------------------
-    def value_table(self, trace: dict):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
         """``(levels, inputs)``: the values the codes decode to (float64, duplicates kept) and the flat float64
         values the encoder rounds onto them, in the same units, read from this instance's encoder ``trace``.
 
@@ -396,7 +415,7 @@ class Format:
         """
         return None
 
-    def rotated_view(self, trace: dict):
+    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
         """``(norm, r)`` of a rotated format from its encoder ``trace``: the float32 norm of each block (its
         step 1) and the normalised, rotated coordinates the codebook rounds (blocks, block_size); ``None`` for a
         format that quantizes in the original domain. Diagnoses, the checker's scale rule, golden sets (the
@@ -407,12 +426,12 @@ class Format:
     #: How the C encoder rounds an exact tie between two levels of :meth:`value_table`: ``"away"`` (half away from
     #: zero, roundf), ``"toward"`` (half toward zero), ``"up"`` (half up, trunc(v + k + 1/2)), ``"even"``; ``""``
     #: where not declared. The checker names another tie rule against it.
-    tie_rule: str = ""
+    tie_rule: ClassVar[str] = ""
     #: The format ggml pairs this one with in its dot product ``ggml_vec_dot_<fmt>_<vec_dot_type>`` (the right
     #: operand); ``""`` where tbq cannot check that dot product (see :meth:`dot_parts`).
-    vec_dot_type: str = ""
+    vec_dot_type: ClassVar[str] = ""
 
-    def dot_parts(self, data: np.ndarray):
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]] | None:
         """``(codes, scale)`` of encoded blocks ``data`` (uint8, blocks x type_size) for dot products: int64 codes
         (blocks, block_size) and the float64 scale per block (blocks,) such that each value is exactly
         ``codes * scale``, so that a block's dot product has an exact integer part. ``None`` for formats
@@ -421,9 +440,9 @@ class Format:
 
     #: Declared by formats whose C encoder multiplies by ``id = 1/d`` (the traced float32 ``d``): when ``1/d``
     #: overflows, ``x * id`` is +-Inf or NaN and C's float-to-integer conversion of it is undefined.
-    reciprocal_scale: bool = False
+    reciprocal_scale: ClassVar[bool] = False
 
-    def undefined_blocks(self, trace: dict) -> tuple[np.ndarray, str]:
+    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
         """``(mask, rule)``: blocks (bool, blocks) whose C reference result is undefined behaviour, and the rule in
         one line. A kernel may write anything there; the checker accepts a difference on them unless ``exact``.
 
@@ -441,7 +460,7 @@ class Format:
             "C's conversion of it to an integer code is undefined"
         )
 
-    def equivalent_blocks(self, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
         """bool (blocks,): encoded blocks ``got`` (uint8, blocks x type_size) that differ from ``ref`` but decode to the
         same values (equal as numbers, so +0 and -0 alike, NaN where NaN): a zero scale with any codes, a zero of
         either sign. Default: :meth:`reference_decode` of both, compared value by value.
@@ -457,11 +476,11 @@ class Format:
         return same.all(axis=1)
 
     @staticmethod
-    def _int_levels(lo: int, n: int, v) -> tuple:
+    def _int_levels(lo: int, n: int, v: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         """Integer codes ``lo .. lo + n - 1`` met by the traced ``v``."""
         return np.arange(lo, lo + n, dtype=np.float64), np.asarray(v, np.float64).ravel()
 
-    def attention_tables(self) -> np.ndarray:
+    def attention_tables(self) -> NDArray[np.float32]:
         """float32 tables the attention reader gets as ``aux`` (default: :func:`tbq.half.f16_table`, for an fp16 scale)."""
         return f16_table()
 
@@ -479,14 +498,14 @@ class Format:
         return r
 
     # -- what the codec refuses (unless on_overflow="inf") ------------------------------
-    def scale_overflows(self, trace: dict) -> np.ndarray:
+    def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         """bool (blocks,): blocks whose stored scale would be infinite (fp16: ``|d| >= 65520``)."""
         d = trace.get("d")
         if d is None:
             return np.zeros(0, bool)
         return ~(np.abs(d) < np.float32(F16_OVERFLOW))  # NaN counts as overflow too
 
-    def invalid_blocks(self, trace: dict) -> np.ndarray:
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         """int (blocks,): 0 for a block the codec writes, else the status that refuses it.
 
         Default: ``STATUS_SCALE_OVERFLOW`` where :meth:`scale_overflows`.
@@ -497,7 +516,7 @@ class Format:
         over = self.scale_overflows(trace)
         return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
-    def encode_error(self, status: int, block: int, values: np.ndarray) -> Exception:
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         """The exception for refused ``block`` (its float32 ``values``) with ``status`` (not NONFINITE)."""
         with np.errstate(all="ignore"):
             d = float(self.reference_encode(values[None, :], **self._row_kw(1))[1]["d"][0])
@@ -509,7 +528,7 @@ class Format:
             scale=d,
         )
 
-    def overflow_kw(self, on_overflow: str) -> dict:
+    def overflow_kw(self, on_overflow: str) -> dict[str, bool]:
         """Keyword arguments of :meth:`reference_encode` and :meth:`kernel_encode` for ``on_overflow``.
 
         ``{}`` for formats with the two common modes (whose encoders store the
@@ -517,24 +536,24 @@ class Format:
         """
         return {}
 
-    def _row_kw(self, row_blocks: int) -> dict:
+    def _row_kw(self, row_blocks: int) -> dict[str, int]:
         return {"row_blocks": row_blocks} if self.row_rule else {}
 
     # -- structure ----------------------------------------------------------------------
-    def fields(self, data) -> dict:
+    def fields(self, data: ArrayLike) -> dict[str, NDArray[Any]]:
         """Named fields of encoded blocks: ``data`` uint8 (..., nbytes) -> arrays (..., n_blocks[, k]).
 
         Every format gives ``"d"`` (float32 scale per block, decoded from fp16)
         when it has one, and its codes under the names of its layout.
         """
         blocks = self._blocks(data)
-        out = {}
+        out: dict[str, NDArray[Any]] = {}
         for f in self.info.layout:
             raw = np.ascontiguousarray(blocks[..., f.offset : f.offset + f.size])
             out[f.name] = read_field(f.kind, raw)
         return out
 
-    def _blocks(self, data) -> np.ndarray:
+    def _blocks(self, data: ArrayLike) -> NDArray[np.uint8]:
         a = np.asarray(data)
         if a.dtype != np.uint8:
             raise TbqTypeError(f"{self.name}: encoded data must be uint8, got dtype {a.dtype}")
@@ -546,18 +565,18 @@ class Format:
         return a.reshape(a.shape[:-1] + (a.shape[-1] // self.type_size, self.type_size))
 
     # -- fragility ------------------------------------------------------------------------
-    def fragile_values(self, trace: dict, k: int, ulp_floor: float | None = None) -> np.ndarray:
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         """bool (blocks, block_size): values whose code a k-ulp change of the traced quantity can change."""
         raise NotImplementedError
 
-    def fragile_scales(self, trace: dict, k: int) -> np.ndarray:
+    def fragile_scales(self, trace: Trace, k: int) -> NDArray[np.bool_]:
         """bool (blocks,): blocks whose stored scale a k-ulp change of ``d`` can change (an fp16 midpoint is near)."""
         d64 = np.asarray(trace["d"], np.float64)
         w = k * ulp32(d64)
         with np.errstate(all="ignore"):
             return (d64 - w).astype(np.float16) != (d64 + w).astype(np.float16)
 
-    def decode_tolerance(self, data: np.ndarray) -> np.ndarray:
+    def decode_tolerance(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         """float32 (blocks, block_size): the largest legitimate ``|y' - y|`` of a decoded value.
 
         0 where every correct decoder must return the spec's exact float32
@@ -570,7 +589,14 @@ class Format:
         return np.zeros((blocks.shape[0], self.block_size), np.float32)
 
     # -- public convenience (validated NumPy reference) ----------------------------------------
-    def encode(self, x, *, trace: bool = False):
+    @overload
+    def encode(self, x: ArrayLike, *, trace: Literal[False] = False) -> NDArray[np.uint8]: ...
+    @overload
+    def encode(self, x: ArrayLike, *, trace: Literal[True]) -> tuple[NDArray[np.uint8], Trace]: ...
+    @overload
+    def encode(self, x: ArrayLike, *, trace: bool) -> NDArray[np.uint8] | tuple[NDArray[np.uint8], Trace]: ...
+
+    def encode(self, x: ArrayLike, *, trace: bool = False) -> NDArray[np.uint8] | tuple[NDArray[np.uint8], Trace]:
         """Encode float values with the NumPy reference: uint8 (..., n // block_size * type_size).
 
         With ``trace=True`` returns ``(bytes, trace)``, the trace's arrays
@@ -599,7 +625,7 @@ class Format:
             return data
         return data, {k: v.reshape(lead + (nb,) + v.shape[1:]) for k, v in tr.items()}
 
-    def decode(self, data) -> np.ndarray:
+    def decode(self, data: ArrayLike) -> NDArray[np.float32]:
         """Decode uint8 data with the NumPy reference: float32 (..., nbytes // type_size * block_size)."""
         blocks = self._blocks(data)
         d2 = np.ascontiguousarray(blocks).reshape(-1, self.type_size)
@@ -624,9 +650,9 @@ class FieldKind:
     check``'s random-bytes phase inject.
     """
 
-    reader: object
-    ordered: object = None
-    specials: dict = field(default_factory=dict, compare=False)
+    reader: Callable[[NDArray[np.uint8]], NDArray[Any]]
+    ordered: Callable[[NDArray[Any]], NDArray[np.int64]] | None = None
+    specials: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False)
 
 
 #: kind name -> :class:`FieldKind`. A format module registers the kinds its layouts use that are not here
@@ -643,7 +669,7 @@ def register_field_kind(name: str, kind: FieldKind) -> FieldKind:
     return kind
 
 
-def read_field(kind: str, raw: np.ndarray) -> np.ndarray:
+def read_field(kind: str, raw: NDArray[np.uint8]) -> NDArray[Any]:
     """The values of a field of ``kind`` from its raw bytes ``(..., size)`` (see :data:`FIELD_KINDS`)."""
     try:
         return FIELD_KINDS[kind].reader(raw)
@@ -651,7 +677,7 @@ def read_field(kind: str, raw: np.ndarray) -> np.ndarray:
         raise ConfigError(f"unknown field kind {kind!r}; registered: {', '.join(FIELD_KINDS)}") from None
 
 
-def ordered_field_code(values, kind: str = "") -> np.ndarray:
+def ordered_field_code(values: ArrayLike, kind: str = "") -> NDArray[np.int64]:
     """Field values as int64 codes where neighbours differ by one (integers as they are; floats by their bits).
 
     >>> ordered_field_code(np.float32([0.0, -0.0, 1.0, 1.0009766]), "f16").tolist()
@@ -667,21 +693,21 @@ def ordered_field_code(values, kind: str = "") -> np.ndarray:
         return _sign_magnitude_order(a.astype(np.float32).view(np.uint32).astype(np.int64), 31)
 
 
-def _sign_magnitude_order(bits, top: int) -> np.ndarray:
+def _sign_magnitude_order(bits: NDArray[np.int64], top: int) -> NDArray[np.int64]:
     mag = bits & ((1 << top) - 1)
     return np.where(bits >> top, -mag - 1, mag)
 
 
-def _f16_reader(raw):
+def _f16_reader(raw: NDArray[np.uint8]) -> NDArray[np.float32]:
     return f16_table()[raw.view("<u2")[..., 0]]
 
 
-def _bf16_reader(raw):
+def _bf16_reader(raw: NDArray[np.uint8]) -> NDArray[np.float32]:
     return (raw.view("<u2")[..., 0].astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def _packing(name):
-    def read(raw):
+def _packing(name: str) -> Callable[[NDArray[np.uint8]], NDArray[np.uint8]]:
+    def read(raw: NDArray[np.uint8]) -> NDArray[np.uint8]:
         from .. import packing
 
         return getattr(packing, name)(raw)
@@ -691,7 +717,7 @@ def _packing(name):
 
 #: fp16 patterns: infinities, NaNs (any payload), subnormals, zeros, the extremes, either sign, and the two
 #: finite ranges (the one list the fuzzers and the checker inject into fp16 fields).
-SPECIAL_F16 = {
+SPECIAL_F16: dict[str, tuple[int, int]] = {
     "+inf": (0x7C00, 0x7C00),
     "-inf": (0xFC00, 0xFC00),
     "nan": (0x7C01, 0x7FFF),
@@ -707,7 +733,7 @@ SPECIAL_F16 = {
     "negative": (0x8400, 0xFBFF),
     "positive": (0x0400, 0x7BFF),
 }
-SPECIAL_BF16 = {
+SPECIAL_BF16: dict[str, tuple[int, int]] = {
     "+inf": (0x7F80, 0x7F80),
     "-inf": (0xFF80, 0xFF80),
     "nan": (0x7F81, 0x7FFF),

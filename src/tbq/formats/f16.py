@@ -26,13 +26,15 @@ as the C code does.
 from __future__ import annotations
 
 import functools
+from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import f16_table
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Trace, band
 
 F32 = np.float32
 
@@ -43,8 +45,8 @@ F16_OVERFLOW_BITS = 0x477FF000
 BF16_OVERFLOW_BITS = 0x7F7F8000
 
 
-@functools.lru_cache(maxsize=None)
-def f16_decode_table() -> np.ndarray:
+@functools.cache
+def f16_decode_table() -> NDArray[np.uint32]:
     """float32 bit patterns (uint32) of ggml's fp16 -> fp32 for all 2**16 fp16 patterns.
 
     The exact widening (:func:`tbq.half.f16_table`), with one quirk of
@@ -59,7 +61,7 @@ def f16_decode_table() -> np.ndarray:
     return t
 
 
-def bf16_bits(x: np.ndarray) -> np.ndarray:
+def bf16_bits(x: ArrayLike) -> NDArray[np.uint16]:
     """bf16 bit patterns (uint16) of float32 values by ggml's rule (``ggml_compute_fp32_to_bf16``)."""
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)
     h = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
@@ -69,13 +71,13 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return h.astype(np.uint16)
 
 
-def _f16_code(y):
+def _f16_code(y: NDArray[np.float64]) -> NDArray[np.float16]:
     """fp16 rounding of float64 values (monotone; the fragility code function)."""
     with np.errstate(over="ignore"):
         return np.asarray(y, np.float64).astype(np.float16)
 
 
-def _bf16_code(y):
+def _bf16_code(y: NDArray[np.float64]) -> NDArray[np.float64]:
     """bf16 rounding (8 significant bits, ties to even, bf16 subnormal step 2**-133) of float64 values."""
     y = np.asarray(y, np.float64)
     _, e = np.frexp(y)  # y = m * 2**e, 0.5 <= |m| < 1
@@ -86,28 +88,32 @@ def _bf16_code(y):
 class _Half(Format):
     """Shared body of F16 and BF16: block size 1, no scale, a refusal for values that round to infinity."""
 
-    hazards: dict = {}
-    _kind = ""  #: "f16" or "bf16"
-    _overflow_bits = 0
-    _type_name = ""  #: "float16" / "bfloat16", for messages
-    _limit = ""  #: the largest finite value, for messages
+    hazards = {}
+    _kind: ClassVar[str] = ""  #: "f16" or "bf16"
+    _overflow_bits: ClassVar[int] = 0
+    _type_name: ClassVar[str] = ""  #: "float16" / "bfloat16", for messages
+    _limit: ClassVar[str] = ""  #: the largest finite value, for messages
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
+        """float32 values of the 16-bit patterns ``h``."""
+        raise NotImplementedError
+
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         # x is (n, 1) float32 and out (n, 2) uint8, both C-contiguous: the kernel runs over the flat
         # values and writes little-endian 16-bit words ("<u2": a big-endian host gets a numba type
         # error, never wrong bytes).
         encode = getattr(self.kernels(), f"encode_{self.name}")
         return encode(x.reshape(-1), out.view("<u2").reshape(-1), raise_overflow)
 
-    def scale_overflows(self, trace):
+    def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         """bool (values,): values that round to +-inf (there is no scale: the value itself overflows)."""
         a = np.asarray(trace["v"], np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
         return a >= np.uint32(self._overflow_bits)  # NaN never reaches the encoder (the codec refuses it)
 
-    def invalid_blocks(self, trace):
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return np.where(self.scale_overflows(trace), STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
-    def encode_error(self, status, block, values):
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         v = float(np.float32(values[0]))
         return ScaleOverflowError(
             f"{self.name}: value {block} is {v!r}, which does not fit {self._type_name} (it rounds to "
@@ -117,11 +123,11 @@ class _Half(Format):
             scale=v,
         )
 
-    def fragile_scales(self, trace, k):
+    def fragile_scales(self, trace: Trace, k: int) -> NDArray[np.bool_]:
         # No scale: nothing but the value itself is rounded.
         return np.zeros(np.asarray(trace["v"]).shape[0], bool)
 
-    def fields(self, data):
+    def fields(self, data: ArrayLike) -> dict[str, NDArray[Any]]:
         blocks = self._blocks(data)
         return {"v": self._values(np.ascontiguousarray(blocks).view("<u2")[..., 0])}
 
@@ -140,14 +146,14 @@ class F16(_Half):
     kernel_module = "tbq.formats.f16_kernels"
     attention_read = "attention_read_f16"
 
-    def attention_tables(self):
+    def attention_tables(self) -> NDArray[np.float32]:
         return f16_decode_table().view(np.float32)  # the bits of every fp16 value
 
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
     _limit = "65504"
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         # numpy's cast rounds to nearest even with subnormals and overflow at 65520, exactly
         # ggml_compute_fp32_to_fp16 for every non-NaN input (NaN never reaches the encoder).
         with np.errstate(over="ignore"):
@@ -155,17 +161,17 @@ class F16(_Half):
         out = np.ascontiguousarray(h.astype("<u2")).view(np.uint8).reshape(x.shape[0], 2)
         return out, {"v": x.copy()}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         h = np.ascontiguousarray(data).view("<u2").reshape(-1)
         return f16_decode_table()[h].view(np.float32).reshape(-1, 1)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_f16(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1), f16_decode_table())
 
-    def _values(self, h):
+    def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
         return f16_decode_table()[h].view(np.float32)
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x itself: fragile when a k-ulp change of x crosses an fp16 rounding midpoint.
         return band(_f16_code, trace["v"], k)
 
@@ -187,21 +193,21 @@ class BF16(_Half):
     _type_name = "bfloat16"
     _limit = "3.3895314e+38"
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         h = bf16_bits(x).reshape(-1)
         out = np.ascontiguousarray(h.astype("<u2")).view(np.uint8).reshape(x.shape[0], 2)
         return out, {"v": x.copy()}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         return self._values(np.ascontiguousarray(data).view("<u2").reshape(-1)).reshape(-1, 1)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_bf16(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1))
 
-    def _values(self, h):
+    def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
         return (np.asarray(h).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x itself: fragile when a k-ulp change of x crosses a bf16 rounding midpoint.
         return band(_bf16_code, trace["v"], k)
 

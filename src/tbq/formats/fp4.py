@@ -40,13 +40,16 @@ Decode: ``y = V[c] * d`` (exact).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..backend import STATUS_UNDEFINED
 from ..errors import ScaleOverflowError, TbqValueError
 from ..packing import np_pack4_halves, np_unpack4_halves
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Trace, band
 
 __all__ = [
     "MXFP4",
@@ -81,7 +84,7 @@ _MAG = np.array([0, 1, 2, 3, 4, 6, 8, 12], np.float64)
 # ---------------------------------------------------------------------------
 
 
-def e8m0_exponent(amax) -> np.ndarray:
+def e8m0_exponent(amax: ArrayLike) -> NDArray[np.int32]:
     """``E = floor(log2f(amax))`` of positive float32 ``amax`` (int32), as glibc's correctly rounded ``log2f``.
 
     Computed as ``floor(float32(log2(float64(amax))))``, which equals
@@ -101,7 +104,7 @@ def e8m0_exponent(amax) -> np.ndarray:
     return np.floor(np.log2(a.astype(np.float64)).astype(np.float32)).astype(np.int32)
 
 
-def e8m0_byte(amax) -> np.ndarray:
+def e8m0_byte(amax: ArrayLike) -> NDArray[np.uint8]:
     """The E8M0 byte ``e`` MXFP4 stores for block maxima ``amax`` (uint8).
 
     ``E + 125`` for ``amax > 0``, ``0`` for ``amax == 0``. Where C's conversion is
@@ -116,7 +119,7 @@ def e8m0_byte(amax) -> np.ndarray:
     return np.where(pos, (E.astype(np.int64) + 125) & 255, 0).astype(np.uint8)
 
 
-def e8m0_half(e) -> np.ndarray:
+def e8m0_half(e: ArrayLike) -> NDArray[np.float32]:
     """``ggml_e8m0_to_fp32_half``: ``2**(e - 128)`` as float32 for every byte ``e`` (subnormal for e = 0, 1).
 
     >>> e8m0_half(np.uint8([0, 1, 2, 128, 255])).tolist()
@@ -127,8 +130,8 @@ def e8m0_half(e) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32)
 
 
-@functools.lru_cache(maxsize=None)
-def e8m0_boundaries() -> np.ndarray:
+@functools.cache
+def e8m0_boundaries() -> NDArray[np.uint32]:
     """uint32 (278,): entry ``i`` is the bit pattern of the smallest positive float32 whose ``E`` is ``>= i - 149``.
 
     ``E(amax) = -150 + #(entries <= bits(amax))``; the kernels read the one
@@ -157,7 +160,7 @@ def e8m0_boundaries() -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def ue4m3_from_f32(s) -> np.ndarray:
+def ue4m3_from_f32(s: ArrayLike) -> NDArray[np.uint8]:
     """``ggml_fp32_to_ue4m3`` of float32 ``s`` (uint8), the C bit rule.
 
     Not ``s > 0`` (zero, negative, NaN) -> 0; ``s = min(s, 448)``; below 2**-6
@@ -189,7 +192,7 @@ def ue4m3_from_f32(s) -> np.ndarray:
     return np.where(pos, out, 0).astype(np.uint8)
 
 
-def ue4m3_to_f32(u) -> np.ndarray:
+def ue4m3_to_f32(u: ArrayLike) -> NDArray[np.float32]:
     """``ggml_ue4m3_to_fp32``: *half* the UE4M3 value of byte ``u`` (float32, exact).
 
     0x00 and 0x7F -> 0; bit 7 is ignored (0x80 -> 0, 0xFF -> 240);
@@ -210,7 +213,7 @@ def ue4m3_to_f32(u) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def fp4_codes(x, d) -> np.ndarray:
+def fp4_codes(x: ArrayLike, d: ArrayLike) -> NDArray[np.uint8]:
     """The spec's ``best_index_mxfp4`` literally: the first code minimising ``|float32(V[i] * d) - x|`` (uint8).
 
     ``x`` float32 (..., n), ``d`` float32 broadcastable to ``x.shape[:-1]``.
@@ -227,7 +230,7 @@ def fp4_codes(x, d) -> np.ndarray:
     return np.argmin(err, axis=-1).astype(np.uint8)  # the first minimum: strict < in C
 
 
-def _thresholds(d) -> np.ndarray:
+def _thresholds(d: ArrayLike) -> NDArray[np.float64]:
     """float64 (..., 7): the magnitudes where the code steps up (exclusive), inf where the upper grid value overflows."""
     d64 = np.asarray(d, np.float64)[..., None]
     upper = (_MAG[1:] * d64).astype(np.float32)  # V * d in float32: inf beyond FLT_MAX
@@ -235,21 +238,21 @@ def _thresholds(d) -> np.ndarray:
     return np.where(d64 == 0, np.inf, t)  # d = 0: every code ties, code 0
 
 
-def _signed_level(thr):
+def _signed_level(thr: NDArray[np.float64]) -> Callable[[NDArray[np.float64]], NDArray[np.float64]]:
     """A monotone function of v (float64): sign(v) * (number of thresholds below |v|)."""
 
-    def code(v):
+    def code(v: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.sign(v) * (np.abs(v)[..., None] > thr[..., None, :]).sum(axis=-1)
 
     return code
 
 
-def _pack16(c):
+def _pack16(c: NDArray[np.uint8]) -> NDArray[np.uint8]:
     """NVFP4 codes (n, 4, 16) -> (n, 32): byte 8s + j = c[s, j] | c[s, j + 8] << 4."""
     return (c[..., :8] | (c[..., 8:] << 4)).astype(np.uint8).reshape(c.shape[0], 32)
 
 
-def _unpack16(b):
+def _unpack16(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
     """NVFP4 code bytes (..., 32k) -> codes (..., 64k) in value order."""
     lead, n = b.shape[:-1], b.shape[-1]
     g = b.reshape(lead + (n // 8, 8))
@@ -261,7 +264,7 @@ def _unpack16(b):
 # ---------------------------------------------------------------------------
 
 
-def _e2m1_value_table(fmt, x, d):
+def _e2m1_value_table(fmt: Format, x: ArrayLike, d: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """The doubled E2M1 values and what they meet: x / d with the block's (sub-block's) halved scale.
 
     A flushed (zero-scale) block or sub-block meets no table.
@@ -296,7 +299,7 @@ class MXFP4(Format):
     attention_read = "attention_read_mxfp4"
     hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
         amax = np.abs(x).max(axis=1)
         with np.errstate(divide="ignore"):
@@ -312,14 +315,14 @@ class MXFP4(Format):
         out[:, 1:] = np_pack4_halves(c)
         return out, {"amax": amax, "log2amax": l2, "e": e.astype(np.float32), "d": d, "x": x.copy()}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = e8m0_half(data[:, 0])
         return _VF[np_unpack4_halves(data[:, 1:])] * d[:, None]
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return _e2m1_value_table(self, trace["x"], trace["d"])
 
-    def undefined_blocks(self, trace):
+    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
         # (uint8_t)(E - 2 + 127) of a negative int: the exponent byte of a block below E8M0's range
         amax = np.asarray(trace["amax"], np.float32).reshape(-1)
         l2 = np.asarray(trace["log2amax"], np.float32).reshape(-1)
@@ -330,27 +333,27 @@ class MXFP4(Format):
             "which is undefined"
         )
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_mxfp4: E2M1 doubled) and ``e8m0_boundaries`` (uint32)."""
         return {"values": E2M1_VALUES.copy(), "e8m0_boundaries": e8m0_boundaries().copy()}
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_mxfp4(x, out, raise_overflow, e8m0_boundaries())
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_mxfp4(data, out)
 
     # -- refusals ---------------------------------------------------------------------
-    def scale_overflows(self, trace):
+    def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         return np.zeros(np.shape(trace["amax"]), bool)  # an E8M0 exponent never overflows (amax <= FLT_MAX: e <= 253)
 
-    def invalid_blocks(self, trace):
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         amax = np.asarray(trace["amax"])
         with np.errstate(invalid="ignore"):
             und = (amax > 0) & (np.floor(np.asarray(trace["log2amax"])) <= -126)
         return np.where(und, STATUS_UNDEFINED, 0).astype(np.int8)
 
-    def encode_error(self, status, block, values):
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         _, tr = self.reference_encode(np.ascontiguousarray(values[None, :], np.float32))
         amax = float(tr["amax"][0])
         E = int(np.floor(tr["log2amax"][0]))
@@ -364,14 +367,14 @@ class MXFP4(Format):
         )
 
     # -- fragility --------------------------------------------------------------------
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # The code is read from x itself against the exact grid V * d (d is a power of two):
         # it steps at |x| = m * d, m in 0.5, 1.5, 2.5, 3.5, 5, 7, 10 (an exact midpoint counts:
         # the tie rule). Steps whose upper grid value overflows float32 (e = 253) never happen.
         thr = _thresholds(trace["d"])
         return band(_signed_level(thr), trace["x"], k)
 
-    def fragile_scales(self, trace, k):
+    def fragile_scales(self, trace: Trace, k: int) -> NDArray[np.bool_]:
         # e follows from floor(log2f(amax)); amax is exact (a max), so only log2f's rounding
         # matters: a block is fragile when a k-ulp change of float32 log2f(amax) changes its
         # floor. Exact powers of two are not: their log2 is an exactly representable integer,
@@ -411,7 +414,7 @@ class NVFP4(Format):
     attention_read = "attention_read_nvfp4"
     hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
         xs = x.reshape(n, 4, 16)
         amax = np.abs(xs).max(axis=2)
@@ -424,45 +427,46 @@ class NVFP4(Format):
         out[:, 4:] = _pack16(c)
         return out, {"amax": amax, "s": s, "dd": dd, "x": x.copy()}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         n = data.shape[0]
         dd = ue4m3_to_f32(data[:, :4])
         c = _unpack16(data[:, 4:]).reshape(n, 4, 16)
         return (_VF[c] * dd[:, :, None]).reshape(n, 64)
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return _e2m1_value_table(self, trace["x"], trace["dd"])  # the sub-block scales
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_mxfp4) and ``ue4m3`` (float32 (256,), :func:`ue4m3_to_f32` of every byte)."""
         return {"values": E2M1_VALUES.copy(), "ue4m3": ue4m3_to_f32(np.arange(256, dtype=np.uint8))}
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_nvfp4(x, out)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_nvfp4(data, out)
 
-    def fields(self, data) -> dict:
+    def fields(self, data: ArrayLike) -> dict[str, NDArray[Any]]:
         """``d``: the UE4M3 bytes (..., n_blocks, 4); ``qs``: the codes (..., n_blocks, 64) in value order."""
         blocks = self._blocks(data)
         return {"d": np.ascontiguousarray(blocks[..., 0:4]), "qs": _unpack16(np.ascontiguousarray(blocks[..., 4:]))}
 
-    def scale_overflows(self, trace):
+    def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         return np.zeros(np.shape(trace["s"])[:-1], bool)  # UE4M3 saturates at 0x7E (448): nothing to refuse
 
-    def invalid_blocks(self, trace):
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return np.zeros(np.shape(trace["s"])[:-1], np.int8)
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # As MXFP4 per 16-value sub-block with the grid V * dd (dd = 0: every code ties, code 0).
         x = np.asarray(trace["x"])
         xs = x.reshape(x.shape[:-1] + (4, 16))
         thr = _thresholds(trace["dd"])  # (..., 4, 7)
         return band(_signed_level(thr), xs, k).reshape(x.shape)
 
-    def fragile_scales(self, trace, k):
+    def fragile_scales(self, trace: Trace, k: int) -> NDArray[np.bool_]:
         # A block is fragile when a k-ulp change of any sub-block's s = amax / 6 changes its UE4M3 byte.
         s = np.asarray(trace["s"], np.float32)
         with np.errstate(all="ignore"):
-            return band(lambda v: ue4m3_from_f32(v.astype(np.float32)), s, k).any(axis=-1)
+            # (np.asarray: numpy's stubs type ndarray.any(axis=...) as "np.bool or an array"; here always an array)
+            return np.asarray(band(lambda v: ue4m3_from_f32(v.astype(np.float32)), s, k).any(axis=-1))

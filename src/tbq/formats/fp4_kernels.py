@@ -133,7 +133,7 @@ def e8m0_E(A, bounds):
     f = np.int32(A >> np.uint32(23))
     if f != 0:
         b = f - np.int32(127)
-        return b + (np.int32(1) if A >= bounds[b + 150] else np.int32(0))
+        return b + (np.int32(1) if A >= bounds[b + 150] else np.int32(0))  # noqa: SIM300 (A is a variable, the amax bit pattern)
     E = np.int32(-150)
     for i in range(25):
         if bounds[i] <= A:
@@ -152,9 +152,9 @@ def encode_mxfp4(x, out, raise_overflow, bounds):
         if A >= _NONFINITE_BITS:
             return b, STATUS_NONFINITE
         e = np.int32(0)
-        if A != np.uint32(0):
+        if A != np.uint32(0):  # noqa: SIM300 (A is a variable, the amax bit pattern)
             E = e8m0_E(A, bounds)
-            if E <= np.int32(-126) and raise_overflow:
+            if E <= np.int32(-126) and raise_overflow:  # noqa: SIM300 (E is a variable, the exponent floor(log2 amax))
                 return b, STATUS_UNDEFINED
             e = (E + np.int32(125)) & np.int32(255)  # C: (uint8_t)(E - 2 + 127); below 0 x86-64 gcc wraps mod 256
         d = _HALF_E[e]

@@ -34,12 +34,15 @@ from __future__ import annotations
 
 import functools
 import numbers
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ConfigError, ScaleOverflowError
-from .base import Field, Format, FormatInfo, Option, band
+from .base import Field, Format, FormatInfo, Option, Trace, band
 
 F32 = np.float32
 _U = np.uint32
@@ -51,7 +54,9 @@ NAN_BITS = 0x7FFFFFFF
 class Grid:
     """The constants of one FP8 encoding (``m`` mantissa bits, exponent ``bias``)."""
 
-    def __init__(self, name, m, bias, max_code, nosat_code, overflow_bits, has_inf):
+    def __init__(
+        self, name: str, m: int, bias: int, max_code: int, nosat_code: int, overflow_bits: int, has_inf: bool
+    ) -> None:
         self.name, self.m, self.bias = name, m, bias
         self.shift = 23 - m  #: dropped float32 mantissa bits of a normal result
         self.rebias = (127 - bias) << m  #: subtracted from the rounded float32 pattern >> shift
@@ -64,7 +69,7 @@ class Grid:
         self.has_inf = has_inf
 
     @functools.cached_property
-    def values(self) -> np.ndarray:
+    def values(self) -> NDArray[np.float32]:
         """float32 (256,): the exact value of every byte (NaN bytes as the canonical ``0x7FFFFFFF``)."""
         c = np.arange(256)
         sign = np.where(c & 0x80, -1.0, 1.0)
@@ -90,7 +95,7 @@ E4M3 = Grid("E4M3", 3, 7, 0x7E, 0x7F, 0x43E80001, False)  # |v| > 464 = 0x43E800
 E5M2 = Grid("E5M2", 2, 15, 0x7B, 0x7C, 0x47700000, True)  # |v| >= 61440 = 0x47700000 overflows
 
 
-def fp8_codes(v: np.ndarray, g: Grid, saturate: bool) -> np.ndarray:
+def fp8_codes(v: ArrayLike, g: Grid, saturate: bool) -> NDArray[np.uint8]:
     """FP8 bytes (uint8) of finite-or-infinite float32 values ``v``: round to nearest even (the spec's step 2).
 
     Overflowing values store ``g.max_code`` (``saturate``) or ``g.nosat_code``, with the sign.
@@ -107,10 +112,10 @@ def fp8_codes(v: np.ndarray, g: Grid, saturate: bool) -> np.ndarray:
     return (code | sign).astype(np.uint8)
 
 
-def _code64(g: Grid):
+def _code64(g: Grid) -> Callable[[NDArray[np.float64]], NDArray[np.float64]]:
     """The FP8 rounding of float64 values as a monotone code (the fragility code function)."""
 
-    def code(y):
+    def code(y: NDArray[np.float64]) -> NDArray[np.float64]:
         y = np.asarray(y, np.float64)
         _, e = np.frexp(y)  # y = f * 2**e, 0.5 <= |f| < 1
         step = np.ldexp(1.0, np.maximum(e - 1, 1 - g.bias) - g.m)
@@ -119,7 +124,7 @@ def _code64(g: Grid):
     return code
 
 
-def _scale_f32(value, name: str) -> np.float32:
+def _scale_f32(value: object, name: str) -> np.float32:
     """The scale option as a float32: a real number, finite and > 0 after the float32 rounding."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ConfigError(
@@ -140,7 +145,7 @@ class _FP8(Format):
     kernel_module = "tbq.formats.fp8_kernels"
     attention_read = "attention_read"
 
-    def attention_tables(self):
+    def attention_tables(self) -> NDArray[np.float32]:
         return self._table.view(np.float32)  # the 256 decoded values
 
     options = {
@@ -156,7 +161,7 @@ class _FP8(Format):
     hazards = {"fp8_grid": {}}  #: per instance: the grid, its limits and the scale (see ``__init__``)
     grid: Grid
 
-    def __init__(self, *, scale=1.0):
+    def __init__(self, *, scale: float | np.floating[Any] = 1.0) -> None:
         self.scale = _scale_f32(scale, self.info.name)
         self._table = (self.grid.values * self.scale).view(np.uint32)  # spec decode: float32(fp8) * s
         self._table.setflags(write=False)
@@ -171,41 +176,43 @@ class _FP8(Format):
             }
         }
 
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return {"scale": float(self.scale)}
 
-    def overflow_kw(self, on_overflow):
+    def overflow_kw(self, on_overflow: str) -> dict[str, bool]:
         return {"saturate": on_overflow == "saturate"}
 
     # -- spec ----------------------------------------------------------------------------
-    def reference_encode(self, x, saturate=False):
+    def reference_encode(self, x: NDArray[np.float32], saturate: bool = False) -> tuple[NDArray[np.uint8], Trace]:
         v = x / self.scale  # a division, not a multiply by 1/s
         out = fp8_codes(v.reshape(-1), self.grid, saturate).reshape(x.shape[0], 1)
         return out, {"v": v}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         return self._table[np.asarray(data).reshape(-1)].view(np.float32).reshape(-1, 1)
 
     # -- kernels ---------------------------------------------------------------------------
-    def kernel_encode(self, x, out, raise_overflow, saturate=False):
+    def kernel_encode(
+        self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool, saturate: bool = False
+    ) -> tuple[int, int]:
         g = self.grid
         return self.kernels().encode(
             x.reshape(-1), out.reshape(-1), self.scale, raise_overflow, saturate, *_kernel_grid(g)
         )
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data.reshape(-1), out.view(np.uint32).reshape(-1), self._table)
 
     # -- refusals and fragility -------------------------------------------------------------
-    def scale_overflows(self, trace):
+    def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         """bool (values,): values whose ``x / s`` rounds beyond the largest finite FP8 value (there is no block scale)."""
         a = np.asarray(trace["v"], np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
         return a >= np.uint32(self.grid.overflow_bits)
 
-    def invalid_blocks(self, trace):
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return np.where(self.scale_overflows(trace), STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
-    def encode_error(self, status, block, values):
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         x = float(np.float32(values[0]))
         v = float(np.float32(values[0]) / self.scale)
         big = float(self.grid.values[self.grid.max_code])
@@ -218,25 +225,26 @@ class _FP8(Format):
             scale=x,
         )
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x / s: fragile when a k-ulp change of v crosses an FP8 rounding midpoint.
         return band(_code64(self.grid), trace["v"], k)
 
-    def fragile_scales(self, trace, k):
+    def fragile_scales(self, trace: Trace, k: int) -> NDArray[np.bool_]:
         return np.zeros(np.asarray(trace["v"]).shape[0], bool)  # no stored scale
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # every finite byte's value (both zeros kept), met by v = x / s
         g = self.grid.values.astype(np.float64)
         return g[np.isfinite(g)], np.asarray(trace["v"], np.float64).ravel()
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """The decode table of this instance as float32 bit patterns: uint32 (256,), the value of every byte times
         the scale (bits, because NaN and inf entries have no C float literal)."""
         return {"decode_bits": self._table.copy()}
 
 
-def _kernel_grid(g: Grid) -> tuple:
+def _kernel_grid(g: Grid) -> tuple[np.uint32, ...]:
+
     return (
         np.uint32(g.shift),
         np.uint32(g.rebias),

@@ -41,13 +41,16 @@ overflows float32) is refused unless ``on_overflow="inf"``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..errors import ScaleOverflowError
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Trace, band
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
 
@@ -67,7 +70,7 @@ IQ4_NL_MIDPOINTS = ((IQ4_NL_VALUES[:-1].astype(np.float32) + IQ4_NL_VALUES[1:].a
 )
 
 
-def iq4_nl_best(a) -> np.ndarray:
+def iq4_nl_best(a: ArrayLike) -> NDArray[np.intp]:
     """``best_index_int8(16, K, a)`` of the spec, literally, on float32 ``a`` (int64 indices).
 
     ``a <= -127`` -> 0, ``a >= 113`` -> 15; otherwise with ``K[i] <= a < K[i+1]``:
@@ -93,7 +96,7 @@ def iq4_nl_best(a) -> np.ndarray:
     return np.where(a >= _KF[15], 15, best)  # NaN would give 15 in C; never reached from finite input
 
 
-def _code64(a):
+def _code64(a: NDArray[np.float64]) -> NDArray[np.intp]:
     """The index as a monotone function of ``a`` (float64): midpoints count, ties up."""
     return np.searchsorted(IQ4_NL_MIDPOINTS.astype(np.float64), a, side="right")
 
@@ -127,7 +130,9 @@ class IQ4_NL(Format):
     row_rule = True
 
     # -- spec ----------------------------------------------------------------------
-    def reference_encode(self, x, row_blocks=None):
+    def reference_encode(
+        self, x: NDArray[np.float32], row_blocks: int | None = None
+    ) -> tuple[NDArray[np.uint8], Trace]:
         """Encode whole rows of ``row_blocks`` blocks each (None: all of ``x`` is one row, one C call)."""
         n = x.shape[0]
         if n == 0:  # no rows (e.g. a row whose first block is not finite: nothing before it to write)
@@ -182,32 +187,35 @@ class IQ4_NL(Format):
 
     vec_dot_type = "q8_0"  # ggml_vec_dot_iq4_nl_q8_0
 
-    def dot_parts(self, data):
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         return IQ4_NL_VALUES.astype(np.int64)[np_unpack4_halves(data[:, 2:])], get_f16_scale(data).astype(np.float64)
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         return d[:, None] * _KF[np_unpack4_halves(data[:, 2:])]
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # the int8 table K, met by a = x / d0 (d0 = max / -127)
         return np.asarray(self.tables()["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_iq4nl) and ``midpoints`` (float32)."""
         return {"values": IQ4_NL_VALUES.copy(), "midpoints": IQ4_NL_MIDPOINTS.copy()}
 
     # -- kernels -------------------------------------------------------------------
-    def kernel_encode(self, x, out, raise_overflow, row_blocks=None):
+    def kernel_encode(
+        self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool, row_blocks: int | None = None
+    ) -> tuple[int, int]:
+
         return self.kernels().encode(
             x, out, raise_overflow, max(x.shape[0] if row_blocks is None else int(row_blocks), 1)
         )
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data, out, f16_table())
 
     # -- refusals --------------------------------------------------------------------
-    def encode_error(self, status, block, values):
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         with np.errstate(all="ignore"):
             d = float(self.reference_encode(values[None, :], 1)[1]["d"][0])
         if d != d:
@@ -225,7 +233,7 @@ class IQ4_NL(Format):
         )
 
     # -- fragility --------------------------------------------------------------------
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = a = id * x; best(a) changes at the midpoints (an exact midpoint counts: the tie rule).
         # A tiny block's indices are copies of the nearest earlier computed block of its row
         # (carried == 1; the flat order finds it, as no row boundary lies in between), so

@@ -44,23 +44,25 @@ from __future__ import annotations
 import functools
 import json
 from importlib import resources
+from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
-from .base import Field, Format, FormatInfo, band, ulp32
+from .base import Field, Format, FormatInfo, Trace, band, ulp32
 
 F32 = np.float32
 _ONE = F32(1.0)
 
 
-@functools.lru_cache(maxsize=None)
-def planar_iso_tables() -> dict:
+@functools.cache
+def planar_iso_tables() -> dict[str, NDArray[np.float32]]:
     """The shipped float32 tables (``tbq/data/planar_iso.json``), read by bit pattern: name -> read-only array."""
     raw = json.loads(resources.files("tbq").joinpath("data/planar_iso.json").read_text())
-    out = {}
+    out: dict[str, NDArray[np.float32]] = {}
     for key, entry in raw.items():
         if isinstance(entry, dict) and "float32_bits" in entry:
             a = np.array([int(b, 16) for b in entry["float32_bits"]], dtype=np.uint32).view(np.float32)
@@ -73,7 +75,7 @@ def _eps() -> np.float32:
     return planar_iso_tables()["eps_1e-10f"][0]  # 1e-10f = 0x2edbe6ff
 
 
-def threshold_index(r: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+def threshold_index(r: NDArray[np.float32], thresholds: NDArray[np.float32]) -> NDArray[np.uint8]:
     """``#{k : r >= t_k}`` as uint8: the spec's index rule (a NaN ``r`` gives 0, as the C search does).
 
     >>> t = planar_iso_tables()["derived_thresholds_3bit"]
@@ -89,7 +91,7 @@ def threshold_index(r: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
 # --- the 3-bit planes (qs: 2 bits, 4 per byte; signs: bit 2, 8 per byte) -------------------
 
 
-def pack_planes3(idx: np.ndarray) -> np.ndarray:
+def pack_planes3(idx: NDArray[np.integer[Any]]) -> NDArray[np.uint8]:
     """uint8 (blocks, 48): ``qs[32]`` then ``signs[16]`` of 3-bit indices (blocks, 128).
 
     >>> pack_planes3(np.arange(128, dtype=np.uint8)[None] % 8)[0, [0, 1, 32]].tolist()  # qs[0], qs[1], signs[0]
@@ -105,7 +107,7 @@ def pack_planes3(idx: np.ndarray) -> np.ndarray:
     return np.concatenate([qs, signs], axis=1)
 
 
-def unpack_planes3(planes: np.ndarray) -> np.ndarray:
+def unpack_planes3(planes: NDArray[np.uint8]) -> NDArray[np.uint8]:
     """3-bit indices (..., 128) of the planes (..., 48) (``qs[32]`` then ``signs[16]``)."""
     qs, signs = planes[..., :32], planes[..., 32:48]
     j = np.arange(128)
@@ -117,10 +119,10 @@ def unpack_planes3(planes: np.ndarray) -> np.ndarray:
 class _PlanarIso(Format):
     """Shared body of the four formats: they differ in the rotation (``_rot``) and the codebook (``index_bits``)."""
 
-    _rot = ""  # "givens" or "quat"
+    _rot: ClassVar[str] = ""  # "givens" or "quat"
     hazards = {"thresholds": {}}  # rotated coordinates on the (asymmetric) derived thresholds
 
-    def __init__(self, **options):
+    def __init__(self, **options: object) -> None:
         super().__init__(**options)
         t = planar_iso_tables()
         self.bits = self.info.index_bits
@@ -129,7 +131,7 @@ class _PlanarIso(Format):
         #: the derived thresholds t_k (7 or 15): ``idx = #{k : r >= t_k}``
         self.thresholds = t[f"derived_thresholds_{self.bits}bit"]
         names = ("givens_cos", "givens_sin") if self._rot == "givens" else ("quat_w", "quat_x", "quat_y", "quat_z")
-        self._rt = {k: t[k] for k in names}
+        self._rt: dict[str, NDArray[np.float32]] = {k: t[k] for k in names}
         # Kernel tables (contiguous float32). (-s), (-x), ... are exact negations: (-s)*q == -(s*q).
         self._k = {k: np.ascontiguousarray(v) for k, v in self._rt.items()}
         self._k.update({"n" + k: np.ascontiguousarray(-v) for k, v in self._rt.items()})
@@ -137,21 +139,21 @@ class _PlanarIso(Format):
         self._k["thresholds"] = np.ascontiguousarray(self.thresholds)
         self._k["centroids_sq"] = (self.centroids * self.centroids).astype(F32)  # the exact float32 terms of recon^2
 
-    def rotated_view(self, trace):
+    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         return trace["norm"], trace["r"]
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # the centroids, met by r: the unit-norm block after the Givens / quaternion rotations
         return np.asarray(self.tables()["centroids"], np.float64), np.asarray(trace["r"], np.float64).ravel()
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """The exact float32 tables of this format: centroids, thresholds and the rotation (cos/sin or w/x/y/z)."""
         out = {"centroids": self.centroids.copy(), "thresholds": self.thresholds.copy()}
         out.update({k: v.copy() for k, v in self._rt.items()})
         return out
 
     # -- spec --------------------------------------------------------------------------------
-    def _forward(self, u):
+    def _forward(self, u: NDArray[np.float32]) -> NDArray[np.float32]:
         """``r = R(u)`` on normalised blocks (blocks, 128), the C expressions' order of roundings."""
         r = np.empty_like(u)
         if self._rot == "givens":
@@ -168,7 +170,7 @@ class _PlanarIso(Format):
             r[:, 3::4] = ((w * u3 + x * u2) - y * u1) + z * u0
         return r
 
-    def _inverse(self, v):
+    def _inverse(self, v: NDArray[np.float32]) -> NDArray[np.float32]:
         """``f = R^-1(v)`` on centroid values (blocks, 128), the C expressions' order of roundings."""
         f = np.empty_like(v)
         if self._rot == "givens":
@@ -186,7 +188,7 @@ class _PlanarIso(Format):
             f[:, 3::4] = ((w * v3 - x * v2) + y * v1) - z * v0
         return f
 
-    def rotate(self, x):
+    def rotate(self, x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         """Steps 1-3 on clean float32 blocks (blocks, 128): ``(norm, r)``, the norm and the rotated normalised coordinates."""
         with np.errstate(all="ignore"):
             norm = np.sqrt(seq_sum_squares(x))
@@ -196,7 +198,7 @@ class _PlanarIso(Format):
             u = x * inv[:, None]
             return norm, self._forward(u)
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         norm, r = self.rotate(x)
         idx = threshold_index(r, self.thresholds)
         with np.errstate(all="ignore"):
@@ -208,15 +210,15 @@ class _PlanarIso(Format):
         out[:, 2:] = np_pack4_pairs(idx) if self.bits == 4 else pack_planes3(idx)
         return out, {"norm": norm, "r": r, "recon": recon, "d": d}
 
-    def _indices(self, payload):
+    def _indices(self, payload: NDArray[np.uint8]) -> NDArray[np.uint8]:
         return np_unpack4_pairs(payload) if self.bits == 4 else unpack_planes3(payload)
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         return self._inverse(self.centroids[self._indices(data[:, 2:])]) * d[:, None]
 
     # -- kernels ---------------------------------------------------------------------------
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         kn, k = self.kernels(), self._k
         if self._rot == "givens":
             rot = (k["givens_cos"], k["givens_sin"], k["givens_sin"], k["givens_sin"])  # unused slots: same shape
@@ -226,19 +228,21 @@ class _PlanarIso(Format):
         rot = (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
         return kn.encode(x, out, self.bits, True, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES)
 
-    def _decode_tables(self) -> tuple:
+    def _decode_tables(
+        self,
+    ) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
         """The rotation tables of :func:`~tbq.formats.planar_iso_kernels.decode` (cos, sin, -sin, sin or w, x, y, z)."""
         k = self._k
         if self._rot == "givens":
             return (k["givens_cos"], k["givens_sin"], k["ngivens_sin"], k["givens_sin"])
         return (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
 
-    def attention_tables(self):
+    def attention_tables(self) -> NDArray[np.float32]:
         rot = self._decode_tables()
-        head = np.float32([self.bits, self._rot == "quat", self._k["centroids"].size, rot[0].size])
+        head = np.array([self.bits, self._rot == "quat", self._k["centroids"].size, rot[0].size], np.float32)
         return np.concatenate([head, self._k["centroids"], *rot, f16_table()]).astype(np.float32)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         kn, k = self.kernels(), self._k
         if self._rot == "givens":
             rot = (k["givens_cos"], k["givens_sin"], k["ngivens_sin"], k["givens_sin"])
@@ -248,7 +252,7 @@ class _PlanarIso(Format):
             kn.decode(data, out, self.bits, True, k["centroids"], *rot, f16_table(), kn.LANES)
 
     # -- structure ---------------------------------------------------------------------------
-    def fields(self, data) -> dict:
+    def fields(self, data: ArrayLike) -> dict[str, NDArray[Any]]:
         """``{"d": float32 (..., n_blocks), "idx": uint8 (..., n_blocks, 128)}``, the 3-bit planes combined."""
         blocks = self._blocks(data)
         d = f16_table()[np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]]
@@ -261,7 +265,7 @@ class _PlanarIso(Format):
             idx = unpack_planes3(payload)
         return {"d": d, "idx": idx.astype(np.uint8)}
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = r, the rotated coordinate; boundaries: the derived thresholds (r >= t_k).
         #
         # Magnitude floor. A rotated coordinate is a 2-term (Givens) or 4-term
@@ -281,13 +285,14 @@ class _PlanarIso(Format):
             g = 2 if self._rot == "givens" else 4
             r64 = r.astype(np.float64)
             grp = np.sqrt((r64 * r64).reshape(r.shape[:-1] + (r.shape[-1] // g, g)).sum(-1))
-            floor = np.repeat(grp, g, axis=-1)
+            floor: float | NDArray[np.float64] = np.repeat(grp, g, axis=-1)
+
         else:
             floor = float(ulp_floor)
         thr = self.thresholds.astype(np.float64)
         return band(lambda v: np.searchsorted(thr, v, side="right"), r, k, floor)
 
-    def decode_tolerance(self, data):
+    def decode_tolerance(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         # How far a decoder that contracts a*b + c into fused multiply-adds may land from
         # the strict y (the spec's FMA section), per value, from the magnitudes of its terms.
         #

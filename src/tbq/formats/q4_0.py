@@ -13,11 +13,12 @@ roundings), stored in ggml's split order (byte ``j`` = code ``j`` | code
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, offset_trunc_fragility
+from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 
 F32 = np.float32
 _M8 = F32(-8.0)
@@ -44,7 +45,7 @@ class Q4_0(Format):
     attention_read = "attention_read"
     hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         rows = np.arange(x.shape[0])
         a = np.abs(x)
         m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
@@ -66,23 +67,23 @@ class Q4_0(Format):
 
     vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
 
-    def dot_parts(self, data):
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         q = np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
         return q * d[:, None]
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self._int_levels(-8, 16, trace["v"])  # code - 8, v = x / d
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode(x, out, raise_overflow)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data, out, f16_table())
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 8.5) can change min(15, trunc(t)).
         return offset_trunc_fragility(trace["v"], trace["t"], k, 8.5, 15)

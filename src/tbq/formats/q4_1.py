@@ -24,20 +24,21 @@ undefined; tbq writes code 0 there, what x86-64 gcc produces.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, offset_trunc_fragility
+from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 
 F32 = np.float32
 _15 = F32(15.0)
 _HALF = F32(0.5)
 
 
-def first_min_max(x: np.ndarray):
+def first_min_max(x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
     """Row-wise ``(min, max)`` of float32 blocks, each the *first* element attaining it (C's strict updates).
 
     ``np.argmin``/``np.argmax`` return the first index of the extreme value,
@@ -48,28 +49,31 @@ def first_min_max(x: np.ndarray):
     return x[rows, np.argmin(x, axis=1)], x[rows, np.argmax(x, axis=1)]
 
 
-def put_f16_at(out: np.ndarray, offset: int, v: np.ndarray) -> None:
+def put_f16_at(out: NDArray[np.uint8], offset: int, v: NDArray[np.float32]) -> None:
     """Store float32 ``v`` as little-endian fp16 at bytes ``offset``, ``offset+1`` of each row of ``out``."""
     out[:, offset : offset + 2] = f32_to_f16_bits(v).astype("<u2").view(np.uint8).reshape(-1, 2)
 
 
-def get_f16_at(data: np.ndarray, offset: int) -> np.ndarray:
+def get_f16_at(data: NDArray[np.uint8], offset: int) -> NDArray[np.float32]:
     """float32 values of the little-endian fp16 at bytes ``offset``, ``offset+1`` of each row of ``data``."""
     bits = np.ascontiguousarray(data[:, offset : offset + 2]).view("<u2").reshape(-1)
     return f16_table()[bits]
 
 
-def min_scale_trace(x: np.ndarray, levels: np.float32):
+def min_scale_trace(
+    x: NDArray[np.float32], levels: np.float32
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
     """Steps 1-3 shared by Q4_1 and Q5_1: ``(d, min, v, t)`` with ``d = (max - min) / levels``."""
     mn, mx = first_min_max(x)
-    d = (mx - mn) / levels
+    d: NDArray[np.float32] = (mx - mn) / levels  # type: ignore[assignment]  # float32 / np.float32 is float32 (numpy's stubs say float64)
+
     inv = safe_reciprocal(d)
     v = (x - mn[:, None]) * inv[:, None]  # two roundings: the difference, then the product
     t = v + _HALF  # the third rounding
     return d, mn, v, t
 
 
-def trunc_codes(t: np.ndarray, top: int | None) -> np.ndarray:
+def trunc_codes(t: NDArray[np.float32], top: int | None) -> NDArray[np.int32]:
     """``trunc(t)`` (capped at ``top`` when given) as int32; non-finite ``t`` (1/d overflowed) -> 0.
 
     x86-64 converts +-inf/NaN to the "integer indefinite" 0x80000000, whose
@@ -84,7 +88,7 @@ def trunc_codes(t: np.ndarray, top: int | None) -> np.ndarray:
     return q.astype(np.int32)
 
 
-def add_min(prod: np.ndarray, m: np.ndarray) -> np.ndarray:
+def add_min(prod: NDArray[np.float32], m: NDArray[np.float32]) -> NDArray[np.float32]:
     """``prod + m`` per block, with a fixed NaN payload: a NaN product is kept as it is.
 
     When both operands are NaN, x86 returns the first operand's payload, and
@@ -101,14 +105,15 @@ def add_min(prod: np.ndarray, m: np.ndarray) -> np.ndarray:
     return y
 
 
-def min_overflow_status(fmt: Format, trace: dict) -> np.ndarray:
+def min_overflow_status(fmt: Format, trace: Trace) -> NDArray[np.int8]:
     """Refusals of a format with an fp16 scale ``d`` and an fp16 minimum ``m``: either one infinite."""
     m = np.asarray(trace["m"], np.float32)
     over = fmt.scale_overflows(trace) | ~(np.abs(m) < F32(F16_OVERFLOW))
     return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
 
-def min_overflow_error(fmt: Format, block: int, values: np.ndarray) -> Exception:
+def min_overflow_error(fmt: Format, block: int, values: NDArray[np.float32]) -> Exception:
+
     with np.errstate(all="ignore"):
         tr = fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
     d, m = float(tr["d"][0]), float(tr["m"][0])
@@ -146,7 +151,7 @@ class Q4_1(Format):
     attention_read = "attention_read"
     hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _15)
         q = trunc_codes(t, 15)
         out = np.empty((x.shape[0], 20), np.uint8)
@@ -155,28 +160,28 @@ class Q4_1(Format):
         out[:, 4:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         m = get_f16_at(data, 2)
         q = np_unpack4_halves(data[:, 4:]).astype(np.float32)
         return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self._int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode(x, out, raise_overflow)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data, out, f16_table())
 
-    def invalid_blocks(self, trace):
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return min_overflow_status(self, trace)
 
-    def encode_error(self, status, block, values):
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         return min_overflow_error(self, block, values)
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change min(15, trunc(t)).
         # (fragile_scales is the default on d; the minimum is one of the inputs, exact, and cannot move.)
         return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5, 15)

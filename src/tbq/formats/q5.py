@@ -28,11 +28,12 @@ undefined; tbq writes code 0 there (what x86-64 gcc produces).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
-from .base import Field, Format, FormatInfo, offset_trunc_fragility
+from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
@@ -42,7 +43,7 @@ _31 = F32(31.0)
 _BIT = np.arange(32, dtype=np.uint32)
 
 
-def pack_qh(c: np.ndarray) -> np.ndarray:
+def pack_qh(c: NDArray[np.int32]) -> NDArray[np.uint8]:
     """Little-endian uint32 bytes (blocks, 4) of ``qh = sum(((c_i >> 4) & 1) << i)``."""
     qh = np.zeros(c.shape[0], np.uint32)
     for i in range(32):  # OR of disjoint bits: the order does not matter
@@ -50,7 +51,7 @@ def pack_qh(c: np.ndarray) -> np.ndarray:
     return qh.astype("<u4").view(np.uint8).reshape(-1, 4)
 
 
-def unpack_codes(data: np.ndarray, qh_off: int) -> np.ndarray:
+def unpack_codes(data: NDArray[np.uint8], qh_off: int) -> NDArray[np.int32]:
     """The 5-bit codes (blocks, 32) from ``qh`` at ``qh_off`` and the 16 nibble bytes after it."""
     qh = np.ascontiguousarray(data[:, qh_off : qh_off + 4]).view("<u4").reshape(-1, 1).astype(np.uint32)
     lo = np_unpack4_halves(data[:, qh_off + 4 : qh_off + 20]).astype(np.uint32)
@@ -84,10 +85,10 @@ class Q5_0(_Q5):
     attention_read = "attention_read"
     hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self._int_levels(-16, 32, trace["v"])  # code - 16, v = x / d
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         rows = np.arange(x.shape[0])
         a = np.abs(x)
         m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
@@ -107,21 +108,21 @@ class Q5_0(_Q5):
 
     vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
 
-    def dot_parts(self, data):
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         c = unpack_codes(data, 2)
         return (c - 16).astype(np.float32) * d[:, None]
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_q5_0(x, out, raise_overflow)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_q5_0(data, out, f16_table())
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 16.5) can change min(31, trunc(t)).
         return offset_trunc_fragility(trace["v"], trace["t"], k, 16.5, 31)
 
@@ -150,10 +151,10 @@ class Q5_1(_Q5):
     attention_read = "attention_read_q5_1"
     hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self._int_levels(0, 32, trace["v"])  # codes 0 .. 31, v = (x - min) / d
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _31)
         c = trunc_codes(t, None) & 0xFF  # C: (uint8_t)t, no clamp; t < 32, so the code is trunc(t)
         out = np.empty((x.shape[0], 24), np.uint8)
@@ -163,25 +164,25 @@ class Q5_1(_Q5):
         out[:, 8:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         m = get_f16_at(data, 2)
         c = unpack_codes(data, 4)
         return add_min(c.astype(np.float32) * d[:, None], m)  # exact product, one rounding in the sum
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_q5_1(x, out, raise_overflow)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_q5_1(data, out, f16_table())
 
-    def invalid_blocks(self, trace):
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return min_overflow_status(self, trace)
 
-    def encode_error(self, status, block, values):
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         return min_overflow_error(self, block, values)
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change trunc(t).
         # (fragile_scales is the default on d; the minimum is one of the inputs, exact, and cannot move.)
         return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5)  # no clamp: t < 32 always

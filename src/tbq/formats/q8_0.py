@@ -13,15 +13,16 @@ float32 ``d`` (not its fp16 rounding), stored as int8; decode ``y = q * fp16(d)`
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..half import f16_table
 from ..reference import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
-from .base import Field, Format, FormatInfo, band
+from .base import Field, Format, FormatInfo, Trace, band
 
 _127 = np.float32(127.0)
 
 
-def _roundf64(y: np.ndarray) -> np.ndarray:
+def _roundf64(y: NDArray[np.float64]) -> NDArray[np.float64]:
     """roundf on float64 values (the fragility code function: boundaries at the half-integers)."""
     t = np.trunc(y)
     return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
@@ -44,7 +45,7 @@ class Q8_0(Format):
     attention_read = "attention_read"
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         amax = np.max(np.abs(x), axis=1)
         d = amax / _127
         inv = safe_reciprocal(d)
@@ -61,22 +62,22 @@ class Q8_0(Format):
 
     vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
 
-    def dot_parts(self, data):
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode(x, out, raise_overflow)
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data, out, f16_table())
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self._int_levels(-128, 256, trace["v"])  # int8 codes round(v), v = x / d
 
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x * id; the code roundf(v) changes at the half-integers.
         return band(_roundf64, trace["v"], k)

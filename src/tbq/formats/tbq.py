@@ -26,15 +26,19 @@ integer seed, or a pair of +-1 arrays of length 128).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from ..codebooks import CODEBOOK_NAMES, Codebook, get_codebook, named_codebook
-from ..errors import ConfigError
+from ..errors import ConfigError, is_integer
 from ..half import f16_table
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
-from .base import Field, Format, FormatInfo, Option, band
+from .base import Field, Format, FormatInfo, Option, Trace, band
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -48,7 +52,7 @@ _EPS_NORM = F32(1e-10)
 TBQ_ULP_FLOOR = 2.0**-4
 
 
-def _codebook_config(cb: Codebook, bits: int):
+def _codebook_config(cb: Codebook, bits: int) -> str | dict[str, list[float]]:
     for name in CODEBOOK_NAMES:
         try:
             if cb == named_codebook(name, bits):
@@ -58,8 +62,8 @@ def _codebook_config(cb: Codebook, bits: int):
     return cb.to_config()
 
 
-def _signs_config(spec, rot: RandomizedHadamard):
-    if isinstance(spec, (int, np.integer)) and not isinstance(spec, bool):
+def _signs_config(spec: object, rot: RandomizedHadamard) -> int | str | dict[str, list[int]]:
+    if is_integer(spec):
         return int(spec)
     s1, s2 = turboq_mtp_signs()
     if np.array_equal(rot.signs1, s1) and np.array_equal(rot.signs2, s2):
@@ -90,12 +94,25 @@ class _TBQ(Format):
     ulp_floor = TBQ_ULP_FLOOR
     hazards = {"thresholds": {}}
 
-    def __init__(self, *, codebook="lloyd-max", signs="turboq-mtp"):
+    def __init__(
+        self,
+        *,
+        codebook: str | Codebook | dict[str, ArrayLike] = "lloyd-max",
+        signs: str
+        | int
+        | np.integer[Any]
+        | RandomizedHadamard
+        | dict[str, ArrayLike]
+        | Sequence[ArrayLike] = "turboq-mtp",
+    ) -> None:
         bits = self.info.index_bits
         self.bits = bits
         self.codebook: Codebook = get_codebook(codebook, bits)
         self.rotation: RandomizedHadamard = get_rotation(signs, self.info.block_size)
-        self._config = {"codebook": _codebook_config(self.codebook, bits), "signs": _signs_config(signs, self.rotation)}
+        self._config: dict[str, Any] = {
+            "codebook": _codebook_config(self.codebook, bits),
+            "signs": _signs_config(signs, self.rotation),
+        }
         c = self.codebook.centroids
         C = hadamard_scale(self.info.block_size, np.float32)
         s1 = self.rotation.signs1.astype(np.float32)
@@ -112,11 +129,11 @@ class _TBQ(Format):
             f16=f16_table(),
         )
 
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return dict(self._config)
 
     # -- spec ----------------------------------------------------------------------------
-    def rotate(self, x):
+    def rotate(self, x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         """Steps 1-2 on clean float32 blocks: ``(norm, r)``, the norm and the rotated normalised coordinates."""
         with np.errstate(all="ignore"):
             norm = np.sqrt(seq_sum_squares(x))
@@ -129,7 +146,7 @@ class _TBQ(Format):
                 u = x / norm[:, None]  # a division, not a multiply by the reciprocal
             return norm, self.rotation.forward(u)
 
-    def reference_encode(self, x):
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         norm, r = self.rotate(x)
         idx = self.codebook.index(r)
         recon = np.sqrt(seq_sum_squares(self.codebook.centroids[idx]))
@@ -143,14 +160,14 @@ class _TBQ(Format):
         out[:, 2:] = np_pack4_pairs(idx) if self.bits == 4 else np_pack3(idx)
         return out, {"norm": norm, "r": r, "recon": recon, "d": d}
 
-    def reference_decode(self, data):
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         idx = np_unpack4_pairs(data[:, 2:]) if self.bits == 4 else np_unpack3(data[:, 2:])
         return self.rotation.inverse(self.codebook.centroids[idx]) * d[:, None]
 
     # -- kernels ---------------------------------------------------------------------------
 
-    def kernel_encode(self, x, out, raise_overflow):
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         kn, k = self.kernels(), self._k
         if x.shape[0] < kn.SMALL_BLOCKS:
             return kn.encode_blocks(
@@ -160,10 +177,10 @@ class _TBQ(Format):
             x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES
         )
 
-    def attention_tables(self):
+    def attention_tables(self) -> NDArray[np.float32]:
         return np.concatenate([self._k["f16"], self._k["centroids"]]).astype(np.float32)  # tbq_kernels.attention_read
 
-    def kernel_decode(self, data, out):
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         kn, k = self.kernels(), self._k
         if data.shape[0] < kn.SMALL_BLOCKS:
             kn.decode_blocks(data, out, self.bits, k["centroids"], k["s2"], k["cs1"], k["f16"])
@@ -171,20 +188,20 @@ class _TBQ(Format):
             kn.decode(data, out, self.bits, k["centroids"], k["s2"], k["cs1"], k["f16"], kn.LANES)
 
     # -- structure ---------------------------------------------------------------------------
-    def fragile_values(self, trace, k, ulp_floor=None):
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = r, the rotated coordinate; boundaries: the codebook's thresholds.
         floor = self.ulp_floor if ulp_floor is None else float(ulp_floor)
         thr = self.codebook.thresholds.astype(np.float64)
         return band(lambda y: np.searchsorted(thr, y, side="right"), trace["r"], k, floor)
 
-    def rotated_view(self, trace):
+    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         return trace["norm"], trace["r"]
 
-    def value_table(self, trace):
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         # the codebook's centroids, met by r: the unit-norm block, rotated
         return self.codebook.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
 
-    def tables(self) -> dict:
+    def tables(self) -> dict[str, NDArray[Any]]:
         """The exact tables this instance uses: centroids, thresholds (float32), signs1, signs2 (int8)."""
         return {
             "centroids": self.codebook.centroids.copy(),

@@ -33,7 +33,7 @@ from ..kernels import (
     store_nontemporal,
     transpose8,
 )
-from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3  # noqa: F401
+from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
 
 F32 = np.float32
 _0 = F32(0.0)
