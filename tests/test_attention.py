@@ -168,7 +168,7 @@ def test_sink_tokens_are_kept_in_f16_or_q8_0():
 def test_gqa_head_mapping_and_scale():
     q, k, v = data(4, 16, 6, 3)
     K, V = encode_kv(k, v, "tbq4_0", "q8_0")
-    Kd, Vd = K.dequantize(np.float64), V.dequantize(np.float64)
+    Vd = V.dequantize(np.float64)
     out = attention_dequantized(q, K, V, scale=0.3)
     for h in range(6):
         g = h // 2  # heads 0,1 -> KV head 0; 2,3 -> 1; 4,5 -> 2

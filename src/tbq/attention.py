@@ -179,7 +179,7 @@ class KVCache:
 
     # -- construction --
     @classmethod
-    def encode(cls, x, fmt: str, *, n_sink: int = 0, sink_format: str = "f16", config: dict | None = None) -> "KVCache":
+    def encode(cls, x, fmt: str, *, n_sink: int = 0, sink_format: str = "f16", config: dict | None = None) -> KVCache:
         """Encode float ``x`` of shape ``(T, n_head_kv, head_dim)`` in ``fmt``.
 
         The first ``n_sink`` tokens are stored in ``sink_format`` instead.
@@ -609,7 +609,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False)
                 rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32
             )
         bounds = task_bounds(T)
-        for s, e in zip(bounds[:-1], bounds[1:]):
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True):
             tasks.append((qr, lim - n_sink, kop[:4], vop[:4], int(s), int(e)))
     n_main = len(tasks)
     if n_sink:  # the sink tokens: float32 rows in the original domain

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..formats import Format
 from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack4_pairs
-from .classify import CLASSES, FRAGILE, WRONG, ordered_code, row_kw, value_codes
+from .classify import CLASSES, ordered_code, row_kw, value_codes
 from .targets import FILL_BYTE
 
 __all__ = [
@@ -391,9 +391,8 @@ def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
         if not codes_ok[dneq].all():
             return None
     for n in Fr:  # every other field must agree
-        if n != "d" and (cr is None or Fr[n].shape[1] != fmt.block_size):
-            if (Fr[n] != Fg[n]).any():
-                return None
+        if n != "d" and (cr is None or Fr[n].shape[1] != fmt.block_size) and (Fr[n] != Fg[n]).any():
+            return None
     # how far the target's float32 d must have been from tbq's to round to its fp16 value
     d32 = np.asarray(kept["trace"]["d"], np.float64).reshape(-1)[dneq]
     dg = Fg["d"].reshape(-1)[dneq].astype(np.float64)
@@ -628,12 +627,12 @@ def _known_options(fmt: Format):
         return
     own = fmt.config()
     for combo in itertools.product(*(fmt.options[n].known for n in names)):
-        opts = dict(own, **dict(zip(names, combo)))
+        opts = dict(own, **dict(zip(names, combo, strict=True)))
         if all(opts[n] == own.get(n) for n in names):
             continue
         try:
             yield opts, get_format(fmt.name, **opts)
-        except Exception:  # noqa: BLE001 - a known value this format's width does not take
+        except Exception:  # a known value this format's width does not take
             continue
 
 
@@ -1117,7 +1116,7 @@ def _decoder_codebook(fmt, kept) -> Diagnosis | None:
         for name in CODEBOOK_NAMES:
             try:
                 cb = named_codebook(name, fmt.info.index_bits).centroids.astype(np.float64)
-            except Exception:  # noqa: BLE001 - a name without a table of this width
+            except Exception:  # a name without a table of this width
                 continue
             if cb.size == levels.size and np.allclose(levels, cb, rtol=1e-4, atol=1e-7):
                 title = f"the decoder uses the {name!r} codebook (check with --codebook {name})"
@@ -1129,7 +1128,7 @@ def _rotate_trace(fmt, y):
     """``(norm, r)`` of blocks ``y`` from the format's reference trace (None when it traces no rotation)."""
     try:
         _, tr = fmt.reference_encode(np.ascontiguousarray(y, np.float32))
-    except Exception:  # noqa: BLE001 - a format without a rotation trace
+    except Exception:  # a format without a rotation trace
         return None, None
     view = fmt.rotated_view(tr)  # declared by the format (None: no rotation)
     if view is None:

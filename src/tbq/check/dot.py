@@ -452,7 +452,7 @@ def _minimal(target: DotTarget, phase, x, y, nb, cls) -> DotCounterexample:
     cx, dx = L.dot_parts(xs.reshape(-1, tl))
     cy, dy = R.dot_parts(ys.reshape(-1, tr))
     sumi = (cx * cy).sum(axis=1)
-    per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy)]
+    per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy, strict=True)]
     how = f"blocks {a}..{b - 1} of a call of {nb} blocks" + (" (the shortest that still fails)" if b - a < nb else "")
     got = target.dot(xs, ys, (b - a) * bs)
     return DotCounterexample(

@@ -56,9 +56,9 @@ class PhaseResult:
     accepted: int = 0  #: wrong blocks waived by ``accept`` (a named diagnosis explains them)
 
     @classmethod
-    def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> "PhaseResult":
+    def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> PhaseResult:
         """From the blocks of each class, in the order of :data:`~tbq.check.classify.CLASSES`."""
-        c = dict(zip(CLASSES, (int(v) for v in counts)))
+        c = dict(zip(CLASSES, (int(v) for v in counts), strict=True))
         return cls(
             direction,
             phase,

@@ -53,6 +53,7 @@ from .classify import (
     encoder_trace,
 )
 from .diagnose import (
+    DIAGNOSES,
     KEEP_BLOCKS,
     Diagnosis,
     Kept,
@@ -64,7 +65,6 @@ from .diagnose import (
     diagnose_fragile,
     percent,
     select_kept,
-    DIAGNOSES,
 )
 from .report import CheckReport, PhaseResult, make_counterexample
 from .targets import CALL_VALUES, Target, TargetError
@@ -261,7 +261,7 @@ class _Direction:
     unit = ""  #: what an input row holds ("values" / "bytes")
     phase_names: tuple = ("golden", "fuzz")  #: the phases of :data:`PHASES` this direction runs
 
-    def __init__(self, check: "_Check"):
+    def __init__(self, check: _Check):
         self.check, self.fmt = check, check.fmt
         self.phases: list[PhaseResult] = []
         self.kept = {c: Kept() for c in range(1, len(CLASSES))}  # every class but exact
