@@ -228,5 +228,22 @@ def test_errors():
         attention_rotated(q, K, V, dtype=np.float16)
 
 
+def test_scale_must_be_a_real_number():
+    """The models' scale is any finite real number (0 and negative included), never a string or a bool:
+    ``float(scale)`` once took ``"0.5"`` as 0.5, ``True`` as 1 and failed on ``"x"`` with a bare ValueError."""
+    q, k, v = data(4, 8, 2, 1)
+    K, V = encode_kv(k, v, "tbq4_0", "q8_0")
+    for f in (attention_dequantized, attention_rotated):
+        for bad in ("0.5", "x", True, None.__class__):
+            with pytest.raises(TbqTypeError, match="scale must be a real number, got "):
+                f(q, K, V, scale=bad)
+        with pytest.raises(TbqValueError, match=r"^scale must be finite, got inf$"):
+            f(q, K, V, scale=np.float32(np.inf))
+    assert np.array_equal(
+        attention_dequantized(q, K, V, scale=np.float32(0.5)), attention_dequantized(q, K, V, scale=0.5)
+    )
+    assert np.isfinite(attention_rotated(q, K, V, scale=-2)).all()
+
+
 def test_module_docstring_example():
     assert doctest.testmod(att).failed == 0
