@@ -27,7 +27,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -106,6 +106,22 @@ def _num(v: Any) -> float | str:
 def _f32_text(v: Any) -> str:
     f = np.float32(v)
     return f"{float(f)!r} (0x{int(np.array(f).view(np.uint32)):08X})"
+
+
+class AnyCounterexample(Protocol):
+    """What a report reads of a counterexample: a block's (:class:`Counterexample`) or a dot product's
+    (:class:`tbq.check.dot.DotCounterexample`)."""
+
+    direction: str
+    classification: str
+
+    def lines(self) -> list[str]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def save(
+        self, directory: str | os.PathLike[str], fmt: Format, symbol: str | None = None, link: list[str] | None = None
+    ) -> list[Path]: ...
 
 
 @dataclass
@@ -491,7 +507,7 @@ class CheckReport:
     target: str
     settings: dict[str, Any]
     phases: list[PhaseResult] = field(default_factory=list)
-    counterexamples: dict[str, Counterexample] = field(default_factory=dict)  #: direction -> Counterexample
+    counterexamples: dict[str, AnyCounterexample] = field(default_factory=dict)  #: direction -> Counterexample
     diagnoses: list[Diagnosis] = field(default_factory=list)  #: Diagnosis objects, both directions
     #: direction -> lines saying what differs in the wrong blocks
     differences: dict[str, list[str]] = field(default_factory=dict)
@@ -552,7 +568,7 @@ class CheckReport:
         return self.counts()["fragile"]
 
     @property
-    def counterexample(self) -> Counterexample | None:
+    def counterexample(self) -> AnyCounterexample | None:
         """The first direction's counterexample (None when nothing failed)."""
         return next(iter(self.counterexamples.values()), None)
 
