@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike, NDArray
@@ -104,6 +104,8 @@ ATTENTION_BACKENDS = ("numpy", "numba")
 
 #: Safety factor of :func:`f32_tolerance` over the worst measured float32 error.
 F32_TOLERANCE_FACTOR = 4.0
+
+_F = TypeVar("_F", bound=np.floating[Any])
 
 
 def _row_bytes(fmt: str, head_dim: int) -> int:
@@ -347,7 +349,7 @@ def _check(
     return q.astype(dtype), dtype.type(scale), kv_of_head
 
 
-def _seq_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _seq_dot(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> NDArray[np.floating[Any]]:
     """``sum_j a[..., j] * b[..., j]`` accumulated sequentially in index order (broadcasting)."""
     acc = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), np.result_type(a, b))
     for j in range(a.shape[-1]):
@@ -365,7 +367,7 @@ def _softmax(s: NDArray[np.floating[Any]], dtype: np.dtype[Any]) -> NDArray[np.f
     return e / total[..., None]
 
 
-def _weighted_sum(p: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _weighted_sum(p: NDArray[np.floating[Any]], rows: NDArray[_F]) -> NDArray[_F]:
     """``sum_t p[h, t] * rows[h, t, :]`` sequentially over t (``p`` (H, T), ``rows`` (H, T, D))."""
     acc = np.zeros((rows.shape[0], rows.shape[2]), rows.dtype)
     for t in range(rows.shape[1]):

@@ -89,7 +89,7 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
 
 
 def reference_dot(
-    left: Format, right: Format, x: bytes | np.ndarray, y: bytes | np.ndarray
+    left: Format, right: Format, x: bytes | NDArray[np.uint8], y: bytes | NDArray[np.uint8]
 ) -> tuple[np.float32, float]:
     """``(exact, bound)`` of one dot product: the float32 of the exact sum and the derived accumulation bound.
 

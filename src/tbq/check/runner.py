@@ -504,7 +504,7 @@ class _Check:
         self.progress = progress
         self.notes: list[str] = []
         self.diagnoses: list[Diagnosis] = []
-        self.golden_x: np.ndarray | None = None
+        self.golden_x: NDArray[np.float32] | None = None
 
     # -- one batch --------------------------------------------------------------------------
     def _failing(self, cls: NDArray[np.uint8]) -> NDArray[np.bool_]:

@@ -561,7 +561,7 @@ class ProgramTarget(Target):
         per = max(1, (CALL_VALUES * 4) // max(1, k))
         return ((r0, min(rows, r0 + per)) for r0 in range(0, rows, per))
 
-    def _run(self, op: str, payload: np.ndarray, k: int, out_bytes: int) -> bytes:
+    def _run(self, op: str, payload: NDArray[Any], k: int, out_bytes: int) -> bytes:
         tmp = Path(self._tmp.name)
         src, dst = tmp / f"{op}.in", tmp / f"{op}.out"
         src.write_bytes(payload.tobytes())
