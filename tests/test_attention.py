@@ -168,7 +168,7 @@ def test_sink_tokens_are_kept_in_f16_or_q8_0():
 def test_gqa_head_mapping_and_scale():
     q, k, v = data(4, 16, 6, 3)
     K, V = encode_kv(k, v, "tbq4_0", "q8_0")
-    Kd, Vd = K.dequantize(np.float64), V.dequantize(np.float64)
+    Vd = V.dequantize(np.float64)
     out = attention_dequantized(q, K, V, scale=0.3)
     for h in range(6):
         g = h // 2  # heads 0,1 -> KV head 0; 2,3 -> 1; 4,5 -> 2
@@ -226,6 +226,23 @@ def test_errors():
         KVCache("tbq4_0", K.data[..., :10], 128)
     with pytest.raises(TbqTypeError):
         attention_rotated(q, K, V, dtype=np.float16)
+
+
+def test_scale_must_be_a_real_number():
+    """The models' scale is any finite real number (0 and negative included), never a string or a bool:
+    ``float(scale)`` once took ``"0.5"`` as 0.5, ``True`` as 1 and failed on ``"x"`` with a bare ValueError."""
+    q, k, v = data(4, 8, 2, 1)
+    K, V = encode_kv(k, v, "tbq4_0", "q8_0")
+    for f in (attention_dequantized, attention_rotated):
+        for bad in ("0.5", "x", True, None.__class__):
+            with pytest.raises(TbqTypeError, match="scale must be a real number, got "):
+                f(q, K, V, scale=bad)
+        with pytest.raises(TbqValueError, match=r"^scale must be finite, got inf$"):
+            f(q, K, V, scale=np.float32(np.inf))
+    assert np.array_equal(
+        attention_dequantized(q, K, V, scale=np.float32(0.5)), attention_dequantized(q, K, V, scale=0.5)
+    )
+    assert np.isfinite(attention_rotated(q, K, V, scale=-2)).all()
 
 
 def test_module_docstring_example():

@@ -13,15 +13,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_attention import CASES, build, data
 
 import tbq
 from tbq import attention as att
 from tbq.attention import KVCache, attention_dequantized, attention_rotated, encode_kv, f32_tolerance
 from tbq.errors import ConfigError, TbqTypeError, TbqValueError
-
 from tbq.kernels import address
 from tbq.kernels import jit as njit_cache
-from test_attention import CASES, build, data
 
 CORE = ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
 

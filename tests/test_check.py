@@ -547,6 +547,14 @@ def test_seconds_budget_runs_the_fuzz():
     assert report.ok and report.counts("quantize", "fuzz")["blocks"] > 0
 
 
+@pytest.mark.parametrize("bad", [0, -1.5, float("nan"), float("inf"), True, "1"])
+def test_seconds_must_be_a_finite_positive_number(bad):
+    """A budget of inf seconds was taken and fuzzed a passing kernel forever (the CLI already refused it)."""
+    ok = lambda x: tbq.quantize(x, "q4_0")  # noqa: E731
+    with pytest.raises(tbq.TbqValueError, match=r"^seconds must be a positive number of seconds or None, got "):
+        check_kernel("q4_0", quantize=ok, blocks=0, seconds=bad)
+
+
 # ---------------------------------------------------------------------------
 # the CLI: exit status, JSON, counterexample files, missing hypothesis
 # ---------------------------------------------------------------------------

@@ -69,13 +69,16 @@ True
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .codecs import Codec, codec_from, get_codec
-from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError
-from .formats import FORMATS, format_info, format_name, formats
+from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
+from .formats import FORMATS, Format, format_info, format_name, formats
 from .parallel import default_threads, run_groups
 
 __all__ = [
@@ -102,6 +105,8 @@ ATTENTION_BACKENDS = ("numpy", "numba")
 #: Safety factor of :func:`f32_tolerance` over the worst measured float32 error.
 F32_TOLERANCE_FACTOR = 4.0
 
+_F = TypeVar("_F", bound=np.floating[Any])
+
 
 def _row_bytes(fmt: str, head_dim: int) -> int:
     return format_info(fmt).row_bytes(head_dim)
@@ -111,7 +116,7 @@ def _sink_block(fmt: str) -> int:
     return format_info(fmt).block_size
 
 
-def _tbq_like(fmt) -> bool:
+def _tbq_like(fmt: Format) -> bool:
     """True when a :class:`~tbq.formats.Format` is read in its rotated domain (``attention_domain = "rotated"``:
     a randomized Hadamard rotation, a scalar codebook, fp16 norm + index fields: TBQ4_0, TBQ3_0)."""
     return fmt.attention_domain == "rotated"
@@ -138,17 +143,16 @@ class KVCache:
     """
 
     fmt: str
-    data: np.ndarray
+    data: NDArray[np.uint8]
     head_dim: int
-    config: dict = field(default_factory=dict)
-    sink: np.ndarray | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    sink: NDArray[np.uint8] | None = None
     sink_format: str = "f16"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", format_name(self.fmt))  # frozen: the canonical name
         info = format_info(self.fmt)
-        if self.sink_format not in SINK_FORMATS:
-            raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {self.sink_format!r}")
+        check_choice(self.sink_format, "sink_format", SINK_FORMATS)
         if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1 or self.head_dim % info.block_size:
             raise TbqValueError(
                 f"head_dim must be a positive multiple of {self.fmt}'s block size {info.block_size}, got {self.head_dim!r}"
@@ -179,27 +183,34 @@ class KVCache:
 
     # -- construction --
     @classmethod
-    def encode(cls, x, fmt: str, *, n_sink: int = 0, sink_format: str = "f16", config: dict | None = None) -> "KVCache":
+    def encode(
+        cls, x: ArrayLike, fmt: str, *, n_sink: int = 0, sink_format: str = "f16", config: dict[str, Any] | None = None
+    ) -> KVCache:
         """Encode float ``x`` of shape ``(T, n_head_kv, head_dim)`` in ``fmt``.
 
         The first ``n_sink`` tokens are stored in ``sink_format`` instead.
         """
-        x = np.asarray(x)
-        if x.dtype not in (np.float16, np.float32, np.float64):
-            raise TbqTypeError(f"cache values must be float, got dtype {x.dtype}")
-        if x.ndim != 3:
-            raise TbqValueError(f"cache values must have shape (tokens, n_head_kv, head_dim), got {x.shape}")
-        x = x.astype(np.float32, copy=False)
-        if isinstance(n_sink, bool) or not isinstance(n_sink, (int, np.integer)) or not 0 <= n_sink <= x.shape[0]:
-            raise TbqValueError(f"n_sink must be an integer in 0..{x.shape[0]} (the number of tokens), got {n_sink!r}")
-        if sink_format not in SINK_FORMATS:
-            raise ConfigError(f"sink_format must be one of {SINK_FORMATS}, got {sink_format!r}")
+        a = np.asarray(x)
+        if a.dtype not in (np.float16, np.float32, np.float64):
+            raise TbqTypeError(f"cache values must be float, got dtype {a.dtype}")
+        if a.ndim != 3:
+            raise TbqValueError(f"cache values must have shape (tokens, n_head_kv, head_dim), got {a.shape}")
+        x = a.astype(np.float32, copy=False)
+        n_sink = check_int(
+            n_sink,
+            "n_sink",
+            lo=0,
+            hi=x.shape[0],
+            expected=f"an integer in 0..{x.shape[0]} (the number of tokens)",
+            error=TbqValueError,
+        )
+        check_choice(sink_format, "sink_format", SINK_FORMATS)
         config = dict(config or {})
         codec = codec_from(fmt, config)  # the fast backend: the same bytes as the NumPy spec
         if x.shape[2] % codec.block_size:
             raise TbqValueError(f"head_dim {x.shape[2]} is not a multiple of {fmt}'s block size {codec.block_size}")
         data = codec.encode(x[n_sink:])
-        sink = None
+        sink: NDArray[np.uint8] | None = None
         if n_sink:
             xs = x[:n_sink]
             if xs.shape[2] % _sink_block(sink_format):
@@ -237,7 +248,7 @@ class KVCache:
         return _codec(self.fmt, self.config)
 
     # -- decoding --
-    def fields(self):
+    def fields(self) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
         """``(idx, d)`` of a TBQ cache's main part (the format's :meth:`~tbq.formats.Format.fields`).
 
         ``idx``: uint8 ``(T - n_sink, n_head_kv, nb, 128)`` codebook indices,
@@ -249,13 +260,13 @@ class KVCache:
         f = self.codec.format.fields(self.data)
         return f["idx"], f["d"]
 
-    def _sink_values(self) -> np.ndarray:
+    def _sink_values(self) -> NDArray[np.float32]:
         """float32 ``(n_sink, n_head_kv, head_dim)``: the sink format's decoder (f16 and q8_0 decode without rounding)."""
         if self.sink is None:
             return np.zeros((0, self.n_head_kv, self.head_dim), np.float32)
         return get_codec(self.sink_format, backend="numpy").decode(self.sink)
 
-    def dequantize(self, dtype=np.float32) -> np.ndarray:
+    def dequantize(self, dtype: DTypeLike = np.float32) -> NDArray[np.floating[Any]]:
         """All ``T`` tokens as ``(T, n_head_kv, head_dim)`` floats.
 
         ``float32``: the library decoder, bit-exact with the C reference.
@@ -265,12 +276,13 @@ class KVCache:
         by the float64 scale, so there is no float32 rounding (this is the
         "exact" dequantization the float64 reference uses).
         """
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise TbqTypeError(f"dtype must be float32 or float64, got {dtype}")
-        sink = self._sink_values().astype(dtype)
-        if dtype == np.float32 or not self._rotated_read:
-            main = self.codec.decode(self.data).astype(dtype)
+        dt = np.dtype(dtype)
+        if dt not in (np.float32, np.float64):
+            raise TbqTypeError(f"dtype must be float32 or float64, got {dt}")
+        sink = self._sink_values().astype(dt)
+        main: NDArray[np.floating[Any]]
+        if dt == np.float32 or not self._rotated_read:
+            main = self.codec.decode(self.data).astype(dt)
         else:
             codec = self.codec
             idx, d = self.fields()
@@ -280,11 +292,21 @@ class KVCache:
         return np.concatenate([sink, main], axis=0)
 
 
-def _codec(fmt: str, config: dict) -> Codec:
+def _codec(fmt: str, config: dict[str, Any]) -> Codec:
     return codec_from(fmt, config, backend="numpy")
 
 
-def encode_kv(k, v, k_fmt: str, v_fmt: str, *, n_sink: int = 0, sink_format: str = "f16", k_config=None, v_config=None):
+def encode_kv(
+    k: ArrayLike,
+    v: ArrayLike,
+    k_fmt: str,
+    v_fmt: str,
+    *,
+    n_sink: int = 0,
+    sink_format: str = "f16",
+    k_config: dict[str, Any] | None = None,
+    v_config: dict[str, Any] | None = None,
+) -> tuple[KVCache, KVCache]:
     """Encode a K and a V cache (each ``(T, n_head_kv, head_dim)``); returns ``(KVCache, KVCache)``.
 
     ``n_sink`` and ``sink_format`` apply to both caches (the first ``n_sink``
@@ -300,10 +322,13 @@ def encode_kv(k, v, k_fmt: str, v_fmt: str, *, n_sink: int = 0, sink_format: str
 # ---------------------------------------------------------------------------
 
 
-def _check(q, k: KVCache, v: KVCache, scale, dtype):
+def _check(
+    q_in: ArrayLike, k: KVCache, v: KVCache, scale_in: float | None, dtype: np.dtype[Any]
+) -> tuple[NDArray[np.floating[Any]], np.floating[Any], NDArray[np.intp]]:
+    """``(q in dtype, the scale in dtype, the KV head of each query head)``, or the error of the first bad argument."""
     if not isinstance(k, KVCache) or not isinstance(v, KVCache):
         raise TbqTypeError("k and v must be KVCache objects (see KVCache.encode / encode_kv)")
-    q = np.asarray(q)
+    q = np.asarray(q_in)
     if q.dtype not in (np.float16, np.float32, np.float64):
         raise TbqTypeError(f"q must be a float array, got dtype {q.dtype}")
     if q.ndim != 2:
@@ -319,16 +344,12 @@ def _check(q, k: KVCache, v: KVCache, scale, dtype):
         raise TbqValueError(f"K and V must have the same number of KV heads, got {k.n_head_kv} and {v.n_head_kv}")
     if n_head % k.n_head_kv:
         raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({k.n_head_kv})")
-    if scale is None:
-        scale = 1.0 / math.sqrt(dim)
-    scale = float(scale)
-    if not math.isfinite(scale):
-        raise TbqValueError(f"scale must be finite, got {scale!r}")
+    scale = 1.0 / math.sqrt(dim) if scale_in is None else check_number(scale_in, "scale")
     kv_of_head = np.arange(n_head) // (n_head // k.n_head_kv)
     return q.astype(dtype), dtype.type(scale), kv_of_head
 
 
-def _seq_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _seq_dot(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> NDArray[np.floating[Any]]:
     """``sum_j a[..., j] * b[..., j]`` accumulated sequentially in index order (broadcasting)."""
     acc = np.zeros(np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), np.result_type(a, b))
     for j in range(a.shape[-1]):
@@ -336,7 +357,7 @@ def _seq_dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
-def _softmax(s: np.ndarray, dtype) -> np.ndarray:
+def _softmax(s: NDArray[np.floating[Any]], dtype: np.dtype[Any]) -> NDArray[np.floating[Any]]:
     """Softmax over the last axis in ``dtype``: max-subtracted, exp in float64, sequential sum."""
     m = np.max(s, axis=-1, keepdims=True)
     e = np.exp((s - m).astype(np.float64)).astype(dtype)
@@ -346,7 +367,7 @@ def _softmax(s: np.ndarray, dtype) -> np.ndarray:
     return e / total[..., None]
 
 
-def _weighted_sum(p: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _weighted_sum(p: NDArray[np.floating[Any]], rows: NDArray[_F]) -> NDArray[_F]:
     """``sum_t p[h, t] * rows[h, t, :]`` sequentially over t (``p`` (H, T), ``rows`` (H, T, D))."""
     acc = np.zeros((rows.shape[0], rows.shape[2]), rows.dtype)
     for t in range(rows.shape[1]):
@@ -354,7 +375,7 @@ def _weighted_sum(p: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return acc
 
 
-def attention_dequantized(q, k: KVCache, v: KVCache, *, scale=None) -> np.ndarray:
+def attention_dequantized(q: ArrayLike, k: KVCache, v: KVCache, *, scale: float | None = None) -> NDArray[np.float64]:
     """Ordinary attention over the dequantized caches, in float64.
 
     K and V are dequantized exactly in float64 (:meth:`KVCache.dequantize`),
@@ -363,14 +384,16 @@ def attention_dequantized(q, k: KVCache, v: KVCache, *, scale=None) -> np.ndarra
     Returns float64 ``(n_head, head_dim)``.
     """
     dtype = np.dtype(np.float64)
-    q, scale, kvh = _check(q, k, v, scale, dtype)
+    qd, sc, kvh = _check(q, k, v, scale, dtype)
     K = k.dequantize(np.float64)[:, kvh, :].transpose(1, 0, 2)  # (H, T, D)
     V = v.dequantize(np.float64)[:, kvh, :].transpose(1, 0, 2)
-    s = _seq_dot(q[:, None, :], K) * scale
+    s = _seq_dot(qd[:, None, :], K) * sc
     return _weighted_sum(_softmax(s, dtype), V)
 
 
-def _scores(qd: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray:
+def _scores(
+    qd: NDArray[np.floating[Any]], cache: KVCache, kvh: NDArray[np.intp], dtype: np.dtype[Any]
+) -> NDArray[np.floating[Any]]:
     """Raw scores ``q . k_t`` (H, T) the way a fused kernel computes them, in ``dtype``."""
     n_head, dim = qd.shape
     parts = []
@@ -396,12 +419,14 @@ def _scores(qd: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarra
     return np.concatenate(parts, axis=1)
 
 
-def _values(p: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray:
+def _values(
+    p: NDArray[np.floating[Any]], cache: KVCache, kvh: NDArray[np.intp], dtype: np.dtype[Any]
+) -> NDArray[np.floating[Any]]:
     """``sum_t p_t v_t`` (H, D), accumulating TBQ tokens in the rotated domain and rotating back once."""
     n_head = p.shape[0]
     dim = cache.head_dim
     ns = cache.n_sink
-    out = None
+    out: NDArray[np.floating[Any]] | None = None
     if cache.data.shape[0]:
         pm = p[:, ns:]
         if cache._rotated_read:
@@ -421,12 +446,20 @@ def _values(p: np.ndarray, cache: KVCache, kvh: np.ndarray, dtype) -> np.ndarray
         vs = cache._sink_values().astype(dtype)[:, kvh, :].transpose(1, 0, 2)
         o_sink = _weighted_sum(p[:, :ns], vs)
         out = o_sink if out is None else out + o_sink
+    assert out is not None  # _check: a cache holds at least one token, a sink or a main one
     return out
 
 
 def attention_rotated(
-    q, k: KVCache, v: KVCache, *, scale=None, dtype=np.float32, backend: str = "numpy", threads=None
-) -> np.ndarray:
+    q: ArrayLike,
+    k: KVCache,
+    v: KVCache,
+    *,
+    scale: float | None = None,
+    dtype: DTypeLike = np.float32,
+    backend: str = "numpy",
+    threads: int | None = None,
+) -> NDArray[np.floating[Any]]:
     """The fused-kernel algorithm of ``SPEC.md`` in ``dtype`` (float32 or float64).
 
     For a TBQ K cache: ``q' = R(q)`` once per head, then for each token
@@ -444,22 +477,27 @@ def attention_rotated(
     float32 model (its sums are chunked, so its bits differ from the model's).
     Returns ``(n_head, head_dim)`` in ``dtype``.
     """
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise TbqTypeError(f"dtype must be float32 or float64, got {dtype}")
-    if backend not in ATTENTION_BACKENDS:
-        raise ConfigError(f"backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
-        raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise TbqTypeError(f"dtype must be float32 or float64, got {dt}")
+    check_choice(backend, "backend", ATTENTION_BACKENDS)
+    n_threads = _check_threads(threads)
     if backend == "numba":
-        if dtype != np.float32:
+        if dt != np.float32:
             raise TbqTypeError("the numba attention kernel computes in float32; use backend='numpy' for float64")
-        q, scale, _ = _check(q, k, v, scale, dtype)
-        return _attention_kernel(q[None], k, v, scale, threads)[0]
-    q, scale, kvh = _check(q, k, v, scale, dtype)
-    s = _scores(q, k, kvh, dtype) * scale
-    p = _softmax(s, dtype)
-    return _values(p, v, kvh, dtype)
+        qd, sc, _ = _check(q, k, v, scale, dt)
+        return _attention_kernel(qd[None], k, v, float(sc), n_threads)[0]
+    qd, sc, kvh = _check(q, k, v, scale, dt)
+    s = _scores(qd, k, kvh, dt) * sc
+    p = _softmax(s, dt)
+    return _values(p, v, kvh, dt)
+
+
+def _check_threads(threads: object) -> int | None:
+    """``threads`` of the compiled kernel: a positive integer, or None (all cores)."""
+    if threads is None:
+        return None
+    return check_int(threads, "threads", lo=1, expected="a positive integer or None (all cores)", error=ConfigError)
 
 
 # ---------------------------------------------------------------------------
@@ -476,31 +514,47 @@ MAX_TASKS = 64
 _NO_AUX = np.zeros(1, np.float32)
 
 
-def _rows_operand(rows: np.ndarray) -> tuple:
+class _Rotation(Protocol):
+    """A format's orthonormal per-block rotation (:attr:`tbq.formats.Format.rotation`)."""
+
+    def forward(self, x: NDArray[np.float32]) -> NDArray[np.floating[Any]]: ...
+
+    def inverse(self, y: NDArray[np.float64]) -> NDArray[np.floating[Any]]: ...
+
+
+#: A kernel operand: ``(reader, bytes, tables, blocks per row, rotation or None)``.
+_Operand = tuple[object, NDArray[np.uint8], NDArray[np.float32], int, "_Rotation | None"]
+#: An operand without its rotation, as :func:`tbq.attention_kernels.attend` takes it.
+_Read = tuple[object, NDArray[np.uint8], NDArray[np.float32], int]
+
+
+def _rows_operand(rows: NDArray[np.floating[Any]]) -> _Operand:
     """float32 rows ``(T, n_head_kv, head_dim)`` as a kernel operand (read by ``read_f32_rows``)."""
     from . import attention_kernels as kn
     from .kernels import attention_reader
 
-    rows = np.ascontiguousarray(rows, np.float32)
-    return attention_reader(kn.read_f32_rows), rows.view(np.uint8), _NO_AUX, rows.shape[2], None
+    r32 = np.ascontiguousarray(rows, np.float32)
+    return attention_reader(kn.read_f32_rows), r32.view(np.uint8), _NO_AUX, r32.shape[2], None
 
 
-def _kernel_operand(cache, n_sink: int) -> tuple:
+def _kernel_operand(cache: KVCache | NDArray[np.float32], n_sink: int) -> _Operand:
     """``(reader, bytes, tables, blocks per row, rotation or None)`` of tokens ``n_sink ..`` for
     :func:`tbq.attention_kernels.attend`: the format's attention reader on its bytes as they are, or
     (a format declaring none) its decoder's float32 rows."""
     if isinstance(cache, np.ndarray):  # exact float rows
         return _rows_operand(cache[n_sink:])
-    fmt = cache.codec.format
+    codec = cache.codec
+    fmt = codec.format
     data = np.ascontiguousarray(cache.data[n_sink - cache.n_sink :])  # a view of a C-contiguous cache
     reader = fmt.attention_reader()
     if reader is None:
         return _rows_operand(codec_from(cache.fmt, cache.config).decode(data))
-    rotation = fmt.rotation if fmt.attention_domain == "rotated" else None
+    # the rotated formats' rotation (an attribute of their instances, read through the codec)
+    rotation: _Rotation | None = codec.rotation if fmt.attention_domain == "rotated" else None
     return reader.read, data, reader.aux, cache.head_dim // fmt.block_size, rotation
 
 
-def _sink_rows(cache, n_sink: int) -> np.ndarray:
+def _sink_rows(cache: KVCache | NDArray[np.float32], n_sink: int) -> NDArray[np.float32]:
     """float32 ``(n_sink, n_head_kv, head_dim)``: the first ``n_sink`` tokens as rows (the sinks, then decoded tokens)."""
     if isinstance(cache, np.ndarray):
         return np.ascontiguousarray(cache[:n_sink], np.float32)
@@ -511,7 +565,15 @@ def _sink_rows(cache, n_sink: int) -> np.ndarray:
     return np.ascontiguousarray(rows, np.float32)
 
 
-def attention_fused(q, k, v, *, scale=None, threads=None, causal: bool = False) -> np.ndarray:
+def attention_fused(
+    q: ArrayLike,
+    k: KVCache | ArrayLike,
+    v: KVCache | ArrayLike,
+    *,
+    scale: float | None = None,
+    threads: int | None = None,
+    causal: bool = False,
+) -> NDArray[np.float32]:
     """The numba kernel on caches and/or exact float rows: float32 ``(n_head, head_dim)``.
 
     ``k`` and ``v`` are each a :class:`KVCache` (any registered format, read
@@ -527,14 +589,14 @@ def attention_fused(q, k, v, *, scale=None, threads=None, causal: bool = False) 
     is the cache's token ``T - n_query + i`` and sees the tokens up to
     itself. The result does not depend on ``threads``, bit for bit.
     """
-    k = k if isinstance(k, KVCache) else _float_rows(k, "k")
-    v = v if isinstance(v, KVCache) else _float_rows(v, "v")
+    kc = k if isinstance(k, KVCache) else _float_rows(k, "k")
+    vc = v if isinstance(v, KVCache) else _float_rows(v, "v")
     q = np.asarray(q)
     if q.dtype.kind != "f" or q.ndim not in (2, 3):
         raise TbqTypeError(
             f"q must be a float array (n_head, head_dim) or (n_query, n_head, head_dim), got {q.dtype} {q.shape}"
         )
-    shapes = [(x.n_tokens, x.n_head_kv, x.head_dim) if isinstance(x, KVCache) else x.shape for x in (k, v)]
+    shapes = [(x.n_tokens, x.n_head_kv, x.head_dim) if isinstance(x, KVCache) else x.shape for x in (kc, vc)]
     if shapes[0] != shapes[1] or shapes[0][2] != q.shape[-1] or q.shape[-2] % shapes[0][1] or not shapes[0][0]:
         raise TbqValueError(
             f"q {q.shape}, K {shapes[0]} and V {shapes[1]} do not fit: (n_head, D), (T, n_head_kv, D) twice, T >= 1"
@@ -545,31 +607,35 @@ def attention_fused(q, k, v, *, scale=None, threads=None, causal: bool = False) 
         raise TbqValueError(f"a causal call needs at most T = {shapes[0][0]} query tokens, got {q.shape[0]}")
     if not np.isfinite(q).all():
         raise NonFiniteError("q holds a non-finite value")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _check_scale(scale)
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1):
-        raise ConfigError(f"threads must be a positive integer or None (all cores), got {threads!r}")
-    out = _attention_kernel(q.astype(np.float32).reshape((-1,) + q.shape[-2:]), k, v, scale, threads, bool(causal))
+    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else _check_scale(scale)
+    n_threads = _check_threads(threads)
+    out = _attention_kernel(q.astype(np.float32).reshape((-1,) + q.shape[-2:]), kc, vc, sc, n_threads, bool(causal))
     return out if q.ndim == 3 else out[0]
 
 
-def _check_scale(scale) -> float:
+def _check_scale(scale: object) -> float:
     """A logit scale: a finite positive number that float32 can hold."""
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
         raise TbqTypeError(f"scale must be a number or None (1/sqrt(head_dim)), got {scale!r}")
-    s = float(scale)
-    if not (math.isfinite(s) and 0 < s <= float(np.finfo(np.float32).max)):
-        raise TbqValueError(f"scale must be a finite positive float32 number or None (1/sqrt(head_dim)), got {s}")
-    return s
+    # the type refused above in its own words; the range in check_number's, with the whole requirement
+    return check_number(
+        scale,
+        "scale",
+        lo=0,
+        lo_open=True,
+        hi=float(np.finfo(np.float32).max),
+        expected="a finite positive float32 number or None (1/sqrt(head_dim))",
+    )
 
 
-def _float_rows(x, name) -> np.ndarray:
+def _float_rows(x: ArrayLike, name: str) -> NDArray[np.float32]:
     a = np.asarray(x)
     if a.dtype.kind != "f" or a.ndim != 3:
         raise TbqTypeError(f"{name} must be a KVCache or float rows (T, n_head_kv, head_dim), got {a.dtype} {a.shape}")
     return np.ascontiguousarray(a, np.float32)
 
 
-def task_bounds(n_tokens: int) -> np.ndarray:
+def task_bounds(n_tokens: int) -> NDArray[np.int_]:
     """The token ranges of the compiled kernel's tasks for a cache part of ``n_tokens`` tokens (boundaries,
     multiples of the kernel's chunk): they depend on ``n_tokens`` only (see :data:`TASK_TOKENS`).
 
@@ -583,33 +649,42 @@ def task_bounds(n_tokens: int) -> np.ndarray:
     return np.append(np.arange(0, n_tokens, step), n_tokens) if n_tokens else np.zeros(1, int)
 
 
-def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False) -> np.ndarray:
+def _attention_kernel(
+    q: NDArray[np.float32],
+    k: KVCache | NDArray[np.float32],
+    v: KVCache | NDArray[np.float32],
+    scale: float,
+    threads: int | None,
+    causal: bool = False,
+) -> NDArray[np.float32]:
     """``q`` float32 ``(n_query, n_head, D)`` -> float32 ``(n_query, n_head, D)``."""
     from . import attention_kernels as kn
 
     n_q, n_head, dim = q.shape
-    rows_k, rows_v = not isinstance(k, KVCache), not isinstance(v, KVCache)
-    G = k.shape[1] if rows_k else k.n_head_kv
+    G = k.n_head_kv if isinstance(k, KVCache) else k.shape[1]
     R = n_head // G
-    n_total = k.shape[0] if rows_k else k.n_tokens
-    n_sink = max(0 if rows_k else k.n_sink, 0 if rows_v else v.n_sink)  # K and V may keep different numbers
+    n_total = k.n_tokens if isinstance(k, KVCache) else k.shape[0]
+    # K and V may keep different numbers
+    n_sink = max(k.n_sink if isinstance(k, KVCache) else 0, v.n_sink if isinstance(v, KVCache) else 0)
     T = n_total - n_sink
     # the query rows of each KV head: (G, n_q * R, D), row i * R + r is query token i, head g * R + r
     qo = np.ascontiguousarray(q.reshape(n_q, G, R, dim).transpose(1, 0, 2, 3).reshape(G, n_q * R, dim))
     lim = np.repeat(np.arange(n_total - n_q + 1, n_total + 1) if causal else np.full(n_q, n_total), R).astype(np.int64)
-    tasks = []  # (queries, lim, K operand, V operand, first token, end token)
-    rot_v = None
+    tasks: list[tuple[NDArray[np.float32], NDArray[np.int64], _Read, _Read, int, int]] = []
+    # (queries, lim, K operand, V operand, first token, end token)
+    rot_v: _Rotation | None = None
     if T:
         kop, vop = _kernel_operand(k, n_sink), _kernel_operand(v, n_sink)
         rot_k, rot_v = kop[4], vop[4]
         qr = qo
         if rot_k is not None:  # rotate the query once, per block, with the key cache's rotation
+            assert isinstance(k, KVCache)  # _kernel_operand: float rows have no rotation
             bs = k.codec.block_size
             qr = np.ascontiguousarray(
                 rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32
             )
         bounds = task_bounds(T)
-        for s, e in zip(bounds[:-1], bounds[1:]):
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True):
             tasks.append((qr, lim - n_sink, kop[:4], vop[:4], int(s), int(e)))
     n_main = len(tasks)
     if n_sink:  # the sink tokens: float32 rows in the original domain
@@ -622,7 +697,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False)
     ACC = np.empty((n, G, n_q * R, dim), np.float32)
     sc = np.float32(scale)
 
-    def run(ids):
+    def run(ids: Sequence[int]) -> None:
         for i in ids:
             Q, lm, (rk, kd, ka, kb), (rv, vd, va, vb), t0, t1 = tasks[i]
             kn.attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
@@ -640,6 +715,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False)
     for i in range(n_main):
         out += w[i][..., None] * ACC[i]
     if rot_v is not None:  # rotate the output back once
+        assert isinstance(v, KVCache)  # _kernel_operand: float rows have no rotation
         bs = v.codec.block_size
         out = rot_v.inverse(out.reshape(G, n_q * R, dim // bs, bs)).reshape(out.shape)
     for i in range(n_main, n):
@@ -648,7 +724,7 @@ def _attention_kernel(q: np.ndarray, k, v, scale, threads, causal: bool = False)
     return out.reshape(G, n_q, R, dim).transpose(1, 0, 2, 3).reshape(n_q, n_head, dim).astype(np.float32)
 
 
-def score_condition(q, k: KVCache, *, scale=None) -> float:
+def score_condition(q: ArrayLike, k: KVCache, *, scale: float | None = None) -> float:
     """``S = max_{h,t} scale * sum_j |q_hj| * |k_tj|`` over the dequantized keys (float64).
 
     The absolute rounding error of a score is proportional to ``S``, not to
@@ -660,7 +736,7 @@ def score_condition(q, k: KVCache, *, scale=None) -> float:
     return float(np.max(_seq_dot(np.abs(qd)[:, None, :], K)) * sc)
 
 
-def f32_tolerance(q, k: KVCache, v: KVCache, *, scale=None) -> float:
+def f32_tolerance(q: ArrayLike, k: KVCache, v: KVCache, *, scale: float | None = None) -> float:
     """Absolute tolerance of :func:`attention_rotated` in float32 against :func:`attention_dequantized`.
 
     ``F32_TOLERANCE_FACTOR * 2**-24 * max|V| * (1 + S)`` with ``S`` from

@@ -41,7 +41,12 @@ Works for every registered format, with its options (TBQ's ``codebook`` and
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from numpy.typing import NDArray
+
+from ..codecs import Codec
 from ..errors import ConfigError
 from ..formats import Format, get_format
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
@@ -79,7 +84,9 @@ __all__ = [
 ]
 
 
-def resolve_format(fmt, codebook=None, signs=None, options=None) -> Format:
+def resolve_format(
+    fmt: str | Format | Codec, codebook: Any = None, signs: Any = None, options: dict[str, Any] | None = None
+) -> Format:
     """The :class:`~tbq.formats.Format` to check against: a name with its ``options`` (TBQ's ``codebook``/``signs``
     are spellings of two of them), a Format or a Codec.
 
@@ -108,7 +115,7 @@ def resolve_format(fmt, codebook=None, signs=None, options=None) -> Format:
     return get_format(fmt, **opts)
 
 
-def _finish(report: CheckReport, target: Target, out) -> CheckReport:
+def _finish(report: CheckReport, target: Target, out: str | os.PathLike[str] | None) -> CheckReport:
     """Write the counterexamples into ``out`` (only when something failed); a directory that cannot be written is a note."""
     if out is not None and report.counterexamples:
         links = {d: target.link_libraries(d) for d in report.counterexamples}
@@ -128,9 +135,9 @@ def check_target(
     exact: bool = False,
     k: int = DEFAULT_K,
     seed: int = 0,
-    out=None,
+    out: str | os.PathLike[str] | None = None,
     progress: bool | None = False,
-    accept=(),
+    accept: str | Iterable[str] | None = (),
 ) -> CheckReport:
     """Check any :class:`Target` (see :func:`check_kernel` for the settings); closes the target afterwards."""
     try:
@@ -151,25 +158,25 @@ def check_target(
 
 
 def check_kernel(
-    fmt,
-    quantize=None,
-    dequantize=None,
+    fmt: str | Format | Codec,
+    quantize: Callable[[NDArray[Any]], Any] | None = None,
+    dequantize: Callable[[NDArray[Any]], Any] | None = None,
     *,
-    codebook=None,
-    signs=None,
-    options=None,
+    codebook: Any = None,
+    signs: Any = None,
+    options: dict[str, Any] | None = None,
     blocks: int = DEFAULT_BLOCKS,
     examples: int = DEFAULT_EXAMPLES,
     seconds: float | None = None,
     exact: bool = False,
     k: int = DEFAULT_K,
     seed: int = 0,
-    out=None,
+    out: str | os.PathLike[str] | None = None,
     progress: bool | None = False,
     name: str | None = None,
-    accept=(),
-    dot=None,
-    rhs=None,
+    accept: str | Iterable[str] | None = (),
+    dot: Callable[[NDArray[Any], NDArray[Any], int], Any] | None = None,
+    rhs: str | Format | None = None,
 ) -> CheckReport:
     """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
 
@@ -223,20 +230,20 @@ def check_kernel(
 
 
 def check_library(
-    path: str | os.PathLike,
-    fmt,
+    path: str | os.PathLike[str],
+    fmt: str | Format | Codec,
     *,
     quantize: str | None = None,
     dequantize: str | None = None,
     only: str | None = None,
-    init=(),
+    init: str | Iterable[str] = (),
     strict_lib: bool = False,
-    codebook=None,
-    signs=None,
-    options=None,
+    codebook: Any = None,
+    signs: Any = None,
+    options: dict[str, Any] | None = None,
     dot: str | None = None,
-    rhs=None,
-    **settings,
+    rhs: str | Format | None = None,
+    **settings: Any,
 ) -> CheckReport:
     """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
 
@@ -267,14 +274,14 @@ def check_library(
 
 def check_program(
     command: str,
-    fmt,
+    fmt: str | Format | Codec,
     *,
     only: str | None = None,
     timeout: float = 600.0,
-    codebook=None,
-    signs=None,
-    options=None,
-    **settings,
+    codebook: Any = None,
+    signs: Any = None,
+    options: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> CheckReport:
     """Check an external program: ``command`` with ``{in}``, ``{out}`` and optionally ``{op}``, ``{k}``, ``{rows}``, ``{format}``.
 

@@ -45,8 +45,10 @@ Only the blocks that differ are classified, vectorised over the blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..formats import Format
 from ..formats.base import ordered_field_code
@@ -82,20 +84,27 @@ ACCEPTED_UNLESS_EXACT = (FRAGILE, UNDEFINED, TIE_RULE)
 #: ulps of the norm plus the rounding of the decoded block's norm), in units of 2**-23.
 _SCALE_WINDOW_ULPS = 4
 
+#: A format's fields of some blocks, ``{name: array (blocks, m)}`` (:meth:`~tbq.formats.Format.fields`).
+Fields = dict[str, NDArray[Any]]
+#: A reference encoder's trace, ``{name: array or value}`` (:meth:`~tbq.formats.Format.reference_encode`).
+Trace = dict[str, Any]
+
 
 @dataclass
 class Classified:
     """The class of every block (``cls``, uint8) and the flat indices of the blocks that differ (``idx``)."""
 
-    cls: np.ndarray
-    idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  #: flat indices of the differing blocks
+    cls: NDArray[np.uint8]
+    idx: NDArray[np.intp] = field(
+        default_factory=lambda: np.zeros(0, np.int64)
+    )  #: flat indices of the differing blocks
 
     def counts(self) -> tuple[int, ...]:
         """Blocks of each class, in the order of :data:`CLASSES`."""
         return tuple(int(v) for v in np.bincount(self.cls, minlength=len(CLASSES)))
 
 
-def row_kw(fmt: Format, row_blocks: int) -> dict:
+def row_kw(fmt: Format, row_blocks: int) -> dict[str, int]:
     """The keyword a row-rule format's reference encoder needs (``{}`` for the others)."""
     return {"row_blocks": int(row_blocks)} if fmt.row_rule else {}
 
@@ -105,7 +114,7 @@ def row_kw(fmt: Format, row_blocks: int) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def ordered_code(a: np.ndarray, kind: str = "") -> np.ndarray:
+def ordered_code(a: NDArray[Any], kind: str = "") -> NDArray[np.int64]:
     """Field values as integers where neighbours differ by one (int64): the field kind's own order
     (:func:`tbq.formats.base.ordered_field_code`: integers as they are, ``f16``/``bf16`` by their bits, else float32).
 
@@ -115,17 +124,17 @@ def ordered_code(a: np.ndarray, kind: str = "") -> np.ndarray:
     return ordered_field_code(a, kind)
 
 
-def _layout_kinds(fmt: Format) -> dict:
+def _layout_kinds(fmt: Format) -> dict[str, str]:
     return {f.name: f.kind for f in fmt.info.layout}
 
 
-def _flat_fields(fmt: Format, data: np.ndarray) -> dict:
+def _flat_fields(fmt: Format, data: NDArray[np.uint8]) -> Fields:
     """``fmt.fields`` of blocks ``data`` (blocks, type_size), every entry shaped (blocks, m)."""
     nb = data.shape[0]
     return {name: np.asarray(v).reshape(nb, -1) for name, v in fmt.fields(data).items()}
 
 
-def value_codes(fmt: Format, fields: dict):
+def value_codes(fmt: Format, fields: Fields) -> NDArray[np.int64] | None:
     """The per-value code of each block ``(blocks, block_size)`` int64 from flattened fields, or None.
 
     A field with ``block_size`` entries per block is a value code (the scale
@@ -154,12 +163,12 @@ def value_codes(fmt: Format, fields: dict):
     return code
 
 
-def _value_names(fmt: Format, fields: dict) -> set:
+def _value_names(fmt: Format, fields: Fields) -> set[str]:
     bs = fmt.block_size
     return {n for n, a in fields.items() if a.shape[1] == bs and not (n == "d" and bs == 1 and len(fields) > 1)}
 
 
-def _neq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _neq(a: NDArray[Any], b: NDArray[Any]) -> NDArray[np.bool_]:
     """Elementwise "not the same bits" (floats compared by their float32 pattern: -0 != +0, NaN payloads count)."""
     if a.dtype.kind == "f" or b.dtype.kind == "f":
         return np.asarray(a, np.float32).view(np.uint32) != np.asarray(b, np.float32).view(np.uint32)
@@ -171,7 +180,9 @@ def _neq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def encoder_trace(fmt: Format, x_rows: np.ndarray, blocks: np.ndarray) -> tuple[dict, np.ndarray]:
+def encoder_trace(
+    fmt: Format, x_rows: NDArray[np.float32], blocks: NDArray[np.integer[Any]]
+) -> tuple[Trace, NDArray[np.float32]]:
     """The reference trace and input values of the flat ``blocks`` of the rows ``x_rows`` (rows, k).
 
     The trace is computed on the whole rows that hold them (a row-rule
@@ -186,14 +197,14 @@ def encoder_trace(fmt: Format, x_rows: np.ndarray, blocks: np.ndarray) -> tuple[
         _, tr = fmt.reference_encode(xb, **row_kw(fmt, per_row))
     sel = inv.reshape(-1) * per_row + blocks % per_row
     n = xb.shape[0]
-    out = {}
-    for key, v in tr.items():
-        v = np.asarray(v)
+    out: Trace = {}
+    for key, value in tr.items():
+        v = np.asarray(value)
         out[key] = v[sel] if v.ndim and v.shape[0] == n else v
     return out, xb[sel]
 
 
-def _fragile_scales(fmt: Format, trace: dict, k: int, nb: int) -> np.ndarray:
+def _fragile_scales(fmt: Format, trace: Trace, k: int, nb: int) -> NDArray[np.bool_]:
     try:
         with np.errstate(all="ignore"):
             s = np.asarray(fmt.fragile_scales(trace, k), bool).reshape(-1)
@@ -202,7 +213,9 @@ def _fragile_scales(fmt: Format, trace: dict, k: int, nb: int) -> np.ndarray:
     return s if s.size == nb else np.zeros(nb, bool)
 
 
-def _implied_scale_ok(fmt: Format, trace: dict, got: np.ndarray, d_got: np.ndarray, k: int) -> np.ndarray:
+def _implied_scale_ok(
+    fmt: Format, trace: Trace, got: NDArray[np.uint8], d_got: NDArray[Any], k: int
+) -> NDArray[np.bool_]:
     """Rotated corrected-norm formats: is the target's scale the one its own codes imply?
 
     The scale is ``d = norm / recon`` with ``recon`` the norm of the block's
@@ -228,7 +241,7 @@ def _implied_scale_ok(fmt: Format, trace: dict, got: np.ndarray, d_got: np.ndarr
     return np.isfinite(implied) & (d >= np.minimum(lo, hi)) & (d <= np.maximum(lo, hi))
 
 
-def _field_diffs(fmt: Format, ref: np.ndarray, got: np.ndarray):
+def _field_diffs(fmt: Format, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> dict[str, Any]:
     """Fields of both sides, per-value codes, and which blocks could still be fragile (a cheap first pass)."""
     nb = ref.shape[0]
     kinds = _layout_kinds(fmt)
@@ -239,7 +252,11 @@ def _field_diffs(fmt: Format, ref: np.ndarray, got: np.ndarray):
     for n in values:
         neq_v |= _neq(Fr[n], Fg[n])
     code_changed = neq_v.any(axis=1)
-    adj = np.abs(cg - cr) == 1 if cr is not None else np.ones_like(neq_v)
+    if cr is not None:
+        assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
+        adj = np.abs(cg - cr) == 1
+    else:
+        adj = np.ones_like(neq_v)
     maybe = ~(neq_v & ~adj).any(axis=1)
     any_field = code_changed.copy()
     d_neq = d_adj = None
@@ -261,8 +278,13 @@ def _field_diffs(fmt: Format, ref: np.ndarray, got: np.ndarray):
 
 
 def classify_encoded_blocks(
-    fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray, k: int, diffs: dict | None = None
-) -> np.ndarray:
+    fmt: Format,
+    trace: Trace,
+    ref: NDArray[np.uint8],
+    got: NDArray[np.uint8],
+    k: int,
+    diffs: dict[str, Any] | None = None,
+) -> NDArray[np.uint8]:
     """Classes of blocks whose bytes differ: ``ref``/``got`` uint8 (blocks, type_size), ``trace`` of those blocks."""
     nb = ref.shape[0]
     if nb == 0:
@@ -281,7 +303,9 @@ def classify_encoded_blocks(
     return np.where(ok, FRAGILE, WRONG).astype(np.uint8)
 
 
-def classify_encoded(fmt: Format, x_rows: np.ndarray, ref: np.ndarray, got: np.ndarray, k: int) -> Classified:
+def classify_encoded(
+    fmt: Format, x_rows: NDArray[np.float32], ref: NDArray[np.uint8], got: NDArray[np.uint8], k: int
+) -> Classified:
     """Classify every block of an encoder's rows: ``x_rows`` float32 (rows, n), ``ref``/``got`` uint8 (rows, bytes).
 
     A cheap pass over the fields first: a block whose codes differ by more
@@ -312,7 +336,7 @@ def classify_encoded(fmt: Format, x_rows: np.ndarray, ref: np.ndarray, got: np.n
     return Classified(cls, idx)
 
 
-def tie_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+def tie_blocks(fmt: Format, trace: Trace, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
     """bool (blocks,): blocks whose only difference is value codes one step apart, every one on an exact tie.
 
     A tie: the value the format rounds (:meth:`~tbq.formats.Format.value_table`) lies exactly halfway between
@@ -332,6 +356,7 @@ def tie_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray) -> np
     cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
     if cr is None:
         return np.zeros(nb, bool)
+    assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
     values = _value_names(fmt, Fr)
     others_same = np.ones(nb, bool)
     for n in Fr:
@@ -346,7 +371,14 @@ def tie_blocks(fmt: Format, trace: dict, ref: np.ndarray, got: np.ndarray) -> np
     return others_same & diff.any(axis=1) & ok
 
 
-def _accepted_kinds(fmt: Format, x_rows, idx, rb, gb, cls) -> np.ndarray:
+def _accepted_kinds(
+    fmt: Format,
+    x_rows: NDArray[np.float32],
+    idx: NDArray[np.intp],
+    rb: NDArray[np.uint8],
+    gb: NDArray[np.uint8],
+    cls: NDArray[np.uint8],
+) -> NDArray[np.uint8]:
     """Differing blocks that are equivalent, another tie rule or undefined in C, out of the fragile and wrong ones."""
     out = cls.copy()
     with np.errstate(all="ignore"):
@@ -371,7 +403,9 @@ def _accepted_kinds(fmt: Format, x_rows, idx, rb, gb, cls) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 
-def classify_decoded(fmt: Format, data: np.ndarray, ref_y: np.ndarray, got_y: np.ndarray) -> Classified:
+def classify_decoded(
+    fmt: Format, data: NDArray[np.uint8], ref_y: NDArray[np.float32], got_y: NDArray[np.float32]
+) -> Classified:
     """Classify every block of a decoder's rows: ``data`` uint8 (rows, bytes), ``ref_y``/``got_y`` float32 (rows, n)."""
     ts, bs = fmt.type_size, fmt.block_size
     db = np.ascontiguousarray(data).reshape(-1, ts)

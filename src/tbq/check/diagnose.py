@@ -44,13 +44,16 @@ target and are made by :mod:`tbq.check.runner`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..formats import Format
 from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack4_pairs
-from .classify import CLASSES, FRAGILE, WRONG, ordered_code, row_kw, value_codes
+from .classify import CLASSES, Fields, ordered_code, row_kw, value_codes
 from .targets import FILL_BYTE
 
 __all__ = [
@@ -93,6 +96,10 @@ DIAGNOSES = (
 #: Share of the evidence that must agree before a pattern is named.
 AGREE = 0.9
 
+#: Kept blocks as :meth:`Kept.get` gives them: ``cls``, ``where`` (a list of ``(phase, block)``), the arrays
+#: ``x``/``data``, ``ref``, ``got`` and the ``trace`` dict; their kinds differ, so the values are Any.
+KeptBlocks = dict[str, Any]
+
 
 @dataclass
 class Diagnosis:
@@ -100,14 +107,14 @@ class Diagnosis:
 
     name: str
     title: str
-    evidence: list = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
     direction: str = ""
     scope: str = "wrong"  #: the blocks it describes: "wrong", or "fragile" (a pattern hidden inside the fragility mask)
 
     def text(self) -> str:
         return "\n".join([self.title] + [f"    - {e}" for e in self.evidence])
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "direction": self.direction,
@@ -125,8 +132,8 @@ class Kept:
     block's class, ``where`` its ``(phase, block)``.
     """
 
-    def __init__(self):
-        self.parts: list[dict] = []
+    def __init__(self) -> None:
+        self.parts: list[dict[str, Any]] = []
         self.n = 0
 
     @property
@@ -134,12 +141,12 @@ class Kept:
         """How many more blocks it keeps."""
         return max(0, KEEP_BLOCKS - self.n)
 
-    def add(self, cls: np.ndarray, where: list, **arrays) -> None:
+    def add(self, cls: NDArray[np.uint8], where: Sequence[tuple[str, int]], **arrays: Any) -> None:
         room = KEEP_BLOCKS - self.n
         if room <= 0 or not cls.size:
             return
         take = slice(0, min(room, cls.size))
-        part = {"cls": cls[take], "where": where[take]}
+        part: dict[str, Any] = {"cls": cls[take], "where": where[take]}
         for key, a in arrays.items():
             if isinstance(a, dict):
                 part[key] = {k: (v[take] if np.ndim(v) and np.shape(v)[0] == cls.size else v) for k, v in a.items()}
@@ -148,12 +155,12 @@ class Kept:
         self.parts.append(part)
         self.n += part["cls"].size
 
-    def get(self, which: str = "wrong") -> dict:
+    def get(self, which: str = "wrong") -> KeptBlocks:
         """The kept blocks as arrays (``{}`` when none): ``which`` is a class name (:data:`~tbq.check.classify.CLASSES`)
         or ``"all"``."""
         if not self.parts:
             return {}
-        out: dict = {}
+        out: KeptBlocks = {}
         for key in self.parts[0]:
             vals = [p[key] for p in self.parts]
             if key == "where":
@@ -171,7 +178,8 @@ class Kept:
         return out if out["cls"].size else {}
 
 
-def _cat(vals):
+def _cat(vals: list[Any]) -> Any:
+    """The kept parts of one trace entry joined, or the first part's value where they do not join (a scalar)."""
     if all(np.ndim(v) for v in vals):
         try:
             return np.concatenate(vals)
@@ -180,14 +188,14 @@ def _cat(vals):
     return vals[0]
 
 
-def select_kept(d: dict, sel: np.ndarray) -> dict:
+def select_kept(d: KeptBlocks, sel: NDArray[np.intp]) -> KeptBlocks:
     """The blocks ``sel`` (indices) of kept blocks ``d`` (from :meth:`Kept.get`)."""
     return _select(d, sel)
 
 
-def _select(d: dict, sel: np.ndarray) -> dict:
+def _select(d: KeptBlocks, sel: NDArray[np.intp]) -> KeptBlocks:
     n = d["cls"].size
-    out = {}
+    out: KeptBlocks = {}
     for key, v in d.items():
         if key == "where":
             out[key] = [v[i] for i in sel]
@@ -204,12 +212,12 @@ def percent(a: float) -> str:
     return f"{100 * a:.0f}%"
 
 
-def _positions(ps) -> str:
-    ps = [int(p) for p in ps]
+def _positions(positions: Iterable[int | np.integer[Any]]) -> str:
+    ps = [int(p) for p in positions]
     return ", ".join(map(str, ps[:12])) + (", ..." if len(ps) > 12 else "")
 
 
-def _flat_fields(fmt: Format, data: np.ndarray) -> dict:
+def _flat_fields(fmt: Format, data: NDArray[np.uint8]) -> Fields:
     return {n: np.asarray(v).reshape(data.shape[0], -1) for n, v in fmt.fields(data).items()}
 
 
@@ -218,7 +226,7 @@ def _flat_fields(fmt: Format, data: np.ndarray) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def describe_differences(fmt: Format, direction: str, kept: dict) -> list[str]:
+def describe_differences(fmt: Format, direction: str, kept: KeptBlocks) -> list[str]:
     """One line per field (encoders) or one line (decoders) saying what differs in the wrong blocks."""
     if not kept:
         return []
@@ -253,7 +261,7 @@ def describe_differences(fmt: Format, direction: str, kept: dict) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def _fork_pack3(idx: np.ndarray) -> np.ndarray:
+def _fork_pack3(idx: NDArray[np.uint8]) -> NDArray[np.uint8]:
     """The fork's buggy 3-bit packer (docs/formats.md, "The 3-bit shift bug"), on x86: nothing reaches bytes 1-2."""
     lanes = idx.reshape(idx.shape[0], -1, 8).astype(np.uint32)
     out = np.zeros(lanes.shape[:-1] + (3,), np.uint32)
@@ -263,7 +271,7 @@ def _fork_pack3(idx: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8).reshape(idx.shape[0], -1)
 
 
-def _shift_bug(fmt, kept) -> Diagnosis | None:
+def _shift_bug(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     for f in fmt.info.layout:
         if f.kind != "u3_lanes":
             continue
@@ -309,11 +317,11 @@ def _shift_bug(fmt, kept) -> Diagnosis | None:
     return None
 
 
-_READ4 = {
+_READ4: dict[str, Callable[[NDArray[np.uint8]], NDArray[np.uint8]]] = {
     "u4_halves": lambda b: unpack4_halves(b, backend="numpy"),
     "u4_pairs": lambda b: unpack4_pairs(b, backend="numpy"),
 }
-_PACK4 = {
+_PACK4: dict[str, Callable[[NDArray[np.uint8]], NDArray[np.uint8]]] = {
     "u4_halves": lambda q: pack4_halves(q, backend="numpy"),
     "u4_pairs": lambda q: pack4_pairs(q, backend="numpy"),
 }
@@ -325,16 +333,16 @@ _LAYOUT4 = {
 }
 
 
-def _swap_nibbles(b: np.ndarray) -> np.ndarray:
+def _swap_nibbles(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return ((b >> 4) | (b << 4)).astype(np.uint8)
 
 
-def _nibble_alternatives(kind: str):
+def _nibble_alternatives(kind: str) -> list[tuple[str, bool]]:
     other = "u4_pairs" if kind == "u4_halves" else "u4_halves"
     return [(kind, True), (other, False), (other, True)]
 
 
-def _nibble_title(kind, alt_kind, swap) -> str:
+def _nibble_title(kind: str, alt_kind: str, swap: bool) -> str:
     if alt_kind == kind:
         return "nibble order swapped: high and low nibbles are exchanged"
     return (
@@ -343,7 +351,7 @@ def _nibble_title(kind, alt_kind, swap) -> str:
     )
 
 
-def _nibble_encoder(fmt, kept) -> Diagnosis | None:
+def _nibble_encoder(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     for f in fmt.info.layout:
         if f.kind not in _READ4:
             continue
@@ -366,11 +374,11 @@ def _nibble_encoder(fmt, kept) -> Diagnosis | None:
     return None
 
 
-def _fp16_step(d_ref, d_got, kind="f16"):
+def _fp16_step(d_ref: NDArray[Any], d_got: NDArray[Any], kind: str = "f16") -> NDArray[np.int64]:
     return np.abs(ordered_code(d_got, kind) - ordered_code(d_ref, kind)).reshape(-1)
 
 
-def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
+def _scale_ulp(fmt: Format, kept: KeptBlocks, k: int) -> Diagnosis | None:
     if "d" not in kept.get("trace", {}):
         return None
     Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
@@ -385,15 +393,15 @@ def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
         return None
     cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
     if cr is not None:
+        assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
         with np.errstate(all="ignore"):
             fragile = np.asarray(fmt.fragile_values(kept["trace"], k), bool).reshape(cr.shape)
         codes_ok = ~((cr != cg) & ~(fragile & (np.abs(cr - cg) == 1))).any(axis=1)
         if not codes_ok[dneq].all():
             return None
     for n in Fr:  # every other field must agree
-        if n != "d" and (cr is None or Fr[n].shape[1] != fmt.block_size):
-            if (Fr[n] != Fg[n]).any():
-                return None
+        if n != "d" and (cr is None or Fr[n].shape[1] != fmt.block_size) and (Fr[n] != Fg[n]).any():
+            return None
     # how far the target's float32 d must have been from tbq's to round to its fp16 value
     d32 = np.asarray(kept["trace"]["d"], np.float64).reshape(-1)[dneq]
     dg = Fg["d"].reshape(-1)[dneq].astype(np.float64)
@@ -429,12 +437,12 @@ def _scale_ulp(fmt, kept, k) -> Diagnosis | None:
     )
 
 
-def _f16_bits(v64: np.ndarray) -> np.ndarray:
+def _f16_bits(v64: NDArray[np.floating[Any]]) -> NDArray[np.int64]:
     with np.errstate(all="ignore"):
         return np.asarray(v64, np.float32).astype(np.float16).view(np.uint16).astype(np.int64)
 
 
-def _scale_conversion(fmt, kept) -> Diagnosis | None:
+def _scale_conversion(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     f = next((f for f in fmt.info.layout if f.name == "d" and f.kind == "f16" and f.size == 2), None)
     if f is None or "d" not in kept.get("trace", {}):
         return None
@@ -470,11 +478,12 @@ def _scale_conversion(fmt, kept) -> Diagnosis | None:
     return None
 
 
-def _ties(fmt, kept, min_codes: int = 4, need_rule: bool = False) -> Diagnosis | None:
+def _ties(fmt: Format, kept: KeptBlocks, min_codes: int = 4, need_rule: bool = False) -> Diagnosis | None:
     Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
     cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
     if cr is None:
         return None
+    assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
     diff = cr != cg
     if not diff.any():
         return None
@@ -508,7 +517,7 @@ def _ties(fmt, kept, min_codes: int = 4, need_rule: bool = False) -> Diagnosis |
     return None
 
 
-def _rotated_sign(fmt, kept) -> Diagnosis | None:
+def _rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     if not fmt.info.rotated:
         return None
     tables = fmt.tables()
@@ -519,6 +528,7 @@ def _rotated_sign(fmt, kept) -> Diagnosis | None:
     cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
     if cr is None:
         return None
+    assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
     diff = cr != cg
     blocks = diff.any(axis=1)
     if not blocks.any():
@@ -546,7 +556,7 @@ def _rotated_sign(fmt, kept) -> Diagnosis | None:
     )
 
 
-def _input_sign(fmt, kept, tries: int = 4) -> Diagnosis | None:
+def _input_sign(fmt: Format, kept: KeptBlocks, tries: int = 4) -> Diagnosis | None:
     if not fmt.info.rotated or fmt.row_rule or kept.get("x") is None:
         return None
     bs = fmt.block_size
@@ -579,11 +589,12 @@ def _input_sign(fmt, kept, tries: int = 4) -> Diagnosis | None:
     )
 
 
-def _permutation(fmt, kept) -> Diagnosis | None:
+def _permutation(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
     cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
     if cr is None:
         return None
+    assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
     rows = np.flatnonzero((cr != cg).any(axis=1))
     if rows.size < 4:
         return None
@@ -617,7 +628,7 @@ def _permutation(fmt, kept) -> Diagnosis | None:
     )
 
 
-def _known_options(fmt: Format):
+def _known_options(fmt: Format) -> Iterator[tuple[dict[str, Any], Format]]:
     """Every combination of the format's declared known option values other than its own (``Option.known``)."""
     import itertools
 
@@ -628,16 +639,16 @@ def _known_options(fmt: Format):
         return
     own = fmt.config()
     for combo in itertools.product(*(fmt.options[n].known for n in names)):
-        opts = dict(own, **dict(zip(names, combo)))
+        opts = dict(own, **dict(zip(names, combo, strict=True)))
         if all(opts[n] == own.get(n) for n in names):
             continue
         try:
             yield opts, get_format(fmt.name, **opts)
-        except Exception:  # noqa: BLE001 - a known value this format's width does not take
+        except Exception:  # a known value this format's width does not take
             continue
 
 
-def _other_options(fmt: Format, kept: dict, direction: str) -> Diagnosis | None:
+def _other_options(fmt: Format, kept: KeptBlocks, direction: str) -> Diagnosis | None:
     """The target matches tbq with other known option values (another build's tables or sign seed)."""
     from ..codecs import codec_from
 
@@ -675,7 +686,7 @@ def _other_options(fmt: Format, kept: dict, direction: str) -> Diagnosis | None:
     return None
 
 
-def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
+def diagnose_encoder(fmt: Format, kept: KeptBlocks, k: int) -> list[Diagnosis]:
     """Diagnoses of an encoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
     if not kept:
         return []
@@ -705,7 +716,7 @@ def diagnose_encoder(fmt: Format, kept: dict, k: int) -> list[Diagnosis]:
     return out
 
 
-def describe_values(x: np.ndarray, limit: int = 6) -> str:
+def describe_values(x: NDArray[Any], limit: int = 6) -> str:
     """The float32 values of an input that matter: every non-+0 value (so -0 shows), specials named.
 
     >>> describe_values(np.float32([0.0, -0.0, 1.5, np.inf, 1e-45, np.nan]))
@@ -717,7 +728,7 @@ def describe_values(x: np.ndarray, limit: int = 6) -> str:
     if not nz.size:
         return f"all {x.size} values +0"
 
-    def one(i):
+    def one(i: int) -> str:
         v = x[i]
         text = f"x[{i}] = {str(v)}"  # float32 shortest repr (round-trips as float32)
         if np.isfinite(v) and v != 0 and abs(v) < np.finfo(np.float32).tiny:
@@ -731,7 +742,7 @@ def describe_values(x: np.ndarray, limit: int = 6) -> str:
     )
 
 
-def _tie_share(fmt: Format, kept: dict):
+def _tie_share(fmt: Format, kept: KeptBlocks) -> tuple[int, float, float, int] | None:
     """Over the exact ties of ``kept`` blocks: ``(differing codes, target away share, target even share, agreeing ties)``.
 
     At a differing tie the target took the other level than tbq: the one farther from zero when its decoded
@@ -780,7 +791,7 @@ def _target_rule(away: float, even: float, spec: str, agreeing: int) -> str:
     return cand[0] if len(cand) == 1 else ""
 
 
-def _tie_rule(fmt, kept, total_differing: int) -> Diagnosis | None:
+def _tie_rule(fmt: Format, kept: KeptBlocks, total_differing: int) -> Diagnosis | None:
     share = _tie_share(fmt, kept)
     if share is None:
         return None
@@ -800,7 +811,7 @@ def _tie_rule(fmt, kept, total_differing: int) -> Diagnosis | None:
     return Diagnosis("tie_rounding", title, ev, scope="tie_rule")
 
 
-def _signed_zero(fmt, kept) -> Diagnosis | None:
+def _signed_zero(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     """Only the sign of zero-valued fields differs (+0 against -0); the rule the target's sign follows, when one input's does."""
     Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
     names = []
@@ -847,7 +858,7 @@ def _signed_zero(fmt, kept) -> Diagnosis | None:
 
 
 def diagnose_accepted(
-    fmt: Format, direction: str, cls_name: str, kept: dict, total_differing: int, rule: str = ""
+    fmt: Format, direction: str, cls_name: str, kept: KeptBlocks, total_differing: int, rule: str = ""
 ) -> list[Diagnosis]:
     """What the accepted non-exact blocks of one class (``equivalent``, ``undefined``, ``tie_rule``) are, with the evidence."""
     if not kept or direction != "quantize":
@@ -890,7 +901,7 @@ def diagnose_accepted(
     return out
 
 
-def diagnose_fragile(fmt: Format, direction: str, kept: dict) -> list[Diagnosis]:
+def diagnose_fragile(fmt: Format, direction: str, kept: KeptBlocks) -> list[Diagnosis]:
     """Systematic patterns among fragile blocks (accepted, but a rounding-mode bug can hide there): exact ties."""
     if not kept or direction != "quantize":
         return []
@@ -907,7 +918,7 @@ def diagnose_fragile(fmt: Format, direction: str, kept: dict) -> list[Diagnosis]
 # ---------------------------------------------------------------------------
 
 
-def _nibble_decoder(fmt, kept) -> Diagnosis | None:
+def _nibble_decoder(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     data = kept["data"]
     g = kept["got"].view(np.uint32)
     for f in fmt.info.layout:
@@ -934,11 +945,11 @@ def _nibble_decoder(fmt, kept) -> Diagnosis | None:
     return None
 
 
-def _ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _ulp_distance(a: NDArray[np.float32], b: NDArray[np.float32]) -> NDArray[np.int64]:
     return np.abs(ordered_code(a.astype(np.float32)) - ordered_code(b.astype(np.float32)))
 
 
-def _decoder_values(fmt, kept) -> Diagnosis | None:
+def _decoder_values(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     r, g = kept["ref"], kept["got"]
     tol = np.asarray(fmt.decode_tolerance(kept["data"]), np.float64).reshape(r.shape)
     fin = np.isfinite(r) & np.isfinite(g)
@@ -980,7 +991,7 @@ def _decoder_values(fmt, kept) -> Diagnosis | None:
     return None
 
 
-def _decoder_scales(fmt, kept) -> Diagnosis | None:
+def _decoder_scales(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     f = next(
         (f for f in fmt.info.layout if f.kind == "f16" and f.size == 2 and f.offset == 0 and fmt.block_size > 1), None
     )
@@ -1015,7 +1026,7 @@ def _decoder_scales(fmt, kept) -> Diagnosis | None:
     return None
 
 
-def _output_sign(fmt, kept) -> Diagnosis | None:
+def _output_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     r, g = kept["ref"], kept["got"]
     rb, gb = r.view(np.uint32), g.view(np.uint32)
     neg = gb == (rb ^ np.uint32(0x80000000))
@@ -1036,7 +1047,7 @@ def _output_sign(fmt, kept) -> Diagnosis | None:
     )
 
 
-def _decoder_rotated_sign(fmt, kept) -> Diagnosis | None:
+def _decoder_rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     if not fmt.info.rotated or fmt.row_rule:
         return None
     r, g = kept["ref"], kept["got"]
@@ -1072,7 +1083,7 @@ def _decoder_rotated_sign(fmt, kept) -> Diagnosis | None:
     )
 
 
-def _decoder_codebook(fmt, kept) -> Diagnosis | None:
+def _decoder_codebook(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     """Rotated formats: read the target's codebook back from its decoded blocks (R(y) / d = the centroids of the codes)."""
     if not fmt.info.rotated or fmt.row_rule or "centroids" not in fmt.tables():
         return None
@@ -1091,15 +1102,16 @@ def _decoder_codebook(fmt, kept) -> Diagnosis | None:
         if r is None:
             return None
         c = r * (norm / d[ok])[:, None]  # the target's centroid of each code
-    levels, spread = [], []
+    found: list[float] = []
+    spread: list[float] = []
     for i in range(ours.size):
         v = c[codes[ok] == i]
         if v.size < 4:
             return None
         med = float(np.median(v))
-        levels.append(med)
+        found.append(med)
         spread.append(float(np.max(np.abs(v - med))))
-    levels = np.asarray(levels)
+    levels = np.asarray(found)
     if not (np.asarray(spread) <= 1e-3 * np.abs(levels).max()).all():
         return None  # not one level per code: the rotation differs, not (only) the codebook
     if np.allclose(levels, ours, rtol=1e-4, atol=1e-7):
@@ -1117,7 +1129,7 @@ def _decoder_codebook(fmt, kept) -> Diagnosis | None:
         for name in CODEBOOK_NAMES:
             try:
                 cb = named_codebook(name, fmt.info.index_bits).centroids.astype(np.float64)
-            except Exception:  # noqa: BLE001 - a name without a table of this width
+            except Exception:  # a name without a table of this width
                 continue
             if cb.size == levels.size and np.allclose(levels, cb, rtol=1e-4, atol=1e-7):
                 title = f"the decoder uses the {name!r} codebook (check with --codebook {name})"
@@ -1125,11 +1137,11 @@ def _decoder_codebook(fmt, kept) -> Diagnosis | None:
     return Diagnosis("codebook", title, ev)
 
 
-def _rotate_trace(fmt, y):
+def _rotate_trace(fmt: Format, y: NDArray[Any]) -> tuple[NDArray[np.float64], NDArray[np.float64]] | tuple[None, None]:
     """``(norm, r)`` of blocks ``y`` from the format's reference trace (None when it traces no rotation)."""
     try:
         _, tr = fmt.reference_encode(np.ascontiguousarray(y, np.float32))
-    except Exception:  # noqa: BLE001 - a format without a rotation trace
+    except Exception:  # a format without a rotation trace
         return None, None
     view = fmt.rotated_view(tr)  # declared by the format (None: no rotation)
     if view is None:
@@ -1137,7 +1149,7 @@ def _rotate_trace(fmt, y):
     return np.asarray(view[0], np.float64), np.asarray(view[1], np.float64)
 
 
-def _scale_factor(fmt, kept) -> Diagnosis | None:
+def _scale_factor(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     r, g = kept["ref"].astype(np.float64), kept["got"].astype(np.float64)
     nz = (r != 0) & np.isfinite(r) & np.isfinite(g)
     with np.errstate(all="ignore"):
@@ -1166,7 +1178,7 @@ def _scale_factor(fmt, kept) -> Diagnosis | None:
     return Diagnosis("scale_factor", title, ev)
 
 
-def diagnose_decoder(fmt: Format, kept: dict) -> list[Diagnosis]:
+def diagnose_decoder(fmt: Format, kept: KeptBlocks) -> list[Diagnosis]:
     """Diagnoses of a decoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
     if not kept:
         return []

@@ -35,14 +35,18 @@ import math
 import os
 import shlex
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..codecs import codec_from
-from ..errors import TbqValueError
-from ..formats import FORMAT_CLASSES, Format, get_format
+from ..errors import TbqValueError, check_int
+from ..formats import Format, get_format
+from ..formats.base import FORMAT_CLASSES
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
 from .report import CheckReport, PhaseResult
 from .runner import DEFAULT_BLOCKS, golden_rows
@@ -73,10 +77,7 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
             f"exact integer form; the pairs it checks: {pairs}"
         )
     for f in (left, right):
-        if f.dot_parts(np.zeros((1, f.type_size), np.uint8)) is None:
-            raise TbqValueError(
-                f"{f.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it"
-            )
+        _dot_parts(f, np.zeros((1, f.type_size), np.uint8))  # refused here, before any work, if it has none
     if left.block_size != right.block_size:
         raise TbqValueError(
             f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair"
@@ -84,8 +85,18 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
     return right
 
 
+def _dot_parts(fmt: Format, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """``fmt.dot_parts(data)`` of a format :func:`right_format` accepted (it refuses one without them)."""
+    parts = fmt.dot_parts(data)
+    if parts is None:
+        raise TbqValueError(
+            f"{fmt.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it"
+        )
+    return parts
+
+
 def reference_dot(
-    left: Format, right: Format, x: bytes | np.ndarray, y: bytes | np.ndarray
+    left: Format, right: Format, x: bytes | NDArray[np.uint8], y: bytes | NDArray[np.uint8]
 ) -> tuple[np.float32, float]:
     """``(exact, bound)`` of one dot product: the float32 of the exact sum and the derived accumulation bound.
 
@@ -98,8 +109,8 @@ def reference_dot(
     """
     xb = np.frombuffer(bytes(x), np.uint8).reshape(-1, left.type_size)
     yb = np.frombuffer(bytes(y), np.uint8).reshape(-1, right.type_size)
-    cx, dx = left.dot_parts(xb)
-    cy, dy = right.dot_parts(yb)
+    cx, dx = _dot_parts(left, xb)
+    cy, dy = _dot_parts(right, yb)
     sumi = (cx * cy).sum(axis=1)  # exact integers
     with np.errstate(all="ignore"):
         terms = sumi.astype(np.float64) * dx * dy  # exact: < 2**16 times two 11-bit mantissas
@@ -121,18 +132,18 @@ class DotTarget:
 
     kind = "dot"
 
-    def __init__(self, left: Format, right: Format, description: str, symbol: str):
+    def __init__(self, left: Format, right: Format, description: str, symbol: str) -> None:
         self.left, self.right = left, right
         self.description, self.symbol = description, symbol
-        self.faults: dict = {}
+        self.faults: dict[str, list[str]] = {}
 
-    def dot(self, x: np.ndarray, y: np.ndarray, n: int) -> np.float32:  # pragma: no cover - abstract
+    def dot(self, x: NDArray[np.uint8], y: NDArray[np.uint8], n: int) -> np.float32:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def provenance(self) -> dict:
+    def provenance(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    def link_libraries(self) -> list:
+    def link_libraries(self) -> list[str]:
         return []
 
     def close(self) -> None:
@@ -142,7 +153,15 @@ class DotTarget:
 class LibraryDot(DotTarget):
     """ggml's ``vec_dot`` signature from a shared library (ctypes), with optional ``init`` functions."""
 
-    def __init__(self, path, symbol: str, left: Format, right: Format, init=(), strict_lib: bool = False):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        symbol: str,
+        left: Format,
+        right: Format,
+        init: str | Iterable[str] = (),
+        strict_lib: bool = False,
+    ) -> None:
         path = os.fspath(path)
         if "/" in path and not Path(path).is_file():
             raise TargetError(f"cannot load {path}: no such file")
@@ -153,7 +172,7 @@ class LibraryDot(DotTarget):
             raise TargetError(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
         super().__init__(left, right, f"library {Path(path).name}", symbol)
         self.path, self.lib = real, lib
-        self._prov: dict = {}
+        self._prov: dict[str, dict[str, Any]] = {}
         init = (init,) if isinstance(init, str) else tuple(init or ())
         fns = []
         for name, key in [(n, f"init {n}") for n in init] + [(symbol, "dot")]:
@@ -187,7 +206,7 @@ class LibraryDot(DotTarget):
         )
         self.fn.restype = None
 
-    def dot(self, x, y, n):
+    def dot(self, x: NDArray[np.uint8], y: NDArray[np.uint8], n: int) -> np.float32:
         s = (ctypes.c_float * 2)(np.nan, 12345.0)  # s[1] is a guard: nrc = 1 writes s[0] only
         xa, ya = np.array(x, np.uint8, copy=True), np.array(y, np.uint8, copy=True)
         self.fn(int(n), s, 0, xa.ctypes.data, 0, ya.ctypes.data, 0, 1)
@@ -197,10 +216,10 @@ class LibraryDot(DotTarget):
             self.faults.setdefault("dot", [f"{self.symbol} writes into its inputs (declared const)"])
         return np.float32(s[0])
 
-    def provenance(self):
+    def provenance(self) -> dict[str, dict[str, Any]]:
         return {k: dict(v) for k, v in self._prov.items()}
 
-    def link_libraries(self):
+    def link_libraries(self) -> list[str]:
         libs = [self.path]
         where = self._prov.get("dot", {}).get("file")
         return libs + ([where] if where and where != self.path else [])
@@ -209,13 +228,19 @@ class LibraryDot(DotTarget):
 class CallableDot(DotTarget):
     """A Python dot product ``fn(x, y, n) -> float``: ``x``, ``y`` uint8 encoded rows, ``n`` the number of values."""
 
-    def __init__(self, left: Format, right: Format, fn, name: str | None = None):
+    def __init__(
+        self,
+        left: Format,
+        right: Format,
+        fn: Callable[[NDArray[np.uint8], NDArray[np.uint8], int], Any],
+        name: str | None = None,
+    ) -> None:
         if not callable(fn):
             raise TargetError(f"dot must be a function (x, y, n) -> float, got {type(fn).__name__}")
         super().__init__(left, right, name or f"python {getattr(fn, '__qualname__', type(fn).__name__)}", "vec_dot")
         self.fn = fn
 
-    def dot(self, x, y, n):
+    def dot(self, x: NDArray[np.uint8], y: NDArray[np.uint8], n: int) -> np.float32:
         out = self.fn(x.copy(), y.copy(), int(n))
         try:
             return np.float32(out)
@@ -231,15 +256,15 @@ class DotCounterexample:
 
     phase: str
     classification: str
-    x: np.ndarray
-    y: np.ndarray
+    x: NDArray[np.uint8]
+    y: NDArray[np.uint8]
     n: int
     expected: float
     bound: float
     got: float
     how: str = ""
     direction: str = "dot"
-    per_block: list = field(default_factory=list)
+    per_block: list[tuple[int, float]] = field(default_factory=list)  #: ``(sumi, sumi * dx * dy)`` per block
 
     def lines(self) -> list[str]:
         out = [
@@ -251,7 +276,7 @@ class DotCounterexample:
             out.append(f"  block {i}: sumi = {sumi}, term sumi*dx*dy = {t!r}")
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "direction": "dot",
             "phase": self.phase,
@@ -265,7 +290,9 @@ class DotCounterexample:
             "got": float(self.got),
         }
 
-    def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
+    def save(
+        self, directory: str | os.PathLike[str], fmt: Format, symbol: str | None = None, link: list[str] | None = None
+    ) -> list[Path]:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         stem = d / f"{fmt.name}-dot"
@@ -281,14 +308,14 @@ class DotCounterexample:
         stem.with_suffix(".c").write_text(self.c_source(fmt, symbol or "vec_dot", link))
         return [stem.with_suffix(".npz"), stem.with_suffix(".c")]
 
-    def c_source(self, fmt: Format, symbol: str, link: list | None = None) -> str:
+    def c_source(self, fmt: Format, symbol: str, link: list[str] | None = None) -> str:
         src = f"{fmt.name}-dot.c"
         libs = (
             " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in (link or []))
             or "./libmykernel.so -Wl,-rpath,$PWD"
         )
 
-        def arr(name, a):
+        def arr(name: str, a: NDArray[np.uint8]) -> str:
             return f"static const uint8_t {name}[{a.size}] = {{{', '.join(f'0x{int(v):02X}' for v in a)}}};"
 
         e = int(np.array(np.float32(self.expected)).view(np.uint32))
@@ -323,7 +350,7 @@ class DotCounterexample:
         )
 
 
-def _random_blocks(fmt: Format, n: int, rng) -> np.ndarray:
+def _random_blocks(fmt: Format, n: int, rng: np.random.Generator) -> NDArray[np.uint8]:
     """Codes the encoder writes (of uniform random values) with random finite fp16 scales (exponents 1..30, either sign).
 
     Only codes the reference encoder can write: ggml's SIMD kernels assume them (q8_0's -128 never occurs).
@@ -347,13 +374,17 @@ def _classify(got: np.float32, exact: np.float32, bound: float) -> int:
 
 
 def check_dot(
-    target: DotTarget, *, blocks: int = DEFAULT_BLOCKS, exact: bool = False, seed: int = 0, out=None
+    target: DotTarget,
+    *,
+    blocks: int = DEFAULT_BLOCKS,
+    exact: bool = False,
+    seed: int = 0,
+    out: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
     """Check a dot-product kernel on ``blocks`` blocks of each phase; returns a :class:`~tbq.check.report.CheckReport`
     with direction ``"dot"`` (each dot product counts as one; ``exact=True`` refuses results that are only within the
     bound)."""
-    if isinstance(blocks, bool) or not isinstance(blocks, (int, np.integer)) or blocks < 1:
-        raise TbqValueError(f"blocks must be an integer >= 1, got {blocks!r}")
+    check_int(blocks, "blocks", lo=1, expected="an integer >= 1", error=TbqValueError)
     L, R = target.left, target.right
     bs = L.block_size
     t_start = time.perf_counter()
@@ -371,7 +402,7 @@ def check_dot(
     )
     report.provenance = target.provenance()
     report.unit = "dot products"
-    first = None
+    first: tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None = None  # (phase, x, y, nb, cls)
     rng = np.random.default_rng(seed * 1000 + 19)
     try:
         for phase in ("golden", "bytes"):
@@ -432,15 +463,17 @@ def check_dot(
     return report
 
 
-def _minimal(target: DotTarget, phase, x, y, nb, cls) -> DotCounterexample:
+def _minimal(
+    target: DotTarget, phase: str, x: NDArray[np.uint8], y: NDArray[np.uint8], nb: int, cls: int
+) -> DotCounterexample:
     """The failing call cut to fewer blocks (from the end, then the start) while it still fails the same way."""
     L, R = target.left, target.right
     bs, tl, tr = L.block_size, L.type_size, R.type_size
 
-    def fails(a, b):
+    def fails(a: int, b: int) -> bool:
         xs, ys = x[a * tl : b * tl], y[a * tr : b * tr]
         e, bound = reference_dot(L, R, xs, ys)
-        return np.isfinite(e) and _classify(target.dot(xs, ys, (b - a) * bs), e, bound) == cls
+        return bool(np.isfinite(e)) and _classify(target.dot(xs, ys, (b - a) * bs), e, bound) == cls
 
     a, b = 0, nb
     while b - a > 1 and fails(a, b - 1):
@@ -449,10 +482,10 @@ def _minimal(target: DotTarget, phase, x, y, nb, cls) -> DotCounterexample:
         a += 1
     xs, ys = x[a * tl : b * tl].copy(), y[a * tr : b * tr].copy()
     e, bound = reference_dot(L, R, xs, ys)
-    cx, dx = L.dot_parts(xs.reshape(-1, tl))
-    cy, dy = R.dot_parts(ys.reshape(-1, tr))
+    cx, dx = _dot_parts(L, xs.reshape(-1, tl))
+    cy, dy = _dot_parts(R, ys.reshape(-1, tr))
     sumi = (cx * cy).sum(axis=1)
-    per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy)]
+    per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy, strict=True)]
     how = f"blocks {a}..{b - 1} of a call of {nb} blocks" + (" (the shortest that still fails)" if b - a < nb else "")
     got = target.dot(xs, ys, (b - a) * bs)
     return DotCounterexample(

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..formats import Format
-from .classify import CLASSES, ordered_code
-from .diagnose import describe_values
+from .classify import CLASSES, Trace, ordered_code
+from .diagnose import Diagnosis, describe_values
 from .targets import DIRECTIONS, default_symbol
 
 __all__ = ["PhaseResult", "Counterexample", "CheckReport", "make_counterexample"]
@@ -56,9 +60,11 @@ class PhaseResult:
     accepted: int = 0  #: wrong blocks waived by ``accept`` (a named diagnosis explains them)
 
     @classmethod
-    def from_counts(cls, direction: str, phase: str, counts, seconds: float, note: str = "") -> "PhaseResult":
+    def from_counts(
+        cls, direction: str, phase: str, counts: Iterable[int | np.integer[Any]], seconds: float, note: str = ""
+    ) -> PhaseResult:
         """From the blocks of each class, in the order of :data:`~tbq.check.classify.CLASSES`."""
-        c = dict(zip(CLASSES, (int(v) for v in counts)))
+        c = dict(zip(CLASSES, (int(v) for v in counts), strict=True))
         return cls(
             direction,
             phase,
@@ -74,7 +80,7 @@ class PhaseResult:
             c["accepted"],
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "direction": self.direction,
             "phase": self.phase,
@@ -91,14 +97,31 @@ class PhaseResult:
         }
 
 
-def _num(v):
-    v = float(v)
-    return v if math.isfinite(v) else repr(v)
+def _num(v: Any) -> float | str:
+    """A number for JSON: a finite float as it is, a non-finite one as its repr (``'nan'``, ``'inf'``)."""
+    x = float(v)
+    return x if math.isfinite(x) else repr(x)
 
 
-def _f32_text(v) -> str:
-    v = np.float32(v)
-    return f"{float(v)!r} (0x{int(np.array(v).view(np.uint32)):08X})"
+def _f32_text(v: Any) -> str:
+    f = np.float32(v)
+    return f"{float(f)!r} (0x{int(np.array(f).view(np.uint32)):08X})"
+
+
+class AnyCounterexample(Protocol):
+    """What a report reads of a counterexample: a block's (:class:`Counterexample`) or a dot product's
+    (:class:`tbq.check.dot.DotCounterexample`)."""
+
+    direction: str
+    classification: str
+
+    def lines(self) -> list[str]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def save(
+        self, directory: str | os.PathLike[str], fmt: Format, symbol: str | None = None, link: list[str] | None = None
+    ) -> list[Path]: ...
 
 
 @dataclass
@@ -116,13 +139,13 @@ class Counterexample:
     direction: str
     phase: str
     classification: str
-    input: np.ndarray
-    expected: np.ndarray
-    got: np.ndarray
+    input: NDArray[Any]
+    expected: NDArray[Any]
+    got: NDArray[Any]
     block: int
-    offsets: list
-    fields: list
-    trace: dict
+    offsets: list[int]
+    fields: list[dict[str, Any]]
+    trace: dict[str, str]
     how: str = ""  #: how it was made minimal
 
     def lines(self) -> list[str]:
@@ -146,9 +169,9 @@ class Counterexample:
             out.append(f"  trace {key}: {v}")
         return out
 
-    def to_dict(self) -> dict:
-        def arr(a):
-            a = np.asarray(a)
+    def to_dict(self) -> dict[str, Any]:
+        def arr(values: NDArray[Any]) -> str | list[str]:
+            a = np.asarray(values)
             if a.dtype == np.uint8:
                 return a.tobytes().hex()
             return [f"0x{int(b):08X}" for b in a.astype(np.float32).view(np.uint32)]
@@ -169,7 +192,9 @@ class Counterexample:
         }
 
     # -- files -----------------------------------------------------------------------------
-    def save(self, directory, fmt: Format, symbol: str | None = None, link: list | None = None) -> list[Path]:
+    def save(
+        self, directory: str | os.PathLike[str], fmt: Format, symbol: str | None = None, link: list[str] | None = None
+    ) -> list[Path]:
         """Write ``<fmt>-<direction>.npz`` and ``<fmt>-<direction>.c`` into ``directory``; return their paths.
 
         ``link``: the shared libraries the repro links with (its compile line names them with an rpath).
@@ -194,7 +219,7 @@ class Counterexample:
         c.write_text(self.c_source(fmt, symbol, link))
         return [npz, c]
 
-    def c_source(self, fmt: Format, symbol: str | None = None, link: list | None = None) -> str:
+    def c_source(self, fmt: Format, symbol: str | None = None, link: list[str] | None = None) -> str:
         """A self-contained C program reproducing this counterexample with ggml's row signature.
 
         ``link``: shared libraries to name in its compile line (each with ``-Wl,-rpath`` to its folder, so the
@@ -305,8 +330,8 @@ def _byte_fields(fmt: Format) -> list[str]:
 # ---------------------------------------------------------------------------
 
 
-def _short(vals, n=8) -> str:
-    vals = list(vals)
+def _short(items: list[str], n: int = 8) -> str:
+    vals = list(items)
     return ", ".join(vals[:n]) + (" ..." if len(vals) > n else "")
 
 
@@ -314,18 +339,19 @@ def make_counterexample(
     fmt: Format,
     direction: str,
     phase: str,
-    inp: np.ndarray,
-    expected: np.ndarray,
-    got: np.ndarray,
+    inp: NDArray[Any],
+    expected: NDArray[Any],
+    got: NDArray[Any],
     block: int,
     cls: int,
-    trace: dict | None,
+    trace: Trace | None,
     k: int,
     how: str,
 ) -> Counterexample:
     """Describe block ``block`` of one failing row: differing offsets, fields and tbq's trace."""
     bs, ts = fmt.block_size, fmt.type_size
-    fields, tr = [], {}
+    fields: list[dict[str, Any]] = []
+    tr: dict[str, str] = {}
     if direction == "quantize":
         e = expected.reshape(-1, ts)[block]
         g = got.reshape(-1, ts)[block]
@@ -333,7 +359,7 @@ def make_counterexample(
         Fe = {n: np.asarray(v).reshape(-1) for n, v in fmt.fields(e[None, :]).items()}
         Fg = {n: np.asarray(v).reshape(-1) for n, v in fmt.fields(g[None, :]).items()}
         spans = {f.name: (f.offset, f.offset + f.size) for f in fmt.info.layout}
-        value_pos: list = []
+        value_pos: list[int] = []
         for n in Fe:
             a, b = Fe[n], Fg[n]
             neq = (
@@ -368,10 +394,10 @@ def make_counterexample(
                 }
             )
         if trace:
-            per_block = {}
-            per_value = {}
-            for key, v in trace.items():
-                v = np.asarray(v)
+            per_block: dict[str, NDArray[Any]] = {}
+            per_value: dict[str, NDArray[Any]] = {}
+            for key, value in trace.items():
+                v = np.asarray(value)
                 if v.ndim == 1:
                     per_block[key] = v
                 elif v.ndim == 2 and v.shape[1] == bs:
@@ -447,8 +473,8 @@ def make_counterexample(
     )
 
 
-def _fmt_val(v) -> str:
-    v = np.asarray(v)
+def _fmt_val(value: Any) -> str:
+    v = np.asarray(value)
     if v.dtype.kind == "f":
         return repr(float(v))
     return str(int(v))
@@ -477,26 +503,28 @@ class CheckReport:
     """Everything a check found. See the module docstring."""
 
     format: str
-    options: dict
+    options: dict[str, Any]
     target: str
-    settings: dict
-    phases: list = field(default_factory=list)
-    counterexamples: dict = field(default_factory=dict)  #: direction -> Counterexample
-    diagnoses: list = field(default_factory=list)  #: Diagnosis objects, both directions
-    differences: dict = field(default_factory=dict)  #: direction -> lines saying what differs in the wrong blocks
-    faults: dict = field(default_factory=dict)  #: direction -> messages (writes past the output, into the input)
-    notes: list = field(default_factory=list)
-    files: list = field(default_factory=list)
+    settings: dict[str, Any]
+    phases: list[PhaseResult] = field(default_factory=list)
+    counterexamples: dict[str, AnyCounterexample] = field(default_factory=dict)  #: direction -> Counterexample
+    diagnoses: list[Diagnosis] = field(default_factory=list)  #: Diagnosis objects, both directions
+    #: direction -> lines saying what differs in the wrong blocks
+    differences: dict[str, list[str]] = field(default_factory=dict)
+    #: direction -> messages (writes past the output, into the input)
+    faults: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
     seconds: float = 0.0
     #: what was called, per direction (and init function): ``{"symbol", "file", "library", "elsewhere"}``
-    provenance: dict = field(default_factory=dict)
+    provenance: dict[str, dict[str, Any]] = field(default_factory=dict)
     unit: str = "blocks"  #: what the counts count ("dot products" for a dot-product check)
 
     @property
     def exact(self) -> bool:
         return bool(self.settings.get("exact", False))
 
-    def counts(self, direction: str | None = None, phase: str | None = None) -> dict:
+    def counts(self, direction: str | None = None, phase: str | None = None) -> dict[str, int]:
         """``{"blocks", "exact", "fragile", "wrong", "equivalent", "undefined", "tie_rule", "accepted"}`` over the phases of
         ``direction`` (default: all)."""
         out = {
@@ -540,7 +568,7 @@ class CheckReport:
         return self.counts()["fragile"]
 
     @property
-    def counterexample(self) -> Counterexample | None:
+    def counterexample(self) -> AnyCounterexample | None:
         """The first direction's counterexample (None when nothing failed)."""
         return next(iter(self.counterexamples.values()), None)
 
@@ -550,7 +578,7 @@ class CheckReport:
         total = self.counts()
         extra = [k for k in _EXTRA_CLASSES if total[k]]  # columns of the other classes, where any block has one
 
-        def cells(c):
+        def cells(c: dict[str, Any]) -> str:
             return "".join(f"{c[k]:>{_WIDTH[k]},}" for k in extra)
 
         head = (
@@ -651,7 +679,7 @@ class CheckReport:
             raise AssertionError("\n" + self.text())
 
     # -- data -------------------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (what ``--json FILE`` writes)."""
         return {
             "format": self.format,
@@ -672,10 +700,16 @@ class CheckReport:
             "seconds": round(self.seconds, 3),
         }
 
-    def to_json(self, **kw) -> str:
+    def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), **kw)
 
-    def save(self, directory, fmt: Format, symbols: dict | None = None, links: dict | None = None) -> list[Path]:
+    def save(
+        self,
+        directory: str | os.PathLike[str],
+        fmt: Format,
+        symbols: dict[str, str | None] | None = None,
+        links: dict[str, list[str]] | None = None,
+    ) -> list[Path]:
         """Write every counterexample (``.npz`` and ``.c``) into ``directory``; returns the paths (also kept in :attr:`files`).
 
         ``symbols``/``links``: per direction, the C symbol and the libraries its repro links with.

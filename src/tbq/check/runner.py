@@ -27,12 +27,15 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..codecs import codec_from
-from ..errors import TbqValueError
+from ..errors import TbqValueError, check_int, check_number
 from ..formats import Format
 from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
@@ -48,14 +51,18 @@ from .classify import (
     TIE_RULE,
     UNDEFINED,
     WRONG,
+    Classified,
+    Trace,
     classify_decoded,
     classify_encoded,
     encoder_trace,
 )
 from .diagnose import (
+    DIAGNOSES,
     KEEP_BLOCKS,
     Diagnosis,
     Kept,
+    KeptBlocks,
     describe_differences,
     describe_values,
     diagnose_accepted,
@@ -64,10 +71,18 @@ from .diagnose import (
     diagnose_fragile,
     percent,
     select_kept,
-    DIAGNOSES,
 )
-from .report import CheckReport, PhaseResult, make_counterexample
+from .report import CheckReport, Counterexample, PhaseResult, make_counterexample
 from .targets import CALL_VALUES, Target, TargetError
+
+if TYPE_CHECKING:  # hypothesis is optional: imported where the fuzz phase runs
+    from hypothesis.strategies import SearchStrategy
+
+#: A batch's classes with tbq's and the target's outputs: ``(Classified, ref, got)``.
+Batch = tuple[Classified, NDArray[Any], NDArray[Any]]
+#: What tells two failures of one block apart while reducing: the differing fields (encoders) or whether
+#: values differ beyond signed zeros and NaN payloads (decoders).
+Signature = tuple[str, ...] | bool
 
 __all__ = [
     "DEFAULT_BLOCKS",
@@ -148,13 +163,13 @@ def _row_len(fmt: Format) -> int:
     return ROW_SIZE if ROW_SIZE % bs == 0 else bs * -(-ROW_SIZE // bs)
 
 
-def _table_kw(fmt: Format) -> dict:
+def _table_kw(fmt: Format) -> dict[str, Any]:
     """The golden tables (codebook, signs) the edge rows are built with: the format's own where it has them."""
     cfg = fmt.config()
     return {key: cfg[key] for key in ("codebook", "signs") if key in cfg}
 
 
-def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
+def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> NDArray[np.float32]:
     """float32 rows of 128 values holding about ``blocks`` blocks of ``fmt`` from the golden families.
 
     Every edge kind of :data:`tbq.golden.EDGE_KINDS` at least once (about a
@@ -180,7 +195,7 @@ def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
     return np.ascontiguousarray(x[:n_rows], np.float32)
 
 
-def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
+def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> NDArray[np.uint8]:
     """uint8 rows of arbitrary encoded blocks: random bytes and patterns, most scale fields special values.
 
     Every field whose kind has special 16-bit patterns (``f16``: :data:`SPECIAL_F16`,
@@ -219,7 +234,7 @@ def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def hypothesis_scratch():
+def hypothesis_scratch() -> Iterator[None]:
     """Hypothesis's storage (its example database is off; it also caches constants) in a temporary directory.
 
     Unless the user chose a place (``HYPOTHESIS_STORAGE_DIRECTORY`` or
@@ -259,76 +274,100 @@ class _Direction:
 
     name = ""
     unit = ""  #: what an input row holds ("values" / "bytes")
-    phase_names: tuple = ("golden", "fuzz")  #: the phases of :data:`PHASES` this direction runs
+    phase_names: tuple[str, ...] = ("golden", "fuzz")  #: the phases of :data:`PHASES` this direction runs
 
-    def __init__(self, check: "_Check"):
+    def __init__(self, check: _Check) -> None:
         self.check, self.fmt = check, check.fmt
         self.phases: list[PhaseResult] = []
         self.kept = {c: Kept() for c in range(1, len(CLASSES))}  # every class but exact
-        self.first: dict = {}  # class -> (phase, input row(s), block index, how)
+        self.first: dict[
+            int, tuple[str, NDArray[Any], int, str]
+        ] = {}  # class -> (phase, input row(s), block index, how)
         #: class -> (the target call's rows up to the failing one as one row, the failing block in it), or None
-        self.batch: dict = {}
+        self.batch: dict[int, tuple[NDArray[Any], int] | None] = {}
 
     def width(self) -> int:
         """Input items per block."""
         raise NotImplementedError
 
-    def run(self, rows):
+    def run(self, rows: NDArray[Any]) -> Batch:
         """``(Classified, ref, got)`` of input ``rows``."""
         raise NotImplementedError
 
-    def keep(self, kept: Kept, cls, where, rows, keep, ref, got) -> None:
+    def keep(
+        self,
+        kept: Kept,
+        cls: NDArray[np.uint8],
+        where: list[tuple[str, int]],
+        rows: NDArray[Any],
+        keep: NDArray[np.intp],
+        ref: NDArray[Any],
+        got: NDArray[Any],
+    ) -> None:
         raise NotImplementedError
 
-    def golden_input(self, x, ref_bytes):
+    def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
         raise NotImplementedError
 
-    def strategy(self, max_blocks: int, lead):
+    def strategy(self, max_blocks: int, lead: SearchStrategy[tuple[int, ...]]) -> SearchStrategy[NDArray[Any]]:
         raise NotImplementedError
 
-    def signature(self, ref, got, b: int):
+    def signature(self, ref: NDArray[Any], got: NDArray[Any], b: int) -> Signature:
         raise NotImplementedError
 
-    def trace(self, row, blk):
+    def trace(self, row: NDArray[Any], blk: int) -> Trace | None:
         return None
 
-    def outputs(self, row):
+    def outputs(self, row: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any], int, str]:
         """The target's outputs of ``row`` into buffers filled two ways (``(a, b, width, unit)``), for the unwritten check."""
         raise NotImplementedError
 
-    def field_names(self, diff, width) -> list:
+    def field_names(self, diff: NDArray[np.intp], width: int) -> list[str]:
         return []
 
-    def diagnose(self, kept) -> list:
+    def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
+        raise NotImplementedError
+
+    def smoke(self, x: NDArray[np.float32]) -> None:
+        """One target call on float32 rows ``x`` (encoded first for a decoder)."""
         raise NotImplementedError
 
 
 class _Encoder(_Direction):
     name, unit = "quantize", "values"
 
-    def width(self):
+    def width(self) -> int:
         return self.fmt.block_size
 
-    def run(self, x):
+    def run(self, x: NDArray[np.float32]) -> Batch:
         """Classify the target's bytes of rows ``x``."""
         ref = self.check.codec.encode(x)
         got = self.check.target.quantize(x)
         return classify_encoded(self.fmt, x, ref, got, self.check.k), ref, got
 
-    def keep(self, kept, cls, where, rows, keep, ref, got):
+    def keep(
+        self,
+        kept: Kept,
+        cls: NDArray[np.uint8],
+        where: list[tuple[str, int]],
+        rows: NDArray[Any],
+        keep: NDArray[np.intp],
+        ref: NDArray[Any],
+        got: NDArray[Any],
+    ) -> None:
         ts = self.fmt.type_size
         trace, xb = encoder_trace(self.fmt, rows, keep)
         kept.add(cls, where, x=xb, ref=ref.reshape(-1, ts)[keep], got=got.reshape(-1, ts)[keep], trace=trace)
 
-    def golden_input(self, x, ref_bytes):
+    def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
         return x
 
-    def strategy(self, max_blocks, lead):
+    def strategy(self, max_blocks: int, lead: SearchStrategy[tuple[int, ...]]) -> SearchStrategy[NDArray[Any]]:
         from ..testing import strategies as tst
 
         return tst.float_blocks(self.check.codec, min_blocks=1, max_blocks=max_blocks, leading_shape=lead)
 
-    def signature(self, ref, got, b):
+    def signature(self, ref: NDArray[Any], got: NDArray[Any], b: int) -> Signature:
         """The fields that differ (reduction keeps them)."""
         ts = self.fmt.type_size
         e, g = ref.reshape(-1, ts)[b : b + 1], got.reshape(-1, ts)[b : b + 1]
@@ -337,21 +376,21 @@ class _Encoder(_Direction):
             n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8))
         )
 
-    def trace(self, row, blk):
+    def trace(self, row: NDArray[Any], blk: int) -> Trace | None:
         return encoder_trace(self.fmt, row[None, :], np.array([blk]))[0]
 
-    def outputs(self, row):
+    def outputs(self, row: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any], int, str]:
         t = self.check.target
         return t.quantize(row, fill=0x00), t.quantize(row, fill=0xFF), self.fmt.type_size, "byte"
 
-    def field_names(self, diff, width):
+    def field_names(self, diff: NDArray[np.intp], width: int) -> list[str]:
         names = {o: f.name for f in self.fmt.info.layout for o in range(f.offset, f.offset + f.size)}
         return sorted({names.get(int(o) % width, "?") for o in diff})
 
-    def diagnose(self, kept):
+    def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
         return diagnose_encoder(self.fmt, kept, self.check.k)
 
-    def smoke(self, x):
+    def smoke(self, x: NDArray[np.float32]) -> None:
         self.check.target.quantize(x)
 
 
@@ -359,24 +398,33 @@ class _Decoder(_Direction):
     name, unit = "dequantize", "bytes"
     phase_names = ("golden", "fuzz", "bytes")  # decoders also meet arbitrary bytes
 
-    def width(self):
+    def width(self) -> int:
         return self.fmt.type_size
 
-    def run(self, data):
+    def run(self, data: NDArray[np.uint8]) -> Batch:
         ref = self.check.codec.decode(data)
         got = self.check.target.dequantize(data)
         return classify_decoded(self.fmt, data, ref, got), ref, got
 
-    def keep(self, kept, cls, where, rows, keep, ref, got):
+    def keep(
+        self,
+        kept: Kept,
+        cls: NDArray[np.uint8],
+        where: list[tuple[str, int]],
+        rows: NDArray[Any],
+        keep: NDArray[np.intp],
+        ref: NDArray[Any],
+        got: NDArray[Any],
+    ) -> None:
         ts, bs = self.fmt.type_size, self.fmt.block_size
         kept.add(
             cls, where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep], got=got.reshape(-1, bs)[keep]
         )
 
-    def golden_input(self, x, ref_bytes):
+    def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
         return ref_bytes
 
-    def strategy(self, max_blocks, lead):
+    def strategy(self, max_blocks: int, lead: SearchStrategy[tuple[int, ...]]) -> SearchStrategy[NDArray[Any]]:
         from hypothesis import strategies as st
 
         from ..testing import strategies as tst
@@ -387,26 +435,26 @@ class _Decoder(_Direction):
             tst.encoded_blocks(c, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
         )
 
-    def signature(self, ref, got, b):
+    def signature(self, ref: NDArray[Any], got: NDArray[Any], b: int) -> Signature:
         """Whether values differ beyond the sign of zero and NaN payloads."""
         bs = self.fmt.block_size
         e, g = ref.reshape(-1, bs)[b].astype(np.float64), got.reshape(-1, bs)[b].astype(np.float64)
         with np.errstate(all="ignore"):
             return bool(((e != g) & ~(np.isnan(e) & np.isnan(g))).any())
 
-    def outputs(self, row):
+    def outputs(self, row: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any], int, str]:
         t = self.check.target
         a, b = t.dequantize(row, fill=0x00000000), t.dequantize(row, fill=0xFFFFFFFF)
         return a.view(np.uint32), b.view(np.uint32), self.fmt.block_size, "value"
 
-    def diagnose(self, kept):
+    def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
         return diagnose_decoder(self.fmt, kept)
 
-    def smoke(self, x):
+    def smoke(self, x: NDArray[np.float32]) -> None:
         self.check.target.dequantize(self.check.codec.encode(x))
 
 
-_DIRECTIONS = {d.name: d for d in (_Encoder, _Decoder)}
+_DIRECTIONS: dict[str, type[_Direction]] = {d.name: d for d in (_Encoder, _Decoder)}
 
 
 @dataclass(frozen=True)
@@ -433,13 +481,13 @@ class _Check:
         *,
         blocks: int,
         examples: int,
-        seconds,
+        seconds: float | None,
         exact: bool,
         k: int,
         seed: int,
-        progress,
-        accept: frozenset = frozenset(),
-    ):
+        progress: bool | None,
+        accept: frozenset[str] = frozenset(),
+    ) -> None:
         self.target, self.fmt = target, target.format
         self.accept = accept
         self.accept_diagnoses = accept - set(CLASSES)
@@ -456,20 +504,20 @@ class _Check:
         self.progress = progress
         self.notes: list[str] = []
         self.diagnoses: list[Diagnosis] = []
-        self.golden_x: np.ndarray | None = None
+        self.golden_x: NDArray[np.float32] | None = None
 
     # -- one batch --------------------------------------------------------------------------
-    def _failing(self, cls: np.ndarray) -> np.ndarray:
+    def _failing(self, cls: NDArray[np.uint8]) -> NDArray[np.bool_]:
         return np.isin(cls, self.failing_classes)
 
-    def quantize_batch(self, x: np.ndarray):
+    def quantize_batch(self, x: NDArray[np.float32]) -> Batch:
         """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
         return _Encoder(self).run(x)
 
-    def dequantize_batch(self, data: np.ndarray):
+    def dequantize_batch(self, data: NDArray[np.uint8]) -> Batch:
         return _Decoder(self).run(data)
 
-    def _classify(self, d: _Direction, rows: np.ndarray):
+    def _classify(self, d: _Direction, rows: NDArray[Any]) -> Batch:
         """``d.run(rows)``, then the wrong blocks a diagnosis named in ``accept`` explains by themselves become accepted."""
         c, ref, got = d.run(rows)
         if self.accept_diagnoses and c.idx.size:
@@ -487,7 +535,16 @@ class _Check:
                         c.cls[b] = ACCEPTED
         return c, ref, got
 
-    def _record(self, d: _Direction, phase: str, rows: np.ndarray, c, ref, got, offset: int = 0) -> None:
+    def _record(
+        self,
+        d: _Direction,
+        phase: str,
+        rows: NDArray[Any],
+        c: Classified,
+        ref: NDArray[Any],
+        got: NDArray[Any],
+        offset: int = 0,
+    ) -> None:
         """Keep the non-exact blocks of a batch for the diagnoses and remember the first failing ones."""
         per_row = rows.shape[1] // d.width()
         idx = c.idx
@@ -507,21 +564,21 @@ class _Check:
             where = [(phase, offset + int(i)) for i in keep]
             d.keep(d.kept[cls], c.cls[keep], where, rows, keep, ref, got)
 
-    def _phase(self, d: _Direction, phase: str, rows: np.ndarray) -> None:
+    def _phase(self, d: _Direction, phase: str, rows: NDArray[Any]) -> None:
         """One bulk phase, in chunks of about :data:`CHUNK_BLOCKS` blocks (one target call per chunk where it allows)."""
         t0 = time.perf_counter()
-        run, width = (lambda r: self._classify(d, r)), d.width()
+        width = d.width()
         step = max(1, CHUNK_BLOCKS // max(1, rows.shape[1] // width))
         counts = np.zeros(len(CLASSES), np.int64)
         for r0 in range(0, rows.shape[0], step):
             chunk = rows[r0 : r0 + step]
-            c, ref, got = run(chunk)
+            c, ref, got = self._classify(d, chunk)
             self._record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
             counts += np.bincount(c.cls, minlength=len(CLASSES))
         d.phases.append(PhaseResult.from_counts(d.name, phase, counts, time.perf_counter() - t0, _PHASE[phase].note))
 
     # -- fuzz -------------------------------------------------------------------------------
-    def _strategy(self, d: _Direction):
+    def _strategy(self, d: _Direction) -> SearchStrategy[NDArray[Any]]:
         from hypothesis import strategies as st
 
         bs = self.fmt.block_size
@@ -537,17 +594,17 @@ class _Check:
         t0 = time.perf_counter()
         strat = self._strategy(d)
         counts = np.zeros(len(CLASSES), np.int64)
-        state = {"found": False, "examples": 0, "first": None, "best": None, "found_at": 0.0}
-        run = lambda r: self._classify(d, r)  # noqa: E731
+        # found (bool), examples (int), first and best (the first and the smallest failing rows), found_at (seconds)
+        state: dict[str, Any] = {"found": False, "examples": 0, "first": None, "best": None, "found_at": 0.0}
 
-        def condition(rows):
-            rows = np.ascontiguousarray(rows)
+        def condition(example: NDArray[Any]) -> bool:
+            rows = np.ascontiguousarray(example)
             if rows.ndim == 1:
                 rows = rows[None, :]
             if state["found"] and time.perf_counter() - state["found_at"] > SHRINK_SECONDS:
                 raise _ShrinkTimeout()  # the shrink's time is up: the smallest failing example seen is kept
             try:
-                c, ref, got = run(rows)
+                c, ref, got = self._classify(d, rows)
             except TargetError as exc:
                 raise _Abort(exc) from None
             failing = bool(self._failing(c.cls).any())
@@ -604,7 +661,7 @@ class _Check:
         )
         d.phases.append(PhaseResult.from_counts(d.name, "fuzz", counts, time.perf_counter() - t0, note))
 
-    def _call_of(self, rows: np.ndarray, b: int, per_row: int):
+    def _call_of(self, rows: NDArray[Any], b: int, per_row: int) -> tuple[NDArray[Any], int] | None:
         """The rows of the target call that got flat block ``b``, as one row (blocks are independent),
         and ``b``'s index in it: a kernel whose result depends on the call's length fails there, maybe not on one row."""
         if self.fmt.row_rule:
@@ -615,9 +672,9 @@ class _Check:
         r0 = r // per_call * per_call
         return np.ascontiguousarray(rows[r0 : r0 + per_call]).reshape(-1).copy(), (r - r0) * per_row + b % per_row
 
-    def _set_fuzz_first(self, d: _Direction, rows: np.ndarray, how: str) -> None:
+    def _set_fuzz_first(self, d: _Direction, example: NDArray[Any], how: str) -> None:
         """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
-        rows = rows if rows.ndim == 2 else rows[None, :]
+        rows = example if example.ndim == 2 else example[None, :]
         c, _, _ = self._classify(d, rows)
         bad = np.flatnonzero(self._failing(c.cls))
         if not bad.size:  # pragma: no cover - hypothesis only returns failing examples
@@ -635,7 +692,7 @@ class _Check:
         d.batch[int(c.cls[b])] = self._call_of(rows, b, per_row)
 
     # -- counterexamples ---------------------------------------------------------------------
-    def _fails(self, d: _Direction, row: np.ndarray):
+    def _fails(self, d: _Direction, row: NDArray[Any]) -> tuple[bool, int, int, Signature | None]:
         """``(failing, first failing block, its class, its signature)`` of one input row."""
         c, ref, got = self._classify(d, row[None, :])
         bad = np.flatnonzero(self._failing(c.cls))
@@ -644,7 +701,9 @@ class _Check:
         b = int(bad[0])
         return True, b, int(c.cls[b]), d.signature(ref, got, b)
 
-    def _reduce(self, d: _Direction, row: np.ndarray, blk: int, batch=None) -> tuple[np.ndarray, int, str]:
+    def _reduce(
+        self, d: _Direction, row: NDArray[Any], blk: int, batch: tuple[NDArray[Any], int] | None = None
+    ) -> tuple[NDArray[Any], int, str]:
         """A smaller failing input: the block alone (when blocks are independent); when the block alone passes, the
         shortest run of blocks around it that still fails (a kernel whose body and tail differ); then values zeroed
         while it fails in the same way (the same fields differ; decoders: the same kind of value difference)."""
@@ -717,7 +776,7 @@ class _Check:
         how += f", {zeroed} {d.unit} zeroed while it kept failing the same way ({calls} target calls)"
         return cur, blk, how
 
-    def counterexample(self, d: _Direction):
+    def counterexample(self, d: _Direction) -> Counterexample | None:
         refused = [c for c in self.failing_classes if c in d.first]
         pick = refused[0] if refused else None
         if pick is None:
@@ -735,7 +794,7 @@ class _Check:
         return make_counterexample(self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.k, how)
 
     # -- diagnoses that need the target -----------------------------------------------------------
-    def _unwritten(self, d: _Direction, ce) -> Diagnosis | None:
+    def _unwritten(self, d: _Direction, ce: Counterexample | None) -> Diagnosis | None:
         if self.target.kind != "library" or ce is None:
             return None
         row = ce.input[None, :]
@@ -781,7 +840,7 @@ class _Check:
             if keep.sum() < 4:
                 return None
 
-            def err(y):
+            def err(y: NDArray[np.float64]) -> NDArray[np.float64]:
                 return np.sqrt(((y - x) ** 2).sum(1))[keep] / nx[keep]
 
             bt, bx, br = err(yt), err(yx), err(yr)
@@ -809,10 +868,10 @@ class _Check:
         f = sum(getattr(p, CLASSES[c]) for p in d.phases for c in self.failing_classes if c != WRONG)
         return bool(w or f or self.target.faults.get(d.name))
 
-    def _accepted_diagnoses(self, d: _Direction) -> list:
+    def _accepted_diagnoses(self, d: _Direction) -> list[Diagnosis]:
         """What the blocks of the accepted non-exact classes are (equivalent, undefined, tie_rule)."""
         total = sum(p.blocks - p.exact for p in d.phases)
-        out = []
+        out: list[Diagnosis] = []
         waived = d.kept[ACCEPTED].get("accepted")
         if waived:
             for g in d.diagnose(waived):
@@ -896,7 +955,7 @@ class _Check:
         for d in self.dirs.values():
             d.smoke(x)
 
-    def _settings(self) -> dict:
+    def _settings(self) -> dict[str, Any]:
         try:
             import hypothesis
 
@@ -916,10 +975,8 @@ class _Check:
         }
 
 
-def _int(name: str, v, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise TbqValueError(f"{name} must be an integer >= {lo}, got {v!r}")
-    return int(v)
+def _int(name: str, v: object, lo: int) -> int:
+    return check_int(v, name, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
 
 
 def run_check(
@@ -932,7 +989,7 @@ def run_check(
     k: int = DEFAULT_K,
     seed: int = 0,
     progress: bool | None = False,
-    accept=(),
+    accept: str | Iterable[str] | None = (),
 ) -> CheckReport:
     """Run every phase on ``target`` and return the :class:`~tbq.check.report.CheckReport`.
 
@@ -952,13 +1009,9 @@ def run_check(
     k = _int("k (the fragility margin in ulps)", k, 0)
     seed = _int("seed", seed, 0)
     if seconds is not None:
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, (int, float, np.integer, np.floating))
-            or not seconds > 0
-        ):
-            raise TbqValueError(f"seconds must be a positive number of seconds or None, got {seconds!r}")
-        seconds = float(seconds)
+        seconds = check_number(
+            seconds, "seconds", lo=0, lo_open=True, expected="a positive number of seconds or None", error=TbqValueError
+        )
     if not isinstance(exact, (bool, np.bool_)):
         raise TbqValueError(f"exact must be True or False, got {exact!r}")
     if not target.directions:
@@ -970,7 +1023,7 @@ def run_check(
     if examples or seconds:
         require_hypothesis()
     require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")
-    accept = check_accept(accept)
+    names = check_accept(accept)
     return _Check(
         target,
         blocks=blocks,
@@ -980,11 +1033,11 @@ def run_check(
         k=k,
         seed=seed,
         progress=progress,
-        accept=accept,
+        accept=names,
     ).run()
 
 
-def check_accept(accept) -> frozenset:
+def check_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
     """``accept`` as a set of names, each a waivable class or a diagnosis name; anything else is refused naming the choices."""
     if isinstance(accept, str):
         accept = (accept,)

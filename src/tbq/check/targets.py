@@ -30,9 +30,12 @@ import shlex
 import subprocess
 import tempfile
 import traceback
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
 from ..formats import Format
@@ -60,6 +63,9 @@ _GUARD = 0xA5
 FILL_BYTE = 0x5A
 FILL_FLOAT_BITS = 0x7FA5A5A5  # a NaN that no decoder produces by arithmetic
 
+#: A Python kernel: rows in, whatever it returns (anything array-like, checked by the target).
+Kernel = Callable[[NDArray[Any]], Any]
+
 
 class TargetError(TbqValueError):
     """The target cannot be used: it does not load, lacks a symbol, fails to run or returns the wrong shape."""
@@ -83,7 +89,7 @@ class _DlInfo(ctypes.Structure):
     ]
 
 
-def _dladdr():
+def _dladdr() -> Any:
     """The C library's ``dladdr`` (glibc >= 2.34 and macOS have it in the process; older glibc in libdl), or None."""
     import ctypes.util
 
@@ -98,7 +104,7 @@ def _dladdr():
     return None
 
 
-def defining_file(fn) -> str | None:
+def defining_file(fn: Any) -> str | None:
     """The shared object that defines the ctypes function ``fn`` (``dladdr`` of its address), or None where unknown.
 
     >>> import ctypes, os
@@ -115,14 +121,14 @@ def defining_file(fn) -> str | None:
     return os.path.realpath(os.fsdecode(info.dli_fname))
 
 
-def defining_file_of_handle(lib, path: str) -> str | None:
+def defining_file_of_handle(lib: ctypes.CDLL, path: str) -> str | None:
     """The real path of the file a ctypes library handle loaded (``path`` resolved; a bare name through ``dladdr``)."""
     if os.path.exists(path):
         return os.path.realpath(path)
     return None
 
 
-def _check_only(only) -> tuple[str, ...]:
+def _check_only(only: str | None) -> tuple[str, ...]:
     if only is None:
         return DIRECTIONS
     if only not in DIRECTIONS:
@@ -139,7 +145,7 @@ class Target:
 
     kind = "target"
 
-    def __init__(self, fmt: Format, directions: tuple[str, ...], description: str):
+    def __init__(self, fmt: Format, directions: tuple[str, ...], description: str) -> None:
         self.format = fmt
         self.directions = tuple(d for d in DIRECTIONS if d in directions)
         self.description = description
@@ -147,7 +153,7 @@ class Target:
         #: problems seen while calling (a write past the output, a modified input): direction -> messages
         self.faults: dict[str, list[str]] = {}
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.description} ({', '.join(self.directions)})>"
 
     @property
@@ -160,7 +166,7 @@ class Target:
             seen.append(message)
 
     # -- the public calls: checked shapes ---------------------------------------------------
-    def quantize(self, x: np.ndarray, fill: int | None = None) -> np.ndarray:
+    def quantize(self, x: NDArray[np.float32], fill: int | None = None) -> NDArray[np.uint8]:
         """Encode float32 rows ``(rows, k)``; ``fill`` (libraries only) is the output buffer's byte before the call."""
         if "quantize" not in self.directions:
             raise TargetError(f"{self.description} has no quantize function")
@@ -170,7 +176,7 @@ class Target:
         out = self._quantize(x, FILL_BYTE if fill is None else fill)
         return _shaped(out, (rows, width), np.uint8, f"{self.description}: quantize")
 
-    def dequantize(self, data: np.ndarray, fill: int | None = None) -> np.ndarray:
+    def dequantize(self, data: NDArray[np.uint8], fill: int | None = None) -> NDArray[np.float32]:
         """Decode uint8 rows ``(rows, nbytes)``; ``fill`` (libraries only) is the output's float32 bit pattern before the call."""
         if "dequantize" not in self.directions:
             raise TargetError(f"{self.description} has no dequantize function")
@@ -180,13 +186,13 @@ class Target:
         out = self._dequantize(data, FILL_FLOAT_BITS if fill is None else fill)
         return _shaped(out, (rows, width), np.float32, f"{self.description}: dequantize")
 
-    def _quantize(self, x, fill):  # pragma: no cover - abstract
+    def _quantize(self, x: NDArray[np.float32], fill: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _dequantize(self, data, fill):  # pragma: no cover - abstract
+    def _dequantize(self, data: NDArray[np.uint8], fill: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _row_chunks(self, rows: int, k: int):
+    def _row_chunks(self, rows: int, k: int) -> Iterator[tuple[int, int]]:
         """Row ranges ``[r0, r1)`` handed to one call: one row for row-rule formats, else up to :data:`CALL_VALUES` values."""
         per = 1 if self.row_rule else max(1, CALL_VALUES // max(1, k))
         for r0 in range(0, rows, per):
@@ -195,16 +201,16 @@ class Target:
     def close(self) -> None:
         """Release what the target holds (temporary files); the default holds nothing."""
 
-    def link_libraries(self, direction: str) -> list:
+    def link_libraries(self, direction: str) -> list[str]:
         """Shared libraries a C repro of ``direction`` links with (none: the repro names a placeholder)."""
         return []
 
-    def provenance(self) -> dict:
+    def provenance(self) -> dict[str, dict[str, Any]]:
         """Per direction (and init function), what was called: ``{"symbol", "file", ...}`` (empty where not known)."""
         return {}
 
 
-def _to_numpy(obj):
+def _to_numpy(obj: Any) -> NDArray[Any]:
     """A NumPy array from what a kernel returned (NumPy, a PyTorch tensor on any device, bytes, anything array-like)."""
     if isinstance(obj, np.ndarray):
         return obj
@@ -218,7 +224,7 @@ def _to_numpy(obj):
     return np.asarray(obj)
 
 
-def _shaped(out, shape: tuple, dtype, what: str) -> np.ndarray:
+def _shaped(out: Any, shape: tuple[int, ...], dtype: DTypeLike, what: str) -> NDArray[Any]:
     if out is None:
         raise TargetError(
             f"{what} returned None; return the {'encoded rows (uint8)' if dtype == np.uint8 else 'decoded rows (float32)'}"
@@ -266,15 +272,15 @@ class LibraryTarget(Target):
 
     def __init__(
         self,
-        path,
+        path: str | os.PathLike[str],
         fmt: Format,
         *,
         quantize: str | None = None,
         dequantize: str | None = None,
         only: str | None = None,
-        init=(),
+        init: str | Iterable[str] = (),
         strict_lib: bool = False,
-    ):
+    ) -> None:
         want = _check_only(only)
         path = os.fspath(path)
         p = Path(path)
@@ -300,8 +306,8 @@ class LibraryTarget(Target):
         self.strict_lib = bool(strict_lib)
         names = {"quantize": quantize, "dequantize": dequantize}
         other = {"quantize": "dequantize", "dequantize": "quantize"}
-        self.functions = {}
-        self._provenance: dict = {}
+        self.functions: dict[str, Any] = {}  # direction -> the ctypes function
+        self._provenance: dict[str, dict[str, Any]] = {}
         for name in init:
             try:
                 fn = getattr(self.lib, name)
@@ -338,7 +344,7 @@ class LibraryTarget(Target):
         for name in init:  # once, after every symbol resolved (a missing symbol fails before any side effect)
             getattr(self.lib, name)()
 
-    def _resolved(self, key: str, sym: str, fn) -> None:
+    def _resolved(self, key: str, sym: str, fn: Any) -> None:
         """Record where ``sym`` comes from; refuse it under ``strict_lib`` when another file defines it."""
         where = defining_file(fn)
         elsewhere = where is not None and self.file is not None and where != self.file
@@ -349,10 +355,10 @@ class LibraryTarget(Target):
             )
         self._provenance[key] = {"symbol": sym, "file": where, "library": self.path, "elsewhere": bool(elsewhere)}
 
-    def provenance(self) -> dict:
+    def provenance(self) -> dict[str, dict[str, Any]]:
         return {k: dict(v) for k, v in self._provenance.items()}
 
-    def link_libraries(self, direction: str) -> list:
+    def link_libraries(self, direction: str) -> list[str]:
         """The library given, and the one that defines the symbol when it is another (a dependency)."""
         libs = [self.path]
         where = self._provenance.get(direction, {}).get("file")
@@ -360,7 +366,15 @@ class LibraryTarget(Target):
             libs.append(where)
         return libs
 
-    def _call(self, direction, src: np.ndarray, out_width_bytes: int, fill_bytes: bytes, out_dtype, k_of_chunk):
+    def _call(
+        self,
+        direction: str,
+        src: NDArray[Any],
+        out_width_bytes: int,
+        fill_bytes: bytes,
+        out_dtype: DTypeLike,
+        k_of_chunk: Callable[[int], int],
+    ) -> NDArray[Any]:
         fn = self.functions[direction]
         rows = src.shape[0]
         out = np.empty((rows, out_width_bytes), np.uint8)
@@ -386,12 +400,12 @@ class LibraryTarget(Target):
             out[r0:r1] = buf[:n].reshape(r1 - r0, out_width_bytes)
         return out if out_dtype == np.uint8 else out.view(out_dtype)
 
-    def _quantize(self, x, fill):
+    def _quantize(self, x: NDArray[np.float32], fill: int) -> NDArray[np.uint8]:
         bs, ts = self.format.block_size, self.format.type_size
         k = x.shape[1]
         return self._call("quantize", x, k // bs * ts, bytes([fill & 0xFF]), np.uint8, lambda r: r * k)
 
-    def _dequantize(self, data, fill):
+    def _dequantize(self, data: NDArray[np.uint8], fill: int) -> NDArray[np.float32]:
         bs, ts = self.format.block_size, self.format.type_size
         k = data.shape[1] // ts * bs
         pattern = np.array([fill], "<u4").tobytes()
@@ -403,7 +417,7 @@ class LibraryTarget(Target):
 # ---------------------------------------------------------------------------
 
 
-def _raises(fn, rows: np.ndarray) -> bool:
+def _raises(fn: Kernel, rows: NDArray[Any]) -> bool:
     try:
         fn(rows.copy())
     except Exception:
@@ -425,7 +439,9 @@ class CallableTarget(Target):
 
     kind = "callable"
 
-    def __init__(self, fmt: Format, quantize=None, dequantize=None, name: str | None = None):
+    def __init__(
+        self, fmt: Format, quantize: Kernel | None = None, dequantize: Kernel | None = None, name: str | None = None
+    ) -> None:
         fns = {"quantize": quantize, "dequantize": dequantize}
         for d, fn in fns.items():
             if fn is not None and not callable(fn):
@@ -436,15 +452,16 @@ class CallableTarget(Target):
         super().__init__(fmt, tuple(d for d, fn in fns.items() if fn is not None), name or f"python {', '.join(names)}")
         self.fns = fns
 
-    def _quantize(self, x, fill):
+    def _quantize(self, x: NDArray[np.float32], fill: int) -> Any:
         return self._guarded("quantize", x)
 
-    def _dequantize(self, data, fill):
+    def _dequantize(self, data: NDArray[np.uint8], fill: int) -> Any:
         return self._guarded("dequantize", data)
 
-    def _guarded(self, direction: str, rows: np.ndarray):
+    def _guarded(self, direction: str, rows: NDArray[Any]) -> Any:
         """Call the kernel; an exception becomes a :class:`TargetError` naming the smallest input that raises it."""
         fn = self.fns[direction]
+        assert fn is not None  # Target.quantize/dequantize: only the directions given are called
         try:
             return fn(rows.copy())
         except Exception as exc:
@@ -461,7 +478,7 @@ class CallableTarget(Target):
                 f"{' ...' if culprit.size > 8 else ''}); the kernel's traceback:\n{tb}"
             ) from exc
 
-    def _culprit(self, fn, rows: np.ndarray, direction: str):
+    def _culprit(self, fn: Kernel, rows: NDArray[Any], direction: str) -> tuple[NDArray[Any], str]:
         """The first row, then block of that row (when blocks are independent), on which ``fn`` raises by itself."""
         width = self.format.block_size if direction == "quantize" else self.format.type_size
         for r in range(rows.shape[0]):
@@ -506,7 +523,7 @@ class ProgramTarget(Target):
 
     kind = "program"
 
-    def __init__(self, command: str, fmt: Format, *, only: str | None = None, timeout: float = 600.0):
+    def __init__(self, command: str, fmt: Format, *, only: str | None = None, timeout: float = 600.0) -> None:
         if not isinstance(command, str) or not command.strip():
             raise TargetError('--exec needs a command line such as "./mykernel {op} {in} {out}"')
         try:
@@ -538,13 +555,13 @@ class ProgramTarget(Target):
     def close(self) -> None:
         self._tmp.cleanup()
 
-    def _row_chunks(self, rows, k):
+    def _row_chunks(self, rows: int, k: int) -> Iterator[tuple[int, int]]:
         if self.row_rule and "k" not in self.used:
             return super()._row_chunks(rows, k)  # one row per run: the program sees whole rows only
         per = max(1, (CALL_VALUES * 4) // max(1, k))
         return ((r0, min(rows, r0 + per)) for r0 in range(0, rows, per))
 
-    def _run(self, op: str, payload: np.ndarray, k: int, out_bytes: int) -> bytes:
+    def _run(self, op: str, payload: NDArray[Any], k: int, out_bytes: int) -> bytes:
         tmp = Path(self._tmp.name)
         src, dst = tmp / f"{op}.in", tmp / f"{op}.out"
         src.write_bytes(payload.tobytes())
@@ -585,7 +602,7 @@ class ProgramTarget(Target):
             )
         return data
 
-    def _quantize(self, x, fill):
+    def _quantize(self, x: NDArray[np.float32], fill: int) -> NDArray[np.uint8]:
         bs, ts = self.format.block_size, self.format.type_size
         k = x.shape[1]
         width = k // bs * ts
@@ -595,7 +612,7 @@ class ProgramTarget(Target):
             out[r0:r1] = np.frombuffer(raw, np.uint8).reshape(r1 - r0, width)
         return out
 
-    def _dequantize(self, data, fill):
+    def _dequantize(self, data: NDArray[np.uint8], fill: int) -> NDArray[np.float32]:
         bs, ts = self.format.block_size, self.format.type_size
         k = data.shape[1] // ts * bs
         out = np.empty((data.shape[0], k), np.float32)

@@ -378,6 +378,7 @@ def build_attention(
         "v_bytes": V.data,
     }
     if n_sink:
+        assert K.sink is not None and V.sink is not None  # KVCache.encode with n_sink >= 1 keeps that many sink tokens
         arrays["k_sink"] = K.sink
         arrays["v_sink"] = V.sink
     arrays.update(out_dequantized=_le(ref), out_rotated_f64=_le(rot64), out_rotated_f32=_le(rot32))
