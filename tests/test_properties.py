@@ -338,6 +338,12 @@ def test_pack_then_unpack_is_identity(name, backend, data):
     assert np.array_equal(pack(idx, backend=other), b)
 
 
+@functools.lru_cache(maxsize=None)
+def byte_arrays(shape):
+    """``npst.arrays(np.uint8, shape)``, built once per shape (hypothesis validates each new strategy on its first draw)."""
+    return npst.arrays(np.uint8, shape)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(PACKERS))
 @given(data=st.data())
@@ -346,7 +352,7 @@ def test_unpack_then_pack_is_identity(name, backend, data):
     pack, unpack, bits, per, nbytes = PACKERS[name]
     units = data.draw(st.integers(0, 24), label="units")
     shape = data.draw(small_leading, label="leading") + (units * nbytes,)
-    b = data.draw(npst.arrays(np.uint8, shape), label="bytes")
+    b = data.draw(byte_arrays(shape), label="bytes")
     idx = unpack(b, backend=backend)
     assert idx.dtype == np.uint8 and idx.shape == shape[:-1] + (units * per,)
     assert idx.size == 0 or int(idx.max()) < (1 << bits)
