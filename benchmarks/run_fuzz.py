@@ -262,6 +262,8 @@ def markdown(doc: dict) -> str:
         cpu = f"{c['cpu_ms']:.2f}{per}" if c.get("cpu_ms") is not None else "–"
         wall = f"{c['wall_ms']:.2f}" if c.get("wall_ms") is not None else "–"
         proj = f"{c['projected_s']:.0f} s" if c.get("projected_s") is not None else "–"
+        if per and c.get("projected_s") is not None:  # a stopped run: invalid examples unknown, so executions
+            proj += f" ({TARGET:,} executions, valid or not)"
         lines.append(f"| `{r['node'].split('::')[1]}` | {ex} | {r['seconds']:.0f} s | {cpu} | {wall} | {proj} | {r['status']} |")
     lines.append("")
     lines.append(f"Profile `{doc['profile']}` ({doc['examples']:,} examples per property), {doc['jobs']} processes at a time, "
