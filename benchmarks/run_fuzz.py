@@ -55,29 +55,43 @@ settings.register_profile("runfuzz", max_examples={n}, deadline=None, print_blob
 '''
 #: A pytest plugin that counts the test function's executions (every example hypothesis runs,
 #: valid or not) into the file $TBQ_FUZZ_COUNT_FILE, so that a run stopped by the budget still
-#: says how far it got (hypothesis prints its statistics only at the end).
+#: says how far it got (hypothesis prints its statistics only at the end), with the wall and CPU
+#: time of the process since the first example began (the examples' cost, without pytest's
+#: start-up) and, about every second, a snapshot (executions, wall, CPU) from which cost()
+#: takes the cost of the later examples, after one-time work (numba loading its cache, the
+#: strategies' tables) is done. CPU time is what the load of the machine changes least.
 _COUNTER = '''
-import atexit, os, time
+import atexit, json, os, time
 import hypothesis.core as _core
 
 _path = os.environ.get("TBQ_FUZZ_COUNT_FILE")
 _orig = _core.StateForActualGivenExecution.execute_once
-_state = {"n": 0, "t": 0.0}
+_state = {"n": 0, "t": 0.0, "wall0": None, "cpu0": None, "wall": 0.0, "cpu": 0.0, "start": time.monotonic(), "snaps": []}
 
 
 def _write():
     if _path:
-        with open(_path, "w") as f:
-            f.write(str(_state["n"]))
+        doc = {"executions": _state["n"], "wall_s": _state["wall"], "cpu_s": _state["cpu"],
+               "startup_wall_s": (_state["wall0"] or time.monotonic()) - _state["start"], "startup_cpu_s": _state["cpu0"],
+               "snapshots": _state["snaps"] + [(_state["n"], _state["wall"], _state["cpu"])]}
+        with open(_path + ".tmp", "w") as f:
+            json.dump(doc, f)
+        os.replace(_path + ".tmp", _path)
 
 
 def execute_once(self, *args, **kwargs):
-    _state["n"] += 1
-    now = time.monotonic()
-    if now - _state["t"] > 1.0:  # at most a second behind when the run is stopped
-        _state["t"] = now
-        _write()
-    return _orig(self, *args, **kwargs)
+    if _state["wall0"] is None:
+        _state["wall0"], _state["cpu0"] = time.monotonic(), time.process_time()
+    try:
+        return _orig(self, *args, **kwargs)
+    finally:
+        _state["n"] += 1
+        now = time.monotonic()
+        _state["wall"], _state["cpu"] = now - _state["wall0"], time.process_time() - _state["cpu0"]
+        if now - _state["t"] > 1.0:  # at most a second behind when the run is stopped
+            _state["t"] = now
+            _state["snaps"].append((_state["n"], _state["wall"], _state["cpu"]))
+            _write()
 
 
 atexit.register(_write)
@@ -111,6 +125,8 @@ def main(argv=None) -> int:
         env["TBQ_HYPOTHESIS_PROFILE"] = "fuzz"
     profile = env["TBQ_HYPOTHESIS_PROFILE"]
     load_before = os.getloadavg()
+    load_samples = []  # (seconds since the start, 1-minute load average), every minute
+    started_utc = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     t_start = time.perf_counter()
     pending = list(nodes)
     running = {}
@@ -133,9 +149,9 @@ def main(argv=None) -> int:
             proc.kill()
         proc.wait()
         try:
-            executed = int(count_file.read_text())
+            counted = json.loads(count_file.read_text())
         except (OSError, ValueError):
-            executed = None
+            counted = {}
         log.seek(0)
         text = log.read()
         log.close()
@@ -143,17 +159,26 @@ def main(argv=None) -> int:
         passing, failing, invalid = (int(v) for v in m[-1]) if m else (None, None, None)
         status = "stopped by the budget" if killed else ("pass" if proc.returncode == 0 else f"fail (exit {proc.returncode})")
         r = {"node": node, "status": status, "seconds": time.perf_counter() - t0, "passing": passing, "failing": failing, "invalid": invalid,
-             "executions_counted": executed}
+             "executions_counted": counted.get("executions"), "examples_wall_s": counted.get("wall_s"),
+             "examples_cpu_s": counted.get("cpu_s"), "startup_wall_s": counted.get("startup_wall_s"),
+             "startup_cpu_s": counted.get("startup_cpu_s"), "snapshots": counted.get("snapshots")}
+        r.update(cost(r))
+        snaps = r["snapshots"] or []
+        if len(snaps) > 100:  # kept for the record, thinned to about 100 (the cost above used them all)
+            r["snapshots"] = snaps[:: len(snaps) // 100][:100] + [snaps[-1]]
         if proc.returncode not in (0, None) and not killed:
             r["tail"] = text[-3000:]
         results.append(r)
-        print(f"[{time.perf_counter() - t_start:6.0f} s] {status}: {node}: {passing} passing, {invalid} invalid in {r['seconds']:.0f} s",
+        per = f", {r['cpu_ms']:.2f} ms CPU per example" if r.get("cpu_ms") else ""
+        print(f"[{time.perf_counter() - t_start:6.0f} s] {status}: {node}: {passing} passing, {invalid} invalid in {r['seconds']:.0f} s{per}",
               file=sys.stderr, flush=True)
 
     while pending or running:
         while pending and len(running) < args.jobs and time.perf_counter() - t_start < args.budget:
             start(pending.pop(0))
         time.sleep(1.0)
+        if time.perf_counter() - t_start >= 60 * len(load_samples):
+            load_samples.append((round(time.perf_counter() - t_start), os.getloadavg()[0]))
         for node in list(running):
             if running[node][0].poll() is not None:
                 finish(node)
@@ -165,7 +190,9 @@ def main(argv=None) -> int:
             pending = []
     doc = {"profile": profile, "examples": args.examples or 100_000, "jobs": args.jobs, "budget_s": args.budget,
            "wall_s": time.perf_counter() - t_start, "load_before": load_before, "load_after": os.getloadavg(),
+           "load_samples": load_samples, "started_utc": started_utc,
            "results": sorted(results, key=lambda r: nodes.index(r["node"]))}
+    doc["projection"] = projection(doc)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1))
@@ -173,8 +200,57 @@ def main(argv=None) -> int:
     return 0 if all(r["status"] == "pass" for r in results) else 1
 
 
+#: The examples per property the fuzz profile asks for (tests/conftest.py), which the projection is for.
+TARGET = 100_000
+
+
+def cost(r: dict) -> dict:
+    """Cost per example of one property's run: CPU and wall milliseconds, and the projected time for TARGET examples.
+
+    The counter times the examples only (pytest's start-up is not in it). The cost per example
+    is the slope over the second half of the run (from the snapshot nearest half the
+    executions to the end), so one-time work in the first examples (numba loading its cache,
+    the strategies building their tables) does not inflate it; that work is in the projection
+    once, with the first half as measured. Per example means per valid example (hypothesis's
+    ``max_examples`` counts those; the invalid ones it also ran are in the cost) when
+    hypothesis printed its statistics; for a run the budget stopped, per execution. The CPU
+    time is what an example costs on a core of its own: ``projected_s`` (start-up CPU, the
+    first half as measured, the rest up to TARGET examples at the slope) is the quiet-machine
+    estimate; a loaded machine stretches the wall time far more than the CPU time.
+    """
+    n_exec, cpu, wall = r.get("executions_counted"), r.get("examples_cpu_s"), r.get("examples_wall_s")
+    if not n_exec or cpu is None:
+        return {}
+    snaps = [tuple(s) for s in (r.get("snapshots") or [])] or [(n_exec, wall, cpu)]
+    end = snaps[-1]
+    mid = min(snaps, key=lambda s: abs(s[0] - n_exec / 2))
+    if end[0] - mid[0] < max(50, n_exec // 4):  # too few snapshots to split: the whole run's average
+        mid = (0, 0.0, 0.0)
+    per_exec_cpu = (end[2] - mid[2]) / (end[0] - mid[0])
+    per_exec_wall = (end[1] - mid[1]) / (end[0] - mid[0])
+    valid = (r["passing"] or 0) + (r["failing"] or 0) if r.get("passing") is not None else None
+    exec_per = n_exec / valid if valid else 1.0
+    out = {"per": "valid example" if valid else "execution", "cpu_ms": 1e3 * per_exec_cpu * exec_per,
+           "wall_ms": 1e3 * per_exec_wall * exec_per, "slope_from_execution": mid[0]}
+    out["projected_s"] = (r.get("startup_cpu_s") or 0.0) + mid[2] + per_exec_cpu * max(0.0, TARGET * exec_per - mid[0])
+    return out
+
+
+def projection(doc: dict) -> dict | None:
+    """The plan's wall time for TARGET examples on quiet cores: each property's projected_s, ``jobs`` at a time in plan order."""
+    times = [r.get("projected_s") for r in doc["results"]]
+    if not times or any(t is None for t in times):
+        return None
+    free = [0.0] * doc["jobs"]
+    for t in times:  # as main() schedules them: the next property starts on the first core to come free
+        i = free.index(min(free))
+        free[i] += t
+    return {"examples": TARGET, "cpu_s": sum(times), "plan_wall_s": max(free), "jobs": doc["jobs"]}
+
+
 def markdown(doc: dict) -> str:
-    lines = ["| property | examples (passing + invalid) | wall time | result |", "|---|---|---|---|"]
+    lines = ["| property | examples (passing + invalid) | wall time | CPU ms / example | wall ms / example | "
+             f"projected for {TARGET:,} (quiet core) | result |", "|---|---|---|---|---|---|---|"]
     for r in doc["results"]:
         if r["passing"] is not None:
             ex = f"{r['passing']:,} + {r['invalid']:,}"
@@ -182,11 +258,25 @@ def markdown(doc: dict) -> str:
             ex = f"about {r['executions_counted']:,} executed (counted; no statistics for a stopped run)"
         else:
             ex = "unknown" if r["seconds"] else "–"
-        lines.append(f"| `{r['node'].split('::')[1]}` | {ex} | {r['seconds']:.0f} s | {r['status']} |")
+        c = cost(r) if "cpu_ms" not in r else r
+        per = " (per execution)" if c.get("per") == "execution" else ""
+        cpu = f"{c['cpu_ms']:.2f}{per}" if c.get("cpu_ms") is not None else "–"
+        wall = f"{c['wall_ms']:.2f}" if c.get("wall_ms") is not None else "–"
+        proj = f"{c['projected_s']:.0f} s" if c.get("projected_s") is not None else "–"
+        if per and c.get("projected_s") is not None:  # a stopped run: invalid examples unknown, so executions
+            proj += f" ({TARGET:,} executions, valid or not)"
+        lines.append(f"| `{r['node'].split('::')[1]}` | {ex} | {r['seconds']:.0f} s | {cpu} | {wall} | {proj} | {r['status']} |")
     lines.append("")
     lines.append(f"Profile `{doc['profile']}` ({doc['examples']:,} examples per property), {doc['jobs']} processes at a time, "
                  f"budget {doc['budget_s']:.0f} s, whole plan {doc['wall_s']:.0f} s wall; load average {doc['load_before'][0]:.1f} "
                  f"before, {doc['load_after'][0]:.1f} after.")
+    if doc.get("load_samples"):
+        loads = [v for _, v in doc["load_samples"]]
+        lines.append(f"1-minute load average sampled every minute: {min(loads):.1f} to {max(loads):.1f} (median {sorted(loads)[len(loads) // 2]:.1f}).")
+    proj = doc.get("projection") or projection(doc)
+    if proj:
+        lines.append(f"Projected for {proj['examples']:,} examples per property on {proj['jobs']} quiet cores (CPU cost per example "
+                     f"measured here): {proj['cpu_s']:.0f} core-seconds, the plan in about {proj['plan_wall_s'] / 60:.1f} minutes of wall time.")
     return "\n".join(lines)
 
 

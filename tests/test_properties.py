@@ -198,14 +198,18 @@ def fp16_bits(d):
 
 
 def _butterfly(v):
-    """The spec's Walsh-Hadamard butterfly on float32 rows: (a, b) -> (a + b, a - b), h = 1, 2, 4, ..."""
+    """The spec's Walsh-Hadamard butterfly on float32 rows: (a, b) -> (a + b, a - b), h = 1, 2, 4, ...
+
+    Stage h pairs w[i + t] with w[i + h + t] for every i = 0, 2h, 4h, ... and t < h: viewing each
+    row as (n / 2h, 2, h) puts a at [:, 0, :] and b at [:, 1, :], so one float32 addition and one
+    subtraction per pair, each rounded once, as in the spec's loop.
+    """
     w = np.array(v, F32, copy=True)
-    n, h = w.shape[-1], 1
+    rows, n, h = w.shape[0], w.shape[-1], 1
     while h < n:
-        for i in range(0, n, 2 * h):
-            a, b = w[:, i : i + h].copy(), w[:, i + h : i + 2 * h].copy()
-            w[:, i : i + h] = a + b
-            w[:, i + h : i + 2 * h] = a - b
+        pairs = w.reshape(rows, n // (2 * h), 2, h)
+        a, b = pairs[:, :, 0, :], pairs[:, :, 1, :]
+        w = np.stack((a + b, a - b), axis=2).reshape(rows, n)
         h *= 2
     return w
 
@@ -236,13 +240,27 @@ def test_independent_helpers_agree_with_the_slow_model_and_known_values():
     s1, s2 = c.rotation.signs1, c.rotation.signs2
     want = [F32(F32(a * F32(1.0 / math.sqrt(128))) * F32(s)) for a, s in zip(naive.butterfly([F32(a * F32(s)) for a, s in zip(u[0], s1)]), s2)]
     assert np.array_equal(rot_forward(c.rotation, u)[0].view(np.uint32), np.array(want, F32).view(np.uint32))
+    # the sum of squares against the spec's loop, one float32 rounding per operation, on rows whose
+    # order matters (a pairwise or reordered sum gives other bits on most of them)
+    v = np.random.default_rng(6).standard_normal((8, 128)).astype(F32) * F32(2.0) ** np.arange(-60, 68, 16, dtype=F32)[:, None]
+    v[0, ::7] = F32(1e18)
+    for row, got in zip(v, seq_sum_squares(v)):
+        acc = F32(0)
+        for val in row:
+            acc = F32(acc + F32(val * val))
+        assert got.view(np.uint32) == acc.view(np.uint32)
 
 
 def seq_sum_squares(v):
-    acc = np.zeros(v.shape[0], F32)
-    for j in range(v.shape[1]):
-        acc += v[:, j] * v[:, j]
-    return acc
+    """Row-wise float32 sum of squares in index order from +0.0 (the spec's loop).
+
+    ``np.add.accumulate`` adds strictly left to right (unlike ``np.sum``'s pairwise sums); its
+    first partial sum is the first square itself, which is ``+0.0 + v0*v0`` (a square is never -0.0).
+    """
+    v = np.asarray(v, F32)
+    if v.shape[1] == 0:
+        return np.zeros(v.shape[0], F32)
+    return np.add.accumulate(v * v, axis=1, dtype=F32)[:, -1]
 
 
 def unpack_codes(fmt, b2):
@@ -320,6 +338,12 @@ def test_pack_then_unpack_is_identity(name, backend, data):
     assert np.array_equal(pack(idx, backend=other), b)
 
 
+@functools.lru_cache(maxsize=None)
+def byte_arrays(shape):
+    """``npst.arrays(np.uint8, shape)``, built once per shape (hypothesis validates each new strategy on its first draw)."""
+    return npst.arrays(np.uint8, shape)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(PACKERS))
 @given(data=st.data())
@@ -328,7 +352,7 @@ def test_unpack_then_pack_is_identity(name, backend, data):
     pack, unpack, bits, per, nbytes = PACKERS[name]
     units = data.draw(st.integers(0, 24), label="units")
     shape = data.draw(small_leading, label="leading") + (units * nbytes,)
-    b = data.draw(npst.arrays(np.uint8, shape), label="bytes")
+    b = data.draw(byte_arrays(shape), label="bytes")
     idx = unpack(b, backend=backend)
     assert idx.dtype == np.uint8 and idx.shape == shape[:-1] + (units * per,)
     assert idx.size == 0 or int(idx.max()) < (1 << bits)

@@ -565,3 +565,56 @@ def test_the_kernel_status_the_fit_loop_asks_equals_the_spec_trace(fmt):
         blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(np.float32)
         want = ctx.format.invalid_blocks(ctx.trace(blk[None, :]))
         assert ctx.status(blk) == (int(want[0]) if np.size(want) else 0)
+
+
+def _rotated_values_around(t, half_width=64):
+    """fl(C * h) for the 2 * half_width + 1 float32 h nearest t / C (C = the rotation's constant), in increasing h."""
+    C = F32(1.0 / np.sqrt(128.0))
+    h0 = F32(float(t) / float(C))
+    bits = h0.view(np.int32) + np.arange(-half_width, half_width + 1, dtype=np.int32)  # t > 0: h0 > 0, so bits increase with h
+    h = bits.view(F32)
+    return (h * C).astype(F32)
+
+
+@pytest.mark.parametrize("fmt", ["tbq4_0", "tbq3_0"])
+def test_threshold_targets_skipped_are_those_no_rotated_coordinate_takes(fmt):
+    """The on_threshold search is skipped for a target fl(C * h) takes for no float32 h: proved here by an exhaustive
+    window. h -> fl(C * h) is monotone, so a window whose images run from below t to above t without t settles it."""
+    from tbq.testing.strategies._machinery import _resolve_fmt
+    from tbq.testing.strategies._rotated import _reachable, _threshold_targets
+
+    ctx = _resolve_fmt("test", fmt, None, None)
+    C = float(ctx.hadamard_scale)
+    assert C == float(F32(1.0 / np.sqrt(128.0)))
+    skipped = []
+    for t in _threshold_targets(ctx):
+        for v in (np.nextafter(F32(t), F32(-np.inf)), F32(t), np.nextafter(F32(t), F32(np.inf))):
+            img = _rotated_values_around(abs(v))
+            assert img[0] < abs(v) < img[-1]  # the window brackets the target
+            assert _reachable(C, float(v)) == bool(np.any(img == abs(v))), (fmt, float(v))
+            if not _reachable(C, float(v)):
+                skipped.append(float(v))
+    # the shipped Lloyd-Max tables have such targets (exact thresholds among them), a minority of all
+    assert 0 < len(skipped) < len(_threshold_targets(ctx))
+    assert any(float(F32(t)) in skipped for t in _threshold_targets(ctx))
+
+
+def test_a_skipped_threshold_search_is_one_that_cannot_succeed(monkeypatch):
+    """Run the full search (the skip disabled) on a target that no rotated coordinate takes: it fails; on a target the
+    rotation reaches, the same search succeeds, with the coordinate exactly on it."""
+    from tbq.testing.strategies import _rotated
+    from tbq.testing.strategies._machinery import _resolve_fmt
+
+    ctx = _resolve_fmt("test", "tbq3_0", None, None)
+    C = float(ctx.hadamard_scale)
+    targets = [F32(t) for t in _rotated._threshold_targets(ctx)]
+    never = next(t for t in targets if not _rotated._reachable(C, float(t)))
+    taken = next(t for t in targets if _rotated._reachable(C, float(t)))
+    rng = np.random.default_rng(3)
+    assert _rotated._search_threshold_block(rng, ctx, [5], [never]) is None
+    assert rng.integers(0, 2**63) == np.random.default_rng(3).integers(0, 2**63)  # skipped before any draw
+    monkeypatch.setattr(_rotated, "_reachable", lambda scale, v: True)
+    assert _rotated._search_threshold_block(np.random.default_rng(3), ctx, [5], [never], iters=30) is None
+    found = [_rotated._search_threshold_block(np.random.default_rng(s), ctx, [5], [taken]) for s in range(4)]
+    hits = [x for x in found if x is not None]
+    assert hits and all(ctx.rotated_coords(x[None, :])[0, 5] == taken for x in hits)

@@ -5,6 +5,8 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 
 from __future__ import annotations
 
+import functools
+
 try:
     import hypothesis
     import hypothesis.extra.numpy as npst
@@ -22,7 +24,7 @@ from tbq.formats.base import FIELD_KINDS
 from ._fp4 import _fam_binade_tops, _fam_ue4m3
 from ._fp8 import _fam_fp8_grid
 from ._generic import _fam_constant, _fam_gaussian, _fam_heavy_tail, _fam_huge, _fam_nonfinite, _fam_outliers, _fam_overflow, _fam_sparse, _fam_subnormal, _fam_zero
-from ._machinery import DEFAULT_FAMILIES, F32, FAMILIES, HAZARD_FAMILIES, SPECIAL_SCALES, _ALIASES, _Fmt, _UNFIT, _check_int, _event, _fail, _fit, _resolve_fmt, _resolve_leading
+from ._machinery import DEFAULT_FAMILIES, F32, FAMILIES, HAZARD_FAMILIES, SPECIAL_SCALES, _ALIASES, _Fmt, _UNFIT, _check_int, _event, _fail, _fit, _memo_strategy, _resolve_fmt, _resolve_leading, _sampled
 from ._rotated import _fam_thresholds
 from ._scalar import _fam_grid_ties, _fam_min_ties, _fam_ties
 
@@ -49,7 +51,7 @@ _FAMILY_FUNCS = {
 
 @st.composite
 def _one_block(draw, ctx: _Fmt, families: tuple):
-    fam = draw(st.sampled_from(families))
+    fam = draw(_sampled(families))
     _event(f"family: {fam}")
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
@@ -59,6 +61,12 @@ def _one_block(draw, ctx: _Fmt, families: tuple):
             blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(F32)
         blk = _fit(ctx, blk)
     return blk
+
+@functools.lru_cache(maxsize=256)
+def _block_strategy(ctx: _Fmt, families: tuple) -> st.SearchStrategy:
+    """``_one_block(ctx, families)``, built once per format context and family tuple (drawn several times per example)."""
+    return _one_block(ctx, families)
+
 
 @st.composite
 def _float_blocks(draw, ctx, min_blocks, max_blocks, leading, families, elements):
@@ -70,9 +78,11 @@ def _float_blocks(draw, ctx, min_blocks, max_blocks, leading, families, elements
     total = int(np.prod(lead, dtype=np.int64)) * nb
     if total == 0:
         return np.zeros(shape, F32)
-    blocks = [draw(_one_block(ctx, families)) for _ in range(total)]
+    block = _block_strategy(ctx, families)
+    blocks = [draw(block) for _ in range(total)]
     return np.concatenate(blocks).reshape(shape)
 
+@_memo_strategy
 def float_blocks(
     fmt,
     *,
@@ -174,7 +184,7 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
     nb = draw(st.integers(min_blocks, max_blocks))
     nblocks = int(np.prod(lead, dtype=np.int64)) * nb
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    pattern = draw(st.sampled_from(["random", "zeros", "ones", "alternating", "random"]))
+    pattern = draw(_sampled(["random", "zeros", "ones", "alternating", "random"]))
     _event(f"bytes: {pattern}")
     if pattern == "random":
         data = rng.integers(0, 256, (nblocks, ctx.ts), dtype=np.uint8)
@@ -195,7 +205,7 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
         for b in range(nblocks):
             if draw(st.integers(0, 3)) == 0:
                 continue  # keep the random scale
-            kind = draw(st.sampled_from(names))
+            kind = draw(_sampled(names))
             _event(f"scale: {kind}")
             lo, hi = table[kind]
             bits = draw(st.integers(lo, hi))
@@ -207,6 +217,7 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
 def _valid_bytes(draw, ctx, xs):
     return ctx.encode(draw(xs))
 
+@_memo_strategy
 def encoded_blocks(
     fmt,
     *,

@@ -17,7 +17,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 
 import numpy as np
 
-from ._machinery import F32, _event, _next32
+from ._machinery import F32, _event, _next32, _sampled
 
 
 def _fam_fp8_grid(draw, rng, ctx):
@@ -27,19 +27,19 @@ def _fam_fp8_grid(draw, rng, ctx):
     grid = np.asarray(h["values"], np.float64)
     s = F32(h["scale"])
     mids = (grid[:-1] + grid[1:]) / 2
-    mode = draw(st.sampled_from(["tie", "near_tie", "saturation", "subnormal", "division"]))
+    mode = draw(_sampled(["tie", "near_tie", "saturation", "subnormal", "division"]))
     _event(f"fp8_grid: {mode}")
-    sign = draw(st.sampled_from([F32(1), F32(-1)]))
+    sign = draw(_sampled([F32(1), F32(-1)]))
     if mode == "saturation":
-        v = draw(st.sampled_from([grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]))
+        v = draw(_sampled([grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]))
     elif mode == "subnormal":
         sub = grid[grid < float(h["min_normal"])]
-        v = float(draw(st.sampled_from(list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2])))
+        v = float(draw(_sampled(list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2])))
     else:
         v = float(mids[draw(st.integers(0, mids.size - 1))])
     target = F32(v)
     if mode == "near_tie":
-        target = _next32(target, draw(st.sampled_from([np.inf, -np.inf])))
+        target = _next32(target, draw(_sampled([np.inf, -np.inf])))
     with np.errstate(all="ignore"):
         x = F32(float(target) * float(s))
         best = x

@@ -17,11 +17,21 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 
 import numpy as np
 
-from ._machinery import F32, _F16_LIMIT, _F16_MAX, _event, _gauss, _next32, _rescale
+from ._machinery import F32, _F16_LIMIT, _F16_MAX, _event, _gauss, _next32, _rescale, _sampled
+
+
+#: The exponent of the Gaussian family's scale (0 often, anything in -30..20 otherwise); built once.
+_GAUSS_EXPONENT = st.one_of(st.just(0), st.integers(-30, 20))
+
+#: The constant family's value: a few simple ones, or any finite float32 in +-1e4; built once.
+_CONSTANT_VALUE = st.one_of(
+    st.sampled_from([0.5, -0.5, 1.0, -1.0, 3.0]),
+    st.floats(-1e4, 1e4, width=32, allow_nan=False, allow_infinity=False),
+)
 
 
 def _fam_gaussian(draw, rng, ctx):
-    e = draw(st.one_of(st.just(0), st.integers(-30, 20)))
+    e = draw(_GAUSS_EXPONENT)
     return _gauss(rng, ctx.bs, 2.0**e)
 
 def _fam_outliers(draw, rng, ctx):
@@ -29,19 +39,19 @@ def _fam_outliers(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs, s)
     n = draw(st.integers(1, min(4, ctx.bs)))
     chans = draw(st.lists(st.integers(0, ctx.bs - 1), min_size=n, max_size=n, unique=True))
-    mult = draw(st.sampled_from([10.0, 25.0, 100.0, 1000.0, 10000.0]))
+    mult = draw(_sampled([10.0, 25.0, 100.0, 1000.0, 10000.0]))
     for c in chans:  # at least mult * s in magnitude
         blk[c] = F32(np.copysign(max(abs(float(blk[c])), s) * mult, blk[c]))
     return blk
 
 def _fam_heavy_tail(draw, rng, ctx):
-    df = draw(st.sampled_from([1.0, 1.5, 2.0, 3.0]))
+    df = draw(_sampled([1.0, 1.5, 2.0, 3.0]))
     scale = 2.0 ** draw(st.integers(-8, 4))
     with np.errstate(all="ignore"):
         return (rng.standard_t(df, ctx.bs) * scale).astype(F32)
 
 def _fam_subnormal(draw, rng, ctx):
-    mode = draw(st.sampled_from(["f32_subnormal", "fp16_subnormal_scale", "scale_underflow", "inverse_overflow", "mixed"]))
+    mode = draw(_sampled(["f32_subnormal", "fp16_subnormal_scale", "scale_underflow", "inverse_overflow", "mixed"]))
     _event(f"subnormal: {mode}")
     bs = ctx.bs
     if mode == "f32_subnormal":
@@ -65,11 +75,11 @@ def _fam_subnormal(draw, rng, ctx):
     return _rescale(ctx, blk, target)
 
 def _fam_huge(draw, rng, ctx):
-    base = draw(st.sampled_from(["gaussian", "outliers", "constant"]))
+    base = draw(_sampled(["gaussian", "outliers", "constant"]))
     blk = {"gaussian": _fam_gaussian, "outliers": _fam_outliers, "constant": _fam_constant}[base](draw, rng, ctx)
     if not np.any(blk):
         blk = _gauss(rng, ctx.bs)
-    which = draw(st.sampled_from(["max", "just_below_limit", "range"]))
+    which = draw(_sampled(["max", "just_below_limit", "range"]))
     _event(f"huge: {which}")
     if which == "max":
         target = _F16_MAX
@@ -87,16 +97,11 @@ def _fam_huge(draw, rng, ctx):
     return out
 
 def _fam_constant(draw, rng, ctx):
-    v = draw(
-        st.one_of(
-            st.sampled_from([0.5, -0.5, 1.0, -1.0, 3.0]),
-            st.floats(-1e4, 1e4, width=32, allow_nan=False, allow_infinity=False),
-        )
-    )
+    v = draw(_CONSTANT_VALUE)
     return np.full(ctx.bs, v, F32)
 
 def _fam_zero(draw, rng, ctx):
-    mode = draw(st.sampled_from(["+0", "-0", "mixed"]))
+    mode = draw(_sampled(["+0", "-0", "mixed"]))
     if mode == "+0":
         return np.zeros(ctx.bs, F32)
     if mode == "-0":
@@ -106,38 +111,38 @@ def _fam_zero(draw, rng, ctx):
 def _fam_sparse(draw, rng, ctx):
     bs = ctx.bs
     modes = ["one_hot", "spikes"] + (["rotated_one_hot"] if ctx.rotation is not None else [])
-    mode = draw(st.sampled_from(modes))
+    mode = draw(_sampled(modes))
     blk = np.zeros(bs, F32)
     if mode == "one_hot":
-        mag = draw(st.sampled_from([1.0, 0.5, 2.75, 100.0, 0.003, 3.0]))
-        blk[draw(st.integers(0, bs - 1))] = draw(st.sampled_from([mag, -mag]))
+        mag = draw(_sampled([1.0, 0.5, 2.75, 100.0, 0.003, 3.0]))
+        blk[draw(st.integers(0, bs - 1))] = draw(_sampled([mag, -mag]))
         return blk
     if mode == "spikes":
         n = draw(st.integers(min(2, bs), min(4, bs)))  # a one-value block (f16, bf16) has one spike
         pos = draw(st.lists(st.integers(0, bs - 1), min_size=n, max_size=n, unique=True))
         mag = F32(2.0 ** draw(st.integers(-10, 6)))
         for p in pos:
-            blk[p] = mag * draw(st.sampled_from([F32(1), F32(-1)]))
+            blk[p] = mag * draw(_sampled([F32(1), F32(-1)]))
         return blk
     k = draw(st.integers(0, bs - 1))
-    c = draw(st.sampled_from([1.0, -1.0, 3.0]))
+    c = draw(_sampled([1.0, -1.0, 3.0]))
     e = np.zeros(bs, F32)
     e[k] = 1
     return (ctx.rotation.inverse(e) * F32(c)).astype(F32)
 
 def _fam_overflow(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)
-    which = draw(st.sampled_from(["at_limit", "range", "extreme"]))
+    which = draw(_sampled(["at_limit", "range", "extreme"]))
     if which == "at_limit":
         return _rescale(ctx, blk, _F16_LIMIT * (1 + 2.0**-20))
     if which == "range":
         return _rescale(ctx, blk, 2.0 ** draw(st.floats(16.0, 40.0)))
-    blk[draw(st.integers(0, ctx.bs - 1))] = draw(st.sampled_from([F32(3e38), F32(-3e38), F32(1e20)]))
+    blk[draw(st.integers(0, ctx.bs - 1))] = draw(_sampled([F32(3e38), F32(-3e38), F32(1e20)]))
     return blk
 
 def _fam_nonfinite(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)
     n = draw(st.integers(1, min(3, ctx.bs)))
     for p in draw(st.lists(st.integers(0, ctx.bs - 1), min_size=n, max_size=n, unique=True)):
-        blk[p] = draw(st.sampled_from([F32(np.nan), F32(np.inf), F32(-np.inf)]))
+        blk[p] = draw(_sampled([F32(np.nan), F32(np.inf), F32(-np.inf)]))
     return blk

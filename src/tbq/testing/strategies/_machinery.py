@@ -25,7 +25,7 @@ from tbq.backend import STATUS_UNDEFINED, numba_available
 from tbq.codebooks import Codebook, get_codebook
 from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
 from tbq.formats.base import FIELD_KINDS
-from tbq.rotation import get_rotation
+from tbq.rotation import get_rotation, hadamard_scale
 
 
 F32 = np.float32
@@ -85,6 +85,63 @@ def _event(text: str) -> None:
         hypothesis.event(text)
     except Exception:  # outside a test (e.g. .example()): statistics are not recorded
         pass
+
+#: Strategies built once and reused (see :func:`_sampled`, :func:`_memo_strategy`). A strategy
+#: object is immutable, and hypothesis validates a new one on its first draw (tens of
+#: microseconds, per draw when the strategy is built inside a composite): reusing one gives the
+#: same draws from the same choices, without that cost.
+_SAMPLED: dict = {}
+
+
+def _value_key(v):
+    """A hashable key for ``v`` that keeps apart what ``==`` and ``hash`` conflate (1, 1.0, True, 0.0, -0.0, float32 and float64)."""
+    t = type(v)
+    if t is str or t is int or t is type(None):
+        return (t, v)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_value_key(i) for i in v))
+    if isinstance(v, dict):
+        return ("dict", frozenset((_value_key(k), _value_key(i)) for k, i in v.items()))
+    if isinstance(v, (float, np.floating, np.integer, bool, np.bool_)):
+        return (type(v).__name__, repr(v))
+    hash(v)  # TypeError for what cannot be a key (arrays): the caller does not cache
+    return (type(v), v)
+
+
+def _sampled(options) -> st.SearchStrategy:
+    """``st.sampled_from(options)``, built once per distinct ``options`` (compared by type and repr)."""
+    key = _value_key(options)
+    strat = _SAMPLED.get(key)
+    if strat is None:
+        if len(_SAMPLED) >= 4096:  # bounded: options drawn from data (e.g. per-block values) must not grow it forever
+            _SAMPLED.clear()
+        strat = _SAMPLED[key] = st.sampled_from(options)
+    return strat
+
+
+def _memo_strategy(fn):
+    """Return the same strategy object for the same arguments (a public strategy called once per example in a test).
+
+    Arguments that cannot be keys (arrays, for instance) build a new strategy each time;
+    bad arguments raise each time (nothing is cached for them).
+    """
+    cache: dict = {}
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            key = (_value_key(args), _value_key(kwargs))
+        except TypeError:
+            return fn(*args, **kwargs)
+        strat = cache.get(key)
+        if strat is None:
+            if len(cache) >= 1024:
+                cache.clear()
+            strat = cache[key] = fn(*args, **kwargs)
+        return strat
+
+    return wrapper
+
 
 def _fail(func: str, message: str):
     raise InvalidArgument(f"{func}: {message}")
@@ -157,6 +214,11 @@ class _Fmt:
     def rotated_coords(self, x2: np.ndarray) -> np.ndarray:
         """Normalised, rotated coordinates r = R(u) of each block, by the spec's float32 arithmetic."""
         return self.format.rotate(np.asarray(x2, dtype=F32))[1]
+
+    @functools.cached_property
+    def hadamard_scale(self) -> np.float32:
+        """The rotation's normalisation C = fl(1/sqrt(n)) (TBQ: the last rounding of a rotated coordinate before its sign)."""
+        return hadamard_scale(self.bs, np.float32)
 
     @functools.cached_property
     def rotation_matrix(self) -> np.ndarray:
@@ -250,9 +312,13 @@ def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
     _ROT_OBJECTS.setdefault(sign_key, rot)
     return _fmt_cached(name, cb_key, sign_key)
 
+#: The default leading shape of float_blocks and encoded_blocks: () or a small 1-2 axis shape.
+_DEFAULT_LEADING = st.one_of(st.just(()), npst.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
+
+
 def _resolve_leading(func, leading_shape):
     if leading_shape is None:
-        return st.one_of(st.just(()), npst.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
+        return _DEFAULT_LEADING
     if isinstance(leading_shape, st.SearchStrategy):
         return leading_shape
     if isinstance(leading_shape, tuple) and all(

@@ -19,14 +19,14 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 
 import numpy as np
 
-from ._machinery import F32, _event, _gauss, _next32
+from ._machinery import F32, _event, _gauss, _next32, _sampled
 
 
 def _tie_values(draw, rng, ctx, amax, inv, count):
     """``count`` values x with fl(x * inv) exactly a half-integer (or one ulp from it) inside the code range."""
     lo, hi = ctx.hazards["ties"]["codes"]
     ks = rng.integers(lo, hi + 1, count)
-    near = draw(st.sampled_from([0, 0, 1, -1]))  # 0: exact tie; +-1: one ulp above / below the tie
+    near = draw(_sampled([0, 0, 1, -1]))  # 0: exact tie; +-1: one ulp above / below the tie
     out = np.empty(count, F32)
     for i, k in enumerate(ks):
         v = F32(k + 0.5)
@@ -48,9 +48,9 @@ def _tie_values(draw, rng, ctx, amax, inv, count):
 def _fam_ties(draw, rng, ctx):
     bs = ctx.bs
     K = ctx.hazards["ties"]["divisor"]  # max|x| / |d|: amax = K * 2**e gives a power-of-two scale
-    mode = draw(st.sampled_from(["pow2", "general", "fp16_tie", "sign_tie"]))
+    mode = draw(_sampled(["pow2", "general", "fp16_tie", "sign_tie"]))
     _event(f"ties: {mode}")
-    sign = draw(st.sampled_from([F32(1), F32(-1)]))
+    sign = draw(_sampled([F32(1), F32(-1)]))
     pos = draw(st.integers(0, bs - 1))
     if mode == "sign_tie":  # +a and -a share the largest magnitude; Q4_0 takes the first
         blk = _gauss(rng, bs, 2.0 ** draw(st.integers(-6, 4)))
@@ -79,7 +79,7 @@ def _fam_ties(draw, rng, ctx):
         blk[others] = (rng.uniform(-0.9, 0.9, bs - 1) * amax).astype(F32)
         return blk
     vals = _tie_values(draw, rng, ctx, amax, inv, bs - 1)
-    frac = draw(st.sampled_from([1.0, 0.5]))
+    frac = draw(_sampled([1.0, 0.5]))
     rand = (rng.uniform(-0.95, 0.95, bs - 1) * amax).astype(F32)
     blk[others] = np.where(rng.random(bs - 1) < frac, vals, rand)
     return blk
@@ -88,7 +88,7 @@ def _fam_min_ties(draw, rng, ctx):
     """Q4_1/Q5_1: v = (x - min) * (1/d) exactly k + 1/2, where t = v + 0.5 is an integer (round half up)."""
     levels = int(ctx.hazards["min_ties"]["levels"])
     bs = ctx.bs
-    mode = draw(st.sampled_from(["pow2", "near", "min_fp16_tie", "random_rest"]))
+    mode = draw(_sampled(["pow2", "near", "min_fp16_tie", "random_rest"]))
     _event(f"min_ties: {mode}")
     d = 2.0 ** draw(st.integers(-14, 6))
     if mode == "min_fp16_tie":  # min exactly halfway between two fp16 numbers
@@ -116,16 +116,16 @@ def _fam_grid_ties(draw, rng, ctx):
     table = np.asarray(ctx.hazards["grid_ties"]["table"], np.float64)
     divisor = F32(ctx.hazards["grid_ties"]["divisor"])
     bs = ctx.bs
-    mode = draw(st.sampled_from(["pow2", "pow2", "general", "near", "tiny"]))
+    mode = draw(_sampled(["pow2", "pow2", "general", "near", "tiny"]))
     _event(f"grid_ties: {mode}")
     if mode == "tiny":  # max |x| at, just below or just above the 1e-15 tiny-block threshold
         lim = F32(1e-15)
-        amax = draw(st.sampled_from([lim, _next32(lim, 0), _next32(lim, np.inf), F32(0), F32(1e-20)]))
+        amax = draw(_sampled([lim, _next32(lim, 0), _next32(lim, np.inf), F32(0), F32(1e-20)]))
         blk = (rng.uniform(-1, 1, bs) * float(amax)).astype(F32)
         blk[draw(st.integers(0, bs - 1))] = amax
         return blk
     mids = (table[1:] + table[:-1]) / 2
-    sign = draw(st.sampled_from([F32(1), F32(-1)]))
+    sign = draw(_sampled([F32(1), F32(-1)]))
     e = draw(st.integers(-20, 6))
     amax = F32(abs(float(divisor)) * 2.0**e) if mode != "general" else F32(2.0 ** rng.uniform(-10, 6))
     m = sign * amax

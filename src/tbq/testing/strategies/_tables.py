@@ -21,7 +21,7 @@ import numpy as np
 from tbq.codebooks import Codebook, get_codebook
 from tbq.rotation import turboq_mtp_signs
 
-from ._machinery import F32, _check_int, _fail, _resolve_leading
+from ._machinery import F32, _check_int, _fail, _memo_strategy, _resolve_leading, _sampled
 
 
 @st.composite
@@ -29,7 +29,7 @@ def _codebooks(draw, bits, named, symmetric, scale):
     n = 1 << bits
     if named and draw(st.integers(0, 3)) == 0:
         names = ["lloyd-max"] + (["turboq-mtp"] if bits in (3, 4) else [])
-        return get_codebook(draw(st.sampled_from(names)), bits)
+        return get_codebook(draw(_sampled(names)), bits)
     sym = draw(st.booleans()) if symmetric is None else symmetric
     s = scale * 2.0 ** draw(st.integers(-4, 4))
     pos = st.floats(2.0**-20, 6.0, width=32).map(lambda v: F32(v * s))
@@ -44,7 +44,7 @@ def _codebooks(draw, bits, named, symmetric, scale):
         c = np.unique(np.asarray(full, F32))
         if c.size < n:
             c = ((np.arange(n) - n / 2 + 0.5) * (s / n)).astype(F32)
-    mode = draw(st.sampled_from(["midpoint", "random"]))
+    mode = draw(_sampled(["midpoint", "random"]))
     lo, hi = c[:-1].astype(np.float64), c[1:].astype(np.float64)
     if mode == "midpoint":
         f = np.full(n - 1, 0.5)
@@ -58,6 +58,7 @@ def _codebooks(draw, bits, named, symmetric, scale):
         m[n // 2 - 1] = 0
     return Codebook(c, m)
 
+@_memo_strategy
 def codebooks(bits: int, *, named: bool = True, symmetric=None, scale: float = 1.0 / math.sqrt(128)):
     """Valid :class:`tbq.Codebook` objects with ``2**bits`` centroids.
 
@@ -95,7 +96,7 @@ def codebooks(bits: int, *, named: bool = True, symmetric=None, scale: float = 1
 @st.composite
 def _sign_vector(draw, n):
     patterns = ["random", "all_plus", "all_minus", "alternating"] + (["turboq-mtp"] if n == 128 else [])
-    kind = draw(st.sampled_from(patterns))
+    kind = draw(_sampled(patterns))
     if kind == "random":
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         return (1 - 2 * rng.integers(0, 2, n)).astype(np.int8)
@@ -107,6 +108,7 @@ def _sign_vector(draw, n):
         return np.where(np.arange(n) % 2 == 0, 1, -1).astype(np.int8)
     return turboq_mtp_signs()[draw(st.integers(0, 1))].copy()
 
+@_memo_strategy
 def sign_vectors(n: int = 128, *, pair: bool = True):
     """Vectors of +1/-1 (int8) of length ``n``, as the TBQ ``signs=`` option takes them.
 
@@ -139,7 +141,7 @@ def _indices(draw, bits, n, leading):
     shape = lead + (n,)
     size = int(np.prod(shape, dtype=np.int64))
     top = (1 << bits) - 1
-    kind = draw(st.sampled_from(["random", "zeros", "max", "alternating", "ramp", "one_value"]))
+    kind = draw(_sampled(["random", "zeros", "max", "alternating", "ramp", "one_value"]))
     if kind == "random":
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         a = rng.integers(0, top + 1, size, dtype=np.uint16)
@@ -157,6 +159,7 @@ def _indices(draw, bits, n, leading):
             a[draw(st.integers(0, size - 1))] = draw(st.integers(1, top)) if top else 0
     return np.asarray(a, np.uint8).reshape(shape)
 
+@_memo_strategy
 def indices(bits: int, n: int, *, leading_shape=()):
     """uint8 arrays of ``n`` codebook indices in ``[0, 2**bits)`` along the last axis.
 
