@@ -49,10 +49,10 @@ PLAN = [
 ]
 
 _STATS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?")
-_PLUGIN = '''
+_PLUGIN = """
 from hypothesis import HealthCheck, settings
 settings.register_profile("runfuzz", max_examples={n}, deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))
-'''
+"""
 #: A pytest plugin that counts the test function's executions (every example hypothesis runs,
 #: valid or not) into the file $TBQ_FUZZ_COUNT_FILE, so that a run stopped by the budget still
 #: says how far it got (hypothesis prints its statistics only at the end), with the wall and CPU
@@ -60,7 +60,7 @@ settings.register_profile("runfuzz", max_examples={n}, deadline=None, print_blob
 #: start-up) and, about every second, a snapshot (executions, wall, CPU) from which cost()
 #: takes the cost of the later examples, after one-time work (numba loading its cache, the
 #: strategies' tables) is done. CPU time is what the load of the machine changes least.
-_COUNTER = '''
+_COUNTER = """
 import atexit, json, os, time
 import hypothesis.core as _core
 
@@ -98,7 +98,7 @@ atexit.register(_write)
 
 
 _core.StateForActualGivenExecution.execute_once = execute_once
-'''
+"""
 
 
 def main(argv=None) -> int:
@@ -133,14 +133,31 @@ def main(argv=None) -> int:
     results = []
 
     def start(node):
-        cmd = [sys.executable, "-m", "pytest", node, "-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics", "-p", "no:randomly",
-               "-p", "tbq_runfuzz_counter"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            node,
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--hypothesis-show-statistics",
+            "-p",
+            "no:randomly",
+            "-p",
+            "tbq_runfuzz_counter",
+        ]
         if args.examples:
             cmd[3:3] = ["-p", "tbq_runfuzz_profile"]
         log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - outlives this call: finish() reads and closes it
         count_file = Path(plugin_dir, f"count-{len(results) + len(running)}.txt")
         penv = dict(env, TBQ_FUZZ_COUNT_FILE=str(count_file))
-        running[node] = (subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=log, stderr=subprocess.STDOUT), log, time.perf_counter(), count_file)
+        running[node] = (
+            subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=log, stderr=subprocess.STDOUT),
+            log,
+            time.perf_counter(),
+            count_file,
+        )
         print(f"[{time.perf_counter() - t_start:6.0f} s] start {node}", file=sys.stderr, flush=True)
 
     def finish(node, killed=False):
@@ -157,11 +174,25 @@ def main(argv=None) -> int:
         log.close()
         m = _STATS.findall(text)
         passing, failing, invalid = (int(v) for v in m[-1]) if m else (None, None, None)
-        status = "stopped by the budget" if killed else ("pass" if proc.returncode == 0 else f"fail (exit {proc.returncode})")
-        r = {"node": node, "status": status, "seconds": time.perf_counter() - t0, "passing": passing, "failing": failing, "invalid": invalid,
-             "executions_counted": counted.get("executions"), "examples_wall_s": counted.get("wall_s"),
-             "examples_cpu_s": counted.get("cpu_s"), "startup_wall_s": counted.get("startup_wall_s"),
-             "startup_cpu_s": counted.get("startup_cpu_s"), "snapshots": counted.get("snapshots")}
+        status = (
+            "stopped by the budget"
+            if killed
+            else ("pass" if proc.returncode == 0 else f"fail (exit {proc.returncode})")
+        )
+        r = {
+            "node": node,
+            "status": status,
+            "seconds": time.perf_counter() - t0,
+            "passing": passing,
+            "failing": failing,
+            "invalid": invalid,
+            "executions_counted": counted.get("executions"),
+            "examples_wall_s": counted.get("wall_s"),
+            "examples_cpu_s": counted.get("cpu_s"),
+            "startup_wall_s": counted.get("startup_wall_s"),
+            "startup_cpu_s": counted.get("startup_cpu_s"),
+            "snapshots": counted.get("snapshots"),
+        }
         r.update(cost(r))
         snaps = r["snapshots"] or []
         if len(snaps) > 100:  # kept for the record, thinned to about 100 (the cost above used them all)
@@ -170,8 +201,11 @@ def main(argv=None) -> int:
             r["tail"] = text[-3000:]
         results.append(r)
         per = f", {r['cpu_ms']:.2f} ms CPU per example" if r.get("cpu_ms") else ""
-        print(f"[{time.perf_counter() - t_start:6.0f} s] {status}: {node}: {passing} passing, {invalid} invalid in {r['seconds']:.0f} s{per}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[{time.perf_counter() - t_start:6.0f} s] {status}: {node}: {passing} passing, {invalid} invalid in {r['seconds']:.0f} s{per}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     while pending or running:
         while pending and len(running) < args.jobs and time.perf_counter() - t_start < args.budget:
@@ -186,12 +220,29 @@ def main(argv=None) -> int:
             for node in list(running):
                 finish(node, killed=True)
             for node in pending:
-                results.append({"node": node, "status": "not started (budget)", "seconds": 0, "passing": None, "failing": None, "invalid": None})
+                results.append(
+                    {
+                        "node": node,
+                        "status": "not started (budget)",
+                        "seconds": 0,
+                        "passing": None,
+                        "failing": None,
+                        "invalid": None,
+                    }
+                )
             pending = []
-    doc = {"profile": profile, "examples": args.examples or 100_000, "jobs": args.jobs, "budget_s": args.budget,
-           "wall_s": time.perf_counter() - t_start, "load_before": load_before, "load_after": os.getloadavg(),
-           "load_samples": load_samples, "started_utc": started_utc,
-           "results": sorted(results, key=lambda r: nodes.index(r["node"]))}
+    doc = {
+        "profile": profile,
+        "examples": args.examples or 100_000,
+        "jobs": args.jobs,
+        "budget_s": args.budget,
+        "wall_s": time.perf_counter() - t_start,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "load_samples": load_samples,
+        "started_utc": started_utc,
+        "results": sorted(results, key=lambda r: nodes.index(r["node"])),
+    }
     doc["projection"] = projection(doc)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,8 +281,12 @@ def cost(r: dict) -> dict:
     per_exec_wall = (end[1] - mid[1]) / (end[0] - mid[0])
     valid = (r["passing"] or 0) + (r["failing"] or 0) if r.get("passing") is not None else None
     exec_per = n_exec / valid if valid else 1.0
-    out = {"per": "valid example" if valid else "execution", "cpu_ms": 1e3 * per_exec_cpu * exec_per,
-           "wall_ms": 1e3 * per_exec_wall * exec_per, "slope_from_execution": mid[0]}
+    out = {
+        "per": "valid example" if valid else "execution",
+        "cpu_ms": 1e3 * per_exec_cpu * exec_per,
+        "wall_ms": 1e3 * per_exec_wall * exec_per,
+        "slope_from_execution": mid[0],
+    }
     out["projected_s"] = (r.get("startup_cpu_s") or 0.0) + mid[2] + per_exec_cpu * max(0.0, TARGET * exec_per - mid[0])
     return out
 
@@ -249,8 +304,11 @@ def projection(doc: dict) -> dict | None:
 
 
 def markdown(doc: dict) -> str:
-    lines = ["| property | examples (passing + invalid) | wall time | CPU ms / example | wall ms / example | "
-             f"projected for {TARGET:,} (quiet core) | result |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| property | examples (passing + invalid) | wall time | CPU ms / example | wall ms / example | "
+        f"projected for {TARGET:,} (quiet core) | result |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in doc["results"]:
         if r["passing"] is not None:
             ex = f"{r['passing']:,} + {r['invalid']:,}"
@@ -265,18 +323,26 @@ def markdown(doc: dict) -> str:
         proj = f"{c['projected_s']:.0f} s" if c.get("projected_s") is not None else "–"
         if per and c.get("projected_s") is not None:  # a stopped run: invalid examples unknown, so executions
             proj += f" ({TARGET:,} executions, valid or not)"
-        lines.append(f"| `{r['node'].split('::')[1]}` | {ex} | {r['seconds']:.0f} s | {cpu} | {wall} | {proj} | {r['status']} |")
+        lines.append(
+            f"| `{r['node'].split('::')[1]}` | {ex} | {r['seconds']:.0f} s | {cpu} | {wall} | {proj} | {r['status']} |"
+        )
     lines.append("")
-    lines.append(f"Profile `{doc['profile']}` ({doc['examples']:,} examples per property), {doc['jobs']} processes at a time, "
-                 f"budget {doc['budget_s']:.0f} s, whole plan {doc['wall_s']:.0f} s wall; load average {doc['load_before'][0]:.1f} "
-                 f"before, {doc['load_after'][0]:.1f} after.")
+    lines.append(
+        f"Profile `{doc['profile']}` ({doc['examples']:,} examples per property), {doc['jobs']} processes at a time, "
+        f"budget {doc['budget_s']:.0f} s, whole plan {doc['wall_s']:.0f} s wall; load average {doc['load_before'][0]:.1f} "
+        f"before, {doc['load_after'][0]:.1f} after."
+    )
     if doc.get("load_samples"):
         loads = [v for _, v in doc["load_samples"]]
-        lines.append(f"1-minute load average sampled every minute: {min(loads):.1f} to {max(loads):.1f} (median {sorted(loads)[len(loads) // 2]:.1f}).")
+        lines.append(
+            f"1-minute load average sampled every minute: {min(loads):.1f} to {max(loads):.1f} (median {sorted(loads)[len(loads) // 2]:.1f})."
+        )
     proj = doc.get("projection") or projection(doc)
     if proj:
-        lines.append(f"Projected for {proj['examples']:,} examples per property on {proj['jobs']} quiet cores (CPU cost per example "
-                     f"measured here): {proj['cpu_s']:.0f} core-seconds, the plan in about {proj['plan_wall_s'] / 60:.1f} minutes of wall time.")
+        lines.append(
+            f"Projected for {proj['examples']:,} examples per property on {proj['jobs']} quiet cores (CPU cost per example "
+            f"measured here): {proj['cpu_s']:.0f} core-seconds, the plan in about {proj['plan_wall_s'] / 60:.1f} minutes of wall time."
+        )
     return "\n".join(lines)
 
 

@@ -238,11 +238,17 @@ def test_independent_helpers_agree_with_the_slow_model_and_known_values():
     c = codec("tbq4_0", "numpy")
     u = np.random.default_rng(5).standard_normal((1, 128)).astype(F32)
     s1, s2 = c.rotation.signs1, c.rotation.signs2
-    want = [F32(F32(a * F32(1.0 / math.sqrt(128))) * F32(s)) for a, s in zip(naive.butterfly([F32(a * F32(s)) for a, s in zip(u[0], s1)]), s2)]
+    want = [
+        F32(F32(a * F32(1.0 / math.sqrt(128))) * F32(s))
+        for a, s in zip(naive.butterfly([F32(a * F32(s)) for a, s in zip(u[0], s1)]), s2)
+    ]
     assert np.array_equal(rot_forward(c.rotation, u)[0].view(np.uint32), np.array(want, F32).view(np.uint32))
     # the sum of squares against the spec's loop, one float32 rounding per operation, on rows whose
     # order matters (a pairwise or reordered sum gives other bits on most of them)
-    v = np.random.default_rng(6).standard_normal((8, 128)).astype(F32) * F32(2.0) ** np.arange(-60, 68, 16, dtype=F32)[:, None]
+    v = (
+        np.random.default_rng(6).standard_normal((8, 128)).astype(F32)
+        * F32(2.0) ** np.arange(-60, 68, 16, dtype=F32)[:, None]
+    )
     v[0, ::7] = F32(1e18)
     for row, got in zip(v, seq_sum_squares(v)):
         acc = F32(0)
@@ -438,7 +444,9 @@ def check_q8_0(x2, b2, y2):
     bound = np.where(d64 == 0, 127 * 2.0**-150, bound)  # amax / 127 underflowed to 0: y = 0 and |x| <= amax
     err = np.abs(y2.astype(np.float64) - x64)
     bad = err > bound * SLACK
-    assert not bad.any(), f"Q8_0 bound violated at {np.argwhere(bad)[:3].tolist()}: err {err[bad][:3]}, bound {bound[bad][:3]}"
+    assert not bad.any(), (
+        f"Q8_0 bound violated at {np.argwhere(bad)[:3].tolist()}: err {err[bad][:3]}, bound {bound[bad][:3]}"
+    )
 
 
 def check_q4_0(x2, b2, y2):
@@ -456,7 +464,9 @@ def check_q4_0(x2, b2, y2):
     bound = np.where(d64 == 0, 8 * 2.0**-150, bound)  # m / -8 underflowed to 0: y = 0 and |x| <= |m|
     err = np.abs(y2.astype(np.float64) - x64)
     bad = err > bound * SLACK
-    assert not bad.any(), f"Q4_0 bound violated at {np.argwhere(bad)[:3].tolist()}: err {err[bad][:3]}, bound {bound[bad][:3]}"
+    assert not bad.any(), (
+        f"Q4_0 bound violated at {np.argwhere(bad)[:3].tolist()}: err {err[bad][:3]}, bound {bound[bad][:3]}"
+    )
     if np.any(np.maximum(0.0, v - 7.5) > 0):
         event("q4_0: clamped code (error above half a step)")
 
@@ -496,7 +506,9 @@ def check_tbq(fmt, c, x2, b2, y2):
     cn = np.sqrt(np.sum(cen.astype(np.float64) ** 2, axis=1))
     yn = np.sqrt(np.sum(y2.astype(np.float64) ** 2, axis=1))
     d16_64 = d16.astype(np.float64)
-    assert np.all(np.abs(yn - d16_64 * cn) <= GAMMA_DECODE * d16_64 * cn * SLACK), "(c) decoded norm != d16 * ||c[idx]||"
+    assert np.all(np.abs(yn - d16_64 * cn) <= GAMMA_DECODE * d16_64 * cn * SLACK), (
+        "(c) decoded norm != d16 * ||c[idx]||"
+    )
     # (d) ... which is the input's norm up to the fp16 rounding of the scale
     xn = np.sqrt(np.sum(x2.astype(np.float64) ** 2, axis=1))
     big = norm > F32(1e-10)
@@ -730,7 +742,9 @@ def test_deterministic_across_processes(tmp_path):
         corpus[fmt] = np.stack(rows)
     path = tmp_path / "corpus.npz"
     np.savez(path, **corpus)
-    res = subprocess.run([sys.executable, "-c", _PROCESS_SCRIPT, str(path)], capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", _PROCESS_SCRIPT, str(path)], capture_output=True, text=True, timeout=600
+    )
     assert res.returncode == 0, res.stderr
     theirs = json.loads(res.stdout.strip().splitlines()[-1])
     for fmt in FORMATS:
@@ -931,9 +945,7 @@ def test_negating_the_input_negates_the_output(fmt, codebook, data):
 @given(data=st.data())
 def test_bad_blocks_raise_at_the_first_bad_block(fmt, backend, data):
     """NaN/Inf -> NonFiniteError, fp16 scale overflow -> ScaleOverflowError, with .block = the first bad block."""
-    x = data.draw(
-        tst.float_blocks(fmt, families=families_for(fmt, ("overflow", "nonfinite")), max_blocks=3), label="x"
-    )
+    x = data.draw(tst.float_blocks(fmt, families=families_for(fmt, ("overflow", "nonfinite")), max_blocks=3), label="x")
     info = tbq.format_info(fmt)
     fmt_obj = tbq.get_format(fmt)
     x2 = x.reshape(-1, info.block_size)
@@ -959,7 +971,9 @@ def test_bad_blocks_raise_at_the_first_bad_block(fmt, backend, data):
     assert isinstance(info_.value, ValueError) and isinstance(info_.value, tbq.TbqError)
     if not nonfinite[first]:
         assert not isinstance(info_.value, NonFiniteError)
-    if not nonfinite.any() and f16_scale_layout(fmt) and fmt in DERIVED:  # on_overflow="inf" stores the infinite scale, as C does
+    if (
+        not nonfinite.any() and f16_scale_layout(fmt) and fmt in DERIVED
+    ):  # on_overflow="inf" stores the infinite scale, as C does
         b = codec(fmt, backend, on_overflow="inf").encode(x)
         assert np.isinf(scale_f32(b.reshape(-1, info.type_size))[0][refused]).all()
 
@@ -1011,11 +1025,21 @@ def _bad_calls():
         ("long double input", lambda: q8().encode(np.zeros(32, np.longdouble)), tbq.TbqTypeError, "got dtype float128"),
         ("scalar input", lambda: q8().encode(np.float32(1)), tbq.BlockShapeError, "scalar"),
         ("float64 beyond float32", lambda: q8().encode(np.full(32, 1e300)), tbq.NonFiniteError, "overflows float32"),
-        ("ragged input", lambda: q8().encode(np.zeros(33, F32)), tbq.BlockShapeError, "not a multiple of the block size"),
+        (
+            "ragged input",
+            lambda: q8().encode(np.zeros(33, F32)),
+            tbq.BlockShapeError,
+            "not a multiple of the block size",
+        ),
         ("NaN input", lambda: q8().encode(np.full(32, np.nan, F32)), tbq.NonFiniteError, "non-finite"),
         ("Inf input", lambda: t4().encode(np.full(128, np.inf, F32)), tbq.NonFiniteError, "non-finite"),
         ("scale overflow", lambda: q8().encode(np.full(32, 1e7, F32)), tbq.ScaleOverflowError, "on_overflow='inf'"),
-        ("TBQ norm overflow", lambda: t4().encode(np.full(128, 1e20, F32)), tbq.ScaleOverflowError, "does not fit float16"),
+        (
+            "TBQ norm overflow",
+            lambda: t4().encode(np.full(128, 1e20, F32)),
+            tbq.ScaleOverflowError,
+            "does not fit float16",
+        ),
         # encoded bytes
         ("wrong byte length", lambda: q8().decode(np.zeros(35, np.uint8)), tbq.EncodedLengthError, "34 bytes"),
         ("bytes object, wrong length", lambda: q8().decode(b"\0" * 35), tbq.EncodedLengthError, "34 bytes"),
@@ -1027,8 +1051,18 @@ def _bad_calls():
         ("out wrong dtype", lambda: q8().encode(z, out=np.zeros(34, np.int8)), tbq.TbqTypeError, "dtype uint8"),
         ("out wrong shape", lambda: q8().encode(z, out=np.zeros(35, np.uint8)), tbq.TbqValueError, "shape"),
         ("out not an array", lambda: q8().encode(z, out=bytearray(34)), tbq.TbqTypeError, "numpy array"),
-        ("out read-only", lambda: q8().encode(z, out=np.frombuffer(bytes(34), np.uint8)), tbq.TbqValueError, "writeable"),
-        ("out not contiguous", lambda: q8().encode(z, out=np.zeros(68, np.uint8)[::2]), tbq.TbqValueError, "C-contiguous"),
+        (
+            "out read-only",
+            lambda: q8().encode(z, out=np.frombuffer(bytes(34), np.uint8)),
+            tbq.TbqValueError,
+            "writeable",
+        ),
+        (
+            "out not contiguous",
+            lambda: q8().encode(z, out=np.zeros(68, np.uint8)[::2]),
+            tbq.TbqValueError,
+            "C-contiguous",
+        ),
         # codec configuration
         ("unknown format", lambda: tbq.get_codec("q9_0"), tbq.ConfigError, "known formats"),
         ("unknown backend", lambda: q8(backend="cuda"), tbq.ConfigError, "backend must be one of"),
@@ -1044,7 +1078,12 @@ def _bad_calls():
         ("codebook dict keys", lambda: t4(codebook={"centroids": [0, 1]}), tbq.ConfigError, "exactly the keys"),
         ("centroids not increasing", lambda: tbq.Codebook([1.0, 0.0], [0.5]), tbq.ConfigError, "strictly increasing"),
         ("repeated centroid", lambda: tbq.Codebook([0.0, 0.0], [0.0]), tbq.ConfigError, "strictly increasing"),
-        ("thresholds not increasing", lambda: tbq.Codebook([0, 1, 2, 3], [2, 1, 0]), tbq.ConfigError, "strictly increasing"),
+        (
+            "thresholds not increasing",
+            lambda: tbq.Codebook([0, 1, 2, 3], [2, 1, 0]),
+            tbq.ConfigError,
+            "strictly increasing",
+        ),
         ("NaN centroid", lambda: tbq.Codebook([np.nan, 1.0], [0.5]), tbq.ConfigError, "not finite"),
         ("Inf threshold", lambda: tbq.Codebook([0.0, 1.0], [np.inf]), tbq.ConfigError, "not finite"),
         ("3 centroids", lambda: tbq.Codebook([0, 1, 2], [0.5, 1.5]), tbq.ConfigError, "2**bits centroids"),
@@ -1065,7 +1104,12 @@ def _bad_calls():
         ("signs2 too short", lambda: t4(signs=(s1, s1[:64])), tbq.ConfigError, "signs2 has 64"),
         ("both signs of 64", lambda: t4(signs=(s1[:64], s1[:64])), tbq.ConfigError, "128"),
         ("signs 2-D", lambda: t4(signs=(s1.reshape(2, 64), s1)), tbq.ConfigError, "1-D"),
-        ("signs not power of two", lambda: RandomizedHadamard(np.ones(100), np.ones(100)), tbq.ConfigError, "power-of-two"),
+        (
+            "signs not power of two",
+            lambda: RandomizedHadamard(np.ones(100), np.ones(100)),
+            tbq.ConfigError,
+            "power-of-two",
+        ),
         ("one sign vector", lambda: t4(signs=s1), tbq.ConfigError, "signs must be"),
         ("signs dict keys", lambda: t4(signs={"signs1": s1}), tbq.ConfigError, "exactly the keys"),
         ("seed n not power of two", lambda: signs_from_seed(0, 100), tbq.TbqValueError, "power of two"),

@@ -265,8 +265,14 @@ def _draws(strategy, n):
     """``n`` reproducible draws of a strategy (derandomized, generation only, no database)."""
     out = []
 
-    @settings(max_examples=n, database=None, derandomize=True, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck), deadline=None)
+    @settings(
+        max_examples=n,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        deadline=None,
+    )
     @given(strategy)
     def collect(x):
         out.append(np.array(x, copy=True))
@@ -327,6 +333,7 @@ def test_min_ties_family_gives_exact_ties_in_many_draws(fmt):
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "iq4_nl"])
 def test_gaussian_and_heavy_tail_families_have_their_tails(fmt):
     """Pooled kurtosis of the blocks (each scaled by its own RMS): about 3 for gaussian, far above for heavy_tail."""
+
     def pooled_kurtosis(draws):
         z = np.concatenate([(x / np.sqrt(np.mean(x.astype(np.float64) ** 2))) for x in draws if np.any(x)])
         return float(np.mean(z**4) / np.mean(z**2) ** 2)
@@ -344,7 +351,10 @@ _PROMISES = {
     "grid_ties": (["iq4_nl"], lambda fmt, x: _grid_ties_promise(fmt, x)),
     "ue4m3": (["nvfp4"], lambda fmt, x: _ue4m3_promise(fmt, x)),
     "binade_tops": (["mxfp4"], lambda fmt, x: _binade_top_promise(fmt, x)),
-    "thresholds": (["tbq4_0", "tbq3_0", "planar3_0", "iso4_0"], lambda fmt, x: _threshold_promise(tbq.get_codec(fmt), x)),
+    "thresholds": (
+        ["tbq4_0", "tbq3_0", "planar3_0", "iso4_0"],
+        lambda fmt, x: _threshold_promise(tbq.get_codec(fmt), x),
+    ),
 }
 
 
@@ -536,7 +546,8 @@ def test_a_plain_given_test_passes_the_default_deadline_in_a_fresh_process(tmp_p
     import textwrap
 
     test = tmp_path / "test_user_fuzz.py"
-    test.write_text(textwrap.dedent('''
+    test.write_text(
+        textwrap.dedent("""
         from hypothesis import given, settings
         import tbq
         from tbq.testing import strategies as tst
@@ -546,9 +557,15 @@ def test_a_plain_given_test_passes_the_default_deadline_in_a_fresh_process(tmp_p
         def test_user(x):
             q = tbq.quantize(x, "tbq4_0")
             assert tbq.dequantize(q, "tbq4_0").shape == x.shape
-    '''))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(test)],
-                       capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    """)
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(test)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "1 passed" in r.stdout
 
@@ -571,7 +588,9 @@ def _rotated_values_around(t, half_width=64):
     """fl(C * h) for the 2 * half_width + 1 float32 h nearest t / C (C = the rotation's constant), in increasing h."""
     C = F32(1.0 / np.sqrt(128.0))
     h0 = F32(float(t) / float(C))
-    bits = h0.view(np.int32) + np.arange(-half_width, half_width + 1, dtype=np.int32)  # t > 0: h0 > 0, so bits increase with h
+    bits = h0.view(np.int32) + np.arange(
+        -half_width, half_width + 1, dtype=np.int32
+    )  # t > 0: h0 > 0, so bits increase with h
     h = bits.view(F32)
     return (h * C).astype(F32)
 

@@ -23,8 +23,36 @@ from tbq.formats.base import FIELD_KINDS
 
 from ._fp4 import _fam_binade_tops, _fam_ue4m3
 from ._fp8 import _fam_fp8_grid
-from ._generic import _fam_constant, _fam_gaussian, _fam_heavy_tail, _fam_huge, _fam_nonfinite, _fam_outliers, _fam_overflow, _fam_sparse, _fam_subnormal, _fam_zero
-from ._machinery import DEFAULT_FAMILIES, F32, FAMILIES, HAZARD_FAMILIES, SPECIAL_SCALES, _ALIASES, _Fmt, _UNFIT, _check_int, _event, _fail, _fit, _memo_strategy, _resolve_fmt, _resolve_leading, _sampled
+from ._generic import (
+    _fam_constant,
+    _fam_gaussian,
+    _fam_heavy_tail,
+    _fam_huge,
+    _fam_nonfinite,
+    _fam_outliers,
+    _fam_overflow,
+    _fam_sparse,
+    _fam_subnormal,
+    _fam_zero,
+)
+from ._machinery import (
+    DEFAULT_FAMILIES,
+    F32,
+    FAMILIES,
+    HAZARD_FAMILIES,
+    SPECIAL_SCALES,
+    _ALIASES,
+    _Fmt,
+    _UNFIT,
+    _check_int,
+    _event,
+    _fail,
+    _fit,
+    _memo_strategy,
+    _resolve_fmt,
+    _resolve_leading,
+    _sampled,
+)
 from ._rotated import _fam_thresholds
 from ._scalar import _fam_grid_ties, _fam_min_ties, _fam_ties
 
@@ -49,6 +77,7 @@ _FAMILY_FUNCS = {
     "nonfinite": _fam_nonfinite,
 }
 
+
 @st.composite
 def _one_block(draw, ctx: _Fmt, families: tuple):
     fam = draw(_sampled(families))
@@ -61,6 +90,7 @@ def _one_block(draw, ctx: _Fmt, families: tuple):
             blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(F32)
         blk = _fit(ctx, blk)
     return blk
+
 
 @functools.lru_cache(maxsize=256)
 def _block_strategy(ctx: _Fmt, families: tuple) -> st.SearchStrategy:
@@ -81,6 +111,7 @@ def _float_blocks(draw, ctx, min_blocks, max_blocks, leading, families, elements
     block = _block_strategy(ctx, families)
     blocks = [draw(block) for _ in range(total)]
     return np.concatenate(blocks).reshape(shape)
+
 
 @_memo_strategy
 def float_blocks(
@@ -153,6 +184,7 @@ def float_blocks(
     fams = _resolve_families(func, ctx, families)
     return _float_blocks(ctx, min_blocks, max_blocks, leading, fams, None)
 
+
 def _resolve_families(func, ctx, families):
     if families is None:
         fams = [f for f in DEFAULT_FAMILIES if _applies(f, ctx)]
@@ -172,11 +204,16 @@ def _resolve_families(func, ctx, families):
         if not _applies(f, ctx):
             kinds = ", ".join(n for n, c in FORMAT_CLASSES.items() if f in c.hazards)
             alts = " or ".join(repr(h) for h in ctx.hazards) or "the default families"
-            _fail(func, f"family {f!r} only applies to {kinds}, not to {ctx.name!r}; drop it (or use {alts} for {ctx.name!r})")
+            _fail(
+                func,
+                f"family {f!r} only applies to {kinds}, not to {ctx.name!r}; drop it (or use {alts} for {ctx.name!r})",
+            )
     return tuple(dict.fromkeys(fams))
+
 
 def _applies(fam, ctx):
     return fam not in HAZARD_FAMILIES or fam in ctx.hazards
+
 
 @st.composite
 def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales):
@@ -213,9 +250,11 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
                 data[b, off + k] = (bits >> (8 * k)) & 0xFF
     return data.reshape(lead + (nb * ctx.ts,))
 
+
 @st.composite
 def _valid_bytes(draw, ctx, xs):
     return ctx.encode(draw(xs))
+
 
 @_memo_strategy
 def encoded_blocks(

@@ -25,6 +25,7 @@ def _e2m1_midpoints(blk_scale: float) -> np.ndarray:
     v = np.array([0, 1, 2, 3, 4, 6, 8, 12], np.float64)
     return (v[1:] + v[:-1]) / 2 * blk_scale
 
+
 def _fp4_fill(rng, amax, scale, n):
     """``n`` values below ``amax``: half uniform, half on E2M1 midpoints of ``scale`` (either sign)."""
     vals = rng.uniform(-1, 1, n) * float(amax)
@@ -34,6 +35,7 @@ def _fp4_fill(rng, amax, scale, n):
         on = rng.random(n) < 0.5
         vals[on] = rng.choice(mids, on.sum()) * rng.choice([-1.0, 1.0], on.sum())
     return vals.astype(F32)
+
 
 def _fam_ue4m3(draw, rng, ctx):
     """NVFP4: each sub-block's s = amax/6 on a UE4M3 rounding boundary (half up), near it, subnormal or saturated."""
@@ -48,7 +50,9 @@ def _fam_ue4m3(draw, rng, ctx):
             ue, mnt = draw(st.integers(1, 14)), draw(st.integers(0, 7))
             s = (1 + (mnt + 0.5) / 8) * 2.0 ** (ue - 7)  # the first dropped mantissa bit is 1, the rest 0
         elif mode == "subnormal":
-            s = draw(_sampled([7.5 * 2**-9, float(_next32(2.0**-6, 0)), 2.0**-10, (draw(st.integers(0, 6)) + 0.5) * 2**-9]))
+            s = draw(
+                _sampled([7.5 * 2**-9, float(_next32(2.0**-6, 0)), 2.0**-10, (draw(st.integers(0, 6)) + 0.5) * 2**-9])
+            )
         elif mode == "saturate":
             s = draw(_sampled([240.0, 248.0, 250.0, 256.0, 447.0, 448.0, 1000.0]))
         else:
@@ -60,6 +64,7 @@ def _fam_ue4m3(draw, rng, ctx):
         vals[draw(st.integers(0, sub - 1))] = amax * draw(_sampled([F32(1), F32(-1)]))
         blk[s0 : s0 + sub] = vals
     return blk
+
 
 def _fam_binade_tops(draw, rng, ctx):
     """MXFP4: amax among the top floats of its binade, where floor(log2f(amax)) rounds up to the next exponent."""

@@ -31,7 +31,11 @@ def _fam_fp8_grid(draw, rng, ctx):
     _event(f"fp8_grid: {mode}")
     sign = draw(_sampled([F32(1), F32(-1)]))
     if mode == "saturation":
-        v = draw(_sampled([grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]))
+        v = draw(
+            _sampled(
+                [grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]
+            )
+        )
     elif mode == "subnormal":
         sub = grid[grid < float(h["min_normal"])]
         v = float(draw(_sampled(list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2])))

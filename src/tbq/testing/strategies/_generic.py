@@ -34,6 +34,7 @@ def _fam_gaussian(draw, rng, ctx):
     e = draw(_GAUSS_EXPONENT)
     return _gauss(rng, ctx.bs, 2.0**e)
 
+
 def _fam_outliers(draw, rng, ctx):
     s = 2.0 ** draw(st.integers(-10, 6))
     blk = _gauss(rng, ctx.bs, s)
@@ -44,11 +45,13 @@ def _fam_outliers(draw, rng, ctx):
         blk[c] = F32(np.copysign(max(abs(float(blk[c])), s) * mult, blk[c]))
     return blk
 
+
 def _fam_heavy_tail(draw, rng, ctx):
     df = draw(_sampled([1.0, 1.5, 2.0, 3.0]))
     scale = 2.0 ** draw(st.integers(-8, 4))
     with np.errstate(all="ignore"):
         return (rng.standard_t(df, ctx.bs) * scale).astype(F32)
+
 
 def _fam_subnormal(draw, rng, ctx):
     mode = draw(_sampled(["f32_subnormal", "fp16_subnormal_scale", "scale_underflow", "inverse_overflow", "mixed"]))
@@ -74,6 +77,7 @@ def _fam_subnormal(draw, rng, ctx):
         target = 2.0 ** draw(st.floats(-140.0, -128.5))
     return _rescale(ctx, blk, target)
 
+
 def _fam_huge(draw, rng, ctx):
     base = draw(_sampled(["gaussian", "outliers", "constant"]))
     blk = {"gaussian": _fam_gaussian, "outliers": _fam_outliers, "constant": _fam_constant}[base](draw, rng, ctx)
@@ -96,9 +100,11 @@ def _fam_huge(draw, rng, ctx):
         out = _rescale(ctx, g.astype(F32), target)
     return out
 
+
 def _fam_constant(draw, rng, ctx):
     v = draw(_CONSTANT_VALUE)
     return np.full(ctx.bs, v, F32)
+
 
 def _fam_zero(draw, rng, ctx):
     mode = draw(_sampled(["+0", "-0", "mixed"]))
@@ -107,6 +113,7 @@ def _fam_zero(draw, rng, ctx):
     if mode == "-0":
         return np.full(ctx.bs, -0.0, F32)
     return np.where(rng.random(ctx.bs) < 0.5, F32(0.0), F32(-0.0)).astype(F32)
+
 
 def _fam_sparse(draw, rng, ctx):
     bs = ctx.bs
@@ -130,6 +137,7 @@ def _fam_sparse(draw, rng, ctx):
     e[k] = 1
     return (ctx.rotation.inverse(e) * F32(c)).astype(F32)
 
+
 def _fam_overflow(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)
     which = draw(_sampled(["at_limit", "range", "extreme"]))
@@ -139,6 +147,7 @@ def _fam_overflow(draw, rng, ctx):
         return _rescale(ctx, blk, 2.0 ** draw(st.floats(16.0, 40.0)))
     blk[draw(st.integers(0, ctx.bs - 1))] = draw(_sampled([F32(3e38), F32(-3e38), F32(1e20)]))
     return blk
+
 
 def _fam_nonfinite(draw, rng, ctx):
     blk = _gauss(rng, ctx.bs)

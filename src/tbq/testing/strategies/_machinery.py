@@ -61,8 +61,21 @@ FAMILIES: dict[str, str] = {
 
 #: Families that every format gets by default (all finite, every scale fits fp16).
 DEFAULT_FAMILIES = (
-    "gaussian", "outliers", "heavy_tail", "subnormal", "huge", "ties", "thresholds", "min_ties", "grid_ties", "ue4m3",
-    "binade_tops", "fp8_grid", "constant", "zero", "sparse",
+    "gaussian",
+    "outliers",
+    "heavy_tail",
+    "subnormal",
+    "huge",
+    "ties",
+    "thresholds",
+    "min_ties",
+    "grid_ties",
+    "ue4m3",
+    "binade_tops",
+    "fp8_grid",
+    "constant",
+    "zero",
+    "sparse",
 )
 
 #: Families that apply to a format only when it lists them in ``Format.hazards``.
@@ -74,17 +87,21 @@ _ALIASES = {"heavy_tails": "heavy_tail"}
 _UNFIT = ("overflow", "nonfinite")
 
 #: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``.
-SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS["f16"].specials  # name: (lowest, highest) fp16 pattern, inclusive
+SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS[
+    "f16"
+].specials  # name: (lowest, highest) fp16 pattern, inclusive
 
 _F16_LIMIT = 65520.0  # float32 scales at or above this round to fp16 infinity
 
 _F16_MAX = 65504.0
+
 
 def _event(text: str) -> None:
     try:
         hypothesis.event(text)
     except Exception:  # outside a test (e.g. .example()): statistics are not recorded
         pass
+
 
 #: Strategies built once and reused (see :func:`_sampled`, :func:`_memo_strategy`). A strategy
 #: object is immutable, and hypothesis validates a new one on its first draw (tens of
@@ -146,6 +163,7 @@ def _memo_strategy(fn):
 def _fail(func: str, message: str):
     raise InvalidArgument(f"{func}: {message}")
 
+
 def _check_int(func, name, value, lo, hi=None, hint=""):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         _fail(func, f"{name} must be an integer, got {value!r} of type {type(value).__name__}. {hint}".strip())
@@ -153,6 +171,7 @@ def _check_int(func, name, value, lo, hi=None, hint=""):
         rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
         _fail(func, f"{name} must be {rng}, got {value!r}. {hint}".strip())
     return int(value)
+
 
 class _Fmt:
     """Everything the families need to know about one codec configuration."""
@@ -228,6 +247,7 @@ class _Fmt:
         # (norm 1, so r = R e_j up to float32 rounding); a starting point for the exact search.
         return self.rotated_coords(np.eye(self.bs, dtype=F32)).T.astype(np.float64)
 
+
 def _warm(name, kw):
     """Load (or compile) the format's numba kernels now, when the strategy is built.
 
@@ -242,9 +262,11 @@ def _warm(name, kw):
     for n in (1, 64):  # small calls and batches may take different kernels (e.g. one-block TBQ kernels)
         c.decode(c.encode(np.zeros(n * c.block_size, F32)))
 
+
 def _takes_tables(name) -> bool:
     """True for formats configured by a codebook and sign vectors (the TBQ formats)."""
     return "codebook" in FORMAT_CLASSES[name].options
+
 
 @functools.lru_cache(maxsize=64)
 def _fmt_cached(name, cb_key, sign_key):
@@ -254,15 +276,18 @@ def _fmt_cached(name, cb_key, sign_key):
     rot = _ROT_OBJECTS[sign_key]
     return _Fmt(name, cb, rot)
 
+
 _CB_OBJECTS: dict = {}
 
 _ROT_OBJECTS: dict = {}
 
 _OPT_OBJECTS: dict = {}
 
+
 @functools.lru_cache(maxsize=64)
 def _fmt_with_options(name, opt_key):
     return _Fmt(name, options=_OPT_OBJECTS[(name, opt_key)])
+
 
 def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
     """The family context of ``fmt`` (a name or a Codec) with one options mapping (``codebook``/``signs`` are its spellings)."""
@@ -312,6 +337,7 @@ def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
     _ROT_OBJECTS.setdefault(sign_key, rot)
     return _fmt_cached(name, cb_key, sign_key)
 
+
 #: The default leading shape of float_blocks and encoded_blocks: () or a small 1-2 axis shape.
 _DEFAULT_LEADING = st.one_of(st.just(()), npst.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
 
@@ -331,12 +357,15 @@ def _resolve_leading(func, leading_shape):
         f"got {leading_shape!r}",
     )
 
+
 def _f16_finite(d) -> np.ndarray:
     with np.errstate(all="ignore"):
         return np.isfinite(np.asarray(d, dtype=F32).astype(np.float16))
 
+
 def _next32(v, direction):
     return np.nextafter(F32(v), F32(direction), dtype=F32)
+
 
 def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
     """Scale ``blk`` so that its float32 scale d is close to ``target`` (> 0)."""
@@ -346,6 +375,7 @@ def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
     with np.errstate(all="ignore"):
         out = (blk.astype(np.float64) * (target / d0)).astype(F32)
     return out if np.isfinite(out).all() else blk
+
 
 def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
     """Move ``blk`` until the codec encodes it with on_overflow='raise' (its scale fits, nothing undefined)."""
@@ -366,6 +396,7 @@ def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
         k = math.ceil(math.log2(abs(d) / _F16_MAX))
         blk = np.ldexp(blk, -max(k, 1)).astype(F32)
     return np.zeros_like(blk)  # pragma: no cover - defensive: never observed
+
 
 def _gauss(rng, n, scale=1.0):
     return (rng.standard_normal(n) * scale).astype(F32)

@@ -26,7 +26,10 @@ from ._machinery import F32, _event, _next32, _sampled
 
 def _threshold_targets(ctx):
     thr = ctx.codebook.thresholds
-    return [float(t) for t in thr if abs(t) > 2.0**-20 and abs(t) < 0.7]  # (a threshold next to 0 is hit by the zero modes)
+    return [
+        float(t) for t in thr if abs(t) > 2.0**-20 and abs(t) < 0.7
+    ]  # (a threshold next to 0 is hit by the zero modes)
+
 
 @functools.lru_cache(maxsize=1024)
 def _reachable(scale: float, v: float) -> bool:
@@ -107,6 +110,7 @@ def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
         best_err = float(err[b].max())
     return None
 
+
 def _pair_zero_block(draw, ctx, mode):
     bs = ctx.bs
     # x_p = a, x_q = +-a with p, q differing in bit 0: the butterfly's first stage gives exactly 0
@@ -143,6 +147,7 @@ def _pair_zero_block(draw, ctx, mode):
     pick = int(np.flatnonzero(one_ulp)[0]) if one_ulp.any() else draw(st.integers(0, 63))
     return cands[pick]
 
+
 def _fam_thresholds(draw, rng, ctx):
     bs = ctx.bs
     thr = ctx.codebook.thresholds
@@ -171,7 +176,9 @@ def _fam_thresholds(draw, rng, ctx):
             J, V = J[:1], V[:1]
         elif attempt >= 2:  # another coordinate (the same target)
             J = [int(rng.integers(0, bs))]
-    if x is None:  # ~3 % of this family's blocks (most: a target no coordinate takes): exact zeros on the middle threshold
+    if (
+        x is None
+    ):  # ~3 % of this family's blocks (most: a target no coordinate takes): exact zeros on the middle threshold
         _event("thresholds: search failed, fell back to exact_zero")
         if has_zero:
             return _pair_zero_block(draw, ctx, "exact_zero")

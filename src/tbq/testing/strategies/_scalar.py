@@ -45,6 +45,7 @@ def _tie_values(draw, rng, ctx, amax, inv, count):
         out[i] = best
     return out
 
+
 def _fam_ties(draw, rng, ctx):
     bs = ctx.bs
     K = ctx.hazards["ties"]["divisor"]  # max|x| / |d|: amax = K * 2**e gives a power-of-two scale
@@ -84,6 +85,7 @@ def _fam_ties(draw, rng, ctx):
     blk[others] = np.where(rng.random(bs - 1) < frac, vals, rand)
     return blk
 
+
 def _fam_min_ties(draw, rng, ctx):
     """Q4_1/Q5_1: v = (x - min) * (1/d) exactly k + 1/2, where t = v + 0.5 is an integer (round half up)."""
     levels = int(ctx.hazards["min_ties"]["levels"])
@@ -100,7 +102,7 @@ def _fam_min_ties(draw, rng, ctx):
         mn = F32(draw(st.integers(-64, 64)) * d)
     blk = np.empty(bs, F32)
     k = rng.integers(0, levels, bs)
-    blk[:] = (float(mn) + (k + 0.5) * d)
+    blk[:] = float(mn) + (k + 0.5) * d
     if mode == "near":
         blk = np.nextafter(blk, np.where(rng.random(bs) < 0.5, np.inf, -np.inf).astype(F32), dtype=F32)
     if mode == "random_rest":
@@ -110,6 +112,7 @@ def _fam_min_ties(draw, rng, ctx):
     blk[p] = mn  # pin min and max: d = (max - min) / levels exactly
     blk[q] = F32(float(mn) + levels * d)
     return blk.astype(F32)
+
 
 def _fam_grid_ties(draw, rng, ctx):
     """IQ4_NL: a = x / d0 exactly halfway between two table values (the tie goes to the upper index)."""

@@ -58,6 +58,7 @@ def _codebooks(draw, bits, named, symmetric, scale):
         m[n // 2 - 1] = 0
     return Codebook(c, m)
 
+
 @_memo_strategy
 def codebooks(bits: int, *, named: bool = True, symmetric=None, scale: float = 1.0 / math.sqrt(128)):
     """Valid :class:`tbq.Codebook` objects with ``2**bits`` centroids.
@@ -93,6 +94,7 @@ def codebooks(bits: int, *, named: bool = True, symmetric=None, scale: float = 1
         _fail(func, f"scale must be a positive finite float such as 1/sqrt(128), got {scale!r}")
     return _codebooks(bits, named, symmetric, float(scale))
 
+
 @st.composite
 def _sign_vector(draw, n):
     patterns = ["random", "all_plus", "all_minus", "alternating"] + (["turboq-mtp"] if n == 128 else [])
@@ -107,6 +109,7 @@ def _sign_vector(draw, n):
     if kind == "alternating":
         return np.where(np.arange(n) % 2 == 0, 1, -1).astype(np.int8)
     return turboq_mtp_signs()[draw(st.integers(0, 1))].copy()
+
 
 @_memo_strategy
 def sign_vectors(n: int = 128, *, pair: bool = True):
@@ -135,6 +138,7 @@ def sign_vectors(n: int = 128, *, pair: bool = True):
     one = _sign_vector(n)
     return st.tuples(one, one) if pair else one
 
+
 @st.composite
 def _indices(draw, bits, n, leading):
     lead = tuple(draw(leading))
@@ -158,6 +162,7 @@ def _indices(draw, bits, n, leading):
         if size:
             a[draw(st.integers(0, size - 1))] = draw(st.integers(1, top)) if top else 0
     return np.asarray(a, np.uint8).reshape(shape)
+
 
 @_memo_strategy
 def indices(bits: int, n: int, *, leading_shape=()):
