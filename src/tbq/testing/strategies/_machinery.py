@@ -87,16 +87,12 @@ HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "bina
 
 #: Old spellings still accepted (golden vectors and the strategies share family names).
 _ALIASES = {"heavy_tails": "heavy_tail"}
-
 _UNFIT = ("overflow", "nonfinite")
 
-#: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``.
-SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS[
-    "f16"
-].specials  # name: (lowest, highest) fp16 pattern, inclusive
+#: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``: name -> (lowest, highest), inclusive.
+SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS["f16"].specials
 
 _F16_LIMIT = 65520.0  # float32 scales at or above this round to fp16 infinity
-
 _F16_MAX = 65504.0
 
 
@@ -105,12 +101,10 @@ def _event(text: str) -> None:
         hypothesis.event(text)
 
 
-#: Strategies built once and reused (see :func:`_sampled`, :func:`_memo_strategy`). A strategy
-#: object is immutable, and hypothesis validates a new one on its first draw (tens of
-#: microseconds, per draw when the strategy is built inside a composite): reusing one gives the
-#: same draws from the same choices, without that cost.
+#: Strategies built once and reused (see :func:`_sampled`, :func:`_memo_strategy`). A strategy object is immutable,
+#: and hypothesis validates a new one on its first draw (tens of microseconds, per draw when the strategy is built
+#: inside a composite): reusing one gives the same draws from the same choices, without that cost.
 _SAMPLED: dict[Hashable, st.SearchStrategy[Any]] = {}
-
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 _S = TypeVar("_S", bound="st.SearchStrategy[Any]")
@@ -264,10 +258,9 @@ class _Fmt:
 def _warm(name: str, kw: Mapping[str, object]) -> None:
     """Load (or compile) the format's numba kernels now, when the strategy is built.
 
-    A hypothesis test that calls ``tbq.quantize`` would otherwise pay for
-    numba loading its cache (several hundred ms; seconds on a cold cache) on
-    its first example, and fail with ``DeadlineExceeded`` under hypothesis's
-    default 200 ms deadline. Warming here makes a plain ``@given`` test work.
+    A hypothesis test that calls ``tbq.quantize`` would otherwise pay for numba loading its cache (several
+    hundred ms; seconds on a cold cache) on its first example, and fail with ``DeadlineExceeded`` under
+    hypothesis's default 200 ms deadline. Warming here makes a plain ``@given`` test work.
     """
     if not numba_available():  # pragma: no cover - numba is a runtime dependency
         return
@@ -291,9 +284,7 @@ def _fmt_cached(name: str, cb_key: Hashable, sign_key: Hashable) -> _Fmt:
 
 
 _CB_OBJECTS: dict[Hashable, Codebook] = {}
-
 _ROT_OBJECTS: dict[Hashable, RandomizedHadamard] = {}
-
 _OPT_OBJECTS: dict[tuple[str, Hashable], dict[str, object]] = {}
 
 
@@ -367,11 +358,6 @@ def _resolve_leading(func: str, leading_shape: object) -> st.SearchStrategy[tupl
         f"leading_shape must be None, a tuple of non-negative ints such as (2, 3), or a strategy of such tuples; "
         f"got {leading_shape!r}",
     )
-
-
-def _f16_finite(d: object) -> NDArray[np.bool_]:
-    with np.errstate(all="ignore"):
-        return np.isfinite(np.asarray(d, dtype=F32).astype(np.float16))
 
 
 def _next32(v: float | np.floating[Any], direction: float | np.floating[Any]) -> np.float32:
