@@ -100,8 +100,10 @@ import subprocess
 import sys
 import threading
 
+import naive
 import numpy as np
 import pytest
+from helpers import assert_bytes_equal
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as npst
@@ -109,11 +111,8 @@ from hypothesis.extra import numpy as npst
 import tbq
 from tbq import packing
 from tbq.errors import NonFiniteError, ScaleOverflowError
-from helpers import assert_bytes_equal
 from tbq.formats import FORMAT_CLASSES
 from tbq.testing import strategies as tst
-
-import naive
 
 F32 = np.float32
 U = 2.0**-24
@@ -130,7 +129,7 @@ BACKENDS = ("numpy", "numba")
 ALL_FAMILIES = [*tst.DEFAULT_FAMILIES, "overflow", "nonfinite"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def codec(fmt, backend="numpy", threads=None, on_overflow="raise", codebook=None):
     kw = {} if codebook is None else {"codebook": codebook}
     return tbq.get_codec(fmt, backend=backend, threads=threads, on_overflow=on_overflow, **kw)
@@ -168,7 +167,7 @@ def naive_encode(fmt_obj, x2):
 # ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def f16_values() -> np.ndarray:
     """float32 of every fp16 bit pattern, from the fields: sign, 5-bit exponent, 10-bit mantissa.
 
@@ -240,7 +239,7 @@ def test_independent_helpers_agree_with_the_slow_model_and_known_values():
     s1, s2 = c.rotation.signs1, c.rotation.signs2
     want = [
         F32(F32(a * F32(1.0 / math.sqrt(128))) * F32(s))
-        for a, s in zip(naive.butterfly([F32(a * F32(s)) for a, s in zip(u[0], s1)]), s2)
+        for a, s in zip(naive.butterfly([F32(a * F32(s)) for a, s in zip(u[0], s1, strict=True)]), s2, strict=True)
     ]
     assert np.array_equal(rot_forward(c.rotation, u)[0].view(np.uint32), np.array(want, F32).view(np.uint32))
     # the sum of squares against the spec's loop, one float32 rounding per operation, on rows whose
@@ -250,7 +249,7 @@ def test_independent_helpers_agree_with_the_slow_model_and_known_values():
         * F32(2.0) ** np.arange(-60, 68, 16, dtype=F32)[:, None]
     )
     v[0, ::7] = F32(1e18)
-    for row, got in zip(v, seq_sum_squares(v)):
+    for row, got in zip(v, seq_sum_squares(v), strict=True):
         acc = F32(0)
         for val in row:
             acc = F32(acc + F32(val * val))
@@ -344,7 +343,7 @@ def test_pack_then_unpack_is_identity(name, backend, data):
     assert np.array_equal(pack(idx, backend=other), b)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_arrays(shape):
     """``npst.arrays(np.uint8, shape)``, built once per shape (hypothesis validates each new strategy on its first draw)."""
     return npst.arrays(np.uint8, shape)
@@ -736,7 +735,7 @@ def test_deterministic_across_processes(tmp_path):
         @settings(max_examples=25, database=None, suppress_health_check=list(HealthCheck))
         @given(tst.float_blocks(fmt, min_blocks=1, max_blocks=1, leading_shape=()))
         def collect(x):
-            rows.append(x)
+            rows.append(x)  # noqa: B023  # collect() runs (and ends) within this iteration
 
         collect()
         corpus[fmt] = np.stack(rows)
@@ -767,7 +766,7 @@ def test_concurrent_python_threads_give_identical_results(data):
             jobs.append((fmt, backend, threads, np.tile(x, (16, 1))))
     with small_chunks(4 * 128):
         serial = [codec(f, be, th).encode(x) for f, be, th, x in jobs]
-        serial_y = [codec(f, be, th).decode(b) for (f, be, th, _), b in zip(jobs, serial)]
+        serial_y = [codec(f, be, th).decode(b) for (f, be, th, _), b in zip(jobs, serial, strict=True)]
     start = threading.Barrier(len(jobs))
     lock = threading.Lock()
     active = [0, 0]  # threads inside the work loop now, the most at once

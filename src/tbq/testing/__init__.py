@@ -10,10 +10,12 @@ Importing :mod:`tbq.testing` itself is cheap: it does not import hypothesis.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 __all__ = ["strategies"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> ModuleType:
     # ``tbq.testing.strategies`` as an attribute, imported on first use only.
     if name == "strategies":
         import importlib

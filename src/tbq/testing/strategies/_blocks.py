@@ -6,20 +6,22 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 try:
-    import hypothesis
     import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
-from tbq.formats import FORMAT_CLASSES
-from tbq.formats.base import FIELD_KINDS
+from numpy.typing import NDArray
+
+import tbq
+from tbq.formats.base import FIELD_KINDS, FORMAT_CLASSES
 
 from ._fp4 import _fam_binade_tops, _fam_ue4m3
 from ._fp8 import _fam_fp8_grid
@@ -36,18 +38,18 @@ from ._generic import (
     _fam_zero,
 )
 from ._machinery import (
+    _ALIASES,
+    _UNFIT,
     DEFAULT_FAMILIES,
     F32,
     FAMILIES,
     HAZARD_FAMILIES,
     SPECIAL_SCALES,
-    _ALIASES,
-    _Fmt,
-    _UNFIT,
     _check_int,
     _event,
     _fail,
     _fit,
+    _Fmt,
     _memo_strategy,
     _resolve_fmt,
     _resolve_leading,
@@ -56,8 +58,7 @@ from ._machinery import (
 from ._rotated import _fam_thresholds
 from ._scalar import _fam_grid_ties, _fam_min_ties, _fam_ties
 
-
-_FAMILY_FUNCS = {
+_FAMILY_FUNCS: dict[str, Callable[[st.DrawFn, np.random.Generator, _Fmt], NDArray[np.float32]]] = {
     "gaussian": _fam_gaussian,
     "outliers": _fam_outliers,
     "heavy_tail": _fam_heavy_tail,
@@ -79,7 +80,7 @@ _FAMILY_FUNCS = {
 
 
 @st.composite
-def _one_block(draw, ctx: _Fmt, families: tuple):
+def _one_block(draw: st.DrawFn, ctx: _Fmt, families: tuple[str, ...]) -> NDArray[np.float32]:
     fam = draw(_sampled(families))
     _event(f"family: {fam}")
     seed = draw(st.integers(0, 2**32 - 1))
@@ -93,13 +94,21 @@ def _one_block(draw, ctx: _Fmt, families: tuple):
 
 
 @functools.lru_cache(maxsize=256)
-def _block_strategy(ctx: _Fmt, families: tuple) -> st.SearchStrategy:
+def _block_strategy(ctx: _Fmt, families: tuple[str, ...]) -> st.SearchStrategy[NDArray[np.float32]]:
     """``_one_block(ctx, families)``, built once per format context and family tuple (drawn several times per example)."""
     return _one_block(ctx, families)
 
 
 @st.composite
-def _float_blocks(draw, ctx, min_blocks, max_blocks, leading, families, elements):
+def _float_blocks(
+    draw: st.DrawFn,
+    ctx: _Fmt,
+    min_blocks: int,
+    max_blocks: int,
+    leading: st.SearchStrategy[tuple[int, ...]],
+    families: tuple[str, ...] | None,
+    elements: st.SearchStrategy[float] | None,
+) -> NDArray[np.float32]:
     lead = tuple(draw(leading))
     nb = draw(st.integers(min_blocks, max_blocks))
     shape = lead + (nb * ctx.bs,)
@@ -115,17 +124,17 @@ def _float_blocks(draw, ctx, min_blocks, max_blocks, leading, families, elements
 
 @_memo_strategy
 def float_blocks(
-    fmt,
+    fmt: str | tbq.Codec,
     *,
     min_blocks: int = 1,
     max_blocks: int = 4,
-    leading_shape=None,
-    families=None,
-    elements=None,
-    codebook=None,
-    signs=None,
-    options=None,
-) -> st.SearchStrategy[np.ndarray]:
+    leading_shape: tuple[int, ...] | st.SearchStrategy[tuple[int, ...]] | None = None,
+    families: Iterable[str] | None = None,
+    elements: st.SearchStrategy[float] | None = None,
+    codebook: Any = None,
+    signs: Any = None,
+    options: dict[str, Any] | None = None,
+) -> st.SearchStrategy[NDArray[np.float32]]:
     """float32 arrays whose last axis is a whole number of blocks of ``fmt``.
 
     Requires the hypothesis package to be installed.
@@ -185,7 +194,7 @@ def float_blocks(
     return _float_blocks(ctx, min_blocks, max_blocks, leading, fams, None)
 
 
-def _resolve_families(func, ctx, families):
+def _resolve_families(func: str, ctx: _Fmt, families: Iterable[str] | None) -> tuple[str, ...]:
     if families is None:
         fams = [f for f in DEFAULT_FAMILIES if _applies(f, ctx)]
         return tuple(fams)
@@ -211,12 +220,19 @@ def _resolve_families(func, ctx, families):
     return tuple(dict.fromkeys(fams))
 
 
-def _applies(fam, ctx):
+def _applies(fam: str, ctx: _Fmt) -> bool:
     return fam not in HAZARD_FAMILIES or fam in ctx.hazards
 
 
 @st.composite
-def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales):
+def _arbitrary_bytes(
+    draw: st.DrawFn,
+    ctx: _Fmt,
+    min_blocks: int,
+    max_blocks: int,
+    leading: st.SearchStrategy[tuple[int, ...]],
+    special_scales: bool,
+) -> NDArray[np.uint8]:
     lead = tuple(draw(leading))
     nb = draw(st.integers(min_blocks, max_blocks))
     nblocks = int(np.prod(lead, dtype=np.int64)) * nb
@@ -237,7 +253,7 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
         if own is None and first is not None and first.size <= 2 and first.kind in FIELD_KINDS:
             own = FIELD_KINDS[first.kind].specials or None  # the first field's kind (f16: SPECIAL_SCALES)
         table = own or SPECIAL_SCALES
-        off, size = (first.offset, first.size) if own else (0, 2)
+        off, size = (first.offset, first.size) if own and first is not None else (0, 2)  # own implies first
         names = list(table)
         for b in range(nblocks):
             if draw(st.integers(0, 3)) == 0:
@@ -252,23 +268,23 @@ def _arbitrary_bytes(draw, ctx, min_blocks, max_blocks, leading, special_scales)
 
 
 @st.composite
-def _valid_bytes(draw, ctx, xs):
+def _valid_bytes(draw: st.DrawFn, ctx: _Fmt, xs: st.SearchStrategy[NDArray[np.float32]]) -> NDArray[np.uint8]:
     return ctx.encode(draw(xs))
 
 
 @_memo_strategy
 def encoded_blocks(
-    fmt,
+    fmt: str | tbq.Codec,
     *,
     valid: bool = True,
     min_blocks: int = 1,
     max_blocks: int = 4,
-    leading_shape=None,
+    leading_shape: tuple[int, ...] | st.SearchStrategy[tuple[int, ...]] | None = None,
     special_scales: bool = True,
-    codebook=None,
-    signs=None,
-    options=None,
-) -> st.SearchStrategy[np.ndarray]:
+    codebook: Any = None,
+    signs: Any = None,
+    options: dict[str, Any] | None = None,
+) -> st.SearchStrategy[NDArray[np.uint8]]:
     """uint8 arrays whose last axis is a whole number of encoded blocks of ``fmt``.
 
     Requires the hypothesis package to be installed.

@@ -6,27 +6,25 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 from __future__ import annotations
 
 try:
-    import hypothesis
-    import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
 
-from ._machinery import F32, _event, _next32, _sampled
+from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 
-def _e2m1_midpoints(blk_scale: float) -> np.ndarray:
+def _e2m1_midpoints(blk_scale: float) -> NDArray[np.float64]:
     """Midpoints of the doubled E2M1 grid 0, 1, 2, 3, 4, 6, 8, 12 times ``blk_scale`` (exact ties: smaller magnitude wins)."""
     v = np.array([0, 1, 2, 3, 4, 6, 8, 12], np.float64)
     return (v[1:] + v[:-1]) / 2 * blk_scale
 
 
-def _fp4_fill(rng, amax, scale, n):
+def _fp4_fill(rng: np.random.Generator, amax: float | np.float32, scale: float, n: int) -> NDArray[np.float32]:
     """``n`` values below ``amax``: half uniform, half on E2M1 midpoints of ``scale`` (either sign)."""
     vals = rng.uniform(-1, 1, n) * float(amax)
     mids = _e2m1_midpoints(float(scale))
@@ -37,7 +35,7 @@ def _fp4_fill(rng, amax, scale, n):
     return vals.astype(F32)
 
 
-def _fam_ue4m3(draw, rng, ctx):
+def _fam_ue4m3(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     """NVFP4: each sub-block's s = amax/6 on a UE4M3 rounding boundary (half up), near it, subnormal or saturated."""
     sub = int(ctx.hazards["ue4m3"].get("sub_block", 16))
     bs = ctx.bs
@@ -66,7 +64,7 @@ def _fam_ue4m3(draw, rng, ctx):
     return blk
 
 
-def _fam_binade_tops(draw, rng, ctx):
+def _fam_binade_tops(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     """MXFP4: amax among the top floats of its binade, where floor(log2f(amax)) rounds up to the next exponent."""
     bs = ctx.bs
     b = draw(st.integers(-40, 40))

@@ -6,21 +6,19 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 from __future__ import annotations
 
 try:
-    import hypothesis
-    import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
 
-from ._machinery import F32, _event, _next32, _sampled
+from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 
-def _fam_fp8_grid(draw, rng, ctx):
+def _fam_fp8_grid(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     """One value (block size 1) whose quotient v = x / s sits on an FP8 hazard; ``hazards["fp8_grid"]`` gives the
     grid's finite magnitudes, the overflow limit (the midpoint above the largest value) and the scale."""
     h = ctx.hazards["fp8_grid"]

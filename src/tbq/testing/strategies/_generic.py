@@ -6,19 +6,16 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 from __future__ import annotations
 
 try:
-    import hypothesis
-    import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
 
-from ._machinery import F32, _F16_LIMIT, _F16_MAX, _event, _gauss, _next32, _rescale, _sampled
-
+from ._machinery import _F16_LIMIT, _F16_MAX, F32, _event, _Fmt, _gauss, _next32, _rescale, _sampled
 
 #: The exponent of the Gaussian family's scale (0 often, anything in -30..20 otherwise); built once.
 _GAUSS_EXPONENT = st.one_of(st.just(0), st.integers(-30, 20))
@@ -30,12 +27,12 @@ _CONSTANT_VALUE = st.one_of(
 )
 
 
-def _fam_gaussian(draw, rng, ctx):
+def _fam_gaussian(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     e = draw(_GAUSS_EXPONENT)
     return _gauss(rng, ctx.bs, 2.0**e)
 
 
-def _fam_outliers(draw, rng, ctx):
+def _fam_outliers(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     s = 2.0 ** draw(st.integers(-10, 6))
     blk = _gauss(rng, ctx.bs, s)
     n = draw(st.integers(1, min(4, ctx.bs)))
@@ -46,14 +43,14 @@ def _fam_outliers(draw, rng, ctx):
     return blk
 
 
-def _fam_heavy_tail(draw, rng, ctx):
+def _fam_heavy_tail(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     df = draw(_sampled([1.0, 1.5, 2.0, 3.0]))
     scale = 2.0 ** draw(st.integers(-8, 4))
     with np.errstate(all="ignore"):
         return (rng.standard_t(df, ctx.bs) * scale).astype(F32)
 
 
-def _fam_subnormal(draw, rng, ctx):
+def _fam_subnormal(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     mode = draw(_sampled(["f32_subnormal", "fp16_subnormal_scale", "scale_underflow", "inverse_overflow", "mixed"]))
     _event(f"subnormal: {mode}")
     bs = ctx.bs
@@ -78,7 +75,7 @@ def _fam_subnormal(draw, rng, ctx):
     return _rescale(ctx, blk, target)
 
 
-def _fam_huge(draw, rng, ctx):
+def _fam_huge(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     base = draw(_sampled(["gaussian", "outliers", "constant"]))
     blk = {"gaussian": _fam_gaussian, "outliers": _fam_outliers, "constant": _fam_constant}[base](draw, rng, ctx)
     if not np.any(blk):
@@ -101,12 +98,12 @@ def _fam_huge(draw, rng, ctx):
     return out
 
 
-def _fam_constant(draw, rng, ctx):
+def _fam_constant(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     v = draw(_CONSTANT_VALUE)
     return np.full(ctx.bs, v, F32)
 
 
-def _fam_zero(draw, rng, ctx):
+def _fam_zero(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     mode = draw(_sampled(["+0", "-0", "mixed"]))
     if mode == "+0":
         return np.zeros(ctx.bs, F32)
@@ -115,7 +112,7 @@ def _fam_zero(draw, rng, ctx):
     return np.where(rng.random(ctx.bs) < 0.5, F32(0.0), F32(-0.0)).astype(F32)
 
 
-def _fam_sparse(draw, rng, ctx):
+def _fam_sparse(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     bs = ctx.bs
     modes = ["one_hot", "spikes"] + (["rotated_one_hot"] if ctx.rotation is not None else [])
     mode = draw(_sampled(modes))
@@ -135,10 +132,11 @@ def _fam_sparse(draw, rng, ctx):
     c = draw(_sampled([1.0, -1.0, 3.0]))
     e = np.zeros(bs, F32)
     e[k] = 1
+    assert ctx.rotation is not None  # rotated_one_hot is a mode only with a rotation
     return (ctx.rotation.inverse(e) * F32(c)).astype(F32)
 
 
-def _fam_overflow(draw, rng, ctx):
+def _fam_overflow(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     blk = _gauss(rng, ctx.bs)
     which = draw(_sampled(["at_limit", "range", "extreme"]))
     if which == "at_limit":
@@ -149,7 +147,7 @@ def _fam_overflow(draw, rng, ctx):
     return blk
 
 
-def _fam_nonfinite(draw, rng, ctx):
+def _fam_nonfinite(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     blk = _gauss(rng, ctx.bs)
     n = draw(st.integers(1, min(3, ctx.bs)))
     for p in draw(st.lists(st.integers(0, ctx.bs - 1), min_size=n, max_size=n, unique=True)):

@@ -5,8 +5,11 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 try:
     import hypothesis
@@ -19,14 +22,15 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
 
 import tbq
 from tbq.backend import STATUS_UNDEFINED, numba_available
 from tbq.codebooks import Codebook, get_codebook
-from tbq.formats import FORMAT_CLASSES, FORMATS, get_format
-from tbq.formats.base import FIELD_KINDS
-from tbq.rotation import get_rotation, hadamard_scale
-
+from tbq.errors import is_integer
+from tbq.formats import FORMATS, get_format
+from tbq.formats.base import FIELD_KINDS, FORMAT_CLASSES, Trace
+from tbq.rotation import RandomizedHadamard, get_rotation, hadamard_scale
 
 F32 = np.float32
 
@@ -83,34 +87,30 @@ HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "bina
 
 #: Old spellings still accepted (golden vectors and the strategies share family names).
 _ALIASES = {"heavy_tails": "heavy_tail"}
-
 _UNFIT = ("overflow", "nonfinite")
 
-#: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``.
-SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS[
-    "f16"
-].specials  # name: (lowest, highest) fp16 pattern, inclusive
+#: fp16 scale bit patterns :func:`encoded_blocks` injects when ``valid=False``: name -> (lowest, highest), inclusive.
+SPECIAL_SCALES: dict[str, tuple[int, int]] = FIELD_KINDS["f16"].specials
 
 _F16_LIMIT = 65520.0  # float32 scales at or above this round to fp16 infinity
-
 _F16_MAX = 65504.0
 
 
 def _event(text: str) -> None:
-    try:
+    with contextlib.suppress(Exception):  # outside a test (e.g. .example()): statistics are not recorded
         hypothesis.event(text)
-    except Exception:  # outside a test (e.g. .example()): statistics are not recorded
-        pass
 
 
-#: Strategies built once and reused (see :func:`_sampled`, :func:`_memo_strategy`). A strategy
-#: object is immutable, and hypothesis validates a new one on its first draw (tens of
-#: microseconds, per draw when the strategy is built inside a composite): reusing one gives the
-#: same draws from the same choices, without that cost.
-_SAMPLED: dict = {}
+#: Strategies built once and reused (see :func:`_sampled`, :func:`_memo_strategy`). A strategy object is immutable,
+#: and hypothesis validates a new one on its first draw (tens of microseconds, per draw when the strategy is built
+#: inside a composite): reusing one gives the same draws from the same choices, without that cost.
+_SAMPLED: dict[Hashable, st.SearchStrategy[Any]] = {}
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+_S = TypeVar("_S", bound="st.SearchStrategy[Any]")
 
 
-def _value_key(v):
+def _value_key(v: object) -> Hashable:
     """A hashable key for ``v`` that keeps apart what ``==`` and ``hash`` conflate (1, 1.0, True, 0.0, -0.0, float32 and float64)."""
     t = type(v)
     if t is str or t is int or t is type(None):
@@ -125,7 +125,7 @@ def _value_key(v):
     return (type(v), v)
 
 
-def _sampled(options) -> st.SearchStrategy:
+def _sampled(options: Sequence[_T]) -> st.SearchStrategy[_T]:
     """``st.sampled_from(options)``, built once per distinct ``options`` (compared by type and repr)."""
     key = _value_key(options)
     strat = _SAMPLED.get(key)
@@ -136,16 +136,16 @@ def _sampled(options) -> st.SearchStrategy:
     return strat
 
 
-def _memo_strategy(fn):
+def _memo_strategy(fn: Callable[_P, _S]) -> Callable[_P, _S]:
     """Return the same strategy object for the same arguments (a public strategy called once per example in a test).
 
     Arguments that cannot be keys (arrays, for instance) build a new strategy each time;
     bad arguments raise each time (nothing is cached for them).
     """
-    cache: dict = {}
+    cache: dict[Hashable, _S] = {}
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _S:
         try:
             key = (_value_key(args), _value_key(kwargs))
         except TypeError:
@@ -160,12 +160,12 @@ def _memo_strategy(fn):
     return wrapper
 
 
-def _fail(func: str, message: str):
+def _fail(func: str, message: str) -> NoReturn:
     raise InvalidArgument(f"{func}: {message}")
 
 
-def _check_int(func, name, value, lo, hi=None, hint=""):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+def _check_int(func: str, name: str, value: object, lo: int, hi: int | None = None, hint: str = "") -> int:
+    if not is_integer(value):
         _fail(func, f"{name} must be an integer, got {value!r} of type {type(value).__name__}. {hint}".strip())
     if value < lo or (hi is not None and value > hi):
         rng = f">= {lo}" if hi is None else f"between {lo} and {hi}"
@@ -176,16 +176,23 @@ def _check_int(func, name, value, lo, hi=None, hint=""):
 class _Fmt:
     """Everything the families need to know about one codec configuration."""
 
-    def __init__(self, name, codebook=None, rotation=None, options=None):
+    def __init__(
+        self,
+        name: str,
+        codebook: Codebook | None = None,
+        rotation: RandomizedHadamard | None = None,
+        options: Mapping[str, object] | None = None,
+    ) -> None:
         self.name = name
         self.info = FORMATS[name]
         self.bs = self.info.block_size
         self.ts = self.info.type_size
         self.rotated = self.info.rotated
-        self.codebook = codebook
+        self.codebook: Codebook | None = codebook
         self.rotation = rotation
-        kw = dict(options or {})  # the format's own options (FP8: scale)
+        kw: dict[str, object] = dict(options or {})  # the format's own options (FP8: scale)
         if codebook is not None:
+            assert rotation is not None  # a codebook comes with its sign vectors (_fmt_cached passes both)
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
         self.format = get_format(name, **kw)
         self.hazards = self.format.hazards
@@ -197,12 +204,12 @@ class _Fmt:
         self.codec = tbq.get_codec(name, backend="numpy", on_overflow="inf", **kw)
         _warm(name, kw)
 
-    def trace(self, x2: np.ndarray) -> dict:
+    def trace(self, x2: NDArray[Any]) -> Trace:
         """The format's trace of each block of ``x2`` (one block per row, each its own row)."""
         with np.errstate(all="ignore"):
             return self.format.reference_encode(np.ascontiguousarray(x2, F32), **self.row_kw)[1]
 
-    def scales(self, x2: np.ndarray) -> np.ndarray:
+    def scales(self, x2: NDArray[Any]) -> NDArray[np.float32]:
         """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace).
 
         Formats without one scale per block (f16, bf16, NVFP4) use the block's
@@ -213,7 +220,7 @@ class _Fmt:
             return d
         return np.max(np.abs(np.asarray(x2, F32)), axis=1)
 
-    def status(self, blk: np.ndarray) -> int:
+    def status(self, blk: NDArray[np.float32]) -> int:
         """0 when the codec encodes ``blk`` with on_overflow='raise', else the refusing status.
 
         Asked of the numba kernel (a few microseconds; the NumPy trace costs about a millisecond and
@@ -227,20 +234,20 @@ class _Fmt:
         s = self.format.invalid_blocks(self.trace(blk[None, :]))
         return int(s[0]) if np.size(s) else 0
 
-    def encode(self, x: np.ndarray) -> np.ndarray:
+    def encode(self, x: NDArray[np.float32]) -> NDArray[np.uint8]:
         return self.codec.encode(x)
 
-    def rotated_coords(self, x2: np.ndarray) -> np.ndarray:
+    def rotated_coords(self, x2: NDArray[Any]) -> NDArray[np.float32]:
         """Normalised, rotated coordinates r = R(u) of each block, by the spec's float32 arithmetic."""
-        return self.format.rotate(np.asarray(x2, dtype=F32))[1]
+        return self.format.rotate(np.asarray(x2, dtype=F32))[1]  # type: ignore[attr-defined]  # rotated formats only (TBQ, planar/iso)
 
     @functools.cached_property
-    def hadamard_scale(self) -> np.float32:
+    def hadamard_scale(self) -> np.floating[Any]:
         """The rotation's normalisation C = fl(1/sqrt(n)) (TBQ: the last rounding of a rotated coordinate before its sign)."""
         return hadamard_scale(self.bs, np.float32)
 
     @functools.cached_property
-    def rotation_matrix(self) -> np.ndarray:
+    def rotation_matrix(self) -> NDArray[np.floating[Any]]:
         if self.rotation is not None:
             return self.rotation.matrix(np.float64)
         # Fixed-table rotations (planar/iso): the encoder's own rotation of the unit vectors
@@ -248,13 +255,12 @@ class _Fmt:
         return self.rotated_coords(np.eye(self.bs, dtype=F32)).T.astype(np.float64)
 
 
-def _warm(name, kw):
+def _warm(name: str, kw: Mapping[str, object]) -> None:
     """Load (or compile) the format's numba kernels now, when the strategy is built.
 
-    A hypothesis test that calls ``tbq.quantize`` would otherwise pay for
-    numba loading its cache (several hundred ms; seconds on a cold cache) on
-    its first example, and fail with ``DeadlineExceeded`` under hypothesis's
-    default 200 ms deadline. Warming here makes a plain ``@given`` test work.
+    A hypothesis test that calls ``tbq.quantize`` would otherwise pay for numba loading its cache (several
+    hundred ms; seconds on a cold cache) on its first example, and fail with ``DeadlineExceeded`` under
+    hypothesis's default 200 ms deadline. Warming here makes a plain ``@given`` test work.
     """
     if not numba_available():  # pragma: no cover - numba is a runtime dependency
         return
@@ -263,13 +269,13 @@ def _warm(name, kw):
         c.decode(c.encode(np.zeros(n * c.block_size, F32)))
 
 
-def _takes_tables(name) -> bool:
+def _takes_tables(name: str) -> bool:
     """True for formats configured by a codebook and sign vectors (the TBQ formats)."""
     return "codebook" in FORMAT_CLASSES[name].options
 
 
 @functools.lru_cache(maxsize=64)
-def _fmt_cached(name, cb_key, sign_key):
+def _fmt_cached(name: str, cb_key: Hashable, sign_key: Hashable) -> _Fmt:
     if not _takes_tables(name):
         return _Fmt(name)
     cb = _CB_OBJECTS[cb_key]
@@ -277,27 +283,25 @@ def _fmt_cached(name, cb_key, sign_key):
     return _Fmt(name, cb, rot)
 
 
-_CB_OBJECTS: dict = {}
-
-_ROT_OBJECTS: dict = {}
-
-_OPT_OBJECTS: dict = {}
+_CB_OBJECTS: dict[Hashable, Codebook] = {}
+_ROT_OBJECTS: dict[Hashable, RandomizedHadamard] = {}
+_OPT_OBJECTS: dict[tuple[str, Hashable], dict[str, object]] = {}
 
 
 @functools.lru_cache(maxsize=64)
-def _fmt_with_options(name, opt_key):
+def _fmt_with_options(name: str, opt_key: Hashable) -> _Fmt:
     return _Fmt(name, options=_OPT_OBJECTS[(name, opt_key)])
 
 
-def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
+def _resolve_fmt(func: str, fmt: object, codebook: object, signs: object, options: object = None) -> _Fmt:
     """The family context of ``fmt`` (a name or a Codec) with one options mapping (``codebook``/``signs`` are its spellings)."""
     opts = {} if options is None else options
     if not isinstance(opts, dict):
         _fail(func, f"options must be a dict of format options, e.g. {{'scale': 0.0173}}, got {options!r}")
     opts = dict(opts)
-    for key, value in (("codebook", codebook), ("signs", signs)):
+    for opt, value in (("codebook", codebook), ("signs", signs)):
         if value is not None:
-            opts[key] = value
+            opts[opt] = value
     if isinstance(fmt, tbq.Codec):
         if opts:
             _fail(func, "pass codebook=, signs= and options= only with a format name; a Codec already carries its own")
@@ -342,14 +346,12 @@ def _resolve_fmt(func, fmt, codebook, signs, options=None) -> _Fmt:
 _DEFAULT_LEADING = st.one_of(st.just(()), npst.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
 
 
-def _resolve_leading(func, leading_shape):
+def _resolve_leading(func: str, leading_shape: object) -> st.SearchStrategy[tuple[int, ...]]:
     if leading_shape is None:
         return _DEFAULT_LEADING
     if isinstance(leading_shape, st.SearchStrategy):
         return leading_shape
-    if isinstance(leading_shape, tuple) and all(
-        isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0 for s in leading_shape
-    ):
+    if isinstance(leading_shape, tuple) and all(is_integer(s) and s >= 0 for s in leading_shape):
         return st.just(tuple(int(s) for s in leading_shape))
     _fail(
         func,
@@ -358,16 +360,11 @@ def _resolve_leading(func, leading_shape):
     )
 
 
-def _f16_finite(d) -> np.ndarray:
-    with np.errstate(all="ignore"):
-        return np.isfinite(np.asarray(d, dtype=F32).astype(np.float16))
-
-
-def _next32(v, direction):
+def _next32(v: float | np.floating[Any], direction: float | np.floating[Any]) -> np.float32:
     return np.nextafter(F32(v), F32(direction), dtype=F32)
 
 
-def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
+def _rescale(ctx: _Fmt, blk: NDArray[np.float32], target: float) -> NDArray[np.float32]:
     """Scale ``blk`` so that its float32 scale d is close to ``target`` (> 0)."""
     d0 = abs(float(ctx.scales(blk[None, :])[0]))
     if not (d0 > 0 and math.isfinite(d0)):
@@ -377,7 +374,7 @@ def _rescale(ctx: _Fmt, blk: np.ndarray, target: float) -> np.ndarray:
     return out if np.isfinite(out).all() else blk
 
 
-def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
+def _fit(ctx: _Fmt, blk: NDArray[np.float32]) -> NDArray[np.float32]:
     """Move ``blk`` until the codec encodes it with on_overflow='raise' (its scale fits, nothing undefined)."""
     for attempt in range(64):
         status = ctx.status(blk)
@@ -398,5 +395,5 @@ def _fit(ctx: _Fmt, blk: np.ndarray) -> np.ndarray:
     return np.zeros_like(blk)  # pragma: no cover - defensive: never observed
 
 
-def _gauss(rng, n, scale=1.0):
+def _gauss(rng: np.random.Generator, n: int, scale: float = 1.0) -> NDArray[np.float32]:
     return (rng.standard_normal(n) * scale).astype(F32)

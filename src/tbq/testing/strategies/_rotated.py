@@ -7,24 +7,24 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 try:
-    import hypothesis
-    import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._generic import _fam_gaussian
-from ._machinery import F32, _event, _next32, _sampled
+from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 
-def _threshold_targets(ctx):
+def _threshold_targets(ctx: _Fmt) -> list[float]:
+    assert ctx.codebook is not None  # the thresholds family applies only to codebook formats
     thr = ctx.codebook.thresholds
     return [
         float(t) for t in thr if abs(t) > 2.0**-20 and abs(t) < 0.7
@@ -61,7 +61,14 @@ def _reachable(scale: float, v: float) -> bool:
     return True  # pragma: no cover - never reached: let the search decide
 
 
-def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
+def _search_threshold_block(
+    rng: np.random.Generator,
+    ctx: _Fmt,
+    targets_j: Sequence[int],
+    targets_v: Sequence[np.float32],
+    iters: int = 60,
+    ncand: int = 96,
+) -> NDArray[np.float32] | None:
     """Find x whose rotated coordinates r[targets_j] equal targets_v exactly (float32), or None.
 
     A target that no rotated coordinate can take (:func:`_reachable`) returns None at once,
@@ -111,7 +118,7 @@ def _search_threshold_block(rng, ctx, targets_j, targets_v, iters=60, ncand=96):
     return None
 
 
-def _pair_zero_block(draw, ctx, mode):
+def _pair_zero_block(draw: st.DrawFn, ctx: _Fmt, mode: str) -> NDArray[np.float32]:
     bs = ctx.bs
     # x_p = a, x_q = +-a with p, q differing in bit 0: the butterfly's first stage gives exactly 0
     # (or 2a), so half of the rotated coordinates are exact (signed) zeros; a tiny x_k then puts
@@ -128,6 +135,7 @@ def _pair_zero_block(draw, ctx, mode):
         if draw(st.booleans()):
             # more pairs with the same relation after the first sign flip s1 (the butterfly sees s1 * x):
             # then every pair cancels in the same half of the coordinates, which stay exactly 0
+            assert ctx.rotation is not None  # a 0 threshold: a TBQ codebook, so a Hadamard rotation
             s1 = ctx.rotation.signs1.astype(F32)
             eff = rel * s1[p] * s1[q]
             for mm in draw(st.lists(st.integers(0, bs // 2 - 1), max_size=3, unique=True)):
@@ -148,8 +156,9 @@ def _pair_zero_block(draw, ctx, mode):
     return cands[pick]
 
 
-def _fam_thresholds(draw, rng, ctx):
+def _fam_thresholds(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     bs = ctx.bs
+    assert ctx.codebook is not None  # the thresholds family applies only to codebook formats
     thr = ctx.codebook.thresholds
     has_zero = bool(np.any(thr == 0))
     modes = (["exact_zero", "next_to_zero"] if has_zero else []) + (["on_threshold"] if _threshold_targets(ctx) else [])

@@ -8,21 +8,21 @@ from __future__ import annotations
 import math
 
 try:
-    import hypothesis
-    import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
 
-from ._machinery import F32, _event, _gauss, _next32, _sampled
+from ._machinery import F32, _event, _Fmt, _gauss, _next32, _sampled
 
 
-def _tie_values(draw, rng, ctx, amax, inv, count):
+def _tie_values(
+    draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt, amax: np.float32, inv: np.float32, count: int
+) -> NDArray[np.float32]:
     """``count`` values x with fl(x * inv) exactly a half-integer (or one ulp from it) inside the code range."""
     lo, hi = ctx.hazards["ties"]["codes"]
     ks = rng.integers(lo, hi + 1, count)
@@ -46,7 +46,7 @@ def _tie_values(draw, rng, ctx, amax, inv, count):
     return out
 
 
-def _fam_ties(draw, rng, ctx):
+def _fam_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     bs = ctx.bs
     K = ctx.hazards["ties"]["divisor"]  # max|x| / |d|: amax = K * 2**e gives a power-of-two scale
     mode = draw(_sampled(["pow2", "general", "fp16_tie", "sign_tie"]))
@@ -86,7 +86,7 @@ def _fam_ties(draw, rng, ctx):
     return blk
 
 
-def _fam_min_ties(draw, rng, ctx):
+def _fam_min_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     """Q4_1/Q5_1: v = (x - min) * (1/d) exactly k + 1/2, where t = v + 0.5 is an integer (round half up)."""
     levels = int(ctx.hazards["min_ties"]["levels"])
     bs = ctx.bs
@@ -114,7 +114,7 @@ def _fam_min_ties(draw, rng, ctx):
     return blk.astype(F32)
 
 
-def _fam_grid_ties(draw, rng, ctx):
+def _fam_grid_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     """IQ4_NL: a = x / d0 exactly halfway between two table values (the tie goes to the upper index)."""
     table = np.asarray(ctx.hazards["grid_ties"]["table"], np.float64)
     divisor = F32(ctx.hazards["grid_ties"]["divisor"])

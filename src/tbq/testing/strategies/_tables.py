@@ -6,18 +6,18 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 try:
-    import hypothesis
-    import hypothesis.extra.numpy as npst
     import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
 except ImportError as e:  # pragma: no cover - exercised only without hypothesis
     raise ImportError(
         "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
     ) from e
 
 import numpy as np
+from numpy.typing import NDArray
+
 from tbq.codebooks import Codebook, get_codebook
 from tbq.rotation import turboq_mtp_signs
 
@@ -25,7 +25,7 @@ from ._machinery import F32, _check_int, _fail, _memo_strategy, _resolve_leading
 
 
 @st.composite
-def _codebooks(draw, bits, named, symmetric, scale):
+def _codebooks(draw: st.DrawFn, bits: int, named: bool, symmetric: bool | None, scale: float) -> Codebook:
     n = 1 << bits
     if named and draw(st.integers(0, 3)) == 0:
         names = ["lloyd-max"] + (["turboq-mtp"] if bits in (3, 4) else [])
@@ -60,7 +60,9 @@ def _codebooks(draw, bits, named, symmetric, scale):
 
 
 @_memo_strategy
-def codebooks(bits: int, *, named: bool = True, symmetric=None, scale: float = 1.0 / math.sqrt(128)):
+def codebooks(
+    bits: int, *, named: bool = True, symmetric: bool | None = None, scale: float = 1.0 / math.sqrt(128)
+) -> st.SearchStrategy[Codebook]:
     """Valid :class:`tbq.Codebook` objects with ``2**bits`` centroids.
 
     Requires the hypothesis package to be installed.
@@ -96,7 +98,7 @@ def codebooks(bits: int, *, named: bool = True, symmetric=None, scale: float = 1
 
 
 @st.composite
-def _sign_vector(draw, n):
+def _sign_vector(draw: st.DrawFn, n: int) -> NDArray[np.int8]:
     patterns = ["random", "all_plus", "all_minus", "alternating"] + (["turboq-mtp"] if n == 128 else [])
     kind = draw(_sampled(patterns))
     if kind == "random":
@@ -112,7 +114,9 @@ def _sign_vector(draw, n):
 
 
 @_memo_strategy
-def sign_vectors(n: int = 128, *, pair: bool = True):
+def sign_vectors(
+    n: int = 128, *, pair: bool = True
+) -> st.SearchStrategy[tuple[NDArray[np.int8], NDArray[np.int8]]] | st.SearchStrategy[NDArray[np.int8]]:
     """Vectors of +1/-1 (int8) of length ``n``, as the TBQ ``signs=`` option takes them.
 
     Requires the hypothesis package to be installed.
@@ -140,12 +144,13 @@ def sign_vectors(n: int = 128, *, pair: bool = True):
 
 
 @st.composite
-def _indices(draw, bits, n, leading):
+def _indices(draw: st.DrawFn, bits: int, n: int, leading: st.SearchStrategy[tuple[int, ...]]) -> NDArray[np.uint8]:
     lead = tuple(draw(leading))
     shape = lead + (n,)
     size = int(np.prod(shape, dtype=np.int64))
     top = (1 << bits) - 1
     kind = draw(_sampled(["random", "zeros", "max", "alternating", "ramp", "one_value"]))
+    a: NDArray[np.integer[Any]]
     if kind == "random":
         rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
         a = rng.integers(0, top + 1, size, dtype=np.uint16)
@@ -165,7 +170,9 @@ def _indices(draw, bits, n, leading):
 
 
 @_memo_strategy
-def indices(bits: int, n: int, *, leading_shape=()):
+def indices(
+    bits: int, n: int, *, leading_shape: tuple[int, ...] | st.SearchStrategy[tuple[int, ...]] = ()
+) -> st.SearchStrategy[NDArray[np.uint8]]:
     """uint8 arrays of ``n`` codebook indices in ``[0, 2**bits)`` along the last axis.
 
     Requires the hypothesis package to be installed.
