@@ -274,7 +274,7 @@ class Format:
     #: Float32 magnitude below which fragility counts ulps at this magnitude (see :func:`band`).
     ulp_floor: ClassVar[float] = 0.0
     #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
-    #: ``"ties"`` (scalar grids: ``divisor`` = max|x| / |d|, ``codes`` = the range of
+    #: ``"ties"`` (scalar grids: ``divisor`` = ``max|x| / |d|``, ``codes`` = the range of
     #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid), ``"thresholds"``
     #: (codebook decision thresholds in a rotated domain).
     #: A class attribute for most formats; FP8 sets it per instance (its grid limits scale with ``scale``).

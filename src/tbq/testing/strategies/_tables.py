@@ -67,7 +67,7 @@ def codebooks(
 
     Requires the hypothesis package to be installed.
 
-        Centroids are distinct float32 values in increasing order (around
+    Centroids are distinct float32 values in increasing order (around
     ``scale``, default sigma = 1/sqrt(128), times a power of two); thresholds
     are strictly increasing and lie between adjacent centroids
     (``c[i] <= m[i] <= c[i+1]``), at midpoints or anywhere in the gap.
