@@ -306,3 +306,22 @@ def test_a_cache_read_in_the_original_domain_gives_the_bits_of_its_decoded_rows(
     a = att.attention_fused(q, K, V, threads=2)
     b = att.attention_fused(q, K.dequantize(), V.dequantize(), threads=1)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "tbq4_0"])
+def test_a_codec_whose_reader_was_built_still_pickles(fmt):
+    """Dask's distributed workers receive codecs by (cloud)pickle; the compiled reader stays behind and is rebuilt."""
+    import pickle
+
+    codec = tbq.get_codec(fmt)
+    r = codec.format.attention_reader()
+    assert r is not None
+    back = pickle.loads(pickle.dumps(codec))
+    assert "_attention_reader" not in back.format.__dict__ and "_attention_reader" in codec.format.__dict__
+    x = np.random.default_rng(5).standard_normal((4, 256)).astype(np.float32)
+    assert back.encode(x).tobytes() == codec.encode(x).tobytes()
+    out = np.empty((4, 256), np.float32)
+    _read_rows(back.format.attention_reader().read, codec.encode(x), r.aux, 256 // codec.block_size, out)
+    want = np.empty_like(out)
+    _read_rows(r.read, codec.encode(x), r.aux, 256 // codec.block_size, want)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))

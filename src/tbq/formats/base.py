@@ -497,6 +497,14 @@ class Format:
             )
         return r
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A format travels by pickle (Dask's distributed workers, multiprocessing): the compiled
+        # attention reader it keeps is process-local (a numba function that cannot be pickled)
+        # and is rebuilt on first use in the receiving process.
+        state = self.__dict__.copy()
+        state.pop("_attention_reader", None)
+        return state
+
     # -- what the codec refuses (unless on_overflow="inf") ------------------------------
     def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         """bool (blocks,): blocks whose stored scale would be infinite (fp16: ``|d| >= 65520``)."""
