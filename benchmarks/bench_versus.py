@@ -50,8 +50,9 @@ print(json.dumps(out))
 
 
 def _values(text: str) -> int:
-    units = {"K": 1024, "M": 1024 * 1024}
-    n = int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+    from bench_codecs import parse_size  # the benchmarks' one size syntax (K = 1024, M = 1024K)
+
+    n = parse_size(text)
     if n < 4096 or n % 4096:
         raise SystemExit(f"bench_versus: --values must be a positive multiple of 4096, got {text}")
     return n
@@ -82,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.repeat < 1:
         raise SystemExit("bench_versus: --rounds and --repeat must be at least 1")
-    n = _values(args.values)
     sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    n = _values(args.values)
     import tbq
 
     formats = args.formats.split(",") if args.formats else list(tbq.formats())
