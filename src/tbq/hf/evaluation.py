@@ -88,7 +88,7 @@ class CacheType:
         def name(t: Any) -> str:
             base = t if isinstance(t, str) else getattr(t, "name", None) or str(t[0])
             opts = _side_options(t)
-            return base if not opts else base + "(" + ",".join(f"{k}={_option_text(v)}" for k, v in opts.items()) + ")"
+            return base if not opts else base + "(" + ",".join(f"{k}={_option_value(v)}" for k, v in opts.items()) + ")"
 
         text = f"{name(self.k)}:{name(self.v)}"
         return text if self.engine == "llama.cpp" else f"{text}@{_SHORT.get(self.engine, self.engine)}"
@@ -108,18 +108,14 @@ def _side_options(t: Any) -> dict[str, Any]:
 
 
 def _json_options(ct: CacheType) -> dict[str, dict[str, Any]]:
-    """``ct.options`` with every value a JSON scalar (a number or name kept, an object named)."""
-
-    def value(v: Any) -> Any:
-        return v if isinstance(v, (str, int, float, bool)) or v is None else _option_text(v)
-
-    return {side: {k: value(v) for k, v in o.items()} for side, o in ct.options.items()}
+    """``ct.options`` with every value a JSON scalar (:func:`_option_value`)."""
+    return {side: {k: _option_value(v) for k, v in o.items()} for side, o in ct.options.items()}
 
 
-def _option_text(v: Any) -> str:
-    """An option value as a label and the JSON show it: a name, a number, else the object's own name."""
+def _option_value(v: Any) -> str | int | float | bool | None:
+    """An option value as the label and the JSON show it: a name or a number kept, else the object's own name."""
     if isinstance(v, (str, int, float, bool)) or v is None:
-        return str(v)
+        return v
     return str(getattr(v, "name", None) or type(v).__name__)
 
 
