@@ -5,7 +5,7 @@ Everything else in the suite imports tbq from the checkout (or an editable
 install of it), so a file missing from the wheel (package data such as the
 planar/iso tables, the shipped model, py.typed, an entry point) would pass every
 other test. This one builds the wheel with ``python -m build`` (the ``build``
-package is in the ``test`` extra), installs it with ``--no-deps`` into a venv
+package is in the ``test`` extra), installs it with ``--no-deps --ignore-installed`` into a venv
 that sees this interpreter's site-packages (numpy, scipy, numba: not downloaded
 again) and runs the installed ``tbq`` from a directory outside the checkout,
 checking that every ``tbq`` module it imports comes from the venv.
@@ -76,6 +76,9 @@ def installed(tmp_path_factory):
             "install",
             "--no-deps",
             "--no-index",
+            # CI's `pip install .` leaves this very version in the base interpreter's site-packages,
+            # which the venv sees: without this pip reports it satisfied and installs nothing.
+            "--ignore-installed",
             "--disable-pip-version-check",
             "-q",
             str(wheels[0]),
