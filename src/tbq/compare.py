@@ -47,7 +47,7 @@ from numpy.typing import ArrayLike
 from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError, check_int
-from .formats import FORMATS, check_options, config_for, format_class, format_name, formats
+from .formats import FORMATS, cache_formats, check_options, config_for, format_class, format_name
 from .metrics import attention_error, cosine_similarity, nmse, random_queries, softmax_kl, topk_agreement
 
 __all__ = [
@@ -335,7 +335,7 @@ def compare(
     ``on_row(row)``, if given, is called after each row (progress reports).
     """
     named = fmts is not None
-    fmts = tuple(dict.fromkeys(format_name(f) for f in fmts)) if named else formats()
+    fmts = tuple(dict.fromkeys(format_name(f) for f in fmts)) if named else cache_formats()
     check_options(fmts, {k: v for k, v in config.items() if k not in EXECUTION_SETTINGS})
     repeat = _check_count(repeat, "repeat")
     if attention:

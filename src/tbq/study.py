@@ -50,7 +50,7 @@ from . import metrics
 from .codebooks import Codebook, get_codebook, lloyd_max
 from .codecs import Codec, get_codec
 from .errors import ConfigError, TbqValueError, check_choice, check_int
-from .formats import FORMATS, format_info, get_format
+from .formats import FORMATS, cache_formats, format_info, get_format
 from .rotation import get_rotation
 
 __all__ = [
@@ -552,7 +552,7 @@ def rate_distortion_rows(
     >>> [(r["name"], r["bits_per_value"], r["nmse"] < 0.04, r["topk_agreement"] <= 1) for r in rows]
     [('q8_0', 8.5, True, True), ('tbq3_0', 3.125, True, True)]
     """
-    specs = list(FORMATS) if specs is None else list(specs)
+    specs = list(cache_formats()) if specs is None else list(specs)
     rows = []
     for ds, x in datasets.items():
         x = _as_f32(x)

@@ -25,7 +25,7 @@ from ..compare import (
     warm_up,
 )
 from ..errors import ScaleOverflowError, TbqValueError
-from ..formats import check_options, config_for, format_name, formats, parse_option
+from ..formats import cache_formats, check_options, config_for, format_name, formats, parse_option
 from . import check_figure_file, int_at_least
 
 DEFAULT_TOPK = 8
@@ -313,7 +313,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from ..progress import Progress, slow_notice
 
     named = args.formats is not None
-    names = [f.strip() for f in args.formats.split(",") if f.strip()] if named else list(formats())
+    names = [f.strip() for f in args.formats.split(",") if f.strip()] if named else list(cache_formats())
     if not names:
         raise TbqValueError(f"--formats: no format given; choose from {', '.join(formats())}")
     try:

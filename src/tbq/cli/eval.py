@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, TbqValueError
-from ..formats import formats
+from ..formats import cache_formats, formats
 from ..hf import ENGINES
 from . import check_figure_file, check_output_file, int_at_least
 
@@ -32,7 +32,7 @@ def default_cache_types() -> list[str]:
     from ..hf.engine import is_llama_cpp_type
     from ..hf.evaluation import BASELINES, DEFAULT_MIXES
 
-    same = [f"{f}:{f}" + ("" if is_llama_cpp_type(f) else "@plain") for f in formats()]
+    same = [f"{f}:{f}" + ("" if is_llama_cpp_type(f) else "@plain") for f in cache_formats()]
     return [t for t in same if t not in BASELINES] + list(DEFAULT_MIXES)
 
 

@@ -100,6 +100,7 @@ __all__ = [
     "Option",
     "FORMATS",
     "formats",
+    "cache_formats",
     "format_name",
     "format_info",
     "format_class",
@@ -119,6 +120,18 @@ def formats() -> tuple[str, ...]:
     'q8_0'
     """
     return tuple(FORMATS)
+
+
+def cache_formats() -> tuple[str, ...]:
+    """Names of the formats a KV cache can be stored in (:attr:`FormatInfo.cache_type`), in :func:`formats` order.
+
+    The default list of ``tbq compare``, ``tbq eval`` and the study; the dot-product operand formats
+    (``cache_type=False``) are left out.
+
+    >>> set(cache_formats()) <= set(formats()), cache_formats()[:2]
+    (True, ('q8_0', 'q4_0'))
+    """
+    return tuple(name for name, info in FORMATS.items() if info.cache_type)
 
 
 def format_name(name: str) -> str:

@@ -130,6 +130,11 @@ class FormatInfo:
     #: ``True`` (the fork's TBQ types): its llama-context.cpp checks only the row (``n_embd_k_gqa``),
     #: so at head_dim 64 one 128-value block holds two heads.
     row_tiled: bool = False
+    #: ``True`` for a KV cache type (llama.cpp's ``--cache-type-k``, the fork's, vLLM's ``kv_cache_dtype``);
+    #: ``False`` for a dot-product operand format that only activations are quantized to (ggml's q8_1 and
+    #: q8_K, the right operand of ``ggml_vec_dot_*``): it is left out of the default lists of
+    #: ``tbq compare``, ``tbq eval`` and the study, and no cache can be stored in it.
+    cache_type: bool = True
 
     def tiles(self, n_kv_heads: int, head_dim: int) -> bool:
         """True when a cache row of ``n_kv_heads`` heads of ``head_dim`` values is whole blocks of this format.

@@ -57,7 +57,7 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
-from ..formats import FORMATS, get_format
+from ..formats import FORMATS, cache_formats, get_format
 from ..half import f16_table
 from ..kernels import f32_to_f16_bits, jit
 from ..parallel import default_threads, run_groups
@@ -468,7 +468,12 @@ def _codec(spec: Any, engine: str) -> tuple[str, Codec | None]:
             raise ConfigError("the f32 cache type takes no options")
         return F32, None
     if spec not in FORMATS:
-        raise ConfigError(f"unknown cache type {spec!r}; known: f32, {', '.join(FORMATS)}")
+        raise ConfigError(f"unknown cache type {spec!r}; known: f32, {', '.join(cache_formats())}")
+    if not FORMATS[spec].cache_type:
+        raise ConfigError(
+            f"{spec} is a dot-product operand format (activations), not a KV cache type; known: f32, "
+            f"{', '.join(cache_formats())}"
+        )
     if engine != "plain" and not options and "codebook" in get_format(spec).options:
         # llama.cpp stores the fork's types with the fork's own tables
         options = {"codebook": "turboq-mtp"}
