@@ -443,6 +443,14 @@ class Format:
         without that form."""
         return None
 
+    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64] | None:
+        """The float64 term per block (blocks,) that ggml's dot product adds outside the integer sum; ``None`` when
+        there is none. A left operand's minimum (q4_1, q5_1: each value is ``codes * d + m``), a right operand's
+        stored block sum (q8_1: ``s = fp16(d * sum(codes))``): ggml's block term is then
+        ``sumi * dx * dy + mx * sy`` (``ggml_vec_dot_q4_1_q8_1``), and a left operand with an offset pairs only
+        with a right operand that has one."""
+        return None
+
     #: Declared by formats whose C encoder multiplies by ``id = 1/d`` (the traced float32 ``d``): when ``1/d``
     #: overflows, ``x * id`` is +-Inf or NaN and C's float-to-integer conversion of it is undefined.
     reciprocal_scale: ClassVar[bool] = False
