@@ -5,6 +5,7 @@ must each be classified correctly, with the right diagnosis; Python callables an
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -919,9 +920,9 @@ def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_
 
 
 @needs_cc
-@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q4_1", "mxfp4"])
 def test_dot_products_correct_exact_or_within_the_bound_and_broken_ones_wrong(build, fmt, tmp_path, capsys):
-    sym = f"ggml_vec_dot_{fmt}_q8_0"
+    sym = f"ggml_vec_dot_{fmt}_{tbq.get_format(fmt).vec_dot_type}"  # q4_1 pairs with q8_1 (its stored sum s)
     good = check_library(build("vec_dot.c"), fmt, dot=sym, blocks=3000)
     c = good.counts("dot")
     assert good.ok and c["wrong"] == 0 and c["exact"] > 0 and c["blocks"] > 1000, c
@@ -971,8 +972,63 @@ def test_dot_of_a_python_kernel_and_formats_without_an_exact_form(capsys):
     assert r.ok and r.counts("dot")["exact"] == r.counts("dot")["blocks"]
     r = check_kernel("q8_0", dot=lambda x, y, n: dot(x, y, n) * (1 + 2.0**-10), blocks=500)
     assert not r.ok and "dot: first minimal wrong dot product" in r.text()
-    with pytest.raises(tbq.TbqError, match="does not check tbq4_0 dot products"):
-        check_kernel("tbq4_0", dot=dot, blocks=10)
+    with pytest.raises(tbq.TbqError, match="does not check f16 dot products"):
+        check_kernel("f16", dot=dot, blocks=10)
+    with pytest.raises(tbq.TbqError, match="pairs them only with a right operand that stores its block sum"):
+        check_kernel("q4_1", dot=dot, rhs="q8_0", blocks=10)  # m * s needs q8_1's s
+    with pytest.raises(tbq.TbqError, match="do not pair"):
+        check_kernel("q8_0", dot=dot, rhs="q8_K", blocks=10)  # an integer pair needs equal blocks
+
+
+def _seq_fma(left, right):
+    """A float32 vec_dot on decoded values, one accumulator, as the fork's TBQ x q8_K kernel (FMA: one rounding)."""
+
+    def dot(x, y, n):
+        a = left.decode(x.reshape(-1, left.type_size)).reshape(-1).astype(np.float64)
+        cy, dy = right.dot_parts(y.reshape(-1, right.type_size))
+        b = (cy.astype(np.float32) * np.repeat(dy, right.block_size).astype(np.float32).reshape(cy.shape)).reshape(-1)
+        acc = np.float32(0)
+        for i in range(n):  # fma(a, b, acc): the product exact in float64 (48 bits), one rounding to float32
+            acc = np.float32(float(acc) + a[i] * float(b[i]))
+        return acc
+
+    return dot
+
+
+@pytest.mark.parametrize("fmt", ["tbq4_0", "tbq3_0"])
+def test_dot_of_a_rotated_format_against_q8_K_works_value_by_value(fmt):
+    # TBQ has no integer form (its values come out of an inverse rotation): the reference takes its float32
+    # decoded values against q8_K's codes * d, 256-value units (two TBQ blocks, one q8_K block) a call
+    left = tbq.get_format(fmt, codebook="turboq-mtp")
+    right = tbq.get_format("q8_K")
+    assert left.vec_dot_type == "q8_k" and tbq.check.dot.pair_unit(left, right) == 256
+    r = check_kernel(left, dot=_seq_fma(left, right), blocks=200)
+    c = r.counts("dot")
+    assert r.ok and c["wrong"] == 0 and c["fragile"] > 0 and c["blocks"] > 30, c
+    assert "256-value units a call" in r.table()
+    assert not check_kernel(left, dot=_seq_fma(left, right), blocks=200, exact=True).ok
+    # the other table set: the values differ by far more than the accumulation bound
+    other = tbq.get_format(fmt, codebook="lloyd-max")
+    bad = check_kernel(left, dot=_seq_fma(other, right), blocks=200)
+    assert not bad.ok and bad.counts("dot")["wrong"] > 0.5 * bad.counts("dot")["blocks"]
+    ce = bad.counterexamples["dot"]
+    assert ce.n == 256 and len(ce.per_block) == 1 and ce.per_block[0][0] is None
+    assert "right block 0: exact sum of its values' products" in "\n".join(ce.lines())
+
+
+def test_the_value_path_reference_is_the_exact_sum():
+    # a float32 d (q8_K) times a 32-bit product x_j * c_j needs 56 bits: the split keeps every term exact
+    from fractions import Fraction
+
+    left, right = tbq.get_format("tbq4_0"), tbq.get_format("q8_K")
+    rng = np.random.default_rng(5)
+    x = left.encode(rng.standard_normal((2, 128)).astype(np.float32))
+    y = right.encode(rng.standard_normal((1, 256)).astype(np.float32) * np.float32(3.3))
+    exact, bound = tbq.check.dot.reference_dot(left, right, x, y)
+    xv = left.decode(x).reshape(-1)
+    cy, dy = right.dot_parts(y)
+    want = sum(Fraction(float(a)) * int(c) * Fraction(float(dy[0])) for a, c in zip(xv, cy.reshape(-1), strict=True))
+    assert exact == np.float32(float(want)) and 0 < bound < 1e-3 * float(np.abs(xv).sum())
 
 
 # ---------------------------------------------------------------------------
@@ -988,13 +1044,28 @@ def _ggml_cpu(build_name: str) -> Path:
         pytest.skip(
             f"{lib} is absent: the real ggml builds live outside the repo (../shared/ggml), not on users' machines"
         )
-    try:
-        import ctypes
+    return lib if _runs_here(str(lib)) else pytest.skip(f"{lib} cannot run on this CPU: {_runs_here.why[str(lib)]}")
 
-        ctypes.CDLL(str(lib))
-    except OSError as exc:
-        pytest.skip(f"{lib} does not load here ({exc}): it is built for AVX-512 CPUs")
-    return lib
+
+def _runs_here(lib: str) -> bool:
+    """Whether ``lib`` loads and its ``ggml_cpu_init`` returns here, tried in a child process (once per library).
+
+    The builds use the AVX-512 instructions of the machine they were built on: on a CPU without them the first
+    call dies of SIGILL, which would end the whole test session, so the child takes it.
+    """
+    if lib not in _runs_here.why:
+        code = f"import ctypes; ctypes.CDLL({lib!r}).ggml_cpu_init()"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        if r.returncode == 0:
+            _runs_here.why[lib] = ""
+        elif r.returncode < 0:
+            _runs_here.why[lib] = f"ggml_cpu_init died of signal {-r.returncode} (built for AVX-512 CPUs)"
+        else:
+            _runs_here.why[lib] = f"it does not load ({' '.join(r.stderr.split()[-12:])})"
+    return not _runs_here.why[lib]
+
+
+_runs_here.why = {}  # type: ignore[attr-defined]
 
 
 def test_real_ggml_cpu_library_provenance_simd_q8_0_tie_rule_and_dot_products():
@@ -1024,7 +1095,94 @@ def test_real_ggml_cpu_library_provenance_simd_q8_0_tie_rule_and_dot_products():
         examples=0,
         exact=True,
     ).ok
-    for fmt in ("q4_0", "q8_0"):
-        for sym in (f"ggml_vec_dot_{fmt}_q8_0", f"ggml_vec_dot_{fmt}_q8_0_generic"):
+    for fmt in ("q4_0", "q8_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
+        rhs = tbq.get_format(fmt).vec_dot_type
+        for sym in (f"ggml_vec_dot_{fmt}_{rhs}", f"ggml_vec_dot_{fmt}_{rhs}_generic"):
             r = check_library(lib, fmt, dot=sym, init=["ggml_cpu_init"], blocks=2000)
             assert r.ok and r.provenance["dot"]["file"] == str(lib.resolve()), (sym, r.verdict())
+
+
+def test_real_fork_tbq_dot_products_against_q8_K():
+    # the fork's ggml_vec_dot_tbq{4,3}_0_q8_K: its own dequantize_row_tbq*_0 (the fork's tables), then one float32
+    # FMA accumulator over the row: within the accumulation bound, never wrong; the fitted tables are refused
+    lib = _ggml_cpu("fork")
+    for fmt in ("tbq4_0", "tbq3_0"):
+        sym = f"ggml_vec_dot_{fmt}_q8_K"
+        r = check_library(lib, fmt, dot=sym, codebook="turboq-mtp", init=["ggml_cpu_init"], blocks=2000)
+        c = r.counts("dot")
+        assert r.ok and c["wrong"] == 0 and c["blocks"] > 300, (sym, r.verdict())
+        bad = check_library(lib, fmt, dot=sym, codebook="lloyd-max", init=["ggml_cpu_init"], blocks=400)
+        assert not bad.ok, sym
+
+
+# ---------------------------------------------------------------------------
+# docs/checking-kernels.md: its pasted outputs are what the commands print
+# ---------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "checking-kernels.md"
+_TIME = re.compile(r"\b\d+\.\d+ s\b")
+
+
+def _doc_runs() -> list[tuple[str, list[str]]]:
+    """``(command, pasted lines)`` of every ```text block of the guide that starts with ``$ tbq check``."""
+    runs, block = [], None
+    for line in DOC.read_text().splitlines():
+        if line.startswith("```text"):
+            block = []
+        elif line.startswith("```") and block is not None:
+            if block and block[0].startswith("$ tbq check "):
+                runs.append((block[0][2:], block[1:]))
+            block = None
+        elif block is not None:
+            block.append(line)
+    return runs
+
+
+def _normal(line: str) -> str:
+    return _TIME.sub("_ s", " ".join(line.split()))
+
+
+def _pasted_lines_match(pasted: list[str], printed: str) -> None:
+    """Every pasted line is a printed line, in order: times masked, ``...`` standing for an elided part (a whole
+    line, a path's start, or a line's end), the fuzz phase's counts (hypothesis's own draws) not compared."""
+    out = [_normal(ln) for ln in printed.splitlines()]
+    i = 0
+    for want in pasted:
+        w = _normal(want)
+        if w in ("", "...") or w.startswith("..."):
+            continue
+        if w.split()[1:2] == ["fuzz"]:
+            w = " ".join(w.split()[:2]) + " ..."  # direction and phase only
+        parts = [re.escape(p) for p in w.split("...")]
+        pat = re.compile(".*".join(parts) + ("" if w.endswith("...") else "$"))
+        while i < len(out) and not pat.match(out[i]):
+            i += 1
+        assert i < len(out), f"docs/checking-kernels.md: {want!r} is not printed (in order) by the command"
+        i += 1
+
+
+def test_the_guide_pastes_every_kind_of_check():
+    cmds = [c for c, _ in _doc_runs()]
+    assert len(cmds) >= 6, cmds  # the two-bug kernel, the ggml build's rows, SIMD rows and three dot products
+    assert sum("--dot" in c for c in cmds) >= 3 and any("--init" in c and "--quantize" in c for c in cmds)
+
+
+@pytest.mark.parametrize("cmd, pasted", _doc_runs(), ids=lambda v: v.split()[-1] if isinstance(v, str) else "")
+def test_the_guides_pasted_outputs_are_what_the_commands_print(build, capsys, tmp_path, monkeypatch, cmd, pasted):
+    monkeypatch.chdir(tmp_path)  # counterexample folders land here
+    args = cmd.split()[1:]
+    for i, a in enumerate(args):
+        m = re.fullmatch(r"\./lib([a-z0-9_]+?)((?:_[A-Z]+)*)\.so", a)
+        if m:  # the test suite's kernels, ./lib<source>_<DEFINES>.so as build() names them
+            src, tail = m.group(1), m.group(2).lstrip("_")
+            known = set(re.findall(r"#ifn?def (\w+)", (C_DIR / f"{src}.c").read_text()))
+            names = [d for d in sorted(known, key=tail.find) if d in tail]
+            assert "_".join(names) == tail, (a, names)
+            args[i] = str(build(f"{src}.c", defines=names))
+        elif a in ("libggml-cpu.so", "libggml-base.so"):
+            build_name = "fork" if "--format tbq" in cmd else "upstream"
+            args[i] = str(_ggml_cpu(build_name).parent / f"{a}.0")
+    capsys.readouterr()
+    main(args)
+    printed = capsys.readouterr().out
+    _pasted_lines_match(pasted, printed.replace(str(GGML), "..."))

@@ -4,16 +4,21 @@ ggml's signature is ``void f(int n, float *s, size_t bs, const void *x, size_t b
 int nrc)``: ``x`` holds ``n / block_size`` blocks of the left format, ``y`` as many of the right one (the
 format's :attr:`~tbq.formats.Format.vec_dot_type`), ``*s`` receives the dot product (``nrc = 1``).
 
-The reference works block by block with exact integer parts: each operand block is ``codes * scale``
-(:meth:`~tbq.formats.Format.dot_parts`), so a block contributes ``sumi * dx * dy`` with the integer
-``sumi = sum(cx * cy)``; every term is exact in float64 and the row's sum is correctly rounded
-(``math.fsum``) then rounded to float32. A kernel's result is
+The reference is exact. Where both operands have an integer form (:meth:`~tbq.formats.Format.dot_parts`: each
+block is ``codes * scale``) it works block by block as ggml does: a block contributes ``sumi * dx * dy`` with the
+integer ``sumi = sum(cx * cy)``, plus ``mx * sy`` where the left block has a minimum and the right one a stored sum
+(:meth:`~tbq.formats.Format.dot_offset`: q4_1 and q5_1 x q8_1). A left operand without an integer form (the fork's
+TBQ types, whose values come out of an inverse rotation) is taken as its float32 decoded values ``x_j`` against the
+right operand's ``cy_j * dy``, value by value (the blocks may differ in size: TBQ's 128 against q8_K's 256). Every
+term is exact in float64 (``dy`` split into two 12-bit halves where it is a float32), the row's sum is correctly
+rounded (``math.fsum``) then rounded to float32. A kernel's result is
 
 - ``exact``: the float32 of the exact sum;
-- ``fragile``: within the accumulation bound of a float32 kernel: ``(nb + 8) * 2**-24 * sum_b |dx dy| sum_j
-  |cx_j cy_j|`` plus ``nb`` times the smallest subnormal, for ``nb`` blocks: one rounding per addition in any
-  order and per lane of a SIMD split of the integer sums, FMA or not, plus :data:`ROUNDINGS` for the scale
-  product, the horizontal sum and the conversion (a first-order bound, widened by 1%);
+- ``fragile``: within the accumulation bound of a float32 kernel: ``(m + 8) * 2**-24 * sum |term|`` plus ``m``
+  times the smallest subnormal, with ``m`` the number of additions (blocks on the integer path, where ``|term|``
+  weighs the code products' magnitudes, so that SIMD lanes splitting ``sumi`` are covered; values on the value
+  path): one rounding per addition in any order, FMA or not, plus :data:`ROUNDINGS` for the scale product, the
+  horizontal sum and the conversion (a first-order bound, widened by 1%);
 - ``wrong``: anything else (NaN included).
 
 Phases: ``golden`` (tbq's encodings of the golden families, one call per row of 1 to 8 blocks, so tails of
@@ -52,7 +57,16 @@ from .report import CheckReport, PhaseResult
 from .runner import DEFAULT_BLOCKS, golden_rows
 from .targets import TargetError, defining_file
 
-__all__ = ["DotTarget", "LibraryDot", "CallableDot", "check_dot", "reference_dot", "right_format", "DotCounterexample"]
+__all__ = [
+    "DotTarget",
+    "LibraryDot",
+    "CallableDot",
+    "check_dot",
+    "reference_dot",
+    "right_format",
+    "pair_unit",
+    "DotCounterexample",
+]
 
 U32 = 2.0**-24
 #: Roundings a term meets besides one addition per block: dx * dy, the partial sum's product, a horizontal sum
@@ -76,13 +90,29 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
             f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
             f"exact integer form; the pairs it checks: {pairs}"
         )
-    for f in (left, right):
-        _dot_parts(f, np.zeros((1, f.type_size), np.uint8))  # refused here, before any work, if it has none
-    if left.block_size != right.block_size:
+    _dot_parts(right, np.zeros((1, right.type_size), np.uint8))  # refused here, before any work, if it has none
+    integer = left.dot_parts(np.zeros((1, left.type_size), np.uint8)) is not None
+    if integer and left.block_size != right.block_size:
         raise TbqValueError(
             f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair"
         )
+    zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
+    if left.dot_offset(zl) is not None and right.dot_offset(zr) is None:
+        raise TbqValueError(
+            f"{left.name} blocks have a minimum (values codes * d + m): ggml pairs them only with a right operand "
+            f"that stores its block sum ({left.vec_dot_type or 'q8_1'}), not {right.name}"
+        )
     return right
+
+
+def pair_unit(left: Format, right: Format) -> int:
+    """Values of the shortest row both operands tile: the least common multiple of the two block sizes.
+
+    >>> import tbq
+    >>> pair_unit(tbq.get_format("q4_0"), tbq.get_format("q8_0")), pair_unit(tbq.get_format("tbq4_0"), tbq.get_format("q8_0"))
+    (32, 128)
+    """
+    return math.lcm(left.block_size, right.block_size)
 
 
 def _dot_parts(fmt: Format, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -109,22 +139,65 @@ def reference_dot(
     """
     xb = np.frombuffer(bytes(x), np.uint8).reshape(-1, left.type_size)
     yb = np.frombuffer(bytes(y), np.uint8).reshape(-1, right.type_size)
-    cx, dx = _dot_parts(left, xb)
-    cy, dy = _dot_parts(right, yb)
-    sumi = (cx * cy).sum(axis=1)  # exact integers
-    with np.errstate(all="ignore"):
-        terms = sumi.astype(np.float64) * dx * dy  # exact: < 2**16 times two 11-bit mantissas
+    terms, mags = _terms(left, right, xb, yb)
     if not np.isfinite(terms).all():
         return np.float32(np.nan), math.inf
     total = math.fsum(terms.tolist())
     with np.errstate(over="ignore"):
         exact = np.float32(total)
-    nb = terms.size
-    # a kernel may split each block's integer sum into partial sums (SIMD lanes) that it rounds separately: the
-    # bound weighs the magnitudes of the code products, not of their sum
-    mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
-    bound = 1.01 * (nb + ROUNDINGS) * U32 * float(mags.sum()) + nb * 2.0**-149
+    m = mags.size  # additions: one per block (integer path) or per value (value path)
+    bound = 1.01 * (m + ROUNDINGS) * U32 * float(mags.sum()) + m * 2.0**-149
     return exact, bound
+
+
+def _split12(a: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(hi, lo)`` with ``hi + lo == a`` exactly and 12 (13) significant bits each, for a float32-valued ``a``.
+
+    Veltkamp's split with the factor ``2**41 + 1``: ``hi`` keeps the top 53 - 41 = 12 bits; the rest of a 24-bit
+    mantissa fits ``lo``. A 32-bit product ``x_j * cy_j`` times either half is then exact in float64.
+    """
+    c = a * (2.0**41 + 1.0)
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def _terms(
+    left: Format, right: Format, xb: NDArray[np.uint8], yb: NDArray[np.uint8]
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(terms, magnitudes)``: exact float64 terms whose sum is the dot product, and the magnitudes the bound weighs.
+
+    Integer path: one term per block (``sumi * dx * dy`` and, with offsets, ``mx * sy``); value path: two per value.
+    """
+    cy, dy = _dot_parts(right, yb)
+    parts = left.dot_parts(xb)
+    with np.errstate(all="ignore"):
+        if parts is not None:
+            cx, dx = parts
+            sumi = (cx * cy).sum(axis=1)  # exact integers
+            terms = sumi.astype(np.float64) * dx * dy  # exact: < 2**16 times two 11-bit mantissas
+            # a kernel may split each block's integer sum into partial sums (SIMD lanes) that it rounds separately:
+            # the bound weighs the magnitudes of the code products, not of their sum
+            mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
+            ox, oy = left.dot_offset(xb), right.dot_offset(yb)
+            if ox is not None and oy is not None:  # ggml: sumi * dx * dy + mx * sy (two fp16 values: exact)
+                terms = np.concatenate([terms, ox * oy])
+                mags = mags + np.abs(ox * oy)
+            return terms, mags
+    hi, lo, mags = _value_terms(left, right, xb, yb)
+    return np.concatenate([hi, lo]), mags
+
+
+def _value_terms(
+    left: Format, right: Format, xb: NDArray[np.uint8], yb: NDArray[np.uint8]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+    """The value path, per value ``j``: ``x_j * cy_j`` times the two halves of ``dy`` (exact), and ``|x_j cy_j dy|``."""
+    cy, dy = _dot_parts(right, yb)
+    with np.errstate(all="ignore"):
+        xv = left.decode(xb).reshape(-1).astype(np.float64)
+        prod = xv * cy.reshape(-1)  # exact: a float32 times an 8-bit code
+        scale = np.repeat(dy, right.block_size)
+        hi, lo = _split12(scale)
+        return prod * hi, prod * lo, np.abs(prod * scale)
 
 
 class DotTarget:
@@ -264,7 +337,9 @@ class DotCounterexample:
     got: float
     how: str = ""
     direction: str = "dot"
-    per_block: list[tuple[int, float]] = field(default_factory=list)  #: ``(sumi, sumi * dx * dy)`` per block
+    #: ``(sumi, term)`` per block of the right operand: the integer sum (``None`` where the left operand has no
+    #: integer codes) and the block's exact contribution (``sumi * dx * dy``, plus ``mx * sy`` with offsets)
+    per_block: list[tuple[int | None, float]] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [
@@ -273,7 +348,10 @@ class DotCounterexample:
             f"target {float(self.got)!r}, difference {abs(float(self.got) - float(self.expected)):.6g}, bound {self.bound:.6g}",
         ]
         for i, (sumi, t) in enumerate(self.per_block[:8]):
-            out.append(f"  block {i}: sumi = {sumi}, term sumi*dx*dy = {t!r}")
+            if sumi is None:
+                out.append(f"  right block {i}: exact sum of its values' products = {t!r}")
+            else:
+                out.append(f"  block {i}: sumi = {sumi}, exact term = {t!r}")
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -386,7 +464,9 @@ def check_dot(
     bound)."""
     check_int(blocks, "blocks", lo=1, expected="an integer >= 1", error=TbqValueError)
     L, R = target.left, target.right
-    bs = L.block_size
+    unit = pair_unit(L, R)
+    kx, ky = unit // L.block_size, unit // R.block_size  # blocks of each operand in one unit of the call
+    units = max(1, int(blocks) // kx)
     t_start = time.perf_counter()
     report = CheckReport(
         L.name,
@@ -397,54 +477,57 @@ def check_dot(
             "exact": bool(exact),
             "seed": seed,
             "rhs": R.name,
-            "bound": "(nb + 8) * 2**-24 * sum_b |dx dy| sum_j |cx_j cy_j|",
+            "bound": "(m + 8) * 2**-24 * sum |term|, m additions (blocks, or values where the left has no integer form)",
         },
     )
     report.provenance = target.provenance()
     report.unit = "dot products"
-    first: tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None = None  # (phase, x, y, nb, cls)
+    first: tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None = None  # (phase, x, y, units, cls)
     rng = np.random.default_rng(seed * 1000 + 19)
     try:
         for phase in ("golden", "bytes"):
             t0 = time.perf_counter()
             if phase == "golden":
-                xv = golden_rows(L, blocks, seed).reshape(-1)[: blocks * bs]
-                yv = golden_rows(R, blocks, seed + 1).reshape(-1, bs)
-                yv = yv[rng.permutation(yv.shape[0])].reshape(-1)[: xv.size]
+                n = units * unit
+                xv = golden_rows(L, units * kx, seed).reshape(-1)[:n]
+                yv = golden_rows(R, units * ky, seed + 1).reshape(-1, R.block_size)
+                yv = yv[rng.permutation(yv.shape[0])].reshape(-1)[:n]
                 xb = (
                     codec_from(L.name, L.config(), on_overflow="inf")
-                    .encode(xv.reshape(-1, bs))
+                    .encode(xv.reshape(-1, L.block_size))
                     .reshape(-1, L.type_size)
                 )
                 yb = (
                     codec_from(R.name, R.config(), on_overflow="inf")
-                    .encode(yv.reshape(-1, bs))
+                    .encode(yv.reshape(-1, R.block_size))
                     .reshape(-1, R.type_size)
                 )
             else:
-                xb, yb = _random_blocks(L, blocks, rng), _random_blocks(R, blocks, rng)
+                xb, yb = _random_blocks(L, units * kx, rng), _random_blocks(R, units * ky, rng)
             counts = np.zeros(len(CLASSES), np.int64)
-            b0, m = 0, 0
-            while b0 < xb.shape[0]:
-                nb = min(1 + m % MAX_CALL_BLOCKS, xb.shape[0] - b0)
+            have = min(units, xb.shape[0] // kx, yb.shape[0] // ky)  # golden_rows gives about as many as asked
+            u0, m = 0, 0
+            while u0 < have:
+                nu = min(1 + m % MAX_CALL_BLOCKS, have - u0)
                 m += 1
-                x, y = xb[b0 : b0 + nb].reshape(-1), yb[b0 : b0 + nb].reshape(-1)
-                b0 += nb
+                x = xb[u0 * kx : (u0 + nu) * kx].reshape(-1)
+                y = yb[u0 * ky : (u0 + nu) * ky].reshape(-1)
+                u0 += nu
                 e, bound = reference_dot(L, R, x, y)
                 if not np.isfinite(e):
                     continue  # an overflowing reference (scales of the bytes phase): no spec value to compare with
-                cls = _classify(target.dot(x, y, nb * bs), e, bound)
+                cls = _classify(target.dot(x, y, nu * unit), e, bound)
                 counts[cls] += 1
                 failing = cls == WRONG or (exact and cls == FRAGILE)
                 if failing and first is None:
-                    first = (phase, x, y, nb, cls)
+                    first = (phase, x, y, nu, cls)
             report.phases.append(
                 PhaseResult.from_counts(
                     "dot",
                     phase,
                     counts,
                     time.perf_counter() - t0,
-                    "golden families, 1 to 8 blocks a call"
+                    f"golden families, 1 to {MAX_CALL_BLOCKS} {_unit_name(L, R)} a call"
                     if phase == "golden"
                     else "encoder codes, random finite fp16 scales",
                 )
@@ -463,31 +546,53 @@ def check_dot(
     return report
 
 
+def _unit_name(left: Format, right: Format) -> str:
+    """What one unit of a call is: ``blocks``, or e.g. ``256-value units`` where the block sizes differ."""
+    return "blocks" if left.block_size == right.block_size else f"{pair_unit(left, right)}-value units"
+
+
 def _minimal(
-    target: DotTarget, phase: str, x: NDArray[np.uint8], y: NDArray[np.uint8], nb: int, cls: int
+    target: DotTarget, phase: str, x: NDArray[np.uint8], y: NDArray[np.uint8], nu: int, cls: int
 ) -> DotCounterexample:
-    """The failing call cut to fewer blocks (from the end, then the start) while it still fails the same way."""
+    """The failing call cut to fewer units (from the end, then the start) while it still fails the same way."""
     L, R = target.left, target.right
-    bs, tl, tr = L.block_size, L.type_size, R.type_size
+    unit = pair_unit(L, R)
+    tl, tr = unit // L.block_size * L.type_size, unit // R.block_size * R.type_size  # bytes of a unit
 
     def fails(a: int, b: int) -> bool:
         xs, ys = x[a * tl : b * tl], y[a * tr : b * tr]
         e, bound = reference_dot(L, R, xs, ys)
-        return bool(np.isfinite(e)) and _classify(target.dot(xs, ys, (b - a) * bs), e, bound) == cls
+        return bool(np.isfinite(e)) and _classify(target.dot(xs, ys, (b - a) * unit), e, bound) == cls
 
-    a, b = 0, nb
+    a, b = 0, nu
     while b - a > 1 and fails(a, b - 1):
         b -= 1
     while b - a > 1 and fails(a + 1, b):
         a += 1
     xs, ys = x[a * tl : b * tl].copy(), y[a * tr : b * tr].copy()
     e, bound = reference_dot(L, R, xs, ys)
-    cx, dx = _dot_parts(L, xs.reshape(-1, tl))
-    cy, dy = _dot_parts(R, ys.reshape(-1, tr))
-    sumi = (cx * cy).sum(axis=1)
-    per_block = [(int(s), float(t)) for s, t in zip(sumi, sumi * dx * dy, strict=True)]
-    how = f"blocks {a}..{b - 1} of a call of {nb} blocks" + (" (the shortest that still fails)" if b - a < nb else "")
-    got = target.dot(xs, ys, (b - a) * bs)
+    per_block = _per_block(L, R, xs, ys)
+    what = _unit_name(L, R)
+    how = f"{what} {a}..{b - 1} of a call of {nu} {what}" + (" (the shortest that still fails)" if b - a < nu else "")
+    got = target.dot(xs, ys, (b - a) * unit)
     return DotCounterexample(
-        phase, CLASSES[cls], xs, ys, (b - a) * bs, float(e), bound, float(got), how, per_block=per_block
+        phase, CLASSES[cls], xs, ys, (b - a) * unit, float(e), bound, float(got), how, per_block=per_block
     )
+
+
+def _per_block(
+    left: Format, right: Format, x: NDArray[np.uint8], y: NDArray[np.uint8]
+) -> list[tuple[int | None, float]]:
+    """``(sumi, term)`` per right-operand block: the integer sum and the block's exact contribution (``sumi`` is
+    ``None`` on the value path, where the left operand has no integer codes)."""
+    xb, yb = x.reshape(-1, left.type_size), y.reshape(-1, right.type_size)
+    cy, dy = _dot_parts(right, yb)
+    parts = left.dot_parts(xb)
+    if parts is not None:
+        sumi = (parts[0] * cy).sum(axis=1)
+        terms, _ = _terms(left, right, xb, yb)
+        per = terms[: sumi.size] + (terms[sumi.size :] if terms.size > sumi.size else 0.0)
+        return [(int(si), float(t)) for si, t in zip(sumi, per, strict=True)]
+    hi, lo, _ = _value_terms(left, right, xb, yb)
+    br = right.block_size
+    return [(None, math.fsum(np.concatenate([hi[j : j + br], lo[j : j + br]]).tolist())) for j in range(0, hi.size, br)]

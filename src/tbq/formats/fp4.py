@@ -319,6 +319,12 @@ class MXFP4(Format):
         d = e8m0_half(data[:, 0])
         return _VF[np_unpack4_halves(data[:, 1:])] * d[:, None]
 
+    vec_dot_type = "q8_0"  # ggml_vec_dot_mxfp4_q8_0
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        # ggml sums kvalues_mxfp4[c] * q8 as integers and scales by half(e) * d: the codes are the doubled values
+        return E2M1_VALUES[np_unpack4_halves(data[:, 1:])].astype(np.int64), e8m0_half(data[:, 0]).astype(np.float64)
+
     def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return _e2m1_value_table(self, trace["x"], trace["d"])
 

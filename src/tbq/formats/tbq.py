@@ -93,6 +93,9 @@ class _TBQ(Format):
     attention_read = "attention_read"
     ulp_floor = TBQ_ULP_FLOOR
     hazards = {"thresholds": {}}
+    #: The fork's ggml_vec_dot_tbq{4,3}_0_q8_K: no integer form (dot_parts is None), so the dot-product check
+    #: takes the decoded values against q8_K's codes * d, 256 values (two blocks) a unit.
+    vec_dot_type = "q8_k"
 
     def __init__(
         self,
