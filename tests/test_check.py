@@ -1007,10 +1007,10 @@ def test_dot_of_a_rotated_format_against_q8_K_works_value_by_value(fmt):
     assert r.ok and c["wrong"] == 0 and c["fragile"] > 0 and c["blocks"] > 30, c
     assert "256-value units a call" in r.table()
     assert not check_kernel(left, dot=_seq_fma(left, right), blocks=200, exact=True).ok
-    # the other table set: the values differ by far more than the accumulation bound
+    # the other table set (centroids a few percent apart): beyond the accumulation bound on part of the rows
     other = tbq.get_format(fmt, codebook="lloyd-max")
     bad = check_kernel(left, dot=_seq_fma(other, right), blocks=200)
-    assert not bad.ok and bad.counts("dot")["wrong"] > 0.5 * bad.counts("dot")["blocks"]
+    assert not bad.ok and bad.counts("dot")["wrong"] > 0
     ce = bad.counterexamples["dot"]
     assert ce.n == 256 and len(ce.per_block) == 1 and ce.per_block[0][0] is None
     assert "right block 0: exact sum of its values' products" in "\n".join(ce.lines())

@@ -344,7 +344,8 @@ class DotCounterexample:
     def lines(self) -> list[str]:
         out = [
             f"dot: first minimal {self.classification} dot product ({self.phase} phase; {self.how})",
-            f"  n = {self.n} ({len(self.per_block)} blocks): tbq {float(self.expected)!r} (the float32 of the exact sum), "
+            f"  n = {self.n} ({len(self.per_block)} block{'s' * (len(self.per_block) != 1)}): tbq {float(self.expected)!r} "
+            "(the float32 of the exact sum), "
             f"target {float(self.got)!r}, difference {abs(float(self.got) - float(self.expected)):.6g}, bound {self.bound:.6g}",
         ]
         for i, (sumi, t) in enumerate(self.per_block[:8]):
@@ -489,8 +490,8 @@ def check_dot(
             t0 = time.perf_counter()
             if phase == "golden":
                 n = units * unit
-                xv = golden_rows(L, units * kx, seed).reshape(-1)[:n]
-                yv = golden_rows(R, units * ky, seed + 1).reshape(-1, R.block_size)
+                xv = _golden_values(L, n, seed)[:n]
+                yv = _golden_values(R, n, seed + 1).reshape(-1, R.block_size)
                 yv = yv[rng.permutation(yv.shape[0])].reshape(-1)[:n]
                 xb = (
                     codec_from(L.name, L.config(), on_overflow="inf")
@@ -544,6 +545,17 @@ def check_dot(
         except OSError as exc:
             report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
     return report
+
+
+def _golden_values(fmt: Format, n: int, seed: int) -> NDArray[np.float32]:
+    """At least ``n`` values of :func:`~tbq.check.runner.golden_rows` for ``fmt`` (which gives *about* as many blocks as
+    asked: rows of 128 values, fewer blocks of a format with larger ones), asking for more until there are."""
+    blocks = -(-n // fmt.block_size)
+    while True:
+        v = golden_rows(fmt, blocks, seed).reshape(-1)
+        if v.size >= n:
+            return v
+        blocks = 2 * blocks + 1
 
 
 def _unit_name(left: Format, right: Format) -> str:
