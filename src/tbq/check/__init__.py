@@ -204,7 +204,7 @@ def check_kernel(
     ``dot``: a dot-product kernel ``dot(x, y, n) -> float`` instead (``x``
     encoded in ``fmt``, ``y`` in ``rhs``, default the format ggml pairs it
     with): checked by :func:`tbq.check.dot.check_dot` (``blocks``,
-    ``exact``, ``seed``, ``out`` apply).
+    ``examples``, ``exact``, ``seed``, ``out`` apply).
 
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
@@ -213,7 +213,12 @@ def check_kernel(
         if quantize is not None or dequantize is not None:
             raise ConfigError("give dot= alone: a dot-product check does not take quantize= or dequantize=")
         return check_dot(
-            CallableDot(f, right_format(f, rhs), dot, name=name), blocks=blocks, exact=exact, seed=seed, out=out
+            CallableDot(f, right_format(f, rhs), dot, name=name),
+            blocks=blocks,
+            examples=examples,
+            exact=exact,
+            seed=seed,
+            out=out,
         )
     return check_target(
         CallableTarget(f, quantize, dequantize, name=name),
@@ -260,11 +265,13 @@ def check_library(
     """
     f = resolve_format(fmt, codebook, signs, options)
     if dot is not None:
-        extra = set(settings) - {"blocks", "exact", "seed", "out"}
+        extra = set(settings) - {"blocks", "examples", "exact", "seed", "out"}
         if extra or quantize or dequantize or only:
             raise ConfigError(
-                f"a dot-product check takes blocks, exact, seed and out, not {', '.join(sorted(extra)) or 'row symbols'}"
+                "a dot-product check takes blocks, examples, exact, seed and out, not "
+                f"{', '.join(sorted(extra)) or 'row symbols'}"
             )
+        settings.setdefault("examples", DEFAULT_EXAMPLES)  # the fuzz phase, as for row functions
         return check_dot(LibraryDot(path, dot, f, right_format(f, rhs), init=init, strict_lib=strict_lib), **settings)
     return check_target(
         LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only, init=init, strict_lib=strict_lib),

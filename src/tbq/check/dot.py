@@ -38,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import random
 import shlex
 import time
 from collections.abc import Callable, Iterable
@@ -54,7 +55,7 @@ from ..formats import Format, get_format
 from ..formats.base import FORMAT_CLASSES
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
 from .report import CheckReport, PhaseResult
-from .runner import DEFAULT_BLOCKS, golden_rows
+from .runner import DEFAULT_BLOCKS, golden_rows, require_hypothesis
 from .targets import TargetError, defining_file
 
 __all__ = [
@@ -456,14 +457,19 @@ def check_dot(
     target: DotTarget,
     *,
     blocks: int = DEFAULT_BLOCKS,
+    examples: int = 0,
     exact: bool = False,
     seed: int = 0,
     out: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
-    """Check a dot-product kernel on ``blocks`` blocks of each phase; returns a :class:`~tbq.check.report.CheckReport`
-    with direction ``"dot"`` (each dot product counts as one; ``exact=True`` refuses results that are only within the
-    bound)."""
+    """Check a dot-product kernel on ``blocks`` blocks of the golden and bytes phases and ``examples`` hypothesis
+    examples (the fuzz phase, between them, as for the row kernels; 0 skips it); returns a
+    :class:`~tbq.check.report.CheckReport` with direction ``"dot"`` (each dot product counts as one;
+    ``exact=True`` refuses results that are only within the bound)."""
     check_int(blocks, "blocks", lo=1, expected="an integer >= 1", error=TbqValueError)
+    check_int(examples, "examples", lo=0, expected="an integer >= 0", error=TbqValueError)
+    if examples:
+        require_hypothesis()
     L, R = target.left, target.right
     unit = pair_unit(L, R)
     kx, ky = unit // L.block_size, unit // R.block_size  # blocks of each operand in one unit of the call
@@ -475,6 +481,7 @@ def check_dot(
         target.description,
         {
             "blocks": int(blocks),
+            "examples": int(examples),
             "exact": bool(exact),
             "seed": seed,
             "rhs": R.name,
@@ -486,8 +493,19 @@ def check_dot(
     first: tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None = None  # (phase, x, y, units, cls)
     rng = np.random.default_rng(seed * 1000 + 19)
     try:
-        for phase in ("golden", "bytes"):
+        for phase in ("golden", "fuzz", "bytes"):
             t0 = time.perf_counter()
+            if phase == "fuzz":
+                if examples:
+                    counts, found = _fuzz(target, examples, seed, exact)
+                    report.phases.append(
+                        PhaseResult.from_counts(
+                            "dot", "fuzz", counts, time.perf_counter() - t0, _fuzz_note(int(counts.sum()), found)
+                        )
+                    )
+                    if found is not None and first is None:
+                        first = found
+                continue
             if phase == "golden":
                 n = units * unit
                 xv = _golden_values(L, n, seed)[:n]
@@ -545,6 +563,74 @@ def check_dot(
         except OSError as exc:
             report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
     return report
+
+
+def _fuzz_note(n: int, found: Any) -> str:
+    return f"{n} hypothesis example{'s' * (n != 1)}" + (" (stopped at the first failure; shrunk)" if found else "")
+
+
+def _fuzz(
+    target: DotTarget, examples: int, seed: int, exact: bool
+) -> tuple[NDArray[np.int64], tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None]:
+    """The fuzz phase: hypothesis draws 1 to :data:`MAX_CALL_BLOCKS` units of both operands from
+    :func:`tbq.testing.strategies.float_blocks` (each format's rounding hazards), encodes them as tbq does and calls
+    the kernel; the first failure stops the search and hypothesis shrinks it. Returns the counts and the shrunk call
+    ``(phase, x, y, units, class)`` or ``None``."""
+    import hypothesis
+    from hypothesis import HealthCheck, Phase, Verbosity
+    from hypothesis import strategies as st
+    from hypothesis.errors import NoSuchExample
+
+    from ..testing import strategies as tst
+    from .runner import hypothesis_scratch
+
+    L, R = target.left, target.right
+    unit = pair_unit(L, R)
+    kx, ky = unit // L.block_size, unit // R.block_size
+    cl = codec_from(L.name, L.config(), on_overflow="inf")
+    cr = codec_from(R.name, R.config(), on_overflow="inf")
+    strat = st.integers(1, MAX_CALL_BLOCKS).flatmap(
+        lambda nu: st.tuples(
+            st.just(nu),
+            tst.float_blocks(cl, min_blocks=nu * kx, max_blocks=nu * kx, leading_shape=()),
+            tst.float_blocks(cr, min_blocks=nu * ky, max_blocks=nu * ky, leading_shape=()),
+        )
+    )
+    counts = np.zeros(len(CLASSES), np.int64)
+    state: dict[str, Any] = {"found": False}
+
+    def call(ex: tuple[int, NDArray[np.float32], NDArray[np.float32]]) -> tuple[Any, Any, int, int]:
+        nu, xv, yv = ex
+        x = cl.encode(xv.reshape(-1, L.block_size)).reshape(-1)
+        y = cr.encode(yv.reshape(-1, R.block_size)).reshape(-1)
+        e, bound = reference_dot(L, R, x, y)
+        if not np.isfinite(e):
+            return x, y, nu, -1
+        return x, y, nu, _classify(target.dot(x, y, nu * unit), e, bound)
+
+    def condition(ex: tuple[int, NDArray[np.float32], NDArray[np.float32]]) -> bool:
+        _, _, _, cls = call(ex)
+        failing = cls == WRONG or (exact and cls == FRAGILE)
+        if not state["found"] and cls >= 0:
+            counts[cls] += 1
+            state["found"] = failing
+        return failing
+
+    settings = hypothesis.settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        verbosity=Verbosity.quiet,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    with hypothesis_scratch():
+        try:
+            ex = hypothesis.find(strat, condition, settings=settings, random=random.Random(seed * 7919 + 1))
+        except NoSuchExample:
+            return counts, None
+    x, y, nu, cls = call(ex)
+    return counts, ("fuzz", x, y, nu, cls)
 
 
 def _golden_values(fmt: Format, n: int, seed: int) -> NDArray[np.float32]:

@@ -274,10 +274,14 @@ def _run_dot(args: argparse.Namespace, fmt: Format, out_dir: Path, json_path: Pa
             )
     if args.accept:
         raise TbqValueError("--accept is for row functions; a dot-product check has no diagnoses to waive yet")
+    if args.seconds:
+        raise TbqValueError("--seconds is for row functions; a dot-product check's fuzz phase takes --examples N")
     target = LibraryDot(
         args.lib, args.dot, fmt, right_format(fmt, args.rhs), init=args.init, strict_lib=args.strict_lib
     )
-    report = check_dot(target, blocks=max(1, args.blocks), exact=args.exact, seed=args.seed, out=out_dir)
+    report = check_dot(
+        target, blocks=max(1, args.blocks), examples=args.examples, exact=args.exact, seed=args.seed, out=out_dir
+    )
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
     if args.json == "-":
