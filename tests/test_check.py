@@ -968,8 +968,17 @@ def test_dot_of_a_python_kernel_and_formats_without_an_exact_form(capsys):
     def dot(x, y, n):
         return float(np.dot(tbq.dequantize(x, "q8_0").astype(np.float64), tbq.dequantize(y, "q8_0").astype(np.float64)))
 
-    r = check_kernel("q8_0", dot=dot, blocks=500)
+    r = check_kernel("q8_0", dot=dot, blocks=500, examples=40)
     assert r.ok and r.counts("dot")["exact"] == r.counts("dot")["blocks"]
+    (fz,) = [ph for ph in r.phases if ph.phase == "fuzz"]
+    assert fz.blocks == 40 and "40 hypothesis examples" in r.table()  # one dot product an example
+
+    def loses_the_last_value(x, y, n):  # wrong only where the last value of the row is non-zero
+        a, b = tbq.dequantize(x, "q8_0").astype(np.float64), tbq.dequantize(y, "q8_0").astype(np.float64)
+        return float(np.dot(a[:-1], b[:-1]))
+
+    bad = check_kernel("q8_0", dot=loses_the_last_value, blocks=1, examples=200)
+    assert not bad.ok and "(stopped at the first failure; shrunk)" in bad.table()
     r = check_kernel("q8_0", dot=lambda x, y, n: dot(x, y, n) * (1 + 2.0**-10), blocks=500)
     assert not r.ok and "dot: first minimal wrong dot product" in r.text()
     with pytest.raises(tbq.TbqError, match="does not check f16 dot products"):
