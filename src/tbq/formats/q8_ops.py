@@ -92,7 +92,8 @@ class Q8_1(Q8_0):
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, v, q = q8_codes(x)
         total = q.astype(np.int32).sum(axis=1)  # an integer sum: exact in any order
-        s = total.astype(F32) * d  # C: sum * d, the int converted to float (exact), one float32 product
+        with np.errstate(over="ignore"):  # d near FLT_MAX / 127: the product is +-inf in C too (then fp16 inf)
+            s = total.astype(F32) * d  # C: sum * d, the int converted to float (exact), one float32 product
         out = np.empty((x.shape[0], 36), np.uint8)
         put_f16_scale(out, d)
         put_f16_at(out, 2, s)
