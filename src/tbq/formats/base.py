@@ -74,7 +74,9 @@ class Field:
     read): ``"f16"`` (a little-endian fp16 scale), ``"bf16"``, ``"int8"``,
     ``"uint8"``, ``"u32"``, ``"u4_halves"`` (ggml's Q4_0 nibble order),
     ``"u4_pairs"`` (adjacent pairs), ``"u3_lanes"`` (24-bit lanes of eight
-    3-bit indices); a format module registers any other kind it uses.
+    3-bit indices); a format module registers any other kind it uses
+    (:mod:`tbq.formats.q8_ops`: ``"f32"``, a little-endian float32 scale, and
+    ``"int16"``).
     """
 
     name: str
