@@ -185,7 +185,8 @@ class Q8_K(Format):
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
     tie_rule = "even"  # nearest_int: the 1.5 * 2**23 addition rounds half to even
-    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
+    # the encoder multiplies by the traced iscale = -127/max, not by 1/d: the ties family aims at x * iscale
+    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126), "multiplier": "iscale"}}
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
