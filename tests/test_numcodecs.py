@@ -67,7 +67,10 @@ def whole_block_kv(x: np.ndarray, chunks: tuple, fmt) -> tuple[np.ndarray, tuple
     f = int(np.lcm(x.shape[-1], tbq.format_info(fmt).block_size)) // x.shape[-1]
     if f == 1:
         return x, chunks
-    return x.reshape(x.shape[:-2] + (x.shape[-2] // f, x.shape[-1] * f)), chunks[:-2] + (chunks[-2] // f, chunks[-1] * f)
+    return x.reshape(x.shape[:-2] + (x.shape[-2] // f, x.shape[-1] * f)), chunks[:-2] + (
+        chunks[-2] // f,
+        chunks[-1] * f,
+    )
 
 
 def takes_tables(fmt) -> bool:

@@ -36,7 +36,7 @@ def q8_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.fl
     (0.019999999552965164, [-127, 64, 0])
     """
     amax = np.max(np.abs(x), axis=1)
-    d: NDArray[np.float32] = amax / _127  # type: ignore[assignment]  # float32 / np.float32 is float32
+    d: NDArray[np.float32] = amax / _127
     inv = safe_reciprocal(d)
     v = x * inv[:, None]
     r = roundf(v)  # the float32 d, not fp16(d)
