@@ -7,11 +7,10 @@ bytes through ``struct``).
 
 from __future__ import annotations
 
-import math
 import struct
 
 import numpy as np
-from naive import fp16_bits, fp16_value, roundf
+from naive import encode_q8_0, fp16_bits, fp16_value
 
 F32 = np.float32
 
@@ -33,22 +32,11 @@ def nearest_int(fval) -> int:
 
 
 def encode_q8_1(x):
-    x = [F32(v) for v in x]
-    amax = F32(0)
-    for v in x:
-        amax = max(amax, F32(abs(v)))
-    d = F32(amax / F32(127))
-    idd = F32(F32(1) / d) if d != 0 else F32(0)
-    qs, vs = [], []
-    for v in x:
-        p = F32(v * idd)
-        r = roundf(p)
-        vs.append(p)
-        qs.append(_int8(int(r)) if math.isfinite(r) else 0)  # x86: (int)(+-inf or NaN) = INT_MIN, low byte 0
-    total = sum(qs)
+    """Q8_0's slow model (tests/naive.py), then s = fp16(float32(sum of the stored codes) * the float32 d)."""
+    b0, d = encode_q8_0(x)
+    total = sum(_int8(c) for c in b0[2:])
     s = F32(F32(total) * d)
-    b = bytes(_le16(fp16_bits(d)) + _le16(fp16_bits(s)) + [q & 0xFF for q in qs])
-    return b, {"d": d, "s": s, "v": np.array(vs, F32)}
+    return b0[:2] + bytes(_le16(fp16_bits(s))) + b0[2:], {"d": d, "s": s}
 
 
 def encode_q8_k(x):
