@@ -161,8 +161,11 @@ def _check_conformance(fmt, opts):
         if opts and case_opts and case_opts != opts:
             continue
         ref = load_npz(stem)
+        # a format whose block is longer than an input row (q8_k: 256 values) reads consecutive rows as one
+        # row of its vector file: y has the file's row length
+        xr = x.reshape(-1, ref["y"].shape[-1])
         for backend in BACKENDS:
-            q = tbq.quantize(x, fmt, backend=backend, **case_opts)
+            q = tbq.quantize(xr, fmt, backend=backend, **case_opts)
             assert_bytes_equal(q, ref["q"], f"{stem} {backend} encode")
             y = tbq.dequantize(ref["q"], fmt, backend=backend, **case_opts)
             assert_bits_equal(y, ref["y"], f"{stem} {backend} decode")

@@ -30,7 +30,14 @@ SIZES = {
     "iso4_0": (128, 66, 4.125),
     "fp8_e4m3": (1, 1, 8.0),
     "fp8_e5m2": (1, 1, 8.0),
+    "q8_1": (32, 36, 9.0),
+    "q8_k": (256, 292, 9.125),
 }
+
+
+def row(fmt: str) -> int:
+    """A row length of whole blocks for ``fmt``: 128 values, or one block of a longer one (q8_k's 256)."""
+    return int(np.lcm(128, tbq.format_info(fmt).block_size))
 
 
 def test_formats():
@@ -54,8 +61,10 @@ def test_formats():
         "iso4_0",
         "fp8_e4m3",
         "fp8_e5m2",
+        "q8_1",
+        "q8_k",
     )
-    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 19))
+    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 21))
 
 
 @pytest.mark.parametrize("fmt", tbq.formats())
@@ -76,12 +85,13 @@ def test_shapes_and_dtypes(fmt, backend):
     assert y.dtype == np.float32 and y.shape == x.shape
     # 1-D and empty leading axes
     assert tbq.quantize(x[0, 0], fmt, backend=backend).shape == (256 // bs * ts,)
-    assert tbq.quantize(np.zeros((0, 128), np.float32), fmt, backend=backend).shape == (0, 128 // bs * ts)
+    n = row(fmt)
+    assert tbq.quantize(np.zeros((0, n), np.float32), fmt, backend=backend).shape == (0, n // bs * ts)
 
 
 @pytest.mark.parametrize("fmt", tbq.formats())
 def test_float16_and_float64_are_converted_to_float32_first(fmt):
-    x64 = np.random.default_rng(1).standard_normal((4, 128))
+    x64 = np.random.default_rng(1).standard_normal((4, row(fmt)))
     assert_bytes_equal(tbq.quantize(x64, fmt), tbq.quantize(x64.astype(np.float32), fmt))
     x16 = x64.astype(np.float16)
     assert_bytes_equal(tbq.quantize(x16, fmt), tbq.quantize(x16.astype(np.float32), fmt))
@@ -96,8 +106,8 @@ def test_non_contiguous_input(fmt):
 @pytest.mark.parametrize("fmt", tbq.formats())
 def test_out_arguments(fmt):
     c = tbq.get_codec(fmt)
-    x = np.random.default_rng(3).standard_normal((5, 128)).astype(np.float32)
-    out = np.empty((5, 128 // c.block_size * c.type_size), np.uint8)
+    x = np.random.default_rng(3).standard_normal((5, row(fmt))).astype(np.float32)
+    out = np.empty((5, row(fmt) // c.block_size * c.type_size), np.uint8)
     assert c.encode(x, out=out) is out
     assert_bytes_equal(out, c.encode(x))
     y = np.empty_like(x)
@@ -199,7 +209,7 @@ def test_arbitrary_bytes_decode_identically_in_both_backends(fmt):
 
 @pytest.mark.parametrize("fmt", tbq.formats())
 def test_other_byte_orders_are_converted(fmt):
-    x = np.random.default_rng(8).standard_normal((3, 128)).astype(np.float32)
+    x = np.random.default_rng(8).standard_normal((3, row(fmt))).astype(np.float32)
     for dt in (">f4", ">f8", ">f2"):
         xb = x.astype(dt)
         assert_bytes_equal(tbq.quantize(xb, fmt), tbq.quantize(xb.astype(np.float32), fmt))

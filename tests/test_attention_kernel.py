@@ -22,6 +22,10 @@ from tbq.errors import ConfigError, TbqTypeError, TbqValueError
 from tbq.kernels import address
 from tbq.kernels import jit as njit_cache
 
+#: The KV cache types: attention reads a cache, and the dot-product operand formats (q8_1, q8_k:
+#: cache_type=False) are no cache type (llama.cpp refuses them as --cache-type-k/-v)
+CACHE_FORMATS = tbq.formats.cache_formats()
+
 CORE = ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
 
 
@@ -92,7 +96,7 @@ def test_any_registered_format_holds_the_sinks(sink_format):
     check(q, K, V)
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", CACHE_FORMATS)
 def test_any_registered_format_as_the_main_cache(fmt):
     """Every format is read through its attention reader, as keys or as values, beside another format."""
     q, k, v = data(12, 40, 4, 2)
@@ -219,7 +223,7 @@ def _read_rows(read, data, aux, n_blocks, out):
         read(address(data[i]), address(out[i]), n_blocks, address(aux), aux.shape[0])
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", CACHE_FORMATS)
 def test_every_format_declares_a_reader_that_gives_the_decoders_bits(fmt):
     """No registered format is decoded first: its reader gives exactly the decoder's float32 bits
     (original domain) or ``c[idx] * d`` rounded once (rotated domain), on arbitrary bytes too."""
@@ -242,8 +246,8 @@ def test_every_format_declares_a_reader_that_gives_the_decoders_bits(fmt):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    kf=st.sampled_from(tbq.formats()),
-    vf=st.sampled_from(tbq.formats()),
+    kf=st.sampled_from(CACHE_FORMATS),
+    vf=st.sampled_from(CACHE_FORMATS),
     T=st.integers(1, 200),
     heads=st.sampled_from([(1, 1), (4, 1), (8, 2), (6, 3)]),
     n_sink=st.integers(0, 3),
@@ -297,7 +301,7 @@ def test_prefill_is_causal_attention_of_every_query_token(kf, vf, n_sink):
         att.attention_fused(np.zeros((T + 1, 8, 128), np.float32), K, V, causal=True)
 
 
-@pytest.mark.parametrize("fmt", [f for f in tbq.formats() if tbq.get_codec(f).format.attention_domain == "original"])
+@pytest.mark.parametrize("fmt", [f for f in CACHE_FORMATS if tbq.get_codec(f).format.attention_domain == "original"])
 def test_a_cache_read_in_the_original_domain_gives_the_bits_of_its_decoded_rows(fmt):
     """The reader is the decoder, so the kernel on the cache and on its decoded rows agree bit for bit
     (``tbq compare`` passes the decoded rows and compiles no reader)."""

@@ -42,7 +42,7 @@ from tbq.budget import (
     values_per_token,
 )
 from tbq.errors import ConfigError, TbqError, TbqValueError
-from tbq.formats import FORMATS
+from tbq.formats import FORMATS, cache_formats
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -105,9 +105,11 @@ def test_bits_per_value_table():
     assert bits_per_value("mxfp4") == 4.25  # 4 bits + one 8-bit scale per 32 values: 4 + 8 / 32
     # the block formats come from tbq.formats, not from a second copy of the numbers
     for name, info in FORMATS.items():
-        assert KV_FORMAT_BITS[name] == info.bits_per_value
         assert bits_per_value(info) == info.bits_per_value
-    assert set(KV_FORMAT_BITS) == {"f32"} | set(FORMATS)
+        if info.cache_type:
+            assert KV_FORMAT_BITS[name] == info.bits_per_value
+    # the dot-product operand formats (q8_1, q8_k) are no KV cache types: no budget names them
+    assert set(KV_FORMAT_BITS) == {"f32"} | set(cache_formats()) and "q8_k" not in KV_FORMAT_BITS
     assert list(KV_FORMAT_BITS)[:3] == ["f32", "f16", "bf16"]
 
 
@@ -641,8 +643,8 @@ def test_docs_cli_output_is_real(cli_main, capsys, tmp_path, monkeypatch):
 
 
 def test_block_sizes_come_from_the_format_table():
-    for name, info in FORMATS.items():
-        assert budget.format_block_size(name) == info.block_size
+    for name in cache_formats():
+        assert budget.format_block_size(name) == FORMATS[name].block_size
     assert budget.format_block_size("nvfp4") == 64 and budget.format_block_size("mxfp4") == 32  # ggml's blocks
     assert (
         budget.format_block_size("f16") == 1

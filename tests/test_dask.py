@@ -58,12 +58,13 @@ def check_same_as_memory(x_np, dx, fmt, scheduler, **config):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_identical_to_in_memory(x, fmt, scheduler):
     bs, ts = tbq.format_info(fmt).block_size, tbq.format_info(fmt).type_size
-    dx = da.from_array(x, chunks=(16, 2, 1, 128))
+    w = max(128, bs)  # last-axis chunks of whole blocks: 128 values, or one q8_k block of 256
+    dx = da.from_array(x, chunks=(16, 2, 1, w))
     q, y = check_same_as_memory(x, dx, fmt, scheduler)
     assert q.dtype == np.uint8 and y.dtype == np.float32
     assert q.shape == x.shape[:-1] + (x.shape[-1] // bs * ts,)
     assert q.chunks[:-1] == dx.chunks[:-1]
-    assert q.chunks[-1] == (128 // bs * ts,) * 2
+    assert q.chunks[-1] == (w // bs * ts,) * (256 // w)
     assert y.chunks == dx.chunks and y.shape == x.shape
     assert q.npartitions == dx.npartitions  # no rechunking when aligned
 

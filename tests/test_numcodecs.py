@@ -44,8 +44,33 @@ IDS = dict(tn.CODEC_IDS)  # "tbq.<format>" for every registered format
 
 
 def fits(fmt) -> dict:
-    """Settings under which the round-trip arrays (values to 3e3) encode: FP8_E4M3 (largest value 448) saturates, as vLLM."""
-    return {"on_overflow": "saturate"} if "saturate" in tbq.get_format(fmt).overflow_modes else {}
+    """Settings under which the round-trip arrays (values to 3e3) encode: FP8_E4M3 (largest value 448) saturates, as vLLM;
+    Q8_1's ``s = fp16(d * sum(codes))`` reaches 32 * 3e3, beyond fp16, and is stored as inf, as ggml stores it."""
+    if "saturate" in tbq.get_format(fmt).overflow_modes:
+        return {"on_overflow": "saturate"}
+    return {"on_overflow": "inf"} if fmt == "q8_1" else {}
+
+
+def whole_blocks(a: np.ndarray, fmt) -> np.ndarray:
+    """``a`` itself when its rows are whole blocks of ``fmt``; else its values as rows of ``lcm(row, block)``
+    (q8_k's 256-value block takes two 128-value rows), a last incomplete row dropped."""
+    bs = tbq.format_info(fmt).block_size
+    if a.shape[-1] % bs == 0:
+        return a
+    n = int(np.lcm(a.shape[-1], bs))
+    flat = np.ascontiguousarray(a).reshape(-1)
+    return flat[: flat.size // n * n].reshape(-1, n)
+
+
+def whole_block_kv(x: np.ndarray, chunks: tuple, fmt) -> tuple[np.ndarray, tuple]:
+    """A (..., heads, 128) cache and its chunks with rows of whole blocks: q8_k's rows hold two heads."""
+    f = int(np.lcm(x.shape[-1], tbq.format_info(fmt).block_size)) // x.shape[-1]
+    if f == 1:
+        return x, chunks
+    return x.reshape(x.shape[:-2] + (x.shape[-2] // f, x.shape[-1] * f)), chunks[:-2] + (
+        chunks[-2] // f,
+        chunks[-1] * f,
+    )
 
 
 def takes_tables(fmt) -> bool:
@@ -210,14 +235,14 @@ def test_registered_with_numcodecs():
 def test_encode_decode(fmt, backend):
     codec = tn.get_numcodec(fmt, backend=backend, **fits(fmt))
     for arr in round_trip_arrays():
-        check_encode_decode_lossy(arr, codec)
+        check_encode_decode_lossy(whole_blocks(arr, fmt), codec)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_encode_decode_tbq_options(fmt):
     extra = {"codebook": "turboq-mtp", "signs": 7} if takes_tables(fmt) else {"on_overflow": "inf"}
     codec = tn.get_numcodec(fmt, threads=2, **extra)
-    x = keys_with_outliers(8, 2, seed=5)
+    x = whole_blocks(keys_with_outliers(8, 2, seed=5), fmt)
     assert_bits_equal(codec.decode(codec.encode(x)), reference(x, fmt, **extra), fmt)
 
 
@@ -390,7 +415,7 @@ def _npy_bytes(a: np.ndarray) -> bytes:
 def test_backwards_compatibility(fmt):
     cid = IDS[fmt]
     root = FIXTURES / cid
-    arrays = fixture_arrays()
+    arrays = [whole_blocks(a, fmt) for a in fixture_arrays()]  # (the same arrays for every 128-dividing block)
     for i, arr in enumerate(arrays):
         _write_missing(root / f"array.{i:02d}.npy", _npy_bytes(arr))
     stored = sorted(root.glob("array.*.npy"))
@@ -460,11 +485,13 @@ def test_zarr3_serializer_round_trip(tmp_path, compressors):
     zarr = _zarr()
     x = synthetic_kv()
     comp = None if compressors is None else [zarr.codecs.ZstdCodec(level=1)]
+    x0 = x
     for fmt in FORMATS:
+        x, chunks = whole_block_kv(x0, (16, 1, 4, 128), fmt)
         a = zarr.create_array(
             store=tmp_path / f"{fmt}.zarr",
             shape=x.shape,
-            chunks=(16, 1, 4, 128),
+            chunks=chunks,
             dtype="float32",
             serializer=tn.zarr_codec(fmt),
             compressors=comp,
@@ -564,12 +591,13 @@ def test_zarr3_empty_chunks(tmp_path):
 def test_zarr2_filter(tmp_path):
     """Zarr format 2 takes numcodecs codecs directly; the tbq codec works as a filter."""
     zarr = _zarr()
-    x = synthetic_kv(tokens=16)
+    x0 = synthetic_kv(tokens=16)
     for fmt in FORMATS:
+        x, chunks = whole_block_kv(x0, (8, 1, 4, 128), fmt)
         a = zarr.create_array(
             store=tmp_path / f"{fmt}.zarr",
             shape=x.shape,
-            chunks=(8, 1, 4, 128),
+            chunks=chunks,
             dtype="float32",
             filters=[tn.get_numcodec(fmt)],
             compressors=None,
@@ -584,12 +612,14 @@ def test_zarr2_filter(tmp_path):
 def test_zarr3_reopen_in_new_process(tmp_path):
     """Write a synthetic KV cache with each format; a fresh interpreter reads it back bit-exactly."""
     zarr = _zarr()
-    x = synthetic_kv(tokens=64, layers=4, heads=2, seed=7)
+    x0 = synthetic_kv(tokens=64, layers=4, heads=2, seed=7)
+    xs = {}
     for fmt in FORMATS:
+        x, chunks = xs[fmt] = whole_block_kv(x0, (32, 2, 2, 128), fmt)
         a = zarr.create_array(
             store=tmp_path / f"{fmt}.zarr",
             shape=x.shape,
-            chunks=(32, 2, 2, 128),
+            chunks=chunks,
             dtype="float32",
             serializer=tn.zarr_codec(fmt, **({"codebook": "turboq-mtp", "signs": 3} if fmt == "tbq3_0" else {})),
             compressors=[zarr.codecs.ZstdCodec(level=1)],
@@ -615,6 +645,7 @@ def test_zarr3_reopen_in_new_process(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
     for fmt in FORMATS:
         cfg = {"codebook": "turboq-mtp", "signs": 3} if fmt == "tbq3_0" else {}
+        x = xs[fmt][0]
         y = np.load(tmp_path / f"{fmt}.npy")
         assert y.dtype == np.float32
         assert_bits_equal(y, reference(x, fmt, **cfg), f"{fmt} read back in a new process")

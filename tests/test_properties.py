@@ -683,7 +683,8 @@ def test_results_do_not_depend_on_threads(fmt, data):
 def test_results_do_not_depend_on_threads_at_the_real_chunk_size():
     rng = np.random.default_rng(7)
     for fmt in FORMATS:
-        x = rng.standard_normal((3 * tbq.codecs.CHUNK_VALUES // 128 + 5, 128)).astype(F32)
+        n = max(128, tbq.format_info(fmt).block_size)  # rows of whole blocks (q8_k: one block of 256)
+        x = rng.standard_normal((3 * tbq.codecs.CHUNK_VALUES // n + 5, n)).astype(F32)
         outs = [codec(fmt, "numba", threads=t).encode(x) for t in (1, 2, 3)]
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
         ys = [codec(fmt, "numba", threads=t).decode(outs[0]) for t in (1, 3)]
@@ -808,11 +809,12 @@ def _pow2_range(fmt, c, x):
     if nz.size == 0 or not (2.0**-14 <= abs(d16) <= 2.0**15):
         return None  # zero block, or a scale that is not a normal fp16 to begin with
     lo_x, hi_x = math.log2(nz.min()), math.log2(nz.max())
-    m16 = 0.0
-    if any(f.kind == "f16" and f.name == "m" for f in c.info.layout):  # Q4_1/Q5_1: the stored min scales too
-        m16 = float(c.format.fields(b)["m"].reshape(-1)[0])
-        if m16 != 0 and not 2.0**-14 <= abs(m16) <= 2.0**15:
-            return None
+    # the other fp16 fields scale too: Q4_1/Q5_1's stored min m, Q8_1's s = fp16(d * sum(codes))
+    others = [
+        float(c.format.fields(b)[f.name].reshape(-1)[0]) for f in c.info.layout if f.kind == "f16" and f.name != "d"
+    ]
+    if any(v != 0 and not 2.0**-14 <= abs(v) <= 2.0**15 for v in others):
+        return None
     if c.format.row_rule or fmt in TBQ_FORMATS or c.info.rotated:
         # squares stay normal (x^2 >= 2**-126) and the sum of 128 of them finite (|x| <= 2**60);
         # the norm stays above the 1e-10 cut-off
@@ -828,7 +830,7 @@ def _pow2_range(fmt, c, x):
         klo = math.ceil(-126 - lo_x + 8)
         khi = math.floor(127 - hi_x - 8)
     # the fp16 scale (and min) stay normal fp16 numbers and finite: 2**-14 <= |s| * 2**k <= 2**15
-    for s in (d16, m16):
+    for s in (d16, *others):
         if s:
             klo = max(klo, math.ceil(-14 - math.log2(abs(s))))
             khi = min(khi, math.floor(15 - math.log2(abs(s))))

@@ -342,7 +342,7 @@ def test_small_mode_and_figure_path(monkeypatch, tmp_path):
 def test_rate_distortion_rows_cover_every_format_and_match_direct_computation():
     x = synthetic.keys_with_outliers(64, 2, seed=6)
     rows = study.rate_distortion_rows({"k": x}, n_queries=4, topk=4, seed=9)
-    assert [r["name"] for r in rows] == list(tbq.formats())
+    assert [r["name"] for r in rows] == list(tbq.formats.cache_formats())  # the default: cache types (not q8_1, q8_k)
     q = metrics.random_queries(4, 128, 2, seed=9).astype(np.float64)  # the seeded queries (data, not a metric)
     x64 = x.astype(np.float64)
     za = np.einsum("qhd,thd->hqt", q, x64) / math.sqrt(128)  # exact logits, (head, query, token)

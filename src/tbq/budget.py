@@ -90,7 +90,7 @@ Number = int | float
 # ---------------------------------------------------------------------------
 
 #: Cache types without a codec in this package: name -> (bits per value, description).
-#: Every registered format (``tbq.formats()``) comes from ``FORMATS`` with its exact bits.
+#: Every registered cache type (``tbq.formats.cache_formats()``) comes from ``FORMATS`` with its exact bits.
 _OTHER_FORMATS: dict[str, tuple[Fraction, str]] = {
     "f32": (Fraction(32), "IEEE float32"),
 }
@@ -108,7 +108,8 @@ def _block_bits(info: FormatInfo) -> Fraction:
 
 def _build_bits() -> dict[str, Fraction]:
     table = {name: bits for name, (bits, _) in _OTHER_FORMATS.items()}
-    table.update({name: _block_bits(info) for name, info in FORMATS.items()})
+    # KV cache types only: a dot-product operand format (q8_1, q8_k: cache_type=False) stores no cache
+    table.update({name: _block_bits(info) for name, info in FORMATS.items() if info.cache_type})
     ordered = {name: table[name] for name in _ORDER if name in table}
     ordered.update({name: bits for name, bits in table.items() if name not in ordered})
     return ordered

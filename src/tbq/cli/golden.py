@@ -9,17 +9,19 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ConfigError, TbqValueError
-from ..formats import formats, parse_option
+from ..formats import parse_option
 from ..golden import (
     DEFAULT_ATTENTION_PAIRS,
     DEFAULT_K,
     DEFAULT_ROWS_PER_FAMILY,
     DEFAULT_SEED,
     FAMILIES,
+    ROW_SIZE,
     TBQ_ULP_FLOOR,
     Summary,
     check_out_dir,
     generate,
+    golden_formats,
     load_manifest,
     manifest_memory,
     regenerate,
@@ -53,8 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--formats",
-        default=",".join(formats()),
-        help=f"comma-separated formats, any case (default: all: {', '.join(formats())})",
+        default=",".join(golden_formats()),
+        help=f"comma-separated formats, any case (default: every format whose block fits a {ROW_SIZE}-value row: "
+        f"{', '.join(golden_formats())})",
     )
     parser.add_argument(
         "--families",

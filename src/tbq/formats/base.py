@@ -74,7 +74,9 @@ class Field:
     read): ``"f16"`` (a little-endian fp16 scale), ``"bf16"``, ``"int8"``,
     ``"uint8"``, ``"u32"``, ``"u4_halves"`` (ggml's Q4_0 nibble order),
     ``"u4_pairs"`` (adjacent pairs), ``"u3_lanes"`` (24-bit lanes of eight
-    3-bit indices); a format module registers any other kind it uses.
+    3-bit indices); a format module registers any other kind it uses
+    (:mod:`tbq.formats.q8_ops`: ``"f32"``, a little-endian float32 scale, and
+    ``"int16"``).
     """
 
     name: str
@@ -280,7 +282,8 @@ class Format:
     ulp_floor: ClassVar[float] = 0.0
     #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
     #: ``"ties"`` (scalar grids: ``divisor`` = ``max|x| / |d|``, ``codes`` = the range of
-    #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid), ``"thresholds"``
+    #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid, optional ``multiplier`` = the trace
+    #: key of what the encoder multiplies ``x`` by when it is not ``1/d``: Q8_K's ``iscale``), ``"thresholds"``
     #: (codebook decision thresholds in a rotated domain).
     #: A class attribute for most formats; FP8 sets it per instance (its grid limits scale with ``scale``).
     hazards: dict[str, dict[str, Any]] = {}

@@ -169,6 +169,14 @@ class Q4_1(Format):
     def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         return self._int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
 
+    vec_dot_type = "q8_1"  # ggml_vec_dot_q4_1_q8_1
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return np_unpack4_halves(data[:, 4:]).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
+    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
+        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
+
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode(x, out, raise_overflow)
 

@@ -164,6 +164,14 @@ class Q5_1(_Q5):
         out[:, 8:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
+    vec_dot_type = "q8_1"  # ggml_vec_dot_q5_1_q8_1
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return unpack_codes(data, 4).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
+    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
+        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
+
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         m = get_f16_at(data, 2)

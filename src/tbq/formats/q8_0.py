@@ -28,6 +28,25 @@ def _roundf64(y: NDArray[np.float64]) -> NDArray[np.float64]:
     return t + np.where(np.abs(y - t) >= 0.5, np.sign(y), 0.0)
 
 
+def q8_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.int8]]:
+    """Steps 1-3 of Q8_0 (and Q8_1, which adds a sum): ``(d, v, q)``, ``d = amax/127``, ``v = x * id``, int8 ``q``.
+
+    >>> d, v, q = q8_codes(np.float32([[-2.54, 1.27] + [0] * 30]))
+    >>> float(d[0]), q[0, :3].tolist()
+    (0.019999999552965164, [-127, 64, 0])
+    """
+    amax = np.max(np.abs(x), axis=1)
+    d: NDArray[np.float32] = amax / _127
+    inv = safe_reciprocal(d)
+    v = x * inv[:, None]
+    r = roundf(v)  # the float32 d, not fp16(d)
+    if np.isinf(inv).any():
+        # d so small that 1/d overflowed: x*id is +-Inf or NaN, whose C float -> int
+        # conversion is undefined; x86 (cvttss2si) gives INT_MIN, whose int8 is 0.
+        r[~np.isfinite(r)] = 0
+    return d, v, r.astype(np.int8)
+
+
 class Q8_0(Format):
     info = FormatInfo(
         "q8_0",
@@ -46,18 +65,10 @@ class Q8_0(Format):
     hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
-        amax = np.max(np.abs(x), axis=1)
-        d = amax / _127
-        inv = safe_reciprocal(d)
-        v = x * inv[:, None]
-        r = roundf(v)  # the float32 d, not fp16(d)
-        if np.isinf(inv).any():
-            # d so small that 1/d overflowed: x*id is +-Inf or NaN, whose C float -> int
-            # conversion is undefined; x86 (cvttss2si) gives INT_MIN, whose int8 is 0.
-            r[~np.isfinite(r)] = 0
+        d, v, q = q8_codes(x)
         out = np.empty((x.shape[0], 34), np.uint8)
         put_f16_scale(out, d)
-        out[:, 2:] = r.astype(np.int8).view(np.uint8)
+        out[:, 2:] = q.view(np.uint8)
         return out, {"d": d, "v": v}
 
     vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0

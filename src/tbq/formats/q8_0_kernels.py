@@ -83,10 +83,13 @@ STREAM_BYTES = 1 << 21
 
 
 @jit
-def decode(data, out, table):
+def decode(data, out, table, off=2):
     """Q8_0 decoder. A large output (``STREAM_BYTES`` or more) is built block by block in a scratch row
     and written with streaming stores, two values at a time: a plain store would first read every
-    output cache line from memory (about 2x at 16M values; the same bits either way)."""
+    output cache line from memory (about 2x at 16M values; the same bits either way).
+
+    ``off``: the byte offset of the codes after the fp16 scale at bytes 0-1 (Q8_1 passes 4: its sum
+    ``s`` sits between). Omitted, numba compiles it as the constant 2, so Q8_0's loop is unchanged."""
     bs = out.shape[1]
     if out.size * 4 >= STREAM_BYTES and bs % 2 == 0:
         h = bs // 2
@@ -97,7 +100,7 @@ def decode(data, out, table):
             d = load_f16(data, b, table)
             src = data[b]
             for j in range(bs):
-                tmp[j] = F32(np.int8(src[2 + j])) * d
+                tmp[j] = F32(np.int8(src[off + j])) * d
             base = b * h
             for k in range(h):
                 store_nontemporal(of, base + k, t64[k])
@@ -108,7 +111,7 @@ def decode(data, out, table):
         src = data[b]
         dst = out[b]
         for j in range(bs):
-            dst[j] = F32(np.int8(src[2 + j])) * d
+            dst[j] = F32(np.int8(src[off + j])) * d
     return out
 
 

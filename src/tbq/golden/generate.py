@@ -115,6 +115,17 @@ def _plain(x: Any) -> str:
     )
 
 
+def golden_formats() -> tuple[str, ...]:
+    """The formats a golden set can hold, in :func:`tbq.formats` order: those whose block divides a golden row of
+    :data:`ROW_SIZE` values (every format but q8_k, whose 256-value block would span two rows; the default of
+    :func:`generate` and ``tbq golden``).
+
+    >>> "q8_0" in golden_formats(), "q8_k" in golden_formats()
+    (True, False)
+    """
+    return tuple(name for name, info in FORMATS.items() if ROW_SIZE % info.block_size == 0)
+
+
 def _check_formats(fmts: Any) -> tuple[str, ...]:
     if isinstance(fmts, str):
         fmts = [f for f in fmts.split(",") if f]
@@ -249,6 +260,11 @@ def build_format(
     """
     fmt = format_name(fmt)
     info = format_info(fmt)
+    if ROW_SIZE % info.block_size:
+        raise ConfigError(
+            f"{fmt}: a golden set is rows of {ROW_SIZE} values, one C call per row, and {fmt}'s "
+            f"{info.block_size}-value block does not fit one; golden sets hold {', '.join(golden_formats())}"
+        )
     fams = _check_families(families)
     rows_per_family = _rows_per_family(rows_per_family, blocks)
     _check_ulp_floor(ulp_floor)
@@ -541,7 +557,7 @@ def generate(
     progress: Any = None,
     options: dict[str, Any] | None = None,
 ) -> Summary:
-    """Write the golden files of ``formats`` (default: every registered format) into directory ``out``.
+    """Write the golden files of ``formats`` (default: :func:`golden_formats`) into directory ``out``.
 
     The Python side of ``tbq golden``; parameters mirror the CLI flags:
     ``families`` and ``rows_per_family`` (rows of 128 values per family; old
@@ -557,7 +573,7 @@ def generate(
     ``formats`` takes is an error). Returns a :class:`Summary`
     (``print(summary.table())``).
     """
-    fmts = _check_formats(formats if formats is not None else tuple(FORMATS))
+    fmts = _check_formats(formats if formats is not None else golden_formats())
     fams = _check_families(families)
     rows = _rows_per_family(rows_per_family, blocks)
     seed = _check_seed(seed)

@@ -387,7 +387,7 @@ def _fit(ctx: _Fmt, blk: NDArray[np.float32]) -> NDArray[np.float32]:
         if not math.isfinite(d):  # e.g. the TBQ norm overflowed float32
             blk = np.ldexp(blk, -64).astype(F32)
             continue
-        if abs(d) < 2 * _F16_LIMIT and attempt < 8:  # just above the limit: step down a few ulps at a time
+        if _F16_LIMIT <= abs(d) < 2 * _F16_LIMIT and attempt < 8:  # d just above: ulps down (not when s or m overflow)
             blk = (blk * F32(1 - 2.0**-12)).astype(F32)
             continue
         k = math.ceil(math.log2(abs(d) / _F16_MAX))

@@ -49,7 +49,11 @@ def _tie_values(
 def _fam_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     bs = ctx.bs
     K = ctx.hazards["ties"]["divisor"]  # max|x| / |d|: amax = K * 2**e gives a power-of-two scale
-    mode = draw(_sampled(["pow2", "general", "fp16_tie", "sign_tie"]))
+    # the trace quantity the encoder multiplies x by (default 1/d; Q8_K: iscale = -127/max, not 1/d)
+    mult = ctx.hazards["ties"].get("multiplier")
+    # an exact fp16 tie of the scale only where the scale is stored as fp16 (not Q8_K's float32 d)
+    f16_d = any(f.name == "d" and f.kind == "f16" for f in ctx.info.layout)
+    mode = draw(_sampled(["pow2", "general", "fp16_tie", "sign_tie"] if f16_d else ["pow2", "general", "sign_tie"]))
     _event(f"ties: {mode}")
     sign = draw(_sampled([F32(1), F32(-1)]))
     pos = draw(st.integers(0, bs - 1))
@@ -74,7 +78,7 @@ def _fam_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[n
     lone = np.zeros((1, bs), F32)
     lone[0, pos] = m
     d = ctx.scales(lone)[0]  # the format's own scale of a block whose largest value is m
-    inv = F32(1) / d
+    inv = F32(1) / d if mult is None else F32(ctx.trace(lone)[mult][0])
     others = np.array([i for i in range(bs) if i != pos])
     if mode == "fp16_tie":
         blk[others] = (rng.uniform(-0.9, 0.9, bs - 1) * amax).astype(F32)
