@@ -274,3 +274,54 @@ def test_tbq_check_passes_ggml_q8_k_reference_functions(ggml):
 
     bad = check_kernel("q8_k", quantize=broken, blocks=300, examples=0)
     assert bad.counts("quantize", "golden")["wrong"] > 0, bad
+
+
+def _q8_1_rint(x):
+    """Q8_1 with the codes rounded half to even (as ggml's SIMD quantize_row_q8_1) and s from those codes."""
+    x = np.asarray(x, np.float32).reshape(-1, 32)
+    amax = np.abs(x).max(axis=1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    q = np.rint(x * inv[:, None]).astype(np.int8)
+    out = np.empty((x.shape[0], 36), np.uint8)
+    out[:, 0:2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:4] = (q.astype(np.int32).sum(axis=1).astype(np.float32) * d).astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 4:] = q.view(np.uint8)
+    return out
+
+
+def test_q8_1_sum_follows_codes_off_at_a_tie_but_a_wrong_sum_is_wrong():
+    # s is a function of the codes: a kernel rounding ties to even writes another code and so another s; the
+    # checker lets s follow its own codes (the tie-rule class), and only an s its codes do not give is wrong
+    from tbq.check import check_kernel
+
+    r = check_kernel("q8_1", quantize=_q8_1_rint, blocks=2000, examples=0)
+    c = r.counts("quantize")
+    assert r.ok and c["tie_rule"] > 0 and c["wrong"] == 0, c
+
+    def fp16_d_sum(x):  # s from the fp16 d instead of the float32 one: a real deviation
+        out = tbq.quantize(np.asarray(x, np.float32), "q8_1").reshape(-1, 36).copy()
+        d16 = out[:, 0:2].copy().view("<f2").astype(np.float32).reshape(-1)
+        s = out[:, 4:].view(np.int8).astype(np.int32).sum(axis=1).astype(np.float32) * d16
+        out[:, 2:4] = s.astype("<f2").view(np.uint8).reshape(-1, 2)
+        return out
+
+    bad = check_kernel("q8_1", quantize=fp16_d_sum, blocks=2000, examples=0)
+    assert not bad.ok and bad.counts("quantize")["wrong"] > 0
+
+
+def test_derived_fields_are_recomputed_from_the_blocks_own_codes():
+    f = tbq.get_format("q8_k")
+    x = np.stack([np.linspace(-1, 1, 256, dtype=np.float32), np.zeros(256, np.float32)])
+    data, trace = f.reference_encode(x)
+    assert np.array_equal(f.derived(data, trace), data)  # the reference is consistent
+    moved = data.copy()
+    moved[0, 4 + 17] = np.uint8((int(moved[0, 4 + 17]) + 1) % 256)  # code 17: group 1
+    moved[1, 260:] = 0xAB  # an all-zero block's bsums, unwritten by C: kept
+    got = f.derived(moved, trace)
+    sums = got[:, 260:].copy().view("<i2")
+    assert int(sums[0, 1]) == int(data[:, 260:].copy().view("<i2")[0, 1]) + 1 and (got[1, 260:] == 0xAB).all()
+    q1 = tbq.get_format("q8_1")
+    d1, t1 = q1.reference_encode(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32))
+    assert np.array_equal(q1.derived(d1, t1), d1)

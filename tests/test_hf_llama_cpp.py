@@ -43,5 +43,10 @@ def test_tbq_eval_agrees_with_llama_perplexity(shipped):
     res = evaluate(model, tokens, ["q8_0", "q4_0"], context=CONTEXT, chunks=CHUNKS)
     for cache in ("f16", "q8_0", "q4_0"):
         ours = res.row(f"{cache}:{cache}").ppl
-        theirs = run_llama_perplexity(LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
+        try:
+            theirs = run_llama_perplexity(LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
+        except RuntimeError as exc:
+            if "died of signal 4" in str(exc):  # built for AVX-512 CPUs; CI's runs it
+                pytest.skip(str(exc).split(":")[0] + " (SIGILL: built for AVX-512 CPUs)")
+            raise
         assert abs(ours / theirs - 1) <= 1e-3, (cache, ours, theirs)

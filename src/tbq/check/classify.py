@@ -320,6 +320,7 @@ def classify_encoded(
     if not idx.size:
         return Classified(cls)
     cls[idx] = WRONG
+    gb = _follow_derived(fmt, x_rows, idx, rb, gb)
     f = _field_diffs(fmt, rb[idx], gb[idx])
     cand = np.flatnonzero(f["maybe"])
     if cand.size:
@@ -334,6 +335,27 @@ def classify_encoded(
         cls[idx[cand]] = classify_encoded_blocks(fmt, trace, rb[idx[cand]], gb[idx[cand]], k, sub)
     cls[idx] = _accepted_kinds(fmt, x_rows, idx, rb[idx], gb[idx], cls[idx])
     return Classified(cls, idx)
+
+
+def _follow_derived(
+    fmt: Format, x_rows: NDArray[np.float32], idx: NDArray[np.intp], rb: NDArray[np.uint8], gb: NDArray[np.uint8]
+) -> NDArray[np.uint8]:
+    """The target's bytes with each derived field (:attr:`~tbq.formats.base.Field.derived`) that is what the target's
+    own codes give replaced by the reference's, so that the rest is classified as usual (q8_1's ``s`` follows a
+    code one step off at a tie); a derived field that is not what its codes give stays, and makes the block wrong."""
+    cols = [np.arange(fl.offset, fl.offset + fl.size) for fl in fmt.info.layout if fl.derived]
+    if not cols:
+        return gb
+    trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx)
+    own = fmt.derived(gb[idx], trace)
+    if own is None:
+        return gb
+    c = np.concatenate(cols)
+    consistent = (np.asarray(own)[:, c] == gb[idx][:, c]).all(axis=1)
+    out = gb.copy()
+    rows = idx[consistent]
+    out[np.ix_(rows, c)] = rb[np.ix_(rows, c)]
+    return out
 
 
 def tie_blocks(fmt: Format, trace: Trace, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:

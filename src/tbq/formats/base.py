@@ -88,6 +88,10 @@ class Field:
     #: (inclusive, little-endian integers of the field's bytes). Empty: the fp16 scale patterns of
     #: :data:`tbq.testing.strategies.SPECIAL_SCALES` at bytes 0-1.
     specials: tuple[tuple[str, int, int], ...] = field(default=(), compare=False)
+    #: True for a field that is a function of the block's codes (q8_1's ``s``, q8_K's ``bsums``): the checker
+    #: requires a target's to be what its own codes give (:meth:`Format.derived`) and then lets it follow them,
+    #: so a code one step off at a tie moves the sum without making the block wrong.
+    derived: bool = field(default=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -444,6 +448,12 @@ class Format:
         (blocks, block_size) and the float64 scale per block (blocks,) such that each value is exactly
         ``codes * scale``, so that a block's dot product has an exact integer part. ``None`` for formats
         without that form."""
+        return None
+
+    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8] | None:
+        """``data`` (blocks, type_size) with its :attr:`Field.derived` fields recomputed from its own codes (and the
+        reference ``trace`` of the same blocks, for a float the bytes do not hold, such as q8_1's float32 ``d``);
+        ``None`` for a format without derived fields. Where C leaves a derived field unwritten, keep it."""
         return None
 
     def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64] | None:

@@ -80,7 +80,7 @@ class Q8_1(Q8_0):
         code=19,
         layout=(
             Field("d", 0, 2, "f16", "scale amax/127"),
-            Field("s", 2, 2, "f16", "fp16(sum(qs) * d), the float32 d"),
+            Field("s", 2, 2, "f16", "fp16(sum(qs) * d), the float32 d", derived=True),
             Field("qs", 4, 32, "int8", "codes roundf(x/d)"),
         ),
         cache_type=False,
@@ -136,6 +136,14 @@ class Q8_1(Q8_0):
             scale=val,
         )
 
+    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
+        # s = fp16(sum(qs) * d) with the float32 d of the trace (the block holds only fp16(d))
+        out = np.array(data, np.uint8, copy=True)
+        total = out[:, 4:].view(np.int8).astype(np.int32).sum(axis=1)
+        with np.errstate(over="ignore"):
+            put_f16_at(out, 2, total.astype(F32) * np.asarray(trace["d"], F32).reshape(-1))
+        return out
+
     def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
         # s does not enter the decoded values but every q4_1/q5_1 dot product (m * s): equal as numbers too
         same = super().equivalent_blocks(ref, got)
@@ -179,7 +187,7 @@ class Q8_K(Format):
         layout=(
             Field("d", 0, 4, "f32", "scale 1/iscale = max/-127 (float32)", specials=SPECIAL_F32),
             Field("qs", 4, 256, "int8", "codes min(127, rint(x * iscale)), iscale = -127/max"),
-            Field("bsums", 260, 32, "int16", "bsums[g] = sum of codes 16g .. 16g+15"),
+            Field("bsums", 260, 32, "int16", "bsums[g] = sum of codes 16g .. 16g+15", derived=True),
         ),
         cache_type=False,
     )
@@ -239,6 +247,15 @@ class Q8_K(Format):
             "assert (|iscale * x| <= 4194303) fails (a debug build aborts) and the codes are the magic-number "
             "trick applied to +-Inf and NaN (a release build writes 0)"
         )
+
+    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
+        # bsums from the block's own codes; an all-zero block's are unwritten by C (kept as they are)
+        out = np.array(data, np.uint8, copy=True)
+        n = out.shape[0]
+        sums = out[:, 4:260].view(np.int8).astype(np.int32).reshape(n, 16, 16).sum(axis=2)
+        unwritten = (self._d(out) == 0) & ~out[:, 4:260].any(axis=1)
+        out[~unwritten, 260:] = sums[~unwritten].astype("<i2").view(np.uint8).reshape(-1, 32)
+        return out
 
     def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
         # bsums do not enter the decoded values but every K-quant dot product (times d): they must be equal,

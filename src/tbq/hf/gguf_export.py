@@ -307,6 +307,12 @@ def run_llama_perplexity(
     ]
     for attempt in range(1, retries + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode < 0:  # a crash is not the flaky run the retries are for
+            raise RuntimeError(
+                f"llama-perplexity died of signal {-proc.returncode}"
+                + (" (SIGILL: the build uses instructions this CPU lacks)" if -proc.returncode == 4 else "")
+                + f": {' '.join(cmd)}"
+            )
         m = _FINAL.search(proc.stdout + proc.stderr)
         if m:
             return {
