@@ -139,7 +139,8 @@ class FormatInfo:
     #: ``True`` for a KV cache type (llama.cpp's ``--cache-type-k``, the fork's, vLLM's ``kv_cache_dtype``);
     #: ``False`` for a dot-product operand format that only activations are quantized to (ggml's q8_1 and
     #: q8_K, the right operand of ``ggml_vec_dot_*``): it is left out of the default lists of
-    #: ``tbq compare``, ``tbq eval`` and the study, and no cache can be stored in it.
+    #: ``tbq compare``, ``tbq eval``, the study and the budget, and ``tbq.hf`` refuses it as a cache type (as
+    #: llama.cpp does); named explicitly, the library functions still take it (an attention over q8_k keys).
     cache_type: bool = True
 
     def tiles(self, n_kv_heads: int, head_dim: int) -> bool:
