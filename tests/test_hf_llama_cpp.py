@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tbq.hf.gguf_export import run_llama_perplexity
+from tbq.hf.gguf_export import LlamaCppCrashed, run_llama_perplexity
 
 LLAMA_CPP = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp"
 PERPLEXITY = LLAMA_CPP / "bin" / "llama-perplexity"
@@ -45,8 +45,8 @@ def test_tbq_eval_agrees_with_llama_perplexity(shipped):
         ours = res.row(f"{cache}:{cache}").ppl
         try:
             theirs = run_llama_perplexity(LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
-        except RuntimeError as exc:
-            if "died of signal 4" in str(exc):  # built for AVX-512 CPUs; CI's runs it
-                pytest.skip(str(exc).split(":")[0] + " (SIGILL: built for AVX-512 CPUs)")
-            raise
+        except LlamaCppCrashed as exc:
+            if exc.signal != 4:
+                raise
+            pytest.skip(f"{exc.program} cannot run on this CPU (SIGILL: built for AVX-512 CPUs)")
         assert abs(ours / theirs - 1) <= 1e-3, (cache, ours, theirs)

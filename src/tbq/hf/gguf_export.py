@@ -255,6 +255,15 @@ def register_f16_kv_attention() -> str:
 _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
 
+class LlamaCppCrashed(RuntimeError):
+    """A llama.cpp program died of a signal (SIGILL: a build for instructions this CPU lacks, such as AVX-512)."""
+
+    def __init__(self, program: str, signal: int, cmd: list[str]) -> None:
+        why = " (SIGILL: the build uses instructions this CPU lacks)" if signal == 4 else ""
+        super().__init__(f"{program} died of signal {signal}{why}: {' '.join(cmd)}")
+        self.program, self.signal = program, signal
+
+
 def run_llama_perplexity(
     llama_dir: Path | str,
     gguf_path: Path | str,
@@ -308,11 +317,7 @@ def run_llama_perplexity(
     for attempt in range(1, retries + 1):
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode < 0:  # a crash is not the flaky run the retries are for
-            raise RuntimeError(
-                f"llama-perplexity died of signal {-proc.returncode}"
-                + (" (SIGILL: the build uses instructions this CPU lacks)" if -proc.returncode == 4 else "")
-                + f": {' '.join(cmd)}"
-            )
+            raise LlamaCppCrashed("llama-perplexity", -proc.returncode, cmd)
         m = _FINAL.search(proc.stdout + proc.stderr)
         if m:
             return {
@@ -353,7 +358,11 @@ def run_dump_logits(
         str(fa),
         str(threads),
     ]
-    subprocess.run(cmd, check=True, capture_output=True)
+    proc = subprocess.run(cmd, capture_output=True)
+    if proc.returncode < 0:
+        raise LlamaCppCrashed("dump_logits", -proc.returncode, cmd)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
     raw = Path(out_bin).read_bytes()
     n_ctx_, n_vocab, n_chunks_ = np.frombuffer(raw, dtype=np.int32, count=3)
     tokens = np.frombuffer(raw, dtype=np.int32, count=n_chunks_ * n_ctx_, offset=12).reshape(n_chunks_, n_ctx_)
