@@ -95,8 +95,9 @@ data = {
     "heavy tails": synthetic.heavy_tailed_values(TOKENS, HEADS, seed=2),
 }
 
-# Real byte formats (drawn as single points) and comparison families (drawn as lines).
-POINTS = list(tbq.formats())
+# Real byte formats (drawn as single points; the KV cache types, not ggml's dot-product operand formats)
+# and comparison families (drawn as lines).
+POINTS = list(tbq.formats.cache_formats())
 FAMILIES = {
     "rotated Lloyd-Max (TBQ at any b)": [f"rlm{b}" for b in range(1, 9)],
     "Lloyd-Max, no rotation": [f"lm{b}" for b in (2, 3, 4, 5)],
@@ -253,7 +254,7 @@ GROUPS = {
     "fp8_e4m3": "8-bit float, per-tensor scale",
     "fp8_e5m2": "8-bit float, per-tensor scale",
 }
-assert set(GROUPS) == set(tbq.formats())
+assert set(GROUPS) == set(tbq.formats.cache_formats())
 fmt_rows = [r for r in results if r["family"] is None]
 for r in fmt_rows:
     r["topk_missed"] = 1 - r["topk_agreement"]
@@ -313,7 +314,7 @@ for ds in data:
 LO, HI = 4.0, 5.0
 window = [r for r in fmt_rows if LO <= r["bits_per_value"] <= HI]
 WINDOW = list(dict.fromkeys(r["name"] for r in window))
-ROTATED = {f for f in tbq.formats() if tbq.format_info(f).rotated}
+ROTATED = {f for f in tbq.formats.cache_formats() if tbq.format_info(f).rotated}
 best = {}
 for ds in data:
     rows = [r for r in window if r["dataset"] == ds]

@@ -68,7 +68,7 @@ print(
 # (`@plain`, vLLM has no rotation), in both columns.
 
 # %%
-FORMATS = [f for f in tbq.formats() if f != "f16"]
+FORMATS = [f for f in tbq.formats.cache_formats() if f != "f16"]
 
 
 def label(k, v):
