@@ -33,6 +33,9 @@ def test_a_real_sigint_exits_130_without_a_traceback():
         import os, signal, sys, time
         import tbq.cli, tbq.cli.budget as command
 
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job inherits SIGINT ignored:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own handler, as in a terminal
+
         def run_cli(args):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(30)  # the signal interrupts this
