@@ -32,6 +32,9 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, default=100_000)
     ap.add_argument("--formats", default="q8_0,q4_0,q5_0,iq4_nl,tbq4_0")
     args = ap.parse_args()
+    unknown = [f for f in args.formats.split(",") if f not in SOURCES]
+    if unknown:
+        ap.error(f"--formats: no C kernel here for {', '.join(unknown)}; choose from {', '.join(SOURCES)}")
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         print("no C compiler on PATH", file=sys.stderr)
