@@ -63,6 +63,19 @@ SPECIAL_F32 = (
 )
 
 
+def _q8_1_sum(qs: NDArray[np.uint8], d: NDArray[np.float32]) -> NDArray[np.float32]:
+    """Q8_1's ``s`` before its fp16 rounding: ``float32(sum(codes)) * d`` for codes (blocks, 32) stored as uint8."""
+    total = qs.view(np.int8).astype(np.int32).sum(axis=1)  # an integer sum: exact in any order
+    with np.errstate(over="ignore"):  # d near FLT_MAX / 127: the product is +-inf in C too (then fp16 inf)
+        return total.astype(F32) * d  # C: sum * d, the int converted to float (exact), one float32 product
+
+
+def _bsums(qs: NDArray[np.uint8]) -> NDArray[np.uint8]:
+    """Q8_K's ``bsums`` bytes (blocks, 32): the int16 sums of each 16 codes of codes (blocks, 256) stored as uint8."""
+    sums = qs.view(np.int8).astype(np.int32).reshape(qs.shape[0], 16, 16).sum(axis=2)  # integer sums: exact
+    return sums.astype("<i2").view(np.uint8).reshape(qs.shape[0], 32)
+
+
 def _same_number(a: NDArray[np.float32], b: NDArray[np.float32]) -> NDArray[np.bool_]:
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
@@ -91,9 +104,7 @@ class Q8_1(Q8_0):
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, v, q = q8_codes(x)
-        total = q.astype(np.int32).sum(axis=1)  # an integer sum: exact in any order
-        with np.errstate(over="ignore"):  # d near FLT_MAX / 127: the product is +-inf in C too (then fp16 inf)
-            s = total.astype(F32) * d  # C: sum * d, the int converted to float (exact), one float32 product
+        s = _q8_1_sum(q.view(np.uint8), d)
         out = np.empty((x.shape[0], 36), np.uint8)
         put_f16_scale(out, d)
         put_f16_at(out, 2, s)
@@ -139,9 +150,7 @@ class Q8_1(Q8_0):
     def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
         # s = fp16(sum(qs) * d) with the float32 d of the trace (the block holds only fp16(d))
         out = np.array(data, np.uint8, copy=True)
-        total = out[:, 4:].view(np.int8).astype(np.int32).sum(axis=1)
-        with np.errstate(over="ignore"):
-            put_f16_at(out, 2, total.astype(F32) * np.asarray(trace["d"], F32).reshape(-1))
+        put_f16_at(out, 2, _q8_1_sum(out[:, 4:], np.asarray(trace["d"], F32).reshape(-1)))
         return out
 
     def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
@@ -199,11 +208,10 @@ class Q8_K(Format):
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
         q, trace = q8_k_codes(x)
-        bsums = q.view(np.int8).astype(np.int32).reshape(n, 16, 16).sum(axis=2)  # integer sums: exact
         out = np.empty((n, 292), np.uint8)
         out[:, :4] = trace["d"].astype("<f4").view(np.uint8).reshape(n, 4)
         out[:, 4:260] = q
-        out[:, 260:] = bsums.astype("<i2").view(np.uint8).reshape(n, 32)  # all zero in an all-zero block
+        out[:, 260:] = _bsums(q)  # all zero in an all-zero block
         return out, trace
 
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
@@ -251,10 +259,8 @@ class Q8_K(Format):
     def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
         # bsums from the block's own codes; an all-zero block's are unwritten by C (kept as they are)
         out = np.array(data, np.uint8, copy=True)
-        n = out.shape[0]
-        sums = out[:, 4:260].view(np.int8).astype(np.int32).reshape(n, 16, 16).sum(axis=2)
         unwritten = (self._d(out) == 0) & ~out[:, 4:260].any(axis=1)
-        out[~unwritten, 260:] = sums[~unwritten].astype("<i2").view(np.uint8).reshape(-1, 32)
+        out[~unwritten, 260:] = _bsums(np.ascontiguousarray(out[~unwritten, 4:260]))
         return out
 
     def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:

@@ -21,6 +21,7 @@ from ..kernels import (
     roundf,
     store_f16,
 )
+from .q4_1_kernels import store_f16_at
 from .q8_0_kernels import decode as q8_0_decode
 
 F32 = np.float32
@@ -65,8 +66,7 @@ def encode_q8_1(x, out, raise_overflow):
             return b, STATUS_SCALE_OVERFLOW
         orow = out[b]
         store_f16(out, b, h)
-        orow[2] = np.uint8(hs & 0xFF)
-        orow[3] = np.uint8(hs >> 8)
+        store_f16_at(out, b, 2, hs)
         for j in range(bs):
             orow[4 + j] = q[j]
     return -1, STATUS_OK
