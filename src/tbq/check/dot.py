@@ -91,13 +91,12 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
             f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
             f"exact integer form; the pairs it checks: {pairs}"
         )
-    _dot_parts(right, np.zeros((1, right.type_size), np.uint8))  # refused here, before any work, if it has none
-    integer = left.dot_parts(np.zeros((1, left.type_size), np.uint8)) is not None
-    if integer and left.block_size != right.block_size:
+    zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
+    _dot_parts(right, zr)  # refused here, before any work, if it has none
+    if left.dot_parts(zl) is not None and left.block_size != right.block_size:
         raise TbqValueError(
             f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair"
         )
-    zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
     if left.dot_offset(zl) is not None and right.dot_offset(zr) is None:
         raise TbqValueError(
             f"{left.name} blocks have a minimum (values codes * d + m): ggml pairs them only with a right operand "
@@ -577,12 +576,11 @@ def _fuzz(
     the kernel; the first failure stops the search and hypothesis shrinks it. Returns the counts and the shrunk call
     ``(phase, x, y, units, class)`` or ``None``."""
     import hypothesis
-    from hypothesis import HealthCheck, Phase, Verbosity
     from hypothesis import strategies as st
     from hypothesis.errors import NoSuchExample
 
     from ..testing import strategies as tst
-    from .runner import hypothesis_scratch
+    from .runner import find_settings, hypothesis_scratch
 
     L, R = target.left, target.right
     unit = pair_unit(L, R)
@@ -616,17 +614,11 @@ def _fuzz(
             state["found"] = failing
         return failing
 
-    settings = hypothesis.settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        verbosity=Verbosity.quiet,
-        phases=[Phase.generate, Phase.shrink],
-        suppress_health_check=list(HealthCheck),
-    )
     with hypothesis_scratch():
         try:
-            ex = hypothesis.find(strat, condition, settings=settings, random=random.Random(seed * 7919 + 1))
+            ex = hypothesis.find(
+                strat, condition, settings=find_settings(examples), random=random.Random(seed * 7919 + 1)
+            )
         except NoSuchExample:
             return counts, None
     x, y, nu, cls = call(ex)

@@ -92,6 +92,7 @@ __all__ = [
     "golden_rows",
     "random_blocks",
     "require_hypothesis",
+    "find_settings",
     "FuzzUnavailable",
 ]
 
@@ -253,6 +254,22 @@ def hypothesis_scratch() -> Iterator[None]:
             yield
         finally:
             configuration.set_hypothesis_home_dir(None)
+
+
+def find_settings(max_examples: int) -> Any:
+    """The settings of a fuzz phase's ``hypothesis.find``: at least one example, no deadline, no example database,
+    quiet, generate and shrink only, no health checks (a target's speed and its inputs are not the user's tests)."""
+    import hypothesis
+    from hypothesis import HealthCheck, Phase, Verbosity
+
+    return hypothesis.settings(
+        max_examples=max(1, max_examples),
+        deadline=None,
+        database=None,
+        verbosity=Verbosity.quiet,
+        phases=[Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
 
 
 class _ShrinkTimeout(BaseException):
@@ -588,7 +605,6 @@ class _Check:
 
     def _fuzz(self, d: _Direction) -> None:
         import hypothesis
-        from hypothesis import HealthCheck, Phase, Verbosity
         from hypothesis.errors import HypothesisException, NoSuchExample
 
         t0 = time.perf_counter()
@@ -622,17 +638,9 @@ class _Check:
         rounds = 0
         while True:
             n = self.examples if not self.seconds else ROUND_EXAMPLES
-            settings = hypothesis.settings(
-                max_examples=max(1, n),
-                deadline=None,
-                database=None,
-                verbosity=Verbosity.quiet,
-                phases=[Phase.generate, Phase.shrink],
-                suppress_health_check=list(HealthCheck),
-            )
             try:
                 minimal = hypothesis.find(
-                    strat, condition, settings=settings, random=random.Random(self.seed * 7919 + rounds)
+                    strat, condition, settings=find_settings(n), random=random.Random(self.seed * 7919 + rounds)
                 )
                 break
             except NoSuchExample:
