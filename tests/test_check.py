@@ -4,6 +4,7 @@ must each be classified correctly, with the right diagnosis; Python callables an
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -1053,28 +1054,26 @@ def _ggml_cpu(build_name: str) -> Path:
         pytest.skip(
             f"{lib} is absent: the real ggml builds live outside the repo (../shared/ggml), not on users' machines"
         )
-    return lib if _runs_here(str(lib)) else pytest.skip(f"{lib} cannot run on this CPU: {_runs_here.why[str(lib)]}")
+    why = _why_it_cannot_run(str(lib))
+    if why:
+        pytest.skip(f"{lib} cannot run on this CPU: {why}")
+    return lib
 
 
-def _runs_here(lib: str) -> bool:
-    """Whether ``lib`` loads and its ``ggml_cpu_init`` returns here, tried in a child process (once per library).
+@functools.cache
+def _why_it_cannot_run(lib: str) -> str:
+    """``""`` when ``lib`` loads and its ``ggml_cpu_init`` returns here, else why not; tried in a child process.
 
     The builds use the AVX-512 instructions of the machine they were built on: on a CPU without them the first
     call dies of SIGILL, which would end the whole test session, so the child takes it.
     """
-    if lib not in _runs_here.why:
-        code = f"import ctypes; ctypes.CDLL({lib!r}).ggml_cpu_init()"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        if r.returncode == 0:
-            _runs_here.why[lib] = ""
-        elif r.returncode < 0:
-            _runs_here.why[lib] = f"ggml_cpu_init died of signal {-r.returncode} (built for AVX-512 CPUs)"
-        else:
-            _runs_here.why[lib] = f"it does not load ({' '.join(r.stderr.split()[-12:])})"
-    return not _runs_here.why[lib]
-
-
-_runs_here.why = {}  # type: ignore[attr-defined]
+    code = f"import ctypes; ctypes.CDLL({lib!r}).ggml_cpu_init()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if r.returncode == 0:
+        return ""
+    if r.returncode < 0:
+        return f"ggml_cpu_init died of signal {-r.returncode} (built for AVX-512 CPUs)"
+    return f"it does not load ({' '.join(r.stderr.split()[-12:])})"
 
 
 def test_real_ggml_cpu_library_provenance_simd_q8_0_tie_rule_and_dot_products():
