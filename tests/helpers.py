@@ -305,3 +305,18 @@ def check_format(fmt: str, **options) -> None:
     _check_bad_input(fmt, options)
     _check_config(fmt, options)
     _check_trace(fmt, options)
+
+
+def unless_sigill(fn, *args, **kwargs):
+    """``fn(...)``, skipping the test where a llama.cpp build in ../shared cannot run on this CPU (SIGILL: built for
+    AVX-512 CPUs); any other crash is raised."""
+    import pytest
+
+    from tbq.hf.gguf_export import LlamaCppCrashed
+
+    try:
+        return fn(*args, **kwargs)
+    except LlamaCppCrashed as exc:
+        if exc.signal != 4:
+            raise
+        pytest.skip(f"{exc.program} cannot run on this CPU (SIGILL: built for AVX-512 CPUs)")

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import unless_sigill
 
-from tbq.hf.gguf_export import LlamaCppCrashed, run_llama_perplexity
+from tbq.hf.gguf_export import run_llama_perplexity
 
 LLAMA_CPP = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp"
 PERPLEXITY = LLAMA_CPP / "bin" / "llama-perplexity"
@@ -43,10 +44,5 @@ def test_tbq_eval_agrees_with_llama_perplexity(shipped):
     res = evaluate(model, tokens, ["q8_0", "q4_0"], context=CONTEXT, chunks=CHUNKS)
     for cache in ("f16", "q8_0", "q4_0"):
         ours = res.row(f"{cache}:{cache}").ppl
-        try:
-            theirs = run_llama_perplexity(LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
-        except LlamaCppCrashed as exc:
-            if exc.signal != 4:
-                raise
-            pytest.skip(f"{exc.program} cannot run on this CPU (SIGILL: built for AVX-512 CPUs)")
+        theirs = unless_sigill(run_llama_perplexity, LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
         assert abs(ours / theirs - 1) <= 1e-3, (cache, ours, theirs)

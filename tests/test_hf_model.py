@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, TokenType
+from helpers import unless_sigill
 
 from tbq.hf import gguf_export, shipped, train
 from tbq.hf.loader import load
@@ -292,19 +293,9 @@ def test_training_is_deterministic(tmp_path):
 # ------------------------------------------------------------------------------------------ llama.cpp
 
 
-def _unless_sigill(fn, *args, **kwargs):
-    """``fn(...)``, skipping the test where the llama.cpp build cannot run on this CPU (SIGILL: built for AVX-512)."""
-    try:
-        return fn(*args, **kwargs)
-    except gguf_export.LlamaCppCrashed as exc:
-        if exc.signal != 4:
-            raise
-        pytest.skip(f"{exc.program} cannot run on this CPU (SIGILL: built for AVX-512 CPUs)")
-
-
 @pytest.fixture(scope="module")
 def llama_cpp(tmp_path_factory):
-    return _unless_sigill(
+    return unless_sigill(
         gguf_export.compare_with_llama_cpp,
         shipped.MODEL_DIR,
         LLAMA_CPP,
@@ -338,7 +329,7 @@ def test_llama_cpp_tokenizes_awkward_text_like_the_hf_tokenizer(tokenizer, tmp_p
     n_ctx = 64
     n_chunks = len(ids) // n_ctx
     assert n_chunks >= 4
-    tokens, _ = _unless_sigill(
+    tokens, _ = unless_sigill(
         gguf_export.run_dump_logits, LLAMA_CPP, shipped.gguf_path(), path, tmp_path / "out.bin", n_ctx, n_chunks
     )
     expected = np.array(ids[: n_chunks * n_ctx]).reshape(n_chunks, n_ctx)
