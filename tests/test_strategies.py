@@ -636,3 +636,51 @@ def test_a_skipped_threshold_search_is_one_that_cannot_succeed(monkeypatch):
     found = [_rotated._search_threshold_block(np.random.default_rng(s), ctx, [5], [taken]) for s in range(4)]
     hits = [x for x in found if x is not None]
     assert hits and all(ctx.rotated_coords(x[None, :])[0, 5] == taken for x in hits)
+
+
+# ---------------------------------------------------------------------------
+# The block's numbers (strategies/_rng.py): ranges kept, ends favoured, positions distinct
+# ---------------------------------------------------------------------------
+
+
+def test_rng_helpers_keep_their_ranges_and_return_the_ends_often():
+    from tbq.testing.strategies import _rng
+
+    rng = np.random.default_rng(0)
+    ints = [_rng.integer(rng, -30, 20) for _ in range(4000)]
+    assert min(ints) == -30 and max(ints) == 20 and set(ints) == set(range(-30, 21))
+    for end in (-30, 20):  # 1/8 each, plus the uniform part's 1/51 of the other 3/4
+        frac = ints.count(end) / len(ints)
+        assert abs(frac - (1 / 8 + 0.75 / 51)) < 0.02, (end, frac)
+    reals = [_rng.real(rng, -24.0, -14.01) for _ in range(4000)]
+    assert all(-24.0 <= r <= -14.01 for r in reals)
+    assert reals.count(-24.0) > 300 and reals.count(-14.01) > 300  # the exact ends: 2**-24 is the smallest fp16 subnormal
+    for n in (1, 2, 4, 128):
+        pos = _rng.distinct(rng, n, 0, 127)
+        assert len(set(pos)) == n and all(0 <= p <= 127 for p in pos)
+    assert sorted(_rng.distinct(rng, 3, 5, 7)) == [5, 6, 7]
+    assert {_rng.pick(rng, "abc") for _ in range(100)} == set("abc")
+    signs = [_rng.sign(rng) for _ in range(1000)]
+    assert {float(s) for s in signs} == {1.0, -1.0} and all(s.dtype == np.float32 for s in signs)
+
+
+@settings(max_examples=30)
+@given(data=st.data(), seed=st.integers(0, 2**32 - 1))
+def test_float_blocks_block_i_comes_from_the_generator_seeded_by_seed_and_i(data, seed):
+    """Block i's numbers come from ``default_rng((seed, i))``, whatever the other blocks drew: a shrink of one
+    block's family leaves the others as they were. (Families that make no hypothesis choice of their own, and
+    blocks that fit q8_0 as drawn.)"""
+    from tbq.testing.strategies import _blocks
+    from tbq.testing.strategies._machinery import _resolve_fmt
+
+    ctx = _resolve_fmt("t", "q8_0", None, None)
+    fams = ["outliers", "constant"]
+    saved, _blocks._SEEDS = _blocks._SEEDS, st.just(seed)  # the seed the strategy draws, fixed
+    try:
+        x = data.draw(tst.float_blocks("q8_0", families=fams, min_blocks=3, max_blocks=3, leading_shape=()))
+    finally:
+        _blocks._SEEDS = saved
+    for i, got in enumerate(x.reshape(3, 32)):
+        candidates = [_blocks._FAMILY_FUNCS[f](None, np.random.default_rng((seed, i)), ctx) for f in fams]
+        assert any(np.array_equal(got, c) for c in candidates), i
+

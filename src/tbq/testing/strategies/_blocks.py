@@ -23,6 +23,8 @@ from numpy.typing import NDArray
 import tbq
 from tbq.formats.base import FIELD_KINDS, FORMAT_CLASSES
 
+from . import _rng
+from ._fit import _fit_blocks
 from ._fp4 import _fam_binade_tops, _fam_ue4m3
 from ._fp8 import _fam_fp8_grid
 from ._generic import (
@@ -48,7 +50,6 @@ from ._machinery import (
     _check_int,
     _event,
     _fail,
-    _fit,
     _Fmt,
     _memo_strategy,
     _resolve_fmt,
@@ -79,24 +80,29 @@ _FAMILY_FUNCS: dict[str, Callable[[st.DrawFn, np.random.Generator, _Fmt], NDArra
 }
 
 
-@st.composite
-def _one_block(draw: st.DrawFn, ctx: _Fmt, families: tuple[str, ...]) -> NDArray[np.float32]:
+def _one_block(
+    draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt, families: tuple[str, ...]
+) -> tuple[NDArray[np.float32], bool]:
+    """One block, and whether it is to be fitted: hypothesis chooses its family (and the family its mode); its
+    numbers come from ``rng``."""
     fam = draw(_sampled(families))
     _event(f"family: {fam}")
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
     blk = np.ascontiguousarray(_FAMILY_FUNCS[fam](draw, rng, ctx), dtype=F32)
-    if fam not in _UNFIT:
-        if not np.isfinite(blk).all():  # e.g. a Cauchy draw scaled up: clip into float32
-            blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(F32)
-        blk = _fit(ctx, blk)
-    return blk
+    if fam in _UNFIT:
+        return blk, False
+    if not np.isfinite(blk).all():  # e.g. a Cauchy draw scaled up: clip into float32
+        blk = np.nan_to_num(blk, nan=0.0, posinf=1e30, neginf=-1e30).astype(F32)
+    return blk, True
+
+
+#: The seed of an example's blocks (built once).
+_SEEDS = st.integers(0, 2**32 - 1)
 
 
 @functools.lru_cache(maxsize=256)
-def _block_strategy(ctx: _Fmt, families: tuple[str, ...]) -> st.SearchStrategy[NDArray[np.float32]]:
-    """``_one_block(ctx, families)``, built once per format context and family tuple (drawn several times per example)."""
-    return _one_block(ctx, families)
+def _block_counts(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """``st.integers(lo, hi)``, built once per range."""
+    return st.integers(lo, hi)
 
 
 @st.composite
@@ -110,15 +116,19 @@ def _float_blocks(
     elements: st.SearchStrategy[float] | None,
 ) -> NDArray[np.float32]:
     lead = tuple(draw(leading))
-    nb = draw(st.integers(min_blocks, max_blocks))
+    nb = draw(_block_counts(min_blocks, max_blocks))
     shape = lead + (nb * ctx.bs,)
     if elements is not None:
         return draw(npst.arrays(np.float32, shape, elements=elements))
     total = int(np.prod(lead, dtype=np.int64)) * nb
     if total == 0:
         return np.zeros(shape, F32)
-    block = _block_strategy(ctx, families)
-    blocks = [draw(block) for _ in range(total)]
+    # One drawn seed per example; block i's numbers come from the generator seeded by (seed, i), so each block is
+    # independent of what the others drew (a shrink that changes one block's family leaves the others as they were).
+    seed = draw(_SEEDS)
+    assert families is not None  # elements is None here
+    drawn = [_one_block(draw, np.random.default_rng((seed, i)), ctx, families) for i in range(total)]
+    blocks = _fit_blocks(ctx, [blk for blk, _ in drawn], [fit for _, fit in drawn])
     return np.concatenate(blocks).reshape(shape)
 
 
@@ -234,9 +244,9 @@ def _arbitrary_bytes(
     special_scales: bool,
 ) -> NDArray[np.uint8]:
     lead = tuple(draw(leading))
-    nb = draw(st.integers(min_blocks, max_blocks))
+    nb = draw(_block_counts(min_blocks, max_blocks))
     nblocks = int(np.prod(lead, dtype=np.int64)) * nb
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    rng = np.random.default_rng(draw(_SEEDS))
     pattern = draw(_sampled(["random", "zeros", "ones", "alternating", "random"]))
     _event(f"bytes: {pattern}")
     if pattern == "random":
@@ -256,12 +266,12 @@ def _arbitrary_bytes(
         off, size = (first.offset, first.size) if own and first is not None else (0, 2)  # own implies first
         names = list(table)
         for b in range(nblocks):
-            if draw(st.integers(0, 3)) == 0:
+            if rng.random() < 0.25:
                 continue  # keep the random scale
-            kind = draw(_sampled(names))
+            kind = draw(_sampled(names))  # a hypothesis choice: a failure shrinks to the kind of scale that fails
             _event(f"scale: {kind}")
             lo, hi = table[kind]
-            bits = draw(st.integers(lo, hi))
+            bits = _rng.integer(rng, lo, hi)
             for k in range(size):
                 data[b, off + k] = (bits >> (8 * k)) & 0xFF
     return data.reshape(lead + (nb * ctx.ts,))

@@ -15,6 +15,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _rng
 from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 
@@ -45,21 +46,21 @@ def _fam_ue4m3(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[
         mode = draw(_sampled(kinds))
         _event(f"ue4m3: {mode}")
         if mode in ("half_up", "near"):
-            ue, mnt = draw(st.integers(1, 14)), draw(st.integers(0, 7))
+            ue, mnt = _rng.integer(rng, 1, 14), _rng.integer(rng, 0, 7)
             s = (1 + (mnt + 0.5) / 8) * 2.0 ** (ue - 7)  # the first dropped mantissa bit is 1, the rest 0
         elif mode == "subnormal":
-            s = draw(
-                _sampled([7.5 * 2**-9, float(_next32(2.0**-6, 0)), 2.0**-10, (draw(st.integers(0, 6)) + 0.5) * 2**-9])
+            s = _rng.pick(
+                rng, [7.5 * 2**-9, float(_next32(2.0**-6, 0)), 2.0**-10, (_rng.integer(rng, 0, 6) + 0.5) * 2**-9]
             )
         elif mode == "saturate":
-            s = draw(_sampled([240.0, 248.0, 250.0, 256.0, 447.0, 448.0, 1000.0]))
+            s = _rng.pick(rng, [240.0, 248.0, 250.0, 256.0, 447.0, 448.0, 1000.0])
         else:
             s = 2.0 ** rng.uniform(-12, 8)
         amax = F32(6 * s)  # s has at most 5 significant bits: 6 * s and amax / 6 are exact
         if mode == "near":
-            amax = _next32(amax, draw(_sampled([np.inf, -np.inf])))
+            amax = _next32(amax, _rng.pick(rng, [np.inf, -np.inf]))
         vals = _fp4_fill(rng, amax, float(amax) / 6 / 1.0, sub)
-        vals[draw(st.integers(0, sub - 1))] = amax * draw(_sampled([F32(1), F32(-1)]))
+        vals[_rng.integer(rng, 0, sub - 1)] = amax * _rng.sign(rng)
         blk[s0 : s0 + sub] = vals
     return blk
 
@@ -67,8 +68,8 @@ def _fam_ue4m3(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[
 def _fam_binade_tops(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[np.float32]:
     """MXFP4: amax among the top floats of its binade, where floor(log2f(amax)) rounds up to the next exponent."""
     bs = ctx.bs
-    b = draw(st.integers(-40, 40))
-    i = draw(_sampled([0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 21, 22, 23, 43, 44, 45]))
+    b = _rng.integer(rng, -40, 40)
+    i = draw(_sampled([0, 1, 2, 3, 4, 5, 6, 10, 11, 12, 21, 22, 23, 43, 44, 45]))  # the mode: ulps below the top
     top = np.float32(2.0 ** (b + 1))
     amax = top
     for _ in range(i + 1):
@@ -76,5 +77,5 @@ def _fam_binade_tops(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> ND
     _event(f"binade_tops: {i + 1} ulps below 2**{b + 1}")
     d = float(ctx.scales(np.full((1, bs), amax, F32))[0])  # the format's own scale for this amax
     blk = _fp4_fill(rng, amax, d, bs)
-    blk[draw(st.integers(0, bs - 1))] = amax * draw(_sampled([F32(1), F32(-1)]))
+    blk[_rng.integer(rng, 0, bs - 1)] = amax * _rng.sign(rng)
     return blk

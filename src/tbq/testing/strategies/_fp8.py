@@ -15,6 +15,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _rng
 from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 
@@ -27,21 +28,20 @@ def _fam_fp8_grid(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArr
     mids = (grid[:-1] + grid[1:]) / 2
     mode = draw(_sampled(["tie", "near_tie", "saturation", "subnormal", "division"]))
     _event(f"fp8_grid: {mode}")
-    sign = draw(_sampled([F32(1), F32(-1)]))
+    sign = _rng.sign(rng)
     if mode == "saturation":
-        v = draw(
-            _sampled(
-                [grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))]
-            )
+        v = _rng.pick(
+            rng,
+            [grid[-1], float(h["limit"]), float(_next32(F32(h["limit"]), 0)), float(_next32(F32(grid[-1]), np.inf))],
         )
     elif mode == "subnormal":
         sub = grid[grid < float(h["min_normal"])]
-        v = float(draw(_sampled(list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2])))
+        v = float(_rng.pick(rng, list(sub[:-1] + np.diff(sub) / 2) + list(sub[1:]) + [sub[1] / 2]))
     else:
-        v = float(mids[draw(st.integers(0, mids.size - 1))])
+        v = float(mids[_rng.integer(rng, 0, mids.size - 1)])
     target = F32(v)
     if mode == "near_tie":
-        target = _next32(target, draw(_sampled([np.inf, -np.inf])))
+        target = _next32(target, _rng.pick(rng, [np.inf, -np.inf]))
     with np.errstate(all="ignore"):
         x = F32(float(target) * float(s))
         best = x

@@ -19,6 +19,7 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _rng
 from ._generic import _fam_gaussian
 from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
@@ -118,33 +119,33 @@ def _search_threshold_block(
     return None
 
 
-def _pair_zero_block(draw: st.DrawFn, ctx: _Fmt, mode: str) -> NDArray[np.float32]:
+def _pair_zero_block(rng: np.random.Generator, ctx: _Fmt, mode: str) -> NDArray[np.float32]:
     bs = ctx.bs
     # x_p = a, x_q = +-a with p, q differing in bit 0: the butterfly's first stage gives exactly 0
     # (or 2a), so half of the rotated coordinates are exact (signed) zeros; a tiny x_k then puts
     # those coordinates at +-(the tiny value), e.g. one ulp (2**-149) from the threshold 0.
-    m = draw(st.integers(0, bs // 2 - 1))
+    m = _rng.integer(rng, 0, bs // 2 - 1)
     p, q = 2 * m, 2 * m + 1
     lo_e = -6 if mode == "exact_zero" else 0
-    a = F32(2.0 ** draw(st.integers(lo_e, 6)) * draw(_sampled([1.0, -1.0, 1.5])))
+    a = F32(2.0 ** _rng.integer(rng, lo_e, 6) * _rng.pick(rng, [1.0, -1.0, 1.5]))
     blk = np.zeros(bs, F32)
     blk[p] = a
-    rel = draw(_sampled([F32(1), F32(-1)]))
+    rel = _rng.sign(rng)
     blk[q] = a * rel
     if mode == "exact_zero":
-        if draw(st.booleans()):
+        if rng.random() < 0.5:
             # more pairs with the same relation after the first sign flip s1 (the butterfly sees s1 * x):
             # then every pair cancels in the same half of the coordinates, which stay exactly 0
             assert ctx.rotation is not None  # a 0 threshold: a TBQ codebook, so a Hadamard rotation
             s1 = ctx.rotation.signs1.astype(F32)
             eff = rel * s1[p] * s1[q]
-            for mm in draw(st.lists(st.integers(0, bs // 2 - 1), max_size=3, unique=True)):
+            for mm in _rng.distinct(rng, _rng.integer(rng, 0, 3), 0, bs // 2 - 1):
                 if mm != m:
-                    sgn = draw(_sampled([F32(1), F32(-1)]))
+                    sgn = _rng.sign(rng)
                     blk[2 * mm] = a * sgn
                     blk[2 * mm + 1] = a * sgn * eff * s1[2 * mm] * s1[2 * mm + 1]
         return blk
-    k = draw(st.integers(0, bs - 1).filter(lambda i: i not in (p, q)))
+    k = _rng.pick(rng, [i for i in range(bs) if i not in (p, q)])
     # The cancelled coordinates become +-fl(fl(x_k / norm) * C): try a batch of tiny x_k
     # (j * 2**-149 * norm, j = 1..64) and keep one that lands exactly on +-2**-149.
     cands = np.repeat(blk[None, :], 64, axis=0)
@@ -152,7 +153,7 @@ def _pair_zero_block(draw: st.DrawFn, ctx: _Fmt, mode: str) -> NDArray[np.float3
     cands[:, k] = (np.arange(1, 65) * 2.0**-149 * norm).astype(F32)
     rr = ctx.rotated_coords(cands)
     one_ulp = np.any(np.abs(rr) == F32(2.0**-149), axis=1)
-    pick = int(np.flatnonzero(one_ulp)[0]) if one_ulp.any() else draw(st.integers(0, 63))
+    pick = int(np.flatnonzero(one_ulp)[0]) if one_ulp.any() else _rng.integer(rng, 0, 63)
     return cands[pick]
 
 
@@ -167,14 +168,14 @@ def _fam_thresholds(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDA
     mode = draw(_sampled(modes))
     _event(f"thresholds: {mode}")
     if mode in ("exact_zero", "next_to_zero"):
-        return _pair_zero_block(draw, ctx, mode)
+        return _pair_zero_block(rng, ctx, mode)
     targets = _threshold_targets(ctx)
-    n = draw(st.integers(1, 2))
-    J = draw(st.lists(st.integers(0, bs - 1), min_size=n, max_size=n, unique=True))
+    n = _rng.integer(rng, 1, 2)
+    J = _rng.distinct(rng, n, 0, bs - 1)
     V = []
     for _ in range(n):
-        t = F32(draw(_sampled(targets)))
-        nudge = draw(_sampled([0, 0, 1, -1]))
+        t = F32(_rng.pick(rng, targets))
+        nudge = _rng.pick(rng, [0, 0, 1, -1])
         V.append(_next32(t, nudge * np.inf) if nudge else t)
     x = None
     for attempt in range(3 if has_zero else 12):  # without zero modes to fall back on, search longer
@@ -190,7 +191,7 @@ def _fam_thresholds(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDA
     ):  # ~3 % of this family's blocks (most: a target no coordinate takes): exact zeros on the middle threshold
         _event("thresholds: search failed, fell back to exact_zero")
         if has_zero:
-            return _pair_zero_block(draw, ctx, "exact_zero")
+            return _pair_zero_block(rng, ctx, "exact_zero")
         return _fam_gaussian(draw, rng, ctx)  # pragma: no cover - custom codebook without a 0 threshold
-    e = draw(st.integers(-10, 10))  # a power of two leaves the rotated coordinates bit-identical
+    e = _rng.integer(rng, -10, 10)  # a power of two leaves the rotated coordinates bit-identical
     return np.ldexp(x, e).astype(F32)

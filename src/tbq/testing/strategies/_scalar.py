@@ -17,16 +17,17 @@ except ImportError as e:  # pragma: no cover - exercised only without hypothesis
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _rng
 from ._machinery import F32, _event, _Fmt, _gauss, _next32, _sampled
 
 
 def _tie_values(
-    draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt, amax: np.float32, inv: np.float32, count: int
+    rng: np.random.Generator, ctx: _Fmt, amax: np.float32, inv: np.float32, count: int
 ) -> NDArray[np.float32]:
     """``count`` values x with fl(x * inv) exactly a half-integer (or one ulp from it) inside the code range."""
     lo, hi = ctx.hazards["ties"]["codes"]
     ks = rng.integers(lo, hi + 1, count)
-    near = draw(_sampled([0, 0, 1, -1]))  # 0: exact tie; +-1: one ulp above / below the tie
+    near = _rng.pick(rng, [0, 0, 1, -1])  # 0: exact tie; +-1: one ulp above / below the tie
     out = np.empty(count, F32)
     for i, k in enumerate(ks):
         v = F32(k + 0.5)
@@ -55,20 +56,20 @@ def _fam_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[n
     f16_d = any(f.name == "d" and f.kind == "f16" for f in ctx.info.layout)
     mode = draw(_sampled(["pow2", "general", "fp16_tie", "sign_tie"] if f16_d else ["pow2", "general", "sign_tie"]))
     _event(f"ties: {mode}")
-    sign = draw(_sampled([F32(1), F32(-1)]))
-    pos = draw(st.integers(0, bs - 1))
+    sign = _rng.sign(rng)
+    pos = _rng.integer(rng, 0, bs - 1)
     if mode == "sign_tie":  # +a and -a share the largest magnitude; Q4_0 takes the first
-        blk = _gauss(rng, bs, 2.0 ** draw(st.integers(-6, 4)))
+        blk = _gauss(rng, bs, 2.0 ** _rng.integer(rng, -6, 4))
         a = F32(1.5) * np.max(np.abs(blk))
-        p, q = sorted(draw(st.lists(st.integers(0, bs - 1), min_size=2, max_size=2, unique=True)))
+        p, q = sorted(_rng.distinct(rng, 2, 0, bs - 1))
         blk[p], blk[q] = sign * a, -sign * a
         return blk
     if mode == "pow2":
-        amax = F32(K * 2.0 ** draw(st.integers(-20, 12)))
+        amax = F32(K * 2.0 ** _rng.integer(rng, -20, 12))
     elif mode == "general":
         amax = F32(2.0 ** rng.uniform(-10, 10))
     else:  # the scale lies exactly halfway between two adjacent normal fp16 numbers
-        h = draw(st.integers(0x0400, 0x7BFE))
+        h = _rng.integer(rng, 0x0400, 0x7BFE)
         lo_ = float(np.array(h, np.uint16).view(np.float16))
         hi_ = float(np.array(h + 1, np.uint16).view(np.float16))
         amax = F32(K * (lo_ + hi_) / 2)
@@ -83,8 +84,8 @@ def _fam_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArray[n
     if mode == "fp16_tie":
         blk[others] = (rng.uniform(-0.9, 0.9, bs - 1) * amax).astype(F32)
         return blk
-    vals = _tie_values(draw, rng, ctx, amax, inv, bs - 1)
-    frac = draw(_sampled([1.0, 0.5]))
+    vals = _tie_values(rng, ctx, amax, inv, bs - 1)
+    frac = _rng.pick(rng, [1.0, 0.5])
     rand = (rng.uniform(-0.95, 0.95, bs - 1) * amax).astype(F32)
     blk[others] = np.where(rng.random(bs - 1) < frac, vals, rand)
     return blk
@@ -96,14 +97,14 @@ def _fam_min_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArr
     bs = ctx.bs
     mode = draw(_sampled(["pow2", "near", "min_fp16_tie", "random_rest"]))
     _event(f"min_ties: {mode}")
-    d = 2.0 ** draw(st.integers(-14, 6))
+    d = 2.0 ** _rng.integer(rng, -14, 6)
     if mode == "min_fp16_tie":  # min exactly halfway between two fp16 numbers
-        h = draw(st.integers(0x0400, 0x7000))
+        h = _rng.integer(rng, 0x0400, 0x7000)
         lo_, hi_ = (float(np.array(v, np.uint16).view(np.float16)) for v in (h, h + 1))
         mn = -F32((lo_ + hi_) / 2)
         d = 2.0 ** math.floor(math.log2(abs(float(mn)) / 4096)) if mn else d  # keep x - min exact
     else:
-        mn = F32(draw(st.integers(-64, 64)) * d)
+        mn = F32(_rng.integer(rng, -64, 64) * d)
     blk = np.empty(bs, F32)
     k = rng.integers(0, levels, bs)
     blk[:] = float(mn) + (k + 0.5) * d
@@ -112,7 +113,7 @@ def _fam_min_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDArr
     if mode == "random_rest":
         rest = rng.random(bs) < 0.5
         blk[rest] = (float(mn) + rng.uniform(0, levels, rest.sum()) * d).astype(F32)
-    p, q = draw(st.lists(st.integers(0, bs - 1), min_size=2, max_size=2, unique=True))
+    p, q = _rng.distinct(rng, 2, 0, bs - 1)
     blk[p] = mn  # pin min and max: d = (max - min) / levels exactly
     blk[q] = F32(float(mn) + levels * d)
     return blk.astype(F32)
@@ -127,19 +128,19 @@ def _fam_grid_ties(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDAr
     _event(f"grid_ties: {mode}")
     if mode == "tiny":  # max |x| at, just below or just above the 1e-15 tiny-block threshold
         lim = F32(1e-15)
-        amax = draw(_sampled([lim, _next32(lim, 0), _next32(lim, np.inf), F32(0), F32(1e-20)]))
+        amax = _rng.pick(rng, [lim, _next32(lim, 0), _next32(lim, np.inf), F32(0), F32(1e-20)])
         blk = (rng.uniform(-1, 1, bs) * float(amax)).astype(F32)
-        blk[draw(st.integers(0, bs - 1))] = amax
+        blk[_rng.integer(rng, 0, bs - 1)] = amax
         return blk
     mids = (table[1:] + table[:-1]) / 2
-    sign = draw(_sampled([F32(1), F32(-1)]))
-    e = draw(st.integers(-20, 6))
+    sign = _rng.sign(rng)
+    e = _rng.integer(rng, -20, 6)
     amax = F32(abs(float(divisor)) * 2.0**e) if mode != "general" else F32(2.0 ** rng.uniform(-10, 6))
     m = sign * amax
     d0 = F32(m / divisor)
     inv = F32(F32(1) / d0)
     blk = (rng.uniform(-0.9, 0.9, bs) * float(amax)).astype(F32)
-    pos = draw(st.integers(0, bs - 1))
+    pos = _rng.integer(rng, 0, bs - 1)
     for j in rng.choice(bs, bs // 2, replace=False):
         if j == pos:
             continue
