@@ -81,11 +81,11 @@ _FAMILY_FUNCS: dict[str, Callable[[st.DrawFn, np.random.Generator, _Fmt], NDArra
 
 
 def _one_block(
-    draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt, families: tuple[str, ...]
+    draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt, families: st.SearchStrategy[str]
 ) -> tuple[NDArray[np.float32], bool]:
-    """One block, and whether it is to be fitted: hypothesis chooses its family (and the family its mode); its
-    numbers come from ``rng``."""
-    fam = draw(_sampled(families))
+    """One block, and whether it is to be fitted: hypothesis chooses its family (``families``, and the family its
+    mode); its numbers come from ``rng``."""
+    fam = draw(families)
     _event(f"family: {fam}")
     blk = np.ascontiguousarray(_FAMILY_FUNCS[fam](draw, rng, ctx), dtype=F32)
     if fam in _UNFIT:
@@ -127,7 +127,8 @@ def _float_blocks(
     # independent of what the others drew (a shrink that changes one block's family leaves the others as they were).
     seed = draw(_SEEDS)
     assert families is not None  # elements is None here
-    drawn = [_one_block(draw, np.random.default_rng((seed, i)), ctx, families) for i in range(total)]
+    fams = _sampled(families)
+    drawn = [_one_block(draw, np.random.default_rng((seed, i)), ctx, fams) for i in range(total)]
     blocks = _fit_blocks(ctx, [blk for blk, _ in drawn], [fit for _, fit in drawn])
     return np.concatenate(blocks).reshape(shape)
 

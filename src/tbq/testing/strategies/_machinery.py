@@ -341,9 +341,10 @@ def _resolve_fmt(func: str, fmt: object, codebook: object, signs: object, option
     return _fmt_cached(name, cb_key, sign_key)
 
 
-#: Default leading shape: () half the time, else 1-2 axes of sides 1-3; one choice (array_shapes makes ~6, 0.6 ms).
-_SHAPES = [(a,) for a in range(1, 4)] + [(a, b) for a in range(1, 4) for b in range(1, 4)]
-_DEFAULT_LEADING = st.sampled_from([()] * len(_SHAPES) + _SHAPES)
+#: Default leading shape: () or 1-2 axes of sides 1-3, about as often as one_of(just(()), array_shapes(...)) gave
+#: each (measured: () 42 %, (1,) 14 %, ...), as one choice (array_shapes makes about six: 0.6 ms an example).
+_DEFAULT_LEADING = st.sampled_from([()] * 17 + [(1,)] * 5 + [(2,), (3,)] * 3 + [(1, 1), (2, 2), (3, 3)] * 2
+                                   + [(1, 2), (1, 3), (2, 1), (2, 3), (3, 1), (3, 2)])  # fmt: skip
 
 
 def _resolve_leading(func: str, leading_shape: object) -> st.SearchStrategy[tuple[int, ...]]:
