@@ -654,7 +654,9 @@ def test_rng_helpers_keep_their_ranges_and_return_the_ends_often():
         assert abs(frac - (1 / 8 + 0.75 / 51)) < 0.02, (end, frac)
     reals = [_rng.real(rng, -24.0, -14.01) for _ in range(4000)]
     assert all(-24.0 <= r <= -14.01 for r in reals)
-    assert reals.count(-24.0) > 300 and reals.count(-14.01) > 300  # the exact ends: 2**-24 is the smallest fp16 subnormal
+    assert (
+        reals.count(-24.0) > 300 and reals.count(-14.01) > 300
+    )  # the exact ends: 2**-24 is the smallest fp16 subnormal
     for n in (1, 2, 4, 128):
         pos = _rng.distinct(rng, n, 0, 127)
         assert len(set(pos)) == n and all(0 <= p <= 127 for p in pos)
@@ -683,4 +685,3 @@ def test_float_blocks_block_i_comes_from_the_generator_seeded_by_seed_and_i(data
     for i, got in enumerate(x.reshape(3, 32)):
         candidates = [_blocks._FAMILY_FUNCS[f](None, np.random.default_rng((seed, i)), ctx) for f in fams]
         assert any(np.array_equal(got, c) for c in candidates), i
-
