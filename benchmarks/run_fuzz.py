@@ -69,9 +69,9 @@ import hypothesis.statistics as _statistics
 
 
 def _sum(iterable, start=0):
-    # hypothesis 6.155 (installed here; 6.170.17 counts them with itertools.chain) builds --hypothesis-show-statistics' event counts with
-    # sum(lists, []): quadratic in the examples, more than ten minutes of CPU after 100,000 examples with events,
-    # after the last example ran. A module global shadows the builtin for that module only.
+    # hypothesis 6.155 (installed here; 6.170.17 uses itertools.chain) builds --hypothesis-show-statistics'
+    # event counts with sum(lists, []): quadratic in the examples, more than ten minutes of CPU after 100,000
+    # examples with events, after the last example ran. A module global shadows the builtin for that module only.
     if isinstance(start, list):
         return list(itertools.chain(start, *iterable))
     return builtins.sum(iterable, start)

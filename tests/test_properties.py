@@ -329,8 +329,8 @@ _SHAPES = [(a,) for a in range(4)] + [(a, b) for a in range(4) for b in range(4)
 small_leading = st.sampled_from([()] * len(_SHAPES) + _SHAPES)
 
 
-# Each property draws its whole case with one data.draw of a composite: a draw at the test's level costs about three
-# times one inside a composite (hypothesis snapshots the global random state around it and formats a note).
+# Each property draws its whole case with one data.draw of a composite: a draw at the test's level costs about twice
+# one inside a composite (hypothesis snapshots the global random state around it and formats a note).
 
 
 @functools.cache  # one strategy object per packer (hypothesis validates a new one on its first draw)

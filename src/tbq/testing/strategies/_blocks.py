@@ -5,7 +5,6 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -99,12 +98,6 @@ def _one_block(
 _SEEDS = st.integers(0, 2**32 - 1)
 
 
-@functools.lru_cache(maxsize=256)
-def _block_counts(lo: int, hi: int) -> st.SearchStrategy[int]:
-    """``st.integers(lo, hi)``, built once per range."""
-    return st.integers(lo, hi)
-
-
 @st.composite
 def _float_blocks(
     draw: st.DrawFn,
@@ -116,7 +109,7 @@ def _float_blocks(
     elements: st.SearchStrategy[float] | None,
 ) -> NDArray[np.float32]:
     lead = tuple(draw(leading))
-    nb = draw(_block_counts(min_blocks, max_blocks))
+    nb = draw(st.integers(min_blocks, max_blocks))
     shape = lead + (nb * ctx.bs,)
     if elements is not None:
         return draw(npst.arrays(np.float32, shape, elements=elements))
@@ -245,7 +238,7 @@ def _arbitrary_bytes(
     special_scales: bool,
 ) -> NDArray[np.uint8]:
     lead = tuple(draw(leading))
-    nb = draw(_block_counts(min_blocks, max_blocks))
+    nb = draw(st.integers(min_blocks, max_blocks))
     nblocks = int(np.prod(lead, dtype=np.int64)) * nb
     rng = np.random.default_rng(draw(_SEEDS))
     pattern = draw(_sampled(["random", "zeros", "ones", "alternating", "random"]))
@@ -265,11 +258,11 @@ def _arbitrary_bytes(
             own = FIELD_KINDS[first.kind].specials or None  # the first field's kind (f16: SPECIAL_SCALES)
         table = own or SPECIAL_SCALES
         off, size = (first.offset, first.size) if own and first is not None else (0, 2)  # own implies first
-        names = list(table)
+        kinds = _sampled(list(table))
         for b in range(nblocks):
             if rng.random() < 0.25:
                 continue  # keep the random scale
-            kind = draw(_sampled(names))  # a hypothesis choice: a failure shrinks to the kind of scale that fails
+            kind = draw(kinds)  # a hypothesis choice: a failure shrinks to the kind of scale that fails
             _event(f"scale: {kind}")
             lo, hi = table[kind]
             bits = _rng.integer(rng, lo, hi)

@@ -31,24 +31,26 @@ _T = TypeVar("_T")
 END_WEIGHT = 1 / 8
 
 
-def integer(rng: np.random.Generator, lo: int, hi: int) -> int:
-    """An integer in ``[lo, hi]`` (both ends included), each end with probability about 1/8."""
+def _end(rng: np.random.Generator, lo: _T, hi: _T) -> _T | None:
+    """``lo`` or ``hi`` with probability :data:`END_WEIGHT` each, else ``None`` (then draw from the range)."""
     u = rng.random()
     if u < END_WEIGHT:
         return lo
     if u < 2 * END_WEIGHT:
         return hi
-    return int(rng.integers(lo, hi + 1))
+    return None
+
+
+def integer(rng: np.random.Generator, lo: int, hi: int) -> int:
+    """An integer in ``[lo, hi]`` (both ends included), each end with probability about 1/8."""
+    end = _end(rng, lo, hi)
+    return int(rng.integers(lo, hi + 1)) if end is None else end
 
 
 def real(rng: np.random.Generator, lo: float, hi: float) -> float:
     """A float in ``[lo, hi]``, each end exactly with probability about 1/8."""
-    u = rng.random()
-    if u < END_WEIGHT:
-        return lo
-    if u < 2 * END_WEIGHT:
-        return hi
-    return float(rng.uniform(lo, hi))
+    end = _end(rng, lo, hi)
+    return float(rng.uniform(lo, hi)) if end is None else end
 
 
 def pick(rng: np.random.Generator, options: Sequence[_T]) -> _T:
