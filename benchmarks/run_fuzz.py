@@ -50,7 +50,9 @@ PLAN = [
     "tests/test_properties.py::test_unpack_then_pack_is_identity[pack3-numba]",
 ]
 
-_STATS = re.compile(r"(\d+) passing examples?, (\d+) failing examples?, (\d+) invalid examples?")
+#: hypothesis's statistics line: "N passing examples, N failing examples, N invalid examples" (6.155) or
+#: "N passing, N failing, and N invalid test cases" (6.170).
+_STATS = re.compile(r"(\d+) passing(?: examples?)?, (\d+) failing(?: examples?)?, (?:and )?(\d+) invalid")
 _PLUGIN = """
 from hypothesis import HealthCheck, settings
 settings.register_profile("runfuzz", max_examples={n}, deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))
