@@ -592,9 +592,9 @@ def test_cli_failure_writes_json_npz_and_a_c_repro_that_fails(build, tmp_path, c
         p["blocks"] for p in data["phases"] if p["direction"] == "quantize"
     )
     assert {d["name"] for d in data["diagnoses"]} >= {"nibble_order", "round_trip"}
-    z = np.load(out / "q4_0-quantize.npz")
-    assert z["input"].dtype == np.float32 and z["expected"].dtype == np.uint8
-    assert not np.array_equal(z["expected"], z["got"])
+    with np.load(out / "q4_0-quantize.npz") as z:  # closed here: an open NpzFile warns when collected later
+        assert z["input"].dtype == np.float32 and z["expected"].dtype == np.uint8
+        assert not np.array_equal(z["expected"], z["got"])
     # the C repro: compiled against the broken kernel it fails, against the correct one it passes
     for kernel, want in ((lib, 1), (build("q4_0.c"), 0)):
         for direction in ("quantize", "dequantize"):
