@@ -662,6 +662,29 @@ def test_numba_bytes_equal_numpy_bytes(fmt, on_overflow, data):
         assert same_float32(codec(fmt, "numba").decode(b), codec(fmt, "numpy").decode(b))
 
 
+@pytest.mark.parametrize("fmt", TBQ_FORMATS)
+@given(data=st.data())
+def test_tbq_kernel_rotate_equals_the_trace(fmt, data):
+    """The numba twin the strategies use (kernel_rotate) gives the NumPy trace's norm, r and d bit for bit,
+    on finite blocks of every default family and overflowing ones, for any codebook and sign vectors."""
+    kw = {}
+    if data.draw(st.booleans(), label="random tables"):
+        kw = dict(
+            codebook=data.draw(tst.codebooks(tbq.format_info(fmt).index_bits)), signs=data.draw(tst.sign_vectors(128))
+        )
+    f = tbq.get_codec(fmt, backend="numpy", **kw).format
+    x = data.draw(tst.float_blocks(fmt, families=families_for(fmt, ("overflow", "huge"))), label="x").reshape(-1, 128)
+    with np.errstate(all="ignore"):
+        _, trace = f.reference_encode(x)
+    for with_scale in (True, False):
+        got = f.kernel_rotate(x, with_scale)
+        for name, a in zip(("norm", "r", "d"), got, strict=True):
+            if name == "d" and not with_scale:
+                assert not a.any()
+                continue
+            assert np.array_equal(a.view(np.uint32), np.asarray(trace[name], np.float32).view(np.uint32)), name
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @given(data=st.data())
 def test_numba_decode_equals_numpy_decode_on_arbitrary_bytes(fmt, data):

@@ -180,6 +180,22 @@ class _TBQ(Format):
             x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES
         )
 
+    def kernel_rotate(
+        self, x: NDArray[np.float32], with_scale: bool = True
+    ) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
+        """``(norm, r, d)`` of finite float32 blocks by the numba kernel: the trace's, bit for bit
+        (``d`` all zero without ``with_scale``).
+
+        For the fuzzing strategies (:mod:`tbq.testing.strategies`), which ask for the rotated coordinates
+        and scales of candidate blocks thousands of times per example; not for NaN or infinite input.
+        """
+        kn, k = self.kernels(), self._k
+        n = x.shape[0]
+        norm, d = np.empty(n, np.float32), np.zeros(n, np.float32)
+        r = np.empty_like(x)
+        kn.rotate_blocks(x, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], norm, r, d, with_scale)
+        return norm, r, d
+
     def attention_tables(self) -> NDArray[np.float32]:
         return np.concatenate([self._k["f16"], self._k["centroids"]]).astype(np.float32)  # tbq_kernels.attention_read
 

@@ -501,6 +501,54 @@ def encode_blocks(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflo
 
 
 @jit
+def rotate_blocks(x, bits, thresholds, centroids_sq, s1, cs2, norm, r, d, with_scale):
+    """Steps 1-4 of :func:`encode_blocks` for finite blocks, without the store: each block's norm, rotated
+    coordinates and float32 scale, the ``norm``, ``r`` and ``d`` of the NumPy trace (``reference_encode``),
+    bit for bit (the same operations in the same order). For the fuzzing strategies, which ask for rotated
+    coordinates and scales thousands of times per example; a NaN or infinite input is not handled here
+    (the NumPy clamp of a NaN norm differs): callers pass finite blocks only. Without ``with_scale``
+    only ``norm`` and ``r`` are written.
+    """
+    nblk = x.shape[0]
+    n = x.shape[1]
+    nt = thresholds.shape[0]
+    for b in range(nblk):
+        row = x[b]
+        v = r[b]
+        norm2 = _0
+        for j in range(n):  # 1. a sequential float32 sum
+            norm2 += row[j] * row[j]
+        nv = np.sqrt(norm2)
+        if bits == 4:  # 2. normalise, signs1, butterfly
+            sc = _1 / nv if nv > _EPS_NORM else _0
+            for j in range(n):
+                v[j] = (row[j] * sc) * s1[j]
+        else:
+            nv = nv if nv > _EPS_NORM else _EPS_NORM
+            for j in range(n):
+                v[j] = (row[j] / nv) * s1[j]
+        _butterfly_1d(v)
+        norm[b] = nv
+        if not with_scale:
+            for j in range(n):  # 3. r
+                v[j] = v[j] * cs2[j]
+            continue
+        recon2 = _0
+        for j in range(n):  # 3. r, its index, and 4. the sequential sum of c[idx]^2
+            rj = v[j] * cs2[j]
+            v[j] = rj
+            k = np.int32(0)
+            for i in range(nt):
+                k += np.int32(rj >= thresholds[i])
+            recon2 += centroids_sq[k]
+        recon = np.sqrt(recon2)
+        if bits == 4:
+            d[b] = nv / recon if recon > _EPS_NORM else nv
+        else:
+            d[b] = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+
+
+@jit
 def decode_blocks(data, out, bits, centroids, s2, cs1, table):
     """:func:`decode` one block at a time (for calls of a few blocks); identical float32 bits."""
     nblk = data.shape[0]

@@ -207,12 +207,30 @@ class _Fmt:
         with np.errstate(all="ignore"):
             return self.format.reference_encode(np.ascontiguousarray(x2, F32), **self.row_kw)[1]
 
+    @functools.cached_property
+    def _kernel_rotate(self) -> Callable[..., tuple[NDArray[np.float32], ...]] | None:
+        """The format's numba twin of its trace's rotation and scale (TBQ), when numba is there."""
+        return getattr(self.format, "kernel_rotate", None) if numba_available() else None
+
+    def _fast(self, x2: NDArray[Any]) -> NDArray[np.float32] | None:
+        """``x2`` as contiguous float32 blocks when the numba twin can take them (finite), else None."""
+        if self._kernel_rotate is None:
+            return None
+        x = np.ascontiguousarray(x2, F32).reshape(-1, self.bs)
+        return x if np.isfinite(x).all() else None
+
     def scales(self, x2: NDArray[Any]) -> NDArray[np.float32]:
         """float32 scale d of each block (one per row), by the reference arithmetic (the format's trace).
 
         Formats without one scale per block (f16, bf16, NVFP4) use the block's
         largest magnitude instead, which is what the families size blocks by.
+        TBQ blocks that are finite take the trace's numba twin (``kernel_rotate``,
+        the same bits, property-tested; about 100x faster for one block).
         """
+        x = self._fast(x2)
+        if x is not None:
+            assert self._kernel_rotate is not None
+            return self._kernel_rotate(x)[2]
         d = self.trace(x2).get("d")
         if d is not None and np.ndim(d) == 1:
             return d
@@ -237,7 +255,15 @@ class _Fmt:
         return self.codec.encode(x)
 
     def rotated_coords(self, x2: NDArray[Any]) -> NDArray[np.float32]:
-        """Normalised, rotated coordinates r = R(u) of each block, by the spec's float32 arithmetic."""
+        """Normalised, rotated coordinates r = R(u) of each block, by the spec's float32 arithmetic.
+
+        Finite TBQ blocks take the numba twin (``kernel_rotate``: the same bits, property-tested, about
+        4x faster for the threshold search's 96 candidates).
+        """
+        x = self._fast(x2)
+        if x is not None:
+            assert self._kernel_rotate is not None
+            return self._kernel_rotate(x, False)[1]
         return self.format.rotate(np.asarray(x2, dtype=F32))[1]  # type: ignore[attr-defined]  # rotated formats only (TBQ, planar/iso)
 
     @functools.cached_property
