@@ -1254,3 +1254,17 @@ def test_long_profiles_freeze_the_survivors_of_full_collections():
         assert gc.get_freeze_count() > before
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("run", ["fuzz_issue21h.json"])
+def test_robustness_md_pastes_the_committed_fuzz_run(run):
+    """docs/robustness.md's table of the fuzz run is what run_fuzz.py --markdown prints for the committed results."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("run_fuzz", root / "benchmarks" / "run_fuzz.py")
+    run_fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_fuzz)
+    table = run_fuzz.markdown(json.loads((root / "benchmarks" / "results" / run).read_text()))
+    assert table.strip() in (root / "docs" / "robustness.md").read_text()
