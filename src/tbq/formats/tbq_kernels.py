@@ -435,44 +435,66 @@ def _butterfly_1d(v):
 
 
 @jit
+def _sum_squares_1d(row):
+    """Step 1 of one block: the sequential float32 sum of x_j^2."""
+    norm2 = _0
+    for j in range(row.shape[0]):
+        norm2 += row[j] * row[j]
+    return norm2
+
+
+@jit
+def _rotate_1d(row, norm2, v, bits, s1, cs2):
+    """Steps 2-3 of one block whose sum of squares is ``norm2``: ``v`` = r (normalise, signs1, butterfly,
+    +-1/sqrt(n)); returns the norm (clamped below at 1e-10 for 3 bits, as the spec)."""
+    n = row.shape[0]
+    nv = np.sqrt(norm2)
+    if bits == 4:
+        sc = _1 / nv if nv > _EPS_NORM else _0
+        for j in range(n):
+            v[j] = (row[j] * sc) * s1[j]
+    else:
+        nv = nv if nv > _EPS_NORM else _EPS_NORM
+        for j in range(n):
+            v[j] = (row[j] / nv) * s1[j]
+    _butterfly_1d(v)
+    for j in range(n):
+        v[j] = v[j] * cs2[j]
+    return nv
+
+
+@jit
+def _index_scale_1d(r, nv, K, bits, thresholds, centroids_sq):
+    """Steps 3-4 of one block: ``K`` = the number of thresholds <= r, and the scale d = norm / ||c[K]||
+    (``c[K]^2`` summed sequentially in float32)."""
+    nt = thresholds.shape[0]
+    recon2 = _0
+    for j in range(r.shape[0]):
+        k = np.int32(0)
+        for i in range(nt):
+            k += np.int32(r[j] >= thresholds[i])
+        K[j] = k
+        recon2 += centroids_sq[k]
+    recon = np.sqrt(recon2)
+    if bits == 4:
+        return nv / recon if recon > _EPS_NORM else nv
+    return nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+
+
+@jit
 def encode_blocks(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow):
     """:func:`encode` one block at a time (for calls of a few blocks); identical bytes and status."""
     nblk = x.shape[0]
     n = x.shape[1]
-    nt = thresholds.shape[0]
     v = np.empty(n, np.float32)
     K = np.empty(n, np.int32)
     for b in range(nblk):
         row = x[b]
-        norm2 = _0
-        for j in range(n):  # 1. a sequential float32 sum
-            norm2 += row[j] * row[j]
+        norm2 = _sum_squares_1d(row)  # 1.
         if not (norm2 <= _FLT_MAX) and not block_finite(x, b):
             return b, STATUS_NONFINITE
-        nv = np.sqrt(norm2)
-        if bits == 4:  # 2. normalise, signs1, butterfly
-            sc = _1 / nv if nv > _EPS_NORM else _0
-            for j in range(n):
-                v[j] = (row[j] * sc) * s1[j]
-        else:
-            nv = nv if nv > _EPS_NORM else _EPS_NORM
-            for j in range(n):
-                v[j] = (row[j] / nv) * s1[j]
-        _butterfly_1d(v)
-        for j in range(n):  # 3. index = number of thresholds <= r
-            r = v[j] * cs2[j]
-            k = np.int32(0)
-            for i in range(nt):
-                k += np.int32(r >= thresholds[i])
-            K[j] = k
-        recon2 = _0
-        for j in range(n):  # 4. a sequential float32 sum of c[idx]^2
-            recon2 += centroids_sq[K[j]]
-        recon = np.sqrt(recon2)
-        if bits == 4:
-            d = nv / recon if recon > _EPS_NORM else nv
-        else:
-            d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+        nv = _rotate_1d(row, norm2, v, bits, s1, cs2)  # 2.-3.
+        d = _index_scale_1d(v, nv, K, bits, thresholds, centroids_sq)  # 3.-4.
         h = f32_to_f16_bits(d)
         if raise_overflow and f16_is_inf(h):
             return b, STATUS_SCALE_OVERFLOW
@@ -504,48 +526,17 @@ def encode_blocks(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflo
 def rotate_blocks(x, bits, thresholds, centroids_sq, s1, cs2, norm, r, d, with_scale):
     """Steps 1-4 of :func:`encode_blocks` for finite blocks, without the store: each block's norm, rotated
     coordinates and float32 scale, the ``norm``, ``r`` and ``d`` of the NumPy trace (``reference_encode``),
-    bit for bit (the same operations in the same order). For the fuzzing strategies, which ask for rotated
+    bit for bit (the same helpers as the encoder). For the fuzzing strategies, which ask for rotated
     coordinates and scales thousands of times per example; a NaN or infinite input is not handled here
     (the NumPy clamp of a NaN norm differs): callers pass finite blocks only. Without ``with_scale``
     only ``norm`` and ``r`` are written.
     """
-    nblk = x.shape[0]
-    n = x.shape[1]
-    nt = thresholds.shape[0]
-    for b in range(nblk):
+    K = np.empty(x.shape[1], np.int32)
+    for b in range(x.shape[0]):
         row = x[b]
-        v = r[b]
-        norm2 = _0
-        for j in range(n):  # 1. a sequential float32 sum
-            norm2 += row[j] * row[j]
-        nv = np.sqrt(norm2)
-        if bits == 4:  # 2. normalise, signs1, butterfly
-            sc = _1 / nv if nv > _EPS_NORM else _0
-            for j in range(n):
-                v[j] = (row[j] * sc) * s1[j]
-        else:
-            nv = nv if nv > _EPS_NORM else _EPS_NORM
-            for j in range(n):
-                v[j] = (row[j] / nv) * s1[j]
-        _butterfly_1d(v)
-        norm[b] = nv
-        if not with_scale:
-            for j in range(n):  # 3. r
-                v[j] = v[j] * cs2[j]
-            continue
-        recon2 = _0
-        for j in range(n):  # 3. r, its index, and 4. the sequential sum of c[idx]^2
-            rj = v[j] * cs2[j]
-            v[j] = rj
-            k = np.int32(0)
-            for i in range(nt):
-                k += np.int32(rj >= thresholds[i])
-            recon2 += centroids_sq[k]
-        recon = np.sqrt(recon2)
-        if bits == 4:
-            d[b] = nv / recon if recon > _EPS_NORM else nv
-        else:
-            d[b] = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+        norm[b] = _rotate_1d(row, _sum_squares_1d(row), r[b], bits, s1, cs2)
+        if with_scale:
+            d[b] = _index_scale_1d(r[b], norm[b], K, bits, thresholds, centroids_sq)
 
 
 @jit
