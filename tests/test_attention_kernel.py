@@ -140,7 +140,6 @@ def test_expf():
     assert y[-5] == 1.0
 
 
-
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.sampled_from([-np.inf, np.nan, -0.0, 0.0, -3.5, 1.25, 7.0, -1e30]) | st.floats(width=32), max_size=70),
@@ -156,6 +155,7 @@ def test_chunk_max_is_the_one_chain_maximum(values, m):
         want = x if x > want else want
     got = _chunk_max(s, s.size, np.float32(m))
     assert (np.isnan(got) and np.isnan(want)) or got == want
+
 
 def test_kernel_errors():
     q, k, v = data(5, 8, 4, 2)
