@@ -99,38 +99,6 @@ def expf(x):
     return y if x > _EXP_LO else _0
 
 
-@jit
-def _chunk_max(s, n, m):
-    """The largest of ``m`` and ``s[:n]``, by eight running maxima (independent chains instead of one).
-
-    A maximum does not depend on the order of its comparisons, so this is the
-    value of the one-chain ``m = s[t] if s[t] > m else m`` (NaN never wins in
-    either; only the sign of a zero maximum may differ, which no later
-    operation of the kernel can see: ``x - 0.0`` and ``x - (-0.0)`` are equal
-    for every score ``x`` but ``-0.0``, whose exponential is 1 either way).
-    """
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = m
-    n8 = n - n % 8
-    for t in range(0, n8, 8):
-        m0 = s[t] if s[t] > m0 else m0
-        m1 = s[t + 1] if s[t + 1] > m1 else m1
-        m2 = s[t + 2] if s[t + 2] > m2 else m2
-        m3 = s[t + 3] if s[t + 3] > m3 else m3
-        m4 = s[t + 4] if s[t + 4] > m4 else m4
-        m5 = s[t + 5] if s[t + 5] > m5 else m5
-        m6 = s[t + 6] if s[t + 6] > m6 else m6
-        m7 = s[t + 7] if s[t + 7] > m7 else m7
-    for t in range(n8, n):
-        m0 = s[t] if s[t] > m0 else m0
-    m0 = m1 if m1 > m0 else m0
-    m2 = m3 if m3 > m2 else m2
-    m4 = m5 if m5 > m4 else m4
-    m6 = m7 if m7 > m6 else m6
-    m0 = m2 if m2 > m0 else m0
-    m4 = m6 if m6 > m4 else m4
-    return m4 if m4 > m0 else m0
-
-
 def read_f32_rows(src, dst, n_blocks, aux, n_aux):
     """The attention reader (:data:`tbq.kernels.READER_SIG`) of float32 rows: ``n_blocks`` values copied."""
     v = reader_blocks(src, n_blocks, 4).reshape(4 * n_blocks).view(np.float32)
@@ -249,7 +217,9 @@ def attend(
                 if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
                     for t in range(max(0, lim[r] - c0), n):
                         sr[t] = _NEG_INF
-                mc = _chunk_max(sr, n, m_out[r])
+                mc = m_out[r]
+                for t in range(n):
+                    mc = sr[t] if sr[t] > mc else mc
                 if mc == _NEG_INF:  # nothing seen yet: weights 0
                     for t in range(n):
                         sr[t] = _0
