@@ -39,6 +39,7 @@ from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
 from ..formats import Format
+from .sharedlib import load_library
 
 __all__ = [
     "TargetError",
@@ -296,10 +297,7 @@ class LibraryTarget(Target):
         for name in init:
             if not isinstance(name, str) or not name:
                 raise TargetError(f"init must name functions void f(void), got {name!r}")
-        try:
-            self.lib = ctypes.CDLL(path)
-        except OSError as exc:
-            raise TargetError(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
+        self.lib = load_library(path, TargetError)
         super().__init__(fmt, want, f"library {p.name}")
         self.path = path
         self.file = defining_file_of_handle(self.lib, path)
