@@ -41,7 +41,7 @@ import os
 import random
 import shlex
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,10 @@ from ..errors import TbqValueError, check_int
 from ..formats import Format, get_format
 from ..formats.base import FORMAT_CLASSES
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
+from .diagnose import AGREE, Diagnosis
 from .report import CheckReport, PhaseResult
 from .runner import DEFAULT_BLOCKS, golden_rows, require_hypothesis
+from .sharedlib import load_library
 from .targets import TargetError, defining_file
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "right_format",
     "pair_unit",
     "DotCounterexample",
+    "diagnose_dot",
 ]
 
 U32 = 2.0**-24
@@ -75,6 +78,8 @@ U32 = 2.0**-24
 ROUNDINGS = 8
 #: Blocks per call cycle through 1 .. MAX_CALL_BLOCKS (so every tail length reaches the kernel).
 MAX_CALL_BLOCKS = 8
+#: Wrong calls kept for :func:`diagnose_dot`.
+KEEP_CALLS = 256
 
 
 def right_format(left: Format, rhs: str | Format | None = None) -> Format:
@@ -239,10 +244,7 @@ class LibraryDot(DotTarget):
         if "/" in path and not Path(path).is_file():
             raise TargetError(f"cannot load {path}: no such file")
         real = os.path.realpath(path) if Path(path).exists() else path
-        try:
-            lib = ctypes.CDLL(real)
-        except OSError as exc:
-            raise TargetError(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
+        lib = load_library(real, TargetError)
         super().__init__(left, right, f"library {Path(path).name}", symbol)
         self.path, self.lib = real, lib
         self._prov: dict[str, dict[str, Any]] = {}
@@ -490,6 +492,7 @@ def check_dot(
     report.provenance = target.provenance()
     report.unit = "dot products"
     first: tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None = None  # (phase, x, y, units, cls)
+    kept: list[tuple[NDArray[np.uint8], NDArray[np.uint8], float]] = []  # wrong calls (x, y, result), for diagnoses
     rng = np.random.default_rng(seed * 1000 + 19)
     try:
         for phase in ("golden", "fuzz", "bytes"):
@@ -534,8 +537,11 @@ def check_dot(
                 e, bound = reference_dot(L, R, x, y)
                 if not np.isfinite(e):
                     continue  # an overflowing reference (scales of the bytes phase): no spec value to compare with
-                cls = _classify(target.dot(x, y, nu * unit), e, bound)
+                got = target.dot(x, y, nu * unit)
+                cls = _classify(got, e, bound)
                 counts[cls] += 1
+                if cls == WRONG and len(kept) < KEEP_CALLS:
+                    kept.append((x, y, float(got)))
                 failing = cls == WRONG or (exact and cls == FRAGILE)
                 if failing and first is None:
                     first = (phase, x, y, nu, cls)
@@ -552,6 +558,7 @@ def check_dot(
             )
         if first is not None:
             report.counterexamples["dot"] = _minimal(target, *first)
+        report.diagnoses.extend(diagnose_dot(L, R, kept))
     finally:
         target.close()
     report.faults = dict(target.faults)
@@ -562,6 +569,81 @@ def check_dot(
         except OSError as exc:
             report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
     return report
+
+
+def _signed_as_unsigned(codes: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Integer codes as an unsigned byte multiply reads their int8 bytes: a negative ``c`` becomes ``c + 256``."""
+    return np.where(codes < 0, codes + 256, codes)
+
+
+def diagnose_dot(
+    left: Format, right: Format, kept: Sequence[tuple[NDArray[np.uint8], NDArray[np.uint8], float]]
+) -> list[Diagnosis]:
+    """Patterns of wrong dot products ``(x, y, result)``: ``unsigned_codes``, the kernel multiplied one operand's
+    negative integer codes as unsigned bytes (``c + 256``; x86's ``vpdpbusd`` and ``pmaddubsw`` take an unsigned
+    byte operand, and a kernel, or a compiler's auto-vectoriser, that feeds them signed codes without the sign
+    trick computes this). Named when at least :data:`~tbq.check.diagnose.AGREE` of the calls are exact or within
+    the bound of that reading; integer path only (both operands with :meth:`~tbq.formats.Format.dot_parts`).
+
+    >>> import tbq
+    >>> q5, q8 = tbq.get_format("q5_0"), tbq.get_format("q8_0")
+    >>> rng = np.random.default_rng(1)
+    >>> v = rng.uniform(-1, 1, (2, 32)).astype(np.float32)
+    >>> x, y = q5.encode(v), q8.encode(v)
+    >>> (cx, dx), (cy, dy) = q5.dot_parts(x), q8.dot_parts(y)
+    >>> bad = float(np.float32(((np.where(cx < 0, cx + 256, cx) * cy).sum(axis=1) * dx * dy).sum()))
+    >>> [g.name for g in diagnose_dot(q5, q8, [(x.reshape(-1), y.reshape(-1), bad)])]
+    ['unsigned_codes']
+    """
+    if not kept:
+        return []
+    zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
+    if left.dot_parts(zl) is None or right.dot_parts(zr) is None:
+        return []
+    readings = {"left": (True, False), "right": (False, True), "both": (True, True)}
+    out = []
+    for which, (ul, ur) in readings.items():
+        hits, negative = 0, 0
+        for x, y, got in kept:
+            xb, yb = x.reshape(-1, left.type_size), y.reshape(-1, right.type_size)
+            cx, dx = left.dot_parts(xb)
+            cy, dy = _dot_parts(right, yb)
+            if (ul and not (cx < 0).any()) or (ur and not (cy < 0).any()):
+                continue  # this reading changes nothing here: no evidence either way
+            negative += 1
+            cx = _signed_as_unsigned(cx) if ul else cx
+            cy = _signed_as_unsigned(cy) if ur else cy
+            with np.errstate(all="ignore"):
+                terms = (cx * cy).sum(axis=1).astype(np.float64) * dx * dy  # exact, as in _terms
+                mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
+                ox, oy = left.dot_offset(xb), right.dot_offset(yb)
+                if ox is not None and oy is not None:
+                    terms, mags = np.concatenate([terms, ox * oy]), mags + np.abs(ox * oy)
+            if not np.isfinite(terms).all():
+                continue
+            with np.errstate(over="ignore"):
+                e = np.float32(math.fsum(terms.tolist()))
+            bound = 1.01 * (mags.size + ROUNDINGS) * U32 * float(mags.sum()) + mags.size * 2.0**-149
+            hits += _classify(np.float32(got), e, bound) != WRONG
+        if negative and hits >= AGREE * len(kept):
+            names = {"left": f"the left operand's ({left.name})", "right": f"the right operand's ({right.name})"}
+            whose = names.get(which, f"both operands' ({left.name}, {right.name})")
+            out.append(
+                Diagnosis(
+                    "unsigned_codes",
+                    f"{whose} negative integer codes were multiplied as unsigned bytes (c + 256): a signed operand "
+                    "fed to an unsigned-by-signed byte multiply (x86 vpdpbusd / pmaddubsw) without the sign trick",
+                    [
+                        f"{hits:,} of {len(kept):,} wrong dot products kept are what that reading gives (exact or "
+                        "within the accumulation bound)",
+                        "the error of a block is 256 * (the sum of the other operand's codes where these are "
+                        "negative) * dx * dy",
+                    ],
+                    direction="dot",
+                )
+            )
+            break  # the first (simplest) reading that explains them
+    return out
 
 
 def _fuzz_note(n: int, found: Any) -> str:
