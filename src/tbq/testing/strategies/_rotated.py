@@ -172,11 +172,13 @@ def _fam_thresholds(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDA
     targets = _threshold_targets(ctx)
     n = _rng.integer(rng, 1, 2)
     J = _rng.distinct(rng, n, 0, bs - 1)
-    V = []
-    for _ in range(n):
+
+    def target() -> np.float32:  # a threshold, or one float32 step either side of it
         t = F32(_rng.pick(rng, targets))
         nudge = _rng.pick(rng, [0, 0, 1, -1])
-        V.append(_next32(t, nudge * np.inf) if nudge else t)
+        return _next32(t, nudge * np.inf) if nudge else t
+
+    V = [target() for _ in range(n)]
     x = None
     for attempt in range(3 if has_zero else 12):  # without zero modes to fall back on, search longer
         x = _search_threshold_block(rng, ctx, J, V)
@@ -184,8 +186,10 @@ def _fam_thresholds(draw: st.DrawFn, rng: np.random.Generator, ctx: _Fmt) -> NDA
             break
         if len(J) > 1:  # two at once is harder: fall back to one
             J, V = J[:1], V[:1]
-        elif attempt >= 2:  # another coordinate (the same target)
-            J = [int(rng.integers(0, bs))]
+        elif attempt >= 2:  # another coordinate, and (no zero modes: planar/iso) another target, which
+            J = [int(rng.integers(0, bs))]  # may be one no coordinate of this rotation takes
+            if not has_zero and attempt % 2:
+                V = [target()]
     if (
         x is None
     ):  # ~3 % of this family's blocks (most: a target no coordinate takes): exact zeros on the middle threshold
