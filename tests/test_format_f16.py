@@ -47,6 +47,36 @@ def test_every_f16_pattern_decodes_like_ggml(backend):
     assert h.view(np.float16).astype(np.float32).view(np.uint32)[0x7C01] == 0x7F802000  # what the quirk is about
 
 
+def test_the_integer_widening_matches_on_every_f16_word():
+    """The decoder's path for CPUs without F16C (``tbq.kernels.f16_widen_bits``), on all 2**16 words, whichever
+    path this machine's decoder takes."""
+    from tbq.kernels import f16_widen_bits
+
+    want = [f16_to_f32_bits(w) for w in range(1 << 16)]
+    assert [int(f16_widen_bits(np.uint16(w))) for w in range(1 << 16)] == want
+
+
+def test_the_decoder_compiled_for_a_cpu_without_f16c_decodes_every_word(tmp_path):
+    """``NUMBA_CPU_NAME=generic`` (no F16C): ``f16_widen`` must not emit ``fpext half``, which LLVM then lowers to
+    a runtime call numba does not link (the process dies); the integer path gives the same bits."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, tbq, tbq.kernels as k\n"
+        "assert not k._F16C\n"
+        "h = np.arange(1 << 16, dtype=np.uint32).astype('<u2')\n"
+        "np.save('y.npy', tbq.dequantize(h.view(np.uint8), 'f16', backend='numba').view(np.uint32))\n"
+    )
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    want = np.asarray([f16_to_f32_bits(w) for w in range(1 << 16)], np.uint32)
+    assert np.array_equal(np.load(tmp_path / "y.npy"), want)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_every_bf16_pattern_decodes_to_its_upper_half(backend):
     h = np.arange(1 << 16, dtype=np.uint32)

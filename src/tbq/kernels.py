@@ -103,6 +103,81 @@ def f32_to_f16_bits_finite(f):
     return np.uint16(r & np.uint32(0xFFFF))
 
 
+_U32 = np.uint32
+_F16_SUB_STEP = F32(2.0**-24)  # the fp16 subnormal step
+
+
+def _f16_widen_bits(h):
+    """float32 bits (uint32) of fp16 bits ``h`` (uint16), integer arithmetic only: the fallback of :func:`f16_widen`.
+
+    Normal words: exponent and mantissa shifted into place (``<< 13``), the
+    exponent rebiased 15 -> 127 (``+ 112 << 23``). Exponent 31 (inf, NaN):
+    exponent 255, the mantissa shifted, bit 22 set when it is not 0 (a
+    signalling NaN comes out quiet, as from ``ggml_compute_fp16_to_fp32``;
+    docs/formats.md, F16). Exponent 0 (zero, subnormal): ``m * 2**-24``; the
+    int -> float32 conversion of the 10-bit ``m`` and the product with a
+    power of two are exact. Every intermediate is wrapped in uint32 (numba
+    widens integer arithmetic to 64 bits, which halves the vector lanes).
+    """
+    u = _U32(h)
+    a = _U32(u & _U32(0x7FFF))
+    m = _U32(u & _U32(0x03FF))
+    e = _U32(a >> _U32(10))
+    shifted = _U32(a << _U32(13))
+    normal = _U32(shifted + _U32(112 << 23))
+    quiet = _U32(0x00400000) if m != _U32(0) else _U32(0)
+    special = _U32(_U32(shifted | _U32(0x7F800000)) | quiet)
+    sub = F32(F32(np.int32(m)) * _F16_SUB_STEP).view(np.uint32)
+    r = sub if e == _U32(0) else normal
+    r = special if e == _U32(31) else r
+    return _U32(_U32(_U32(u & _U32(0x8000)) << _U32(16)) | r)
+
+
+f16_widen_bits = jit(_f16_widen_bits)
+
+
+def _target_has_f16c() -> bool:
+    """Whether numba compiles for a CPU with the F16C conversions (``vcvtph2ps``).
+
+    The host CPU's features, unless ``NUMBA_CPU_NAME`` names another CPU
+    (then only an explicit ``+f16c`` in ``NUMBA_CPU_FEATURES`` counts). Without
+    F16C, LLVM lowers ``fpext half`` to a runtime-library call that numba's JIT
+    does not link (a segfault), so :func:`f16_widen` must not emit it.
+    """
+    from llvmlite import binding
+
+    if nb.config.CPU_FEATURES:
+        return "+f16c" in nb.config.CPU_FEATURES.split(",")
+    if nb.config.CPU_NAME:
+        return False
+    return bool(binding.get_host_cpu_features().get("f16c", False))
+
+
+_F16C = _target_has_f16c()
+
+
+@intrinsic
+def f16_widen(typingctx, h):
+    """float32 bits (uint32) of fp16 bits ``h`` (uint16), exact, NaNs quieted: ggml's fp16 -> fp32.
+
+    With F16C this is LLVM's ``fpext half -> float``, which a loop vectorises
+    into ``vcvtph2ps`` (8 values an instruction, 8x the integer path); the
+    instruction widens exactly and quiets a signalling NaN (bit 22), exactly
+    what docs/formats.md specifies (all 2**16 words are tested, both paths).
+    Without F16C: :func:`f16_widen_bits`. Returns the bits, so that the
+    caller never holds a NaN in a float variable.
+    """
+    sig = types.uint32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        if _F16C:
+            f = builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+            return builder.bitcast(f, ir.IntType(32))
+        return context.compile_internal(builder, _f16_widen_bits, signature, args)
+
+    return sig, codegen
+
+
 @jit
 def f16_is_inf(h):
     """True when fp16 bits ``h`` are +-Inf (the scale overflowed)."""

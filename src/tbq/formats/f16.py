@@ -146,9 +146,6 @@ class F16(_Half):
     kernel_module = "tbq.formats.f16_kernels"
     attention_read = "attention_read_f16"
 
-    def attention_tables(self) -> NDArray[np.float32]:
-        return f16_decode_table().view(np.float32)  # the bits of every fp16 value
-
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
     _limit = "65504"
@@ -166,7 +163,7 @@ class F16(_Half):
         return f16_decode_table()[h].view(np.float32).reshape(-1, 1)
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_f16(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1), f16_decode_table())
+        self.kernels().decode_f16(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1))
 
     def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
         return f16_decode_table()[h].view(np.float32)

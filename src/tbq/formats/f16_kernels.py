@@ -2,8 +2,10 @@
 
 The kernels run over the flat values (block size 1): ``x`` float32 (n,), the
 encoded words ``h`` uint16 (n,) (a little-endian view of the bytes), the
-decoded floats as their uint32 bit patterns (n,), so that no NaN ever passes
-through a float register on the decode side and every bit is copied as is.
+decoded floats as their uint32 bit patterns (n,), so that no decoded NaN is
+ever held in a float variable: bf16 words are shifted as integers (payloads
+unchanged) and f16 words widened by :func:`tbq.kernels.f16_widen` (F16C's
+``vcvtph2ps`` where the CPU has it), which returns the bits.
 
 Encoding works in chunks of :data:`CHUNK` values: one branch-free pass finds
 the chunk's largest ``|x|`` bit pattern (a uint32 max reduction, which
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, jit, reader_aux, reader_blocks, reader_out
+from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, f16_widen, jit, reader_blocks, reader_out
 
 F32 = np.float32
 _HALF = F32(0.5)
@@ -138,28 +140,27 @@ def encode_bf16(x, h, raise_overflow):
 
 
 @jit
-def decode_f16(h, out, table):
-    """``out`` (uint32 bit patterns) = ``table[h]``; the table holds ggml's fp16 -> fp32 bits (NaNs quieted)."""
+def decode_f16(h, out):
+    """``out`` (uint32 bit patterns) = ggml's fp16 -> fp32 of every word of ``h`` (:func:`tbq.kernels.f16_widen`)."""
     for j in range(h.shape[0]):
-        out[j] = table[np.int64(h[j])]
+        out[j] = f16_widen(h[j])
     return out
 
 
 @jit
 def decode_bf16(h, out):
     """``out`` (uint32 bit patterns) = ``h << 16``: integer only, so NaN payloads pass unchanged."""
-    for j in range(h.shape[0]):
-        out[j] = np.uint32(h[j]) << np.uint32(16)
+    for j in range(h.shape[0]):  # the shift wrapped in uint32: numba widens it to 64 bits, half the vector lanes
+        out[j] = np.uint32(np.uint32(h[j]) << np.uint32(16))
     return out
 
 
 def attention_read_f16(src, dst, n_blocks, aux, n_aux):
     """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` fp16 values by
-    :func:`decode_f16`, ``aux`` its table (:func:`tbq.formats.f16.f16_decode_table`)."""
+    :func:`decode_f16` (no table: ``aux`` is not read)."""
     decode_f16(
         reader_blocks(src, n_blocks, 2).reshape(2 * n_blocks).view(np.uint16),
         reader_out(dst, n_blocks, 1).reshape(n_blocks).view(np.uint32),
-        reader_aux(aux, n_aux).view(np.uint32),
     )
 
 
