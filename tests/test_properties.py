@@ -763,14 +763,14 @@ def test_deterministic_across_calls_and_codec_objects(fmt, backend, data):
 
 _PROCESS_SCRIPT = r"""
 import json, sys, hashlib, numpy as np, tbq
-z = np.load(sys.argv[1])
 out = {}
-for fmt in tbq.formats():
-    for backend in ("numpy", "numba"):
-        c = tbq.get_codec(fmt, backend=backend)
-        b = c.encode(z[fmt])
-        y = c.decode(b)
-        out[f"{fmt}/{backend}"] = [hashlib.sha256(b.tobytes()).hexdigest(), hashlib.sha256(y.tobytes()).hexdigest()]
+with np.load(sys.argv[1]) as z:
+    for fmt in tbq.formats():
+        for backend in ("numpy", "numba"):
+            c = tbq.get_codec(fmt, backend=backend)
+            b = c.encode(z[fmt])
+            y = c.decode(b)
+            out[f"{fmt}/{backend}"] = [hashlib.sha256(b.tobytes()).hexdigest(), hashlib.sha256(y.tobytes()).hexdigest()]
 print(json.dumps(out))
 """
 
