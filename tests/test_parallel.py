@@ -116,3 +116,49 @@ def test_run_groups_waits_for_every_worker_before_raising():
     with pytest.raises(RuntimeError, match="first group"):
         parallel.run_groups(4, 4, run)
     assert done[1:].all()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_run_shared_runs_every_task_once(threads):
+    count = np.zeros(50, int)
+    parallel.run_shared(50, threads, lambda i: count.__setitem__(i, count[i] + 1))
+    assert (count == 1).all()
+
+
+def test_run_shared_lets_a_free_thread_take_the_next_task():
+    """Task 0 waits until every other task ran: on two threads only a shared queue (not fixed contiguous groups,
+    where task 0's thread would own tasks 0-4) lets the other thread run tasks 1-9 meanwhile."""
+    import threading
+
+    rest = threading.Event()
+    ran = []
+
+    def run(i):
+        if i == 0:
+            assert rest.wait(timeout=60), "the other thread never took tasks 1-9"
+        else:
+            ran.append(i)
+            if len(ran) == 9:
+                rest.set()
+
+    parallel.run_shared(10, 2, run)
+    assert sorted(ran) == list(range(1, 10))
+
+
+def test_run_shared_raises_the_first_error_by_task_order_after_every_worker_stopped():
+    import threading
+
+    started = threading.Barrier(2, timeout=60)
+    done = np.zeros(6, bool)
+
+    def run(i):
+        if i in (0, 1):
+            started.wait()  # tasks 0 and 1 run at the same time, on both threads
+            if i == 1:
+                raise ValueError("task 1")
+            raise KeyError("task 0")
+        done[i] = True
+
+    with pytest.raises(KeyError, match="task 0"):
+        parallel.run_shared(6, 2, run)
+    assert not done.any()  # no task started after an error

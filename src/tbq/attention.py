@@ -69,7 +69,6 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -79,7 +78,7 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
 from .formats import FORMATS, Format, format_info, format_name, formats
-from .parallel import default_threads, run_groups
+from .parallel import default_threads, run_shared
 
 __all__ = [
     "KVCache",
@@ -697,12 +696,12 @@ def _attention_kernel(
     ACC = np.empty((n, G, n_q * R, dim), np.float32)
     sc = np.float32(scale)
 
-    def run(ids: Sequence[int]) -> None:
-        for i in ids:
-            Q, lm, (rk, kd, ka, kb), (rv, vd, va, vb), t0, t1 = tasks[i]
-            kn.attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
+    def run(i: int) -> None:
+        Q, lm, (rk, kd, ka, kb), (rv, vd, va, vb), t0, t1 = tasks[i]
+        kn.attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
 
-    run_groups(n, threads if threads is not None else default_threads(), run)  # returns when every worker is done
+    # threads take the next task as they finish (each task writes its own M, L, ACC): returns when all are done
+    run_shared(n, threads if threads is not None else default_threads(), run)
     # merge the partial softmax sums in task order (float64; the tasks do not depend on the threads)
     with np.errstate(invalid="ignore"):
         Mx = M.max(axis=0).astype(np.float64)

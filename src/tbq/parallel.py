@@ -32,6 +32,7 @@ __all__ = [
     "plan_chunks",
     "run_chunks",
     "run_groups",
+    "run_shared",
     "fork_safe_lock",
     "after_fork_in_child",
     "memory_available",
@@ -158,6 +159,54 @@ def run_groups(n_tasks: int, threads: int, run: Callable[[Sequence[int]], None])
         concurrent.futures.wait(futures)
     for f in futures:
         f.result()
+
+
+def run_shared(n_tasks: int, threads: int, run: Callable[[int], None]) -> None:
+    """Call ``run(i)`` for every ``i`` in ``range(n_tasks)``, on ``min(threads, n_tasks)`` threads taking the next task.
+
+    Unlike :func:`run_groups`' fixed contiguous groups, a thread that finishes
+    early takes the next task, so a core slowed by another process (a shared
+    machine) does not hold back the whole call. Which thread runs a task must
+    not matter: each task writes its own output (the caller merges them in
+    task order). The calling thread is one of the workers; this returns (or
+    raises the first error by task order) only when every worker finished, and
+    after an error no further task is started.
+
+    >>> seen = []
+    >>> run_shared(5, 2, seen.append)
+    >>> sorted(seen)
+    [0, 1, 2, 3, 4]
+    """
+    if n_tasks <= 0:
+        return
+    lock = threading.Lock()
+    state = {"next": 0}
+    errors: dict[int, BaseException] = {}
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = state["next"]
+                if i >= n_tasks or errors:
+                    return
+                state["next"] = i + 1
+            try:
+                run(i)
+            except BaseException as e:  # re-raised below, in the caller's thread
+                with lock:
+                    errors[i] = e
+                return
+
+    n = max(1, min(threads, n_tasks))
+    futures = [executor().submit(worker) for _ in range(n - 1)]
+    try:
+        worker()
+    finally:  # never return (or raise) while workers still write into the output
+        concurrent.futures.wait(futures)
+    for f in futures:
+        f.result()
+    if errors:
+        raise errors[min(errors)]
 
 
 def run_chunks(n_items: int, chunk: int, threads: int, fn: Callable[[int, int], Any], min_chunk: int = 1) -> list[Any]:
