@@ -524,7 +524,7 @@ class _Rotation(Protocol):
 #: A kernel operand: ``(reader, bytes, tables, blocks per row, rotation or None)``.
 _Operand = tuple[object, NDArray[np.uint8], NDArray[np.float32], int, "_Rotation | None"]
 #: An operand without its rotation, as :func:`tbq.attention_kernels.attend` takes it.
-_Read = tuple[object, NDArray[np.uint8], NDArray[np.float32], int]
+_Read = tuple[int, NDArray[np.uint8], NDArray[np.float32], int]  # (reader address, bytes, tables, blocks per row)
 
 
 def _rows_operand(rows: NDArray[np.floating[Any]]) -> _Operand:
@@ -533,7 +533,7 @@ def _rows_operand(rows: NDArray[np.floating[Any]]) -> _Operand:
     from .kernels import attention_reader
 
     r32 = np.ascontiguousarray(rows, np.float32)
-    return attention_reader(kn.read_f32_rows), r32.view(np.uint8), _NO_AUX, r32.shape[2], None
+    return attention_reader(kn.read_f32_rows).address, r32.view(np.uint8), _NO_AUX, r32.shape[2], None
 
 
 def _kernel_operand(cache: KVCache | NDArray[np.float32], n_sink: int) -> _Operand:
@@ -550,7 +550,7 @@ def _kernel_operand(cache: KVCache | NDArray[np.float32], n_sink: int) -> _Opera
         return _rows_operand(codec_from(cache.fmt, cache.config).decode(data))
     # the rotated formats' rotation (an attribute of their instances, read through the codec)
     rotation: _Rotation | None = codec.rotation if fmt.attention_domain == "rotated" else None
-    return reader.read, data, reader.aux, cache.head_dim // fmt.block_size, rotation
+    return reader.read.address, data, reader.aux, cache.head_dim // fmt.block_size, rotation
 
 
 def _sink_rows(cache: KVCache | NDArray[np.float32], n_sink: int) -> NDArray[np.float32]:

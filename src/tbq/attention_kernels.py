@@ -18,7 +18,8 @@ decodes the blocks of one row (a token's ``head_dim`` values of one KV head)
 into float32, in the format's ``attention_domain``: the original domain (the
 decoder's exact bits) or, for TBQ, the rotated domain (``c[idx] * d``; the
 caller rotates the query once and the output back once). Readers are
-first-class function arguments, so this kernel is compiled (and cached) once
+run-time arguments (their C addresses, called through
+:func:`tbq.kernels.call_reader`), so this kernel is compiled (and cached) once
 for every pair of formats, and each format's reader only when it is read.
 Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
 
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import address, jit, reader_aux, reader_blocks, transpose8
+from .kernels import address, call_reader, jit, reader_aux, reader_blocks, transpose8
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -132,7 +133,8 @@ def attend(
     ``Q``: float32 ``(G, RQ, D)``, the ``RQ`` query rows of each of the ``G``
     KV heads (in the K reader's domain); ``lim``: int64 ``(RQ,)``, row ``r``
     sees tokens ``< lim[r]`` (``lim >= t1``: all); ``scale``: the softmax scale.
-    ``read_k``/``read_v``: the readers, ``kdata``/``vdata`` uint8 ``(T, G,
+    ``read_k``/``read_v``: the readers' C addresses (``cfunc.address``,
+    called by :func:`tbq.kernels.call_reader`), ``kdata``/``vdata`` uint8 ``(T, G,
     row_bytes)`` C-contiguous, ``kaux``/``vaux`` their float32 tables,
     ``kblocks``/``vblocks`` blocks per row.
 
@@ -163,8 +165,8 @@ def attend(
         n = min(chunk, t1 - c0)
         n8 = n - n % 8 if D % 8 == 0 else 0
         # the chunk's rows of all heads are contiguous in the cache: one reader call for K and one for V
-        read_k(address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
-        read_v(address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
+        call_reader(read_k, address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
+        call_reader(read_v, address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
         for g in range(G):
             qo = Q[g]
             m_out = M[g]

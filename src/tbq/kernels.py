@@ -348,7 +348,7 @@ def store_fence(typingctx):
 #: The C signature of a format's attention reader: ``read(src, dst, n_blocks, aux, n_aux)`` decodes the
 #: ``n_blocks`` consecutive blocks at ``src`` (uint8) into ``n_blocks * block_size`` float32 values at
 #: ``dst``, with ``aux`` (float32, ``n_aux`` values) the format's tables. The fused attention kernel
-#: (:mod:`tbq.attention_kernels`) takes readers as first-class functions of this one type, so it is
+#: (:mod:`tbq.attention_kernels`) takes readers as C addresses of this one type (:func:`call_reader`), so it is
 #: compiled (and cached) once for every format, and a format's reader is compiled only when used.
 READER_SIG = types.void(
     types.CPointer(types.uint8), types.CPointer(types.float32), types.int64, types.CPointer(types.float32), types.int64
@@ -364,6 +364,40 @@ def attention_reader(fn: Callable) -> object:
     if r is None:
         r = _READERS[fn] = nb.cfunc(READER_SIG, nopython=True, cache=True, error_model="numpy", boundscheck=False)(fn)
     return r
+
+
+@intrinsic
+def call_reader(typingctx, fn, src, dst, n_blocks, aux, n_aux):
+    """Call the attention reader whose C address is ``fn`` (an int64: ``cfunc.address``) with :data:`READER_SIG`'s
+    arguments.
+
+    The fused attention kernel takes its readers as addresses, not as numba
+    first-class functions: a first-class function argument costs about 15 us
+    of type resolution per call in the dispatcher (``typeof`` of a ``CFunc``),
+    paid under the GIL by each of the kernel's tasks (64 per decode step at
+    32K tokens). The call itself is the same indirect call either way.
+    """
+    sig = types.void(types.int64, src, dst, types.int64, aux, types.int64)
+
+    def codegen(context, builder, signature, args):
+        f32p = ir.PointerType(ir.FloatType())
+        fnty = ir.FunctionType(
+            ir.VoidType(), [ir.PointerType(ir.IntType(8)), f32p, ir.IntType(64), f32p, ir.IntType(64)]
+        )
+        ptr = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(
+            ptr,
+            [
+                builder.bitcast(args[1], ir.PointerType(ir.IntType(8))),
+                builder.bitcast(args[2], f32p),
+                context.cast(builder, args[3], signature.args[3], types.int64),
+                builder.bitcast(args[4], f32p),
+                context.cast(builder, args[5], signature.args[5], types.int64),
+            ],
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic
