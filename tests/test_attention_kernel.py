@@ -329,3 +329,27 @@ def test_a_codec_whose_reader_was_built_still_pickles(fmt):
     want = np.empty_like(out)
     _read_rows(r.read, codec.encode(x), r.aux, 256 // codec.block_size, want)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+def test_the_portable_readers_give_the_same_bits_on_a_cpu_without_avx2_or_f16c(tmp_path):
+    """Compiled for ``NUMBA_CPU_NAME=generic`` (no AVX2, no F16C), the TBQ4 reader takes its scalar lookup
+    instead of ``kernels.lookup16_row`` (vpermps) and the f16 reader its integer widening: the reader test
+    above, in a child process, must pass the same way."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    here = Path(__file__).resolve().parent
+    probe = "import tbq.kernels as k; assert not k._AVX2 and not k._F16C"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_attention_kernel.py"),
+         "-k", "declares_a_reader and (tbq4_0 or tbq3_0 or f16)"],
+        env=env, cwd=here.parent, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout and " failed" not in r.stdout

@@ -29,6 +29,7 @@ import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .backend import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, STATUS_UNDEFINED  # noqa: F401  (re-exported for the kernels)
@@ -136,24 +137,27 @@ def _f16_widen_bits(h):
 f16_widen_bits = jit(_f16_widen_bits)
 
 
-def _target_has_f16c() -> bool:
-    """Whether numba compiles for a CPU with the F16C conversions (``vcvtph2ps``).
+def _target_has(feature: str) -> bool:
+    """Whether numba compiles for a CPU with ``feature`` (an LLVM feature name: ``"f16c"``, ``"avx2"``).
 
     The host CPU's features, unless ``NUMBA_CPU_NAME`` names another CPU
-    (then only an explicit ``+f16c`` in ``NUMBA_CPU_FEATURES`` counts). Without
-    F16C, LLVM lowers ``fpext half`` to a runtime-library call that numba's JIT
-    does not link (a segfault), so :func:`f16_widen` must not emit it.
+    (then only an explicit ``+feature`` in ``NUMBA_CPU_FEATURES`` counts).
+    Code that emits an instruction of such a feature (an x86 intrinsic, or
+    ``fpext half``, which LLVM lowers without F16C to a runtime-library call
+    that numba's JIT does not link: a segfault) asks this first and has a
+    portable path otherwise.
     """
     from llvmlite import binding
 
     if nb.config.CPU_FEATURES:
-        return "+f16c" in nb.config.CPU_FEATURES.split(",")
+        return f"+{feature}" in nb.config.CPU_FEATURES.split(",")
     if nb.config.CPU_NAME:
         return False
-    return bool(binding.get_host_cpu_features().get("f16c", False))
+    return bool(binding.get_host_cpu_features().get(feature, False))
 
 
-_F16C = _target_has_f16c()
+_F16C = _target_has("f16c")
+_AVX2 = _target_has("avx2")
 
 
 @intrinsic
@@ -364,6 +368,65 @@ def attention_reader(fn: Callable) -> object:
     if r is None:
         r = _READERS[fn] = nb.cfunc(READER_SIG, nopython=True, cache=True, error_model="numpy", boundscheck=False)(fn)
     return r
+
+
+@intrinsic
+def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
+    """``dst.flat[doff + 2k + e] = table[nibble e of src.flat[soff + k]] * scale`` for ``k < 64`` (128 values).
+
+    For AVX2 targets only (:data:`_AVX2`; callers keep a portable loop
+    otherwise): each 4 bytes of indices become 8 indices (low nibble, then
+    high, per byte), looked up in the 16-entry float32 ``table`` with two
+    ``vpermps`` (entries 0-7 and 8-15) and a select on index > 7, then
+    multiplied by ``scale`` (one IEEE float32 multiply per value, operands in
+    the scalar loop's order: the same bits). A gather from a 16-entry table
+    is what LLVM makes of the scalar loop; this is a few register operations.
+    ``src``, ``dst`` and ``table`` are C-contiguous (flat offsets).
+    """
+    sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
+
+    def codegen(context, builder, signature, args):
+        i32, i8 = ir.IntType(32), ir.IntType(8)
+        v8f, v8i, v4b, v4i = (
+            ir.VectorType(ir.FloatType(), 8),
+            ir.VectorType(i32, 8),
+            ir.VectorType(i8, 4),
+            ir.VectorType(i32, 4),
+        )
+        s_ = context.make_array(signature.args[0])(context, builder, args[0])
+        d_ = context.make_array(signature.args[2])(context, builder, args[2])
+        t_ = context.make_array(signature.args[4])(context, builder, args[4])
+        sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
+        dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
+        lo8 = builder.load(builder.bitcast(t_.data, v8f.as_pointer()), align=4)
+        hi8 = builder.load(
+            builder.bitcast(builder.gep(t_.data, [ir.Constant(ir.IntType(64), 8)]), v8f.as_pointer()), align=4
+        )
+        permps = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
+        )
+        sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
+        sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
+        fifteen = ir.Constant(v4i, [15] * 4)
+        four = ir.Constant(v4i, [4] * 4)
+        seven = ir.Constant(v8i, [7] * 8)
+        interleave = ir.Constant(v8i, [0, 4, 1, 5, 2, 6, 3, 7])
+        for k in range(16):
+            b = builder.load(
+                builder.bitcast(builder.gep(sp, [ir.Constant(ir.IntType(64), 4 * k)]), v4b.as_pointer()), align=1
+            )
+            w = builder.zext(b, v4i)
+            idx = builder.shuffle_vector(builder.and_(w, fifteen), builder.lshr(w, four), interleave)
+            a = builder.call(permps, [lo8, idx])
+            h = builder.call(permps, [hi8, idx])
+            v = builder.select(builder.icmp_unsigned(">", idx, seven), h, a)
+            out = builder.fmul(v, sc)
+            builder.store(
+                out, builder.bitcast(builder.gep(dp, [ir.Constant(ir.IntType(64), 8 * k)]), v8f.as_pointer()), align=4
+            )
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic

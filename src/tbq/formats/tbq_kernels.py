@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
+    _AVX2,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -25,6 +26,7 @@ from ..kernels import (
     f32_to_f16_bits,
     jit,
     load_f16,
+    lookup16_row,
     reader_aux,
     reader_blocks,
     reader_out,
@@ -572,7 +574,9 @@ def read_rotated(data, out, table, centroids):
         src = data[b]
         dst = out[b]
         d = load_f16(data, b, table)
-        if centroids.shape[0] == 16:
+        if centroids.shape[0] == 16 and _AVX2:  # the same products, looked up by vpermps (kernels.lookup16_row)
+            lookup16_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        elif centroids.shape[0] == 16:
             for k in range(64):
                 v = src[2 + k]
                 dst[2 * k] = centroids[lo4(v)] * d
