@@ -430,6 +430,49 @@ def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
 
 
 @intrinsic
+def lookup8_row(typingctx, src, soff, dst, doff, table, scale):
+    """``dst.flat[doff + 8g + t] = table[index t of the 24-bit lane g at src.flat[soff + 3g]] * scale`` for ``g < 16``.
+
+    The 3-bit twin of :func:`lookup16_row` (AVX2 targets only): each little-endian
+    24-bit lane (three byte loads, so nothing past the row is read) is
+    broadcast, shifted by ``3t`` per lane and masked to its 8 indices, looked
+    up in the 8-entry ``table`` with one ``vpermps`` and multiplied by
+    ``scale`` (the scalar loop's one multiply, same operand order: the same bits).
+    """
+    sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+        s_ = context.make_array(signature.args[0])(context, builder, args[0])
+        d_ = context.make_array(signature.args[2])(context, builder, args[2])
+        t_ = context.make_array(signature.args[4])(context, builder, args[4])
+        sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
+        dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
+        c8 = builder.load(builder.bitcast(t_.data, v8f.as_pointer()), align=4)
+        permps = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
+        )
+        sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
+        sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
+        shifts = ir.Constant(v8i, [3 * t for t in range(8)])
+        seven = ir.Constant(v8i, [7] * 8)
+        for g in range(16):
+            lane = ir.Constant(i32, 0)
+            for e in range(3):
+                byte = builder.zext(builder.load(builder.gep(sp, [ir.Constant(i64, 3 * g + e)])), i32)
+                lane = builder.or_(lane, builder.shl(byte, ir.Constant(i32, 8 * e)))
+            vl = builder.insert_element(ir.Constant(v8i, ir.Undefined), lane, ir.Constant(i32, 0))
+            vl = builder.shuffle_vector(vl, vl, ir.Constant(v8i, [0] * 8))
+            idx = builder.and_(builder.lshr(vl, shifts), seven)
+            out = builder.fmul(builder.call(permps, [c8, idx]), sc)
+            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 8 * g)]), v8f.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def call_reader(typingctx, fn, src, dst, n_blocks, aux, n_aux):
     """Call the attention reader whose C address is ``fn`` (an int64: ``cfunc.address``) with :data:`READER_SIG`'s
     arguments.

@@ -26,6 +26,7 @@ from ..kernels import (
     f32_to_f16_bits,
     jit,
     load_f16,
+    lookup8_row,
     lookup16_row,
     reader_aux,
     reader_blocks,
@@ -581,6 +582,8 @@ def read_rotated(data, out, table, centroids):
                 v = src[2 + k]
                 dst[2 * k] = centroids[lo4(v)] * d
                 dst[2 * k + 1] = centroids[hi4(v)] * d
+        elif _AVX2:  # 3 bits: one vpermps per 8 indices (kernels.lookup8_row)
+            lookup8_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         else:
             for lg in range(16):
                 lane = load_lane3(src, 2 + 3 * lg)
