@@ -65,7 +65,7 @@ def test_the_decoder_compiled_for_a_cpu_without_f16c_decodes_every_word(tmp_path
 
     code = (
         "import numpy as np, tbq, tbq.kernels as k\n"
-        "assert not k._F16C\n"
+        "assert not k.TARGET_F16C\n"
         "h = np.arange(1 << 16, dtype=np.uint32).astype('<u2')\n"
         "np.save('y.npy', tbq.dequantize(h.view(np.uint8), 'f16', backend='numba').view(np.uint32))\n"
     )

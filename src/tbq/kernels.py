@@ -156,8 +156,10 @@ def _target_has(feature: str) -> bool:
     return bool(binding.get_host_cpu_features().get(feature, False))
 
 
-_F16C = _target_has("f16c")
-_AVX2 = _target_has("avx2")
+#: Whether the kernels are compiled for a CPU with F16C (:func:`f16_widen` emits ``fpext half``).
+TARGET_F16C = _target_has("f16c")
+#: Whether they are compiled for a CPU with AVX2 (the TBQ readers' ``vpermps`` lookups, :func:`lookup16_row`).
+TARGET_AVX2 = _target_has("avx2")
 
 
 @intrinsic
@@ -174,7 +176,7 @@ def f16_widen(typingctx, h):
     sig = types.uint32(types.uint16)
 
     def codegen(context, builder, signature, args):
-        if _F16C:
+        if TARGET_F16C:
             f = builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
             return builder.bitcast(f, ir.IntType(32))
         return context.compile_internal(builder, _f16_widen_bits, signature, args)
@@ -374,7 +376,7 @@ def attention_reader(fn: Callable) -> object:
 def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
     """``dst.flat[doff + 2k + e] = table[nibble e of src.flat[soff + k]] * scale`` for ``k < 64`` (128 values).
 
-    For AVX2 targets only (:data:`_AVX2`; callers keep a portable loop
+    For AVX2 targets only (:data:`TARGET_AVX2`; callers keep a portable loop
     otherwise): each 4 bytes of indices become 8 indices (low nibble, then
     high, per byte), looked up in the 16-entry float32 ``table`` with two
     ``vpermps`` (entries 0-7 and 8-15) and a select on index > 7, then

@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
-    _AVX2,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
+    TARGET_AVX2,
     block_finite,
     f16_is_inf,
     f32_to_f16_bits,
@@ -575,14 +575,14 @@ def read_rotated(data, out, table, centroids):
         src = data[b]
         dst = out[b]
         d = load_f16(data, b, table)
-        if centroids.shape[0] == 16 and _AVX2:  # the same products, looked up by vpermps (kernels.lookup16_row)
+        if centroids.shape[0] == 16 and TARGET_AVX2:  # the same products, looked up by vpermps (kernels.lookup16_row)
             lookup16_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         elif centroids.shape[0] == 16:
             for k in range(64):
                 v = src[2 + k]
                 dst[2 * k] = centroids[lo4(v)] * d
                 dst[2 * k + 1] = centroids[hi4(v)] * d
-        elif _AVX2:  # 3 bits: one vpermps per 8 indices (kernels.lookup8_row)
+        elif TARGET_AVX2:  # 3 bits: one vpermps per 8 indices (kernels.lookup8_row)
             lookup8_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         else:
             for lg in range(16):
