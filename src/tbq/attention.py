@@ -522,7 +522,7 @@ class _Rotation(Protocol):
 
 
 #: A kernel operand: ``(reader, bytes, tables, blocks per row, rotation or None)``.
-_Operand = tuple[object, NDArray[np.uint8], NDArray[np.float32], int, "_Rotation | None"]
+_Operand = tuple[int, NDArray[np.uint8], NDArray[np.float32], int, "_Rotation | None"]  # (reader address, ...)
 #: An operand without its rotation, as :func:`tbq.attention_kernels.attend` takes it.
 _Read = tuple[int, NDArray[np.uint8], NDArray[np.float32], int]  # (reader address, bytes, tables, blocks per row)
 

@@ -24,6 +24,7 @@ processing stops there.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -363,7 +364,7 @@ READER_SIG = types.void(
 _READERS: dict = {}
 
 
-def attention_reader(fn: Callable) -> object:
+def attention_reader(fn: Callable) -> Any:
     """The compiled (and cached on disk) C-callable reader of Python function ``fn`` (signature
     :data:`READER_SIG`), compiled on first use and then kept."""
     r = _READERS.get(fn)

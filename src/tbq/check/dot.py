@@ -606,7 +606,7 @@ def diagnose_dot(
         hits, negative = 0, 0
         for x, y, got in kept:
             xb, yb = x.reshape(-1, left.type_size), y.reshape(-1, right.type_size)
-            cx, dx = left.dot_parts(xb)
+            cx, dx = _dot_parts(left, xb)
             cy, dy = _dot_parts(right, yb)
             if (ul and not (cx < 0).any()) or (ur and not (cy < 0).any()):
                 continue  # this reading changes nothing here: no evidence either way

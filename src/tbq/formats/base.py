@@ -173,7 +173,7 @@ class AttentionReader:
     it reads (:meth:`Format.attention_tables`).
     """
 
-    read: object
+    read: Any  # a numba CFunc: .address is its C address
     aux: NDArray[np.float32]
 
 
