@@ -373,6 +373,22 @@ def attention_reader(fn: Callable) -> Any:
     return r
 
 
+def _lookup_row_operands(context, builder, signature, args):
+    """The shared prologue of :func:`lookup16_row` and :func:`lookup8_row`: the source and destination
+    pointers at their flat offsets, the table's pointer, ``llvm.x86.avx2.permps`` and ``scale`` in all 8 lanes."""
+    i32 = ir.IntType(32)
+    v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+    s_ = context.make_array(signature.args[0])(context, builder, args[0])
+    d_ = context.make_array(signature.args[2])(context, builder, args[2])
+    t_ = context.make_array(signature.args[4])(context, builder, args[4])
+    sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
+    dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
+    permps = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps")
+    sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
+    sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
+    return sp, dp, t_.data, permps, sc
+
+
 @intrinsic
 def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
     """``dst.flat[doff + 2k + e] = table[nibble e of src.flat[soff + k]] * scale`` for ``k < 64`` (128 values).
@@ -396,20 +412,11 @@ def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
             ir.VectorType(i8, 4),
             ir.VectorType(i32, 4),
         )
-        s_ = context.make_array(signature.args[0])(context, builder, args[0])
-        d_ = context.make_array(signature.args[2])(context, builder, args[2])
-        t_ = context.make_array(signature.args[4])(context, builder, args[4])
-        sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
-        dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
-        lo8 = builder.load(builder.bitcast(t_.data, v8f.as_pointer()), align=4)
+        sp, dp, tp, permps, sc = _lookup_row_operands(context, builder, signature, args)
+        lo8 = builder.load(builder.bitcast(tp, v8f.as_pointer()), align=4)
         hi8 = builder.load(
-            builder.bitcast(builder.gep(t_.data, [ir.Constant(ir.IntType(64), 8)]), v8f.as_pointer()), align=4
+            builder.bitcast(builder.gep(tp, [ir.Constant(ir.IntType(64), 8)]), v8f.as_pointer()), align=4
         )
-        permps = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
-        )
-        sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
-        sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
         fifteen = ir.Constant(v4i, [15] * 4)
         four = ir.Constant(v4i, [4] * 4)
         seven = ir.Constant(v8i, [7] * 8)
@@ -447,17 +454,8 @@ def lookup8_row(typingctx, src, soff, dst, doff, table, scale):
     def codegen(context, builder, signature, args):
         i32, i64 = ir.IntType(32), ir.IntType(64)
         v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
-        s_ = context.make_array(signature.args[0])(context, builder, args[0])
-        d_ = context.make_array(signature.args[2])(context, builder, args[2])
-        t_ = context.make_array(signature.args[4])(context, builder, args[4])
-        sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
-        dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
-        c8 = builder.load(builder.bitcast(t_.data, v8f.as_pointer()), align=4)
-        permps = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
-        )
-        sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
-        sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
+        sp, dp, tp, permps, sc = _lookup_row_operands(context, builder, signature, args)
+        c8 = builder.load(builder.bitcast(tp, v8f.as_pointer()), align=4)
         shifts = ir.Constant(v8i, [3 * t for t in range(8)])
         seven = ir.Constant(v8i, [7] * 8)
         for g in range(16):
