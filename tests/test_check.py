@@ -607,11 +607,14 @@ def test_cli_failure_writes_json_npz_and_a_c_repro_that_fails(build, tmp_path, c
 @needs_cc
 def test_cli_exit_2_for_loading_and_usage_errors(build, tmp_path, capsys):
     lib = build("q4_0.c")
+    flat = lib.parent / "libflat.so"  # a symbolic link that a copy flattened into a text file naming its target
+    flat.write_text(lib.name)
     cases = [
         (["--lib", str(lib), "--format", "q8_0"], "no symbol 'quantize_row_q8_0_ref'"),
         (["--lib", str(lib), "--format", "q4_0", "--quantize", "nope"], "no symbol 'nope'"),
         (["--lib", str(tmp_path / "missing.so"), "--format", "q4_0"], "no such file"),
         (["--lib", __file__, "--format", "q4_0"], "cannot load"),
+        (["--lib", str(flat), "--format", "q4_0"], f"is a {len(lib.name)}-byte text file naming {lib}, a symbolic link"),
         (["--format", "q4_0"], "give the kernel under test"),
         (["--exec", "prog {in}", "--format", "q4_0"], "no {out} placeholder"),
         (["--lib", str(lib), "--format", "q4_0", "--codebook", "lloyd-max"], "no option 'codebook'"),

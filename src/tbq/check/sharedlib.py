@@ -159,4 +159,26 @@ def load_library(path: str, error: type[Exception]) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(path)
     except OSError as exc:
-        raise error(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
+        hint = _flattened_link(path)
+        hint = f" (it is a {hint[1]}-byte text file naming {hint[0]}, a symbolic link copied as a file? load that one)" if hint else ""
+        raise error(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}{hint}") from None
+
+
+def _flattened_link(path: str) -> tuple[str, int] | None:
+    """``(path of the file named, size)`` where ``path`` is a short text file holding the name of a file beside it
+    (as a symbolic link ``libx.so -> libx.so.0`` becomes when an archive or a copy flattens links), else None."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4097)
+    except OSError:
+        return None
+    if not 0 < len(data) <= 4096 or data.startswith(b"\x7fELF"):
+        return None
+    try:
+        name = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+    if not name or "\n" in name or "\0" in name:
+        return None
+    target = os.path.join(os.path.dirname(path), name)
+    return (target, len(data)) if os.path.isfile(target) else None
