@@ -614,7 +614,10 @@ def test_cli_exit_2_for_loading_and_usage_errors(build, tmp_path, capsys):
         (["--lib", str(lib), "--format", "q4_0", "--quantize", "nope"], "no symbol 'nope'"),
         (["--lib", str(tmp_path / "missing.so"), "--format", "q4_0"], "no such file"),
         (["--lib", __file__, "--format", "q4_0"], "cannot load"),
-        (["--lib", str(flat), "--format", "q4_0"], f"is a {len(lib.name)}-byte text file naming {lib}, a symbolic link"),
+        (
+            ["--lib", str(flat), "--format", "q4_0"],
+            f"is a {len(lib.name)}-byte text file naming {lib}, a symbolic link",
+        ),
         (["--format", "q4_0"], "give the kernel under test"),
         (["--exec", "prog {in}", "--format", "q4_0"], "no {out} placeholder"),
         (["--lib", str(lib), "--format", "q4_0", "--codebook", "lloyd-max"], "no option 'codebook'"),

@@ -160,7 +160,11 @@ def load_library(path: str, error: type[Exception]) -> ctypes.CDLL:
         return ctypes.CDLL(path)
     except OSError as exc:
         hint = _flattened_link(path)
-        hint = f" (it is a {hint[1]}-byte text file naming {hint[0]}, a symbolic link copied as a file? load that one)" if hint else ""
+        hint = (
+            f" (it is a {hint[1]}-byte text file naming {hint[0]}, a symbolic link copied as a file? load that one)"
+            if hint
+            else ""
+        )
         raise error(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}{hint}") from None
 
 
