@@ -353,3 +353,106 @@ def test_the_portable_readers_give_the_same_bits_on_a_cpu_without_avx2_or_f16c(t
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+# ---------------------------------------------------------------------------
+# attend's documented order of operations, as a naive float32 model
+# ---------------------------------------------------------------------------
+
+_F = np.float32
+
+
+def _expf_model(x):
+    """:func:`tbq.attention_kernels.expf`, operation for operation in NumPy float32."""
+    from tbq import attention_kernels as kn
+
+    xc = np.where(x > kn._EXP_LO, x, kn._EXP_LO)
+    k = np.floor(xc * kn._LOG2E + kn._HALF)
+    r = xc - k * kn._LN2_HI
+    r = r - k * kn._LN2_LO
+    rr = r * r
+    p = np.full_like(r, kn._P0)
+    for c in (kn._P1, kn._P2, kn._P3, kn._P4, kn._P5):
+        p = p * r + c
+    p = p * rr + r
+    p = p + _F(1)
+    y = p * ((k.astype(np.int32) + np.int32(127)) << np.int32(23)).view(np.float32)
+    return np.where(x > kn._EXP_LO, y, _F(0))
+
+
+def _attend_model(Q, lim, scale, Kr, Vr, t0, t1, chunk):
+    """``attend`` over float32 rows ``Kr``/``Vr`` (T, G, D), every float32 operation in its order: per chunk and
+    KV head, a score is 0 plus, channel group by channel group of 8, the tree ((q0 k0 + q1 k1) + (q2 k2 + q3 k3))
+    + ((q4 k4 + q5 k5) + (q6 k6 + q7 k7)), then the channels left one by one; times ``scale``; the online softmax;
+    the accumulator plus, four tokens at a time, (w0 v0 + w1 v1) + (w2 v2 + w3 v3), then the tokens left one by
+    one. Vectorised across rows, tokens and channels only (lanes are independent elements)."""
+    G, RQ, D = Q.shape
+    M = np.full((G, RQ), -np.inf, _F)
+    L = np.zeros((G, RQ), _F)
+    ACC = np.zeros((G, RQ, D), _F)
+    D8 = D - D % 8
+    for c0 in range(t0, t1, chunk):
+        n = min(chunk, t1 - c0)
+        for g in range(G):
+            q, k, v = Q[g], Kr[c0 : c0 + n, g], Vr[c0 : c0 + n, g]
+            S = np.zeros((RQ, n), _F)
+            for j in range(0, D8, 8):
+                p = [q[:, j + c, None] * k[None, :, j + c] for c in range(8)]
+                S = S + (((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])))
+            for j in range(D8, D):
+                S = S + q[:, j, None] * k[None, :, j]
+            S = S * _F(scale)
+            for r in range(RQ):
+                if lim[r] < c0 + n:
+                    S[r, max(0, lim[r] - c0) :] = -np.inf
+                mc = max(M[g, r], S[r].max())
+                if mc == -np.inf:
+                    S[r] = 0
+                    continue
+                if mc > M[g, r]:
+                    if L[g, r] != 0:
+                        alpha = _expf_model(np.float32([M[g, r] - mc]))[0]
+                        L[g, r] *= alpha
+                        ACC[g, r] *= alpha
+                    M[g, r] = mc
+                S[r] = _expf_model(S[r] - mc)
+                L[g, r] += np.cumsum(S[r], dtype=_F)[-1]  # a sequential float32 sum
+            t = 0
+            while t + 3 < n:
+                p = [S[:, t + c, None] * v[None, t + c] for c in range(4)]
+                ACC[g] = ACC[g] + ((p[0] + p[1]) + (p[2] + p[3]))
+                t += 4
+            for t in range(t, n):
+                ACC[g] = ACC[g] + S[:, t, None] * v[None, t]
+    return M, L, ACC
+
+
+@pytest.mark.parametrize(
+    "G, RQ, D, T, t0, causal",
+    [
+        (2, 4, 128, 200, 0, False),  # GQA 4: the microkernels; a tail chunk of 8, tokens 196.. one by one
+        (1, 8, 64, 131, 3, True),  # two row quads, causal, a start off the chunk grid
+        (3, 5, 48, 77, 0, True),  # a row left after the quad, D not a multiple of 16 (the values' scalar path)
+        (2, 3, 40, 70, 0, False),  # fewer rows than a quad
+        (1, 4, 12, 33, 0, False),  # D not a multiple of 8: every sum in the scalar loops
+        (2, 1, 128, 9, 0, False),  # MHA, one token past a tile
+    ],
+)
+def test_attend_performs_the_documented_operations_in_order(G, RQ, D, T, t0, causal):
+    """Bit for bit, the kernel's M, L and ACC are the naive model's: any restructuring of its loops (register
+    tiles, microkernels, SIMD widths) must keep every element's operations and their order."""
+    from tbq import attention_kernels as kn
+
+    rng = np.random.default_rng(G * 1000 + RQ * 100 + D + T)
+    Q = rng.standard_normal((G, RQ, D)).astype(_F)
+    Kr = (rng.standard_normal((T, G, D)) * 1.5).astype(_F)
+    Vr = rng.standard_normal((T, G, D)).astype(_F)
+    lim = (T - RQ + 1 + np.arange(RQ)).astype(np.int64) if causal else np.full(RQ, T, np.int64)
+    scale = _F(1 / np.sqrt(D))
+    read, kd, kaux, kb, _ = att._rows_operand(Kr)
+    _, vd, vaux, vb, _ = att._rows_operand(Vr)
+    out = [np.empty((G, RQ), _F), np.empty((G, RQ), _F), np.empty((G, RQ, D), _F)]
+    kn.attend(Q, lim, scale, read, kd, kaux, kb, read, vd, vaux, vb, t0, T, kn.CHUNK, *out)
+    want = _attend_model(Q, lim, scale, Kr, Vr, t0, T, kn.CHUNK)
+    for name, got, w in zip("MLA", out, want, strict=True):
+        assert np.array_equal(got.view(np.uint32), w.view(np.uint32)), name

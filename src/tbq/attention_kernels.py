@@ -26,13 +26,22 @@ Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
 No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
 (all KV heads: consecutive blocks in the cache) is decoded by one reader call
 into a scratch of ``chunk x n_head_kv x head_dim`` floats that stays in L2,
-and each decoded key serves every query row of its KV head. Keys
-are then transposed (``B[j, t]``, 8 x 8 tiles at a time) so that the loop of a
-score ``sum_j q_j k_tj`` runs SIMD across tokens; values stay by rows so that
-the accumulation runs SIMD along the head dimension. Sums take two channels
-(or two tokens) per step, so their order differs from the NumPy model's
-strictly sequential one; the float32 error stays within
-:func:`tbq.attention.f32_tolerance` (measured in tests/test_attention_kernel.py).
+and each decoded key serves every query row of its KV head. The query rows
+go four at a time through two register-blocked microkernels (LLVM IR with
+explicit 8-float vectors, :func:`_scores4` and :func:`_values4`): the scores
+transpose 8 x 8 tiles of keys in registers so that the loop of a score
+``sum_j q_j k_tj`` runs SIMD across tokens with four rows' sums held in
+registers, and the values accumulate SIMD along the head dimension with a
+cache line of four rows' accumulators held in registers over the chunk. Rows
+and tokens left over take scalar loops of the same operations. Every element
+sees the same float32 operations in the same order on either path: a score
+is 0 plus, per group of eight channels in order, the tree ``((q0 k0 + q1 k1)
++ (q2 k2 + q3 k3)) + ((q4 k4 + q5 k5) + (q6 k6 + q7 k7))`` (the channels left
+over one by one), and an accumulator adds ``(w0 v0 + w1 v1) + (w2 v2 + w3 v3)``
+four tokens at a time (the tokens left over one by one). This order differs
+from the NumPy model's strictly sequential one; the float32 error stays within
+:func:`tbq.attention.f32_tolerance` (measured in tests/test_attention_kernel.py,
+which also checks the order itself against a naive model, bit for bit).
 
 A causal call gives each query row the end of the tokens it sees (``lim``);
 later tokens get a score of ``-inf`` (weight 0).
@@ -48,8 +57,12 @@ that :func:`tbq.attention.f32_tolerance` bounds.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
-from .kernels import address, call_reader, jit, reader_aux, reader_blocks, transpose8
+from .kernels import address, call_reader, jit, reader_aux, reader_blocks, transpose8, transpose8_vectors
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -172,8 +185,14 @@ def attend(
             m_out = M[g]
             l_out = L[g]
             acc = ACC[g]
-            # keys: transpose (8 x 8 tiles), scores s[r, t] = scale * q . k_t SIMD across tokens
-            for t in range(0, n8, 8):
+            # scores s[r, t] = q . k_t: rows in fours by the register-blocked microkernel, straight from K (8 x 8
+            # tiles transposed in registers, SIMD across tokens), every other row and the tail tokens here from the
+            # keys transposed into B; the same operations in the same order either way
+            R4 = RQ - RQ % 4 if D % 8 == 0 else 0
+            nL = n8 if R4 else 0
+            for r in range(0, R4, 4):
+                _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nL, D)
+            for t in range(0, n8 if R4 < RQ else 0, 8):
                 for j in range(0, D, 8):
                     transpose8(K, (t * G + g) * D + j, G * D, B, j * chunk + t, chunk)
             for t in range(n8, n):
@@ -181,8 +200,9 @@ def attend(
                 for j in range(D):
                     B[j, t] = kt[j]
             for r in range(RQ):
+                tlo = nL if r < R4 else 0
                 sr = S[r]
-                for t in range(n):
+                for t in range(tlo, n):
                     sr[t] = _0
                 D8 = D - D % 8
                 for j in range(0, D8, 8):  # eight channels per pass over the tokens (SIMD across tokens)
@@ -202,14 +222,14 @@ def attend(
                     b5 = B[j + 5]
                     b6 = B[j + 6]
                     b7 = B[j + 7]
-                    for t in range(n):
+                    for t in range(tlo, n):
                         sr[t] += ((q0 * b0[t] + q1 * b1[t]) + (q2 * b2[t] + q3 * b3[t])) + (
                             (q4 * b4[t] + q5 * b5[t]) + (q6 * b6[t] + q7 * b7[t])
                         )
                 for j in range(D8, D):
                     qv = qo[r, j]
                     bj = B[j]
-                    for t in range(n):
+                    for t in range(tlo, n):
                         sr[t] += qv * bj[t]
             # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
             for r in range(RQ):
@@ -240,14 +260,19 @@ def attend(
                 for t in range(n):
                     ls += sr[t]
                 l_out[r] += ls
-            # values: acc += p_t * v_t
+            # values: acc += p_t * v_t; rows in fours through the microkernel (every quad of tokens, then the
+            # tail below), the rest here
+            RV = RQ - RQ % 4 if D % 16 == 0 else 0
+            n4 = n - n % 4
+            for r in range(0, RV, 4):
+                _values4(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
             t = 0
             while t + 3 < n:  # four tokens per pass over the accumulator (SIMD along the head dimension)
                 v0 = V[t, g]
                 v1 = V[t + 1, g]
                 v2 = V[t + 2, g]
                 v3 = V[t + 3, g]
-                for r in range(RQ):
+                for r in range(RV, RQ):
                     w0 = S[r, t]
                     w1 = S[r, t + 1]
                     w2 = S[r, t + 2]
@@ -264,3 +289,152 @@ def attend(
                     for j in range(D):
                         ar[j] += w * vt[j]
                 t += 1
+
+
+# --- register-blocked microkernels ------------------------------------------------------------------------------
+# LLVM IR with explicit float32 vectors (any target; numba's loops cannot keep a tile of sums in registers across an
+# inner loop). Each computes exactly the operations of the scalar loops in :func:`attend`, element by element in the
+# same order (a lane is one element: the vectors only do several elements at once), so the bits are the same.
+
+
+def _splat(builder, x, vt):
+    i32 = ir.IntType(32)
+    v = builder.insert_element(ir.Constant(vt, ir.Undefined), x, ir.Constant(i32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, vt.count), [0] * vt.count))
+
+
+def _vptr(builder, base, off, vt):
+    return builder.bitcast(builder.gep(base, [off]), vt.as_pointer())
+
+
+def _splat_mul(builder, base, off, v):
+    """``base[off] * v``: the scalar at ``base[off]`` in every lane, times vector ``v`` (scalar first, as in the
+    scalar loops)."""
+    return builder.fmul(_splat(builder, builder.load(builder.gep(base, [off])), v.type), v)
+
+
+@intrinsic
+def _scores4(typingctx, q, qoff, k, koff, kstride, s, soff, sstride, n_t, n_d):
+    """Four query rows' raw scores over ``n_t`` tokens (a multiple of 8), 8 tokens a vector, straight from the
+    decoded keys: ``s[soff + i*sstride + t] = sum over channel groups j8 (in order, from 0) of the tree
+    ((q0 b0 + q1 b1) + (q2 b2 + q3 b3)) + ((q4 b4 + q5 b5) + (q6 b6 + q7 b7))`` with ``qc = q[qoff + i*n_d + j8 + c]``
+    and ``bc = k[koff + t*kstride + j8 + c]`` (``n_d`` a multiple of 8): the scalar loop of :func:`attend`. Each
+    8 x 8 tile of keys is transposed in registers (:func:`tbq.kernels.transpose8_vectors`; its shuffles overlap the
+    multiplies) and the four sums stay in registers across the channel groups."""
+    sig = types.void(q, types.int64, k, types.int64, types.int64, s, types.int64, types.int64, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        vt = ir.VectorType(ir.FloatType(), 8)
+        qp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        kp = context.make_array(signature.args[2])(context, builder, args[2]).data
+        sp = context.make_array(signature.args[5])(context, builder, args[5]).data
+        qoff, koff, kstride, soff, sstride, n_t, n_d = (args[c] for c in (1, 3, 4, 6, 7, 8, 9))
+        accs = [cgutils.alloca_once(builder, vt) for _ in range(4)]
+        c8 = ir.Constant(i64, 8)
+        zero = ir.Constant(vt, [0.0] * 8)
+        with cgutils.for_range(builder, builder.udiv(n_t, c8)) as tl:
+            t = builder.mul(tl.index, c8)
+            for a in accs:
+                builder.store(zero, a)
+            kt = builder.add(koff, builder.mul(t, kstride))
+            with cgutils.for_range(builder, builder.udiv(n_d, c8)) as gl:
+                j8 = builder.mul(gl.index, c8)
+                kj = builder.add(kt, j8)
+                rows = [
+                    builder.load(
+                        _vptr(builder, kp, builder.add(kj, builder.mul(ir.Constant(i64, r), kstride)), vt), align=4
+                    )
+                    for r in range(8)
+                ]
+                b = transpose8_vectors(builder, rows)
+                for i in range(4):
+                    qrow = builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j8))
+                    p = [_splat_mul(builder, qp, builder.add(qrow, ir.Constant(i64, c)), b[c]) for c in range(8)]
+                    tree = builder.fadd(
+                        builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3])),
+                        builder.fadd(builder.fadd(p[4], p[5]), builder.fadd(p[6], p[7])),
+                    )
+                    builder.store(builder.fadd(builder.load(accs[i]), tree), accs[i])
+            for i in range(4):
+                off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
+                builder.store(builder.load(accs[i]), _vptr(builder, sp, off, vt), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _values4(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_q, n_d):
+    """Four query rows' ``acc[aoff + i*n_d + j] += (w0 v0[j] + w1 v1[j]) + (w2 v2[j] + w3 v3[j])`` for ``n_q`` quads
+    of tokens in order, ``wk = w[woff + i*wstride + 4u + k]``, ``vk[j] = v[voff + (4u + k)*vstride + j]`` (``n_d`` a
+    multiple of 16): the scalar loop of :func:`attend`, 16 values of ``acc`` a row (two vectors, a cache line of
+    each value row) held in registers over all the quads instead of loaded and stored for each."""
+    sig = types.void(
+        w, types.int64, types.int64, v, types.int64, types.int64, acc, types.int64, types.int64, types.int64
+    )
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        vt = ir.VectorType(ir.FloatType(), 8)
+        wp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        vp = context.make_array(signature.args[3])(context, builder, args[3]).data
+        ap = context.make_array(signature.args[6])(context, builder, args[6]).data
+        woff, wstride, voff, vstride, aoff, n_q, n_d = (args[c] for c in (1, 2, 4, 5, 7, 8, 9))
+        accs = [[cgutils.alloca_once(builder, vt) for _ in range(2)] for _ in range(4)]
+        c16 = ir.Constant(i64, 16)
+        with cgutils.for_range(builder, builder.udiv(n_d, c16)) as jl:
+            j = builder.mul(jl.index, c16)
+            aptrs = [
+                [
+                    _vptr(
+                        builder,
+                        ap,
+                        builder.add(
+                            aoff,
+                            builder.add(builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 8 * h))),
+                        ),
+                        vt,
+                    )
+                    for h in range(2)
+                ]
+                for i in range(4)
+            ]
+            for i in range(4):
+                for h in range(2):
+                    builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
+            with cgutils.for_range(builder, n_q) as ql:
+                t = builder.mul(ql.index, ir.Constant(i64, 4))
+                vj = builder.add(voff, j)
+                vv = [
+                    [
+                        builder.load(
+                            _vptr(
+                                builder,
+                                vp,
+                                builder.add(
+                                    builder.add(vj, ir.Constant(i64, 8 * h)),
+                                    builder.mul(builder.add(t, ir.Constant(i64, c)), vstride),
+                                ),
+                                vt,
+                            ),
+                            align=4,
+                        )
+                        for h in range(2)
+                    ]
+                    for c in range(4)
+                ]
+                for i in range(4):
+                    wrow = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), t))
+                    for h in range(2):
+                        p = [
+                            _splat_mul(builder, wp, builder.add(wrow, ir.Constant(i64, c)), vv[c][h]) for c in range(4)
+                        ]
+                        tree = builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
+                        builder.store(builder.fadd(builder.load(accs[i][h]), tree), accs[i][h])
+            for i in range(4):
+                for h in range(2):
+                    builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen

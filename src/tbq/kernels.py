@@ -267,6 +267,28 @@ _SHUF = (
 )
 
 
+def transpose8_vectors(builder: ir.IRBuilder, rows: list) -> list:
+    """The 8 columns (``<8 x float>``, lane ``r`` from row ``r``) of 8 rows ``<8 x float>``: the classic 24
+    ``shufflevector`` steps (pairs, pairs of pairs, halves), a pure copy. IR for :func:`transpose8` and the
+    attention microkernels that transpose tiles in registers."""
+
+    def sh(a, b, mask):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+
+    lo, hi = _SHUF[0]
+    t = [v for i in range(4) for v in (sh(rows[2 * i], rows[2 * i + 1], lo), sh(rows[2 * i], rows[2 * i + 1], hi))]
+    lo, hi = _SHUF[1]
+    u: list = [None] * 8
+    for base in (0, 4):
+        u[base], u[base + 1] = sh(t[base], t[base + 2], lo), sh(t[base], t[base + 2], hi)
+        u[base + 2], u[base + 3] = sh(t[base + 1], t[base + 3], lo), sh(t[base + 1], t[base + 3], hi)
+    lo, hi = _SHUF[2]
+    cols: list = [None] * 8
+    for k in range(4):
+        cols[k], cols[k + 4] = sh(u[k], u[k + 4], lo), sh(u[k], u[k + 4], hi)
+    return cols
+
+
 @intrinsic
 def transpose8(typingctx, src, si, ss, dst, di, ds):
     """Copy an 8 x 8 float32 tile transposed: ``dst[di + c*ds + r] = src[si + r*ss + c]`` for ``r, c < 8``.
@@ -296,21 +318,9 @@ def transpose8(typingctx, src, si, ss, dst, di, ds):
             off = builder.add(base, builder.mul(stride, ir.Constant(i64, k)))
             return builder.bitcast(builder.gep(arr.data, [off]), vt.as_pointer())
 
-        def sh(a, b, mask):
-            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
-
         rows = [builder.load(ptr(s_arr, si_, ss_, r), align=4) for r in range(8)]
-        lo, hi = _SHUF[0]
-        t = [v for i in range(4) for v in (sh(rows[2 * i], rows[2 * i + 1], lo), sh(rows[2 * i], rows[2 * i + 1], hi))]
-        lo, hi = _SHUF[1]
-        u = [None] * 8
-        for base in (0, 4):
-            u[base], u[base + 1] = sh(t[base], t[base + 2], lo), sh(t[base], t[base + 2], hi)
-            u[base + 2], u[base + 3] = sh(t[base + 1], t[base + 3], lo), sh(t[base + 1], t[base + 3], hi)
-        lo, hi = _SHUF[2]
-        for k in range(4):
-            builder.store(sh(u[k], u[k + 4], lo), ptr(d_arr, di_, ds_, k), align=4)
-            builder.store(sh(u[k], u[k + 4], hi), ptr(d_arr, di_, ds_, k + 4), align=4)
+        for c, col in enumerate(transpose8_vectors(builder, rows)):
+            builder.store(col, ptr(d_arr, di_, ds_, c), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
