@@ -422,8 +422,8 @@ def _attend_model(Q, lim, scale, Kr, Vr, t0, t1, chunk):
                 p = [S[:, t + c, None] * v[None, t + c] for c in range(4)]
                 ACC[g] = ACC[g] + ((p[0] + p[1]) + (p[2] + p[3]))
                 t += 4
-            for t in range(t, n):
-                ACC[g] = ACC[g] + S[:, t, None] * v[None, t]
+            for u in range(t, n):
+                ACC[g] = ACC[g] + S[:, u, None] * v[None, u]
     return M, L, ACC
 
 
