@@ -159,10 +159,10 @@ def load_library(path: str, error: type[Exception]) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(path)
     except OSError as exc:
-        hint = _flattened_link(path)
+        link = _flattened_link(path)
         hint = (
-            f" (it is a {hint[1]}-byte text file naming {hint[0]}, a symbolic link copied as a file? load that one)"
-            if hint
+            f" (it is a {link[1]}-byte text file naming {link[0]}, a symbolic link copied as a file? load that one)"
+            if link
             else ""
         )
         raise error(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}{hint}") from None
