@@ -32,7 +32,9 @@ explicit 8-float vectors, :func:`_scores4` and :func:`_values4`): the scores
 transpose 8 x 8 tiles of keys in registers so that the loop of a score
 ``sum_j q_j k_tj`` runs SIMD across tokens with four rows' sums held in
 registers, and the values accumulate SIMD along the head dimension with a
-cache line of four rows' accumulators held in registers over the chunk. Rows
+cache line of four rows' accumulators held in registers over the chunk; the
+softmax's running maximum and sum of weights, sequential chains over the
+tokens, run for four rows side by side (:func:`_fold4`). Rows
 and tokens left over take scalar loops of the same operations. Every element
 sees the same float32 operations in the same order on either path: a score
 is 0 plus, per group of eight channels in order, the tree ``((q0 k0 + q1 k1)
@@ -164,6 +166,8 @@ def attend(
     B = np.empty((D, chunk), np.float32)
     V = np.empty((chunk, G, D), np.float32)
     S = np.empty((RQ, chunk), np.float32)
+    F = np.empty(RQ, np.float32)  # each row's running maximum, then the sum of its weights
+    R4F = RQ - RQ % 4  # rows whose maximum and sum run four side by side
     kp = address(kaux)
     vp = address(vaux)
     nka = kaux.shape[0]
@@ -231,7 +235,9 @@ def attend(
                     bj = B[j]
                     for t in range(tlo, n):
                         sr[t] += qv * bj[t]
-            # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
+            # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m). The maximum and the
+            # sum are sequential chains over the tokens: four rows' chains run side by side (_fold4), each in its
+            # own order, the rows left over one by one
             for r in range(RQ):
                 sr = S[r]
                 for t in range(n):
@@ -239,10 +245,19 @@ def attend(
                 if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
                     for t in range(max(0, lim[r] - c0), n):
                         sr[t] = _NEG_INF
-                mc = m_out[r]
+                F[r] = m_out[r]
+            for r in range(0, R4F, 4):
+                _fold4(S, r * chunk, chunk, n, F, r, False)
+            for r in range(R4F, RQ):
+                sr = S[r]
+                mc = F[r]
                 for t in range(n):
                     mc = sr[t] if sr[t] > mc else mc
-                if mc == _NEG_INF:  # nothing seen yet: weights 0
+                F[r] = mc
+            for r in range(RQ):
+                sr = S[r]
+                mc = F[r]
+                if mc == _NEG_INF:  # nothing seen yet: weights 0 (and a sum of 0 to add below)
                     for t in range(n):
                         sr[t] = _0
                     continue
@@ -256,10 +271,19 @@ def attend(
                     m_out[r] = mc
                 for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
                     sr[t] = expf(sr[t] - mc)
+            for r in range(RQ):
+                F[r] = _0
+            for r in range(0, R4F, 4):
+                _fold4(S, r * chunk, chunk, n, F, r, True)
+            for r in range(R4F, RQ):
+                sr = S[r]
                 ls = _0
                 for t in range(n):
                     ls += sr[t]
-                l_out[r] += ls
+                F[r] = ls
+            for r in range(RQ):
+                if m_out[r] != _NEG_INF:
+                    l_out[r] += F[r]
             # values: acc += p_t * v_t; rows in fours through the microkernel (every quad of tokens, then the
             # tail below), the rest here
             RV = RQ - RQ % 4 if D % 16 == 0 else 0
@@ -435,6 +459,43 @@ def _values4(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_q, n_d)
             for i in range(4):
                 for h in range(2):
                     builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _fold4(typingctx, s, soff, sstride, n_t, f, foff, add):
+    """Four rows' sequential chains over ``n_t`` tokens, side by side in the lanes of one vector: with ``add``,
+    ``f[foff + i] = (((f0 + s_0) + s_1) + ...)`` (``f0 = f[foff + i]``), else the running maximum
+    ``m = s_t if s_t > m else m`` from ``m = f[foff + i]``; ``s_t = s[soff + i*sstride + t]``. Each row's chain is
+    the scalar loop's, operation for operation, in token order (a NaN never replaces the maximum, as there); the
+    four chains only no longer wait for one another."""
+    sig = types.void(s, types.int64, types.int64, types.int64, f, types.int64, types.boolean)
+
+    def codegen(context, builder, signature, args):
+        i64, i32 = ir.IntType(64), ir.IntType(32)
+        vt = ir.VectorType(ir.FloatType(), 4)
+        sp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        fp = context.make_array(signature.args[4])(context, builder, args[4]).data
+        soff, sstride, n_t, foff, add = args[1], args[2], args[3], args[5], args[6]
+        fv = _vptr(builder, fp, foff, vt)
+        acc = cgutils.alloca_once(builder, vt)
+        builder.store(builder.load(fv, align=4), acc)
+        rows = [builder.add(soff, builder.mul(ir.Constant(i64, i), sstride)) for i in range(4)]
+        with builder.if_else(add) as (then, otherwise):
+            for is_add in (True, False):
+                with then if is_add else otherwise, cgutils.for_range(builder, n_t) as tl:
+                    v = ir.Constant(vt, ir.Undefined)
+                    for i in range(4):
+                        x = builder.load(builder.gep(sp, [builder.add(rows[i], tl.index)]))
+                        v = builder.insert_element(v, x, ir.Constant(i32, i))
+                    a = builder.load(acc)
+                    if is_add:
+                        builder.store(builder.fadd(a, v), acc)
+                    else:
+                        builder.store(builder.select(builder.fcmp_ordered(">", v, a), v, a), acc)
+        builder.store(builder.load(acc), fv, align=4)
         return context.get_dummy_value()
 
     return sig, codegen
