@@ -431,6 +431,9 @@ def _attend_model(Q, lim, scale, Kr, Vr, t0, t1, chunk):
     "G, RQ, D, T, t0, causal",
     [
         (2, 4, 128, 200, 0, False),  # GQA 4: the microkernels; a tail chunk of 8, tokens 196.. one by one
+        (2, 7, 32, 133, 0, True),  # a quad and three rows; a tail of 5 tokens (scores from a padded vector)
+        (1, 2, 16, 70, 5, False),  # two rows; 65 tokens, the last chunk one token
+        (2, 6, 64, 64, 0, True),  # one whole chunk, a quad and two rows
         (1, 8, 64, 131, 3, True),  # two row quads, causal, a start off the chunk grid
         (3, 5, 48, 77, 0, True),  # a row left after the quad, D not a multiple of 16 (the values' scalar path)
         (2, 3, 40, 70, 0, False),  # fewer rows than a quad
@@ -451,8 +454,11 @@ def test_attend_performs_the_documented_operations_in_order(G, RQ, D, T, t0, cau
     scale = _F(1 / np.sqrt(D))
     read, kd, kaux, kb, _ = att._rows_operand(Kr)
     _, vd, vaux, vb, _ = att._rows_operand(Vr)
-    out = [np.empty((G, RQ), _F), np.empty((G, RQ), _F), np.empty((G, RQ, D), _F)]
-    kn.attend(Q, lim, scale, read, kd, kaux, kb, read, vd, vaux, vb, t0, T, kn.CHUNK, *out)
     want = _attend_model(Q, lim, scale, Kr, Vr, t0, T, kn.CHUNK)
-    for name, got, w in zip("MLA", out, want, strict=True):
-        assert np.array_equal(got.view(np.uint32), w.view(np.uint32)), name
+    # attend_any for any head dimension; attend (microkernels only) for multiples of 16
+    kernels = [kn.attend_any, kn.attend] if D % 16 == 0 else [kn.attend_any]
+    for kernel in kernels:
+        out = [np.empty((G, RQ), _F), np.empty((G, RQ), _F), np.empty((G, RQ, D), _F)]
+        kernel(Q, lim, scale, read, kd, kaux, kb, read, vd, vaux, vb, t0, T, kn.CHUNK, *out)
+        for name, got, w in zip("MLA", out, want, strict=True):
+            assert np.array_equal(got.view(np.uint32), w.view(np.uint32)), (kernel.__name__, name)

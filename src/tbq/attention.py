@@ -696,9 +696,12 @@ def _attention_kernel(
     ACC = np.empty((n, G, n_q * R, dim), np.float32)
     sc = np.float32(scale)
 
+    # the kernel without scalar paths where the head dimension allows (every model's), compiled only then
+    attend = kn.attend if dim % 16 == 0 and kn.CHUNK % 8 == 0 else kn.attend_any
+
     def run(i: int) -> None:
         Q, lm, (rk, kd, ka, kb), (rv, vd, va, vb), t0, t1 = tasks[i]
-        kn.attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
+        attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
 
     # threads take the next task as they finish (each task writes its own M, L, ACC): returns when all are done
     run_shared(n, threads if threads is not None else default_threads(), run)

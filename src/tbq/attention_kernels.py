@@ -58,6 +58,9 @@ that :func:`tbq.attention.f32_tolerance` bounds.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -125,6 +128,139 @@ def read_f32_rows(src, dst, n_blocks, aux, n_aux):
 
 @jit
 def attend(
+    Q,
+    lim,
+    scale,
+    read_k,
+    kdata,
+    kaux,
+    kblocks,
+    read_v,
+    vdata,
+    vaux,
+    vblocks,
+    t0,
+    t1,
+    chunk,
+    M,
+    L,
+    ACC,
+):
+    """:func:`attend_any` for a head dimension that is a multiple of 16 and a chunk that is a multiple of 8 (every
+    model's, and what the caller checks), with the same arguments and exactly the same operations: every query
+    row goes through the register-blocked microkernels, 1 to 4 rows a call. The tokens of a chunk past its last
+    multiple of 8 get their scores from a full 8-token vector whose other lanes read stale rows of the scratch and
+    are never used; the tokens past the last multiple of 4 are added to the accumulators one by one, as in
+    :func:`attend_any`. Without the scalar paths this compiles in about half the time."""
+    G = Q.shape[0]
+    RQ = Q.shape[1]
+    D = Q.shape[2]
+    K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
+    V = np.empty((chunk, G, D), np.float32)
+    S = np.empty((RQ, chunk), np.float32)
+    F = np.empty(RQ, np.float32)  # each row's running maximum, then the sum of its weights
+    kp = address(kaux)
+    vp = address(vaux)
+    nka = kaux.shape[0]
+    nva = vaux.shape[0]
+    for g in range(G):
+        for r in range(RQ):
+            M[g, r] = _NEG_INF
+            L[g, r] = _0
+            for j in range(D):
+                ACC[g, r, j] = _0
+    for c0 in range(t0, t1, chunk):
+        n = min(chunk, t1 - c0)
+        nU = (n + 7) // 8 * 8  # scores for whole vectors of 8 tokens (<= chunk)
+        n4 = n - n % 4
+        call_reader(read_k, address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
+        call_reader(read_v, address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
+        for g in range(G):
+            qo = Q[g]
+            m_out = M[g]
+            l_out = L[g]
+            acc = ACC[g]
+            for r in range(0, RQ, 4):  # scores s[r, t] = q . k_t
+                nr = min(4, RQ - r)
+                if nr == 4:
+                    _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
+                elif nr == 3:
+                    _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
+                elif nr == 2:
+                    _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
+                else:
+                    _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
+            # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
+            for r in range(RQ):
+                sr = S[r]
+                for t in range(n):
+                    sr[t] = sr[t] * scale
+                if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
+                    for t in range(max(0, lim[r] - c0), n):
+                        sr[t] = _NEG_INF
+                F[r] = m_out[r]
+            _fold_rows(S, chunk, n, F, RQ, False)
+            for r in range(RQ):
+                sr = S[r]
+                mc = F[r]
+                if mc == _NEG_INF:  # nothing seen yet: weights 0 (and a sum of 0 to add below)
+                    for t in range(n):
+                        sr[t] = _0
+                    continue
+                if mc > m_out[r]:
+                    if l_out[r] != _0:
+                        alpha = expf(m_out[r] - mc)
+                        l_out[r] *= alpha
+                        ar = acc[r]
+                        for j in range(D):
+                            ar[j] *= alpha
+                    m_out[r] = mc
+                for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
+                    sr[t] = expf(sr[t] - mc)
+            for r in range(RQ):
+                F[r] = _0
+            _fold_rows(S, chunk, n, F, RQ, True)
+            for r in range(RQ):
+                if m_out[r] != _NEG_INF:
+                    l_out[r] += F[r]
+            # values: acc += p_t * v_t, every quad of tokens in order, then the tail one by one
+            for r in range(0, RQ, 4):
+                nr = min(4, RQ - r)
+                if nr == 4:
+                    _values4(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+                elif nr == 3:
+                    _values3(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+                elif nr == 2:
+                    _values2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+                else:
+                    _values1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+            for t in range(n4, n):
+                vt = V[t, g]
+                for r in range(RQ):
+                    w = S[r, t]
+                    ar = acc[r]
+                    for j in range(D):
+                        ar[j] += w * vt[j]
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _fold_rows(S, chunk, n, F, RQ, add):
+    """:func:`_fold4` over rows ``0 .. RQ`` of ``S`` (row stride ``chunk``), four at a time, then the rest.
+    Inlined into :func:`attend` by numba (not compiled on its own)."""
+    for r in range(0, RQ, 4):
+        nr = min(4, RQ - r)
+        if nr == 4:
+            _fold4(S, r * chunk, chunk, n, F, r, add)
+        elif nr == 3:
+            _fold3(S, r * chunk, chunk, n, F, r, add)
+        elif nr == 2:
+            _fold2(S, r * chunk, chunk, n, F, r, add)
+        else:
+            _fold1(S, r * chunk, chunk, n, F, r, add)
+
+
+@jit
+def attend_any(
     Q,
     lim,
     scale,
@@ -317,8 +453,9 @@ def attend(
 
 # --- register-blocked microkernels ------------------------------------------------------------------------------
 # LLVM IR with explicit float32 vectors (any target; numba's loops cannot keep a tile of sums in registers across an
-# inner loop). Each computes exactly the operations of the scalar loops in :func:`attend`, element by element in the
-# same order (a lane is one element: the vectors only do several elements at once), so the bits are the same.
+# inner loop). Each computes exactly the operations of the scalar loops in :func:`attend_any`, element by element in
+# the same order (a lane is one element: the vectors only do several elements at once), so the bits are the same.
+# Each comes in four variants, for 1 to 4 query rows (``_scores[nr]`` and so on).
 
 
 def _splat(builder, x, vt):
@@ -337,165 +474,194 @@ def _splat_mul(builder, base, off, v):
     return builder.fmul(_splat(builder, builder.load(builder.gep(base, [off])), v.type), v)
 
 
-@intrinsic
-def _scores4(typingctx, q, qoff, k, koff, kstride, s, soff, sstride, n_t, n_d):
-    """Four query rows' raw scores over ``n_t`` tokens (a multiple of 8), 8 tokens a vector, straight from the
-    decoded keys: ``s[soff + i*sstride + t] = sum over channel groups j8 (in order, from 0) of the tree
-    ((q0 b0 + q1 b1) + (q2 b2 + q3 b3)) + ((q4 b4 + q5 b5) + (q6 b6 + q7 b7))`` with ``qc = q[qoff + i*n_d + j8 + c]``
-    and ``bc = k[koff + t*kstride + j8 + c]`` (``n_d`` a multiple of 8): the scalar loop of :func:`attend`. Each
-    8 x 8 tile of keys is transposed in registers (:func:`tbq.kernels.transpose8_vectors`; its shuffles overlap the
-    multiplies) and the four sums stay in registers across the channel groups."""
-    sig = types.void(q, types.int64, k, types.int64, types.int64, s, types.int64, types.int64, types.int64, types.int64)
+def _make_scores(nr: int) -> Any:
+    @intrinsic
+    def scores(typingctx, q, qoff, k, koff, kstride, s, soff, sstride, n_t, n_d):
+        """``nr`` query rows' raw scores over ``n_t`` tokens (a multiple of 8), 8 tokens a vector, straight from
+        the decoded keys: ``s[soff + i*sstride + t] = sum over channel groups j8 (in order, from 0) of the tree
+        ((q0 b0 + q1 b1) + (q2 b2 + q3 b3)) + ((q4 b4 + q5 b5) + (q6 b6 + q7 b7))`` with ``qc = q[qoff + i*n_d +
+        j8 + c]`` and ``bc = k[koff + t*kstride + j8 + c]`` (``n_d`` a multiple of 8): the scalar loop of
+        :func:`attend_any`. Each 8 x 8 tile of keys is transposed in registers
+        (:func:`tbq.kernels.transpose8_vectors`; its shuffles overlap the multiplies) and the rows' sums stay
+        in registers across the channel groups."""
+        sig = types.void(
+            q, types.int64, k, types.int64, types.int64, s, types.int64, types.int64, types.int64, types.int64
+        )
 
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        vt = ir.VectorType(ir.FloatType(), 8)
-        qp = context.make_array(signature.args[0])(context, builder, args[0]).data
-        kp = context.make_array(signature.args[2])(context, builder, args[2]).data
-        sp = context.make_array(signature.args[5])(context, builder, args[5]).data
-        qoff, koff, kstride, soff, sstride, n_t, n_d = (args[c] for c in (1, 3, 4, 6, 7, 8, 9))
-        accs = [cgutils.alloca_once(builder, vt) for _ in range(4)]
-        c8 = ir.Constant(i64, 8)
-        zero = ir.Constant(vt, [0.0] * 8)
-        with cgutils.for_range(builder, builder.udiv(n_t, c8)) as tl:
-            t = builder.mul(tl.index, c8)
-            for a in accs:
-                builder.store(zero, a)
-            kt = builder.add(koff, builder.mul(t, kstride))
-            with cgutils.for_range(builder, builder.udiv(n_d, c8)) as gl:
-                j8 = builder.mul(gl.index, c8)
-                kj = builder.add(kt, j8)
-                rows = [
-                    builder.load(
-                        _vptr(builder, kp, builder.add(kj, builder.mul(ir.Constant(i64, r), kstride)), vt), align=4
-                    )
-                    for r in range(8)
-                ]
-                b = transpose8_vectors(builder, rows)
-                for i in range(4):
-                    qrow = builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j8))
-                    p = [_splat_mul(builder, qp, builder.add(qrow, ir.Constant(i64, c)), b[c]) for c in range(8)]
-                    tree = builder.fadd(
-                        builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3])),
-                        builder.fadd(builder.fadd(p[4], p[5]), builder.fadd(p[6], p[7])),
-                    )
-                    builder.store(builder.fadd(builder.load(accs[i]), tree), accs[i])
-            for i in range(4):
-                off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
-                builder.store(builder.load(accs[i]), _vptr(builder, sp, off, vt), align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def _values4(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_q, n_d):
-    """Four query rows' ``acc[aoff + i*n_d + j] += (w0 v0[j] + w1 v1[j]) + (w2 v2[j] + w3 v3[j])`` for ``n_q`` quads
-    of tokens in order, ``wk = w[woff + i*wstride + 4u + k]``, ``vk[j] = v[voff + (4u + k)*vstride + j]`` (``n_d`` a
-    multiple of 16): the scalar loop of :func:`attend`, 16 values of ``acc`` a row (two vectors, a cache line of
-    each value row) held in registers over all the quads instead of loaded and stored for each."""
-    sig = types.void(
-        w, types.int64, types.int64, v, types.int64, types.int64, acc, types.int64, types.int64, types.int64
-    )
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        vt = ir.VectorType(ir.FloatType(), 8)
-        wp = context.make_array(signature.args[0])(context, builder, args[0]).data
-        vp = context.make_array(signature.args[3])(context, builder, args[3]).data
-        ap = context.make_array(signature.args[6])(context, builder, args[6]).data
-        woff, wstride, voff, vstride, aoff, n_q, n_d = (args[c] for c in (1, 2, 4, 5, 7, 8, 9))
-        accs = [[cgutils.alloca_once(builder, vt) for _ in range(2)] for _ in range(4)]
-        c16 = ir.Constant(i64, 16)
-        with cgutils.for_range(builder, builder.udiv(n_d, c16)) as jl:
-            j = builder.mul(jl.index, c16)
-            aptrs = [
-                [
-                    _vptr(
-                        builder,
-                        ap,
-                        builder.add(
-                            aoff,
-                            builder.add(builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 8 * h))),
-                        ),
-                        vt,
-                    )
-                    for h in range(2)
-                ]
-                for i in range(4)
-            ]
-            for i in range(4):
-                for h in range(2):
-                    builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
-            with cgutils.for_range(builder, n_q) as ql:
-                t = builder.mul(ql.index, ir.Constant(i64, 4))
-                vj = builder.add(voff, j)
-                vv = [
-                    [
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            vt = ir.VectorType(ir.FloatType(), 8)
+            qp = context.make_array(signature.args[0])(context, builder, args[0]).data
+            kp = context.make_array(signature.args[2])(context, builder, args[2]).data
+            sp = context.make_array(signature.args[5])(context, builder, args[5]).data
+            qoff, koff, kstride, soff, sstride, n_t, n_d = (args[c] for c in (1, 3, 4, 6, 7, 8, 9))
+            accs = [cgutils.alloca_once(builder, vt) for _ in range(nr)]
+            c8 = ir.Constant(i64, 8)
+            zero = ir.Constant(vt, [0.0] * 8)
+            with cgutils.for_range(builder, builder.udiv(n_t, c8)) as tl:
+                t = builder.mul(tl.index, c8)
+                for a in accs:
+                    builder.store(zero, a)
+                kt = builder.add(koff, builder.mul(t, kstride))
+                with cgutils.for_range(builder, builder.udiv(n_d, c8)) as gl:
+                    j8 = builder.mul(gl.index, c8)
+                    kj = builder.add(kt, j8)
+                    rows = [
                         builder.load(
-                            _vptr(
-                                builder,
-                                vp,
+                            _vptr(builder, kp, builder.add(kj, builder.mul(ir.Constant(i64, r), kstride)), vt), align=4
+                        )
+                        for r in range(8)
+                    ]
+                    b = transpose8_vectors(builder, rows)
+                    for i in range(nr):
+                        qrow = builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j8))
+                        p = [_splat_mul(builder, qp, builder.add(qrow, ir.Constant(i64, c)), b[c]) for c in range(8)]
+                        tree = builder.fadd(
+                            builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3])),
+                            builder.fadd(builder.fadd(p[4], p[5]), builder.fadd(p[6], p[7])),
+                        )
+                        builder.store(builder.fadd(builder.load(accs[i]), tree), accs[i])
+                for i in range(nr):
+                    off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
+                    builder.store(builder.load(accs[i]), _vptr(builder, sp, off, vt), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return scores
+
+
+def _make_values(nr: int) -> Any:
+    @intrinsic
+    def values(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_q, n_d):
+        """``nr`` query rows' ``acc[aoff + i*n_d + j] += (w0 v0[j] + w1 v1[j]) + (w2 v2[j] + w3 v3[j])`` for
+        ``n_q`` quads of tokens in order, ``wk = w[woff + i*wstride + 4u + k]``, ``vk[j] = v[voff + (4u + k)*vstride
+        + j]`` (``n_d`` a multiple of 16): the scalar loop of :func:`attend_any`, 16 values of ``acc`` a row (two
+        vectors, a cache line of each value row) held in registers over all the quads instead of loaded and stored
+        for each."""
+        sig = types.void(
+            w, types.int64, types.int64, v, types.int64, types.int64, acc, types.int64, types.int64, types.int64
+        )
+
+        def codegen(context, builder, signature, args):
+            i64 = ir.IntType(64)
+            vt = ir.VectorType(ir.FloatType(), 8)
+            wp = context.make_array(signature.args[0])(context, builder, args[0]).data
+            vp = context.make_array(signature.args[3])(context, builder, args[3]).data
+            ap = context.make_array(signature.args[6])(context, builder, args[6]).data
+            woff, wstride, voff, vstride, aoff, n_q, n_d = (args[c] for c in (1, 2, 4, 5, 7, 8, 9))
+            accs = [[cgutils.alloca_once(builder, vt) for _ in range(2)] for _ in range(nr)]
+            c16 = ir.Constant(i64, 16)
+            with cgutils.for_range(builder, builder.udiv(n_d, c16)) as jl:
+                j = builder.mul(jl.index, c16)
+                aptrs = [
+                    [
+                        _vptr(
+                            builder,
+                            ap,
+                            builder.add(
+                                aoff,
                                 builder.add(
-                                    builder.add(vj, ir.Constant(i64, 8 * h)),
-                                    builder.mul(builder.add(t, ir.Constant(i64, c)), vstride),
+                                    builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 8 * h))
                                 ),
-                                vt,
                             ),
-                            align=4,
+                            vt,
                         )
                         for h in range(2)
                     ]
-                    for c in range(4)
+                    for i in range(nr)
                 ]
-                for i in range(4):
-                    wrow = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), t))
+                for i in range(nr):
                     for h in range(2):
-                        p = [
-                            _splat_mul(builder, wp, builder.add(wrow, ir.Constant(i64, c)), vv[c][h]) for c in range(4)
+                        builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
+                with cgutils.for_range(builder, n_q) as ql:
+                    t = builder.mul(ql.index, ir.Constant(i64, 4))
+                    vj = builder.add(voff, j)
+                    vv = [
+                        [
+                            builder.load(
+                                _vptr(
+                                    builder,
+                                    vp,
+                                    builder.add(
+                                        builder.add(vj, ir.Constant(i64, 8 * h)),
+                                        builder.mul(builder.add(t, ir.Constant(i64, c)), vstride),
+                                    ),
+                                    vt,
+                                ),
+                                align=4,
+                            )
+                            for h in range(2)
                         ]
-                        tree = builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
-                        builder.store(builder.fadd(builder.load(accs[i][h]), tree), accs[i][h])
-            for i in range(4):
-                for h in range(2):
-                    builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
-        return context.get_dummy_value()
+                        for c in range(4)
+                    ]
+                    for i in range(nr):
+                        wrow = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), t))
+                        for h in range(2):
+                            p = [
+                                _splat_mul(builder, wp, builder.add(wrow, ir.Constant(i64, c)), vv[c][h])
+                                for c in range(4)
+                            ]
+                            tree = builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
+                            builder.store(builder.fadd(builder.load(accs[i][h]), tree), accs[i][h])
+                for i in range(nr):
+                    for h in range(2):
+                        builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
+            return context.get_dummy_value()
 
-    return sig, codegen
+        return sig, codegen
+
+    return values
 
 
-@intrinsic
-def _fold4(typingctx, s, soff, sstride, n_t, f, foff, add):
-    """Four rows' sequential chains over ``n_t`` tokens, side by side in the lanes of one vector: with ``add``,
-    ``f[foff + i] = (((f0 + s_0) + s_1) + ...)`` (``f0 = f[foff + i]``), else the running maximum
-    ``m = s_t if s_t > m else m`` from ``m = f[foff + i]``; ``s_t = s[soff + i*sstride + t]``. Each row's chain is
-    the scalar loop's, operation for operation, in token order (a NaN never replaces the maximum, as there); the
-    four chains only no longer wait for one another."""
-    sig = types.void(s, types.int64, types.int64, types.int64, f, types.int64, types.boolean)
+def _make_fold(nr: int) -> Any:
+    @intrinsic
+    def fold(typingctx, s, soff, sstride, n_t, f, foff, add):
+        """``nr`` rows' sequential chains over ``n_t`` tokens, side by side in the lanes of one vector: with
+        ``add``, ``f[foff + i] = (((f0 + s_0) + s_1) + ...)`` (``f0 = f[foff + i]``), else the running maximum
+        ``m = s_t if s_t > m else m`` from ``m = f[foff + i]``; ``s_t = s[soff + i*sstride + t]``. Each row's
+        chain is the scalar loop's, operation for operation, in token order (a NaN never replaces the maximum,
+        as there); the chains only no longer wait for one another."""
+        sig = types.void(s, types.int64, types.int64, types.int64, f, types.int64, types.boolean)
 
-    def codegen(context, builder, signature, args):
-        i64, i32 = ir.IntType(64), ir.IntType(32)
-        vt = ir.VectorType(ir.FloatType(), 4)
-        sp = context.make_array(signature.args[0])(context, builder, args[0]).data
-        fp = context.make_array(signature.args[4])(context, builder, args[4]).data
-        soff, sstride, n_t, foff, add = args[1], args[2], args[3], args[5], args[6]
-        fv = _vptr(builder, fp, foff, vt)
-        acc = cgutils.alloca_once(builder, vt)
-        builder.store(builder.load(fv, align=4), acc)
-        rows = [builder.add(soff, builder.mul(ir.Constant(i64, i), sstride)) for i in range(4)]
-        with builder.if_else(add) as (then, otherwise):
-            for is_add in (True, False):
-                with then if is_add else otherwise, cgutils.for_range(builder, n_t) as tl:
-                    v = ir.Constant(vt, ir.Undefined)
-                    for i in range(4):
-                        x = builder.load(builder.gep(sp, [builder.add(rows[i], tl.index)]))
-                        v = builder.insert_element(v, x, ir.Constant(i32, i))
-                    a = builder.load(acc)
-                    if is_add:
-                        builder.store(builder.fadd(a, v), acc)
-                    else:
-                        builder.store(builder.select(builder.fcmp_ordered(">", v, a), v, a), acc)
-        builder.store(builder.load(acc), fv, align=4)
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            vt = ir.VectorType(ir.FloatType(), 4)
+            sp = context.make_array(signature.args[0])(context, builder, args[0]).data
+            fp = context.make_array(signature.args[4])(context, builder, args[4]).data
+            soff, sstride, n_t, foff, add = args[1], args[2], args[3], args[5], args[6]
+            acc = cgutils.alloca_once(builder, vt)
+            v0 = ir.Constant(vt, [0.0] * 4)
+            for i in range(nr):
+                x = builder.load(builder.gep(fp, [builder.add(foff, ir.Constant(i64, i))]))
+                v0 = builder.insert_element(v0, x, ir.Constant(i32, i))
+            builder.store(v0, acc)
+            rows = [builder.add(soff, builder.mul(ir.Constant(i64, i), sstride)) for i in range(nr)]
+            with builder.if_else(add) as (then, otherwise):
+                for is_add in (True, False):
+                    with then if is_add else otherwise, cgutils.for_range(builder, n_t) as tl:
+                        v = ir.Constant(vt, [0.0] * 4)
+                        for i in range(nr):
+                            x = builder.load(builder.gep(sp, [builder.add(rows[i], tl.index)]))
+                            v = builder.insert_element(v, x, ir.Constant(i32, i))
+                        a = builder.load(acc)
+                        if is_add:
+                            builder.store(builder.fadd(a, v), acc)
+                        else:
+                            builder.store(builder.select(builder.fcmp_ordered(">", v, a), v, a), acc)
+            out = builder.load(acc)
+            for i in range(nr):
+                builder.store(
+                    builder.extract_element(out, ir.Constant(i32, i)),
+                    builder.gep(fp, [builder.add(foff, ir.Constant(i64, i))]),
+                )
+            return context.get_dummy_value()
 
-    return sig, codegen
+        return sig, codegen
+
+    return fold
+
+
+_scores1, _scores2, _scores3, _scores4 = (_make_scores(nr) for nr in (1, 2, 3, 4))
+_values1, _values2, _values3, _values4 = (_make_values(nr) for nr in (1, 2, 3, 4))
+_fold1, _fold2, _fold3, _fold4 = (_make_fold(nr) for nr in (1, 2, 3, 4))
