@@ -34,8 +34,12 @@ transpose 8 x 8 tiles of keys in registers so that the loop of a score
 registers, and the values accumulate SIMD along the head dimension with a
 cache line of four rows' accumulators held in registers over the chunk; the
 softmax's running maximum and sum of weights, sequential chains over the
-tokens, run for four rows side by side (:func:`_fold4`). Rows
-and tokens left over take scalar loops of the same operations. Every element
+tokens, run for four rows side by side (:func:`_fold4`). Two kernels:
+:func:`attend`, for a head dimension that is a multiple of 16 (every
+model's), runs every row through the microkernels (1 to 4 rows a call, the
+last scores from a padded vector of 8 tokens); :func:`attend_any`, for any
+head dimension, leaves the rows and tokens over to scalar loops of the same
+operations, and is compiled only when such a head dimension is met. Every element
 sees the same float32 operations in the same order on either path: a score
 is 0 plus, per group of eight channels in order, the tree ``((q0 k0 + q1 k1)
 + (q2 k2 + q3 k3)) + ((q4 k4 + q5 k5) + (q6 k6 + q7 k7))`` (the channels left
