@@ -460,6 +460,41 @@ def _kernel_units(fmts: Any, attention: bool) -> list[str]:
     return [u for u in dict.fromkeys(units) if u]
 
 
+def _compile_weight(source: str) -> int:
+    r"""A proxy for the seconds numba takes to compile a kernel module: the source lines of its top-level
+    functions decorated with ``jit`` or ``njit`` (numba compiles those; an LLVM-IR intrinsic's Python
+    codegen and docstrings are not compiled code), less those the module names in ``_LAZY_KERNELS`` (compiled
+    only for unusual shapes). At least 1.
+
+    >>> _compile_weight("@jit\ndef f(x):\n    return x\n\n\ndef g():\n    pass\n")
+    3
+    """
+    import ast
+
+    tree = ast.parse(source)
+    lazy: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_LAZY_KERNELS" for t in node.targets
+        ):
+            lazy = {str(e.value) for e in getattr(node.value, "elts", []) if isinstance(e, ast.Constant)}
+
+    def numba_compiled(d: ast.expr) -> bool:
+        f = d.func if isinstance(d, ast.Call) else d
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        return name in ("jit", "njit")
+
+    lines = sum(
+        (node.end_lineno or node.lineno) - node.decorator_list[0].lineno + 1
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef)
+        and node.name not in lazy
+        and node.decorator_list
+        and any(numba_compiled(d) for d in node.decorator_list)
+    )
+    return max(1, lines)
+
+
 def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
     """True when numba's cache holds compiled kernels of every module ``fmts`` (and attention) use.
 
@@ -530,7 +565,7 @@ def warm_up(
     weight = {}
     for u in units:
         spec = importlib.util.find_spec(u)
-        weight[u] = Path(spec.origin).stat().st_size if spec and spec.origin else 1
+        weight[u] = _compile_weight(Path(spec.origin).read_text()) if spec and spec.origin else 1
     shares: list[list[str]] = [[] for _ in range(max(1, min(processes, len(units))))]
     load = [0] * len(shares)
     for u in sorted(units, key=lambda u: -weight[u]):
