@@ -198,39 +198,7 @@ def attend(
                     _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
                 else:
                     _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
-            # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m)
-            for r in range(RQ):
-                sr = S[r]
-                for t in range(n):
-                    sr[t] = sr[t] * scale
-                if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
-                    for t in range(max(0, lim[r] - c0), n):
-                        sr[t] = _NEG_INF
-                F[r] = m_out[r]
-            _fold_rows(S, chunk, n, F, RQ, False)
-            for r in range(RQ):
-                sr = S[r]
-                mc = F[r]
-                if mc == _NEG_INF:  # nothing seen yet: weights 0 (and a sum of 0 to add below)
-                    for t in range(n):
-                        sr[t] = _0
-                    continue
-                if mc > m_out[r]:
-                    if l_out[r] != _0:
-                        alpha = expf(m_out[r] - mc)
-                        l_out[r] *= alpha
-                        ar = acc[r]
-                        for j in range(D):
-                            ar[j] *= alpha
-                    m_out[r] = mc
-                for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
-                    sr[t] = expf(sr[t] - mc)
-            for r in range(RQ):
-                F[r] = _0
-            _fold_rows(S, chunk, n, F, RQ, True)
-            for r in range(RQ):
-                if m_out[r] != _NEG_INF:
-                    l_out[r] += F[r]
+            _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk)
             # values: acc += p_t * v_t, every quad of tokens in order, then the tail one by one
             for r in range(0, RQ, 4):
                 nr = min(4, RQ - r)
@@ -249,6 +217,49 @@ def attend(
                     ar = acc[r]
                     for j in range(D):
                         ar[j] += w * vt[j]
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk):
+    """One chunk's online-softmax step for the rows of one KV head (inlined into both kernels by numba): the raw
+    scores ``S[r, :n]`` times ``scale``, the tokens a causal row does not see at ``-inf``, the new running maximum
+    (the rows' sequential chains four side by side, :func:`_fold4`), the accumulated ``l`` and ``acc`` rescaled by
+    ``exp(m_old - m_new)``, ``S`` replaced by the weights ``exp(s_t - m)``, and their sequential sum added to ``l``.
+    A row that has seen nothing yet (maximum ``-inf``) gets weights 0 and keeps ``l``."""
+    RQ = S.shape[0]
+    D = acc.shape[1]
+    for r in range(RQ):
+        sr = S[r]
+        for t in range(n):
+            sr[t] = sr[t] * scale
+        if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
+            for t in range(max(0, lim[r] - c0), n):
+                sr[t] = _NEG_INF
+        F[r] = m_out[r]
+    _fold_rows(S, chunk, n, F, RQ, False)
+    for r in range(RQ):
+        sr = S[r]
+        mc = F[r]
+        if mc == _NEG_INF:  # nothing seen yet: weights 0 (and a sum of 0, not added below)
+            for t in range(n):
+                sr[t] = _0
+            continue
+        if mc > m_out[r]:
+            if l_out[r] != _0:
+                alpha = expf(m_out[r] - mc)
+                l_out[r] *= alpha
+                ar = acc[r]
+                for j in range(D):
+                    ar[j] *= alpha
+            m_out[r] = mc
+        for t in range(n):  # SIMD (the sum is a separate, sequential chain)
+            sr[t] = expf(sr[t] - mc)
+    for r in range(RQ):
+        F[r] = _0
+    _fold_rows(S, chunk, n, F, RQ, True)
+    for r in range(RQ):
+        if m_out[r] != _NEG_INF:
+            l_out[r] += F[r]
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -311,7 +322,6 @@ def attend_any(
     V = np.empty((chunk, G, D), np.float32)
     S = np.empty((RQ, chunk), np.float32)
     F = np.empty(RQ, np.float32)  # each row's running maximum, then the sum of its weights
-    R4F = RQ - RQ % 4  # rows whose maximum and sum run four side by side
     kp = address(kaux)
     vp = address(vaux)
     nka = kaux.shape[0]
@@ -379,55 +389,7 @@ def attend_any(
                     bj = B[j]
                     for t in range(tlo, n):
                         sr[t] += qv * bj[t]
-            # online softmax: new maximum, rescale what was accumulated, p_t = exp(s_t - m). The maximum and the
-            # sum are sequential chains over the tokens: four rows' chains run side by side (_fold4), each in its
-            # own order, the rows left over one by one
-            for r in range(RQ):
-                sr = S[r]
-                for t in range(n):
-                    sr[t] = sr[t] * scale
-                if lim[r] < c0 + n:  # causal: the tokens after this row's own are not seen
-                    for t in range(max(0, lim[r] - c0), n):
-                        sr[t] = _NEG_INF
-                F[r] = m_out[r]
-            for r in range(0, R4F, 4):
-                _fold4(S, r * chunk, chunk, n, F, r, False)
-            for r in range(R4F, RQ):
-                sr = S[r]
-                mc = F[r]
-                for t in range(n):
-                    mc = sr[t] if sr[t] > mc else mc
-                F[r] = mc
-            for r in range(RQ):
-                sr = S[r]
-                mc = F[r]
-                if mc == _NEG_INF:  # nothing seen yet: weights 0 (and a sum of 0 to add below)
-                    for t in range(n):
-                        sr[t] = _0
-                    continue
-                if mc > m_out[r]:
-                    if l_out[r] != _0:
-                        alpha = expf(m_out[r] - mc)
-                        l_out[r] *= alpha
-                        ar = acc[r]
-                        for j in range(D):
-                            ar[j] *= alpha
-                    m_out[r] = mc
-                for t in range(n):  # SIMD (the sum below is a separate, sequential loop)
-                    sr[t] = expf(sr[t] - mc)
-            for r in range(RQ):
-                F[r] = _0
-            for r in range(0, R4F, 4):
-                _fold4(S, r * chunk, chunk, n, F, r, True)
-            for r in range(R4F, RQ):
-                sr = S[r]
-                ls = _0
-                for t in range(n):
-                    ls += sr[t]
-                F[r] = ls
-            for r in range(RQ):
-                if m_out[r] != _NEG_INF:
-                    l_out[r] += F[r]
+            _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk)
             # values: acc += p_t * v_t; rows in fours through the microkernel (every quad of tokens, then the
             # tail below), the rest here
             RV = RQ - RQ % 4 if D % 16 == 0 else 0
