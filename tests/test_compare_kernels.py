@@ -83,3 +83,19 @@ def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True]
     names = {p.name.split(".")[0] for p in (tmp_path / "numba").rglob("*.nbi")}
     assert {"q8_0_kernels", "q4_0_kernels"} <= names  # both modules compiled (one of them by the helper process)
+
+
+def test_the_cold_start_shares_balance_compile_cost_not_file_size():
+    """The TBQ kernels (the largest compile) get a process of their own on two cores for the four core formats
+    with attention; the attention module's IR codegen (Python, not numba-compiled) does not count, nor does its
+    lazily compiled kernel, so it shares the other process with q4_0 and q8_0."""
+    from tbq.compare import _compile_weight, _shares
+
+    shares = _shares(["q8_0", "q4_0", "tbq4_0", "tbq3_0"], True, 2)
+    assert sorted(map(sorted, shares)) == [
+        ["tbq.attention_kernels", "tbq.formats.q4_0_kernels", "tbq.formats.q8_0_kernels"],
+        ["tbq.formats.tbq_kernels"],
+    ]
+    assert _shares(["q8_0"], True, 4) == [["tbq.attention_kernels"], ["tbq.formats.q8_0_kernels"]]  # at most one a unit
+    src = "_LAZY_KERNELS = ('g',)\n\n\n@jit\ndef f():\n    pass\n\n\n@jit\ndef g():\n    pass\n"
+    assert _compile_weight(src) == 3  # g is compiled only on demand

@@ -495,6 +495,25 @@ def _compile_weight(source: str) -> int:
     return max(1, lines)
 
 
+def _shares(fmts: Any, attention: bool, processes: int) -> list[list[str]]:
+    """The kernel modules of a comparison of ``fmts`` split into at most ``processes`` shares of about equal
+    compile cost (:func:`_compile_weight`), heaviest module first to the lightest share."""
+    import importlib.util
+
+    units = _kernel_units(fmts, attention)
+    weight = {}
+    for u in units:
+        spec = importlib.util.find_spec(u)
+        weight[u] = _compile_weight(Path(spec.origin).read_text()) if spec and spec.origin else 1
+    shares: list[list[str]] = [[] for _ in range(max(1, min(processes, len(units))))]
+    load = [0] * len(shares)
+    for u in sorted(units, key=lambda u: -weight[u]):
+        i = load.index(min(load))
+        shares[i].append(u)
+        load[i] += weight[u]
+    return shares
+
+
 def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
     """True when numba's cache holds compiled kernels of every module ``fmts`` (and attention) use.
 
@@ -559,19 +578,7 @@ def warm_up(
             processes = len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover
             processes = os.cpu_count() or 1
-    import importlib.util
-
-    units = _kernel_units(fmts, attention)
-    weight = {}
-    for u in units:
-        spec = importlib.util.find_spec(u)
-        weight[u] = _compile_weight(Path(spec.origin).read_text()) if spec and spec.origin else 1
-    shares: list[list[str]] = [[] for _ in range(max(1, min(processes, len(units))))]
-    load = [0] * len(shares)
-    for u in sorted(units, key=lambda u: -weight[u]):
-        i = load.index(min(load))
-        shares[i].append(u)
-        load[i] += weight[u]
+    shares = _shares(fmts, attention, processes)
 
     def fmts_of(share: Any) -> Any:
         return [f for f in fmts if format_class(f).kernel_module in share]
