@@ -159,7 +159,7 @@ def attend(
     row goes through the register-blocked microkernels, 1 to 4 rows a call. The tokens of a chunk past its last
     multiple of 8 get their scores from a full 8-token vector whose other lanes read stale rows of the scratch and
     are never used; the tokens past the last multiple of 4 are added to the accumulators one by one, as in
-    :func:`attend_any`. Without the scalar paths this compiles in about half the time."""
+    :func:`attend_any`. Without the scalar paths this compiles in about 70 % of the time (1.4 s against 2.0 s here)."""
     G = Q.shape[0]
     RQ = Q.shape[1]
     D = Q.shape[2]
