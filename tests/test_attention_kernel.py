@@ -405,7 +405,9 @@ def _attend_model(Q, lim, scale, Kr, Vr, t0, t1, chunk):
             for r in range(RQ):
                 if lim[r] < c0 + n:
                     S[r, max(0, lim[r] - c0) :] = -np.inf
-                mc = max(M[g, r], S[r].max())
+                mc = M[g, r]
+                for s in S[r]:  # the running maximum's chain: a NaN never replaces it, a tie keeps the first
+                    mc = s if s > mc else mc
                 if mc == -np.inf:
                     S[r] = 0
                     continue
@@ -430,18 +432,22 @@ def _attend_model(Q, lim, scale, Kr, Vr, t0, t1, chunk):
 @pytest.mark.parametrize(
     "G, RQ, D, T, t0, causal",
     [
-        (2, 4, 128, 200, 0, False),  # GQA 4: the microkernels; a tail chunk of 8, tokens 196.. one by one
+        (2, 4, 128, 200, 0, False),  # GQA 4: the microkernels; a last chunk of 8 tokens
         (2, 7, 32, 133, 0, True),  # a quad and three rows; a tail of 5 tokens (scores from a padded vector)
         (1, 2, 16, 70, 5, False),  # two rows; 65 tokens, the last chunk one token
         (2, 6, 64, 64, 0, True),  # one whole chunk, a quad and two rows
+        (1, 5, 32, 135, 0, False),  # a last chunk of 7 tokens: a quad, then 3 tokens one by one
+        (1, 8, 32, 20, 16, True),  # causal rows 0-2 see nothing in the task (maximum -inf, weights 0)
         (1, 8, 64, 131, 3, True),  # two row quads, causal, a start off the chunk grid
-        (3, 5, 48, 77, 0, True),  # a row left after the quad, D not a multiple of 16 (the values' scalar path)
-        (2, 3, 40, 70, 0, False),  # fewer rows than a quad
+        (2, 4, 40, 67, 0, True),  # D a multiple of 8, not 16: attend_any's score microkernel, scalar values
+        (3, 5, 48, 77, 0, True),  # a row left after the quad; a last chunk of 13 tokens
+        (2, 3, 40, 70, 0, False),  # fewer rows than a quad, D not a multiple of 16
         (1, 4, 12, 33, 0, False),  # D not a multiple of 8: every sum in the scalar loops
         (2, 1, 128, 9, 0, False),  # MHA, one token past a tile
     ],
 )
-def test_attend_performs_the_documented_operations_in_order(G, RQ, D, T, t0, causal):
+@pytest.mark.parametrize("special", [False, True], ids=["finite", "nonfinite"])
+def test_attend_performs_the_documented_operations_in_order(G, RQ, D, T, t0, causal, special):
     """Bit for bit, the kernel's M, L and ACC are the naive model's: any restructuring of its loops (register
     tiles, microkernels, SIMD widths) must keep every element's operations and their order."""
     from tbq import attention_kernels as kn
@@ -454,7 +460,15 @@ def test_attend_performs_the_documented_operations_in_order(G, RQ, D, T, t0, cau
     scale = _F(1 / np.sqrt(D))
     read, kd, kaux, kb, _ = att._rows_operand(Kr)
     _, vd, vaux, vb, _ = att._rows_operand(Vr)
-    want = _attend_model(Q, lim, scale, Kr, Vr, t0, T, kn.CHUNK)
+    if special:  # non-finite keys and values, zero query rows: NaN scores the maximum skips, +-0 ties, inf weights
+        Kr[3, 0, :5] = np.nan
+        Kr[T // 2, :, 7] = np.inf
+        Kr[T - 1, 0] = -np.inf
+        Vr[T // 3, 0, :3] = np.inf
+        Q[0, RQ - 1] = 0.0
+        Q[-1, 0] = -0.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf, 0 * inf: NaN, as in the kernel
+        want = _attend_model(Q, lim, scale, Kr, Vr, t0, T, kn.CHUNK)
     # attend_any for any head dimension; attend (microkernels only) for multiples of 16
     kernels = [kn.attend_any, kn.attend] if D % 16 == 0 else [kn.attend_any]
     for kernel in kernels:
@@ -462,3 +476,22 @@ def test_attend_performs_the_documented_operations_in_order(G, RQ, D, T, t0, cau
         kernel(Q, lim, scale, read, kd, kaux, kb, read, vd, vaux, vb, t0, T, kn.CHUNK, *out)
         for name, got, w in zip("MLA", out, want, strict=True):
             assert np.array_equal(got.view(np.uint32), w.view(np.uint32)), (kernel.__name__, name)
+
+
+def test_attend_refuses_what_its_vectors_cannot_hold():
+    """attend's microkernels take 16 values of a row and 8 tokens a vector: another head dimension or chunk is
+    refused (the caller picks attend_any), never read past the scratch."""
+    from tbq import attention_kernels as kn
+
+    Kr = np.ones((9, 1, 40), _F)
+    read, kd, kaux, kb, _ = att._rows_operand(Kr)
+    out = [np.empty((1, 4), _F), np.empty((1, 4), _F), np.empty((1, 4, 40), _F)]
+    q = np.ones((1, 4, 40), _F)
+    lim = np.full(4, 9, np.int64)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        kn.attend(q, lim, _F(0.1), read, kd, kaux, kb, read, kd, kaux, kb, 0, 9, kn.CHUNK, *out)
+    Kr = np.ones((9, 1, 32), _F)
+    read, kd, kaux, kb, _ = att._rows_operand(Kr)
+    out = [np.empty((1, 4), _F), np.empty((1, 4), _F), np.empty((1, 4, 32), _F)]
+    with pytest.raises(ValueError, match="chunk"):
+        kn.attend(q[..., :32].copy(), lim, _F(0.1), read, kd, kaux, kb, read, kd, kaux, kb, 0, 9, 12, *out)

@@ -159,10 +159,13 @@ def attend(
     row goes through the register-blocked microkernels, 1 to 4 rows a call. The tokens of a chunk past its last
     multiple of 8 get their scores from a full 8-token vector whose other lanes read stale rows of the scratch and
     are never used; the tokens past the last multiple of 4 are added to the accumulators one by one, as in
-    :func:`attend_any`. Without the scalar paths this compiles in about 70 % of the time (1.4 s against 2.0 s here)."""
+    :func:`attend_any`. Without the scalar paths this compiles in about 75 % of the time (1.5 s against 2.0 s here,
+    ``benchmarks/profile_compile.py``)."""
     G = Q.shape[0]
     RQ = Q.shape[1]
     D = Q.shape[2]
+    if D % 16 or chunk % 8:  # the microkernels' vectors: 16 values of a row, 8 tokens (the padded tail <= chunk)
+        raise ValueError("attend needs a head dimension that is a multiple of 16 and a chunk that is one of 8")
     K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
     V = np.empty((chunk, G, D), np.float32)
     S = np.empty((RQ, chunk), np.float32)
@@ -265,7 +268,7 @@ def _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk):
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _fold_rows(S, chunk, n, F, RQ, add):
     """:func:`_fold4` over rows ``0 .. RQ`` of ``S`` (row stride ``chunk``), four at a time, then the rest.
-    Inlined into :func:`attend` by numba (not compiled on its own)."""
+    Inlined into the kernels by numba (not compiled on its own)."""
     for r in range(0, RQ, 4):
         nr = min(4, RQ - r)
         if nr == 4:
