@@ -99,3 +99,25 @@ def test_the_cold_start_shares_balance_compile_cost_not_file_size():
     assert _shares(["q8_0"], True, 4) == [["tbq.attention_kernels"], ["tbq.formats.q8_0_kernels"]]  # at most one a unit
     src = "_LAZY_KERNELS = ('g',)\n\n\n@jit\ndef f():\n    pass\n\n\n@jit\ndef g():\n    pass\n"
     assert _compile_weight(src) == 3  # g is compiled only on demand
+
+
+def test_a_started_warm_up_is_finished_or_cancelled(tmp_path, monkeypatch):
+    """start_warm_up's helpers compile while the caller works; cancel() stops them (the CLI does so when the
+    comparison fails before it needs the kernels), finish() waits for them and compiles this process's share."""
+    from tbq.compare import start_warm_up
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))  # the helpers' cache: empty, so they compile
+    w = start_warm_up(["q8_0", "q4_0"], {}, attention=False, processes=2)
+    assert len(w._procs) == 1 and w._procs[0].poll() is None  # compiling
+    w.cancel()
+    assert w._procs[0].returncode is not None  # stopped and reaped
+    code = (
+        "import json, tbq.compare as c\n"
+        "w = c.start_warm_up(['q8_0', 'q4_0'], {}, attention=False, processes=2)\n"
+        "w.finish(['q8_0', 'q4_0'])\n"
+        "print(json.dumps([p.returncode for p in w._procs] + [c.kernels_cached(['q8_0', 'q4_0'], attention=False)]))\n"
+    )
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba2"))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == [0, True]

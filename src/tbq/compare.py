@@ -59,6 +59,8 @@ __all__ = [
     "to_records",
     "kernels_cached",
     "warm_up",
+    "start_warm_up",
+    "WarmUp",
     "COLUMNS",
     "COMPACT_COLUMNS",
     "JSON_KEYS",
@@ -557,20 +559,49 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
 
-def warm_up(
+class WarmUp:
+    """A cold start's compilation under way (:func:`start_warm_up`): the helper processes already compile
+    their shares; :meth:`finish` compiles this process's share and waits for them, :meth:`cancel` stops them."""
+
+    def __init__(self, procs: list[Any], fmts: list[str], config: dict[str, Any], attention: bool, readers: bool):
+        self._procs, self._fmts, self._config = procs, fmts, config
+        self._attention, self._readers = attention, readers
+        self._t0 = time.perf_counter()
+
+    def finish(self, fmts: Any = None) -> float:
+        """Compile this process's share (only the formats in ``fmts`` when given: those the comparison kept),
+        wait for the helpers; the seconds since the start."""
+        mine = self._fmts if fmts is None else [f for f in self._fmts if f in set(fmts)]
+        try:
+            _warm(mine, self._config, self._attention, self._readers)
+        finally:
+            for pr in self._procs:
+                pr.wait()
+        return time.perf_counter() - self._t0
+
+    def cancel(self) -> None:
+        """Stop the helper processes (the comparison failed before it needed their kernels)."""
+        for pr in self._procs:
+            pr.kill()
+            pr.wait()
+
+
+def start_warm_up(
     fmts: Any, config: dict[str, Any] | None = None, *, attention: bool = True, processes: int | None = None
-) -> float:
-    """Compile the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores at once.
+) -> WarmUp:
+    """Start compiling the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores.
 
     Numba compiles one function at a time per process, so a cold start runs
     ``processes - 1`` helper interpreters (``python -c``), each compiling its
     share of the kernel modules into the shared on-disk cache, while this
-    process compiles its own share; afterwards every kernel loads from the
-    cache. Shares are balanced by the size of the kernel modules' source (a
-    proxy for compile time); formats that share a module stay together.
-    Returns the seconds spent. ``processes=1`` compiles everything here.
+    process compiles its own share (:meth:`WarmUp.finish`); afterwards every
+    kernel loads from the cache. Shares are balanced by :func:`_compile_weight`
+    of each kernel module (a proxy for compile time); formats that share a
+    module stay together; this process keeps the heaviest share (the helpers
+    pay an interpreter's start-up first). ``processes=1`` starts no helper.
+    The CLI starts the helpers as soon as it knows the cache is cold, before
+    it builds the codecs and the data.
     """
-    t0 = time.perf_counter()
     config = dict(config or {})
     fmts = list(fmts)
     if processes is None:
@@ -598,12 +629,15 @@ def warm_up(
         procs.append(
             subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
-    try:
-        _warm(fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0], attention)
-    finally:
-        for pr in procs:
-            pr.wait()
-    return time.perf_counter() - t0
+    return WarmUp(procs, fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0], attention)
+
+
+def warm_up(
+    fmts: Any, config: dict[str, Any] | None = None, *, attention: bool = True, processes: int | None = None
+) -> float:
+    """Compile the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores at once
+    (:func:`start_warm_up`, then :meth:`WarmUp.finish`). Returns the seconds spent."""
+    return start_warm_up(fmts, config, attention=attention, processes=processes).finish()
 
 
 def to_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from ..compare import (
     format_table,
     kernels_cached,
     kv_geometry,
+    start_warm_up,
     tiling_message,
     to_records,
     tokens_of,
@@ -309,9 +310,6 @@ def _cores() -> int:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from ..codecs import get_codec
-    from ..progress import Progress, slow_notice
-
     named = args.formats is not None
     names = [f.strip() for f in args.formats.split(",") if f.strip()] if named else list(cache_formats())
     if not names:
@@ -328,7 +326,6 @@ def run_cli(args: argparse.Namespace) -> int:
         check_options(fmts, options)
     except TbqValueError as exc:
         raise TbqValueError(f"--option: {exc}") from None
-    signs = options.get("signs", "turboq-mtp")
     config = {**options, "backend": args.backend, "on_overflow": args.on_overflow}
     # The first run in a fresh environment compiles the numba kernels: say so at once (before building the
     # codecs or reading the data), on stderr whether or not it is a terminal, as one whole line.
@@ -342,6 +339,22 @@ def run_cli(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    # the helper processes start compiling now, while this one builds the codecs and the data
+    pending = start_warm_up(numba_fmts, config, attention=attention, processes=cores) if cold else None
+    try:
+        return _run_compare(args, fmts, named, options, config, cold, pending)
+    except BaseException:
+        if pending is not None:
+            pending.cancel()
+        raise
+
+
+def _run_compare(args: Any, fmts: Any, named: bool, options: Any, config: Any, cold: bool, pending: Any) -> int:
+    """The rest of ``tbq compare`` once the kernels compile (``pending``: the cold start's :class:`WarmUp`)."""
+    from ..codecs import get_codec
+    from ..progress import Progress, slow_notice
+
+    signs = options.get("signs", "turboq-mtp")
     codecs = {}
     for fmt in fmts:  # every configuration error before any work
         cfg = config_for(fmt, config)
@@ -391,7 +404,10 @@ def run_cli(args: argparse.Namespace) -> int:
     # cached (or a stale cache numba recompiles): a notice only if it takes long, on a terminal
     notice = slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=False if cold else show)
     with notice:
-        warm_up(numba_fmts, config, attention=attention, processes=cores if cold else 1)
+        if pending is not None:
+            pending.finish(numba_fmts)
+        else:
+            warm_up(numba_fmts, config, attention=attention, processes=1)
     with Progress(len(data) * len(fmts), "tbq compare", enabled=show) as bar:
         try:
             rows = compare(
