@@ -138,6 +138,13 @@ class _PlanarIso(Format):
         self._k["centroids"] = np.ascontiguousarray(self.centroids)
         self._k["thresholds"] = np.ascontiguousarray(self.thresholds)
         self._k["centroids_sq"] = (self.centroids * self.centroids).astype(F32)  # the exact float32 terms of recon^2
+        # every kernel table read-only (copies where needed): numba types a read-only array apart from a writable
+        # one, so a mix (the negated tables were writable, the shipped ones are not) compiled the decoder twice
+        for name, a in self._k.items():
+            if a.flags.writeable:
+                a = a.copy()
+                a.setflags(write=False)
+                self._k[name] = a
 
     def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         return trace["norm"], trace["r"]

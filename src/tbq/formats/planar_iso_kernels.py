@@ -72,6 +72,11 @@ def signs_byte(i0, i1, i2, i3, i4, i5, i6, i7):
     )
 
 
+#: Plane and bit positions as int64 values, not integer literals: numba compiles a function once per literal
+#: argument, and idx3_planes' eight call sites made eight specialisations of it
+_I0, _I1, _I2, _I3, _I4, _I5, _I6, _I7 = (np.int64(i) for i in range(8))
+
+
 @jit
 def idx3_planes(q, sg, t, k):
     """Index of a 3-bit block: low 2 bits at position ``t`` (0..3) of qs byte ``q``, bit 2 at bit ``k`` (0..7) of ``sg``."""
@@ -302,14 +307,14 @@ def decode(data, out, bits, quat, centroids, ta, tb, tc, td, table, lanes):
                     qa = drow[2 + 2 * m]
                     qb = drow[3 + 2 * m]
                     sg = drow[o + m]
-                    Tf[p] = centroids[idx3_planes(qa, sg, 0, 0)]
-                    Tf[p + lanes] = centroids[idx3_planes(qa, sg, 1, 1)]
-                    Tf[p + 2 * lanes] = centroids[idx3_planes(qa, sg, 2, 2)]
-                    Tf[p + 3 * lanes] = centroids[idx3_planes(qa, sg, 3, 3)]
-                    Tf[p + 4 * lanes] = centroids[idx3_planes(qb, sg, 0, 4)]
-                    Tf[p + 5 * lanes] = centroids[idx3_planes(qb, sg, 1, 5)]
-                    Tf[p + 6 * lanes] = centroids[idx3_planes(qb, sg, 2, 6)]
-                    Tf[p + 7 * lanes] = centroids[idx3_planes(qb, sg, 3, 7)]
+                    Tf[p] = centroids[idx3_planes(qa, sg, _I0, _I0)]
+                    Tf[p + lanes] = centroids[idx3_planes(qa, sg, _I1, _I1)]
+                    Tf[p + 2 * lanes] = centroids[idx3_planes(qa, sg, _I2, _I2)]
+                    Tf[p + 3 * lanes] = centroids[idx3_planes(qa, sg, _I3, _I3)]
+                    Tf[p + 4 * lanes] = centroids[idx3_planes(qb, sg, _I0, _I4)]
+                    Tf[p + 5 * lanes] = centroids[idx3_planes(qb, sg, _I1, _I5)]
+                    Tf[p + 6 * lanes] = centroids[idx3_planes(qb, sg, _I2, _I6)]
+                    Tf[p + 7 * lanes] = centroids[idx3_planes(qb, sg, _I3, _I7)]
                     p += 8 * lanes
         for l in range(L, lanes):
             D[l] = _0

@@ -49,6 +49,12 @@ def hi_bit(qh, i):
     return np.int32((qh >> np.uint32(i)) & np.uint32(1)) << 4
 
 
+#: Byte offsets of ``qh`` in a Q5_0 / Q5_1 block, as int64 values rather than integer literals (numba compiles a
+#: function once per literal argument), and ``qh`` passed as uint32 (type inference also saw it as uint64): one
+#: compiled ``store_u32_at`` / ``load_u32_at`` each instead of four and two
+_QH_Q5_0, _QH_Q5_1 = np.int64(2), np.int64(4)
+
+
 @jit
 def store_u32_at(out, row, off, v):
     """Write uint32 ``v`` little-endian at bytes ``off .. off+3`` of ``out[row]``."""
@@ -108,7 +114,7 @@ def encode_q5_0(x, out, raise_overflow):
             c1 = _code_q5_0(xr[j + half], inv)
             orow[6 + j] = pair4(c0 & 15, c1 & 15)
             qh |= qh_bit(c0, j) | qh_bit(c1, j + half)
-        store_u32_at(out, b, 2, qh)
+        store_u32_at(out, b, _QH_Q5_0, np.uint32(qh))
     return -1, STATUS_OK
 
 
@@ -136,7 +142,7 @@ def encode_q5_1(x, out, raise_overflow):
             c1 = _code_q5_1(xr[j + half], mn, inv)
             orow[8 + j] = pair4(c0 & 15, c1 & 15)
             qh |= qh_bit(c0, j) | qh_bit(c1, j + half)
-        store_u32_at(out, b, 4, qh)
+        store_u32_at(out, b, _QH_Q5_1, np.uint32(qh))
     return -1, STATUS_OK
 
 
@@ -145,7 +151,7 @@ def decode_q5_0(data, out, table):
     half = out.shape[1] // 2
     for b in range(data.shape[0]):
         d = load_f16(data, b, table)
-        qh = load_u32_at(data, b, 2)
+        qh = load_u32_at(data, b, _QH_Q5_0)
         src = data[b]
         dst = out[b]
         for j in range(half):
@@ -161,7 +167,7 @@ def decode_q5_1(data, out, table):
     for b in range(data.shape[0]):
         d = load_f16(data, b, table)
         m = load_f16_at(data, b, 2, table)
-        qh = load_u32_at(data, b, 4)
+        qh = load_u32_at(data, b, _QH_Q5_1)
         src = data[b]
         dst = out[b]
         if abs(d) <= _F16_MAX:  # every decoded fp16 is finite here: no product is NaN
