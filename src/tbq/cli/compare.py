@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..compare import (
+    WarmUp,
     check_array,
     compare,
     format_table,
@@ -342,15 +343,16 @@ def run_cli(args: argparse.Namespace) -> int:
     # the helper processes start compiling now, while this one builds the codecs and the data
     pending = start_warm_up(numba_fmts, config, attention=attention, processes=cores) if cold else None
     try:
-        return _run_compare(args, fmts, named, options, config, cold, pending)
+        return _run_compare(args, fmts, named, options, config, pending)
     except BaseException:
         if pending is not None:
             pending.cancel()
         raise
 
 
-def _run_compare(args: Any, fmts: Any, named: bool, options: Any, config: Any, cold: bool, pending: Any) -> int:
-    """The rest of ``tbq compare`` once the kernels compile (``pending``: the cold start's :class:`WarmUp`)."""
+def _run_compare(args: Any, fmts: Any, named: bool, options: Any, config: Any, pending: WarmUp | None) -> int:
+    """The rest of ``tbq compare`` once the kernels compile (``pending``: the cold start's helpers, None when the
+    cache is warm)."""
     from ..codecs import get_codec
     from ..progress import Progress, slow_notice
 
@@ -398,11 +400,13 @@ def _run_compare(args: Any, fmts: Any, named: bool, options: Any, config: Any, c
     out = sys.stderr if args.json else sys.stdout
     if not args.json:
         print("\n".join(w for line in header for w in textwrap.wrap(line, 99, subsequent_indent="  ")), flush=True)
-    # compile on every core when cold (helper processes fill numba's on-disk cache in parallel)
+    # cold: this process's share, while the helpers (started in run_cli) fill numba's on-disk cache with theirs
     numba_fmts = [f for f, c in codecs.items() if c.backend == "numba"]
     attention = "keys" in data and "values" in data
     # cached (or a stale cache numba recompiles): a notice only if it takes long, on a terminal
-    notice = slow_notice("compiling numba kernels (first run only)...", after=1.0, enabled=False if cold else show)
+    notice = slow_notice(
+        "compiling numba kernels (first run only)...", after=1.0, enabled=False if pending is not None else show
+    )
     with notice:
         if pending is not None:
             pending.finish(numba_fmts)
