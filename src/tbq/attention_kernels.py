@@ -174,12 +174,7 @@ def attend(
     vp = address(vaux)
     nka = kaux.shape[0]
     nva = vaux.shape[0]
-    for g in range(G):
-        for r in range(RQ):
-            M[g, r] = _NEG_INF
-            L[g, r] = _0
-            for j in range(D):
-                ACC[g, r, j] = _0
+    _init_partials(M, L, ACC)
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
         nU = (n + 7) // 8 * 8  # scores for whole vectors of 8 tokens (<= chunk)
@@ -191,35 +186,75 @@ def attend(
             m_out = M[g]
             l_out = L[g]
             acc = ACC[g]
-            for r in range(0, RQ, 4):  # scores s[r, t] = q . k_t
-                nr = min(4, RQ - r)
-                if nr == 4:
-                    _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
-                elif nr == 3:
-                    _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
-                elif nr == 2:
-                    _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
-                else:
-                    _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nU, D)
+            _scores_rows(qo, K, g, S, nU, RQ)  # scores s[r, t] = q . k_t
             _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk)
             # values: acc += p_t * v_t, every quad of tokens in order, then the tail one by one
-            for r in range(0, RQ, 4):
-                nr = min(4, RQ - r)
-                if nr == 4:
-                    _values4(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
-                elif nr == 3:
-                    _values3(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
-                elif nr == 2:
-                    _values2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
-                else:
-                    _values1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
-            for t in range(n4, n):
-                vt = V[t, g]
-                for r in range(RQ):
-                    w = S[r, t]
-                    ar = acc[r]
-                    for j in range(D):
-                        ar[j] += w * vt[j]
+            _values_rows(S, V, g, acc, n4, RQ)
+            _values_tail(S, V, g, acc, n4, n)
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _init_partials(M, L, ACC):
+    """Every row's running maximum ``-inf``, sum 0 and accumulator 0, before the first chunk."""
+    for g in range(M.shape[0]):
+        for r in range(M.shape[1]):
+            M[g, r] = _NEG_INF
+            L[g, r] = _0
+            for j in range(ACC.shape[2]):
+                ACC[g, r, j] = _0
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _scores_rows(qo, K, g, S, n_t, R):
+    """The raw scores of query rows ``0 .. R`` of KV head ``g`` (``qo = Q[g]``) over tokens ``0 .. n_t`` (a
+    multiple of 8) of the decoded keys ``K`` (chunk, G, D), into ``S`` (RQ, chunk): :func:`_scores4` four rows at a
+    time, the last 1 to 3 rows by its narrower twins."""
+    G = K.shape[1]
+    D = K.shape[2]
+    chunk = S.shape[1]
+    for r in range(0, R, 4):
+        nr = min(4, R - r)
+        if nr == 4:
+            _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+        elif nr == 3:
+            _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+        elif nr == 2:
+            _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+        else:
+            _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _values_rows(S, V, g, acc, n4, R):
+    """``acc[r] += (w0 v0 + w1 v1) + (w2 v2 + w3 v3)`` for query rows ``0 .. R`` of KV head ``g`` over every quad
+    of tokens ``0 .. n4`` (a multiple of 4) of the decoded values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk):
+    :func:`_values4` four rows at a time, the last 1 to 3 rows by its narrower twins."""
+    G = V.shape[1]
+    D = V.shape[2]
+    chunk = S.shape[1]
+    for r in range(0, R, 4):
+        nr = min(4, R - r)
+        if nr == 4:
+            _values4(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+        elif nr == 3:
+            _values3(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+        elif nr == 2:
+            _values2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+        else:
+            _values1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _values_tail(S, V, g, acc, t0, n):
+    """``acc[r] += w_t v_t`` one token at a time for tokens ``t0 .. n`` (those after the last quad), every row."""
+    D = V.shape[2]
+    for t in range(t0, n):
+        vt = V[t, g]
+        for r in range(S.shape[0]):
+            w = S[r, t]
+            ar = acc[r]
+            for j in range(D):
+                ar[j] += w * vt[j]
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -329,12 +364,7 @@ def attend_any(
     vp = address(vaux)
     nka = kaux.shape[0]
     nva = vaux.shape[0]
-    for g in range(G):
-        for r in range(RQ):
-            M[g, r] = _NEG_INF
-            L[g, r] = _0
-            for j in range(D):
-                ACC[g, r, j] = _0
+    _init_partials(M, L, ACC)
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
         n8 = n - n % 8 if D % 8 == 0 else 0
@@ -351,8 +381,7 @@ def attend_any(
             # keys transposed into B; the same operations in the same order either way
             R4 = RQ - RQ % 4 if D % 8 == 0 else 0
             nL = n8 if R4 else 0
-            for r in range(0, R4, 4):
-                _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, nL, D)
+            _scores_rows(qo, K, g, S, nL, R4)
             for t in range(0, n8 if R4 < RQ else 0, 8):
                 for j in range(0, D, 8):
                     transpose8(K, (t * G + g) * D + j, G * D, B, j * chunk + t, chunk)
@@ -397,8 +426,7 @@ def attend_any(
             # tail below), the rest here
             RV = RQ - RQ % 4 if D % 16 == 0 else 0
             n4 = n - n % 4
-            for r in range(0, RV, 4):
-                _values4(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+            _values_rows(S, V, g, acc, n4, RV)
             t = 0
             while t + 3 < n:  # four tokens per pass over the accumulator (SIMD along the head dimension)
                 v0 = V[t, g]
@@ -414,14 +442,7 @@ def attend_any(
                     for j in range(D):
                         ar[j] += (w0 * v0[j] + w1 * v1[j]) + (w2 * v2[j] + w3 * v3[j])
                 t += 4
-            while t < n:
-                vt = V[t, g]
-                for r in range(RQ):
-                    w = S[r, t]
-                    ar = acc[r]
-                    for j in range(D):
-                        ar[j] += w * vt[j]
-                t += 1
+            _values_tail(S, V, g, acc, t, n)
 
 
 # --- register-blocked microkernels ------------------------------------------------------------------------------
