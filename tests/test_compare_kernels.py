@@ -68,6 +68,15 @@ def test_compare_rows_carry_the_fused_out_nmse():
     assert by["keys", "q8_0"] < by["keys", "tbq4_0"] and by["values", "q8_0"] < by["values", "tbq4_0"]
 
 
+def _last_json_in_a_fresh_cache(code: str, cache) -> object:
+    """Run ``code`` in a new interpreter whose numba cache is the empty folder ``cache``; the JSON of its last
+    line of output."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
     """In a fresh numba cache, kernels_cached says so, and warm_up on two processes fills it."""
     code = (
@@ -77,10 +86,7 @@ def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
         "c.warm_up(f, {}, attention=False, processes=2)\n"
         "print(json.dumps([before, c.kernels_cached(f, attention=False)]))\n"
     )
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [False, True]
+    assert _last_json_in_a_fresh_cache(code, tmp_path / "numba") == [False, True]
     names = {p.name.split(".")[0] for p in (tmp_path / "numba").rglob("*.nbi")}
     assert {"q8_0_kernels", "q4_0_kernels"} <= names  # both modules compiled (one of them by the helper process)
 
@@ -117,7 +123,4 @@ def test_a_started_warm_up_is_finished_or_cancelled(tmp_path, monkeypatch):
         "w.finish(['q8_0', 'q4_0'])\n"
         "print(json.dumps([p.returncode for p in w._procs] + [c.kernels_cached(['q8_0', 'q4_0'], attention=False)]))\n"
     )
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba2"))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == [0, True]
+    assert _last_json_in_a_fresh_cache(code, tmp_path / "numba2") == [0, True]
