@@ -571,7 +571,8 @@ class WarmUp:
     def finish(self, fmts: Any = None) -> float:
         """Compile this process's share (only the formats in ``fmts`` when given: those the comparison kept),
         wait for the helpers; the seconds since the start."""
-        mine = self._fmts if fmts is None else [f for f in self._fmts if f in set(fmts)]
+        keep = None if fmts is None else set(fmts)
+        mine = [f for f in self._fmts if keep is None or f in keep]
         try:
             _warm(mine, self._config, self._attention, self._readers)
         finally:
