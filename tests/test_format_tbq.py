@@ -1,4 +1,9 @@
-"""TBQ4_0 and TBQ3_0: the shared format battery with each codebook and seeded signs."""
+"""TBQ4_0 and TBQ3_0: the shared format battery with each codebook and seeded signs; the encoder's index step on
+every CPU path."""
+
+import os
+import subprocess
+import sys
 
 import pytest
 from helpers import check_format
@@ -10,3 +15,86 @@ from helpers import check_format
 )
 def test_tbq_passes_the_format_battery(fmt, options):
     check_format(fmt, **options)
+
+
+# ---------------------------------------------------------------------------
+# The encoder's index step: kernels.quantize_column16 / quantize_column8 (a binary search by vpermps)
+# ---------------------------------------------------------------------------
+
+
+#: A child process's check, run under each CPU configuration below: the index kernel on every threshold, its
+#: float32 neighbours, +-0, +-inf and NaN (in every lane position), against ``searchsorted(side="right")`` and a
+#: sequential float32 recon sum; then the whole encoder against the NumPy specification.
+_INDEX_CHECK = r"""
+import numpy as np, numba as nb, tbq, tbq.kernels as k
+from tbq.codebooks import named_codebook
+assert (k.TARGET_AVX2, k.TARGET_AVX512VL) == WANT, (k.TARGET_AVX2, k.TARGET_AVX512VL)
+if k.TARGET_AVX2:
+    @nb.njit
+    def index(T, cs2, thr, csq, K, rec):
+        for l0 in range(0, T.shape[1], 8):
+            if thr.shape[0] == 15:
+                k.quantize_column16(T.reshape(T.size), l0, T.shape[1], T.shape[0], cs2, K.reshape(K.size), rec, l0, thr, csq)
+            else:
+                k.quantize_column8(T.reshape(T.size), l0, T.shape[1], T.shape[0], cs2, K.reshape(K.size), rec, l0, thr, csq)
+    f32 = np.float32
+    for bits, name in ((4, "lloyd-max"), (3, "lloyd-max"), (4, "turboq-mtp"), (3, "turboq-mtp")):
+        cb = named_codebook(name, bits)
+        thr, c = cb.thresholds, cb.centroids
+        csq = (c * c).astype(f32)
+        pts = np.concatenate([thr, np.nextafter(thr, f32(np.inf)), np.nextafter(thr, f32(-np.inf)),
+                              np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30], f32)])
+        rng = np.random.default_rng(bits)
+        for _ in range(4):
+            T = rng.permutation(np.resize(pts, 48 * 32)).reshape(48, 32).astype(f32)
+            cs2 = rng.choice(np.array([1.0, -1.0, 0.5], f32), 48)
+            K = np.zeros(T.shape, np.int32); rec = np.full(32, np.nan, f32)
+            index(T, cs2, thr, csq, K, rec)
+            r = T * cs2[:, None]
+            want = np.searchsorted(thr, r, side="right")
+            want[np.isnan(r)] = 0
+            assert np.array_equal(K, want), (bits, name)
+            acc = np.zeros(32, f32)
+            for j in range(48):
+                acc = acc + csq[want[j]]
+            assert np.array_equal(rec.view(np.uint32), acc.view(np.uint32)), (bits, name)
+rng = np.random.default_rng(0)
+x = (rng.standard_normal((4096, 128)) * rng.uniform(1e-3, 1e3, (4096, 1))).astype(np.float32)
+x[3] = 0; x[5] = 1e-30; x[7, ::2] = 0.25
+for fmt in ("tbq4_0", "tbq3_0"):
+    for opts in ({}, {"codebook": "turboq-mtp"}, {"signs": 7}):
+        got = tbq.quantize(x, fmt, backend="numba", **opts)
+        assert np.array_equal(got, tbq.quantize(x, fmt, backend="numpy", **opts)), (fmt, opts)
+print("ok")
+"""
+
+#: (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES, the expected (TARGET_AVX2, TARGET_AVX512VL)): the host, an AVX2 CPU
+#: without AVX-512 (two vpermps and a select per 16-entry look-up) and a CPU without AVX2 (the portable loop).
+_CPUS = {
+    "avx2": ("haswell", "+avx,+avx2,+f16c,+fma,+bmi,+bmi2,+popcnt,+sse4.2", (True, False)),
+    "generic": ("generic", None, (False, False)),
+}
+
+
+@pytest.mark.parametrize("cpu", ["host", *_CPUS])
+def test_the_encoders_index_step_matches_the_specification_on_every_cpu_path(cpu, tmp_path):
+    """The encoder's index step has three paths (vpermt2ps on AVX-512VL, two vpermps with a select on AVX2,
+    the count of compares elsewhere): each gives the specification's indices and recon sums, ties and
+    non-finite values included, and the encoder the NumPy path's bytes. Each runs in a child compiled for that
+    CPU (a new numba cache): the host, when it has AVX-512VL or not, and the two others by name."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CPU_NAME", None)
+    env.pop("NUMBA_CPU_FEATURES", None)
+    if cpu == "host":
+        import tbq.kernels as k
+
+        want = (k.TARGET_AVX2, k.TARGET_AVX512VL)
+    else:
+        name, features, want = _CPUS[cpu]
+        env["NUMBA_CPU_NAME"] = name
+        if features:
+            env["NUMBA_CPU_FEATURES"] = features
+    code = _INDEX_CHECK.replace("WANT", repr(want))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "ok"

@@ -161,6 +161,8 @@ def _target_has(feature: str) -> bool:
 TARGET_F16C = _target_has("f16c")
 #: Whether they are compiled for a CPU with AVX2 (the TBQ readers' ``vpermps`` lookups, :func:`lookup16_row`).
 TARGET_AVX2 = _target_has("avx2")
+#: Whether they are compiled for a CPU with AVX-512VL (:func:`quantize_column16`'s ``vpermt2ps`` look-ups).
+TARGET_AVX512VL = _target_has("avx512vl")
 
 
 @intrinsic
@@ -349,6 +351,31 @@ def store_nontemporal(typingctx, arr, idx, val):
 
 
 @intrinsic
+def prefetch(typingctx, arr, idx):
+    """Hint that ``arr.flat[idx]`` will be read soon (``llvm.prefetch``: read, keep in all cache levels).
+
+    A hint only: no value changes, and an index past the array's end is harmless (x86's prefetch does not
+    fault). The TBQ encoder prefetches the next group of blocks while it works on the current one.
+    """
+    sig = types.void(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        i8p = ir.PointerType(ir.IntType(8))
+        fn = cgutils.get_or_insert_function(
+            builder.module,
+            ir.FunctionType(ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)]),
+            "llvm.prefetch.p0i8",
+        )
+        ptr = builder.bitcast(builder.gep(a.data, [args[1]]), i8p)
+        i32 = ir.IntType(32)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def store_fence(typingctx):
     """A full memory fence: streaming stores are ordered before anything the caller does next."""
     sig = types.void()
@@ -481,6 +508,122 @@ def lookup8_row(typingctx, src, soff, dst, doff, table, scale):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _quantize_column_codegen(n_levels: int):
+    """Codegen of :func:`quantize_column16` (``n_levels=16``) and :func:`quantize_column8` (8)."""
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        f32 = ir.FloatType()
+        v8f, v8i = ir.VectorType(f32, 8), ir.VectorType(i32, 8)
+        arr = [
+            context.make_array(signature.args[k])(context, builder, args[k]) if k in (0, 4, 5, 6, 8, 9) else None
+            for k in range(10)
+        ]
+        tp_, cs_, kp_, rp_, thr_, csq_ = (arr[k].data for k in (0, 4, 5, 6, 8, 9))
+        toff, stride, n, roff = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2, 3, 7))
+        permps = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
+        )
+
+        def vec_of(ptr, first, count):  # <8 x float> of ptr[first .. first+count), the other lanes 0
+            v = ir.Constant(v8f, [0.0] * 8)
+            for t in range(count):
+                e = builder.load(builder.gep(ptr, [ir.Constant(i64, first + t)]))
+                v = builder.insert_element(v, e, ir.Constant(i32, t))
+            return v
+
+        def splat(x, ty):
+            v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, v, ir.Constant(v8i, [0] * 8))
+
+        def ivec(k):
+            return ir.Constant(v8i, [k] * 8)
+
+        def extract(v, t):
+            return builder.extract_element(v, ir.Constant(i32, t))
+
+        if n_levels == 16 and TARGET_AVX512VL:  # vpermt2ps: one look-up in 16 entries
+            vperm2 = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v8f, [v8f, v8i, v8f]), "llvm.x86.avx512.vpermi2var.ps.256"
+            )
+
+            def look(lo, hi, k, upper):
+                return builder.call(vperm2, [lo, k, hi])
+        else:  # two vpermps and a select on the half
+
+            def look(lo, hi, k, upper):
+                return builder.select(upper, builder.call(permps, [hi, k]), builder.call(permps, [lo, k]))
+
+        if n_levels == 16:
+            t_lo, t_hi = vec_of(thr_, 0, 8), vec_of(thr_, 8, 7)
+            c_lo, c_hi = vec_of(csq_, 0, 8), vec_of(csq_, 8, 8)
+            t7 = splat(extract(t_lo, 7), v8f)
+            t3, t11 = splat(extract(t_lo, 3), v8f), splat(extract(t_hi, 3), v8f)
+        else:
+            t8v, c8v = vec_of(thr_, 0, 7), vec_of(csq_, 0, 8)
+            t3 = splat(extract(t8v, 3), v8f)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v8f, [0.0] * 8))
+        with cgutils.for_range(builder, n) as loop:
+            j = loop.index
+            off = builder.add(toff, builder.mul(j, stride))
+            t = builder.load(builder.bitcast(builder.gep(tp_, [off]), v8f.as_pointer()), align=4)
+            r = builder.fmul(t, splat(builder.load(builder.gep(cs_, [j])), v8f))  # the scalar loop's one product
+
+            def ge(thr):  # lanes where r >= thr (an ordered compare: false for NaN, as numpy's r >= m)
+                return builder.fcmp_ordered(">=", r, thr)
+
+            def step(k, thr, bit):  # k + bit where r >= thr
+                return builder.add(k, builder.and_(builder.sext(ge(thr), v8i), ivec(bit)))
+
+            if n_levels == 16:
+                m1 = ge(t7)  # count >= 8: the upper half (a table is one register per half)
+                k = step(step(ivec(0), t7, 8), builder.select(m1, t11, t3), 4)
+                k = step(k, look(t_lo, t_hi, builder.add(k, ivec(1)), m1), 2)
+                k = step(k, look(t_lo, t_hi, k, m1), 1)
+                c2 = look(c_lo, c_hi, k, m1)
+            else:
+                k = step(ivec(0), t3, 4)
+                k = step(k, builder.call(permps, [t8v, builder.add(k, ivec(1))]), 2)
+                k = step(k, builder.call(permps, [t8v, k]), 1)
+                c2 = builder.call(permps, [c8v, k])
+            builder.store(k, builder.bitcast(builder.gep(kp_, [off]), v8i.as_pointer()), align=4)
+            builder.store(builder.fadd(builder.load(acc), c2), acc)  # the recon sum, in channel order
+        builder.store(builder.load(acc), builder.bitcast(builder.gep(rp_, [roff]), v8f.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _make_quantize_column(levels: int) -> Any:
+    """The intrinsic ``quantize_column{levels}`` (see :func:`quantize_column16`)."""
+
+    def quantize_column(typingctx, T, toff, stride, n, cs2, K, recon2, roff, thresholds, centroids_sq):
+        sig = types.void(
+            T, types.int64, types.int64, types.int64, cs2, K, recon2, types.int64, thresholds, centroids_sq
+        )
+        return sig, _quantize_column_codegen(levels)
+
+    quantize_column.__name__ = quantize_column.__qualname__ = f"quantize_column{levels}"
+    quantize_column.__doc__ = """``K.flat[toff + j*stride + t]`` = the number of thresholds <= ``r``, ``r = T.flat[toff + j*stride + t] *
+    cs2[j]``, and ``recon2[roff + t]`` = the float32 sum of ``centroids_sq[K]`` over ``j < n`` in order, for the
+    8 lanes ``t < 8`` (the TBQ encoder's steps 3-4 on 8 blocks of its lane layout).
+
+    For AVX2 targets only (:data:`TARGET_AVX2`; the encoder keeps its portable loop otherwise). The count is a
+    binary search, which equals the count of a sorted table (a codebook's thresholds are strictly increasing,
+    and a NaN ``r`` compares false everywhere, 0 either way): with 16 levels the first compare, against
+    threshold 7, picks the half of the thresholds and of ``centroids_sq`` (a select), and each later step looks
+    its threshold up with one ``vpermps``; ``centroids_sq[K]`` is one more. The product and each addition are
+    the scalar loop's IEEE float32 operations, in its order: the same indices and bits.
+    ``thresholds`` holds ``levels - 1`` values and ``centroids_sq`` ``levels``; all arrays C-contiguous.
+    """
+    return intrinsic(quantize_column)
+
+
+#: TBQ4's index step (16 levels), and TBQ3's (8 levels: one ``vpermps`` per look-up, no halves).
+quantize_column16 = _make_quantize_column(16)
+quantize_column8 = _make_quantize_column(8)
 
 
 @intrinsic
