@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from helpers import check_format
 
@@ -98,3 +99,30 @@ def test_the_encoders_index_step_matches_the_specification_on_every_cpu_path(cpu
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "ok"
+
+
+def test_the_encoders_sum_of_squares_is_the_sequential_float32_chain_of_each_lane():
+    """``kernels.sum_squares32`` (step 1 in registers): each of 32 lanes is ``s = s + x * x`` from 0 in row order,
+    two roundings a step, at any lane offset and row stride; overflow to inf and NaN propagate as in the chain."""
+    import numba as nb
+
+    from tbq.kernels import sum_squares32
+
+    @nb.njit
+    def run(T, toff, stride, n, out, ooff):
+        sum_squares32(T.reshape(T.size), toff, stride, n, out, ooff)
+
+    f32 = np.float32
+    rng = np.random.default_rng(3)
+    T = (rng.standard_normal((100, 64)) * rng.choice(np.array([1e-20, 1.0, 1e18], f32), (100, 64))).astype(f32)
+    T[7, 3], T[9, 40], T[11, 41] = np.nan, np.inf, 3e19
+    for toff, n in ((0, 100), (32, 100), (5, 57)):
+        out = np.full(40, -1.0, f32)
+        run(T, toff, 64, n, out, 3)
+        acc = np.zeros(32, f32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            for j in range(n):
+                x = T[j, toff : toff + 32]
+                acc = acc + x * x
+        assert np.array_equal(out[3:35].view(np.uint32), acc.view(np.uint32))
+        assert (out[:3] == -1).all() and (out[35:] == -1).all()

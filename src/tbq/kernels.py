@@ -627,6 +627,34 @@ quantize_column8 = _make_quantize_column(8)
 
 
 @intrinsic
+def sum_squares32(typingctx, T, toff, stride, n, out, ooff):
+    """``out[ooff + t]`` = the float32 sum of ``T.flat[toff + j*stride + t] ** 2`` over ``j < n`` in order, for
+    the 32 lanes ``t < 32`` (the TBQ encoder's step 1 on 32 blocks of its lane layout).
+
+    Each lane is the scalar loop's chain (``s = s + x * x``: a rounded product, then a rounded sum, from
+    ``s = 0``), held in a ``<32 x float>`` register value over the whole loop; numba's loop keeps the 32 sums
+    in memory and waits for each store to reach the next load. Plain LLVM vector IR: any target.
+    ``T`` and ``out`` are C-contiguous float32.
+    """
+    sig = types.void(T, types.int64, types.int64, types.int64, out, types.int64)
+
+    def codegen(context, builder, signature, args):
+        v32 = ir.VectorType(ir.FloatType(), 32)
+        tp = context.make_array(signature.args[0])(context, builder, args[0]).data
+        op = context.make_array(signature.args[4])(context, builder, args[4]).data
+        toff, stride, n, ooff = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2, 3, 5))
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v32, [0.0] * 32))
+        with cgutils.for_range(builder, n) as loop:
+            p = builder.gep(tp, [builder.add(toff, builder.mul(loop.index, stride))])
+            x = builder.load(builder.bitcast(p, v32.as_pointer()), align=4)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(x, x)), acc)
+        builder.store(builder.load(acc), builder.bitcast(builder.gep(op, [ooff]), v32.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def call_reader(typingctx, fn, src, dst, n_blocks, aux, n_aux):
     """Call the attention reader whose C address is ``fn`` (an int64: ``cfunc.address``) with :data:`READER_SIG`'s
     arguments.

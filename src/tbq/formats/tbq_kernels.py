@@ -37,6 +37,7 @@ from ..kernels import (
     store_f16,
     store_fence,
     store_nontemporal,
+    sum_squares32,
     transpose8,
 )
 from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
@@ -139,14 +140,16 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
                 T[j, l] = _0
         # stage: norm
         # 1. norm: a sequential float32 sum per block (one chain per lane)
-        for l in range(lanes):
-            norm2[l] = _0
         nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
-        for j in range(n):
+        if lanes % 32 == 0:  # the sums in registers (kernels.sum_squares32)
+            for l0 in range(0, lanes, 32):
+                sum_squares32(Tf, l0, lanes, n, norm2, l0)
+        else:
             for l in range(lanes):
-                norm2[l] += T[j, l] * T[j, l]
-            for p in range(0, lanes, 16):
-                prefetch(xf, nxt + lanes * j + p)
+                norm2[l] = _0
+            for j in range(n):
+                for l in range(lanes):
+                    norm2[l] += T[j, l] * T[j, l]
         # stage: end
         bad = L  # first lane whose input is not finite
         for l in range(L):
@@ -162,16 +165,16 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
             norm[l] = nv
         # stage: normalise
         # 2. normalise and apply signs1 (exact), then the butterfly
-        if bits == 4:
-            for j in range(n):
-                sj = s1[j]
+        for j in range(n):
+            sj = s1[j]
+            if bits == 4:
                 for l in range(lanes):
                     T[j, l] = (T[j, l] * scale[l]) * sj
-        else:
-            for j in range(n):
-                sj = s1[j]
+            else:
                 for l in range(lanes):
                     T[j, l] = (T[j, l] / norm[l]) * sj
+            for p in range(0, lanes, 16):  # spread over the pass: a burst of prefetches waits for free fill buffers
+                prefetch(xf, nxt + lanes * j + p)
         # stage: butterfly
         _butterfly_lanes(T)
         # stage: index
