@@ -124,6 +124,7 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     sqpair64 = sqpair.view(np.uint64)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
+        nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
         # stage: transpose-in
         L8 = L - L % 8
         for l0 in range(0, L8, 8):  # transpose in, 8 x 8 tiles of vector shuffles
@@ -140,7 +141,6 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
                 T[j, l] = _0
         # stage: norm
         # 1. norm: a sequential float32 sum per block (one chain per lane)
-        nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
         if lanes % 32 == 0:  # the sums in registers (kernels.sum_squares32)
             for l0 in range(0, lanes, 32):
                 sum_squares32(Tf, l0, lanes, n, norm2, l0)
