@@ -126,3 +126,34 @@ def test_the_encoders_sum_of_squares_is_the_sequential_float32_chain_of_each_lan
                 acc = acc + x * x
         assert np.array_equal(out[3:35].view(np.uint32), acc.view(np.uint32))
         assert (out[:3] == -1).all() and (out[35:] == -1).all()
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_the_butterfly_in_registers_gives_the_in_place_butterflys_bits(n):
+    """``kernels.butterfly64`` / ``butterfly128`` (two passes in vector registers) against the in-place
+    stage-by-stage butterfly (``_butterfly_lanes``), bit for bit, on every 8-column group of a lane layout;
+    the columns outside the group are untouched. Magnitudes from 1e-30 to 1e30 make every rounding count."""
+    import numba as nb
+
+    from tbq.formats.tbq_kernels import _butterfly_lanes
+    from tbq.kernels import butterfly64, butterfly128
+
+    kernel = butterfly128 if n == 128 else butterfly64
+
+    @nb.njit
+    def run(T, toff, stride):
+        kernel(T.reshape(T.size), toff, stride)
+
+    rng = np.random.default_rng(n)
+    T = (rng.standard_normal((n, 40)) * 10.0 ** rng.integers(-30, 30, (n, 40))).astype(np.float32)
+    T[5, 9], T[17, 10] = np.inf, np.nan
+    want = T.copy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        _butterfly_lanes(want)
+    for c0 in (0, 8, 32):
+        got = T.copy()
+        run(got, c0, 40)
+        assert np.array_equal(got[:, c0 : c0 + 8].view(np.uint32), want[:, c0 : c0 + 8].view(np.uint32))
+        rest = np.ones(40, bool)
+        rest[c0 : c0 + 8] = False
+        assert np.array_equal(got[:, rest].view(np.uint32), T[:, rest].view(np.uint32))

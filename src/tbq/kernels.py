@@ -654,6 +654,64 @@ def sum_squares32(typingctx, T, toff, stride, n, out, ooff):
     return sig, codegen
 
 
+def _butterfly_in_registers(builder: ir.IRBuilder, v: list) -> None:
+    """The in-place butterfly's stages h = 1, 2, 4, ... < len(v) on a list of vectors, in place: stage by stage,
+    each pair (a, b) h apart becoming (a + b, a - b)."""
+    h = 1
+    while h < len(v):
+        for i in range(0, len(v), 2 * h):
+            for j in range(i, i + h):
+                a, b = v[j], v[j + h]
+                v[j], v[j + h] = builder.fadd(a, b), builder.fsub(a, b)
+        h *= 2
+
+
+def _make_butterfly(n: int) -> Any:
+    """The intrinsic ``butterfly{n}`` (``n`` = 64 or 128; see :func:`butterfly128`)."""
+    g = 16 if n == 128 else 8  # rows of a group in the first pass; the second pass has n / g rows g apart
+
+    def butterfly(typingctx, T, toff, stride):
+        sig = types.void(T, types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):
+            v8f = ir.VectorType(ir.FloatType(), 8)
+            i64 = ir.IntType(64)
+            tp = context.make_array(signature.args[0])(context, builder, args[0]).data
+            toff, stride = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2))
+
+            def ptr(j):
+                return builder.bitcast(builder.gep(tp, [builder.add(toff, builder.mul(j, stride))]), v8f.as_pointer())
+
+            for groups, rows, step in ((n // g, g, 1), (g, n // g, g)):  # (groups, rows a group, row distance)
+                with cgutils.for_range(builder, ir.Constant(i64, groups)) as loop:
+                    first = builder.mul(loop.index, ir.Constant(i64, rows)) if step == 1 else loop.index
+                    ps = [ptr(builder.add(first, ir.Constant(i64, step * t))) for t in range(rows)]
+                    v = [builder.load(p, align=4) for p in ps]
+                    _butterfly_in_registers(builder, v)
+                    for p, x in zip(ps, v, strict=True):
+                        builder.store(x, p, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    butterfly.__name__ = butterfly.__qualname__ = f"butterfly{n}"
+    butterfly.__doc__ = f"""The spec's butterfly (stages h = 1 .. {n // 2}) on 8 columns of an {n}-row lane layout: rows
+    ``T.flat[toff + j*stride : +8]``, ``j < {n}``, in place.
+
+    Two passes instead of {4 if n == 128 else 3}: stages 1 .. {g // 2} on each {g} consecutive rows, then the
+    others on the {n // g} rows {g} apart, each pass holding its rows in vector registers. A value's
+    operations are those of the in-place butterfly in its order (the stages within a group of rows do not
+    depend on the other groups), so the bits are :func:`tbq.formats.tbq_kernels._butterfly_lanes`'s. Plain
+    LLVM vector IR: any target.
+    """
+    return intrinsic(butterfly)
+
+
+#: The TBQ encoder's butterfly (128 channels) and the decoder's (64 rows of channel pairs).
+butterfly128 = _make_butterfly(128)
+butterfly64 = _make_butterfly(64)
+
+
 @intrinsic
 def call_reader(typingctx, fn, src, dst, n_blocks, aux, n_aux):
     """Call the attention reader whose C address is ``fn`` (an int64: ``cfunc.address``) with :data:`READER_SIG`'s

@@ -22,6 +22,8 @@ from ..kernels import (
     STATUS_SCALE_OVERFLOW,
     TARGET_AVX2,
     block_finite,
+    butterfly64,
+    butterfly128,
     f16_is_inf,
     f32_to_f16_bits,
     jit,
@@ -176,7 +178,11 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
             for p in range(0, lanes, 16):  # spread over the pass: a burst of prefetches waits for free fill buffers
                 prefetch(xf, nxt + lanes * j + p)
         # stage: butterfly
-        _butterfly_lanes(T)
+        if n == 128 and lanes % 8 == 0:  # in registers, two passes (kernels.butterfly128)
+            for l0 in range(0, lanes, 8):
+                butterfly128(Tf, l0, lanes)
+        else:
+            _butterfly_lanes(T)
         # stage: index
         # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
         # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass
@@ -355,6 +361,7 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
     n = out.shape[1]
     h = n // 2
     T = np.zeros((h, 2 * lanes), np.float32)
+    Tf = T.reshape(T.size)
     T64 = T.view(np.uint64)  # (h, lanes): the pair of channels 2k, 2k+1 of block l
     out64 = out.view(np.uint64)  # (blocks, h)
     outf64 = out64.reshape(out64.size)
@@ -398,7 +405,11 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
                 tk[2 * l] = a + b
                 tk[2 * l + 1] = a - b
         # stage: butterfly
-        _butterfly_lanes(T)  # stages 2 .. n/2 of the channels are stages 1 .. n/4 of the rows
+        if h == 64 and lanes % 4 == 0:  # stages 2 .. n/2 of the channels are stages 1 .. n/4 of the rows
+            for c0 in range(0, 2 * lanes, 8):
+                butterfly64(Tf, c0, 2 * lanes)  # in registers, two passes
+        else:
+            _butterfly_lanes(T)
         # stage: scale
         for k in range(h):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
             ce = cs1[2 * k]
