@@ -61,7 +61,9 @@ SMALL_BLOCKS = 8
 
 @jit
 def _butterfly_lanes(T):
-    """The spec's butterfly applied to every column of T (n x lanes).
+    """The spec's butterfly applied to every column of T (n x lanes), in place, stage pairs at a time: the
+    reference the lane kernels' :func:`tbq.kernels.butterfly128` / ``butterfly64`` are tested against (they
+    hold a pass's rows in registers and are 1.2-2x faster).
 
     Stages h and 2h are fused (radix 4) to halve the passes over T; each
     output is still built from exactly the same additions in the same order:
@@ -99,7 +101,8 @@ def _butterfly_lanes(T):
 
 @jit
 def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lanes):
-    """TBQ4_0 (bits=4) / TBQ3_0 (bits=3) encoder, ``lanes`` blocks at a time.
+    """TBQ4_0 (bits=4) / TBQ3_0 (bits=3) encoder, ``lanes`` blocks at a time (rows of 128 values, TBQ's block;
+    ``lanes`` a multiple of 8).
 
     ``cs2`` is ``hadamard_scale * signs2`` as float32: multiplying by +-C is the
     same single rounding as multiplying by C and then flipping the sign.
@@ -178,11 +181,8 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
             for p in range(0, lanes, 16):  # spread over the pass: a burst of prefetches waits for free fill buffers
                 prefetch(xf, nxt + lanes * j + p)
         # stage: butterfly
-        if n == 128 and lanes % 8 == 0:  # in registers, two passes (kernels.butterfly128)
-            for l0 in range(0, lanes, 8):
-                butterfly128(Tf, l0, lanes)
-        else:
-            _butterfly_lanes(T)
+        for l0 in range(0, lanes, 8):  # in registers, two passes (kernels.butterfly128)
+            butterfly128(Tf, l0, lanes)
         # stage: index
         # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
         # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass
@@ -345,14 +345,15 @@ STREAM_BYTES = 1 << 21
 
 @jit
 def decode(data, out, bits, centroids, s2, cs1, table, lanes):
-    """TBQ decoder, ``lanes`` blocks at a time: ``y = (H(s2 * c[idx]) * (C * s1)) * d``.
+    """TBQ decoder, ``lanes`` blocks at a time (128 values a block; ``lanes`` a multiple of 4):
+    ``y = (H(s2 * c[idx]) * (C * s1)) * d``.
 
     The scratch holds channel pairs: ``T[k, 2l + e]`` is channel ``2k + e`` of
     block ``l``, so the two centroids of a byte of indices (4 bits) or of a
     6-bit pair (3 bits) are one 8-byte copy from a pair table, and so is each
     pair on the way out. The butterfly's first stage (channels 2k, 2k+1) runs
-    inside the rows; its other stages run on the rows with
-    :func:`_butterfly_lanes`. Every value sees the spec's operations in the
+    inside the rows; its other stages run on the rows in vector registers
+    (:func:`tbq.kernels.butterfly64`). Every value sees the spec's operations in the
     spec's order. An output of ``STREAM_BYTES`` or more is written with
     streaming stores: at 16M values the decoder was bound by reading the
     output's cache lines before writing them (about +50% without).
@@ -405,11 +406,8 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
                 tk[2 * l] = a + b
                 tk[2 * l + 1] = a - b
         # stage: butterfly
-        if h == 64 and lanes % 4 == 0:  # stages 2 .. n/2 of the channels are stages 1 .. n/4 of the rows
-            for c0 in range(0, 2 * lanes, 8):
-                butterfly64(Tf, c0, 2 * lanes)  # in registers, two passes
-        else:
-            _butterfly_lanes(T)
+        for c0 in range(0, 2 * lanes, 8):  # stages 2 .. n/2 of the channels are stages 1 .. n/4 of the rows
+            butterfly64(Tf, c0, 2 * lanes)  # in registers, two passes (kernels.butterfly64)
         # stage: scale
         for k in range(h):  # (v * (+-C)) * d: two roundings, as the spec's R^-1 then the scale
             ce = cs1[2 * k]
