@@ -1,5 +1,5 @@
-"""TBQ4_0 and TBQ3_0: the shared format battery with each codebook and seeded signs; the encoder's index step on
-every CPU path."""
+"""TBQ4_0 and TBQ3_0: the shared format battery with each codebook and seeded signs; the lane kernels' helpers
+(the index step TBQ shares with PLANAR/ISO on every CPU path, the sums of squares, the butterfly)."""
 
 import os
 import subprocess
@@ -62,10 +62,11 @@ if k.TARGET_AVX2:
 rng = np.random.default_rng(0)
 x = (rng.standard_normal((4096, 128)) * rng.uniform(1e-3, 1e3, (4096, 1))).astype(np.float32)
 x[3] = 0; x[5] = 1e-30; x[7, ::2] = 0.25
-for fmt in ("tbq4_0", "tbq3_0"):
-    for opts in ({}, {"codebook": "turboq-mtp"}, {"signs": 7}):
-        got = tbq.quantize(x, fmt, backend="numba", **opts)
-        assert np.array_equal(got, tbq.quantize(x, fmt, backend="numpy", **opts)), (fmt, opts)
+for fmt, options in (("tbq4_0", ({}, {"codebook": "turboq-mtp"}, {"signs": 7})), ("tbq3_0", ({}, {"signs": 7})),
+                     ("planar3_0", ({},)), ("iso3_0", ({},)), ("planar4_0", ({},)), ("iso4_0", ({},))):
+    for opts in options:
+        got = tbq.quantize(x[:-3], fmt, backend="numba", **opts)  # a partial last group of lanes too
+        assert np.array_equal(got, tbq.quantize(x[:-3], fmt, backend="numpy", **opts)), (fmt, opts)
 print("ok")
 """
 
@@ -79,9 +80,9 @@ _CPUS = {
 
 @pytest.mark.parametrize("cpu", ["host", *_CPUS])
 def test_the_encoders_index_step_matches_the_specification_on_every_cpu_path(cpu, tmp_path):
-    """The encoder's index step has three paths (vpermt2ps on AVX-512VL, two vpermps with a select on AVX2,
-    the count of compares elsewhere): each gives the specification's indices and recon sums, ties and
-    non-finite values included, and the encoder the NumPy path's bytes. Each runs in a child compiled for that
+    """The encoders' index step (TBQ's and PLANAR/ISO's) has three paths (vpermt2ps on AVX-512VL, two vpermps
+    with a select on AVX2, the count of compares elsewhere): each gives the specification's indices and recon
+    sums, ties and non-finite values included, and every encoder the NumPy path's bytes. Each runs in a child compiled for that
     CPU (a new numba cache): the host, when it has AVX-512VL or not, and the two others by name."""
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("NUMBA_CPU_NAME", None)

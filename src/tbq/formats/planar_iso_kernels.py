@@ -31,7 +31,11 @@ from ..kernels import (
     f16_is_inf,
     f32_to_f16_bits,
     jit,
+    lanes_index,
+    lanes_load,
+    lanes_sum_squares,
     load_f16,
+    prefetch,
     reader_aux,
     reader_blocks,
     reader_out,
@@ -96,8 +100,9 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
     n = x.shape[1]
     nb = n // 4 + n // 8 if bits == 3 else n // 2  # payload bytes
     T = np.zeros((n, lanes), np.float32)
-    Tf = T.reshape(n * lanes)
     K = np.zeros((n, lanes), np.int32)
+    xf = x.reshape(x.size)
+    ones = np.ones(n, np.float32)  # the index kernels' per-channel factor: a product by 1 is exact
     P = np.zeros((nb, lanes), np.int32)
     norm2 = np.zeros(lanes, np.float32)
     norm = np.zeros(lanes, np.float32)
@@ -105,23 +110,12 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
     recon2 = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
+        nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
         # stage: transpose-in
-        for l in range(L):  # flat pointer steps are faster than 2-D indexing
-            row = x[g0 + l]
-            p = l
-            for j in range(n):
-                Tf[p] = row[j]
-                p += lanes
-        for l in range(L, lanes):
-            for j in range(n):
-                T[j, l] = _0
+        lanes_load(x, g0, T)
         # stage: norm
         # 1. norm^2: a sequential float32 sum per block (one chain per lane)
-        for l in range(lanes):
-            norm2[l] = _0
-        for j in range(n):
-            for l in range(lanes):
-                norm2[l] += T[j, l] * T[j, l]
+        lanes_sum_squares(T, norm2)
         bad = L  # first lane whose input is not finite (norm^2 is Inf/NaN; finite overflow is not "bad")
         for l in range(L):
             if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
@@ -148,6 +142,8 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                     T[j + 1, l] = ((w * u1 + qx * u0) + qy * u3) - qz * u2
                     T[j + 2, l] = ((w * u2 - qx * u3) + qy * u0) + qz * u1
                     T[j + 3, l] = ((w * u3 + qx * u2) - qy * u1) + qz * u0
+                for p in range(0, 4 * lanes, 16):  # spread over the pass (see tbq_kernels.encode)
+                    prefetch(xf, nxt + lanes * j + p)
         else:
             for pr in range(n // 2):
                 c, s = ta[pr], tb[pr]
@@ -158,78 +154,13 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                     u1 = T[j + 1, l] * sc
                     T[j, l] = c * u0 - s * u1
                     T[j + 1, l] = s * u0 + c * u1
+                for p in range(0, 2 * lanes, 16):
+                    prefetch(xf, nxt + lanes * j + p)
         # stage: index
         # 4. idx = #{k : r >= t_k} (branch-free; equals the C nearest-centroid search, see the spec);
-        # NaN r compares false everywhere: index 0, as in C
-        if bits == 4:
-            m0, m1, m2, m3, m4, m5, m6, m7 = (
-                thresholds[0],
-                thresholds[1],
-                thresholds[2],
-                thresholds[3],
-                thresholds[4],
-                thresholds[5],
-                thresholds[6],
-                thresholds[7],
-            )
-            m8, m9, m10, m11, m12, m13, m14 = (
-                thresholds[8],
-                thresholds[9],
-                thresholds[10],
-                thresholds[11],
-                thresholds[12],
-                thresholds[13],
-                thresholds[14],
-            )
-            for j in range(n):
-                for l in range(lanes):
-                    r = T[j, l]
-                    K[j, l] = (
-                        np.int32(r >= m0)
-                        + np.int32(r >= m1)
-                        + np.int32(r >= m2)
-                        + np.int32(r >= m3)
-                        + np.int32(r >= m4)
-                        + np.int32(r >= m5)
-                        + np.int32(r >= m6)
-                        + np.int32(r >= m7)
-                        + np.int32(r >= m8)
-                        + np.int32(r >= m9)
-                        + np.int32(r >= m10)
-                        + np.int32(r >= m11)
-                        + np.int32(r >= m12)
-                        + np.int32(r >= m13)
-                        + np.int32(r >= m14)
-                    )
-        else:
-            m0, m1, m2, m3, m4, m5, m6 = (
-                thresholds[0],
-                thresholds[1],
-                thresholds[2],
-                thresholds[3],
-                thresholds[4],
-                thresholds[5],
-                thresholds[6],
-            )
-            for j in range(n):
-                for l in range(lanes):
-                    r = T[j, l]
-                    K[j, l] = (
-                        np.int32(r >= m0)
-                        + np.int32(r >= m1)
-                        + np.int32(r >= m2)
-                        + np.int32(r >= m3)
-                        + np.int32(r >= m4)
-                        + np.int32(r >= m5)
-                        + np.int32(r >= m6)
-                    )
-        # stage: recon
-        # 5. recon^2: a sequential float32 sum of C[idx]^2 per block (C*C is the exact rounded product)
-        for l in range(lanes):
-            recon2[l] = _0
-        for j in range(n):
-            for l in range(lanes):
-                recon2[l] += centroids_sq[K[j, l]]
+        # NaN r compares false everywhere: index 0, as in C; and 5. recon^2, a sequential float32 sum of
+        # C[idx]^2 per block (C*C is the exact rounded product): kernels.lanes_index, r * 1 = r
+        lanes_index(T, ones, thresholds, centroids_sq, K, recon2)
         # stage: pack+store
         # 6. pack the indices of all lanes at once, then store block by block
         if bits == 4:

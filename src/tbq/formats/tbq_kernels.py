@@ -27,19 +27,18 @@ from ..kernels import (
     f16_is_inf,
     f32_to_f16_bits,
     jit,
+    lanes_index,
+    lanes_sum_squares,
     load_f16,
     lookup8_row,
     lookup16_row,
     prefetch,
-    quantize_column8,
-    quantize_column16,
     reader_aux,
     reader_blocks,
     reader_out,
     store_f16,
     store_fence,
     store_nontemporal,
-    sum_squares32,
     transpose8,
 )
 from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
@@ -114,23 +113,16 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     Tf = T.reshape(n * lanes)
     xf = x.reshape(x.size)
     K = np.zeros((n, lanes), np.int32)
-    Kf = K.reshape(n * lanes)
-    C2 = np.zeros((n, lanes), np.float32)
     P = np.zeros((n // 2, lanes), np.int32)
     norm2 = np.zeros(lanes, np.float32)
     norm = np.zeros(lanes, np.float32)
     scale = np.zeros(lanes, np.float32)
     recon2 = np.zeros(lanes, np.float32)
-    nq = centroids_sq.shape[0]
-    sqpair = np.empty(2 * nq * nq, np.float32)
-    for v in range(nq * nq):  # (c[v % nq]^2, c[v // nq]^2): the two terms of a byte of 4-bit indices
-        sqpair[2 * v] = centroids_sq[v % nq]
-        sqpair[2 * v + 1] = centroids_sq[v // nq]
-    sqpair64 = sqpair.view(np.uint64)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
         # stage: transpose-in
+        # (kernels.lanes_load, which PLANAR/ISO call, written out: the TBQ encoder measured a little faster so)
         L8 = L - L % 8
         for l0 in range(0, L8, 8):  # transpose in, 8 x 8 tiles of vector shuffles
             for j0 in range(0, n, 8):
@@ -146,15 +138,7 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
                 T[j, l] = _0
         # stage: norm
         # 1. norm: a sequential float32 sum per block (one chain per lane)
-        if lanes % 32 == 0:  # the sums in registers (kernels.sum_squares32)
-            for l0 in range(0, lanes, 32):
-                sum_squares32(Tf, l0, lanes, n, norm2, l0)
-        else:
-            for l in range(lanes):
-                norm2[l] = _0
-            for j in range(n):
-                for l in range(lanes):
-                    norm2[l] += T[j, l] * T[j, l]
+        lanes_sum_squares(T, norm2)
         # stage: end
         bad = L  # first lane whose input is not finite
         for l in range(L):
@@ -185,120 +169,12 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
             butterfly128(Tf, l0, lanes)
         # stage: index
         # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
-        # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass
-        if TARGET_AVX2:  # 8 lanes at a time: a binary search by vpermps, and the recon sum (kernels.quantize_column16)
-            for l0 in range(0, lanes, 8):
-                if bits == 4:
-                    quantize_column16(Tf, l0, lanes, n, cs2, Kf, recon2, l0, thresholds, centroids_sq)
-                else:
-                    quantize_column8(Tf, l0, lanes, n, cs2, Kf, recon2, l0, thresholds, centroids_sq)
-            if bits == 4:  # pack
-                for k in range(n // 2):
-                    for l in range(lanes):
-                        P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
-        else:
-            for l in range(lanes):
-                recon2[l] = _0
-            if bits == 4:
-                m0, m1, m2, m3, m4, m5, m6, m7 = (
-                    thresholds[0],
-                    thresholds[1],
-                    thresholds[2],
-                    thresholds[3],
-                    thresholds[4],
-                    thresholds[5],
-                    thresholds[6],
-                    thresholds[7],
-                )
-                m8, m9, m10, m11, m12, m13, m14 = (
-                    thresholds[8],
-                    thresholds[9],
-                    thresholds[10],
-                    thresholds[11],
-                    thresholds[12],
-                    thresholds[13],
-                    thresholds[14],
-                )
-                for j in range(n):
-                    cj = cs2[j]
-                    for l in range(lanes):
-                        r = T[j, l] * cj
-                        k = (
-                            np.int32(r >= m0)
-                            + np.int32(r >= m1)
-                            + np.int32(r >= m2)
-                            + np.int32(r >= m3)
-                            + np.int32(r >= m4)
-                            + np.int32(r >= m5)
-                            + np.int32(r >= m6)
-                            + np.int32(r >= m7)
-                            + np.int32(r >= m8)
-                            + np.int32(r >= m9)
-                            + np.int32(r >= m10)
-                            + np.int32(r >= m11)
-                            + np.int32(r >= m12)
-                            + np.int32(r >= m13)
-                            + np.int32(r >= m14)
-                        )
-                        K[j, l] = k
-            else:
-                m0, m1, m2, m3, m4, m5, m6 = (
-                    thresholds[0],
-                    thresholds[1],
-                    thresholds[2],
-                    thresholds[3],
-                    thresholds[4],
-                    thresholds[5],
-                    thresholds[6],
-                )
-                q0, q1, q2, q3, q4, q5, q6, q7 = (
-                    centroids_sq[0],
-                    centroids_sq[1],
-                    centroids_sq[2],
-                    centroids_sq[3],
-                    centroids_sq[4],
-                    centroids_sq[5],
-                    centroids_sq[6],
-                    centroids_sq[7],
-                )
-                for j in range(n):
-                    cj = cs2[j]
-                    for l in range(lanes):
-                        r = T[j, l] * cj
-                        k = (
-                            np.int32(r >= m0)
-                            + np.int32(r >= m1)
-                            + np.int32(r >= m2)
-                            + np.int32(r >= m3)
-                            + np.int32(r >= m4)
-                            + np.int32(r >= m5)
-                            + np.int32(r >= m6)
-                        )
-                        K[j, l] = k
-                        v = q0
-                        v = q1 if r >= m0 else v
-                        v = q2 if r >= m1 else v
-                        v = q3 if r >= m2 else v
-                        v = q4 if r >= m3 else v
-                        v = q5 if r >= m4 else v
-                        v = q6 if r >= m5 else v
-                        v = q7 if r >= m6 else v
-                        C2[j, l] = v
-            # (the recon sum of the portable path; the AVX2 path adds it up in the index pass)
-            if bits == 4:
-                # pack first; then one 8-byte look-up per byte gives (c[lo]^2, c[hi]^2), added in channel order
-                for k in range(n // 2):
-                    for l in range(lanes):
-                        P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
-                for k in range(n // 2):
-                    for l in range(lanes):
-                        v = sqpair64[P[k, l]]
-                        recon2[l] += np.uint32(v & np.uint64(0xFFFFFFFF)).view(np.float32)
-                        recon2[l] += np.uint32(v >> np.uint64(32)).view(np.float32)
-            else:
-                for j in range(n):
-                    for l in range(lanes):
-                        recon2[l] += C2[j, l]
+        # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass (kernels.lanes_index)
+        lanes_index(T, cs2, thresholds, centroids_sq, K, recon2)
+        if bits == 4:  # pack
+            for k in range(n // 2):
+                for l in range(lanes):
+                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
         # stage: pack+store
         # 5. pack the indices of all lanes at once (TBQ4: done above), then store block by block
         if bits == 3:
