@@ -613,11 +613,13 @@ def _make_quantize_column(levels: int) -> Any:
     cs2[j]``, and ``recon2[roff + t]`` = the float32 sum of ``centroids_sq[K]`` over ``j < n`` in order, for the
     8 lanes ``t < 8`` (the TBQ encoder's steps 3-4 on 8 blocks of its lane layout).
 
-    For AVX2 targets only (:data:`TARGET_AVX2`; the encoder keeps its portable loop otherwise). The count is a
-    binary search, which equals the count of a sorted table (a codebook's thresholds are strictly increasing,
-    and a NaN ``r`` compares false everywhere, 0 either way): with 16 levels the first compare, against
-    threshold 7, picks the half of the thresholds and of ``centroids_sq`` (a select), and each later step looks
-    its threshold up with one ``vpermps``; ``centroids_sq[K]`` is one more. The product and each addition are
+    For AVX2 targets only (:data:`TARGET_AVX2`; :func:`lanes_index` keeps a portable loop otherwise). The count
+    is a binary search, which equals the count of a sorted table (a codebook's thresholds are strictly
+    increasing, and a NaN ``r`` compares false everywhere, 0 either way). With 16 levels: the first compare,
+    against threshold 7, decides the half; the second compares with threshold 11 or 3 (a select between two
+    broadcasts); the last two look their threshold up in the 16 entries, and ``centroids_sq[K]`` is one more
+    such look-up: one ``vpermt2ps`` on AVX-512VL (:data:`TARGET_AVX512VL`), else two ``vpermps`` and a select
+    on the half. With 8 levels each look-up is one ``vpermps``. The product and each addition are
     the scalar loop's IEEE float32 operations, in its order: the same indices and bits.
     ``thresholds`` holds ``levels - 1`` values and ``centroids_sq`` ``levels``; all arrays C-contiguous.
     """
@@ -704,8 +706,10 @@ def _make_butterfly(n: int) -> Any:
     Two passes instead of {4 if n == 128 else 3}: stages 1 .. {g // 2} on each {g} consecutive rows, then the
     others on the {n // g} rows {g} apart, each pass holding its rows in vector registers. A value's
     operations are those of the in-place butterfly in its order (the stages within a group of rows do not
-    depend on the other groups), so the bits are :func:`tbq.formats.tbq_kernels._butterfly_lanes`'s. Plain
-    LLVM vector IR: any target.
+    depend on the other groups), so the bits are :func:`tbq.formats.tbq_kernels._butterfly_lanes`'s, but for
+    the payload of a NaN (LLVM may swap the operands of an addition; a NaN reaches the butterfly only in a
+    block that is refused, or in none). Plain LLVM vector IR: any target. Rows are 8 columns at ``toff``: the
+    lanes of a group are a multiple of 8 (the kernels' ``LANES`` is 32).
     """
     return intrinsic(butterfly)
 

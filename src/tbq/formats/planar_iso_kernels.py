@@ -92,7 +92,8 @@ def idx3_planes(q, sg, t, k):
 
 @jit
 def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_overflow, lanes):
-    """PLANAR/ISO encoder (``quat`` False: Givens tables (cos, sin, -, -); True: (w, x, y, z)), ``lanes`` blocks at a time.
+    """PLANAR/ISO encoder (``quat`` False: Givens tables (cos, sin, -, -); True: (w, x, y, z)), ``lanes`` blocks at a time
+    (``lanes`` a multiple of 8: the lane helpers of :mod:`tbq.kernels` work on 8 x 8 tiles and 8-lane columns).
 
     ``centroids_sq`` is ``C*C`` in float32, the exact terms of the recon sum.
     """
