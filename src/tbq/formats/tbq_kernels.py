@@ -28,6 +28,7 @@ from ..kernels import (
     f32_to_f16_bits,
     jit,
     lanes_index,
+    lanes_load,
     lanes_sum_squares,
     load_f16,
     lookup8_row,
@@ -39,7 +40,6 @@ from ..kernels import (
     store_f16,
     store_fence,
     store_nontemporal,
-    transpose8,
 )
 from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
 
@@ -122,20 +122,7 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
         L = min(lanes, nblk - g0)
         nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
         # stage: transpose-in
-        # (kernels.lanes_load, which PLANAR/ISO call, written out: the TBQ encoder measured a little faster so)
-        L8 = L - L % 8
-        for l0 in range(0, L8, 8):  # transpose in, 8 x 8 tiles of vector shuffles
-            for j0 in range(0, n, 8):
-                transpose8(xf, (g0 + l0) * n + j0, n, Tf, j0 * lanes + l0, lanes)
-        for l in range(L8, L):  # the rest one by one; flat pointer steps are faster than 2-D indexing
-            row = x[g0 + l]
-            p = l
-            for j in range(n):
-                Tf[p] = row[j]
-                p += lanes
-        for l in range(L, lanes):
-            for j in range(n):
-                T[j, l] = _0
+        lanes_load(x, g0, T)
         # stage: norm
         # 1. norm: a sequential float32 sum per block (one chain per lane)
         lanes_sum_squares(T, norm2)
