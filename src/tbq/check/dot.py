@@ -57,7 +57,7 @@ from .classify import CLASSES, EXACT, FRAGILE, WRONG
 from .diagnose import AGREE, Diagnosis
 from .report import CheckReport, PhaseResult
 from .runner import DEFAULT_BLOCKS, golden_rows, require_hypothesis
-from .sharedlib import load_library
+from .sharedlib import Probe, load_library, probe_calls
 from .targets import TargetError, defining_file
 
 __all__ = [
@@ -244,11 +244,25 @@ class LibraryDot(DotTarget):
         if "/" in path and not Path(path).is_file():
             raise TargetError(f"cannot load {path}: no such file")
         real = os.path.realpath(path) if Path(path).exists() else path
+        init = (init,) if isinstance(init, str) else tuple(init or ())
+        # every function once in a child process first: a build for another CPU dies of SIGILL there, not here
+        k = math.lcm(left.block_size, right.block_size)
+        probes = [Probe("init", name, "--init") for name in init if isinstance(name, str)]
+        probes.append(
+            Probe(
+                "dot",
+                symbol,
+                "--dot",
+                k,
+                k // left.block_size * left.type_size,
+                k // right.block_size * right.type_size,
+            )
+        )
+        probe_calls(real, probes, TargetError)
         lib = load_library(real, TargetError)
         super().__init__(left, right, f"library {Path(path).name}", symbol)
         self.path, self.lib = real, lib
         self._prov: dict[str, dict[str, Any]] = {}
-        init = (init,) if isinstance(init, str) else tuple(init or ())
         fns = []
         for name, key in [(n, f"init {n}") for n in init] + [(symbol, "dot")]:
             try:

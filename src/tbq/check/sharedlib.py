@@ -21,10 +21,22 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import struct
+import subprocess
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ElfDependencies", "elf_dependencies", "loaded_objects", "load_library", "foreign_dependencies"]
+__all__ = [
+    "ElfDependencies",
+    "elf_dependencies",
+    "loaded_objects",
+    "load_library",
+    "foreign_dependencies",
+    "Probe",
+    "probe_calls",
+]
 
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_RPATH, _DT_RUNPATH = 0, 1, 5, 15, 29
@@ -186,3 +198,124 @@ def _flattened_link(path: str) -> tuple[str, int] | None:
         return None
     target = os.path.join(os.path.dirname(path), name)
     return (target, len(data)) if os.path.isfile(target) else None
+
+
+# ---------------------------------------------------------------------------
+# calling a library's functions first in a child process
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One call :func:`probe_calls` makes: ``kind`` ``"init"`` (``void f(void)``), ``"quantize"`` (``f(const float
+    *x, void *y, int64_t k)``), ``"dequantize"`` (``f(const void *x, float *y, int64_t k)``) or ``"dot"`` (ggml's
+    ``vec_dot``, ``nrc = 1``); ``k`` values, in ``nbytes`` bytes of blocks (of the left operand for ``dot``; its
+    right operand's in ``rbytes``). ``label`` names the call in a message (``"quantize"``, ``"--init"``)."""
+
+    kind: str
+    symbol: str
+    label: str
+    k: int = 0
+    nbytes: int = 0
+    rbytes: int = 0
+
+
+#: The child: load the library, call each function once on small zero-filled (or ramp) buffers with room to
+#: spare, print the index of the call about to run. A missing library or symbol ends it quietly: the caller
+#: reports those itself, with its own message.
+_PROBE_CHILD = r"""
+import ctypes, sys
+try:  # a crash leaves no core file behind
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+except (ImportError, ValueError, OSError):
+    pass
+path, calls = sys.argv[1], [c.split(":") for c in sys.argv[2:]]
+try:
+    lib = ctypes.CDLL(path)
+except OSError:
+    sys.exit(0)
+for i, (kind, sym, k, nbytes, rbytes) in enumerate(calls):
+    k, nbytes, rbytes = int(k), int(nbytes), int(rbytes)
+    fn = getattr(lib, sym, None)
+    if fn is None:
+        sys.exit(0)
+    print(i, flush=True)
+    if kind == "init":
+        fn.argtypes, fn.restype = (), None
+        fn()
+    elif kind == "quantize":
+        x = (ctypes.c_float * k)(*[(j % 17) / 8.0 - 1.0 for j in range(k)])
+        fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64), None
+        fn(x, ctypes.create_string_buffer(nbytes + 256), k)
+    elif kind == "dequantize":
+        fn.argtypes, fn.restype = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64), None
+        fn(ctypes.create_string_buffer(nbytes), (ctypes.c_float * (k + 64))(), k)
+    else:
+        s = (ctypes.c_float * 2)()
+        x, y = ctypes.create_string_buffer(nbytes + 256), ctypes.create_string_buffer(rbytes + 256)
+        fn.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                       ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        fn.restype = None
+        fn(k, s, 0, x, 0, y, 0, 1)
+"""
+
+#: Seconds the probe may take (ggml_cpu_init builds its fp16 tables: well under one).
+PROBE_TIMEOUT = 120.0
+
+
+def _signal_words(sig: int) -> str:
+    """``"SIGILL (illegal instruction)"`` for a signal number."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+    desc = signal.strsignal(sig) or ""
+    return f"{name} ({desc.lower()})" if desc else name
+
+
+def probe_calls(path: str, calls: Sequence[Probe], error: type[Exception]) -> None:
+    """Make ``calls`` of the library at ``path`` once in a child process first, and raise ``error`` (one line,
+    naming the function and the signal) if one of them kills it.
+
+    A library built for instructions this CPU lacks (``GGML_NATIVE=ON`` or ``-march=native`` on another machine:
+    AVX-512 where this CPU has AVX2) dies of ``SIGILL`` in its first SIMD function; called in the checking process,
+    that would end it with no message. The child loads the library and calls the init functions and each kernel
+    once on a few blocks; the checking process calls nothing until the child came back. A missing library or
+    symbol is left to the caller's own message; a crash on other data later in the check is not foreseen.
+
+    >>> probe_calls("libc.so.6", [Probe("init", "abort", "--init")], ValueError)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: --init abort (libc.so.6) died of SIGABRT (aborted) when a probe process called it ...
+    """
+    if not calls:
+        return
+    args = [f"{c.kind}:{c.symbol}:{c.k}:{c.nbytes}:{c.rbytes}" for c in calls]
+    try:
+        r = subprocess.run(
+            [sys.executable, "-I", "-c", _PROBE_CHILD, path, *args],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        raise error(
+            f"cannot check {path}: a probe process calling its functions once did not return within "
+            f"{PROBE_TIMEOUT:.0f} s"
+        ) from None
+    if r.returncode >= 0:
+        return
+    started = r.stdout.split()
+    c = calls[int(started[-1])] if started and started[-1].isdigit() and int(started[-1]) < len(calls) else None
+    what = f"{c.label} {c.symbol} ({os.path.basename(path)})" if c else os.path.basename(path)
+    hint = ""
+    if -r.returncode == signal.SIGILL:
+        hint = (
+            ": the library uses instructions this CPU lacks (built with GGML_NATIVE=ON or -march=native for "
+            "another CPU?); build it on this machine"
+        )
+    raise error(
+        f"{what} died of {_signal_words(-r.returncode)} when a probe process called it once, so tbq check did not "
+        f"call it{hint}"
+    )

@@ -39,7 +39,7 @@ from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
 from ..formats import Format
-from .sharedlib import load_library
+from .sharedlib import Probe, load_library, probe_calls
 
 __all__ = [
     "TargetError",
@@ -297,6 +297,14 @@ class LibraryTarget(Target):
         for name in init:
             if not isinstance(name, str) or not name:
                 raise TargetError(f"init must name functions void f(void), got {name!r}")
+        # every function once in a child process first: a build for another CPU dies of SIGILL there, not here
+        k = fmt.block_size
+        probes = [Probe("init", name, "--init") for name in init] + [
+            Probe(d, (quantize, dequantize)[i] or default_symbol(d, fmt.name), d, k, fmt.type_size)
+            for i, d in enumerate(DIRECTIONS)
+            if d in want
+        ]
+        probe_calls(path, probes, TargetError)
         self.lib = load_library(path, TargetError)
         super().__init__(fmt, want, f"library {p.name}")
         self.path = path
