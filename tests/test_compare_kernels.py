@@ -91,20 +91,29 @@ def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
     assert {"q8_0_kernels", "q4_0_kernels"} <= names  # both modules compiled (one of them by the helper process)
 
 
-def test_the_cold_start_shares_balance_compile_cost_not_file_size():
-    """The TBQ kernels (the largest compile) get a process of their own on two cores for the four core formats
-    with attention; the attention module's IR codegen (Python, not numba-compiled) does not count, nor does its
-    lazily compiled kernel, so it shares the other process with q4_0 and q8_0."""
-    from tbq.compare import _compile_weight, _shares
+def test_the_cold_start_queue_takes_the_heaviest_compile_first_and_each_module_once(tmp_path, monkeypatch):
+    """The queue's order is compile cost, not file size: the TBQ kernels (the largest compile) first; the attention
+    module's IR codegen (Python, not numba-compiled) does not count, nor does a lazily compiled kernel. Each
+    module is compiled by the one process that claims it first, and only the formats the comparison kept."""
+    import tbq.compare as c
 
-    shares = _shares(["q8_0", "q4_0", "tbq4_0", "tbq3_0"], True, 2)
-    assert sorted(map(sorted, shares)) == [
-        ["tbq.attention_kernels", "tbq.formats.q4_0_kernels", "tbq.formats.q8_0_kernels"],
-        ["tbq.formats.tbq_kernels"],
+    units = c._units_by_weight(["q8_0", "q4_0", "tbq4_0", "tbq3_0"], True)
+    assert units[0] == "tbq.formats.tbq_kernels" and sorted(units[1:]) == [
+        "tbq.attention_kernels",
+        "tbq.formats.q4_0_kernels",
+        "tbq.formats.q8_0_kernels",
     ]
-    assert _shares(["q8_0"], True, 4) == [["tbq.attention_kernels"], ["tbq.formats.q8_0_kernels"]]  # at most one a unit
     src = "_LAZY_KERNELS = ('g',)\n\n\n@jit\ndef f():\n    pass\n\n\n@jit\ndef g():\n    pass\n"
-    assert _compile_weight(src) == 3  # g is compiled only on demand
+    assert c._compile_weight(src) == 3  # g is compiled only on demand
+    done = []
+    monkeypatch.setattr(c, "_warm", lambda f, config, attention, readers: done.append((list(f), attention)))
+    fmts = ["q8_0", "tbq4_0", "tbq3_0"]
+    units = c._units_by_weight(fmts, True)
+    c._claim(str(tmp_path), "tbq.formats.q8_0_kernels")  # another process took q8_0's module
+    c._warm_queue(units, fmts, {}, str(tmp_path), True, keep={"tbq4_0", "q8_0"})
+    assert done == [(["tbq4_0"], False), ([], True)]  # tbq3_0 left out of the comparison: not compiled
+    c._warm_queue(units, fmts, {}, str(tmp_path), True)  # a second process: nothing left to claim
+    assert len(done) == 2
 
 
 def test_a_started_warm_up_is_finished_or_cancelled(tmp_path, monkeypatch):

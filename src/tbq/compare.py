@@ -497,9 +497,9 @@ def _compile_weight(source: str) -> int:
     return max(1, lines)
 
 
-def _shares(fmts: Any, attention: bool, processes: int) -> list[list[str]]:
-    """The kernel modules of a comparison of ``fmts`` split into at most ``processes`` shares of about equal
-    compile cost (:func:`_compile_weight`), heaviest module first to the lightest share."""
+def _units_by_weight(fmts: Any, attention: bool) -> list[str]:
+    """The kernel modules of a comparison of ``fmts``, heaviest first by :func:`_compile_weight` (a cold start's
+    processes take them in this order, so the last to be taken are the lightest)."""
     import importlib.util
 
     units = _kernel_units(fmts, attention)
@@ -507,13 +507,7 @@ def _shares(fmts: Any, attention: bool, processes: int) -> list[list[str]]:
     for u in units:
         spec = importlib.util.find_spec(u)
         weight[u] = _compile_weight(Path(spec.origin).read_text()) if spec and spec.origin else 1
-    shares: list[list[str]] = [[] for _ in range(max(1, min(processes, len(units))))]
-    load = [0] * len(shares)
-    for u in sorted(units, key=lambda u: -weight[u]):
-        i = load.index(min(load))
-        shares[i].append(u)
-        load[i] += weight[u]
-    return shares
+    return sorted(units, key=lambda u: -weight[u])
 
 
 def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
@@ -559,25 +553,58 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
 
-class WarmUp:
-    """A cold start's compilation under way (:func:`start_warm_up`): the helper processes already compile
-    their shares; :meth:`finish` compiles this process's share and waits for them, :meth:`cancel` stops them."""
+ATTENTION_UNIT = "tbq.attention_kernels"
 
-    def __init__(self, procs: list[Any], fmts: list[str], config: dict[str, Any], attention: bool, readers: bool):
-        self._procs, self._fmts, self._config = procs, fmts, config
-        self._attention, self._readers = attention, readers
+
+def _claim(claims: str, unit: str) -> bool:
+    """True for the one process that creates ``unit``'s claim file in ``claims`` first (``O_EXCL``: atomic)."""
+    try:
+        os.close(os.open(os.path.join(claims, unit), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _warm_queue(
+    units: list[str],
+    fmts: list[str],
+    config: dict[str, Any],
+    claims: str,
+    readers: bool,
+    keep: Any = None,
+) -> None:
+    """Compile the kernel modules ``units`` in order, each in the process that claims it first (:func:`_claim`):
+    a cold start's processes work through the same queue until it is empty, so none waits while another still
+    has modules to go (``keep``: only those formats of a claimed module, when given)."""
+    for u in units:
+        if not _claim(claims, u):
+            continue
+        mine = [f for f in fmts if format_class(f).kernel_module == u and (keep is None or f in keep)]
+        _warm(mine, config, u == ATTENTION_UNIT, readers)
+
+
+class WarmUp:
+    """A cold start's compilation under way (:func:`start_warm_up`): the helper processes already take kernel
+    modules from the queue; :meth:`finish` takes the rest in this process and waits for them, :meth:`cancel`
+    stops them."""
+
+    def __init__(
+        self, procs: list[Any], units: list[str], fmts: list[str], config: dict[str, Any], claims: str, readers: bool
+    ):
+        self._procs, self._units, self._fmts, self._config = procs, units, fmts, config
+        self._claims, self._readers = claims, readers
         self._t0 = time.perf_counter()
 
     def finish(self, fmts: Any = None) -> float:
-        """Compile this process's share (only the formats in ``fmts`` when given: those the comparison kept),
-        wait for the helpers; the seconds since the start."""
+        """Compile the modules no helper has claimed yet (only the formats in ``fmts`` when given: those the
+        comparison kept), wait for the helpers; the seconds since the start."""
         keep = None if fmts is None else set(fmts)
-        mine = [f for f in self._fmts if keep is None or f in keep]
         try:
-            _warm(mine, self._config, self._attention, self._readers)
+            _warm_queue(self._units, self._fmts, self._config, self._claims, self._readers, keep)
         finally:
             for pr in self._procs:
                 pr.wait()
+            self._cleanup()
         return time.perf_counter() - self._t0
 
     def cancel(self) -> None:
@@ -585,6 +612,12 @@ class WarmUp:
         for pr in self._procs:
             pr.kill()
             pr.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        import shutil
+
+        shutil.rmtree(self._claims, ignore_errors=True)
 
 
 def start_warm_up(
@@ -593,16 +626,21 @@ def start_warm_up(
     """Start compiling the kernels of a comparison of ``fmts`` into numba's cache, on ``processes`` cores.
 
     Numba compiles one function at a time per process, so a cold start runs
-    ``processes - 1`` helper interpreters (``python -c``), each compiling its
-    share of the kernel modules into the shared on-disk cache, while this
-    process compiles its own share (:meth:`WarmUp.finish`); afterwards every
-    kernel loads from the cache. Shares are balanced by :func:`_compile_weight`
-    of each kernel module (a proxy for compile time); formats that share a
-    module stay together; this process keeps the heaviest share (the helpers
-    pay an interpreter's start-up first). ``processes=1`` starts no helper.
-    The CLI starts the helpers as soon as it knows the cache is cold, before
-    it builds the codecs and the data.
+    ``processes - 1`` helper interpreters (``python -c``) beside this process.
+    The kernel modules form one queue, heaviest first by :func:`_compile_weight`
+    (a proxy for compile time; formats that share a module stay together);
+    every process takes the next module no other has claimed (an ``O_EXCL``
+    file in a temporary folder) and compiles it into the shared on-disk cache,
+    until none is left. This process joins in :meth:`WarmUp.finish`, after it
+    built the codecs and the data; afterwards every kernel loads from the cache.
+    A queue, not a fixed split: the processes start at different times and the
+    weights are only a proxy, so a fixed split left one process idle while the
+    other still compiled. ``processes=1`` starts no helper. The CLI starts the
+    helpers as soon as it knows the cache is cold, before it builds the codecs
+    and the data.
     """
+    import tempfile
+
     config = dict(config or {})
     fmts = list(fmts)
     if processes is None:
@@ -610,27 +648,19 @@ def start_warm_up(
             processes = len(os.sched_getaffinity(0))
         except AttributeError:  # pragma: no cover
             processes = os.cpu_count() or 1
-    shares = _shares(fmts, attention, processes)
-
-    def fmts_of(share: Any) -> Any:
-        return [f for f in fmts if format_class(f).kernel_module in share]
-
+    units = _units_by_weight(fmts, attention)
+    claims = tempfile.mkdtemp(prefix="tbq-warm-")
     procs = []
-    for share in shares[1:]:
-        job = {
-            "formats": fmts_of(share),
-            "config": config,
-            "attention": "tbq.attention_kernels" in share,
-            "readers": attention,
-        }
+    for _ in range(max(0, min(processes, len(units)) - 1)):
+        job = {"units": units, "formats": fmts, "config": config, "claims": claims, "readers": attention}
         code = (
             f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); "
-            "c._warm(j['formats'], j['config'], j['attention'], j['readers'])"
+            "c._warm_queue(j['units'], j['formats'], j['config'], j['claims'], j['readers'])"
         )
         procs.append(
             subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
-    return WarmUp(procs, fmts_of(shares[0]), config, "tbq.attention_kernels" in shares[0], attention)
+    return WarmUp(procs, units, fmts, config, claims, attention)
 
 
 def warm_up(
