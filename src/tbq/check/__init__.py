@@ -204,7 +204,8 @@ def check_kernel(
     ``dot``: a dot-product kernel ``dot(x, y, n) -> float`` instead (``x``
     encoded in ``fmt``, ``y`` in ``rhs``, default the format ggml pairs it
     with): checked by :func:`tbq.check.dot.check_dot` (``blocks``,
-    ``examples``, ``exact``, ``seed``, ``out`` apply).
+    ``examples``, ``exact``, ``seed``, ``out`` and ``accept``, there
+    ``"fragile"`` or ``"unsigned_codes"``, apply).
 
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
@@ -219,6 +220,7 @@ def check_kernel(
             exact=exact,
             seed=seed,
             out=out,
+            accept=accept,
         )
     return check_target(
         CallableTarget(f, quantize, dequantize, name=name),
@@ -265,10 +267,10 @@ def check_library(
     """
     f = resolve_format(fmt, codebook, signs, options)
     if dot is not None:
-        extra = set(settings) - {"blocks", "examples", "exact", "seed", "out"}
+        extra = set(settings) - {"blocks", "examples", "exact", "seed", "out", "accept"}
         if extra or quantize or dequantize or only:
             raise ConfigError(
-                "a dot-product check takes blocks, examples, exact, seed and out, not "
+                "a dot-product check takes blocks, examples, exact, seed, out and accept, not "
                 f"{', '.join(sorted(extra)) or 'row symbols'}"
             )
         settings.setdefault("examples", DEFAULT_EXAMPLES)  # the fuzz phase, as for row functions

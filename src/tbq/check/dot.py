@@ -53,7 +53,7 @@ from ..codecs import codec_from
 from ..errors import TbqValueError, check_int
 from ..formats import Format, get_format
 from ..formats.base import FORMAT_CLASSES
-from .classify import CLASSES, EXACT, FRAGILE, WRONG
+from .classify import ACCEPTED, CLASSES, EXACT, FRAGILE, WRONG
 from .diagnose import AGREE, Diagnosis
 from .report import CheckReport, PhaseResult
 from .runner import DEFAULT_BLOCKS, golden_rows, require_hypothesis
@@ -70,6 +70,8 @@ __all__ = [
     "pair_unit",
     "DotCounterexample",
     "diagnose_dot",
+    "DOT_DIAGNOSES",
+    "check_dot_accept",
 ]
 
 U32 = 2.0**-24
@@ -476,11 +478,18 @@ def check_dot(
     exact: bool = False,
     seed: int = 0,
     out: str | os.PathLike[str] | None = None,
+    accept: str | Iterable[str] | None = (),
 ) -> CheckReport:
     """Check a dot-product kernel on ``blocks`` blocks of the golden and bytes phases and ``examples`` hypothesis
     examples (the fuzz phase, between them, as for the row kernels; 0 skips it); returns a
     :class:`~tbq.check.report.CheckReport` with direction ``"dot"`` (each dot product counts as one;
-    ``exact=True`` refuses results that are only within the bound)."""
+    ``exact=True`` refuses results that are only within the bound).
+
+    ``accept``: ``"fragile"`` (accepted even under ``exact``) or a diagnosis of :data:`DOT_DIAGNOSES`: a wrong
+    dot product that diagnosis explains by itself (``unsigned_codes``: the result is what the kernel gives when one
+    operand's negative codes are read as unsigned bytes) is counted ``accepted``, so that the check goes on to the
+    next distinct failure; the diagnosis is still reported."""
+    waive = check_dot_accept(accept)
     check_int(blocks, "blocks", lo=1, expected="an integer >= 1", error=TbqValueError)
     check_int(examples, "examples", lo=0, expected="an integer >= 0", error=TbqValueError)
     if examples:
@@ -501,6 +510,7 @@ def check_dot(
             "seed": seed,
             "rhs": R.name,
             "bound": "(m + 8) * 2**-24 * sum |term|, m additions (blocks, or values where the left has no integer form)",
+            "accept": sorted(waive),
         },
     )
     report.provenance = target.provenance()
@@ -513,7 +523,7 @@ def check_dot(
             t0 = time.perf_counter()
             if phase == "fuzz":
                 if examples:
-                    counts, found = _fuzz(target, examples, seed, exact)
+                    counts, found = _fuzz(target, examples, seed, exact, waive)
                     report.phases.append(
                         PhaseResult.from_counts(
                             "dot", "fuzz", counts, time.perf_counter() - t0, _fuzz_note(int(counts.sum()), found)
@@ -553,10 +563,11 @@ def check_dot(
                     continue  # an overflowing reference (scales of the bytes phase): no spec value to compare with
                 got = target.dot(x, y, nu * unit)
                 cls = _classify(got, e, bound)
-                counts[cls] += 1
                 if cls == WRONG and len(kept) < KEEP_CALLS:
                     kept.append((x, y, float(got)))
-                failing = cls == WRONG or (exact and cls == FRAGILE)
+                cls = _waived(L, R, x, y, got, cls, waive)
+                counts[cls] += 1
+                failing = cls == WRONG or (exact and cls == FRAGILE and "fragile" not in waive)
                 if failing and first is None:
                     first = (phase, x, y, nu, cls)
             report.phases.append(
@@ -585,6 +596,76 @@ def check_dot(
     return report
 
 
+#: The diagnoses of a dot-product check (what its ``accept`` may name besides ``"fragile"``).
+DOT_DIAGNOSES = ("unsigned_codes",)
+#: The readings ``unsigned_codes`` tries, simplest first: which operand's codes were read as unsigned bytes.
+_READINGS = {"left": (True, False), "right": (False, True), "both": (True, True)}
+
+
+def check_dot_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
+    """``accept`` of a dot-product check as a set of names (``"fragile"`` or :data:`DOT_DIAGNOSES`); anything else
+    is refused naming the choices."""
+    if isinstance(accept, str):
+        accept = (accept,)
+    try:
+        names = frozenset(accept or ())
+    except TypeError:
+        raise TbqValueError(f"accept must be names of classes or diagnoses, got {accept!r}") from None
+    bad = sorted(str(n) for n in names if n not in ("fragile", *DOT_DIAGNOSES))
+    if bad:
+        raise TbqValueError(
+            f"cannot accept {', '.join(map(repr, bad))} in a dot-product check: choose fragile or a diagnosis of "
+            f"dot products: {', '.join(DOT_DIAGNOSES)}"
+        )
+    return names
+
+
+def _integer_path(left: Format, right: Format) -> bool:
+    """Both operands have integer codes (:meth:`~tbq.formats.Format.dot_parts`): the only path ``unsigned_codes``
+    reads."""
+    zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
+    return left.dot_parts(zl) is not None and right.dot_parts(zr) is not None
+
+
+def _unsigned_reading(
+    left: Format, right: Format, x: NDArray[np.uint8], y: NDArray[np.uint8], got: float, ul: bool, ur: bool
+) -> bool | None:
+    """Whether ``got`` is exact or within the accumulation bound of the dot product with the left (``ul``) and/or
+    right (``ur``) operand's negative codes read as unsigned bytes; ``None`` where that reading changes nothing
+    (no negative code there) or overflows."""
+    xb, yb = x.reshape(-1, left.type_size), y.reshape(-1, right.type_size)
+    cx, dx = _dot_parts(left, xb)
+    cy, dy = _dot_parts(right, yb)
+    if (ul and not (cx < 0).any()) or (ur and not (cy < 0).any()):
+        return None
+    cx = _signed_as_unsigned(cx) if ul else cx
+    cy = _signed_as_unsigned(cy) if ur else cy
+    with np.errstate(all="ignore"):
+        terms = (cx * cy).sum(axis=1).astype(np.float64) * dx * dy  # exact, as in _terms
+        mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
+        ox, oy = left.dot_offset(xb), right.dot_offset(yb)
+        if ox is not None and oy is not None:
+            terms, mags = np.concatenate([terms, ox * oy]), mags + np.abs(ox * oy)
+    if not np.isfinite(terms).all():
+        return None
+    with np.errstate(over="ignore"):
+        e = np.float32(math.fsum(terms.tolist()))
+    bound = 1.01 * (mags.size + ROUNDINGS) * U32 * float(mags.sum()) + mags.size * 2.0**-149
+    return _classify(np.float32(got), e, bound) != WRONG
+
+
+def _waived(
+    left: Format, right: Format, x: NDArray[np.uint8], y: NDArray[np.uint8], got: Any, cls: int, waive: frozenset[str]
+) -> int:
+    """``cls``, or ``ACCEPTED`` for a wrong call that an accepted diagnosis explains by itself."""
+    if cls != WRONG or "unsigned_codes" not in waive or not _integer_path(left, right):
+        return cls
+    for ul, ur in _READINGS.values():
+        if _unsigned_reading(left, right, x, y, float(got), ul, ur):
+            return ACCEPTED
+    return cls
+
+
 def _signed_as_unsigned(codes: NDArray[np.int64]) -> NDArray[np.int64]:
     """Integer codes as an unsigned byte multiply reads their int8 bytes: a negative ``c`` becomes ``c + 256``."""
     return np.where(codes < 0, codes + 256, codes)
@@ -609,36 +690,17 @@ def diagnose_dot(
     >>> [g.name for g in diagnose_dot(q5, q8, [(x.reshape(-1), y.reshape(-1), bad)])]
     ['unsigned_codes']
     """
-    if not kept:
+    if not kept or not _integer_path(left, right):
         return []
-    zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
-    if left.dot_parts(zl) is None or right.dot_parts(zr) is None:
-        return []
-    readings = {"left": (True, False), "right": (False, True), "both": (True, True)}
     out = []
-    for which, (ul, ur) in readings.items():
+    for which, (ul, ur) in _READINGS.items():
         hits, negative = 0, 0
         for x, y, got in kept:
-            xb, yb = x.reshape(-1, left.type_size), y.reshape(-1, right.type_size)
-            cx, dx = _dot_parts(left, xb)
-            cy, dy = _dot_parts(right, yb)
-            if (ul and not (cx < 0).any()) or (ur and not (cy < 0).any()):
+            explained = _unsigned_reading(left, right, x, y, got, ul, ur)
+            if explained is None:
                 continue  # this reading changes nothing here: no evidence either way
             negative += 1
-            cx = _signed_as_unsigned(cx) if ul else cx
-            cy = _signed_as_unsigned(cy) if ur else cy
-            with np.errstate(all="ignore"):
-                terms = (cx * cy).sum(axis=1).astype(np.float64) * dx * dy  # exact, as in _terms
-                mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
-                ox, oy = left.dot_offset(xb), right.dot_offset(yb)
-                if ox is not None and oy is not None:
-                    terms, mags = np.concatenate([terms, ox * oy]), mags + np.abs(ox * oy)
-            if not np.isfinite(terms).all():
-                continue
-            with np.errstate(over="ignore"):
-                e = np.float32(math.fsum(terms.tolist()))
-            bound = 1.01 * (mags.size + ROUNDINGS) * U32 * float(mags.sum()) + mags.size * 2.0**-149
-            hits += _classify(np.float32(got), e, bound) != WRONG
+            hits += explained
         if negative and hits >= AGREE * len(kept):
             names = {"left": f"the left operand's ({left.name})", "right": f"the right operand's ({right.name})"}
             whose = names.get(which, f"both operands' ({left.name}, {right.name})")
@@ -665,7 +727,7 @@ def _fuzz_note(n: int, found: Any) -> str:
 
 
 def _fuzz(
-    target: DotTarget, examples: int, seed: int, exact: bool
+    target: DotTarget, examples: int, seed: int, exact: bool, waive: frozenset[str] = frozenset()
 ) -> tuple[NDArray[np.int64], tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None]:
     """The fuzz phase: hypothesis draws 1 to :data:`MAX_CALL_BLOCKS` units of both operands from
     :func:`tbq.testing.strategies.float_blocks` (each format's rounding hazards), encodes them as tbq does and calls
@@ -700,11 +762,12 @@ def _fuzz(
         e, bound = reference_dot(L, R, x, y)
         if not np.isfinite(e):
             return x, y, nu, -1
-        return x, y, nu, _classify(target.dot(x, y, nu * unit), e, bound)
+        got = target.dot(x, y, nu * unit)
+        return x, y, nu, _waived(L, R, x, y, got, _classify(got, e, bound), waive)
 
     def condition(ex: tuple[int, NDArray[np.float32], NDArray[np.float32]]) -> bool:
         _, _, _, cls = call(ex)
-        failing = cls == WRONG or (exact and cls == FRAGILE)
+        failing = cls == WRONG or (exact and cls == FRAGILE and "fragile" not in waive)
         if not state["found"] and cls >= 0:
             counts[cls] += 1
             state["found"] = failing

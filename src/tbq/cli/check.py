@@ -23,7 +23,7 @@ from ..check import (
     check_target,
     resolve_format,
 )
-from ..check.dot import LibraryDot, check_dot, right_format
+from ..check.dot import LibraryDot, check_dot, check_dot_accept, right_format
 from ..check.runner import check_accept, check_memory, require_hypothesis
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
@@ -174,7 +174,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="CLASS_OR_DIAGNOSIS",
         help="waive a known deviation and go on to the next distinct one, repeatable: a class (fragile, tie_rule, "
-        "undefined) or a diagnosis name (e.g. nibble_order, signed_zero, scale_ulp)",
+        "undefined) or a diagnosis name (e.g. nibble_order, signed_zero, scale_ulp; with --dot: fragile or "
+        "unsigned_codes)",
     )
     c.add_argument(
         "-k",
@@ -230,7 +231,10 @@ def run_cli(args: argparse.Namespace) -> int:
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
     # --out is checked before any work; the default folder is only made when something fails
     out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-{fmt.name}")
-    check_accept(args.accept)
+    if args.dot or args.rhs:
+        check_dot_accept(args.accept)  # before any work, as for row functions
+    else:
+        check_accept(args.accept)
     if not args.blocks and not args.examples and not args.seconds:
         raise TbqValueError(
             "--blocks 0 with --examples 0 checks nothing; give --blocks N or --examples N (or --seconds T)"
@@ -272,15 +276,19 @@ def _run_dot(args: argparse.Namespace, fmt: Format, out_dir: Path, json_path: Pa
             raise TbqValueError(
                 f"--{flag.replace('_cmd', '')} is for row functions; --dot checks a dot-product kernel alone"
             )
-    if args.accept:
-        raise TbqValueError("--accept is for row functions; a dot-product check has no diagnoses to waive yet")
     if args.seconds:
         raise TbqValueError("--seconds is for row functions; a dot-product check's fuzz phase takes --examples N")
     target = LibraryDot(
         args.lib, args.dot, fmt, right_format(fmt, args.rhs), init=args.init, strict_lib=args.strict_lib
     )
     report = check_dot(
-        target, blocks=max(1, args.blocks), examples=args.examples, exact=args.exact, seed=args.seed, out=out_dir
+        target,
+        blocks=max(1, args.blocks),
+        examples=args.examples,
+        exact=args.exact,
+        seed=args.seed,
+        out=out_dir,
+        accept=args.accept,
     )
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
