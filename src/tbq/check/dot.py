@@ -56,7 +56,7 @@ from ..formats.base import FORMAT_CLASSES
 from .classify import ACCEPTED, CLASSES, EXACT, FRAGILE, WRONG
 from .diagnose import AGREE, Diagnosis
 from .report import CheckReport, PhaseResult
-from .runner import DEFAULT_BLOCKS, golden_rows, require_hypothesis
+from .runner import DEFAULT_BLOCKS, accept_names, golden_rows, require_hypothesis
 from .sharedlib import Probe, load_library, probe_calls
 from .targets import TargetError, defining_file
 
@@ -605,12 +605,7 @@ _READINGS = {"left": (True, False), "right": (False, True), "both": (True, True)
 def check_dot_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
     """``accept`` of a dot-product check as a set of names (``"fragile"`` or :data:`DOT_DIAGNOSES`); anything else
     is refused naming the choices."""
-    if isinstance(accept, str):
-        accept = (accept,)
-    try:
-        names = frozenset(accept or ())
-    except TypeError:
-        raise TbqValueError(f"accept must be names of classes or diagnoses, got {accept!r}") from None
+    names = accept_names(accept)
     bad = sorted(str(n) for n in names if n not in ("fragile", *DOT_DIAGNOSES))
     if bad:
         raise TbqValueError(

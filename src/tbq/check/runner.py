@@ -1045,14 +1045,20 @@ def run_check(
     ).run()
 
 
-def check_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
-    """``accept`` as a set of names, each a waivable class or a diagnosis name; anything else is refused naming the choices."""
+def accept_names(accept: str | Iterable[str] | None) -> frozenset[str]:
+    """``accept`` (one name, names, or None) as a set of names; not names at all is refused. What the names may be
+    is the caller's to check (:func:`check_accept`, :func:`tbq.check.dot.check_dot_accept`)."""
     if isinstance(accept, str):
         accept = (accept,)
     try:
-        names = frozenset(accept or ())
+        return frozenset(accept or ())
     except TypeError:
         raise TbqValueError(f"accept must be names of classes or diagnoses, got {accept!r}") from None
+
+
+def check_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
+    """``accept`` as a set of names, each a waivable class or a diagnosis name; anything else is refused naming the choices."""
+    names = accept_names(accept)
     choices = ("fragile", "tie_rule", "undefined") + DIAGNOSES
     bad = sorted(str(n) for n in names if n not in choices)
     if bad:
