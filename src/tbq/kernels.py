@@ -557,11 +557,22 @@ def _quantize_column_codegen(n_levels: int):
             def look(lo, hi, k, upper):
                 return builder.select(upper, builder.call(permps, [hi, k]), builder.call(permps, [lo, k]))
 
+        def vec_at(ptr, idxs):  # <8 x float> of ptr[i] for i in idxs, the other lanes 0
+            v = ir.Constant(v8f, [0.0] * 8)
+            for lane, i in enumerate(idxs):
+                v = builder.insert_element(
+                    v, builder.load(builder.gep(ptr, [ir.Constant(i64, i)])), ir.Constant(i32, lane)
+                )
+            return v
+
         if n_levels == 16:
             t_lo, t_hi = vec_of(thr_, 0, 8), vec_of(thr_, 8, 7)
             c_lo, c_hi = vec_of(csq_, 0, 8), vec_of(csq_, 8, 8)
             t7 = splat(extract(t_lo, 7), v8f)
             t3, t11 = splat(extract(t_lo, 3), v8f), splat(extract(t_hi, 3), v8f)
+            # the third and fourth compares' thresholds, t[k + 1] for k in {0, 4, 8, 12} and t[k] for even k:
+            # tables of 4 and 8 entries, so that each is one vpermps (indexed k >> 2, k >> 1) without halves
+            t_q, t_e = vec_at(thr_, (1, 5, 9, 13)), vec_at(thr_, (0, 2, 4, 6, 8, 10, 12, 14))
         else:
             t8v, c8v = vec_of(thr_, 0, 7), vec_of(csq_, 0, 8)
             t3 = splat(extract(t8v, 3), v8f)
@@ -578,11 +589,17 @@ def _quantize_column_codegen(n_levels: int):
             def step(k, thr, bit):  # k + bit where r >= thr
                 return builder.add(k, builder.and_(builder.sext(ge(thr), v8i), ivec(bit)))
 
-            if n_levels == 16:
+            if n_levels == 16 and TARGET_AVX512VL:
                 m1 = ge(t7)  # count >= 8: the upper half (a table is one register per half)
                 k = step(step(ivec(0), t7, 8), builder.select(m1, t11, t3), 4)
                 k = step(k, look(t_lo, t_hi, builder.add(k, ivec(1)), m1), 2)
                 k = step(k, look(t_lo, t_hi, k, m1), 1)
+                c2 = look(c_lo, c_hi, k, m1)
+            elif n_levels == 16:  # AVX2: the same thresholds from the 4- and 8-entry tables, one vpermps each
+                m1 = ge(t7)
+                k = step(step(ivec(0), t7, 8), builder.select(m1, t11, t3), 4)
+                k = step(k, builder.call(permps, [t_q, builder.lshr(k, ivec(2))]), 2)
+                k = step(k, builder.call(permps, [t_e, builder.lshr(k, ivec(1))]), 1)
                 c2 = look(c_lo, c_hi, k, m1)
             else:
                 k = step(ivec(0), t3, 4)
@@ -615,9 +632,11 @@ def _make_quantize_column(levels: int) -> Any:
     is a binary search, which equals the count of a sorted table (a codebook's thresholds are strictly
     increasing, and a NaN ``r`` compares false everywhere, 0 either way). With 16 levels: the first compare,
     against threshold 7, decides the half; the second compares with threshold 11 or 3 (a select between two
-    broadcasts); the last two look their threshold up in the 16 entries, and ``centroids_sq[K]`` is one more
-    such look-up: one ``vpermt2ps`` on AVX-512VL (:data:`TARGET_AVX512VL`), else two ``vpermps`` and a select
-    on the half. With 8 levels each look-up is one ``vpermps``. The product and each addition are
+    broadcasts); the last two look their threshold up, and ``centroids_sq[K]`` is one more look-up. On AVX-512VL
+    (:data:`TARGET_AVX512VL`) each is one ``vpermt2ps`` in the 16 entries. On AVX2 the thresholds come from
+    tables of just those the compare can need, one ``vpermps`` each: ``t[k + 1]`` for ``k`` in {0, 4, 8, 12}
+    (indexed ``k >> 2``), then ``t[k]`` for even ``k`` (indexed ``k >> 1``); ``centroids_sq[K]`` takes two
+    ``vpermps`` and a select on the half. With 8 levels each look-up is one ``vpermps``. The product and each addition are
     the scalar loop's IEEE float32 operations, in its order: the same indices and bits.
     ``thresholds`` holds ``levels - 1`` values and ``centroids_sq`` ``levels``; all arrays C-contiguous.
     """
