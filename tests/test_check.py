@@ -425,6 +425,8 @@ def test_exec_errors_are_target_errors(tmp_path):
         check_program(f"{tmp_path / 'missing'} {{op}} {{in}} {{out}}", "q8_0", examples=0)
     with pytest.raises(TargetError, match="exited with status 1"):
         check_program("false {in} {out}", "q8_0", only="quantize", examples=0)
+    with pytest.raises(TargetError, match=r"died of SIGILL \(illegal instruction\) \(quantize, "):
+        check_program("sh -c 'kill -ILL $$' {in} {out}", "q8_0", only="quantize", examples=0)  # a build for another CPU
     with pytest.raises(TargetError, match="wrote no {out} file"):
         check_program("true {in} {out}", "q8_0", only="quantize", examples=0)
 

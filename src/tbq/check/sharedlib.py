@@ -36,6 +36,7 @@ __all__ = [
     "foreign_dependencies",
     "Probe",
     "probe_calls",
+    "signal_words",
 ]
 
 _PT_LOAD, _PT_DYNAMIC = 1, 2
@@ -264,8 +265,12 @@ for i, (kind, sym, k, nbytes, rbytes) in enumerate(calls):
 PROBE_TIMEOUT = 120.0
 
 
-def _signal_words(sig: int) -> str:
-    """``"SIGILL (illegal instruction)"`` for a signal number."""
+def signal_words(sig: int) -> str:
+    """``"SIGILL (illegal instruction)"`` for a signal number.
+
+    >>> signal_words(11)
+    'SIGSEGV (segmentation fault)'
+    """
     try:
         name = signal.Signals(sig).name
     except ValueError:
@@ -316,6 +321,6 @@ def probe_calls(path: str, calls: Sequence[Probe], error: type[Exception]) -> No
             "another CPU?); build it on this machine"
         )
     raise error(
-        f"{what} died of {_signal_words(-r.returncode)} when a probe process called it once, so tbq check did not "
+        f"{what} died of {signal_words(-r.returncode)} when a probe process called it once, so tbq check did not "
         f"call it{hint}"
     )

@@ -39,7 +39,7 @@ from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
 from ..formats import Format
-from .sharedlib import Probe, load_library, probe_calls
+from .sharedlib import Probe, load_library, probe_calls, signal_words
 
 __all__ = [
     "TargetError",
@@ -595,8 +595,13 @@ class ProgramTarget(Target):
         if res.returncode != 0:
             tail = (res.stderr or res.stdout or b"").decode(errors="replace").strip().splitlines()
             why = f": {tail[-1]}" if tail else ""
+            status = (
+                f"died of {signal_words(-res.returncode)}"
+                if res.returncode < 0
+                else f"exited with status {res.returncode}"
+            )
             raise TargetError(
-                f"--exec: `{shlex.join(argv)}` exited with status {res.returncode} ({op}, {payload.shape[0]} row(s) of k = {k}){why}"
+                f"--exec: `{shlex.join(argv)}` {status} ({op}, {payload.shape[0]} row(s) of k = {k}){why}"
             )
         if not dst.exists():
             raise TargetError(f"--exec: the program exited with status 0 but wrote no {{out}} file ({op})")
