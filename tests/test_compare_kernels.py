@@ -114,6 +114,16 @@ def test_the_cold_start_queue_takes_the_heaviest_compile_first_and_each_module_o
     assert done == [(["tbq4_0"], False), ([], True)]  # tbq3_0 left out of the comparison: not compiled
     c._warm_queue(units, fmts, {}, str(tmp_path), True)  # a second process: nothing left to claim
     assert len(done) == 2
+    # one process alone (processes=1, or no writable temporary folder) claims without files: everything
+    monkeypatch.setattr("tempfile.mkdtemp", _no_tmp)
+    w = c.start_warm_up(fmts, {}, attention=True, processes=2)
+    assert w._procs == [] and w._claims is None
+    w.finish()
+    assert [f for f, _ in done[2:]] == [["tbq4_0", "tbq3_0"], [], ["q8_0"]]
+
+
+def _no_tmp(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
 
 
 def test_a_started_warm_up_is_finished_or_cancelled(tmp_path, monkeypatch):

@@ -556,8 +556,11 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
 ATTENTION_UNIT = "tbq.attention_kernels"
 
 
-def _claim(claims: str, unit: str) -> bool:
-    """True for the one process that creates ``unit``'s claim file in ``claims`` first (``O_EXCL``: atomic)."""
+def _claim(claims: str | None, unit: str) -> bool:
+    """True for the one process that creates ``unit``'s claim file in ``claims`` first (``O_EXCL``: atomic);
+    always True without a folder (``None``: a process alone)."""
+    if claims is None:
+        return True
     try:
         os.close(os.open(os.path.join(claims, unit), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
@@ -569,7 +572,7 @@ def _warm_queue(
     units: list[str],
     fmts: list[str],
     config: dict[str, Any],
-    claims: str,
+    claims: str | None,
     readers: bool,
     keep: Any = None,
 ) -> None:
@@ -589,7 +592,13 @@ class WarmUp:
     stops them."""
 
     def __init__(
-        self, procs: list[Any], units: list[str], fmts: list[str], config: dict[str, Any], claims: str, readers: bool
+        self,
+        procs: list[Any],
+        units: list[str],
+        fmts: list[str],
+        config: dict[str, Any],
+        claims: str | None,
+        readers: bool,
     ):
         self._procs, self._units, self._fmts, self._config = procs, units, fmts, config
         self._claims, self._readers = claims, readers
@@ -617,7 +626,8 @@ class WarmUp:
     def _cleanup(self) -> None:
         import shutil
 
-        shutil.rmtree(self._claims, ignore_errors=True)
+        if self._claims is not None:
+            shutil.rmtree(self._claims, ignore_errors=True)
 
 
 def start_warm_up(
@@ -649,9 +659,15 @@ def start_warm_up(
         except AttributeError:  # pragma: no cover
             processes = os.cpu_count() or 1
     units = _units_by_weight(fmts, attention)
-    claims = tempfile.mkdtemp(prefix="tbq-warm-")
+    helpers = max(0, min(processes, len(units)) - 1)
+    claims: str | None = None
+    if helpers:
+        try:
+            claims = tempfile.mkdtemp(prefix="tbq-warm-")
+        except OSError:  # no writable temporary folder: no queue to share, so this process compiles everything
+            helpers = 0
     procs = []
-    for _ in range(max(0, min(processes, len(units)) - 1)):
+    for _ in range(helpers):
         job = {"units": units, "formats": fmts, "config": config, "claims": claims, "readers": attention}
         code = (
             f"import json, tbq.compare as c; j = json.loads({json.dumps(json.dumps(job))}); "
