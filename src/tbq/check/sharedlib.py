@@ -309,6 +309,8 @@ def probe_calls(path: str, calls: Sequence[Probe], error: type[Exception]) -> No
             f"cannot check {path}: a probe process calling its functions once did not return within "
             f"{PROBE_TIMEOUT:.0f} s"
         ) from None
+    except OSError:  # no interpreter to start (an embedded Python): check without the probe, as before it
+        return
     if r.returncode >= 0:
         return
     started = r.stdout.split()
