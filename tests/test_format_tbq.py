@@ -36,9 +36,17 @@ assert (k.TARGET_AVX2, k.TARGET_AVX512VL) == WANT, (k.TARGET_AVX2, k.TARGET_AVX5
 def index(T, cs2, thr, csq, K, rec):
     k.lanes_index(T, cs2, thr, csq, K, rec)
 f32 = np.float32
+tables = []
 for bits, name in ((4, "lloyd-max"), (3, "lloyd-max"), (4, "turboq-mtp"), (3, "turboq-mtp")):
     cb = named_codebook(name, bits)
-    thr, c = cb.thresholds, cb.centroids
+    tables.append((bits, name, cb.thresholds, cb.centroids))
+# an asymmetric 16-level table too: the built-in codebooks are symmetric (c[15 - i] == -c[i]), so a look-up that
+# confused the halves (entry k against 15 - k) would pass on them alone
+cb = named_codebook("lloyd-max", 4)
+thr, c = cb.thresholds.copy(), cb.centroids.copy()
+c[-1] = np.nextafter(c[-1], f32(np.inf)); thr[-1] = np.nextafter(thr[-1], f32(np.inf))
+tables.append((4, "asymmetric", thr, c))
+for bits, name, thr, c in tables:
     csq = (c * c).astype(f32)
     pts = np.concatenate([thr, np.nextafter(thr, f32(np.inf)), np.nextafter(thr, f32(-np.inf)),
                           np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -1e-30], f32)])
