@@ -528,12 +528,15 @@ def _quantize_column_codegen(n_levels: int):
             builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
         )
 
-        def vec_of(ptr, first, count):  # <8 x float> of ptr[first .. first+count), the other lanes 0
+        def vec_at(ptr, idxs):  # <8 x float> of ptr[i] for i in idxs, the other lanes 0
             v = ir.Constant(v8f, [0.0] * 8)
-            for t in range(count):
-                e = builder.load(builder.gep(ptr, [ir.Constant(i64, first + t)]))
-                v = builder.insert_element(v, e, ir.Constant(i32, t))
+            for lane, i in enumerate(idxs):
+                e = builder.load(builder.gep(ptr, [ir.Constant(i64, i)]))
+                v = builder.insert_element(v, e, ir.Constant(i32, lane))
             return v
+
+        def vec_of(ptr, first, count):  # <8 x float> of ptr[first .. first+count), the other lanes 0
+            return vec_at(ptr, range(first, first + count))
 
         def splat(x, ty):
             v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(i32, 0))
@@ -557,22 +560,15 @@ def _quantize_column_codegen(n_levels: int):
             def look(lo, hi, k, upper):
                 return builder.select(upper, builder.call(permps, [hi, k]), builder.call(permps, [lo, k]))
 
-        def vec_at(ptr, idxs):  # <8 x float> of ptr[i] for i in idxs, the other lanes 0
-            v = ir.Constant(v8f, [0.0] * 8)
-            for lane, i in enumerate(idxs):
-                v = builder.insert_element(
-                    v, builder.load(builder.gep(ptr, [ir.Constant(i64, i)])), ir.Constant(i32, lane)
-                )
-            return v
-
         if n_levels == 16:
             t_lo, t_hi = vec_of(thr_, 0, 8), vec_of(thr_, 8, 7)
             c_lo, c_hi = vec_of(csq_, 0, 8), vec_of(csq_, 8, 8)
             t7 = splat(extract(t_lo, 7), v8f)
             t3, t11 = splat(extract(t_lo, 3), v8f), splat(extract(t_hi, 3), v8f)
-            # the third and fourth compares' thresholds, t[k + 1] for k in {0, 4, 8, 12} and t[k] for even k:
-            # tables of 4 and 8 entries, so that each is one vpermps (indexed k >> 2, k >> 1) without halves
-            t_q, t_e = vec_at(thr_, (1, 5, 9, 13)), vec_at(thr_, (0, 2, 4, 6, 8, 10, 12, 14))
+            if not TARGET_AVX512VL:
+                # the third and fourth compares' thresholds, t[k + 1] for k in {0, 4, 8, 12} and t[k] for even k:
+                # tables of 4 and 8 entries, so that each is one vpermps (indexed k >> 2, k >> 1) without halves
+                t_q, t_e = vec_at(thr_, (1, 5, 9, 13)), vec_at(thr_, (0, 2, 4, 6, 8, 10, 12, 14))
         else:
             t8v, c8v = vec_of(thr_, 0, 7), vec_of(csq_, 0, 8)
             t3 = splat(extract(t8v, 3), v8f)
@@ -589,17 +585,15 @@ def _quantize_column_codegen(n_levels: int):
             def step(k, thr, bit):  # k + bit where r >= thr
                 return builder.add(k, builder.and_(builder.sext(ge(thr), v8i), ivec(bit)))
 
-            if n_levels == 16 and TARGET_AVX512VL:
+            if n_levels == 16:
                 m1 = ge(t7)  # count >= 8: the upper half (a table is one register per half)
                 k = step(step(ivec(0), t7, 8), builder.select(m1, t11, t3), 4)
-                k = step(k, look(t_lo, t_hi, builder.add(k, ivec(1)), m1), 2)
-                k = step(k, look(t_lo, t_hi, k, m1), 1)
-                c2 = look(c_lo, c_hi, k, m1)
-            elif n_levels == 16:  # AVX2: the same thresholds from the 4- and 8-entry tables, one vpermps each
-                m1 = ge(t7)
-                k = step(step(ivec(0), t7, 8), builder.select(m1, t11, t3), 4)
-                k = step(k, builder.call(permps, [t_q, builder.lshr(k, ivec(2))]), 2)
-                k = step(k, builder.call(permps, [t_e, builder.lshr(k, ivec(1))]), 1)
+                if TARGET_AVX512VL:
+                    k = step(k, look(t_lo, t_hi, builder.add(k, ivec(1)), m1), 2)
+                    k = step(k, look(t_lo, t_hi, k, m1), 1)
+                else:  # the same thresholds from the 4- and 8-entry tables, one vpermps each
+                    k = step(k, builder.call(permps, [t_q, builder.lshr(k, ivec(2))]), 2)
+                    k = step(k, builder.call(permps, [t_e, builder.lshr(k, ivec(1))]), 1)
                 c2 = look(c_lo, c_hi, k, m1)
             else:
                 k = step(ivec(0), t3, 4)
