@@ -248,7 +248,7 @@ class LibraryDot(DotTarget):
         real = os.path.realpath(path) if Path(path).exists() else path
         init = (init,) if isinstance(init, str) else tuple(init or ())
         # every function once in a child process first: a build for another CPU dies of SIGILL there, not here
-        k = math.lcm(left.block_size, right.block_size)
+        k = pair_unit(left, right)
         probes = [Probe("init", name, "--init") for name in init if isinstance(name, str)]
         probes.append(
             Probe(
@@ -495,6 +495,8 @@ def check_dot(
     if examples:
         require_hypothesis()
     L, R = target.left, target.right
+    unsigned = "unsigned_codes" in waive and _integer_path(L, R)  # waive the wrong calls that reading explains
+    refuse_fragile = bool(exact) and "fragile" not in waive
     unit = pair_unit(L, R)
     kx, ky = unit // L.block_size, unit // R.block_size  # blocks of each operand in one unit of the call
     units = max(1, int(blocks) // kx)
@@ -523,7 +525,7 @@ def check_dot(
             t0 = time.perf_counter()
             if phase == "fuzz":
                 if examples:
-                    counts, found = _fuzz(target, examples, seed, exact, waive)
+                    counts, found = _fuzz(target, examples, seed, refuse_fragile, unsigned)
                     report.phases.append(
                         PhaseResult.from_counts(
                             "dot", "fuzz", counts, time.perf_counter() - t0, _fuzz_note(int(counts.sum()), found)
@@ -565,9 +567,9 @@ def check_dot(
                 cls = _classify(got, e, bound)
                 if cls == WRONG and len(kept) < KEEP_CALLS:
                     kept.append((x, y, float(got)))
-                cls = _waived(L, R, x, y, got, cls, waive)
+                cls = _waived(L, R, x, y, got, cls, unsigned)
                 counts[cls] += 1
-                failing = cls == WRONG or (exact and cls == FRAGILE and "fragile" not in waive)
+                failing = cls == WRONG or (refuse_fragile and cls == FRAGILE)
                 if failing and first is None:
                     first = (phase, x, y, nu, cls)
             report.phases.append(
@@ -650,10 +652,11 @@ def _unsigned_reading(
 
 
 def _waived(
-    left: Format, right: Format, x: NDArray[np.uint8], y: NDArray[np.uint8], got: Any, cls: int, waive: frozenset[str]
+    left: Format, right: Format, x: NDArray[np.uint8], y: NDArray[np.uint8], got: Any, cls: int, unsigned: bool
 ) -> int:
-    """``cls``, or ``ACCEPTED`` for a wrong call that an accepted diagnosis explains by itself."""
-    if cls != WRONG or "unsigned_codes" not in waive or not _integer_path(left, right):
+    """``cls``, or ``ACCEPTED`` for a wrong call that the accepted ``unsigned_codes`` reading explains by itself
+    (``unsigned``: it is accepted and both operands have integer codes)."""
+    if cls != WRONG or not unsigned:
         return cls
     for ul, ur in _READINGS.values():
         if _unsigned_reading(left, right, x, y, float(got), ul, ur):
@@ -722,12 +725,13 @@ def _fuzz_note(n: int, found: Any) -> str:
 
 
 def _fuzz(
-    target: DotTarget, examples: int, seed: int, exact: bool, waive: frozenset[str] = frozenset()
+    target: DotTarget, examples: int, seed: int, refuse_fragile: bool, unsigned: bool = False
 ) -> tuple[NDArray[np.int64], tuple[str, NDArray[np.uint8], NDArray[np.uint8], int, int] | None]:
     """The fuzz phase: hypothesis draws 1 to :data:`MAX_CALL_BLOCKS` units of both operands from
     :func:`tbq.testing.strategies.float_blocks` (each format's rounding hazards), encodes them as tbq does and calls
     the kernel; the first failure stops the search and hypothesis shrinks it. Returns the counts and the shrunk call
-    ``(phase, x, y, units, class)`` or ``None``."""
+    ``(phase, x, y, units, class)`` or ``None``. ``refuse_fragile``: a fragile result fails (``exact`` and not
+    accepted); ``unsigned``: wrong results the accepted ``unsigned_codes`` reading explains are accepted."""
     import hypothesis
     from hypothesis import strategies as st
     from hypothesis.errors import NoSuchExample
@@ -758,11 +762,11 @@ def _fuzz(
         if not np.isfinite(e):
             return x, y, nu, -1
         got = target.dot(x, y, nu * unit)
-        return x, y, nu, _waived(L, R, x, y, got, _classify(got, e, bound), waive)
+        return x, y, nu, _waived(L, R, x, y, got, _classify(got, e, bound), unsigned)
 
     def condition(ex: tuple[int, NDArray[np.float32], NDArray[np.float32]]) -> bool:
         _, _, _, cls = call(ex)
-        failing = cls == WRONG or (exact and cls == FRAGILE and "fragile" not in waive)
+        failing = cls == WRONG or (refuse_fragile and cls == FRAGILE)
         if not state["found"] and cls >= 0:
             counts[cls] += 1
             state["found"] = failing

@@ -297,11 +297,11 @@ class LibraryTarget(Target):
         for name in init:
             if not isinstance(name, str) or not name:
                 raise TargetError(f"init must name functions void f(void), got {name!r}")
+        names = {"quantize": quantize, "dequantize": dequantize}
         # every function once in a child process first: a build for another CPU dies of SIGILL there, not here
-        k = fmt.block_size
         probes = [Probe("init", name, "--init") for name in init] + [
-            Probe(d, (quantize, dequantize)[i] or default_symbol(d, fmt.name), d, k, fmt.type_size)
-            for i, d in enumerate(DIRECTIONS)
+            Probe(d, names[d] or default_symbol(d, fmt.name), d, fmt.block_size, fmt.type_size)
+            for d in DIRECTIONS
             if d in want
         ]
         probe_calls(path, probes, TargetError)
@@ -310,7 +310,6 @@ class LibraryTarget(Target):
         self.path = path
         self.file = defining_file_of_handle(self.lib, path)
         self.strict_lib = bool(strict_lib)
-        names = {"quantize": quantize, "dequantize": dequantize}
         other = {"quantize": "dequantize", "dequantize": "quantize"}
         self.functions: dict[str, Any] = {}  # direction -> the ctypes function
         self._provenance: dict[str, dict[str, Any]] = {}
