@@ -131,15 +131,14 @@ def main(argv=None) -> int:
             cmd = [sys.executable, "-m", "tbq.cli", "compare"] + (["--formats", fmts] if fmts else [])
             load = os.getloadavg()
             runs: dict = {name: [] for name in trees}
-            for _ in range(args.rounds):
-                for name, src in trees.items():
-                    with tempfile.TemporaryDirectory() as cache:
-                        runs[name].append(run_in_pty(cmd, _tree_env(src, cache), terminal=False))
+            with tempfile.TemporaryDirectory() as filled:  # the cache this checkout's first cold run fills
+                for i in range(args.rounds):
+                    for name, src in trees.items():
+                        with tempfile.TemporaryDirectory() as cache:
+                            c = filled if (name, i) == ("this", 0) else cache
+                            runs[name].append(run_in_pty(cmd, _tree_env(src, c), terminal=False))
+                warm = run_in_pty(cmd, _tree_env(here, filled))
             cold = runs["this"][0]
-            with tempfile.TemporaryDirectory() as cache:
-                env = _tree_env(here, cache)
-                run_in_pty(cmd, env, terminal=False)  # fills the cache
-                warm = run_in_pty(cmd, env)
             with tempfile.TemporaryDirectory() as cache:
                 cold_tty = run_in_pty(cmd, _tree_env(here, cache))
             row = {
