@@ -117,6 +117,32 @@ def test_the_encoders_index_step_matches_the_specification_on_every_cpu_path(cpu
     assert r.stdout.strip() == "ok"
 
 
+def test_nibble_rows_are_pair4s_bytes_of_each_block_and_touch_nothing_else():
+    """``kernels.store_nibble_rows`` (the 4-bit encoders' store, 8 blocks at once): block t's 64 bytes are
+    ``pair4(K[2i, t], K[2i+1, t])`` at its own row offset, at any lane offset, lane stride and (odd) byte
+    offset; the bytes around them keep their value."""
+    import numba as nb
+
+    from tbq.kernels import store_nibble_rows
+
+    @nb.njit
+    def run(K, koff, kstride, dst, doff, dstride):
+        store_nibble_rows(K.reshape(K.size), koff, kstride, dst.reshape(dst.size), doff, dstride)
+
+    rng = np.random.default_rng(5)
+    K = rng.integers(0, 16, (128, 40)).astype(np.int32)
+    K[:, 0], K[:, 1], K[:, 9] = 15, 0, np.arange(128) % 16  # all ones, all zeros, every code in order
+    for koff, doff, dstride in ((0, 2, 66), (8, 2, 66), (9, 5, 70), (32, 131, 67)):
+        dst = np.full((10, dstride), 0xA5, np.uint8)
+        run(K, koff, 40, dst, doff, dstride)
+        flat = dst.reshape(-1)
+        want = np.full(flat.size, 0xA5, np.uint8)
+        for t in range(8):
+            col = K[:, koff + t]
+            want[doff + t * dstride : doff + t * dstride + 64] = (col[0::2] | col[1::2] << 4).astype(np.uint8)
+        assert np.array_equal(flat, want), (koff, doff, dstride)
+
+
 def test_the_encoders_sum_of_squares_is_the_sequential_float32_chain_of_each_lane():
     """``kernels.sum_squares32`` (step 1 in registers): each of 32 lanes is ``s = s + x * x`` from 0 in row order,
     two roundings a step, at any lane offset and row stride; overflow to inf and NaN propagate as in the chain."""

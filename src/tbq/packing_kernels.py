@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import jit
+from .kernels import jit, jit_inline, store_nibble_rows
 
 # --- lane helpers (scalars in, scalars out) ------------------------------------------
 
@@ -66,6 +66,28 @@ def load_lane3(row, off):
 def idx3(lane, t):
     """Index ``t`` (0..7) of a 24-bit lane."""
     return (lane >> (3 * t)) & 7
+
+
+@jit_inline
+def lanes_store_nibbles(K, out, g0, stop):
+    """The rotated 4-bit encoders' index store: bytes ``2 ..`` of rows ``g0 + l`` of ``out``, ``l < stop``, are
+    the :func:`pair4` bytes of lane ``l`` of the lane layout ``K[j, l]`` (indices 0 .. 15).
+
+    Whole groups of 8 lanes of a 128-row layout by :func:`tbq.kernels.store_nibble_rows` (two vector stores a
+    block), the rest byte by byte; the same bytes either way. ``out`` C-contiguous.
+    """
+    n, lanes = K.shape
+    ts = out.shape[1]
+    s8 = stop - stop % 8 if n == 128 else 0
+    if s8:
+        Kf = K.reshape(K.size)
+        outf = out.reshape(out.size)
+        for l0 in range(0, s8, 8):
+            store_nibble_rows(Kf, l0, lanes, outf, (g0 + l0) * ts + 2, ts)
+    for l in range(s8, stop):
+        orow = out[g0 + l]
+        for k in range(n // 2):
+            orow[2 + k] = pair4(K[2 * k, l], K[2 * k + 1, l])
 
 
 # --- array packers (1-D in, 1-D out), built on the helpers ---------------------------

@@ -41,7 +41,7 @@ from ..kernels import (
     reader_out,
     store_f16,
 )
-from ..packing_kernels import hi4, lo4, pair4
+from ..packing_kernels import hi4, lanes_store_nibbles, lo4
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -104,7 +104,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
     K = np.zeros((n, lanes), np.int32)
     xf = x.reshape(x.size)
     ones = np.ones(n, np.float32)  # the index kernels' per-channel factor: a product by 1 is exact
-    P = np.zeros((nb, lanes), np.int32)
+    P = np.zeros((nb if bits == 3 else 0, lanes), np.int32)  # PLANAR3/ISO3's bytes
     norm2 = np.zeros(lanes, np.float32)
     norm = np.zeros(lanes, np.float32)
     scale = np.zeros(lanes, np.float32)
@@ -163,12 +163,20 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
         # C[idx]^2 per block (C*C is the exact rounded product): kernels.lanes_index, r * 1 = r
         lanes_index(T, ones, thresholds, centroids_sq, K, recon2)
         # stage: pack+store
-        # 6. pack the indices of all lanes at once, then store block by block
+        # 6. the scales of the finite lanes (up to an overflow raised), then the indices of those lanes
+        stop = bad
+        for l in range(bad):
+            recon = np.sqrt(recon2[l])
+            nv = norm[l]
+            d = nv / recon if recon > _EPS_NORM else nv
+            h = f32_to_f16_bits(d)
+            if raise_overflow and f16_is_inf(h):
+                stop = l
+                break
+            store_f16(out, g0 + l, h)
         if bits == 4:
-            for k in range(n // 2):
-                for l in range(lanes):
-                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
-        else:
+            lanes_store_nibbles(K, out, g0, stop)
+        else:  # pack the indices of all lanes at once, then store block by block
             for k in range(n // 4):
                 for l in range(lanes):
                     P[k, l] = qs_byte(K[4 * k, l], K[4 * k + 1, l], K[4 * k + 2, l], K[4 * k + 3, l])
@@ -185,18 +193,12 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                         K[8 * m + 6, l],
                         K[8 * m + 7, l],
                     )
-        for l in range(bad):
-            recon = np.sqrt(recon2[l])
-            nv = norm[l]
-            d = nv / recon if recon > _EPS_NORM else nv
-            h = f32_to_f16_bits(d)
-            if raise_overflow and f16_is_inf(h):
-                return g0 + l, STATUS_SCALE_OVERFLOW
-            row = g0 + l
-            store_f16(out, row, h)
-            orow = out[row]
-            for k in range(nb):
-                orow[2 + k] = np.uint8(P[k, l])
+            for l in range(stop):
+                orow = out[g0 + l]
+                for k in range(nb):
+                    orow[2 + k] = np.uint8(P[k, l])
+        if stop < bad:
+            return g0 + stop, STATUS_SCALE_OVERFLOW
         # stage: end
         if bad < L:
             return g0 + bad, STATUS_NONFINITE

@@ -41,7 +41,7 @@ from ..kernels import (
     store_fence,
     store_nontemporal,
 )
-from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
+from ..packing_kernels import hi4, idx3, lane3, lanes_store_nibbles, lo4, load_lane3, pair4, store_lane3
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -113,7 +113,7 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     Tf = T.reshape(n * lanes)
     xf = x.reshape(x.size)
     K = np.zeros((n, lanes), np.int32)
-    P = np.zeros((n // 2, lanes), np.int32)
+    P = np.zeros((n // 8 if bits == 3 else 0, lanes), np.int32)  # TBQ3's 24-bit lanes
     norm2 = np.zeros(lanes, np.float32)
     norm = np.zeros(lanes, np.float32)
     scale = np.zeros(lanes, np.float32)
@@ -158,13 +158,24 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
         # 3. r = T * (+-1/sqrt(n)); index = number of thresholds <= r; and
         # 4. recon: a sequential float32 sum of c[idx]^2 per block, in the same pass (kernels.lanes_index)
         lanes_index(T, cs2, thresholds, centroids_sq, K, recon2)
-        if bits == 4:  # pack
-            for k in range(n // 2):
-                for l in range(lanes):
-                    P[k, l] = pair4(K[2 * k, l], K[2 * k + 1, l])
         # stage: pack+store
-        # 5. pack the indices of all lanes at once (TBQ4: done above), then store block by block
-        if bits == 3:
+        # 5. the scales of the finite lanes (up to an overflow raised), then the indices of those lanes
+        stop = bad
+        for l in range(bad):
+            recon = np.sqrt(recon2[l])
+            nv = norm[l]
+            if bits == 4:
+                d = nv / recon if recon > _EPS_NORM else nv
+            else:
+                d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
+            h = f32_to_f16_bits(d)
+            if raise_overflow and f16_is_inf(h):
+                stop = l
+                break
+            store_f16(out, g0 + l, h)
+        if bits == 4:
+            lanes_store_nibbles(K, out, g0, stop)
+        else:  # pack the indices of all lanes at once, then store block by block
             for g in range(n // 8):
                 for l in range(lanes):
                     P[g, l] = lane3(
@@ -177,25 +188,12 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
                         K[8 * g + 6, l],
                         K[8 * g + 7, l],
                     )
-        for l in range(bad):
-            recon = np.sqrt(recon2[l])
-            nv = norm[l]
-            if bits == 4:
-                d = nv / recon if recon > _EPS_NORM else nv
-            else:
-                d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
-            h = f32_to_f16_bits(d)
-            if raise_overflow and f16_is_inf(h):
-                return g0 + l, STATUS_SCALE_OVERFLOW
-            row = g0 + l
-            store_f16(out, row, h)
-            orow = out[row]
-            if bits == 4:
-                for k in range(n // 2):
-                    orow[2 + k] = np.uint8(P[k, l])
-            else:
+            for l in range(stop):
+                orow = out[g0 + l]
                 for g in range(n // 8):
                     store_lane3(orow, 2 + 3 * g, P[g, l])
+        if stop < bad:
+            return g0 + stop, STATUS_SCALE_OVERFLOW
         # stage: end
         if bad < L:
             return g0 + bad, STATUS_NONFINITE
