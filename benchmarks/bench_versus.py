@@ -9,6 +9,14 @@ tree's median throughput and the ratio new/old with its spread over the rounds
 (min..max of the per-round ratios), so a slower format shows even on a loaded
 machine as long as the load is the same for both trees in a round.
 
+The children run with ``NUMPY_MADVISE_HUGEPAGE=0`` unless ``--hugepages``:
+NumPy asks Linux for transparent huge pages for large arrays, and whether a
+process gets them depends on the memory free at the moment. On the 2-core
+AMD EPYC VM of issue 22's sixth round that split the children into a fast
+and a slow mode (q4_0 decode about 3,150 or 2,100 M values/s, the same code),
+and the per-round ratio of unchanged code ranged 0.65-1.73; without huge
+pages it stayed within about 0.95-1.05 in most rounds.
+
     python benchmarks/bench_versus.py --ref fb33a2a^1          # before issue 20's format interface
     python benchmarks/bench_versus.py --ref v0.2.0 --formats q8_0,tbq4_0 --values 1M --rounds 3
 """
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -60,14 +69,16 @@ def _values(text: str) -> int:
     return n
 
 
-def _run(src: Path, n: int, repeat: int, formats: list[str]) -> dict[str, dict[str, float]]:
+def _run(src: Path, n: int, repeat: int, formats: list[str], hugepages: bool) -> dict[str, dict[str, float]]:
     code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + CHILD
+    env = dict(os.environ) if hugepages else dict(os.environ, NUMPY_MADVISE_HUGEPAGE="0")
     res = subprocess.run(
         [sys.executable, "-c", code, str(n), str(repeat), ",".join(formats)],
         capture_output=True,
         text=True,
         check=False,
         cwd=src.parent,
+        env=env,
     )
     if res.returncode != 0:
         raise SystemExit(f"bench_versus: the child for {src} failed:\n{res.stderr.strip()}")
@@ -82,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per format per round, best kept (default 3)")
     ap.add_argument("--json", type=Path, help="write the per-round figures here")
+    ap.add_argument(
+        "--hugepages", action="store_true", help="leave NumPy's transparent huge pages on (bimodal on some VMs)"
+    )
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.repeat < 1:
         raise SystemExit("bench_versus: --rounds and --repeat must be at least 1")
@@ -102,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds: list[dict[str, dict[str, dict[str, float]]]] = []
         for r in range(args.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")  # neither tree always runs first
-            got = {name: _run(trees[name], n, args.repeat, formats) for name in order}
+            got = {name: _run(trees[name], n, args.repeat, formats, args.hugepages) for name in order}
             rounds.append(got)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     shared = [f for f in formats if all(f in rd["old"] and f in rd["new"] for rd in rounds)]
@@ -124,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     if only:
         print(f"(not in both trees: {', '.join(only)})")
     if args.json:
-        args.json.write_text(json.dumps({"ref": args.ref, "values": n, "rounds": rounds}, indent=1))
+        args.json.write_text(
+            json.dumps({"ref": args.ref, "values": n, "hugepages": args.hugepages, "rounds": rounds}, indent=1)
+        )
     return 0
 
 
