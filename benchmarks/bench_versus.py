@@ -60,6 +60,17 @@ print(json.dumps(out))
 """
 
 
+def ref_tree(ref: str, tmp: Path, who: str) -> Path:
+    """The ``src`` folder of commit ``ref`` (``git archive``), extracted under ``tmp``."""
+    old = tmp / "old"
+    old.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "src"], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"{who}: git archive {ref}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+    return old / "src"
+
+
 def _values(text: str) -> int:
     from bench_codecs import parse_size  # the benchmarks' one size syntax (K = 1024, M = 1024K)
 
@@ -106,13 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     formats = args.formats.split(",") if args.formats else list(tbq.formats())
     with tempfile.TemporaryDirectory(prefix="tbq-versus-") as tmp:
-        old = Path(tmp) / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.ref, "src"], capture_output=True, check=False)
-        if archive.returncode != 0:
-            raise SystemExit(f"bench_versus: git archive {args.ref}: {archive.stderr.decode().strip()}")
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
-        trees = {"old": old / "src", "new": ROOT / "src"}
+        trees = {"old": ref_tree(args.ref, Path(tmp), "bench_versus"), "new": ROOT / "src"}
         rounds: list[dict[str, dict[str, dict[str, float]]]] = []
         for r in range(args.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")  # neither tree always runs first
