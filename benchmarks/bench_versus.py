@@ -14,8 +14,9 @@ NumPy asks Linux for transparent huge pages for large arrays, and whether a
 process gets them depends on the memory free at the moment. On the 2-core
 AMD EPYC VM of issue 22's sixth round that split the children into a fast
 and a slow mode (q4_0 decode about 3,150 or 2,100 M values/s, the same code),
-and the per-round ratio of unchanged code ranged 0.65-1.73; without huge
-pages it stayed within about 0.95-1.05 in most rounds.
+and the per-round ratio of unchanged code ranged 0.65-1.73, half the rounds
+above 1.3; without huge pages it stayed within 0.95-1.05 in 4 or 5 of 7
+rounds (``results/issue22_round6_store_versus_16M*.json``).
 
     python benchmarks/bench_versus.py --ref fb33a2a^1          # before issue 20's format interface
     python benchmarks/bench_versus.py --ref v0.2.0 --formats q8_0,tbq4_0 --values 1M --rounds 3
