@@ -416,6 +416,8 @@ def main(argv=None) -> int:
         "processor": _cpu_name(),
         "cores": cores(),
         "tbq": tbq.__version__,
+        # NumPy's transparent huge pages ("0": off); on some VMs whether a process gets them splits runs in two
+        "NUMPY_MADVISE_HUGEPAGE": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),
     }
     try:
         import numba

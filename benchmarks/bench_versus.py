@@ -14,8 +14,8 @@ NumPy asks Linux for transparent huge pages for large arrays, and whether a
 process gets them depends on the memory free at the moment. On the 2-core
 AMD EPYC VM of issue 22's sixth round that split the children into a fast
 and a slow mode (q4_0 decode about 3,150 or 2,100 M values/s, the same code),
-and the per-round ratio of unchanged code ranged 0.65-1.73, half the rounds
-above 1.3; without huge pages it stayed within 0.95-1.05 in 4 or 5 of 7
+and the per-round ratio of unchanged code ranged 0.65-1.73, 5 of 9 rounds
+above 1.3; without huge pages it stayed within 0.95-1.05 in 3 to 6 of 7
 rounds (``results/issue22_round6_store_versus_16M*.json``).
 
     python benchmarks/bench_versus.py --ref fb33a2a^1          # before issue 20's format interface
@@ -83,7 +83,7 @@ def _values(text: str) -> int:
 
 def _run(src: Path, n: int, repeat: int, formats: list[str], hugepages: bool) -> dict[str, dict[str, float]]:
     code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + CHILD
-    env = dict(os.environ) if hugepages else dict(os.environ, NUMPY_MADVISE_HUGEPAGE="0")
+    env = dict(os.environ, NUMPY_MADVISE_HUGEPAGE="1" if hugepages else "0")
     res = subprocess.run(
         [sys.executable, "-c", code, str(n), str(repeat), ",".join(formats)],
         capture_output=True,
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="timed calls per format per round, best kept (default 3)")
     ap.add_argument("--json", type=Path, help="write the per-round figures here")
     ap.add_argument(
-        "--hugepages", action="store_true", help="leave NumPy's transparent huge pages on (bimodal on some VMs)"
+        "--hugepages", action="store_true", help="let NumPy ask for transparent huge pages (bimodal on some VMs)"
     )
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.repeat < 1:

@@ -12,7 +12,8 @@ calls of ``tbq.attention.attention_fused`` per format and thread count after a
 first, untimed call (numba compilation and the first reader call are not
 timed). The table gives each tree's median milliseconds and the ratio old/new
 (above 1: this checkout is faster) with its spread over the rounds. The
-children run without NumPy's transparent huge pages, as ``bench_versus.py``'s.
+children run without NumPy's transparent huge pages unless ``--hugepages``, as
+``bench_versus.py``'s.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ print(json.dumps(out))
 """
 
 
-def _run(src: Path, formats: str, tokens: int, threads: str, repeat: int) -> dict[str, float]:
+def _run(src: Path, formats: str, tokens: int, threads: str, repeat: int, hugepages: bool) -> dict[str, float]:
     code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + CHILD
-    env = dict(os.environ, NUMPY_MADVISE_HUGEPAGE="0")
+    env = dict(os.environ, NUMPY_MADVISE_HUGEPAGE="1" if hugepages else "0")
     res = subprocess.run(
         [sys.executable, "-c", code, formats, str(tokens), threads, str(repeat)],
         capture_output=True,
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
     ap.add_argument("--repeat", type=int, default=7, help="timed calls per case per round, best kept (default 7)")
     ap.add_argument("--json", type=Path, help="write the per-round figures here")
+    ap.add_argument(
+        "--hugepages", action="store_true", help="let NumPy ask for transparent huge pages (bimodal on some VMs)"
+    )
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.repeat < 1:
         raise SystemExit("versus_attention: --rounds and --repeat must be at least 1")
@@ -89,7 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         rounds = []
         for r in range(args.rounds):
             order = ("old", "new") if r % 2 == 0 else ("new", "old")  # neither tree always runs first
-            rounds.append({name: _run(trees[name], args.formats, tokens, args.threads, args.repeat) for name in order})
+            rounds.append(
+                {
+                    name: _run(trees[name], args.formats, tokens, args.threads, args.repeat, args.hugepages)
+                    for name in order
+                }
+            )
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     print(f"new = this checkout, old = {args.ref}; {tokens:,} tokens x 8 x 128, 32 query heads, {args.rounds} rounds")
     print(f"{'format/threads':<16} {'old ms':>8} {'new ms':>8} {'old/new':>8} {'spread':>11}")
@@ -102,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{ratio.min():.2f}..{ratio.max():.2f}"
         )
     if args.json:
-        args.json.write_text(json.dumps({"ref": args.ref, "tokens": tokens, "rounds": rounds}, indent=1))
+        doc = {"ref": args.ref, "tokens": tokens, "hugepages": args.hugepages, "rounds": rounds}
+        args.json.write_text(json.dumps(doc, indent=1))
     return 0
 
 

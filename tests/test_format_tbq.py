@@ -130,17 +130,54 @@ def test_nibble_rows_are_pair4s_bytes_of_each_block_and_touch_nothing_else():
         store_nibble_rows(K.reshape(K.size), koff, kstride, dst.reshape(dst.size), doff, dstride)
 
     rng = np.random.default_rng(5)
-    K = rng.integers(0, 16, (128, 40)).astype(np.int32)
-    K[:, 0], K[:, 1], K[:, 9] = 15, 0, np.arange(128) % 16  # all ones, all zeros, every code in order
-    for koff, doff, dstride in ((0, 2, 66), (8, 2, 66), (9, 5, 70), (32, 131, 67)):
-        dst = np.full((10, dstride), 0xA5, np.uint8)
-        run(K, koff, 40, dst, doff, dstride)
-        flat = dst.reshape(-1)
-        want = np.full(flat.size, 0xA5, np.uint8)
-        for t in range(8):
-            col = K[:, koff + t]
-            want[doff + t * dstride : doff + t * dstride + 64] = (col[0::2] | col[1::2] << 4).astype(np.uint8)
-        assert np.array_equal(flat, want), (koff, doff, dstride)
+    for width in (40, 32, 64):  # the lane stride
+        K = rng.integers(0, 16, (128, width)).astype(np.int32)
+        K[:, 0], K[:, 1], K[:, 9] = 15, 0, np.arange(128) % 16  # all ones, all zeros, every code in order
+        for koff, doff, dstride in ((0, 2, 66), (8, 2, 66), (9, 5, 70), (width - 8, 131, 67)):
+            dst = np.full((10, dstride), 0xA5, np.uint8)
+            assert doff + 7 * dstride + 64 <= dst.size  # the kernel writes where it is told: in bounds
+            run(K, koff, width, dst, doff, dstride)
+            flat = dst.reshape(-1)
+            want = np.full(flat.size, 0xA5, np.uint8)
+            for t in range(8):
+                col = K[:, koff + t]
+                want[doff + t * dstride : doff + t * dstride + 64] = (col[0::2] | col[1::2] << 4).astype(np.uint8)
+            assert np.array_equal(flat, want), (width, koff, doff, dstride)
+
+    from tbq.packing_kernels import lanes_store_nibbles
+
+    @nb.njit
+    def lanes(K, out, g0, stop):
+        lanes_store_nibbles(K, out, g0, stop)
+
+    K = rng.integers(0, 16, (128, 32)).astype(np.int32)
+    for g0 in (0, 3):
+        for stop in (0, 7, 8, 13, 32):  # no block, the byte loop only, one group, a group and a tail, every lane
+            out = np.full((40, 66), 0xA5, np.uint8)
+            lanes(K, out, g0, stop)
+            want = np.full_like(out, 0xA5)
+            for l in range(stop):
+                want[g0 + l, 2:] = (K[0::2, l] | K[1::2, l] << 4).astype(np.uint8)
+            assert np.array_equal(out, want), (g0, stop)
+
+
+def test_the_rotated_4bit_encoders_write_any_layout_of_out():
+    """``Format.kernel_encode`` of the lane kernels (vector stores of whole rows) into an ``out`` that is not
+    C-contiguous: the bytes of a C-contiguous one, and the bytes around it unchanged."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((45, 128)).astype(np.float32)  # 32 + 8 + 5 blocks: a group, a group of 8, a tail
+    from tbq import get_codec
+
+    for name in ("tbq4_0", "planar4_0", "iso4_0", "tbq3_0"):
+        fmt = get_codec(name).format
+        assert fmt.info.block_size == 128
+        ts = fmt.info.type_size
+        want = np.full((45, ts), 0xA5, np.uint8)
+        assert fmt.kernel_encode(x, want, False) == (-1, 0)
+        big = np.full((45, ts + 7), 0x3C, np.uint8)
+        assert fmt.kernel_encode(x, big[:, 3 : 3 + ts], False) == (-1, 0)
+        assert np.array_equal(big[:, 3 : 3 + ts], want), name
+        assert (big[:, :3] == 0x3C).all() and (big[:, 3 + ts :] == 0x3C).all(), name
 
 
 def test_the_encoders_sum_of_squares_is_the_sequential_float32_chain_of_each_lane():

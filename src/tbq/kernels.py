@@ -344,6 +344,16 @@ def store_nibble_rows(typingctx, K, koff, kstride, dst, doff, dstride):
     LLVM IR (any little-endian target: numba's are). ``K`` is C-contiguous int32 (``kstride`` in elements),
     ``dst`` C-contiguous uint8.
     """
+    ok = (
+        isinstance(K, types.Array)
+        and K.dtype == types.int32
+        and K.layout == "C"
+        and isinstance(dst, types.Array)
+        and dst.dtype == types.uint8
+        and dst.layout == "C"
+    )
+    if not ok:  # the pointer arithmetic below assumes both: no signature, a typing error for anything else
+        return None
     sig = types.void(K, koff, kstride, dst, doff, dstride)
 
     def codegen(context, builder, signature, args):

@@ -187,6 +187,7 @@ FORMAT_CLASSES: dict[str, type[Format]] = {}
 
 
 _F = TypeVar("_F", bound="type[Format]")
+_T = TypeVar("_T")
 
 
 def register(cls: _F) -> _F:
@@ -263,6 +264,24 @@ def offset_trunc_fragility(
 # ---------------------------------------------------------------------------
 # the interface
 # ---------------------------------------------------------------------------
+
+
+def into_c_contiguous(out: NDArray[np.uint8], kernel: Callable[[NDArray[np.uint8]], _T]) -> _T:
+    """``kernel(buf)`` with ``buf`` = ``out`` when it is C-contiguous, else a C-contiguous copy of ``out`` that is
+    copied back afterwards (also when ``kernel`` raises): for kernels that write whole rows with vector stores.
+    Bytes the kernel does not write keep their values either way.
+
+    >>> out = np.zeros((3, 8), np.uint8)[:, :4]  # not C-contiguous
+    >>> into_c_contiguous(out, lambda b: b.__setitem__((1, 2), 7)); out[1].tolist()
+    [0, 0, 7, 0]
+    """
+    if out.flags.c_contiguous:
+        return kernel(out)
+    buf = np.ascontiguousarray(out)
+    try:
+        return kernel(buf)
+    finally:
+        out[...] = buf
 
 
 class Format:

@@ -52,7 +52,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
-from .base import Field, Format, FormatInfo, Trace, band, ulp32
+from .base import Field, Format, FormatInfo, Trace, band, into_c_contiguous, ulp32
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -227,13 +227,17 @@ class _PlanarIso(Format):
     # -- kernels ---------------------------------------------------------------------------
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         kn, k = self.kernels(), self._k
-        if self._rot == "givens":
+        quat = self._rot != "givens"
+        if quat:
+            rot = (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
+        else:
             rot = (k["givens_cos"], k["givens_sin"], k["givens_sin"], k["givens_sin"])  # unused slots: same shape
-            return kn.encode(
-                x, out, self.bits, False, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES
-            )
-        rot = (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
-        return kn.encode(x, out, self.bits, True, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES)
+        return into_c_contiguous(  # the lane kernel stores 8 rows of indices at a time (vector stores)
+            out,
+            lambda o: kn.encode(
+                x, o, self.bits, quat, k["thresholds"], k["centroids_sq"], *rot, raise_overflow, kn.LANES
+            ),
+        )
 
     def _decode_tables(
         self,

@@ -38,7 +38,7 @@ from ..half import f16_table
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
-from .base import Field, Format, FormatInfo, Option, Trace, band
+from .base import Field, Format, FormatInfo, Option, Trace, band, into_c_contiguous
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -176,8 +176,11 @@ class _TBQ(Format):
             return kn.encode_blocks(
                 x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow
             )
-        return kn.encode(
-            x, out, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES
+        return into_c_contiguous(  # the lane kernel stores 8 rows of indices at a time (vector stores)
+            out,
+            lambda o: kn.encode(
+                x, o, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], raise_overflow, kn.LANES
+            ),
         )
 
     def kernel_rotate(
