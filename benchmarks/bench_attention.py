@@ -271,6 +271,8 @@ def main(argv=None) -> int:
         "load_before": load_before,
         "load_after": os.getloadavg(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        # NumPy's transparent huge pages for tbq's caches ("0": off; ggml allocates its own)
+        "NUMPY_MADVISE_HUGEPAGE": os.environ.get("NUMPY_MADVISE_HUGEPAGE"),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

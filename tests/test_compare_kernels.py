@@ -122,6 +122,47 @@ def test_the_cold_start_queue_takes_the_heaviest_compile_first_and_each_module_o
     assert [f for f, _ in done[2:]] == [["tbq4_0", "tbq3_0"], [], ["q8_0"]]
 
 
+def test_a_cold_start_removes_the_claim_folders_killed_runs_left_and_nothing_else(tmp_path, monkeypatch):
+    """A CLI killed with SIGKILL during its warm-up leaves its ``tbq-warm-*`` claim folder: the next cold start
+    removes those over an hour old that hold only claim files, and leaves fresh ones (a run under way), other
+    names, files and folders holding a subfolder alone."""
+    import os
+    import time
+
+    import tbq.compare as c
+
+    now = time.time()
+    old = now - c.STALE_CLAIMS_S - 60
+
+    def make(name, files=(), sub=False, age=old):
+        d = tmp_path / name
+        d.mkdir()
+        for f in files:
+            (d / f).write_text("")
+        if sub:
+            (d / "sub").mkdir()
+        os.utime(d, (age, age))
+        return d
+
+    stale = make("tbq-warm-abc", ["tbq.formats.q8_0_kernels", "tbq.attention_kernels"])
+    empty = make("tbq-warm-def")
+    fresh = make("tbq-warm-ghi", ["tbq.formats.q8_0_kernels"], age=now - 5)
+    other = make("tbq-other-old", ["x"])
+    nested = make("tbq-warm-nested", ["x"], sub=True)
+    (tmp_path / "tbq-warm-file").write_text("")
+    os.utime(tmp_path / "tbq-warm-file", (old, old))
+    assert sorted(c._remove_stale_claims(str(tmp_path), now)) == ["tbq-warm-abc", "tbq-warm-def"]
+    assert not stale.exists() and not empty.exists()
+    assert fresh.exists() and other.exists() and nested.exists() and (tmp_path / "tbq-warm-file").exists()
+    assert c._remove_stale_claims(str(tmp_path / "missing"), now) == []  # no folder: nothing to do, no error
+    # start_warm_up does it before it makes its own claim folder
+    make("tbq-warm-jkl")
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr("tempfile.mkdtemp", _no_tmp)  # then: no folder of its own, no helper
+    w = c.start_warm_up(["q8_0", "tbq4_0"], {}, attention=False, processes=2)
+    assert w._procs == [] and not (tmp_path / "tbq-warm-jkl").exists()
+
+
 def _no_tmp(*args, **kwargs):
     raise PermissionError(13, "Permission denied")
 

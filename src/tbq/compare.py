@@ -555,6 +555,41 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
 
 ATTENTION_UNIT = "tbq.attention_kernels"
 
+#: A cold start's claim folders (:func:`start_warm_up`) are ``tbq-warm-*`` in the temporary folder; one left by a
+#: process that was killed (SIGKILL: no clean-up) is removed by the next cold start once it is this old (a cold
+#: start takes seconds, so no folder of a running one is this old).
+CLAIMS_PREFIX = "tbq-warm-"
+STALE_CLAIMS_S = 3600.0
+
+
+def _remove_stale_claims(folder: str, now: float | None = None) -> list[str]:
+    """Remove the claim folders in ``folder`` last changed more than :data:`STALE_CLAIMS_S` ago; their names.
+    Only directories named ``tbq-warm-*`` holding nothing but plain files (a queue's claims) are touched; any
+    error leaves a folder in place."""
+    import shutil
+
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    try:
+        with os.scandir(folder) as it:
+            entries = list(it)
+    except OSError:
+        return removed
+    for e in entries:
+        try:
+            if not (e.name.startswith(CLAIMS_PREFIX) and e.is_dir(follow_symlinks=False)):
+                continue
+            if now - e.stat(follow_symlinks=False).st_mtime <= STALE_CLAIMS_S:
+                continue
+            with os.scandir(e.path) as it:
+                if any(not f.is_file(follow_symlinks=False) for f in it):
+                    continue
+            shutil.rmtree(e.path)
+        except OSError:
+            continue
+        removed.append(e.name)
+    return removed
+
 
 def _claim(claims: str | None, unit: str) -> bool:
     """True for the one process that creates ``unit``'s claim file in ``claims`` first (``O_EXCL``: atomic);
@@ -647,7 +682,8 @@ def start_warm_up(
     weights are only a proxy, so a fixed split left one process idle while the
     other still compiled. ``processes=1`` starts no helper. The CLI starts the
     helpers as soon as it knows the cache is cold, before it builds the codecs
-    and the data.
+    and the data. A claim folder that a killed process left behind is removed
+    by a later cold start once it is an hour old (:func:`_remove_stale_claims`).
     """
     import tempfile
 
@@ -662,8 +698,9 @@ def start_warm_up(
     helpers = max(0, min(processes, len(units)) - 1)
     claims: str | None = None
     if helpers:
+        _remove_stale_claims(tempfile.gettempdir())
         try:
-            claims = tempfile.mkdtemp(prefix="tbq-warm-")
+            claims = tempfile.mkdtemp(prefix=CLAIMS_PREFIX)
         except OSError:  # no writable temporary folder: no queue to share, so this process compiles everything
             helpers = 0
     procs = []
