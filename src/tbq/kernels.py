@@ -828,6 +828,26 @@ def lanes_sum_squares(T, norm2):
 
 
 @jit_inline
+def lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, floor, eps):
+    """The rotated encoders' scale step on lanes ``l < bad``: ``d = norm[l] / sqrt(recon2[l])`` as fp16 bits in
+    bytes 0-1 of row ``g0 + l`` of ``out``. A ``recon`` of at most ``eps`` gives ``d = norm[l]`` (TBQ4,
+    PLANAR/ISO), or with ``floor`` ``norm[l] / eps`` (TBQ3's clamp). With ``raise_overflow`` it stops before the
+    first lane whose scale is inf in fp16 and returns that lane (its row untouched); else ``bad``."""
+    for l in range(bad):
+        recon = np.sqrt(recon2[l])
+        nv = norm[l]
+        if floor:
+            d = nv / (recon if recon > eps else eps)
+        else:
+            d = nv / recon if recon > eps else nv
+        h = f32_to_f16_bits(d)
+        if raise_overflow and f16_is_inf(h):
+            return l
+        store_f16(out, g0 + l, h)
+    return bad
+
+
+@jit_inline
 def lanes_index(T, cs2, thresholds, centroids_sq, K, recon2):
     """The rotated encoders' index step on the lane layout ``T[j, l]``: ``K[j, l]`` = the number of thresholds
     <= ``r = T[j, l] * cs2[j]`` (one rounded product; PLANAR/ISO pass ones: exact), and ``recon2[l]`` = the

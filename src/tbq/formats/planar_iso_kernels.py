@@ -28,18 +28,16 @@ from ..kernels import (
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
     block_finite,
-    f16_is_inf,
-    f32_to_f16_bits,
     jit,
     lanes_index,
     lanes_load,
+    lanes_store_scales,
     lanes_sum_squares,
     load_f16,
     prefetch,
     reader_aux,
     reader_blocks,
     reader_out,
-    store_f16,
 )
 from ..packing_kernels import hi4, lanes_store_nibbles, lo4
 
@@ -164,16 +162,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
         lanes_index(T, ones, thresholds, centroids_sq, K, recon2)
         # stage: pack+store
         # 6. the scales of the finite lanes (up to an overflow raised), then the indices of those lanes
-        stop = bad
-        for l in range(bad):
-            recon = np.sqrt(recon2[l])
-            nv = norm[l]
-            d = nv / recon if recon > _EPS_NORM else nv
-            h = f32_to_f16_bits(d)
-            if raise_overflow and f16_is_inf(h):
-                stop = l
-                break
-            store_f16(out, g0 + l, h)
+        stop = lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, False, _EPS_NORM)
         if bits == 4:
             lanes_store_nibbles(K, out, g0, stop)
         else:  # pack the indices of all lanes at once, then store block by block

@@ -29,6 +29,7 @@ from ..kernels import (
     jit,
     lanes_index,
     lanes_load,
+    lanes_store_scales,
     lanes_sum_squares,
     load_f16,
     lookup8_row,
@@ -160,19 +161,7 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
         lanes_index(T, cs2, thresholds, centroids_sq, K, recon2)
         # stage: pack+store
         # 5. the scales of the finite lanes (up to an overflow raised), then the indices of those lanes
-        stop = bad
-        for l in range(bad):
-            recon = np.sqrt(recon2[l])
-            nv = norm[l]
-            if bits == 4:
-                d = nv / recon if recon > _EPS_NORM else nv
-            else:
-                d = nv / (recon if recon > _EPS_NORM else _EPS_NORM)
-            h = f32_to_f16_bits(d)
-            if raise_overflow and f16_is_inf(h):
-                stop = l
-                break
-            store_f16(out, g0 + l, h)
+        stop = lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, bits == 3, _EPS_NORM)
         if bits == 4:
             lanes_store_nibbles(K, out, g0, stop)
         else:  # pack the indices of all lanes at once, then store block by block
