@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -81,20 +82,21 @@ def _values(text: str) -> int:
     return n
 
 
-def _run(src: Path, n: int, repeat: int, formats: list[str], hugepages: bool) -> dict[str, dict[str, float]]:
-    code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + CHILD
+def run_child(src: Path, child: str, argv: list[str], hugepages: bool, who: str) -> Any:
+    """Run ``child`` (Python source) in a new interpreter with the tree ``src`` first on ``sys.path`` and
+    ``NUMPY_MADVISE_HUGEPAGE`` set by ``hugepages``; the JSON of its last line of output."""
+    code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + child
     env = dict(os.environ, NUMPY_MADVISE_HUGEPAGE="1" if hugepages else "0")
     res = subprocess.run(
-        [sys.executable, "-c", code, str(n), str(repeat), ",".join(formats)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=src.parent,
-        env=env,
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, check=False, cwd=src.parent, env=env
     )
     if res.returncode != 0:
-        raise SystemExit(f"bench_versus: the child for {src} failed:\n{res.stderr.strip()}")
+        raise SystemExit(f"{who}: the child for {src} failed:\n{res.stderr.strip()}")
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _run(src: Path, n: int, repeat: int, formats: list[str], hugepages: bool) -> dict[str, dict[str, float]]:
+    return run_child(src, CHILD, [str(n), str(repeat), ",".join(formats)], hugepages, "bench_versus")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -53,19 +51,9 @@ print(json.dumps(out))
 
 
 def _run(src: Path, formats: str, tokens: int, threads: str, repeat: int, hugepages: bool) -> dict[str, float]:
-    code = f"import sys; sys.path.insert(0, {str(src)!r})\n" + CHILD
-    env = dict(os.environ, NUMPY_MADVISE_HUGEPAGE="1" if hugepages else "0")
-    res = subprocess.run(
-        [sys.executable, "-c", code, formats, str(tokens), threads, str(repeat)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=src.parent,
-        env=env,
-    )
-    if res.returncode != 0:
-        raise SystemExit(f"versus_attention: the child for {src} failed:\n{res.stderr.strip()}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    from bench_versus import run_child
+
+    return run_child(src, CHILD, [formats, str(tokens), threads, str(repeat)], hugepages, "versus_attention")
 
 
 def main(argv: list[str] | None = None) -> int:
