@@ -454,11 +454,15 @@ def chunked_error_summary(x: np.ndarray, y: np.ndarray, step: int = METRIC_STEP)
 # ---------------------------------------------------------------------------
 
 
+#: The fused attention kernel's module, a unit of a cold start's queue beside the formats' kernel modules.
+ATTENTION_UNIT = "tbq.attention_kernels"
+
+
 def _kernel_units(fmts: Any, attention: bool) -> list[str]:
     """The kernel modules a comparison compiles (formats sharing a module share its kernels)."""
     units = [format_class(f).kernel_module for f in fmts]
     if attention:
-        units.append("tbq.attention_kernels")
+        units.append(ATTENTION_UNIT)
     return [u for u in dict.fromkeys(units) if u]
 
 
@@ -552,8 +556,6 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
         rows = x.reshape(64, 8, HEAD_DIM)
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
 
-
-ATTENTION_UNIT = "tbq.attention_kernels"
 
 #: A cold start's claim folders (:func:`start_warm_up`) are ``tbq-warm-*`` in the temporary folder; one left by a
 #: process that was killed (SIGKILL: no clean-up) is removed by the next cold start once it is this old (a cold
