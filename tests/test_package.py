@@ -6,9 +6,14 @@ install of it), so a file missing from the wheel (package data such as the
 planar/iso tables, the shipped model, py.typed, an entry point) would pass every
 other test. This one builds the wheel with ``python -m build`` (the ``build``
 package is in the ``test`` extra), installs it with ``--no-deps --ignore-installed`` into a venv
-that sees this interpreter's site-packages (numpy, scipy, numba: not downloaded
-again) and runs the installed ``tbq`` from a directory outside the checkout,
+that sees the site-packages of the interpreter running the tests (numpy, scipy, numba, torch:
+not downloaded again) and runs the installed ``tbq`` from a directory outside the checkout,
 checking that every ``tbq`` module it imports comes from the venv.
+
+"The running interpreter's site-packages" is what ``site.getsitepackages()`` says: the base
+interpreter's when the suite runs there (CI), the user's own venv's when it runs in one (the
+README's quick start in a fresh ``python3 -m venv``). ``system_site_packages=True`` would give
+the *base* interpreter's in both cases, which in a user's venv has none of tbq's dependencies.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import importlib.util
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -66,8 +72,9 @@ def installed(tmp_path_factory):
     wheels = sorted(dist.glob("tbq-*.whl"))
     assert len(wheels) == 1, wheels
     env_dir = tmp / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
+    venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    _see_running_site_packages(python)
     r = subprocess.run(
         [
             str(python),
@@ -90,6 +97,21 @@ def installed(tmp_path_factory):
     work = tmp / "elsewhere"  # not the checkout: nothing can be imported from ./src by accident
     work.mkdir()
     return python, env_dir / "bin" / "tbq", work
+
+
+def _see_running_site_packages(python: Path) -> None:
+    """Put this interpreter's site-packages on the venv's ``sys.path``, after the venv's own.
+
+    Plain path lines of a ``.pth`` file are appended as they are; the ``.pth`` files inside those folders are
+    not run, so an editable install of this checkout there (its import hook) cannot shadow the wheel.
+    """
+    r = subprocess.run(
+        [str(python), "-c", "import site, sys; print(site.getsitepackages()[0])"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    outer = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    assert outer, site.getsitepackages()
+    (Path(r.stdout.strip()) / "_tbq_test_outer_site.pth").write_text("".join(f"{p}\n" for p in outer))
 
 
 def _env():
