@@ -15,7 +15,8 @@ in the same format, on 1 and 2 threads:
   by ggml's CPU backend (``benchmarks/ggml_fa_bench.c``, the harness of
   ``../shared/ggml/fa_bench.c`` with every timing printed), compiled at
   benchmark time against the ggml build given by ``--ggml`` (a folder with
-  ``include/`` and ``lib/``) and run in a subprocess (a build for another
+  ``include/`` and ``lib/``, and ``lib-avx512/`` where the CPU has its flags: the faster of the two that runs,
+  recorded as ``ggml_lib``) and run in a subprocess (a build for another
   CPU dies on an illegal instruction without taking the benchmark with it),
   on every cache type ggml has. Both fill K and V with uniform values in
   [-1.7, 1.7] (ggml quantizes with ``ggml_quantize_chunk``, tbq with its codecs).
@@ -82,9 +83,43 @@ def _elf(lib_dir: Path, stem: str) -> Path:
     raise SystemExit(f"no {stem}.so in {lib_dir}")
 
 
-def build_ggml(path: Path) -> Path:
-    """Compile the harness against the ggml build at ``path`` (``include/``, ``lib/``); the executable's path."""
-    lib = path / "lib"
+#: CPU flags of ``lib-avx512/`` builds (../shared/ggml/README.md): without them such a build dies of SIGILL
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni", "avx512_bf16")
+
+
+def lib_folders(path: Path) -> list[str]:
+    """The library folders of the ggml build at ``path`` that can run on this CPU: ``lib/`` (portable) and, where
+    the CPU has :data:`AVX512_FLAGS`, ``lib-avx512/``."""
+    try:
+        flags = set(
+            " ".join(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")).split()
+        )
+    except OSError:
+        flags = set()
+    out = ["lib-avx512"] if all(f in flags for f in AVX512_FLAGS) and (path / "lib-avx512").is_dir() else []
+    return out + (["lib"] if (path / "lib").is_dir() else [])
+
+
+def pick_build(path: Path, log=print) -> tuple[Path, dict]:
+    """The harness built against the faster library folder of ``path`` that runs here (issue 40: the anchor is the
+    best ggml for the machine), and what was measured to choose it: q4_0, 4K tokens, 2 threads, best of 5."""
+    probe: dict = {}
+    exes = {}
+    for folder in lib_folders(path):
+        exes[folder] = build_ggml(path, folder)
+        t = ggml_times(exes[folder], 4096, "q4_0", 2, 1, False, 5)
+        probe[folder] = min(t) if isinstance(t, list) else t
+        log(f"  ggml {folder}/: {probe[folder] if isinstance(t, str) else f'{probe[folder]:.2f} ms'} (probe)")
+    timed = {f: v for f, v in probe.items() if isinstance(v, float)}
+    if not timed:
+        raise SystemExit(f"no ggml library folder of {path} runs here: {probe}")
+    best = min(timed, key=timed.__getitem__)
+    return exes[best], {"folder": best, "probe_ms": probe}
+
+
+def build_ggml(path: Path, folder: str = "lib") -> Path:
+    """Compile the harness against the ggml build at ``path`` (``include/``, ``folder``); the executable's path."""
+    lib = path / folder
     exe = Path(tempfile.mkdtemp(prefix="tbq-ggml-")) / "ggml_fa_bench"
     cmd = [
         "cc",
@@ -220,7 +255,7 @@ def main(argv=None) -> int:
     def log(m):
         print(m, file=sys.stderr, flush=True)
 
-    exe = build_ggml(Path(args.ggml).resolve()) if args.ggml else None
+    exe, ggml_lib = pick_build(Path(args.ggml).resolve(), log) if args.ggml else (None, None)
     load_before = os.getloadavg()
     copy = copy_rate()
     threads = [int(t) for t in args.threads.split(",")]
@@ -268,6 +303,7 @@ def main(argv=None) -> int:
         "rounds": args.rounds,
         "threads": threads,
         "ggml": str(args.ggml) if args.ggml else None,
+        "ggml_lib": ggml_lib,  # the library folder used (lib-avx512 or lib) and the probe that chose it
         "load_before": load_before,
         "load_after": os.getloadavg(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
@@ -324,7 +360,9 @@ def markdown(doc: dict) -> str:
         {c["error"] for r in rows + doc.get("prefill", []) for c in r.values() if isinstance(c, dict) and "error" in c}
     )
     anchor = (
-        f"ggml: the build at `{doc['ggml']}`, measured in this run back to back with tbq in each round"
+        f"ggml: the build at `{doc['ggml']}`"
+        + (f" (`{doc['ggml_lib']['folder']}/`, the faster that runs here)" if doc.get("ggml_lib") else "")
+        + ", measured in this run back to back with tbq in each round"
         if doc["ggml"]
         else "ggml: **reference figures from issue 22's table, not measured in this run** (pass `--ggml PATH` to measure)"
     )
