@@ -70,11 +70,21 @@ def assert_bytes_equal(a: np.ndarray, b: np.ndarray, what: str = "") -> None:
 # ---------------------------------------------------------------------------
 
 
+#: Folders of tests/data/conformance that hold other vectors than a format family's strict encode files.
+_NOT_FAMILY_FOLDERS = ("decode_random", "special")
+
+
 def conformance_cases(fmt: str) -> list[tuple[str, dict]]:
-    """(vector file stem, format options) of every strict conformance file for ``fmt``."""
+    """(vector file stem, format options) of every strict conformance file for ``fmt``: ``<fmt>__strict.npz`` in
+    tests/data/conformance or in a family's folder of it (``turbo/turbo3__strict.npz``)."""
     cases = [(stem, codec_config(cb)) for stem, f, cb in CONFORMANCE_CASES if f == fmt]
-    if not cases and (DATA / f"{fmt}__strict.npz").exists():
-        cases = [(f"{fmt}__strict", {})]
+    if not cases:
+        found = [DATA / f"{fmt}__strict.npz", *sorted(DATA.glob(f"*/{fmt}__strict.npz"))]
+        cases = [
+            (p.relative_to(DATA).with_suffix("").as_posix(), {})
+            for p in found
+            if p.exists() and p.parent.name not in _NOT_FAMILY_FOLDERS
+        ]
     return cases
 
 

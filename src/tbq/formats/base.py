@@ -334,6 +334,12 @@ class Format:
     #: :data:`tbq.kernels.READER_SIG`, with :meth:`attention_tables` as its ``aux``); ``""``: the format
     #: has none, and the kernel reads its cache decoded to float32 rows first (a plugin format's default).
     attention_read: ClassVar[str] = ""
+    #: The domain the format's decoders (:meth:`reference_decode`, the kernels, the C reference's dequantizer) return
+    #: values in: ``"original"`` (``decode(encode(x))`` approximates ``x``) or ``"rotated"`` (it approximates
+    #: :meth:`to_decode_domain` of ``x``: turbo2/3/4 decode to ``C[idx] * d`` without the inverse rotation, as the
+    #: fork's ``dequantize_row_turbo*`` does). Whatever compares decoded values with an input maps one to the
+    #: other's domain with :meth:`to_decode_domain` / :meth:`from_decode_domain`.
+    decode_domain: ClassVar[str] = "original"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -415,6 +421,38 @@ class Format:
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         """Decode clean uint8 blocks ``data`` (blocks, type_size) to float32 (blocks, block_size)."""
         raise NotImplementedError
+
+    # -- the decoder's domain ---------------------------------------------------------------
+    def to_decode_domain(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
+        """Original-domain values ``x`` (float, last axis whole blocks) mapped to the domain the decoder returns
+        (:attr:`decode_domain`), so that ``decode(encode(x))`` can be compared with them. The identity (``x`` as
+        an array) unless the decoder returns another domain (turbo2/3/4: ``R(x)`` per block).
+
+        >>> import tbq; x = np.float32([[1, 2] * 16]); tbq.get_format("q8_0").to_decode_domain(x) is x
+        True
+        """
+        return np.asarray(x)
+
+    def from_decode_domain(self, y: ArrayLike) -> NDArray[np.floating[Any]]:
+        """Decoded values ``y`` mapped back to the input's domain: the inverse of :meth:`to_decode_domain`
+        (the identity unless :attr:`decode_domain` is ``"rotated"``)."""
+        return np.asarray(y)
+
+    def _per_block(
+        self, v: ArrayLike, f: Callable[[NDArray[np.floating[Any]]], NDArray[np.floating[Any]]]
+    ) -> NDArray[np.floating[Any]]:
+        """``f`` applied to each block of ``v`` (float32 or float64 kept, other floats as float32)."""
+        a = np.asarray(v)
+        if a.dtype.kind != "f":
+            raise TbqTypeError(f"{self.name}: values must be float, got dtype {a.dtype}")
+        if a.ndim == 0 or a.shape[-1] % self.block_size:
+            n = a.shape[-1] if a.ndim else 0
+            raise BlockShapeError(
+                f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {self.block_size}"
+            )
+        if a.dtype not in (np.float32, np.float64):
+            a = a.astype(np.float32)
+        return f(a.reshape(-1, self.block_size)).reshape(a.shape)
 
     # -- numba twins ----------------------------------------------------------------
     def kernels(self) -> types.ModuleType:
