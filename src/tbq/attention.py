@@ -263,12 +263,15 @@ class KVCache:
         """float32 ``(n_sink, n_head_kv, head_dim)``: the sink format's decoder (f16 and q8_0 decode without rounding)."""
         if self.sink is None:
             return np.zeros((0, self.n_head_kv, self.head_dim), np.float32)
-        return get_codec(self.sink_format, backend="numpy").decode(self.sink)
+        sink = get_codec(self.sink_format, backend="numpy")
+        return sink.format.from_decode_domain(sink.decode(self.sink)).astype(np.float32)
 
     def dequantize(self, dtype: DTypeLike = np.float32) -> NDArray[np.floating[Any]]:
         """All ``T`` tokens as ``(T, n_head_kv, head_dim)`` floats.
 
-        ``float32``: the library decoder, bit-exact with the C reference.
+        ``float32``: the library decoder, bit-exact with the C reference, in the tokens' domain (a
+        decoder that returns rotated coordinates, turbo2/3/4's, is rotated back with
+        :meth:`~tbq.formats.Format.from_decode_domain`, one more float32 rounding).
         ``float64``: the same values computed in float64 from the fields: Q8_0,
         Q4_0 and f16 decode exactly in either precision; for the TBQ formats
         the inverse rotation of the centroids runs in float64 and is multiplied
@@ -281,7 +284,8 @@ class KVCache:
         sink = self._sink_values().astype(dt)
         main: NDArray[np.floating[Any]]
         if dt == np.float32 or not self._rotated_read:
-            main = self.codec.decode(self.data).astype(dt)
+            # in the tokens' domain: a decoder that returns rotated coordinates (turbo2/3/4) is rotated back
+            main = self.codec.format.from_decode_domain(self.codec.decode(self.data)).astype(dt)
         else:
             codec = self.codec
             idx, d = self.fields()
@@ -559,7 +563,7 @@ def _sink_rows(cache: KVCache | NDArray[np.float32], n_sink: int) -> NDArray[np.
         return np.ascontiguousarray(cache[:n_sink], np.float32)
     rows = cache._sink_values()
     if n_sink > cache.n_sink:  # the other cache keeps more sink tokens: read these few in the original domain too
-        extra = cache.codec.decode(cache.data[: n_sink - cache.n_sink])
+        extra = cache.codec.format.from_decode_domain(cache.codec.decode(cache.data[: n_sink - cache.n_sink]))
         rows = np.concatenate([rows, extra], axis=0)
     return np.ascontiguousarray(rows, np.float32)
 

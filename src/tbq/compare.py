@@ -375,7 +375,7 @@ def compare(
             y2 = codec.decode(q)
             t_enc = _best_time(functools.partial(codec.encode, rows2, out=q), repeat)
             t_dec = _best_time(functools.partial(codec.decode, q, out=y2), repeat)
-            y = y2.reshape(x.shape)
+            y = codec.format.from_decode_domain(y2).reshape(x.shape)  # turbo2/3/4 decode to R(x): rotate back
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
                 s = chunked_error_summary(_heads(x), _heads(y))

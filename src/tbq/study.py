@@ -104,7 +104,8 @@ def _as_f32(x: Any) -> np.ndarray:
 
 
 class CodecQuantizer(Quantizer):
-    """A real byte format (:func:`tbq.get_codec`) used as a quantizer: ``decode(encode(x))``.
+    """A real byte format (:func:`tbq.get_codec`) used as a quantizer: ``decode(encode(x))`` in the input's domain
+    (:meth:`~tbq.formats.Format.from_decode_domain`: turbo2/3/4's rotated decoded values are rotated back).
 
     ``fmt`` is a format name or a :class:`~tbq.codecs.Codec`; ``config`` goes to
     :func:`tbq.get_codec` (``codebook=``, ``signs=``, ``backend=`` ...). The name
@@ -126,7 +127,8 @@ class CodecQuantizer(Quantizer):
         self.code_bits = self.codec.info.index_bits
 
     def roundtrip(self, x: ArrayLike) -> np.ndarray:
-        return self.codec.decode(self.codec.encode(_as_f32(x)))
+        # in the input's domain: a decoder that returns rotated coordinates (turbo2/3/4) is rotated back
+        return self.codec.format.from_decode_domain(self.codec.decode(self.codec.encode(_as_f32(x))))
 
 
 class F16Quantizer(Quantizer):
