@@ -119,6 +119,11 @@ def _cache_types(args: Any) -> list[Any]:
     if any(not s.strip() for s in specs):
         raise TbqValueError(f"--cache-types {args.cache_types!r}: an empty entry")
     types = [parse_cache_type(s, engine=args.engine) for s in specs]
+    known = ("f32",) + tuple(cache_formats())
+    for ct in types:  # a misspelt name is a usage error; a type this model refuses is a row with its reason
+        for side in (ct.k, ct.v):
+            if side not in known:
+                raise TbqValueError(f"--cache-types: unknown cache type {side!r}; known: {', '.join(known)}")
     if not args.option:
         return types
     options = dict(parse_option(o) for o in args.option)
@@ -227,8 +232,10 @@ def run_cli(args: argparse.Namespace) -> int:
         greedy = (
             f"greedy: the first of {args.generate} generated tokens that departs from f16's; " if args.generate else ""
         )
+        window = result.rows[1].window_bytes  # f16's
+        windows = f", plus {window:,} B in the sliding-window layers' windows (f16)" if window else ""
         print(
-            f"({greedy}B/token: every layer's K and V rows; engine {args.engine}"
+            f"({greedy}B/token: one token's K and V rows in the full-attention layers{windows}; engine {args.engine}"
             f"{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)"
         )
     if plot is not None:

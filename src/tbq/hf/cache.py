@@ -1,4 +1,4 @@
-"""A transformers KV cache whose layers store K and V as tbq-encoded bytes.
+"""A transformers KV cache whose attention layers store K and V as tbq-encoded bytes.
 
 >>> from transformers import LlamaConfig
 >>> config = LlamaConfig(hidden_size=256, num_attention_heads=2, num_key_value_heads=1,
@@ -9,41 +9,75 @@
 >>> cache.bytes_per_token()       # (136 + 72) + (256 + 256): q8_0 and q4_0 rows of 128, then f16
 720
 
-Each layer keeps, per role, the bytes of every token's row (``n_kv_heads x
-head_dim`` values, blocks along the row) as :func:`tbq.quantize` writes
-them, in the domain the engine chose (:mod:`tbq.hf.engine`: llama.cpp's
-channel order and attention rotation by default). ``update`` writes the new
-tokens *before* returning the cache's K/V, so the tokens of a prefill batch
-already attend to quantized keys and values, as in llama.cpp. ``residual=N``
-instead keeps the newest ``N`` tokens (and the whole current batch) in
-float32, as transformers' own ``QuantizedCache`` does: then a prefill sees
-no quantization at all.
+Each attention layer keeps, per role, the bytes of every token's row
+(``n_kv_heads x head_dim`` values, blocks along the row) as
+:func:`tbq.quantize` writes them, in the domain the engine chose
+(:mod:`tbq.hf.engine`: llama.cpp's channel order and attention rotation by
+default). ``update`` writes the new tokens *before* returning the cache's
+K/V, so the tokens of a prefill batch already attend to quantized keys and
+values, as in llama.cpp.
+
+Layer kinds follow the model's ``config.layer_types`` (transformers'
+``get_layer_types_and_kwargs``): a full-attention layer is a
+:class:`TbqLayer`; a sliding-window (or chunked) layer is a :class:`TbqLayer`
+that keeps only the newest ``window - 1`` tokens between steps, as
+transformers' ``DynamicSlidingWindowLayer`` does (llama.cpp's SWA cache keeps
+the window too, in ``min(n_ctx, n_swa + n_ubatch)`` cells rounded up to 256);
+linear-attention and convolution layers (qwen3_next, qwen3_5) keep
+transformers' own cache layers, untouched. Layer kinds tbq cannot store
+(a layer with both linear and attention state, KV shared between layers,
+indexed sparse attention) are refused, naming the layer.
+
+``residual=N`` keeps the newest ``N`` tokens (and the whole current batch) in
+float32 and quantizes each older token once, as it leaves that window: the
+idea of transformers' ``QuantizedCache`` (a prefill then sees no
+quantization), not its bytes (its ``QuantizedLayer`` re-quantizes the whole
+cache, per channel, each time the window fills).
 
 The K/V returned are in the model's own domain, so any attention
-implementation works with the cache; :mod:`tbq.hf.attention`'s ``"tbq"``
-attention (set by :func:`tbq.hf.prepare`) reads the stored domain instead
-and applies the engine's Q transform (rotation, q8_0 conversion), which is
+implementation works with the cache; with :mod:`tbq.hf.attention`'s tbq
+attention (set by :func:`tbq.hf.prepare`) each layer also posts its
+stored-domain K/V (:class:`~tbq.hf.attention.LayerRead`), which that
+attention reads with the engine's Q transform (rotation, q8_0 conversion):
 what makes the products llama.cpp's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, cast
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
+from transformers import cache_utils
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import ConfigError, TbqValueError, check_int, is_integer
+from . import attention
+from .attention import LayerRead
 from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
 
-__all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry"]
+__all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry", "layer_kinds"]
+
+#: Layer types whose K/V a :class:`TbqLayer` stores (the rest keep transformers' own layers or are refused).
+FULL, SLIDING = ("full_attention",), ("sliding_attention", "chunked_attention")
+
+#: Layer types without per-token K/V: they keep transformers' own cache layer.
+OWN = ("linear_attention", "conv", "dummy")
+
+
+def _text_config(config: Any) -> Any:
+    if hasattr(config, "get_text_config"):
+        try:
+            return config.get_text_config(decoder=True)
+        except TypeError:  # older signatures
+            return config.get_text_config()
+    return config
 
 
 def geometry(config: Any) -> tuple[int, int, int]:
     """``(num_hidden_layers, num_key_value_heads, head_dim)`` of a transformers text config."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = _text_config(config)
     try:
         layers = int(config.num_hidden_layers)
         heads = int(config.num_attention_heads)
@@ -56,17 +90,26 @@ def geometry(config: Any) -> tuple[int, int, int]:
     return layers, kv, int(head_dim)
 
 
-@dataclass
-class LayerRead:
-    """What the ``"tbq"`` attention reads: the engine and the cache's K/V in their stored domain (B, H_kv, T, D)."""
+def layer_kinds(config: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Each layer's cache type and its arguments, as transformers' ``DynamicCache`` reads them from ``config``.
 
-    engine: Engine
-    keys: torch.Tensor
-    values: torch.Tensor
+    ``[("full_attention", {}), ("sliding_attention", {"sliding_window": 512}), ("linear_attention", {...}), ...]``
+    """
+    text = _text_config(config)
+    n = geometry(text)[0]
+    get = getattr(cache_utils, "get_layer_types_and_kwargs", None)
+    if get is not None:
+        types, kwargs = get(text)
+        return list(zip(types, kwargs, strict=True))
+    types = getattr(text, "layer_types", None)
+    window = getattr(text, "sliding_window", None)
+    if types is None:
+        types = ["sliding_attention" if window is not None else "full_attention"] * n
+    return [(t, {"sliding_window": window} if t in SLIDING else {}) for t in types]
 
 
 class _Store:
-    """The bytes of one role of one layer: sink rows, main rows, and the float32 residual window."""
+    """The bytes of one role of one layer: sink rows, main rows, and the float32 residual window, in token order."""
 
     def __init__(self, side: Side, sink_side: Side | None, row: int) -> None:
         self.side, self.sink_side, self.row = side, sink_side, row
@@ -100,8 +143,8 @@ class _Store:
         self.main = self._cat(self.main, self.side.encode(self.resid[:, :cut].numpy()))
         self.resid = self.resid[:, cut:].clone()
 
-    def read(self) -> torch.Tensor:
-        """Every stored token's row, decoded: (B, T, row) float32 in the stored domain."""
+    def read(self) -> torch.Tensor | None:
+        """Every stored token's row, decoded: (B, T, row) float32 in the stored domain (None: no token)."""
         parts = []
         if self.sink is not None:
             assert self.sink_side is not None  # sink bytes exist only with a sink side
@@ -110,7 +153,36 @@ class _Store:
             parts.append(torch.from_numpy(self.side.decode(self.main, self.row)))
         if self.resid is not None:
             parts.append(self.resid)
+        if not parts:
+            return None
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    @property
+    def length(self) -> int:
+        return sum(0 if a is None else int(a.shape[1]) for a in (self.sink, self.main, self.resid))
+
+    def keep(self, lo: int, hi: int) -> None:
+        """Keep only the tokens ``lo .. hi - 1`` (indices into the stored tokens, in order)."""
+        pos = 0
+        for name in ("sink", "main", "resid"):
+            a = getattr(self, name)
+            if a is None:
+                continue
+            n = int(a.shape[1])
+            s, e = max(lo - pos, 0), min(hi - pos, n)
+            if e <= s:
+                setattr(self, name, None)
+            elif (s, e) != (0, n):
+                part = a[:, s:e]
+                setattr(self, name, part.clone() if isinstance(part, torch.Tensor) else part.copy())
+            pos += n
+
+    def batch(self, index: np.ndarray) -> None:
+        """Rows of the batch in the order ``index`` (beam reordering, selection, repetition)."""
+        for name in ("sink", "main", "resid"):
+            a = getattr(self, name)
+            if a is not None:
+                setattr(self, name, a[torch.from_numpy(index)] if isinstance(a, torch.Tensor) else a[index])
 
     @property
     def nbytes(self) -> int:
@@ -119,16 +191,26 @@ class _Store:
 
 
 class TbqLayer(CacheLayerMixin):
-    """One layer of a :class:`TbqCache`: K and V rows stored as tbq bytes (see the module docstring)."""
+    """One attention layer of a :class:`TbqCache`: K and V rows stored as tbq bytes (see the module docstring).
+
+    ``window``: a sliding-window layer's window (transformers' ``sliding_window``):
+    between steps it keeps the newest ``window - 1`` tokens, as transformers'
+    ``DynamicSlidingWindowLayer`` does; ``None`` keeps every token.
+
+    The bytes live in host memory (NumPy arrays), so ``offload`` and
+    ``prefetch`` have nothing to move; ``keys`` and ``values`` decode the stored
+    rows back to the model's domain (B, H_kv, T, D) on each read.
+    """
 
     is_compileable = False
-    is_croppable = False
-    is_sliding = False
+    is_croppable = True
 
     def __init__(
         self,
         engine: Engine,
         *,
+        index: int = 0,
+        window: int | None = None,
         sinks: int = 0,
         residual: int = 0,
         sink_engine: Engine | None = None,
@@ -136,9 +218,11 @@ class TbqLayer(CacheLayerMixin):
     ) -> None:
         super().__init__()
         self.engine = engine
-        #: the "tbq" attention reads K (V) in the stored domain: update() returns that side untransformed
-        self.stored_k = tbq_attention and engine.q_transformed
-        self.stored_v = tbq_attention and engine.v.rotation is not None
+        self.index = int(index)
+        self.window = None if window is None else int(window)
+        self.is_sliding = self.window is not None
+        #: post the stored-domain K/V for the tbq attention (only when the engine transforms Q, K or V)
+        self.posts = tbq_attention and (engine.q_transformed or engine.v.rotation is not None)
         self.sinks, self.residual = int(sinks), int(residual)
         row = engine.kv_heads * engine.head_dim
         ks = vs = None
@@ -150,6 +234,8 @@ class TbqLayer(CacheLayerMixin):
         self._k = _Store(engine.k, ks, row)
         self._v = _Store(engine.v, vs, row)
         self.cumulative_length = 0
+        self.device: Any = torch.device("cpu")
+        self.dtype: Any = torch.float32
 
     # -- facts
     @property
@@ -180,10 +266,42 @@ class TbqLayer(CacheLayerMixin):
         """Bytes this layer holds: stored rows plus any float32 residual window."""
         return self._k.nbytes + self._v.nbytes
 
+    @property
+    def stored_tokens(self) -> int:
+        """Tokens whose rows the layer holds now (a sliding layer: at most ``window - 1`` between steps)."""
+        return self._k.length
+
     def bytes_per_token(self) -> int:
         """Bytes of one token's K and V rows in the main types."""
         row = self.engine.kv_heads * self.engine.head_dim
         return self.engine.k.row_bytes(row) + self.engine.v.row_bytes(row)
+
+    # -- the model's domain, on demand
+    def _model(self, store: _Store, side: Side) -> torch.Tensor | None:
+        rows = store.read()
+        if rows is None:
+            return None
+        return side.to_model(self._heads(rows)).transpose(1, 2).to(device=self.device, dtype=self.dtype)
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """Every stored token's K, decoded to the model's domain (B, H_kv, T, D); None when empty."""
+        return self._model(self._k, self.engine.k)
+
+    @keys.setter
+    def keys(self, value: Any) -> None:
+        if value is not None:  # CacheLayerMixin.__init__ sets None
+            raise TbqValueError("TbqLayer.keys are the stored rows decoded; write K/V through update()")
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        """Every stored token's V, decoded to the model's domain (B, H_kv, T, D); None when empty."""
+        return self._model(self._v, self.engine.v)
+
+    @values.setter
+    def values(self, value: Any) -> None:
+        if value is not None:
+            raise TbqValueError("TbqLayer.values are the stored rows decoded; write K/V through update()")
 
     # -- the CacheLayerMixin API
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -196,8 +314,8 @@ class TbqLayer(CacheLayerMixin):
         b, h, t, d = states.shape
         if h != self.engine.kv_heads or d != self.engine.head_dim:
             raise TbqValueError(
-                f"the cache was built for {self.engine.kv_heads} KV heads of {self.engine.head_dim} values, "
-                f"got states of {h} heads of {d}"
+                f"layer {self.index}: the cache was built for {self.engine.kv_heads} KV heads of "
+                f"{self.engine.head_dim} values, got states of {h} heads of {d}"
             )
         x = states.detach().to(device="cpu", dtype=torch.float32).transpose(1, 2)
         return side.to_stored(x).reshape(b, t, h * d).contiguous()
@@ -207,7 +325,11 @@ class TbqLayer(CacheLayerMixin):
         return rows.reshape(b, t, self.engine.kv_heads, self.engine.head_dim)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """Store the new tokens' K and V, then return every token's K and V (B, H_kv, T, D), model domain."""
+        """Store the new tokens' K and V, then return the K and V the attention reads (B, H_kv, T, D), model domain.
+
+        A full layer returns every token; a sliding layer the kept ``window - 1``
+        and the new ones, then keeps only the newest ``window - 1``.
+        """
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         first = self.cumulative_length
@@ -215,28 +337,39 @@ class TbqLayer(CacheLayerMixin):
         self._k.write(k_rows, first, self.sinks, self.residual)
         self._v.write(v_rows, first, self.sinks, self.residual)
         self.cumulative_length += key_states.shape[-2]
-        k_stored, v_stored = self._heads(self._k.read()), self._heads(self._v.read())
+        k_read, v_read = self._k.read(), self._v.read()
+        assert k_read is not None and v_read is not None  # the rows just written are there
+        k_stored, v_stored = self._heads(k_read), self._heads(v_read)
         if self.residual:
             self._k.flush(self.residual)
             self._v.flush(self.residual)
-        read = LayerRead(self.engine, k_stored.transpose(1, 2), v_stored.transpose(1, 2))
-        # With the "tbq" attention, a side it reads in the stored domain is returned as it is (no transform
-        # back); any other attention gets the model's domain.
-        k_model = read.keys if self.stored_k else self.engine.k.to_model(k_stored).transpose(1, 2)
-        v_model = read.values if self.stored_v else self.engine.v.to_model(v_stored).transpose(1, 2)
-        k_model = k_model.to(device=self.device, dtype=self.dtype)
-        v_model = v_model.to(device=self.device, dtype=self.dtype)
-        k_model._tbq_read = read  # type: ignore[attr-defined]  # where the "tbq" attention finds the stored domain
+        if self.window is not None:
+            n = self._k.length
+            lo = max(n - (self.window - 1), 0)
+            self._k.keep(lo, n)
+            self._v.keep(lo, n)
+        k_model = self.engine.k.to_model(k_stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
+        v_model = self.engine.v.to_model(v_stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
+        if self.posts:
+            attention.post(
+                LayerRead(self.index, self.engine, k_model, v_model, k_stored.transpose(1, 2), v_stored.transpose(1, 2))
+            )
         return k_model, v_model
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cumulative_length + query_length, 0
+        if self.window is None:
+            return self.cumulative_length + query_length, 0
+        # transformers' DynamicSlidingWindowLayer: the kept window - 1 tokens and the new ones
+        offset = max(self.cumulative_length - self.window + 1, 0)
+        if self.cumulative_length >= self.window:
+            return self.window - 1 + query_length, offset
+        return self.cumulative_length + query_length, offset
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
 
     def get_max_length(self) -> int:
-        return -1
+        return -1 if self.window is None else self.window
 
     def reset(self) -> None:
         row = self.engine.kv_heads * self.engine.head_dim
@@ -245,12 +378,59 @@ class TbqLayer(CacheLayerMixin):
         self.cumulative_length = 0
         self.is_initialized = False
 
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the newest ``-tokens_to_remove`` tokens (transformers' convention: a negative count).
+
+        A sliding layer that already dropped tokens out of its window cannot
+        be rolled back (transformers' ``DynamicSlidingWindowLayer`` refuses it
+        too without past recording): refused.
+        """
+        if tokens_to_remove > 0:
+            raise TbqValueError(
+                f"crop({tokens_to_remove}): pass a negative count of tokens to remove, as transformers' layers take"
+            )
+        n = -int(tokens_to_remove)
+        if n == 0:
+            return
+        if self.window is not None and self.cumulative_length > self._k.length:
+            raise TbqValueError(
+                f"layer {self.index}: a sliding-window layer that dropped tokens out of its window cannot be cropped"
+            )
+        keep = max(self._k.length - n, 0)
+        self._k.keep(0, keep)
+        self._v.keep(0, keep)
+        self.cumulative_length = max(self.cumulative_length - n, 0)
+
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        idx = beam_idx.cpu().numpy()
-        for store in (self._k, self._v):
-            store.sink = None if store.sink is None else store.sink[idx]
-            store.main = None if store.main is None else store.main[idx]
-            store.resid = None if store.resid is None else store.resid[torch.from_numpy(idx)]
+        self._batch(beam_idx.cpu().numpy())
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._batch(np.asarray(indices.cpu().numpy() if isinstance(indices, torch.Tensor) else indices))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        b = self.batch_size
+        if b:
+            self._batch(np.repeat(np.arange(b), int(repeats)))
+
+    def _batch(self, index: np.ndarray) -> None:
+        index = np.asarray(index, dtype=np.int64)
+        if index.ndim != 1:
+            raise TbqValueError(f"a batch index must be 1-d, got shape {index.shape}")
+        self._k.batch(index)
+        self._v.batch(index)
+
+    @property
+    def batch_size(self) -> int:
+        for a in (self._k.sink, self._k.main, self._k.resid):
+            if a is not None:
+                return int(a.shape[0])
+        return 0
+
+    def offload(self) -> None:
+        """Nothing to move: the stored bytes are NumPy arrays in host memory."""
+
+    def prefetch(self) -> None:
+        """Nothing to move: :meth:`update` returns K/V on the device the model's states came from."""
 
 
 def _check_count(value: Any, what: str) -> int:
@@ -258,20 +438,20 @@ def _check_count(value: Any, what: str) -> int:
 
 
 class TbqCache(Cache):
-    """A transformers ``Cache`` storing every layer's K and V as tbq-encoded bytes.
+    """A transformers ``Cache`` storing every attention layer's K and V as tbq-encoded bytes.
 
     Parameters
     ----------
-    config : the model's config (``model.config``): layers, KV heads and head_dim.
+    config : the model's config (``model.config``): layers, their kinds (``layer_types``), KV heads and head_dim.
     k, v : the K and V cache types: a format name (``tbq.formats()``), ``"f32"``
         (float32 rows as they are), a :class:`tbq.Codec` (format options,
         e.g. ``tbq.get_codec("tbq4_0", codebook="lloyd-max")``) or ``(name, options)``.
-    layers : ``{layer: (k, v)}`` for layers that use other types.
+    layers : ``{layer: (k, v)}`` for attention layers (model layer indices) that use other types.
     sinks : the first ``sinks`` tokens are stored in ``sink_type`` (default f16).
     residual : keep the newest ``residual`` tokens and the current batch in
-        float32 (transformers' ``QuantizedCache`` behaviour; ``engine="plain"``
-        only); 0 (default) quantizes every token before attention reads it,
-        as llama.cpp does.
+        float32, quantizing each token once as it leaves that window
+        (``engine="plain"`` only); 0 (default) quantizes every token before
+        attention reads it, as llama.cpp does.
     engine : ``"llama.cpp"`` (default), ``"llama.cpp-fork"`` or ``"plain"``
         (:mod:`tbq.hf.engine`).
     rotate_attention : llama.cpp's attention rotation (``False`` is its
@@ -296,27 +476,45 @@ class TbqCache(Cache):
         rotate_attention: bool = True,
         permute: bool | None = None,
     ) -> None:
-        n_layers, kv_heads, head_dim = geometry(config)
+        text = _text_config(config)
+        n_layers, kv_heads, head_dim = geometry(text)
+        model_type = getattr(text, "model_type", "") or ""
         sinks = _check_count(sinks, "sinks")
         residual = _check_count(residual, "residual")
         if residual and engine != "plain":
             raise ConfigError(
-                f"residual={residual} is transformers' QuantizedCache behaviour (full-precision newest tokens and prefill); "
+                f"residual={residual} keeps the newest tokens and the prefill in full precision; "
                 "llama.cpp quantizes every token before attention: use engine = 'plain' with residual"
             )
+        kinds = layer_kinds(text)
+        if getattr(text, "kv_sharing_modes", None) is not None or getattr(text, "num_kv_shared_layers", None):
+            raise ConfigError(f"{model_type}: its layers share K/V between layers; tbq.hf does not store shared K/V")
+        for idx, (kind, _) in enumerate(kinds):
+            if kind not in FULL + SLIDING + OWN:
+                raise ConfigError(
+                    f"{model_type}: layer {idx} is a {kind!r} layer; tbq.hf stores the K/V of full and "
+                    "sliding-window attention layers only"
+                )
+        attn = [i for i, (kind, _) in enumerate(kinds) if kind in FULL + SLIDING]
+        if not attn:
+            raise ConfigError(f"{model_type}: no attention layer with a K/V cache")
         per_layer: dict[Any, Any] = dict(layers or {})
         for idx in per_layer:
             if not is_integer(idx) or not 0 <= idx < n_layers:
                 raise ConfigError(f"layers: {idx!r} is not a layer index of this model (0..{n_layers - 1})")
+            if idx not in attn:
+                raise ConfigError(
+                    f"layers: layer {idx} of {model_type} is a {kinds[idx][0]!r} layer, without a K/V cache; "
+                    f"its attention layers are {_ranges(attn)}"
+                )
             pair = per_layer[idx]
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise ConfigError(f"layers[{idx}] must be a (k, v) pair of cache types, got {pair!r}")
         if permute is None:
-            model_type = getattr(
-                config.get_text_config() if hasattr(config, "get_text_config") else config, "model_type", ""
-            )
             permute = engine != "plain" and model_type in PERMUTED_MODEL_TYPES
-        tbq_attention = getattr(config, "_attn_implementation", None) == "tbq"  # tbq.hf.prepare(model) sets it
+        tbq_attention = attention.is_tbq(getattr(text, "_attn_implementation", None)) or attention.is_tbq(
+            getattr(config, "_attn_implementation", None)
+        )
         kw: dict[str, Any] = dict(
             head_dim=head_dim,
             kv_heads=kv_heads,
@@ -325,25 +523,60 @@ class TbqCache(Cache):
         )
         sink_engine = make_engine(engine, sink_type, sink_type, **kw) if sinks else None
         built: list[Any] = []
-        for idx in range(n_layers):
+        for idx, (kind, kind_kw) in enumerate(kinds):
+            if kind in OWN:  # no per-token K/V: transformers' own layer
+                built.append(cache_utils.DYNAMIC_LAYER_TYPE_MAPPING[kind](**kind_kw))
+                continue
             lk, lv = per_layer.get(idx, (k, v))
             eng = make_engine(engine, lk, lv, **kw)
+            window = kind_kw.get("sliding_window") if kind in SLIDING else None
             built.append(
-                TbqLayer(eng, sinks=sinks, residual=residual, sink_engine=sink_engine, tbq_attention=tbq_attention)
+                TbqLayer(
+                    eng,
+                    index=idx,
+                    window=window,
+                    sinks=sinks,
+                    residual=residual,
+                    sink_engine=sink_engine,
+                    tbq_attention=tbq_attention,
+                )
             )
+        attention.clear()  # reads a failed run left on this thread are not this cache's
         super().__init__(layers=built)
         self.engine, self.sinks, self.residual = engine, sinks, residual
         self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.model_type = model_type
+
+    @property
+    def tbq_layers(self) -> list[TbqLayer]:
+        """The layers that store tbq bytes (attention layers), in model order."""
+        return [layer for layer in self.layers if isinstance(layer, TbqLayer)]
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds now: every layer's stored rows (plus any float32 residual window)."""
-        return sum(layer.nbytes for layer in cast("list[TbqLayer]", self.layers))
+        """Bytes the attention layers hold now: stored rows (sliding layers: their window), plus any residual window."""
+        return sum(layer.nbytes for layer in self.tbq_layers)
 
     def bytes_per_token(self) -> int:
-        """Bytes one token's K and V rows take in every layer's main types (what ``tbq budget`` counts)."""
-        return sum(layer.bytes_per_token() for layer in cast("list[TbqLayer]", self.layers))
+        """Bytes one token's K and V rows take in the full-attention layers (what grows with the context).
+
+        Sliding-window layers are not counted: they hold at most ``window - 1``
+        tokens between steps (:meth:`window_bytes`); linear-attention layers
+        hold a fixed state and no rows.
+        """
+        return sum(layer.bytes_per_token() for layer in self.tbq_layers if layer.window is None)
+
+    def window_bytes(self) -> int:
+        """Bytes the sliding-window layers hold once their windows are full (``window - 1`` tokens each)."""
+        return sum(layer.bytes_per_token() * (layer.window - 1) for layer in self.tbq_layers if layer.window)
 
     def __repr__(self) -> str:
-        kinds = sorted({(layer.k_type, layer.v_type) for layer in cast("list[TbqLayer]", self.layers)})
-        return f"TbqCache(engine={self.engine!r}, types={kinds}, sinks={self.sinks}, residual={self.residual}, tokens={self.get_seq_length()})"
+        kinds = sorted({(layer.k_type, layer.v_type) for layer in self.tbq_layers})
+        return (
+            f"TbqCache(engine={self.engine!r}, types={kinds}, sinks={self.sinks}, residual={self.residual}, "
+            f"tokens={self.get_seq_length(self.tbq_layers[0].index)})"
+        )
+
+
+def _ranges(idx: list[int]) -> str:
+    return ", ".join(str(i) for i in idx) if len(idx) <= 8 else f"{', '.join(map(str, idx[:8]))}, ..."

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..errors import TbqValueError, is_integer
-
-if TYPE_CHECKING:  # torch and transformers load when a function runs, not at import
-    from .cache import TbqLayer
 
 __all__ = ["capture_kv", "save_kv", "load_kv"]
 
@@ -49,16 +46,18 @@ def capture_kv(
     if bos is not None and bos is not False:
         ids[0] = int(bos)
     cache = TbqCache(model.config, "f32", "f32", engine="plain")
-    n = len(cache.layers)
-    keep = list(range(n)) if layers is None else list(layers)
+    attn = {layer.index: layer for layer in cache.tbq_layers}  # attention layers (sliding ones keep their window)
+    keep = sorted(attn) if layers is None else list(layers)
     for idx in keep:
-        if not is_integer(idx) or not 0 <= idx < n:
-            raise TbqValueError(f"layers: {idx!r} is not a layer index of this model (0..{n - 1})")
+        if not is_integer(idx) or idx not in attn:
+            raise TbqValueError(
+                f"layers: {idx!r} is not an attention layer index of this model ({', '.join(map(str, sorted(attn)))})"
+            )
     with torch.no_grad():
         model(torch.from_numpy(ids)[None], cache=cache, use_cache=True)
     out: dict[int, dict[str, NDArray[np.float32]]] = {}
     for idx in keep:
-        layer = cast("TbqLayer", cache.layers[idx])
+        layer = attn[idx]
         heads, dim = layer.engine.kv_heads, layer.engine.head_dim
         kb, vb = layer.key_bytes, layer.value_bytes
         assert kb is not None and vb is not None  # the forward pass above stored every layer's rows

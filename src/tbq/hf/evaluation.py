@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import ConfigError, TbqValueError, check_int
-from .cache import geometry
+from ..errors import ConfigError, TbqError, TbqValueError, check_int
 from .engine import ENGINES, F32
 
 __all__ = [
@@ -204,6 +203,12 @@ class Row:
     role: str = "K+V"
     #: the format options of each side that has any (``CacheType.options``, values as the JSON shows them)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: bytes the sliding-window layers hold once their windows are full (not in ``bytes_per_token``)
+    window_bytes: int = 0
+    #: llama-perplexity ``--kl-divergence``'s statistics against the f16 cache, under its names (:func:`kld_statistics`)
+    llama_cpp: dict[str, Any] = field(default_factory=dict)
+    #: why this cache type was not run (its figures are then None)
+    refused: str | None = None
 
 
 @dataclass
@@ -225,8 +230,8 @@ class EvalResult:
         return {
             "settings": self.settings,
             "seconds": self.seconds,
-            "rows": [asdict(r) for r in self.rows],
-            "per_layer": [asdict(r) for r in self.per_layer],
+            "rows": [_row_dict(r) for r in self.rows],
+            "per_layer": [_row_dict(r) for r in self.per_layer],
         }
 
     def to_json(self) -> str:
@@ -265,9 +270,22 @@ def _row_label(r: Row) -> str:
     return r.cache if r.role == "K+V" else f"{r.cache} ({r.role})"
 
 
+#: The figures a refused row has none of (None in its JSON).
+_FIGURES = ("ppl", "delta_ppl_pct", "kl_mean", "kl_p99", "top1", "kl_f32_mean", "top1_f32")
+
+
+def _row_dict(r: Row) -> dict[str, Any]:
+    d = asdict(r)
+    if r.refused is not None:
+        d.update(dict.fromkeys(_FIGURES))
+    return d
+
+
 def _format_row(r: Row, width: int = 26) -> str:
     label = _row_label(r)
     layer = "all" if r.layer is None else str(r.layer)
+    if r.refused is not None:
+        return f"{label:<{width}} {layer:>5} refused: {r.refused}"
     greedy = "same" if r.first_diff is None else str(r.first_diff)
     return (
         f"{label:<{width}} {layer:>5} {r.bytes_per_token:>8} {r.ppl:>9.4f} {r.delta_ppl_pct:>+8.3f} "
@@ -300,6 +318,7 @@ class _Runner:
         self.chunks = torch.from_numpy(chunks)
         self.first = chunks.shape[1] // 2
         self.sinks, self.sink_type, self.rotate = sinks, sink_type, rotate_attention
+        self.model_type = getattr(model.config, "model_type", type(model).__name__)
 
     def cache(self, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
         base_layers = None
@@ -321,11 +340,22 @@ class _Runner:
         self, i: int, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False
     ) -> Any:
         """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
-        torch = self.torch
         cache = self.cache(ct, layers, baseline=baseline)
-        with torch.no_grad():
-            logits = self.model(self.chunks[i : i + 1], cache=cache, use_cache=True).logits[0]
-        return _log_softmax(logits[self.first : -1]), cache.bytes_per_token()
+        logits = self.forward(self.chunks[i : i + 1], cache, ct)[0]
+        return _log_softmax(logits[self.first : -1]), (cache.bytes_per_token(), cache.window_bytes())
+
+    def forward(self, ids: Any, cache: Any, ct: CacheType) -> Any:
+        """The model's logits over ``ids`` with ``cache``; a failure of the model's own code is one line naming it."""
+        try:
+            with self.torch.no_grad():
+                return self.model(ids, cache=cache, use_cache=True).logits
+        except TbqError:
+            raise
+        except (ValueError, RuntimeError, NotImplementedError, TypeError, IndexError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TbqValueError(
+                f"{self.model_type}: the forward pass with the {ct.label} cache failed: {type(exc).__name__}: {first}"
+            ) from None
 
     def greedy(
         self,
@@ -340,13 +370,112 @@ class _Runner:
         cache = self.cache(ct, layers, baseline=baseline)
         ids = torch.as_tensor(np.asarray(prompt, np.int64))[None]
         out = []
-        with torch.no_grad():
-            for _ in range(n):
-                logits = self.model(ids, cache=cache, use_cache=True).logits[0, -1]
-                nxt = int(torch.argmax(logits))
-                out.append(nxt)
-                ids = torch.tensor([[nxt]])
+        for _ in range(n):
+            logits = self.forward(ids, cache, ct)[0, -1]
+            nxt = int(torch.argmax(logits))
+            out.append(nxt)
+            ids = torch.tensor([[nxt]])
         return out
+
+
+#: llama-perplexity's percentiles of the per-position KL divergence, as it prints them (fraction, name).
+KLD_PERCENTILES = ((0.999, "99.9%"), (0.99, "99.0%"), (0.95, "95.0%"), (0.90, "90.0%"))
+KLD_LOW = ((0.10, "10.0%"), (0.05, "5.0%"), (0.01, "1.0%"), (0.001, "0.1%"))
+DP_PERCENTILES = KLD_PERCENTILES + ((0.75, "75.0%"),)
+DP_LOW = ((0.25, "25.0%"),) + KLD_LOW
+
+
+def _mean_and_uncertainty(total: float, total2: float, count: int) -> tuple[float, float]:
+    """llama-perplexity's ``mean_and_uncertainty``: the mean and its standard error (0 with 10 values or fewer)."""
+    if count < 1:
+        return 0.0, 0.0
+    f = total / count
+    df = total2 / count - f * f
+    return f, math.sqrt(df / (count - 1)) if df > 0 and count > 10 else 0.0
+
+
+def _covariance(a: float, b: float, ab: float, count: int) -> float:
+    """llama-perplexity's ``covariance`` of two means (0 with fewer than 10 values)."""
+    if count < 10:
+        return 0.0
+    return (ab / count - (a / count) * (b / count)) / (count - 1)
+
+
+def _percentile(values: np.ndarray, fraction: float) -> float:
+    """llama-perplexity's ``percentile``: linear interpolation between the sorted values."""
+    if fraction <= 0:
+        return float(values[0])
+    if fraction >= 1:
+        return float(values[-1])
+    p = fraction * (values.size - 1)
+    ip = int(p)
+    p -= ip
+    return float((1 - p) * values[ip] + p * values[min(ip + 1, values.size - 1)])
+
+
+def _median(values: np.ndarray) -> float:
+    n = values.size
+    return float(0.5 * (values[n // 2] + values[n // 2 - 1]) if n % 2 == 0 else values[n // 2])
+
+
+def kld_statistics(nll: ArrayLike, nll_base: ArrayLike, kld: ArrayLike, same_top: ArrayLike) -> dict[str, Any]:
+    """The statistics ``llama-perplexity --kl-divergence`` prints, under its names, from per-position values.
+
+    ``nll``/``nll_base``: the negative log-likelihood of the correct token with
+    the cache type (Q) and the base (the f16 cache); ``kld``: ``KL(base || Q)``
+    of each position's next-token distribution; ``same_top``: whether the two
+    argmaxes agree. Quantities printed with ``±`` are ``[value, uncertainty]``;
+    ``Δp`` (``p(Q) - p(base)`` of the correct token) and ``Same top p`` are in
+    percent, as printed. The definitions are tools/perplexity/perplexity.cpp's
+    (``mean_and_uncertainty``, ``covariance``, ``percentile``); llama.cpp
+    prints them only from 100 positions on.
+
+    >>> s = kld_statistics([1.0, 2.0], [1.0, 2.0], [0.0, 0.0], [True, True])
+    >>> s["Mean PPL(Q)/PPL(base)"], s["Same top p"]
+    ([1.0, 0.0], [100.0, 0.0])
+    """
+    q = np.asarray(nll, np.float64)
+    b = np.asarray(nll_base, np.float64)
+    k = np.sort(np.asarray(kld, np.float64))
+    n = q.size
+    log_ppl = _mean_and_uncertainty(q.sum(), (q * q).sum(), n)
+    log_base = _mean_and_uncertainty(b.sum(), (b * b).sum(), n)
+    cov = _covariance(q.sum(), b.sum(), (q * b).sum(), n)
+    ppl, ppl_unc = math.exp(log_ppl[0]), math.exp(log_ppl[0]) * log_ppl[1]
+    base, base_unc = math.exp(log_base[0]), math.exp(log_base[0]) * log_base[1]
+    ratio_log = log_ppl[0] - log_base[0]
+    ratio_log_unc = math.sqrt(max(log_ppl[1] ** 2 + log_base[1] ** 2 - 2.0 * cov, 0.0))
+    denom = log_ppl[1] * log_base[1]
+    diff_unc = math.sqrt(max(ppl_unc**2 + base_unc**2 - 2.0 * ppl * base * cov, 0.0))
+    out: dict[str, Any] = {
+        "Mean PPL(Q)": [ppl, ppl_unc],
+        "Mean PPL(base)": [base, base_unc],
+        "Cor(ln(PPL(Q)), ln(PPL(base)))": 100.0 * cov / denom if denom else None,
+        "Mean ln(PPL(Q)/PPL(base))": [ratio_log, ratio_log_unc],
+        "Mean PPL(Q)/PPL(base)": [math.exp(ratio_log), math.exp(ratio_log) * ratio_log_unc],
+        "Mean PPL(Q)-PPL(base)": [ppl - base, diff_unc],
+        "Mean KLD": list(_mean_and_uncertainty(k.sum(), (k * k).sum(), n)),
+        "Maximum KLD": float(k[-1]),
+    }
+    out.update({f"{name} KLD": _percentile(k, f) for f, name in KLD_PERCENTILES})
+    out["Median KLD"] = _median(k)
+    out.update({f"{name} KLD": _percentile(k, f) for f, name in KLD_LOW})
+    out["Minimum KLD"] = float(k[0])
+    dp = np.exp(-q) - np.exp(-b)
+    d = np.sort(dp)
+    mean_dp = _mean_and_uncertainty(dp.sum(), (dp * dp).sum(), n)
+    out["Mean Δp"] = [100.0 * mean_dp[0], 100.0 * mean_dp[1]]
+    out["Maximum Δp"] = 100.0 * float(d[-1])
+    out.update({f"{name} Δp": 100.0 * _percentile(d, f) for f, name in DP_PERCENTILES})
+    out["Median Δp"] = 100.0 * _median(d)
+    out.update({f"{name} Δp": 100.0 * _percentile(d, f) for f, name in DP_LOW})
+    out["Minimum Δp"] = 100.0 * float(d[0])
+    mse = _mean_and_uncertainty((dp * dp).sum(), (dp**4).sum(), n)
+    rms = math.sqrt(mse[0])
+    out["RMS Δp"] = [100.0 * rms, 100.0 * (0.5 / rms * mse[1] if rms else 0.0)]
+    top = float(np.mean(np.asarray(same_top, bool)))
+    out["Same top p"] = [100.0 * top, 100.0 * math.sqrt(top * (1.0 - top) / (n - 1)) if n > 1 else 0.0]
+    return out
 
 
 class _Stats:
@@ -354,42 +483,49 @@ class _Stats:
 
     def __init__(self) -> None:
         self.nll: list[Any] = []
+        self.nll16: list[Any] = []
         self.kl16: list[Any] = []
         self.kl32: list[Any] = []
         self.top16: list[Any] = []
         self.top32: list[Any] = []
         self.bytes_per_token = 0
+        self.window_bytes = 0
 
-    def add(self, lp: Any, targets: Any, base16: Any, base32: Any, bytes_per_token: Any) -> None:
-        import torch
-
-        self.bytes_per_token = bytes_per_token
+    def add(self, lp: Any, targets: Any, base16: Any, base32: Any, sizes: tuple[int, int]) -> None:
+        self.bytes_per_token, self.window_bytes = sizes
         self.nll.append(-lp.gather(1, targets[:, None])[:, 0].numpy())
+        self.nll16.append(-base16.gather(1, targets[:, None])[:, 0].numpy())
         for base, kl, top in ((base16, self.kl16, self.top16), (base32, self.kl32, self.top32)):
-            if base is None:
-                continue
             p = base.exp()
-            kl.append(torch.clamp((p * (base - lp)).sum(-1), min=0.0).numpy())
+            kl.append((p * (base - lp)).sum(-1).numpy())  # unclamped: llama.cpp's KLD can go below 0 by rounding
             top.append((base.argmax(-1) == lp.argmax(-1)).numpy())
 
     def row(self, label: str, engine: str, ppl16: float | None, **extra: Any) -> Row:
         nll = np.concatenate(self.nll)
         ppl = float(math.exp(nll.mean()))
-        kl16 = np.concatenate(self.kl16) if self.kl16 else np.zeros(1)
-        kl32 = np.concatenate(self.kl32) if self.kl32 else np.zeros(1)
+        kl16 = np.concatenate(self.kl16)
+        kl32 = np.concatenate(self.kl32)
+        top16 = np.concatenate(self.top16)
         return Row(
             cache=label,
             engine=engine,
             bytes_per_token=int(self.bytes_per_token),
             ppl=ppl,
             delta_ppl_pct=0.0 if ppl16 is None else 100.0 * (ppl / ppl16 - 1.0),
-            kl_mean=float(kl16.mean()),
-            kl_p99=float(np.percentile(kl16, 99)),
-            top1=float(np.concatenate(self.top16).mean()) if self.top16 else 1.0,
-            kl_f32_mean=float(kl32.mean()),
-            top1_f32=float(np.concatenate(self.top32).mean()) if self.top32 else 1.0,
+            kl_mean=float(np.maximum(kl16, 0.0).mean()),
+            kl_p99=float(np.percentile(np.maximum(kl16, 0.0), 99)),
+            top1=float(top16.mean()),
+            kl_f32_mean=float(np.maximum(kl32, 0.0).mean()),
+            top1_f32=float(np.concatenate(self.top32).mean()),
+            window_bytes=int(self.window_bytes),
+            llama_cpp=kld_statistics(nll, np.concatenate(self.nll16), kl16, top16),
             **extra,
         )
+
+
+def _refused_row(ct: CacheType, reason: str) -> Row:
+    nan = math.nan
+    return Row(ct.label, ct.engine, 0, nan, nan, nan, nan, nan, nan, nan, options=_json_options(ct), refused=reason)
 
 
 def _first_diff(a: list[Any], b: list[Any]) -> int | None:
@@ -447,19 +583,33 @@ def evaluate(
 
     t0 = time.perf_counter()
     runner = _Runner(model, data, sinks=sinks, sink_type=sink_type, rotate_attention=rotate_attention)
-    n_layers = geometry(model.config)[0]
-    for ct in types:  # refuse a bad type before any work
-        runner.cache(ct)
     f16, f32 = CacheType("f16", "f16"), CacheType(F32, F32)
-
-    jobs: list[tuple[str, CacheType, int | None, str]] = [(ct.label, ct, None, "K+V") for ct in types]
-    extra: list[tuple[str, CacheType, int | None, str]] = []
+    attention_layers = [layer.index for layer in runner.cache(f16, baseline=True).tbq_layers]
+    # the baselines are rows already; a type the model or llama.cpp refuses is a row with its reason, before any work
+    refused: dict[str, str] = {}
+    unique: dict[str, CacheType] = {}
     for ct in types:
+        if ct.label in BASELINES or ct.label in unique or ct.label in refused:
+            continue
+        try:
+            runner.cache(ct)
+        except TbqError as exc:
+            refused[ct.label] = str(exc)
+            continue
+        unique[ct.label] = ct
+    if types and not unique and refused and all(ct.label not in BASELINES for ct in types):
+        raise ConfigError(
+            "every cache type was refused: " + "; ".join(f"{label}: {why}" for label, why in refused.items())
+        )
+
+    jobs: list[tuple[str, CacheType, int | None, str]] = [(ct.label, ct, None, "K+V") for ct in unique.values()]
+    extra: list[tuple[str, CacheType, int | None, str]] = []
+    for ct in unique.values():
         if roles:
             extra.append((ct.label, CacheType(ct.k, "f16", ct.engine), None, "K"))
             extra.append((ct.label, CacheType("f16", ct.v, ct.engine), None, "V"))
         if per_layer:
-            extra += [(ct.label, ct, layer, "K+V") for layer in range(n_layers)]
+            extra += [(ct.label, ct, layer, "K+V") for layer in attention_layers]
     total = (2 + len(jobs) + len(extra)) * data.shape[0] + (len(jobs) + 1 if generate else 0)
     done = 0
 
@@ -501,16 +651,24 @@ def evaluate(
 
     ppl16 = float(math.exp(np.concatenate(stats["f16"].nll).mean()))
     rows = [stats["f32"].row(BASELINES[0], "llama.cpp", ppl16), stats["f16"].row(BASELINES[1], "llama.cpp", ppl16)]
-    for label, ct, _, _ in jobs:
-        rows.append(
-            stats[(label, None, "K+V")].row(
-                label,
-                ct.engine,
-                ppl16,
-                options=_json_options(ct),
-                first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, [])),
-            )
+    by_label = {
+        label: stats[(label, None, "K+V")].row(
+            label,
+            ct.engine,
+            ppl16,
+            options=_json_options(ct),
+            first_diff=_first_diff(greedy.get("f16", []), greedy.get(label, [])),
         )
+        for label, ct, _, _ in jobs
+    }
+    for ct in types:  # the user's order, each label once; refused types with their reason
+        if ct.label in refused:
+            by_label.setdefault(ct.label, _refused_row(ct, refused[ct.label]))
+    order = [r.cache for r in rows]
+    for ct in types:
+        if ct.label not in order:
+            order.append(ct.label)
+            rows.append(by_label[ct.label])
     layer_rows = [
         stats[(label, layer, role)].row(label, ct.engine, ppl16, layer=layer, role=role, options=_json_options(ct))
         for label, ct, layer, role in extra
@@ -526,5 +684,6 @@ def evaluate(
         "rotate_attention": bool(rotate_attention),
         "generate": int(generate),
         "greedy_f16": greedy.get("f16"),
+        "attention_layers": attention_layers,
     }
     return EvalResult(rows, settings, time.perf_counter() - t0, layer_rows)
