@@ -1,0 +1,426 @@
+"""A ggml build's CPU flash attention as an attention target: ``ggml_flash_attn_ext`` through ctypes.
+
+:class:`GgmlAttention` loads ``libggml-cpu.so`` (which finds ``libggml-base.so`` beside it), calls
+``ggml_cpu_init`` once, and for each batch of cases builds a graph as ``../shared/ggml/fa_bench.c`` does:
+``q`` float32 ``[D, n_q, n_head]``, ``k`` and ``v`` tensors of the cache types ``[D, T, n_head_kv]`` filled with
+tbq's bytes, an f16 mask ``[T, n_q]`` (absent when nothing is masked), ``ggml_flash_attn_ext(q, k, v, mask,
+scale, 0, softcap)``, sink logits through ``ggml_flash_attn_ext_add_sinks``, computed with
+``ggml_graph_compute_with_ctx`` on ``threads`` threads; the output ``[D, n_head, n_q]`` is read back through
+``ggml_get_data``. Decode cases over one cache run in one graph call: their query heads stacked (ggml computes
+every query row on its own, so the rows are what separate calls give).
+
+Before anything runs in this process, a child process loads the build, calls ``ggml_cpu_init``, lists the
+build's type names (from ``ggml.h`` beside the library when it is there, else up to the first entry that is not
+a type name) and computes one small flash attention over the checked types: a build for another CPU, or a type
+the build's CPU backend cannot attend over, ends that child, not the check (:class:`~tbq.check.targets.TargetError`).
+
+Formats decoded in a rotated domain (the community fork's turbo types: ``decode(encode(x))`` is ``R(x)``) need
+the graph's rotations: the fork's llama.cpp graph rotates the query and rotates the output back. With
+``rotate=True`` (the default) this target does the same with tbq's rotation of the format
+(:meth:`~tbq.formats.Format.to_decode_domain` on the query, :meth:`~tbq.formats.Format.from_decode_domain` on
+the output); ``rotate=False`` checks the bare kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .attention import Arithmetic, AttentionCase, AttentionCounterexample, AttentionSettings, AttentionTarget
+from .sharedlib import _flattened_link, load_library, signal_words
+from .targets import TargetError, defining_file
+
+__all__ = ["GgmlAttention", "ggml_type_name"]
+
+P = ctypes.c_void_p
+
+
+class _InitParams(ctypes.Structure):
+    """``struct ggml_init_params`` of ggml.h: ``size_t mem_size; void *mem_buffer; bool no_alloc``."""
+
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", P), ("no_alloc", ctypes.c_bool)]
+
+
+#: The child of :meth:`GgmlAttention.check_settings`: load, init, list the type names, run one small graph.
+_PROBE = r"""
+import ctypes, json, re, sys
+path, header, kt, vt, D = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+lib = ctypes.CDLL(path)
+lib.ggml_cpu_init()
+lib.ggml_type_name.restype, lib.ggml_type_name.argtypes = ctypes.c_char_p, (ctypes.c_int,)
+count = None
+if header:
+    m = re.search(r"GGML_TYPE_COUNT\s*=\s*(\d+)", open(header).read())
+    count = int(m.group(1)) if m else None
+names = {}
+for i in range(count or 128):
+    n = lib.ggml_type_name(i)
+    if n is None:
+        continue
+    try:
+        n = n.decode("ascii")
+    except UnicodeDecodeError:
+        break
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", n):
+        if count is None:
+            break
+        continue
+    names.setdefault(n, i)
+print(json.dumps(names), flush=True)
+if kt not in names or vt not in names:
+    sys.exit(0)
+P = ctypes.c_void_p
+class IP(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", P), ("no_alloc", ctypes.c_bool)]
+lib.ggml_init.argtypes, lib.ggml_init.restype = (IP,), P
+lib.ggml_new_tensor_4d.argtypes = (P, ctypes.c_int) + (ctypes.c_int64,) * 4
+lib.ggml_new_tensor_4d.restype = P
+lib.ggml_get_data.argtypes, lib.ggml_get_data.restype = (P,), P
+lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = (P,), ctypes.c_size_t
+lib.ggml_flash_attn_ext.argtypes = (P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float)
+lib.ggml_flash_attn_ext.restype = P
+lib.ggml_new_graph.argtypes, lib.ggml_new_graph.restype = (P,), P
+lib.ggml_build_forward_expand.argtypes = (P, P)
+lib.ggml_graph_compute_with_ctx.argtypes, lib.ggml_graph_compute_with_ctx.restype = (P, P, ctypes.c_int), ctypes.c_int
+ctx = lib.ggml_init(IP(64 << 20, None, False))
+q = lib.ggml_new_tensor_4d(ctx, names["f32"], D, 1, 2, 1)
+k = lib.ggml_new_tensor_4d(ctx, names[kt], D, 4, 1, 1)
+v = lib.ggml_new_tensor_4d(ctx, names[vt], D, 4, 1, 1)
+for t in (q, k, v):
+    ctypes.memset(lib.ggml_get_data(t), 0, lib.ggml_nbytes(t))
+o = lib.ggml_flash_attn_ext(ctx, q, k, v, None, 0.125, 0.0, 0.0)
+g = lib.ggml_new_graph(ctx)
+lib.ggml_build_forward_expand(g, o)
+print("status", lib.ggml_graph_compute_with_ctx(ctx, g, 1), flush=True)
+"""
+
+
+def ggml_type_name(fmt: str, names: dict[str, int]) -> str | None:
+    """The build's name of tbq's format ``fmt`` (``turbo3`` is ``turbo3_0`` in the community fork), or None."""
+    for n in (fmt, f"{fmt}_0", fmt.replace("_", "")):
+        if n in names:
+            return n
+    return None
+
+
+def _resolve(path: str) -> str:
+    """The file to load: ``path``, or the file a flattened symbolic link names (``libggml-cpu.so`` holding the
+    text ``libggml-cpu.so.0``, as an archive or a copy leaves links)."""
+    if "/" in path and not Path(path).is_file():
+        raise TargetError(f"cannot load {path}: no such file")
+    link = _flattened_link(path)
+    return os.path.realpath(link[0] if link else path)
+
+
+class GgmlAttention(AttentionTarget):
+    """``ggml_flash_attn_ext`` of the ggml build at ``path`` (its ``libggml-cpu.so``), on ``threads`` threads."""
+
+    symbol = "ggml_flash_attn_ext"
+
+    def __init__(self, path: str | os.PathLike[str], *, threads: int = 2, rotate: bool = True) -> None:
+        given = os.fspath(path)
+        self.path = _resolve(given)
+        if not isinstance(threads, int) or threads < 1:
+            raise TargetError(f"threads must be a positive integer, got {threads!r}")
+        self.threads, self.rotate = threads, bool(rotate)
+        self.description = f"ggml build {Path(given).name} ({Path(self.path).parent})"
+        self.names: dict[str, int] | None = None
+        self.lib: Any = None
+        hdr = Path(self.path).parent.parent / "include" / "ggml.h"
+        self.header = str(hdr) if hdr.is_file() else ""
+
+    # -- before any case --------------------------------------------------------------------------------------
+    def check_settings(self, s: AttentionSettings) -> None:
+        probe_k, probe_v = s.k_type, s.v_type
+        r = self._probe("f32", "f32", s.head_dim)
+        names = json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 and r.stdout else {}
+        if not names or "f32" not in names:
+            raise TargetError(f"cannot use {self.path} as a ggml build: {self._died(r, 'ggml_cpu_init')}")
+        kt, vt = ggml_type_name(probe_k, names), ggml_type_name(probe_v, names)
+        for fmt, t in ((probe_k, kt), (probe_v, vt)):
+            if t is None:
+                raise TargetError(
+                    f"the ggml build {self.path} has no type {fmt}; its types: {', '.join(sorted(names))}"
+                )
+        assert kt is not None and vt is not None
+        r = self._probe(kt, vt, s.head_dim)
+        if r.returncode != 0 or "status 0" not in r.stdout:
+            raise TargetError(
+                f"ggml_flash_attn_ext over a {kt} K cache and a {vt} V cache with head_dim {s.head_dim} "
+                f"({Path(self.path).name}): {self._died(r, 'ggml_flash_attn_ext')}"
+            )
+        self.names, self.k_name, self.v_name = names, kt, vt
+        self._load()
+        self._check_rows(s)
+
+    def _probe(self, kt: str, vt: str, D: int) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                [sys.executable, "-I", "-c", _PROBE, self.path, self.header, kt, vt, str(D)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+        except subprocess.TimeoutExpired:
+            raise TargetError(f"a probe process computing one flash attention of {self.path} did not return") from None
+
+    def _died(self, r: subprocess.CompletedProcess[str], what: str) -> str:
+        if r.returncode < 0:
+            hint = " (a build for instructions this CPU lacks?)" if r.returncode == -4 else ""
+            return f"a probe process died of {signal_words(-r.returncode)} in {what}{hint}"
+        last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"a probe process failed in {what} (exit {r.returncode}: {' '.join(last.split())[:300]})"
+
+    def _load(self) -> None:
+        if self.lib is not None:
+            return
+        lib = load_library(self.path, TargetError)
+        for name in ("ggml_cpu_init", "ggml_init", "ggml_flash_attn_ext", "ggml_graph_compute_with_ctx"):
+            if not hasattr(lib, name):
+                raise TargetError(f"{self.path} has no symbol {name}: not a ggml CPU backend")
+        lib.ggml_cpu_init.argtypes, lib.ggml_cpu_init.restype = (), None
+        lib.ggml_cpu_init()
+        lib.ggml_init.argtypes, lib.ggml_init.restype = (_InitParams,), P
+        lib.ggml_free.argtypes, lib.ggml_free.restype = (P,), None
+        lib.ggml_new_tensor_1d.argtypes, lib.ggml_new_tensor_1d.restype = (P, ctypes.c_int, ctypes.c_int64), P
+        lib.ggml_new_tensor_4d.argtypes = (P, ctypes.c_int) + (ctypes.c_int64,) * 4
+        lib.ggml_new_tensor_4d.restype = P
+        lib.ggml_get_data.argtypes, lib.ggml_get_data.restype = (P,), P
+        lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = (P,), ctypes.c_size_t
+        lib.ggml_flash_attn_ext.argtypes = (P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float)
+        lib.ggml_flash_attn_ext.restype = P
+        lib.ggml_new_graph.argtypes, lib.ggml_new_graph.restype = (P,), P
+        lib.ggml_build_forward_expand.argtypes, lib.ggml_build_forward_expand.restype = (P, P), None
+        lib.ggml_graph_compute_with_ctx.argtypes = (P, P, ctypes.c_int)
+        lib.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+        self.has_sinks = hasattr(lib, "ggml_flash_attn_ext_add_sinks")
+        if self.has_sinks:
+            lib.ggml_flash_attn_ext_add_sinks.argtypes, lib.ggml_flash_attn_ext_add_sinks.restype = (P, P), None
+        self.lib = lib
+        self._prov = {
+            "attention": {
+                "symbol": "ggml_flash_attn_ext",
+                "file": defining_file(lib.ggml_flash_attn_ext),
+                "library": self.path,
+                "elsewhere": False,
+            }
+        }
+
+    def _check_rows(self, s: AttentionSettings) -> None:
+        """The build's row decoder must read tbq's bytes as tbq does (else the check would judge other tables)."""
+        for fmt in (s.k_format, s.v_format):
+            sym = f"dequantize_row_{ggml_type_name(fmt.name, self.names or {})}"
+            fn = getattr(self.lib, sym, None)
+            if fn is None or fmt.name in ("f16", "bf16"):
+                continue
+            fn.argtypes, fn.restype = (P, P, ctypes.c_int64), None
+            x = np.random.default_rng(5).standard_normal((8, fmt.block_size)).astype(np.float32)
+            from ..codecs import codec_from
+
+            codec = codec_from(fmt.name, fmt.config())
+            data = np.ascontiguousarray(codec.encode(x))
+            out = np.zeros(x.size, np.float32)
+            fn(data.ctypes.data, out.ctypes.data, x.size)
+            if not np.array_equal(out.reshape(x.shape), codec.decode(data).reshape(x.shape)):
+                opts = ", ".join(f"{k}={v}" for k, v in fmt.config().items()) or "no options"
+                raise TargetError(
+                    f"the build's {sym} decodes tbq's {fmt.name} ({opts}) bytes to other values: it uses other "
+                    "tables; name them (e.g. --codebook turboq-mtp for the jtrefon fork's TBQ types)"
+                )
+
+    def defaults(self, s: AttentionSettings) -> Arithmetic:
+        """ggml's CPU kernel: the query converted to the K type's vec_dot_type (f16 for f16 K); an f16 V
+        accumulated in f16, any other V decoded to float32 and accumulated in float32."""
+        kf = s.k_format
+        q = "f16" if kf.name == "f16" else (kf.vec_dot_type or "f32")
+        return Arithmetic(q, "f32", "f16" if s.v_type == "f16" else "f32")
+
+    def provenance(self) -> dict[str, dict[str, Any]]:
+        return {k: dict(v) for k, v in getattr(self, "_prov", {}).items()}
+
+    def link_libraries(self) -> list[str]:
+        base = Path(self.path).parent / "libggml-base.so.0"
+        return [self.path] + ([str(base)] if base.is_file() else [])
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def run(self, case: AttentionCase, s: AttentionSettings) -> NDArray[np.float32]:
+        return self.run_many([case], s)[0]
+
+    def run_many(self, cases: Sequence[AttentionCase], s: AttentionSettings) -> list[NDArray[np.float32]]:
+        outs: list[NDArray[np.float32] | None] = [None] * len(cases)
+        i = 0
+        while i < len(cases):
+            j = i + 1
+            c = cases[i]
+            while (  # decode steps over the same cache: one call, their heads stacked
+                j < len(cases)
+                and cases[j].k is c.k
+                and cases[j].v is c.v
+                and c.q.shape[0] == 1
+                and cases[j].shape == c.shape
+                and cases[j].sinks is None
+                and c.sinks is None
+                and cases[j].softcap == c.softcap
+                and cases[j].scale == c.scale
+                and np.array_equal(cases[j].mask, c.mask)
+            ):
+                j += 1
+            group = cases[i:j]
+            if len(group) == 1:
+                outs[i] = self._call(c, s)
+            else:
+                n_q, H, G, T, D = c.shape
+                r = H // G
+                q = np.stack([g.q[0].reshape(G, r, D) for g in group], axis=1).reshape(1, G * len(group) * r, D)
+                big = AttentionCase(c.family, c.label, q, c.k, c.v, c.mask, None, c.scale, c.softcap)
+                o = self._call(big, s).reshape(G, len(group), r, D)
+                for m in range(len(group)):
+                    outs[i + m] = np.ascontiguousarray(o[:, m].reshape(1, H, D))
+            i = j
+        return [o for o in outs if o is not None]
+
+    def _call(self, case: AttentionCase, s: AttentionSettings) -> NDArray[np.float32]:
+        if self.lib is None:
+            self.check_settings(s)
+        lib, names = self.lib, self.names or {}
+        n_q, H, G, T, D = case.shape
+        q = case.q
+        kf, vf = s.k_format, s.v_format
+        if self.rotate and kf.decode_domain == "rotated":  # the fork's graph rotates the query
+            q = np.asarray(kf.to_decode_domain(q), np.float32)
+        mask = None if np.all(case.mask == 0) else case.mask
+        size = q.nbytes + case.k.nbytes + case.v.nbytes + n_q * H * D * 4 + (0 if mask is None else mask.size * 2)
+        ctx = lib.ggml_init(_InitParams(size + (64 << 20) + 4096 * H, None, False))
+        if not ctx:
+            raise TargetError(f"ggml_init could not allocate {size + (64 << 20):,} bytes")
+        try:
+            tq = lib.ggml_new_tensor_4d(ctx, names["f32"], D, n_q, H, 1)
+            tk = lib.ggml_new_tensor_4d(ctx, names[self.k_name], D, T, G, 1)
+            tv = lib.ggml_new_tensor_4d(ctx, names[self.v_name], D, T, G, 1)
+            self._put(tq, q.transpose(1, 0, 2))
+            self._put(tk, case.k.transpose(1, 0, 2))
+            self._put(tv, case.v.transpose(1, 0, 2))
+            tm = None
+            if mask is not None:
+                tm = lib.ggml_new_tensor_4d(ctx, names["f16"], T, n_q, 1, 1)
+                self._put(tm, mask.astype(np.float16))
+            o = lib.ggml_flash_attn_ext(ctx, tq, tk, tv, tm, float(case.scale), 0.0, float(case.softcap))
+            if case.sinks is not None:
+                if not self.has_sinks:
+                    raise TargetError(f"{self.path} has no ggml_flash_attn_ext_add_sinks: it cannot take sink logits")
+                ts = lib.ggml_new_tensor_1d(ctx, names["f32"], H)
+                self._put(ts, case.sinks)
+                lib.ggml_flash_attn_ext_add_sinks(o, ts)
+            g = lib.ggml_new_graph(ctx)
+            lib.ggml_build_forward_expand(g, o)
+            status = lib.ggml_graph_compute_with_ctx(ctx, g, self.threads)
+            if status != 0:
+                raise TargetError(f"ggml_graph_compute_with_ctx returned status {status}")
+            if lib.ggml_nbytes(o) != n_q * H * D * 4:
+                raise TargetError(
+                    f"ggml_flash_attn_ext's result holds {lib.ggml_nbytes(o)} bytes, not {n_q * H * D * 4}"
+                )
+            buf = (ctypes.c_char * (n_q * H * D * 4)).from_address(lib.ggml_get_data(o))
+            out = np.frombuffer(buf, np.float32).reshape(n_q, H, D).copy()
+        finally:
+            lib.ggml_free(ctx)
+        if self.rotate and vf.decode_domain == "rotated":  # and rotates the output back
+            out = np.asarray(vf.from_decode_domain(out), np.float32)
+        return out
+
+    def _put(self, t: Any, a: NDArray[Any]) -> None:
+        b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        n = self.lib.ggml_nbytes(t)
+        if n != b.size:
+            raise TargetError(f"a ggml tensor holds {n} bytes where tbq has {b.size}: the build's type sizes differ")
+        ctypes.memmove(self.lib.ggml_get_data(t), b.ctypes.data, b.size)
+
+    # -- a C reproducer ---------------------------------------------------------------------------------------
+    def repro_c(self, ce: AttentionCounterexample, s: AttentionSettings) -> str | None:
+        c = ce.case
+        if self.names is None or (
+            self.rotate and (s.k_format.decode_domain == "rotated" or s.v_format.decode_domain == "rotated")
+        ):
+            return None
+        n_q, H, G, T, D = c.shape
+        inc = Path(self.header).parent if self.header else Path("include")
+        lib_dir = Path(self.path).parent
+
+        def arr(name: str, a: NDArray[Any]) -> str:
+            b = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+            body = ",".join(f"0x{int(x):02X}" for x in b)
+            return f"static const unsigned char {name}[{b.size}] = {{{body}}};"
+
+        exp = np.asarray(ce.expected, np.float64)
+        lines = [
+            f"/* Counterexample from `tbq check --attention`: ggml_flash_attn_ext over a {self.k_name} K cache and a",
+            f" * {self.v_name} V cache, {c.family} case ({c.label}); tbq's float64 output and its derived bound per row.",
+            " * Build and run (exit status 1 while a row is outside the bound):",
+            f" *     cc -O2 -I {inc} -o repro attention-{s.k_type}-{s.v_type}-d{D}.c {' '.join(self.link_libraries())} "
+            f"-Wl,-rpath,{lib_dir} -lm && ./repro */",
+            '#include "ggml.h"',
+            '#include "ggml-cpu.h"',
+            "#include <math.h>",
+            "#include <stdio.h>",
+            "#include <string.h>",
+            "",
+            arr("Q", c.q.transpose(1, 0, 2)),
+            arr("K", c.k.transpose(1, 0, 2)),
+            arr("V", c.v.transpose(1, 0, 2)),
+            arr("MASK", c.mask.astype(np.float16)),
+            arr("SINKS", np.zeros(1, np.float32) if c.sinks is None else c.sinks),
+            arr("EXPECTED", exp.astype("<f8")),
+            arr("BOUND", np.asarray(ce.bound, "<f8")),
+            "",
+            "static int type_of(const char *name) {",
+            "    for (int i = 0; i < GGML_TYPE_COUNT; i++) { const char *n = ggml_type_name((enum ggml_type)i); "
+            "if (n && !strcmp(n, name)) return i; }",
+            "    return -1;",
+            "}",
+            "",
+            "int main(void) {",
+            f"    const int D = {D}, NQ = {n_q}, H = {H}, G = {G}, T = {T}, has_mask = {int(not np.all(c.mask == 0))}, "
+            f"has_sinks = {int(c.sinks is not None)};",
+            "    ggml_cpu_init();",
+            "    struct ggml_init_params ip = {(size_t)64 << 20 | sizeof(K) + sizeof(V) + sizeof(Q) * 2 + sizeof(MASK), NULL, false};",
+            "    struct ggml_context *ctx = ggml_init(ip);",
+            "    struct ggml_tensor *q = ggml_new_tensor_4d(ctx, GGML_TYPE_F32, D, NQ, H, 1);",
+            f'    struct ggml_tensor *k = ggml_new_tensor_4d(ctx, (enum ggml_type)type_of("{self.k_name}"), D, T, G, 1);',
+            f'    struct ggml_tensor *v = ggml_new_tensor_4d(ctx, (enum ggml_type)type_of("{self.v_name}"), D, T, G, 1);',
+            "    memcpy(q->data, Q, sizeof(Q)); memcpy(k->data, K, sizeof(K)); memcpy(v->data, V, sizeof(V));",
+            "    struct ggml_tensor *m = NULL;",
+            "    if (has_mask) { m = ggml_new_tensor_4d(ctx, GGML_TYPE_F16, T, NQ, 1, 1); memcpy(m->data, MASK, sizeof(MASK)); }",
+            f"    struct ggml_tensor *o = ggml_flash_attn_ext(ctx, q, k, v, m, {float(c.scale)!r}f, 0.0f, {float(c.softcap)!r}f);",
+            "    if (has_sinks) { struct ggml_tensor *s = ggml_new_tensor_1d(ctx, GGML_TYPE_F32, H); "
+            "memcpy(s->data, SINKS, sizeof(SINKS)); ggml_flash_attn_ext_add_sinks(o, s); }",
+            "    struct ggml_cgraph *g = ggml_new_graph(ctx);",
+            "    ggml_build_forward_expand(g, o);",
+            f"    ggml_graph_compute_with_ctx(ctx, g, {self.threads});",
+            "    const float *out = (const float *)ggml_get_data(o);",
+            "    const double *e = (const double *)EXPECTED, *b = (const double *)BOUND;",
+            "    int bad = 0;",
+            "    for (int i = 0; i < NQ * H; i++) {",
+            "        double worst = 0;",
+            "        for (int j = 0; j < D; j++) { double d = fabs((double)out[i * D + j] - e[i * D + j]); "
+            "if (!(d <= worst)) worst = d; }",
+            '        if (!(worst <= b[i])) { bad++; if (bad <= 4) printf("query %d head %d: largest difference %.6g, bound %.6g\\n", i / H, i % H, worst, b[i]); }',
+            "    }",
+            '    printf("%d of %d rows outside the bound\\n", bad, NQ * H);',
+            "    ggml_free(ctx);",
+            "    return bad != 0;",
+            "}",
+            "",
+        ]
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """The library stays loaded (ctypes cannot unload it safely)."""
