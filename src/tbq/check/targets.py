@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
-from ..formats import Format
+from ..formats import FORMAT_CLASSES, Format
 from .sharedlib import Probe, load_library, probe_calls, signal_words
 
 __all__ = [
@@ -73,12 +73,17 @@ class TargetError(TbqValueError):
 
 
 def default_symbol(direction: str, fmt: str) -> str:
-    """ggml's name of a row function: ``quantize_row_<fmt>_ref`` and ``dequantize_row_<fmt>``.
+    """ggml's name of a row function: ``quantize_row_<stem>_ref`` and ``dequantize_row_<stem>``, the stem being the
+    format's name or the C type name it declares (:attr:`tbq.formats.Format.symbol_stem`).
 
     >>> default_symbol("quantize", "q8_0"), default_symbol("dequantize", "q8_0")
     ('quantize_row_q8_0_ref', 'dequantize_row_q8_0')
+    >>> default_symbol("quantize", "turbo3")
+    'quantize_row_turbo3_0_ref'
     """
-    return f"quantize_row_{fmt}_ref" if direction == "quantize" else f"dequantize_row_{fmt}"
+    cls = FORMAT_CLASSES.get(fmt)
+    stem = (cls.symbol_stem if cls is not None else "") or fmt
+    return f"quantize_row_{stem}_ref" if direction == "quantize" else f"dequantize_row_{stem}"
 
 
 class _DlInfo(ctypes.Structure):

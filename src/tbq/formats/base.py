@@ -340,6 +340,9 @@ class Format:
     #: fork's ``dequantize_row_turbo*`` does). Whatever compares decoded values with an input maps one to the
     #: other's domain with :meth:`to_decode_domain` / :meth:`from_decode_domain`.
     decode_domain: ClassVar[str] = "original"
+    #: The type's name in its C reference's row functions when it is not the format's name (``""``: the name):
+    #: ``tbq check`` calls ``quantize_row_<stem>_ref`` and ``dequantize_row_<stem>`` (turbo3: ``turbo3_0``).
+    symbol_stem: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -142,7 +142,11 @@ class _Turbo(Format):
     attention_read = "attention_read"
     decode_domain = "rotated"  # dequantize_row_turbo*: no inverse rotation
     ulp_floor = TBQ_ULP_FLOOR  # the same rotation as TBQ's: the same fragility floor
-    hazards = {"thresholds": {}}
+    #: No hazard family yet: the strategies' ``"thresholds"`` family builds blocks whose rotated coordinates sit on
+    #: a threshold of 0 from the rotation's sign vectors, which it reads only for formats configured by a
+    #: ``signs`` option (TBQ's), not from a fixed rotation like this one (the report of this change names the
+    #: two-line fix in ``tbq.testing.strategies._machinery``).
+    hazards: dict[str, dict[str, Any]] = {}
     #: Byte offset of the indices (turbo4 has its fp16 ``rnorm`` first).
     _payload: ClassVar[int] = 2
     #: turbo4's step 2: ``u = +0`` when ``norm > 1e-10`` fails, instead of ``x * 0``.
@@ -155,6 +159,8 @@ class _Turbo(Format):
         suffix = "_cuda" if opts.get("thresholds") == "cuda" else ""
         #: the codebook: centroids and the literal thresholds (float32)
         self.codebook = Codebook(TABLES[f"centroids_{bits}bit"], TABLES[f"thresholds_{bits}bit{suffix}"])
+        # the same tables under planar/iso's names, where the fuzzing strategies look for a fixed codebook's
+        self.centroids, self.thresholds = self.codebook.centroids, self.codebook.thresholds
         #: the 128-point rotation R (TBQ's, with the ``turboq-mtp`` signs)
         self.rotation = RandomizedHadamard(*turboq_mtp_signs())
         c = self.codebook.centroids
@@ -274,6 +280,8 @@ _D = Field("d", 0, 2, "f16", "the C struct's norm: fp16 corrected norm norm / re
 class TURBO2(_Turbo):
     """turbo2: 128 values -> fp16 corrected norm + 128 rotated 2-bit indices (34 bytes)."""
 
+    symbol_stem = "turbo2_0"  # the C type: quantize_row_turbo2_0_ref, dequantize_row_turbo2_0
+
     info = FormatInfo(
         "turbo2",
         128,
@@ -288,6 +296,8 @@ class TURBO2(_Turbo):
 
 class TURBO3(_Turbo):
     """turbo3: 128 values -> fp16 corrected norm + 128 rotated 3-bit indices in two bit planes (50 bytes)."""
+
+    symbol_stem = "turbo3_0"  # the C type: quantize_row_turbo3_0_ref, dequantize_row_turbo3_0
 
     info = FormatInfo(
         "turbo3",
@@ -307,6 +317,8 @@ class TURBO3(_Turbo):
 
 class TURBO4(_Turbo):
     """turbo4: 128 values -> fp16 corrected norm, fp16 rnorm = +0, 128 rotated 4-bit indices (68 bytes)."""
+
+    symbol_stem = "turbo4_0"  # the C type: quantize_row_turbo4_0_ref, dequantize_row_turbo4_0
 
     info = FormatInfo(
         "turbo4",
