@@ -554,11 +554,11 @@ def attention_bound(
     visible = np.isfinite(case.mask)[:, None, :]  # (n_q, 1, T)
     eps = np.max(np.where(visible, eps_t, 0.0), axis=-1)
     s_cap = case.softcap * np.tanh(raw / case.softcap) if case.softcap else raw
-    z = np.where(visible, s_cap + case.mask[:, None, :], np.nan)
-    with np.errstate(invalid="ignore"):
-        spread = np.nan_to_num(np.nanmax(z, -1) - np.nanmin(z, -1), nan=0.0)
+    z = s_cap + np.where(np.isfinite(case.mask), case.mask, 0.0)[:, None, :]
+    hi, lo = np.max(np.where(visible, z, -np.inf), -1), np.min(np.where(visible, z, np.inf), -1)
+    spread = np.where(np.isfinite(hi), hi - lo, 0.0)  # the largest |s_t - M| (0 for an all-masked row)
     if case.sinks is not None:
-        spread = spread + np.abs(case.sinks)[None, :] + np.nan_to_num(np.nanmax(np.abs(z), -1), nan=0.0)
+        spread = spread + np.abs(case.sinks)[None, :] + np.where(np.isfinite(hi), np.maximum(abs(hi), abs(lo)), 0.0)
     aV = np.abs(p.V[:, kvh])  # (T, H, D)
     vmax = np.max(np.where(visible[:, 0, :, None], aV.max(-1)[None], 0.0), axis=1)  # (n_q, H): visible tokens
     T = np.sum(np.isfinite(case.mask), axis=1)[:, None]
@@ -588,8 +588,10 @@ class AttentionTarget:
     def defaults(self, s: AttentionSettings) -> Arithmetic:
         return Arithmetic("f32", "f32", "f32")
 
-    def check_settings(self, s: AttentionSettings) -> None:
-        """Refuse settings the target cannot run (a format it lacks), before any case."""
+    def check_settings(self, s: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
+        """Refuse settings the target cannot run (a format it lacks), before any case; returns the settings to
+        run (a target may fill in what the settings leave open) and notes saying what it filled in."""
+        return s, []
 
     def run(self, case: AttentionCase, s: AttentionSettings) -> NDArray[np.float32]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -1026,9 +1028,9 @@ def check_attention(
     check_int(batch, "batch", lo=1, error=ConfigError)
     t_start = time.perf_counter()
     try:
-        tgt.check_settings(settings)
-        ar, notes = _declared(tgt, settings)
-        s = settings
+        s, filled = tgt.check_settings(settings)
+        ar, notes = _declared(tgt, s)
+        notes = filled + notes
         opts = {"k_type": s.k_type, **{f"k.{k}": v for k, v in s.k_options.items()}}
         opts.update({"v_type": s.v_type, **{f"v.{k}": v for k, v in s.v_options.items()}, "head_dim": s.head_dim})
         report = AttentionReport(

@@ -24,17 +24,21 @@ the output); ``rotate=False`` checks the bare kernel.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ..codecs import codec_from
+from ..formats import Format, get_format
 from .attention import Arithmetic, AttentionCase, AttentionCounterexample, AttentionSettings, AttentionTarget
 from .sharedlib import _flattened_link, load_library, signal_words
 from .targets import TargetError, defining_file
@@ -139,7 +143,7 @@ class GgmlAttention(AttentionTarget):
         self.header = str(hdr) if hdr.is_file() else ""
 
     # -- before any case --------------------------------------------------------------------------------------
-    def check_settings(self, s: AttentionSettings) -> None:
+    def check_settings(self, s: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
         probe_k, probe_v = s.k_type, s.v_type
         r = self._probe("f32", "f32", s.head_dim)
         names = json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 and r.stdout else {}
@@ -160,7 +164,7 @@ class GgmlAttention(AttentionTarget):
             )
         self.names, self.k_name, self.v_name = names, kt, vt
         self._load()
-        self._check_rows(s)
+        return self._match_tables(s)
 
     def _probe(self, kt: str, vt: str, D: int) -> subprocess.CompletedProcess[str]:
         try:
@@ -215,27 +219,50 @@ class GgmlAttention(AttentionTarget):
             }
         }
 
-    def _check_rows(self, s: AttentionSettings) -> None:
-        """The build's row decoder must read tbq's bytes as tbq does (else the check would judge other tables)."""
-        for fmt in (s.k_format, s.v_format):
-            sym = f"dequantize_row_{ggml_type_name(fmt.name, self.names or {})}"
-            fn = getattr(self.lib, sym, None)
-            if fn is None or fmt.name in ("f16", "bf16"):
-                continue
-            fn.argtypes, fn.restype = (P, P, ctypes.c_int64), None
-            x = np.random.default_rng(5).standard_normal((8, fmt.block_size)).astype(np.float32)
-            from ..codecs import codec_from
+    def _decodes_as_tbq(self, fmt: Format) -> bool | None:
+        """Whether the build's ``dequantize_row_<type>`` reads tbq's bytes of ``fmt`` as tbq does (None: no such
+        function, or a format decoded without tables)."""
+        fn = getattr(self.lib, f"dequantize_row_{ggml_type_name(fmt.name, self.names or {})}", None)
+        if fn is None or fmt.name in ("f16", "bf16"):
+            return None
+        fn.argtypes, fn.restype = (P, P, ctypes.c_int64), None
+        x = np.random.default_rng(5).standard_normal((8, fmt.block_size)).astype(np.float32)
+        codec = codec_from(fmt.name, fmt.config())
+        data = np.ascontiguousarray(codec.encode(x))
+        out = np.zeros(x.size, np.float32)
+        fn(data.ctypes.data, out.ctypes.data, x.size)
+        return bool(np.array_equal(out.reshape(x.shape), codec.decode(data).reshape(x.shape)))
 
-            codec = codec_from(fmt.name, fmt.config())
-            data = np.ascontiguousarray(codec.encode(x))
-            out = np.zeros(x.size, np.float32)
-            fn(data.ctypes.data, out.ctypes.data, x.size)
-            if not np.array_equal(out.reshape(x.shape), codec.decode(data).reshape(x.shape)):
-                opts = ", ".join(f"{k}={v}" for k, v in fmt.config().items()) or "no options"
+    def _match_tables(self, s: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
+        """The build's decoders must read tbq's bytes as tbq does, else the check would judge other tables: an
+        option the settings leave at its default is matched among the format's known values (said in a note)."""
+        notes = []
+        for which in ("k", "v"):
+            fmt: Format = getattr(s, f"{which}_format")
+            if self._decodes_as_tbq(fmt) is not False:
+                continue
+            given: dict[str, Any] = getattr(s, f"{which}_options")
+            free = {n: o.known for n, o in type(fmt).options.items() if n not in given and o.known}
+            found = None
+            for combo in itertools.product(*free.values()):
+                opts = dict(given, **dict(zip(free, combo, strict=True)))
+                if self._decodes_as_tbq(get_format(fmt.name, **opts)):
+                    found = opts
+                    break
+            if found is None:
+                text = ", ".join(f"{k}={v}" for k, v in fmt.config().items()) or "no options"
                 raise TargetError(
-                    f"the build's {sym} decodes tbq's {fmt.name} ({opts}) bytes to other values: it uses other "
-                    "tables; name them (e.g. --codebook turboq-mtp for the jtrefon fork's TBQ types)"
+                    f"the build's dequantize_row_{fmt.name} decodes tbq's {fmt.name} ({text}) bytes to other values, "
+                    "and so it does with every known value of the options not given: it uses other tables"
                 )
+            s = replace(s, **{f"{which}_options": found})
+            default = {n: o.default for n, o in type(fmt).options.items()}
+            chosen = ", ".join(f"{k}={found[k]}" for k in free if found[k] != default[k])
+            notes.append(
+                f"the build's dequantize_row_{fmt.name} reads {fmt.name} bytes with {chosen} (not the format's "
+                f"defaults): the {'K' if which == 'k' else 'V'} cache is encoded and judged with those tables"
+            )
+        return s, notes
 
     def defaults(self, s: AttentionSettings) -> Arithmetic:
         """ggml's CPU kernel: the query converted to the K type's vec_dot_type (f16 for f16 K); an f16 V

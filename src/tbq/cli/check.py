@@ -23,7 +23,10 @@ from ..check import (
     check_target,
     resolve_format,
 )
+from ..check.attention import FAMILIES as ATTENTION_FAMILIES
+from ..check.attention import Q_TYPES, Arithmetic, AttentionSettings, ProgramAttention, check_attention
 from ..check.dot import LibraryDot, check_dot, check_dot_accept, right_format
+from ..check.ggml_graph import GgmlAttention
 from ..check.runner import check_accept, check_memory, require_hypothesis
 from ..check.targets import PLACEHOLDERS
 from ..errors import ConfigError, TbqValueError
@@ -118,10 +121,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f = p.add_argument_group("format")
     f.add_argument(
         "--format",
-        required=True,
         type=_format_arg,
         metavar="FMT",
-        help=f"the block format the kernel implements (required): {', '.join(formats())}",
+        help=f"the block format the kernel implements (required, except with --attention): {', '.join(formats())}",
     )
     f.add_argument(
         "--option",
@@ -185,6 +187,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="fragility margin in float32 ulps",
     )
+    a = p.add_argument_group("attention kernels (--attention; docs/checking-kernels.md, section 4)")
+    a.add_argument(
+        "--attention",
+        action="store_true",
+        help="check a fused attention kernel over quantized caches: --lib a ggml build's libggml-cpu.so "
+        "(ggml_flash_attn_ext) or --exec a program with {q} {k} {v} {meta} {out}",
+    )
+    a.add_argument("--k-type", type=_format_arg, metavar="FMT", help="--attention: the K cache's format")
+    a.add_argument("--v-type", type=_format_arg, metavar="FMT", help="--attention: the V cache's format")
+    a.add_argument("--head-dim", type=int_at_least(1), default=128, metavar="D", help="--attention: values per head")
+    a.add_argument(
+        "--contexts",
+        type=_int_list,
+        metavar="T,T,...",
+        help="--attention: cache lengths of the decode family (default 1,2,5,16,33,100,512,4096)",
+    )
+    a.add_argument(
+        "--prefill",
+        type=_int_list,
+        metavar="N,N,...",
+        help="--attention: query tokens of the prefill calls (default 7,64,256)",
+    )
+    a.add_argument("--ratios", type=_int_list, metavar="R,R,...", help="--attention: GQA ratios (default 1,4,8)")
+    a.add_argument(
+        "--families",
+        type=lambda t: tuple(x for x in t.split(",") if x),
+        metavar="F,F,...",
+        help="--attention: which families run (default all: " + ",".join(ATTENTION_FAMILIES) + ")",
+    )
+    a.add_argument(
+        "--queries", type=int_at_least(1), default=2, metavar="N", help="--attention: decode steps per cache"
+    )
+    a.add_argument(
+        "--q-type",
+        choices=Q_TYPES,
+        help="--attention: the query's conversion before the scores (default: the target's; ggml: the K type's "
+        "vec_dot_type, f32 where head_dim is not a multiple of its block)",
+    )
+    a.add_argument("--softmax", choices=("f32", "f16"), default="f32", help="--attention: the weights' precision")
+    a.add_argument(
+        "--v-acc",
+        choices=("f32", "f16"),
+        help="--attention: the accumulator of the weighted values (default: the target's; ggml: f16 for an f16 V)",
+    )
+    a.add_argument("--threads", type=int_at_least(1), default=2, metavar="N", help="--attention --lib: ggml threads")
+    a.add_argument(
+        "--bare",
+        action="store_true",
+        help="--attention --lib: do not rotate the query and the output around the kernel for formats decoded in a "
+        "rotated domain (turbo types): check the bare kernel",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--json",
@@ -199,6 +252,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: tbq-check-<fmt> in the working directory, made only then)",
     )
     o.add_argument("--quiet", action="store_true", help="print the verdict line only, no progress")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        v = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return v
 
 
 def _target(args: argparse.Namespace, fmt: Any) -> Any:
@@ -226,6 +289,13 @@ def _target(args: argparse.Namespace, fmt: Any) -> Any:
 
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``tbq check``; prints the report. Returns 0 (nothing wrong) or 1 (something wrong)."""
+    if args.attention:
+        return _run_attention(args)
+    for flag in ("k_type", "v_type", "contexts", "prefill", "ratios", "families", "q_type", "v_acc"):
+        if getattr(args, flag) is not None:
+            raise TbqValueError(f"--{flag.replace('_', '-')} goes with --attention")
+    if args.format is None:
+        raise TbqValueError("give --format FMT (the block format the kernel implements), or --attention")
     options = dict(parse_option(o) for o in args.option)
     fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"), options)
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
@@ -290,6 +360,61 @@ def _run_dot(args: argparse.Namespace, fmt: Format, out_dir: Path, json_path: Pa
         out=out_dir,
         accept=args.accept,
     )
+    text_stream = sys.stderr if args.json == "-" else sys.stdout
+    print(report.verdict() if args.quiet else report.text(), file=text_stream)
+    if args.json == "-":
+        print(report.to_json())
+    elif json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(report.to_json() + "\n")
+    return 0 if report.ok else 1
+
+
+def _options_for(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options among ``options`` that format ``name`` takes (--codebook/--signs/--option name both caches)."""
+    return {k: v for k, v in options.items() if k in format_class(name).option_defaults()}
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    """``tbq check --attention``: a fused attention kernel (docs/checking-kernels.md, section 4)."""
+    if args.k_type is None or args.v_type is None:
+        raise TbqValueError("--attention needs --k-type FMT and --v-type FMT (the formats of the K and V caches)")
+    for flag in ("format", "quantize", "dequantize", "only", "dot", "rhs", "seconds"):
+        if getattr(args, flag) is not None:
+            raise TbqValueError(f"--{flag} is for row and dot-product kernels, not --attention")
+    if (args.lib is None) == (args.exec_cmd is None):
+        raise TbqValueError("give the kernel under test: --lib PATH (a ggml build's libggml-cpu.so) or --exec CMD")
+    options = dict(parse_option(o) for o in args.option)
+    for key, spec in (("codebook", args.codebook), ("signs", args.signs)):
+        table = _table_spec(spec, key)
+        if table is not None:
+            options[key] = table
+    k_opts, v_opts = _options_for(args.k_type, options), _options_for(args.v_type, options)
+    unused = set(options) - set(k_opts) - set(v_opts)
+    if unused:
+        raise TbqValueError(f"neither {args.k_type} nor {args.v_type} takes the option {sorted(unused)[0]}")
+    extra: dict[str, Any] = {
+        k: getattr(args, k) for k in ("contexts", "prefill", "ratios", "families") if getattr(args, k) is not None
+    }
+    settings = AttentionSettings(
+        args.k_type,
+        args.v_type,
+        head_dim=args.head_dim,
+        k_options=k_opts,
+        v_options=v_opts,
+        queries=args.queries,
+        seed=args.seed,
+        arithmetic=Arithmetic(args.q_type, args.softmax, args.v_acc),
+        **extra,
+    )
+    json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
+    out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-attention-{args.k_type}-{args.v_type}")
+    target: Any
+    if args.exec_cmd is not None:
+        target = ProgramAttention(args.exec_cmd, timeout=args.timeout)
+    else:
+        target = GgmlAttention(args.lib, threads=args.threads, rotate=not args.bare)
+    report = check_attention(target, settings, out=out_dir)
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
     if args.json == "-":
