@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
-from ..formats import FORMAT_CLASSES, Format
+from ..formats import FORMATS, Format, format_class
 from .sharedlib import Probe, load_library, probe_calls, signal_words
 
 __all__ = [
@@ -81,8 +81,7 @@ def default_symbol(direction: str, fmt: str) -> str:
     >>> default_symbol("quantize", "turbo3")
     'quantize_row_turbo3_0_ref'
     """
-    cls = FORMAT_CLASSES.get(fmt)
-    stem = (cls.symbol_stem if cls is not None else "") or fmt
+    stem = (format_class(fmt).symbol_stem if fmt in FORMATS else "") or fmt
     return f"quantize_row_{stem}_ref" if direction == "quantize" else f"dequantize_row_{stem}"
 
 
