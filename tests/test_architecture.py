@@ -35,6 +35,7 @@ LAYERS = [
         "plots",
         "check",
         "hf",
+        "vllm_slots",  # vLLM's TurboQuant slots: the presets' formats through the codecs
     },
     {"cli", "__main__"},
 ]

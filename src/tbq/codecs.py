@@ -296,6 +296,9 @@ class Codec:
             raise ConfigError("Codec needs a format name, e.g. Codec('q8_0')")
         #: the :class:`tbq.formats.Format` with this codec's format options
         self.format: Format = _build_format(self.name, format_options)
+        #: the instance's sizes: a format option may change them (vLLM's ``head_dim``), so the codec reads the
+        #: format instance's :class:`FormatInfo`, not the registry's row of the class
+        self.info = self.format.info
         self.backend = resolve_backend(backend)
         self.threads = (
             None
