@@ -68,6 +68,11 @@ def _real_checks():
         assert r.ok and c["wrong"] == 0 and c["exact"] == c["blocks"] > 10_000, (t, r.text())
         assert r.provenance["quantize"]["symbol"] == f"quantize_row_{t}_0_ref"
         assert r.provenance["dequantize"]["symbol"] == f"dequantize_row_{t}_0"
+    # the CPU build under CUDA's 4-bit thresholds: rotated values in [0.145560, 0.145561) and [0.013963, 0.013964)
+    # take other indices (24 of the 20,000 golden blocks), and the checker names the table the build follows
+    cuda = check_library(lib, "turbo4", options={"thresholds": "cuda"}, blocks=20_000, examples=0)
+    assert not cuda.ok and cuda.counts("quantize")["wrong"] > 0 and cuda.counts("dequantize")["wrong"] == 0
+    assert any("thresholds='cpu'" in d.title for d in cuda.diagnoses), cuda.text()
     # the build folder's libggml-base.so is a symbolic link flattened into a text file: refused, naming the library
     with pytest.raises(TargetError, match="libggml-base.so.0, a symbolic link copied as a file"):
         check_library(TURBO_LIB / "libggml-base.so", "turbo3", blocks=100, examples=0)
