@@ -1396,14 +1396,15 @@ _TIME = re.compile(r"\b\d+\.\d+ s\b")
 
 
 def _doc_runs() -> list[tuple[str, list[str]]]:
-    """``(command, pasted lines)`` of every ```text block of the guide that starts with ``$ tbq check``."""
+    """``(command, pasted lines)`` of every ```text block of the guide that starts with ``$ tbq check`` (but
+    ``--attention``, whose runs tests/test_check_attention.py replays)."""
     runs, block = [], None
     for line in DOC.read_text().splitlines():
         if line.startswith("```text"):
             block = []
         elif line.startswith("```") and block is not None:
-            if block and block[0].startswith("$ tbq check "):
-                runs.append((block[0][2:], block[1:]))
+            if block and block[0].startswith("$ tbq check ") and "--attention" not in block[0]:
+                runs.append((block[0][2:], block[1:]))  # --attention runs: tests/test_check_attention.py
             block = None
         elif block is not None:
             block.append(line)

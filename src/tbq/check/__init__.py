@@ -9,6 +9,10 @@ Three kinds of target, one check (:mod:`tbq.check.runner`):
 - :func:`check_program`: an external program that reads one file and writes
   another (a GPU binary): ``"./mykernel {op} {in} {out}"``.
 
+Fused attention kernels over quantized caches: :func:`check_attention`
+(:mod:`tbq.check.attention`; a ggml build's ``ggml_flash_attn_ext`` is
+:class:`GgmlAttention`, :mod:`tbq.check.ggml_graph`).
+
 Each direction the target implements goes through the golden families in
 bulk, a hypothesis fuzz (``examples`` examples or ``seconds`` seconds,
 shrunk to a minimal block on failure) and, for decoders, arbitrary bytes with
@@ -49,9 +53,19 @@ from numpy.typing import NDArray
 from ..codecs import Codec
 from ..errors import ConfigError
 from ..formats import Format, get_format
+from .attention import (
+    Arithmetic,
+    AttentionReport,
+    AttentionSettings,
+    AttentionTarget,
+    CallableAttention,
+    ProgramAttention,
+    check_attention,
+)
 from .classify import CLASSES, EXACT, FRAGILE, WRONG
 from .diagnose import Diagnosis
 from .dot import CallableDot, LibraryDot, check_dot, right_format
+from .ggml_graph import GgmlAttention
 from .report import CheckReport, Counterexample, PhaseResult
 from .runner import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, FuzzUnavailable, run_check
 from .targets import CallableTarget, LibraryTarget, ProgramTarget, Target, TargetError, default_symbol
@@ -62,6 +76,14 @@ __all__ = [
     "check_program",
     "check_target",
     "check_dot",
+    "check_attention",
+    "AttentionSettings",
+    "Arithmetic",
+    "AttentionReport",
+    "AttentionTarget",
+    "CallableAttention",
+    "ProgramAttention",
+    "GgmlAttention",
     "CheckReport",
     "Counterexample",
     "PhaseResult",

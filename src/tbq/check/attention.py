@@ -88,6 +88,7 @@ __all__ = [
     "diagnose_attention",
     "DIAGNOSES",
     "FAMILIES",
+    "DEFAULT_FAMILIES",
     "Q_TYPES",
 ]
 
@@ -95,8 +96,11 @@ U32 = 2.0**-24
 U16 = 2.0**-11
 #: Conversions of the query a kernel may declare: kept in float32, or ggml's vec_dot_type conversions.
 Q_TYPES = ("f32", "f16", "q8_0", "q8_k")
-#: The families of cases, in the order they run.
-FAMILIES = ("decode", "prefill", "gqa", "mask", "sinks", "softcap", "stress")
+#: The families of cases, in the order they run. ``overflow`` (not run by default) holds value caches whose
+#: unnormalized weighted sum exceeds f16's range (65504): right in float32, out of reach of an f16 accumulator.
+FAMILIES = ("decode", "prefill", "gqa", "mask", "sinks", "softcap", "stress", "overflow")
+#: The families a check runs unless told otherwise.
+DEFAULT_FAMILIES = FAMILIES[:-1]
 #: Roundings besides one per addition and rescale: the scale product, exp, the division, the output, a split
 #: of the tokens among threads and its merge.
 EXTRA_ROUNDINGS = 16
@@ -107,6 +111,8 @@ Q_FRAGILE_ULPS = 8
 DIAGNOSES = {
     "nan_all_masked": "NaN from an all-masked row: a query row whose every token is masked gives NaN (0/0), not zeros",
     "f16_overflow": "f16 overflow in the accumulator: the unnormalized sum of weighted values exceeds 65504",
+    "f16_undeclared": "f16 arithmetic not declared: the output is within the bound of an f16 accumulator and f16 "
+    "weights, not of the float32 arithmetic declared",
     "uniform": "all scores zero: uniform attention, the output is the mean of V over the visible tokens",
     "scale_1_over_d": "softmax scale wrong: 1/head_dim instead of 1/sqrt(head_dim)",
     "scale_missing": "softmax scale missing: the scores are not scaled",
@@ -168,7 +174,7 @@ class AttentionSettings:
     ratios: tuple[int, ...] = (1, 4, 8)
     queries: int = 2
     prefill: tuple[int, ...] = (7, 64, 256)
-    families: tuple[str, ...] = FAMILIES
+    families: tuple[str, ...] = DEFAULT_FAMILIES
     scale: float | None = None
     softcap: float = 20.0
     arithmetic: Arithmetic = field(default_factory=Arithmetic)
@@ -406,6 +412,12 @@ def make_cases(s: AttentionSettings) -> list[AttentionCase]:
                 case(fam, f"T={T} huge norms (|q| x 64, |k| x 64)", normal(1, 8, D) * 64, k * 64, v)
                 case(fam, f"T={T} tiny norms (x 2**-20)", normal(1, 8, D) * 2**-20, k * 2**-20, v * 2**-20)
                 case(fam, f"T={T} large values (|v| x 1000)", normal(1, 8, D), k, v * 1000)
+        elif fam == "overflow":
+            for T, mean in ((256, 300.0), (1024, 100.0)):
+                k = normal(T, 2, D)
+                v = mean + normal(T, 2, D)
+                case(fam, f"T={T} all scores equal, v = {mean:g} + N(0, 1)", np.zeros((1, 8, D), np.float32), k, v)
+                case(fam, f"T={T} random scores, v = {mean:g} + N(0, 1)", normal(1, 8, D), k, v)
     return out
 
 
@@ -763,6 +775,7 @@ def diagnose_attention(
     bound: NDArray[np.float64],
     s: AttentionSettings,
     p: _Prepared,
+    ar: Arithmetic | None = None,
 ) -> list[Diagnosis]:
     """The defects whose output ``got`` matches (every row within the bound of the defect's output, or the
     deviation from tbq explained to 5%), with the evidence."""
@@ -807,6 +820,24 @@ def diagnose_attention(
             return found
     dev = np.abs(got.astype(np.float64) - ref)
     total = float(np.max(dev)) if np.all(np.isfinite(dev)) else np.inf
+    a = ar or Arithmetic("f32", "f32", "f32")
+    if a.v == "f32" or a.softmax == "f32":
+        b16 = attention_bound(case, s, a.q or "f32", "f16", "f16", p)
+        if np.all(np.isfinite(dev)) and np.all(np.max(dev, axis=-1) <= b16):
+            found.append(
+                Diagnosis(
+                    "f16_undeclared",
+                    DIAGNOSES["f16_undeclared"],
+                    [
+                        f"largest difference from tbq {total:.3g}: outside the declared bound "
+                        f"{float(np.max(bound)):.3g}, inside the f16 one {float(np.max(b16)):.3g}",
+                        "if the kernel accumulates or weights in f16 by design, declare it (--v-acc f16, --softmax f16; "
+                        "Arithmetic(v='f16', softmax='f16'))",
+                    ],
+                    "attention",
+                )
+            )
+            return found
     scored = []
     for name, h in _hypotheses(case, s, p).items():
         with np.errstate(invalid="ignore", over="ignore"):
@@ -1135,4 +1166,4 @@ def _minimal(
     how = f"the first wrong case cut to {best.shape[1]} head{'s' * (best.shape[1] != 1)} and {best.shape[3]} tokens ({calls} kernel calls)"
     ce = AttentionCounterexample(best, ref, bound, got, s, ar, how)
     ce.c_source = tgt.repro_c(ce, s)
-    return ce, diagnose_attention(best, got, ref, bound, s, p)
+    return ce, diagnose_attention(best, got, ref, bound, s, p, ar)

@@ -23,8 +23,14 @@ from ..check import (
     check_target,
     resolve_format,
 )
-from ..check.attention import FAMILIES as ATTENTION_FAMILIES
-from ..check.attention import Q_TYPES, Arithmetic, AttentionSettings, ProgramAttention, check_attention
+from ..check.attention import (
+    DEFAULT_FAMILIES,
+    Q_TYPES,
+    Arithmetic,
+    AttentionSettings,
+    ProgramAttention,
+    check_attention,
+)
 from ..check.dot import LibraryDot, check_dot, check_dot_accept, right_format
 from ..check.ggml_graph import GgmlAttention
 from ..check.runner import check_accept, check_memory, require_hypothesis
@@ -214,7 +220,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--families",
         type=lambda t: tuple(x for x in t.split(",") if x),
         metavar="F,F,...",
-        help="--attention: which families run (default all: " + ",".join(ATTENTION_FAMILIES) + ")",
+        help="--attention: which families run (default " + ",".join(DEFAULT_FAMILIES) + "; also: overflow, value "
+        "caches beyond an f16 accumulator's range)",
     )
     a.add_argument(
         "--queries", type=int_at_least(1), default=2, metavar="N", help="--attention: decode steps per cache"
