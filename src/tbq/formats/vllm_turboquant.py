@@ -10,7 +10,8 @@ Keys, ``vllm_tq4_k`` / ``vllm_tq3_k`` (the MSE presets):
    in index order), ``den = RN32(n + RN32(1e-8))``, ``xh_j = RN32(k_j / den)``;
 2. ``y = RN32(xh @ PiT)`` with ``PiT = diag(s) * h * Hs`` (``Hs`` Sylvester,
    ``h = RN32(1 / RN32(sqrt(D)))``, ``s`` all +1, or PR #38479's per-layer
-   signs): each product exact in float64, the float64 butterfly, one rounding;
+   signs): each product exact in float64, the float64 butterfly, one rounding
+   (an exact zero is +0);
 3. ``idx_j`` = the number of float32 midpoints ``m_i <= y_j`` (ties up, NaN 0);
 4. store the indices (4-bit pairs, or the 3-bit LSB-first stream = 24-bit
    lanes), then ``RN16(n)``.
@@ -33,7 +34,7 @@ and value formats of each); :mod:`tbq.vllm_slots` lays them out as vLLM's slots.
 (64, 34, 52)
 >>> b = k.encode(np.linspace(-1, 1, 64, dtype=np.float32))
 >>> b[32:].view("<f2").tolist()  # the stored norm
-[4.6875]
+[4.69140625]
 """
 
 from __future__ import annotations
@@ -346,7 +347,7 @@ class _Keys(Format):
             n = np.sqrt(acc).astype(F32)
         xh = x / (n + _EPS_NORM)[:, None]
         y = fwht(xh.astype(np.float64) * self._sh, normalize=False)  # products exact, the butterfly in float64
-        return n, y.astype(F32)
+        return n, (y + 0.0).astype(F32)  # an exact zero sum is +0 (the butterfly gives -0 for all -0 inputs)
 
     def index(self, y: NDArray[np.float32]) -> NDArray[np.uint8]:
         """The number of midpoints ``m_i <= y`` (ties up; +-0 -> L/2; NaN -> 0), as uint8."""

@@ -119,7 +119,7 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow):
             t[j] = np.float64(F32(x[b, j] / den)) * sh[j]
         fwht64(t)
         for j in range(d):
-            y = F32(t[j])
+            y = F32(t[j] + 0.0)  # an exact zero sum is +0, as the reference
             c = 0
             for i in range(n_mid):
                 if y >= mids[i]:
