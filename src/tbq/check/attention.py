@@ -170,7 +170,7 @@ class AttentionSettings:
     head_dim: int = 128
     k_options: dict[str, Any] = field(default_factory=dict)
     v_options: dict[str, Any] = field(default_factory=dict)
-    contexts: tuple[int, ...] = (1, 2, 5, 16, 33, 100, 512, 4096)
+    contexts: tuple[int, ...] = (1, 2, 5, 16, 33, 100, 512, 4096, 32768)
     ratios: tuple[int, ...] = (1, 4, 8)
     queries: int = 2
     prefill: tuple[int, ...] = (7, 64, 256)
@@ -508,6 +508,25 @@ def _kv_of_head(H: int, G: int, mapping: str = "div") -> NDArray[np.intp]:
     return np.arange(H) // (H // G) if mapping == "div" else np.arange(H) % G
 
 
+def _qk(q: NDArray[np.float64], K: NDArray[np.float64], mapping: str = "div") -> NDArray[np.float64]:
+    """``q . k_t`` ``(n_q, H, T)`` for query heads ``(n_q, H, D)`` over a cache ``(T, G, D)``: query head ``h``
+    reads KV head ``h // (H / G)`` (``mapping="mod"``: ``h % G``), without copying the cache per head."""
+    n_q, H, D = q.shape
+    T, G, _ = K.shape
+    if mapping != "div":
+        return np.einsum("qhd,thd->qht", q, K[:, _kv_of_head(H, G, mapping)], optimize=True)
+    return np.einsum("qgrd,tgd->qgrt", q.reshape(n_q, G, H // G, D), K, optimize=True).reshape(n_q, H, T)
+
+
+def _pv(w: NDArray[np.float64], V: NDArray[np.float64], mapping: str = "div") -> NDArray[np.float64]:
+    """``sum_t w_t v_t`` ``(n_q, H, D)`` for weights ``(n_q, H, T)`` over a cache ``(T, G, D)``."""
+    n_q, H, T = w.shape
+    G, D = V.shape[1], V.shape[2]
+    if mapping != "div":
+        return np.einsum("qht,thd->qhd", w, V[:, _kv_of_head(H, G, mapping)], optimize=True)
+    return np.einsum("qgrt,tgd->qgrd", w.reshape(n_q, G, H // G, T), V, optimize=True).reshape(n_q, H, D)
+
+
 def _attend(
     q: NDArray[np.float64],
     K: NDArray[np.float64],
@@ -520,8 +539,7 @@ def _attend(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """float64 attention: ``(out (n_q, H, D), scores (n_q, H, T) before the mask)``; an all-masked row is zeros."""
     n_q, H, D = q.shape
-    kvh = _kv_of_head(H, K.shape[1], mapping)
-    s = np.einsum("qhd,thd->qht", q, K[:, kvh], optimize=True) * scale
+    s = _qk(q, K, mapping) * scale
     if softcap:
         s = softcap * np.tanh(s / softcap)
     z = s + mask.astype(np.float64)[:, None, :]
@@ -534,7 +552,7 @@ def _attend(
         tot = w.sum(-1)
         if sinks is not None:
             tot = tot + np.exp(sinks.astype(np.float64)[None, :] - Mf[..., 0])
-        o = np.einsum("qht,thd->qhd", w, V[:, kvh], optimize=True)
+        o = _pv(w, V, mapping)
         out = np.where(tot[..., None] > 0, o / np.where(tot > 0, tot, 1.0)[..., None], 0.0)
     return out, s
 
@@ -552,14 +570,13 @@ def attention_bound(
     """The derived bound ``(n_q, n_head)`` of each output row (module docstring)."""
     p = p or _prepare(case, s, q_type)
     n_q, H, D = p.q.shape
-    kvh = _kv_of_head(H, p.K.shape[1])
-    aK = np.abs(p.K[:, kvh])  # (T, H, D)
-    mag = np.einsum("qhd,thd->qht", np.abs(p.q), aK, optimize=True)
-    frag = np.einsum("qhd,thd->qht", p.dq, aK, optimize=True)
-    dec = np.einsum("qhd,thd->qht", np.abs(p.q), p.dK[:, kvh], optimize=True)
+    aK = np.abs(p.K)
+    mag = _qk(np.abs(p.q), aK)
+    frag = _qk(p.dq, aK)
+    dec = _qk(np.abs(p.q), p.dK)
     if _rotated(s.k_format):  # the query rotated in float32 too: as many roundings as the keys' rotation
         dec = 2 * dec
-    raw = np.einsum("qhd,thd->qht", p.q, p.K[:, kvh], optimize=True) * case.scale
+    raw = _qk(p.q, p.K) * case.scale
     eps_t = case.scale * ((D + 8) * U32 * mag + frag + dec) + 4 * U32 * np.abs(raw)
     if case.softcap:
         eps_t = eps_t + 4 * U32 * case.softcap
@@ -571,8 +588,8 @@ def attention_bound(
     spread = np.where(np.isfinite(hi), hi - lo, 0.0)  # the largest |s_t - M| (0 for an all-masked row)
     if case.sinks is not None:
         spread = spread + np.abs(case.sinks)[None, :] + np.where(np.isfinite(hi), np.maximum(abs(hi), abs(lo)), 0.0)
-    aV = np.abs(p.V[:, kvh])  # (T, H, D)
-    vmax = np.max(np.where(visible[:, 0, :, None], aV.max(-1)[None], 0.0), axis=1)  # (n_q, H): visible tokens
+    vt = np.abs(p.V).max(-1)[:, _kv_of_head(H, p.V.shape[1])]  # (T, H): the largest |v| of each token
+    vmax = np.max(np.where(visible[:, 0, :, None], vt[None], 0.0), axis=1)  # (n_q, H): over the visible tokens
     T = np.sum(np.isfinite(case.mask), axis=1)[:, None]
     u_acc = U16 if v_acc == "f16" else U32
     u_sm = U16 if softmax == "f16" else 0.0
@@ -798,11 +815,9 @@ def diagnose_attention(
         )
         return found
     if nan_rows.any():
-        kvh = _kv_of_head(H, G)
-        w = np.exp(np.where(np.isfinite(case.mask)[:, None, :], 0.0, -np.inf))
-        acc = np.einsum("qht,thd->qhd", w, np.abs(p.V[:, kvh]))  # the unnormalized sum at equal weights
-        peak = float(np.max(acc))
-        over = float(np.max(np.abs(np.einsum("qht,thd->qhd", w, p.V[:, kvh]))))
+        w = np.broadcast_to(np.exp(np.where(np.isfinite(case.mask)[:, None, :], 0.0, -np.inf)), (n_q, H, T))
+        peak = float(np.max(_pv(w, np.abs(p.V))))  # the unnormalized sum at equal weights
+        over = float(np.max(np.abs(_pv(w, p.V))))
         if over > 65504 or peak > 65504:
             found.append(
                 Diagnosis(
@@ -870,8 +885,7 @@ def diagnose_attention(
 
 def _uniform_evidence(case: AttentionCase, p: _Prepared) -> list[str]:
     n_q, H, G, T, D = case.shape
-    kvh = _kv_of_head(H, G)
-    sc = np.einsum("qhd,thd->qht", p.q, p.K[:, kvh]) * case.scale
+    sc = _qk(p.q, p.K) * case.scale
     return [
         f"tbq's scores of this case span {float(sc.min()):.4g} .. {float(sc.max()):.4g}; the kernel's output is "
         "what scores all 0 give: every visible token weighted 1/T",
@@ -1088,21 +1102,27 @@ def check_attention(
             t0 = time.perf_counter()
             fc = [c for c in cases if c.family == fam]
             counts = np.zeros(len(CLASSES), np.int64)
+            tight = 0.0  # the largest |out - tbq| / bound of the rows in bound
             for b0 in range(0, len(fc), batch):
                 chunk = fc[b0 : b0 + batch]
                 outs = tgt.run_many(chunk, s)
                 for c, got in zip(chunk, outs, strict=True):
-                    cls = _judge(c, got, s, ar)[0]
+                    cls, ref, bound, _ = _judge(c, got, s, ar)
                     counts += np.bincount(cls.reshape(-1), minlength=len(CLASSES))
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        used = np.max(np.abs(got - ref), axis=-1) / bound
+                    if np.any(cls == FRAGILE):
+                        tight = max(tight, float(np.max(used[cls == FRAGILE])))
                     if np.any(cls == WRONG):
                         extras = c.sinks is not None or bool(c.softcap) or not np.all(c.mask == 0)
                         key = (int(extras), c.shape[3], c.shape[1] * c.shape[0])
                         if worst is None or key < worst[0]:
                             worst = (key, c)
             n = len(fc)
-            report.phases.append(
-                PhaseResult.from_counts("attention", fam, counts, time.perf_counter() - t0, f"{n} case{'s' * (n != 1)}")
+            note = f"{n} case{'s' * (n != 1)}" + (
+                f"; rows in bound use up to {100 * tight:.2g}% of it" if tight else ""
             )
+            report.phases.append(PhaseResult.from_counts("attention", fam, counts, time.perf_counter() - t0, note))
         if worst is not None:
             ce, diags = _minimal(tgt, worst[1], s, ar)
             report.counterexamples["attention"] = ce

@@ -207,7 +207,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--contexts",
         type=_int_list,
         metavar="T,T,...",
-        help="--attention: cache lengths of the decode family (default 1,2,5,16,33,100,512,4096)",
+        help="--attention: cache lengths of the decode family (default 1,2,5,16,33,100,512,4096,32768)",
     )
     a.add_argument(
         "--prefill",
