@@ -480,3 +480,21 @@ def test_numba_equals_numpy_on_many_random_blocks(fmt):
         assert_bits_equal(
             tbq.get_codec(fmt, backend="numba", **o).decode(a), tbq.get_codec(fmt, backend="numpy", **o).decode(a)
         )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_refusals_in_a_long_chunk_name_the_block_and_keep_the_blocks_before(fmt):
+    # the numba encoder's many-block path (32 blocks a group): the first refused block, the blocks before it written
+    x = np.random.default_rng(12).standard_normal((100, 128)).astype(F32)
+    x[70] *= F32(2e5)  # norm / recon >= 65520: an infinite scale
+    ref = tbq.get_codec(fmt, backend="numpy", on_overflow="inf").encode(x)
+    for b in BACKENDS:
+        out = np.zeros((100, tbq.format_info(fmt).type_size), np.uint8)
+        with pytest.raises(tbq.ScaleOverflowError, match="block 70"):
+            tbq.get_codec(fmt, backend=b, threads=1).encode(x, out=out)
+        assert_bytes_equal(out[:70], ref[:70], f"{fmt} {b}: blocks before the refused one")
+        assert_bytes_equal(tbq.get_codec(fmt, backend=b, on_overflow="inf").encode(x), ref, f"{fmt} {b} inf")
+        bad = x.copy()
+        bad[57, 3] = np.nan
+        with pytest.raises(tbq.NonFiniteError, match="block 57"):
+            tbq.get_codec(fmt, backend=b, threads=1, on_overflow="inf").encode(bad)

@@ -47,9 +47,9 @@ from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, turboq_mtp_signs
-from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, band, register_field_kind
+from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, register_field_kind
 from .planar_iso import pack_planes3, unpack_planes3
-from .tbq import TBQ_ULP_FLOOR
+from .tbq import _TBQ, TBQ_ULP_FLOOR
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -166,10 +166,14 @@ class _Turbo(Format):
         c = self.codebook.centroids
         s1, s2 = (s.astype(F32) for s in turboq_mtp_signs())
         inv = np.uint32(0x3DB504F3).view(F32)  # 1/sqrtf(128)
+        thr, csq = self.codebook.thresholds, (c * c).astype(F32)
+        if bits == 2:  # the encoder is TBQ's, whose index step takes 7 or 15 thresholds: +inf is never reached
+            thr = np.concatenate([thr, np.full(4, np.inf, F32)])
+            csq = np.concatenate([csq, np.zeros(4, F32)])
         self._k = {  # kernel tables; +-INV is exact (a sign flip of INV)
-            "thresholds": np.ascontiguousarray(self.codebook.thresholds),
+            "thresholds": np.ascontiguousarray(thr),
             "centroids": np.ascontiguousarray(c),
-            "centroids_sq": (c * c).astype(F32),
+            "centroids_sq": csq,
             "s1": np.ascontiguousarray(s1),
             "cs2": (inv * s2).astype(F32),
         }
@@ -251,27 +255,12 @@ class _Turbo(Format):
         out["idx"] = self._indices(np.ascontiguousarray(blocks[..., self._payload :]))
         return out
 
-    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
-        # v = r, the rotated coordinate (TBQ's rotation, so TBQ's ulp floor); boundaries: the literal thresholds
-        floor = self.ulp_floor if ulp_floor is None else float(ulp_floor)
-        thr = self.codebook.thresholds.astype(np.float64)
-        return band(lambda y: np.searchsorted(thr, y, side="right"), trace["r"], k, floor)
-
-    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-        return trace["norm"], trace["r"]
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        # the codebook's centroids, met by r: the unit-norm block, rotated
-        return self.codebook.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
-
-    def tables(self) -> dict[str, NDArray[Any]]:
-        """The exact tables this instance uses: centroids, thresholds (float32), signs1, signs2 (int8)."""
-        return {
-            "centroids": self.codebook.centroids.copy(),
-            "thresholds": self.codebook.thresholds.copy(),
-            "signs1": self.rotation.signs1.astype(np.int8),
-            "signs2": self.rotation.signs2.astype(np.int8),
-        }
+    # TBQ's, on the same attributes (``codebook``, ``rotation``, ``ulp_floor``): the same rotation, a codebook
+    # whose thresholds the rotated coordinate ``r`` crosses, the same tables
+    fragile_values = _TBQ.fragile_values
+    rotated_view = _TBQ.rotated_view
+    value_table = _TBQ.value_table
+    tables = _TBQ.tables
 
 
 _D = Field("d", 0, 2, "f16", "the C struct's norm: fp16 corrected norm norm / recon")

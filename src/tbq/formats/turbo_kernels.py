@@ -1,11 +1,12 @@
 """numba twins of :mod:`tbq.formats.turbo` (same bytes, same float32 bits).
 
-The encoder is TBQ4_0's one-block path (:mod:`tbq.formats.tbq_kernels`: the sequential sum of squares,
-``x * (1/norm)``, signs1, the butterfly, ``* (+-1/sqrt(128))``, the count of thresholds, the corrected
-norm), which is turbo's arithmetic step for step on finite input, followed by turbo's packing
-(turbo3's planes are planar3_0's, :mod:`tbq.formats.planar_iso_kernels`). Finite input never gives a
-NaN rotated coordinate, so the count ``#{k : r >= t_k}`` is the spec's ``#{k : not (r < t_k)}``;
-non-finite input is refused (``STATUS_NONFINITE``), as by every format.
+The encoder is TBQ4_0's (:mod:`tbq.formats.tbq_kernels`: the sequential sum of squares, ``x * (1/norm)``,
+signs1, the butterfly, ``* (+-1/sqrt(128))``, the count of thresholds, the corrected norm), run with turbo's
+tables into a scratch of TBQ4_0 blocks (fp16 ``d`` + the indices in nibble pairs), whose indices
+:func:`repack` then writes in turbo's layout; that is turbo's arithmetic step for step on finite input.
+Finite input never gives a NaN rotated coordinate, so the count ``#{k : r >= t_k}`` is the spec's
+``#{k : not (r < t_k)}``; non-finite input is refused (``STATUS_NONFINITE``), as by every format. turbo2's
+three thresholds are padded with +inf to the 3-bit kernels' seven (no finite coordinate reaches them).
 
 The decoder is one rounded product per value, ``C[idx] * d``, with no inverse rotation.
 """
@@ -15,69 +16,64 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
-    STATUS_NONFINITE,
     STATUS_OK,
-    STATUS_SCALE_OVERFLOW,
     TARGET_AVX2,
-    block_finite,
-    f16_is_inf,
-    f32_to_f16_bits,
     jit,
     load_f16,
     lookup16_row,
     reader_aux,
     reader_blocks,
     reader_out,
-    store_f16,
 )
-from ..packing_kernels import hi4, lo4, pair4
+from ..packing_kernels import hi4, lo4
+from . import tbq_kernels
 from .planar_iso_kernels import _I0, _I1, _I2, _I3, _I4, _I5, _I6, _I7, idx3_planes, qs_byte, signs_byte
-from .tbq_kernels import _index_scale_1d, _rotate_1d, _sum_squares_1d
 
-F32 = np.float32
-_FLT_MAX = F32(3.4028234663852886e38)
 _SHIFTS2 = np.array([0, 2, 4, 6], np.int64)
+#: bytes of a TBQ4_0 block, the encoder's scratch layout
+_TBQ4_BYTES = 66
+
+
+def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow):
+    """turbo2 (bits=2) / turbo3 (3) / turbo4 (4) encoder; returns ``(block, status)`` as every encode kernel.
+
+    ``thresholds`` / ``centroids_sq``: 15 and 16 values, or 7 and 8 (turbo2's padded); ``cs2`` is
+    ``INV * signs2`` (exact: +-INV), ``centroids_sq`` the exact float32 terms of the recon sum.
+    """
+    n = x.shape[0]
+    scratch = np.empty((n, _TBQ4_BYTES), np.uint8)
+    if n < tbq_kernels.SMALL_BLOCKS:
+        b, status = tbq_kernels.encode_blocks(x, scratch, 4, thresholds, centroids_sq, s1, cs2, raise_overflow)
+    else:
+        b, status = tbq_kernels.encode(
+            x, scratch, 4, thresholds, centroids_sq, s1, cs2, raise_overflow, tbq_kernels.LANES
+        )
+    repack(scratch, out, bits, n if status == STATUS_OK else b)
+    return b, status
 
 
 @jit
-def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow):
-    """turbo2 (bits=2) / turbo3 (3) / turbo4 (4) encoder, one block at a time; returns ``(block, status)``.
-
-    ``cs2`` is ``INV * signs2`` (exact: +-INV), ``centroids_sq`` the exact float32 terms of the recon sum.
-    """
-    nblk = x.shape[0]
-    n = x.shape[1]
-    v = np.empty(n, np.float32)
-    K = np.empty(n, np.int32)
-    for b in range(nblk):
-        row = x[b]
-        norm2 = _sum_squares_1d(row)  # 1.
-        if not (norm2 <= _FLT_MAX) and not block_finite(x, b):
-            return b, STATUS_NONFINITE
-        nv = _rotate_1d(row, norm2, v, 4, s1, cs2)  # 2.-3.: x * (1/norm or 0), R
-        d = _index_scale_1d(v, nv, K, 4, thresholds, centroids_sq)  # 4.-5.: indices, norm / recon
-        h = f32_to_f16_bits(d)
-        if raise_overflow and f16_is_inf(h):
-            return b, STATUS_SCALE_OVERFLOW
-        store_f16(out, b, h)  # 6. store
+def repack(scratch, out, bits, n):
+    """The first ``n`` TBQ4_0 blocks of ``scratch`` (fp16 ``d``, indices in nibble pairs) in turbo's layout."""
+    for b in range(n):
+        src = scratch[b]
         orow = out[b]
-        if bits == 2:
-            for k in range(n // 4):
-                orow[2 + k] = np.uint8(qs_byte(K[4 * k], K[4 * k + 1], K[4 * k + 2], K[4 * k + 3]))
-        elif bits == 3:
-            for k in range(n // 4):
-                orow[2 + k] = np.uint8(qs_byte(K[4 * k], K[4 * k + 1], K[4 * k + 2], K[4 * k + 3]))
-            for m in range(n // 8):
-                o = 8 * m
-                orow[2 + n // 4 + m] = np.uint8(
-                    signs_byte(K[o], K[o + 1], K[o + 2], K[o + 3], K[o + 4], K[o + 5], K[o + 6], K[o + 7])
-                )
-        else:
+        orow[0] = src[0]
+        orow[1] = src[1]
+        if bits == 4:
             orow[2] = np.uint8(0)  # rnorm: fp16 +0
             orow[3] = np.uint8(0)
-            for k in range(n // 2):
-                orow[4 + k] = pair4(K[2 * k], K[2 * k + 1])
-    return -1, STATUS_OK
+            for k in range(64):
+                orow[4 + k] = src[2 + k]
+            continue
+        for k in range(32):  # qs: four indices a byte (the low 2 bits of turbo3's)
+            v0, v1 = src[2 + 2 * k], src[3 + 2 * k]
+            orow[2 + k] = np.uint8(qs_byte(lo4(v0), hi4(v0), lo4(v1), hi4(v1)))
+        if bits == 3:
+            for m in range(16):  # signs: bit 2 of eight indices a byte
+                o = 2 + 4 * m
+                a, c, e, g = src[o], src[o + 1], src[o + 2], src[o + 3]
+                orow[34 + m] = np.uint8(signs_byte(lo4(a), hi4(a), lo4(c), hi4(c), lo4(e), hi4(e), lo4(g), hi4(g)))
 
 
 @jit
