@@ -441,18 +441,23 @@ class Format:
         (the identity unless :attr:`decode_domain` is ``"rotated"``)."""
         return np.asarray(y)
 
-    def _per_block(
-        self, v: ArrayLike, f: Callable[[NDArray[np.floating[Any]]], NDArray[np.floating[Any]]]
-    ) -> NDArray[np.floating[Any]]:
-        """``f`` applied to each block of ``v`` (float32 or float64 kept, other floats as float32)."""
+    def _float_blocks(self, v: ArrayLike, what: str) -> NDArray[np.floating[Any]]:
+        """``v`` as an array of floats whose last axis is whole blocks, else the one-line typed error naming ``what``."""
         a = np.asarray(v)
         if a.dtype.kind != "f":
-            raise TbqTypeError(f"{self.name}: values must be float, got dtype {a.dtype}")
+            raise TbqTypeError(f"{self.name}: {what} must be float, got dtype {a.dtype}")
         if a.ndim == 0 or a.shape[-1] % self.block_size:
             n = a.shape[-1] if a.ndim else 0
             raise BlockShapeError(
                 f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {self.block_size}"
             )
+        return a
+
+    def _per_block(
+        self, v: ArrayLike, f: Callable[[NDArray[np.floating[Any]]], NDArray[np.floating[Any]]]
+    ) -> NDArray[np.floating[Any]]:
+        """``f`` applied to each block of ``v`` (float32 or float64 kept, other floats as float32)."""
+        a = self._float_blocks(v, "values")
         if a.dtype not in (np.float32, np.float64):
             a = a.astype(np.float32)
         return f(a.reshape(-1, self.block_size)).reshape(a.shape)
@@ -699,14 +704,7 @@ class Format:
         last axis is whole blocks (use :func:`tbq.quantize` for the fast,
         threaded path with the same bytes).
         """
-        a = np.asarray(x)
-        if a.dtype.kind != "f":
-            raise TbqTypeError(f"{self.name}: input must be float, got dtype {a.dtype}")
-        if a.ndim == 0 or a.shape[-1] % self.block_size:
-            n = a.shape[-1] if a.ndim else 0
-            raise BlockShapeError(
-                f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {self.block_size}"
-            )
+        a = self._float_blocks(x, "input")
         if not np.isfinite(a).all():
             from ..errors import NonFiniteError
 
