@@ -498,3 +498,20 @@ def test_refusals_in_a_long_chunk_name_the_block_and_keep_the_blocks_before(fmt)
         bad[57, 3] = np.nan
         with pytest.raises(tbq.NonFiniteError, match="block 57"):
             tbq.get_codec(fmt, backend=b, threads=1, on_overflow="inf").encode(bad)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_tiny_norms_keep_their_indices_with_a_zero_scale(fmt):
+    # the conformance rows of kind tiny_1e-9 (norm a little above 1e-10): real indices, d rounds to fp16 +0
+    inputs = load_npz("inputs")
+    ref = load_npz(f"turbo/{fmt}__strict")
+    rows = np.flatnonzero((inputs["family"] == 6) & (inputs["kind"] == 11))
+    assert rows.size > 10
+    q = ref["q"][rows]
+    f = tbq.get_format(fmt)
+    zero_block = f.encode(np.zeros(128, F32))
+    assert not q[:, :2].any() and (q != zero_block).any(axis=1).all()
+    for b in BACKENDS:
+        assert_bytes_equal(tbq.get_codec(fmt, backend=b).encode(inputs["x"][rows]), q, f"{fmt} {b}")
+        y = tbq.get_codec(fmt, backend=b).decode(q)
+        assert not y.any()
