@@ -1110,7 +1110,8 @@ def check_attention(
                     cls, ref, bound, _ = _judge(c, got, s, ar)
                     counts += np.bincount(cls.reshape(-1), minlength=len(CLASSES))
                     with np.errstate(invalid="ignore", divide="ignore"):
-                        used = np.max(np.abs(got - ref), axis=-1) / bound
+                        err = np.max(np.abs(got - ref), axis=-1)
+                        used = np.where(bound > 0, err / np.where(bound > 0, bound, 1), 0.0)
                     if np.any(cls == FRAGILE):
                         tight = max(tight, float(np.max(used[cls == FRAGILE])))
                     if np.any(cls == WRONG):
@@ -1119,9 +1120,7 @@ def check_attention(
                         if worst is None or key < worst[0]:
                             worst = (key, c)
             n = len(fc)
-            note = f"{n} case{'s' * (n != 1)}" + (
-                f"; rows in bound use up to {100 * tight:.2g}% of it" if tight else ""
-            )
+            note = f"{n} case{'s' * (n != 1)}" + (f"; rows in bound use up to {_percent(tight)} of it" if tight else "")
             report.phases.append(PhaseResult.from_counts("attention", fam, counts, time.perf_counter() - t0, note))
         if worst is not None:
             ce, diags = _minimal(tgt, worst[1], s, ar)
@@ -1136,6 +1135,12 @@ def check_attention(
         except OSError as exc:
             report.notes.append(f"the counterexample files could not be written to {out}: {exc.strerror or exc}")
     return report
+
+
+def _percent(x: float) -> str:
+    """``0.072%``, ``9.6%``, ``99%``: two significant digits, never an exponent."""
+    p = 100 * x
+    return f"{p:.0f}%" if p >= 10 else f"{p:.2g}%" if p >= 0.01 else "<0.01%"
 
 
 def _judge(

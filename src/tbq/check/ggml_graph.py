@@ -164,7 +164,15 @@ class GgmlAttention(AttentionTarget):
             )
         self.names, self.k_name, self.v_name = names, kt, vt
         self._load()
-        return self._match_tables(s)
+        s, notes = self._match_tables(s)
+        rotated = [f.name for f in (s.k_format, s.v_format) if f.decode_domain == "rotated"]
+        if rotated and self.rotate:
+            notes.append(
+                f"{' and '.join(dict.fromkeys(rotated))} decode{'s' * (len(set(rotated)) == 1)} to the rotated domain: "
+                "the query is rotated before ggml_flash_attn_ext (K) and the output rotated back after it (V) with "
+                "tbq's rotation, as the fork's llama.cpp graph does (--bare: the kernel alone)"
+            )
+        return s, notes
 
     def _probe(self, kt: str, vt: str, D: int) -> subprocess.CompletedProcess[str]:
         try:
@@ -255,9 +263,10 @@ class GgmlAttention(AttentionTarget):
                     f"the build's dequantize_row_{fmt.name} decodes tbq's {fmt.name} ({text}) bytes to other values, "
                     "and so it does with every known value of the options not given: it uses other tables"
                 )
-            s = replace(s, **{f"{which}_options": found})
             default = {n: o.default for n, o in type(fmt).options.items()}
-            chosen = ", ".join(f"{k}={found[k]}" for k in free if found[k] != default[k])
+            found = {k: v for k, v in found.items() if k in given or v != default[k]}
+            s = replace(s, **{f"{which}_options": found})
+            chosen = ", ".join(f"{k}={found[k]}" for k in free if k in found)
             notes.append(
                 f"the build's dequantize_row_{fmt.name} reads {fmt.name} bytes with {chosen} (not the format's "
                 f"defaults): the {'K' if which == 'k' else 'V'} cache is encoded and judged with those tables"
