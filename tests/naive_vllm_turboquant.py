@@ -154,10 +154,15 @@ def decode_key_rotated(fmt, block: bytes) -> list[F32]:
 def decode_key(fmt, block: bytes) -> list[F32]:
     d = fmt.info.block_size
     yr = decode_key_rotated(fmt, block)
-    if not all(math.isfinite(v) for v in yr):
-        raise ValueError("the model decodes finite keys only")
     s = signs_of(fmt)
     h16 = Fraction(float(np.float16(h_of(d))))
+    if not all(math.isfinite(v) for v in yr):  # arbitrary bytes: the sum of signed infinities, as IEEE has it
+        out = []
+        for j in range(d):
+            terms = {math.copysign(1.0, float(yr[i]) * sylvester(i, j) * s[j]) for i in range(d) if math.isinf(yr[i])}
+            nan = any(math.isnan(v) for v in yr) or len(terms) > 1
+            out.append(rn16_f32(F32(math.nan if nan else terms.pop() * math.inf)))
+        return out
     return [rn16(sum(Fraction(float(yr[i])) * sylvester(i, j) for i in range(d)) * s[j] * h16) for j in range(d)]
 
 
