@@ -46,8 +46,8 @@ from ..errors import ConfigError
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
-from ..rotation import RandomizedHadamard, turboq_mtp_signs
-from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, register_field_kind
+from ..rotation import RandomizedHadamard, hadamard_scale, turboq_mtp_signs
+from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, read_field, register_field_kind
 from .planar_iso import pack_planes3, unpack_planes3
 from .tbq import _TBQ, TBQ_ULP_FLOOR
 
@@ -165,7 +165,7 @@ class _Turbo(Format):
         self.rotation = RandomizedHadamard(*turboq_mtp_signs())
         c = self.codebook.centroids
         s1, s2 = (s.astype(F32) for s in turboq_mtp_signs())
-        inv = np.uint32(0x3DB504F3).view(F32)  # 1/sqrtf(128)
+        inv = hadamard_scale(self.info.block_size, F32)  # 1/sqrtf(128) = 0x3db504f3
         thr, csq = self.codebook.thresholds, (c * c).astype(F32)
         if bits == 2:  # the encoder is TBQ's, whose index step takes 7 or 15 thresholds: +inf is never reached
             thr = np.concatenate([thr, np.full(4, np.inf, F32)])
@@ -249,9 +249,9 @@ class _Turbo(Format):
         """``{"d": float32 (..., n_blocks), "idx": uint8 (..., n_blocks, 128)}`` (turbo3's planes combined),
         and turbo4's ``"rnorm"`` (float32, always +0 as written)."""
         blocks = self._blocks(data)
-        out = {"d": f16_table()[np.ascontiguousarray(blocks[..., 0:2]).view("<u2")[..., 0]]}
+        out = {"d": read_field("f16", np.ascontiguousarray(blocks[..., 0:2]))}
         if self._payload == 4:
-            out["rnorm"] = f16_table()[np.ascontiguousarray(blocks[..., 2:4]).view("<u2")[..., 0]]
+            out["rnorm"] = read_field("f16", np.ascontiguousarray(blocks[..., 2:4]))
         out["idx"] = self._indices(np.ascontiguousarray(blocks[..., self._payload :]))
         return out
 
