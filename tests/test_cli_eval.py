@@ -305,3 +305,44 @@ def test_eval_runs_soft_capping_and_hybrid_models(arch, tmp_path, text, capsys):
     stats = rows["q4_0:q4_0"]["llama_cpp"]
     assert stats["Mean PPL(Q)"][0] == pytest.approx(rows["q4_0:q4_0"]["ppl"], rel=1e-12)
     assert {"Mean KLD", "99.9% KLD", "Median KLD", "Minimum KLD", "RMS Δp", "Same top p"} <= set(stats)
+
+
+def test_eval_prompts_and_context_sweep(rand_dir, text, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n{"prompt": "import os\\n"}\n{"prompt": "{\\"a\\": "}\n')
+    args = (rand_dir, "--text", text, "--context", 256, "--chunks", 2, "--cache-types", "f16,q4_0,tbq3_0")
+    code, out, err = _run(capsys, *args, "--generate", 6, "--prompts", prompts, "--contexts", "64,128", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    gen = res["generation"]
+    assert gen["prompts"] == 3 and gen["generate"] == 6
+    assert [r["cache"] for r in gen["rows"]] == ["q4_0:q4_0", "tbq3_0:tbq3_0"]  # f16 is the reference
+    for r in gen["rows"]:
+        assert len(r["first_diff"]) == 3
+        assert r["exact_match"] == sum(d is None for d in r["first_diff"]) / 3
+        assert all(d is None or 0 <= d < 6 for d in r["first_diff"])
+        assert 0 <= r["json_kept"] <= r["json_f16"] <= 3
+    assert [s["context"] for s in res["contexts"]] == [64, 128]
+    for s in res["contexts"]:
+        assert [r["cache"] for r in s["rows"]] == ["f32:f32", "f16:f16", "q4_0:q4_0", "tbq3_0:tbq3_0"]
+        assert s["rows"][2]["kl_mean"] > 0
+    # the same as text: two more tables under the main one
+    code, out, err = _run(capsys, *args, "--generate", 6, "--prompts", prompts, "--contexts", "64")
+    assert code == 0, err
+    assert "greedy generation from 3 prompts, 6 tokens each, against f16:" in out
+    assert "context sweep against f16" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--contexts", "64,abc"], "--contexts '64,abc': 'abc' is not an integer"),
+        (["--contexts", "63"], "must be an even integer of at least 4, got 63"),
+        (["--contexts", "2048"], "--contexts: 2048 is beyond the model's limit of 1024 positions"),
+        (["--prompts", "/no/such/file"], "--prompts /no/such/file: no such file"),
+    ],
+)
+def test_eval_prompts_and_contexts_errors_are_one_line(argv, message, rand_dir, text, capsys):
+    code, out, err = _run(capsys, rand_dir, "--text", text, "--cache-types", "q4_0", *argv)
+    assert code == 2 and err.count("\n") == 1 and message in err, err

@@ -76,6 +76,18 @@ def _config(arch):
             **c,
         )
         return cfg, tf.Qwen3NextForCausalLM
+    if arch == "qwen3_5":  # the Qwen3.5 family: 3 gated delta-net layers per full-attention layer
+        c = dict(COMMON, num_hidden_layers=4)
+        cfg = tf.Qwen3_5TextConfig(
+            head_dim=64,
+            linear_num_value_heads=2,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            **c,
+        )
+        return cfg, tf.Qwen3_5ForCausalLM
     raise AssertionError(arch)
 
 
@@ -92,7 +104,7 @@ def _model(arch, seed=0):
     return m
 
 
-ARCHS = ["llama", "qwen3", "phi3", "gemma2", "gemma3", "gpt_oss", "qwen3_next", "llama_head_dim_80"]
+ARCHS = ["llama", "qwen3", "phi3", "gemma2", "gemma3", "gpt_oss", "qwen3_next", "qwen3_5", "llama_head_dim_80"]
 
 
 def _logits(model, ids, cache=None, **kw):

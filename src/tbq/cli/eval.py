@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="greedy tokens generated with each cache; the table shows the first that departs from f16's",
     )
     a.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="also generate --generate greedy tokens (default 32) from each prompt of FILE (one a line, or JSONL "
+        'with a "prompt" key) with f16 and each type: exact-match rate, first differing token, JSON still parsing',
+    )
+    a.add_argument(
+        "--contexts",
+        metavar="N,N,...",
+        help="also a context sweep: the KL against f16 at each context length (e.g. 128,256,512), "
+        "each as its own llama-perplexity chunking",
+    )
+    a.add_argument(
         "--capture",
         metavar="FILE.npz",
         help="also save the model's real post-RoPE K and V of the first chunk (arrays layer<L>_k, layer<L>_v)",
@@ -170,11 +183,31 @@ def _tokens(args: Any, tokenizer: Any, model: Any) -> np.ndarray:
     return text_tokens(tokenizer, text, getattr(model.config, "bos_token_id", None))
 
 
+def _contexts(text: str | None) -> list[int]:
+    if text is None:
+        return []
+    out = []
+    for part in text.split(","):
+        try:
+            c = int(part)
+        except ValueError:
+            raise TbqValueError(f"--contexts {text!r}: {part!r} is not an integer") from None
+        if c < 4 or c % 2:
+            raise TbqValueError(f"--contexts {text!r}: each context must be an even integer of at least 4, got {c}")
+        out.append(c)
+    return out
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from ..progress import Progress
 
     # everything that can be checked before loading the model
     types = _cache_types(args)
+    contexts = _contexts(args.contexts)
+    if args.prompts is not None and not Path(args.prompts).is_file():
+        raise TbqValueError(f"--prompts {args.prompts}: no such file")
+    if args.prompts is not None and args.tokens is not None:
+        raise TbqValueError("--prompts needs the model's tokenizer; it cannot go with --tokens")
     plot = check_figure_file(args.plot, "--plot") if args.plot else None
     capture = check_output_file(args.capture, "--capture") if args.capture else None
     if args.text is not None and not Path(args.text).is_file():
@@ -191,6 +224,13 @@ def run_cli(args: argparse.Namespace) -> int:
         raise TbqValueError(f"--sink-type {args.sink_type!r}: unknown format; known: f32, {', '.join(formats())}")
     model, tokenizer = load(path, tokenizer=args.tokens is None)
     tokens = _tokens(args, tokenizer, model)
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    for c in contexts:  # refused before any work, naming the context
+        if limit is not None and c > limit:
+            raise TbqValueError(f"--contexts: {c} is beyond the model's limit of {limit} positions")
+        if len(tokens) < 2 * c:
+            raise TbqValueError(f"--contexts: {c} needs at least {2 * c} tokens of text, the text has {len(tokens)}")
+    prompts = ev.read_prompts(args.prompts) if args.prompts is not None else None
     name = "shipped model" if args.model is None else str(args.model)
     bar = Progress(1, "tbq eval", enabled=False if args.quiet else None)
 
@@ -218,6 +258,32 @@ def run_cli(args: argparse.Namespace) -> int:
         model_name=Path(name).name if args.model else name,
         progress=progress,
     )
+    extra: dict[str, Any] = {}
+    if prompts is not None:
+        extra["generation"] = ev.generation_agreement(
+            model,
+            tokenizer,
+            prompts,
+            types,
+            generate=args.generate or 32,
+            sinks=args.sinks,
+            sink_type=args.sink_type,
+            rotate_attention=not args.no_attn_rot,
+        )
+    if contexts:
+        extra["contexts"] = []
+        for c in contexts:
+            res = ev.evaluate(
+                model,
+                tokens,
+                types,
+                context=c,
+                chunks=min(DEFAULT_CHUNKS, len(tokens) // c),
+                sinks=args.sinks,
+                sink_type=args.sink_type,
+                rotate_attention=not args.no_attn_rot,
+            )
+            extra["contexts"].append({"context": c, "chunks": res.settings["chunks"], "rows": res.to_dict()["rows"]})
     bar.close()
     if capture is not None:
         from ..hf.capture import capture_kv, save_kv
@@ -226,21 +292,53 @@ def run_cli(args: argparse.Namespace) -> int:
         written = save_kv(capture, kv)
         print(f"tbq eval: wrote the K and V of {len(kv)} layers ({args.context} tokens) to {written}", file=sys.stderr)
     if args.json:
-        print(result.to_json())
+        out = result.to_dict()
+        out.update(extra)
+        print(json.dumps(out, indent=2, allow_nan=False, default=ev.json_default))
     else:
         print(result.table())
-        greedy = (
-            f"greedy: the first of {args.generate} generated tokens that departs from f16's; " if args.generate else ""
-        )
+        if args.generate:
+            print(f"(greedy: the first of {args.generate} generated tokens that departs from f16's)")
         window = result.rows[1].window_bytes  # f16's
         windows = f", plus {window:,} B in the sliding-window layers' windows (f16)" if window else ""
-        print(
-            f"({greedy}B/token: one token's K and V rows in the full-attention layers{windows}; engine {args.engine}"
-            f"{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)"
-        )
+        print(f"(B/token: one token's K and V rows in the full-attention layers{windows})")
+        print(f"(engine {args.engine}{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)")
+        for line in _extra_lines(extra):
+            print(line)
     if plot is not None:
         from ..hf.plot import plot_eval
 
         written = plot_eval(result, plot)
         print(f"tbq eval: wrote {written}", file=sys.stderr)
     return 0
+
+
+def _extra_lines(extra: dict[str, Any]) -> list[str]:
+    """The generation and context-sweep tables under the main one."""
+    lines: list[str] = []
+    gen = extra.get("generation")
+    if gen is not None:
+        lines += [
+            "",
+            f"greedy generation from {gen['prompts']} prompts, {gen['generate']} tokens each, against f16:",
+            f"{'cache K:V':<26} {'exact':>6} {'first diff (min, median)':>25} {'JSON kept':>10}",
+        ]
+        for r in gen["rows"]:
+            if "refused" in r:
+                lines.append(f"{r['cache']:<26} refused: {r['refused']}")
+                continue
+            diffs = sorted(d for d in r["first_diff"] if d is not None)
+            where = "-" if not diffs else f"{diffs[0]}, {diffs[len(diffs) // 2]}"
+            kept = "-" if not r["json_f16"] else f"{r['json_kept']}/{r['json_f16']}"
+            lines.append(f"{r['cache']:<26} {r['exact_match']:>6.3f} {where:>25} {kept:>10}")
+    for sweep in extra.get("contexts", []):
+        if sweep is extra["contexts"][0]:
+            lines += ["", "context sweep against f16: KL mean and PPL(Q)/PPL(base) by context:"]
+            lines.append(f"{'context':>7} {'cache K:V':<26} {'KL mean':>9} {'PPL ratio':>10}")
+        for r in sweep["rows"][2:]:
+            if r["refused"] is not None:
+                lines.append(f"{sweep['context']:>7} {r['cache']:<26} refused")
+                continue
+            ratio = r["llama_cpp"]["Mean PPL(Q)/PPL(base)"][0]
+            lines.append(f"{sweep['context']:>7} {r['cache']:<26} {r['kl_mean']:>9.5f} {ratio:>10.5f}")
+    return lines
