@@ -126,7 +126,9 @@ def decode_block(fmt_obj, block: bytes) -> list[F32]:
     if bits == 2:
         idx = [(q[2 + (j >> 2)] >> (2 * (j & 3))) & 3 for j in range(128)]
     elif bits == 3:
-        idx = [((q[2 + (j >> 2)] >> (2 * (j & 3))) & 3) | (((q[34 + (j >> 3)] >> (j & 7)) & 1) << 2) for j in range(128)]
+        idx = [
+            ((q[2 + (j >> 2)] >> (2 * (j & 3))) & 3) | (((q[34 + (j >> 3)] >> (j & 7)) & 1) << 2) for j in range(128)
+        ]
     else:
         idx = [(q[4 + (j >> 1)] >> (4 * (j & 1))) & 15 for j in range(128)]
     return [F32(C[i] * D) for i in idx]
