@@ -83,6 +83,8 @@ __all__ = [
     "AttentionCounterexample",
     "check_attention",
     "make_cases",
+    "same_cache_groups",
+    "stack_rows",
     "reference_attention",
     "attention_bound",
     "diagnose_attention",
@@ -303,6 +305,42 @@ class AttentionCase:
                 mask=np.ascontiguousarray(c.mask[n_q - rows :, :tokens]),
             )
         return c
+
+
+def _same_cache(a: AttentionCase, b: AttentionCase) -> bool:
+    """True when ``a`` and ``b`` are decode steps (one query token) over the same cache arrays, with the same
+    mask, scale and softcap and no sink logits: one call of the kernel, or one judgement, may take both."""
+    return (
+        a.k is b.k
+        and a.v is b.v
+        and a.q.shape == b.q.shape
+        and a.q.shape[0] == 1
+        and a.sinks is None
+        and b.sinks is None
+        and a.scale == b.scale
+        and a.softcap == b.softcap
+        and np.array_equal(a.mask, b.mask)
+    )
+
+
+def same_cache_groups(cases: Sequence[AttentionCase]) -> list[list[int]]:
+    """Indices of consecutive ``cases`` that :func:`_same_cache` puts together, in order."""
+    groups: list[list[int]] = []
+    for i, c in enumerate(cases):
+        if groups and _same_cache(cases[groups[-1][0]], c):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def stack_rows(cases: Sequence[AttentionCase]) -> AttentionCase:
+    """Decode steps over one cache (:func:`same_cache_groups`) as one case whose query rows are theirs."""
+    if len(cases) == 1:
+        return cases[0]
+    c = cases[0]
+    q = np.concatenate([x.q for x in cases])
+    return replace(c, q=q, mask=np.repeat(c.mask, len(cases), axis=0))
 
 
 def _encode(fmt: Format, x: NDArray[np.float32]) -> NDArray[np.uint8]:
@@ -565,7 +603,13 @@ def reference_attention(case: AttentionCase, s: AttentionSettings, q_type: str =
 
 
 def attention_bound(
-    case: AttentionCase, s: AttentionSettings, q_type: str, v_acc: str, softmax: str = "f32", p: _Prepared | None = None
+    case: AttentionCase,
+    s: AttentionSettings,
+    q_type: str,
+    v_acc: str,
+    softmax: str = "f32",
+    p: _Prepared | None = None,
+    out: NDArray[np.float64] | None = None,
 ) -> NDArray[np.float64]:
     """The derived bound ``(n_q, n_head)`` of each output row (module docstring)."""
     p = p or _prepare(case, s, q_type)
@@ -597,7 +641,8 @@ def attention_bound(
     if _rotated(s.v_format):  # a float32 rotation of the values or of the output: log2(block) + 2 roundings
         bs = s.v_format.block_size
         rel = rel + (math.log2(bs) + 2) * U32 * math.sqrt(bs)
-    out = _attend(p.q, p.K, p.V, case.mask, case.scale, case.softcap, case.sinks)[0]
+    if out is None:
+        out = _attend(p.q, p.K, p.V, case.mask, case.scale, case.softcap, case.sinks)[0]
     return 1.01 * (rel * vmax + U32 * np.max(np.abs(out), -1))
 
 
@@ -1060,7 +1105,7 @@ def check_attention(
     settings: AttentionSettings,
     *,
     out: str | os.PathLike[str] | None = None,
-    batch: int = 64,
+    batch: int = 256,
 ) -> AttentionReport:
     """Check an attention kernel (an :class:`AttentionTarget`, or a Python function ``(q, k, v, meta) -> out``)
     on the cases of ``settings``; returns an :class:`AttentionReport` (``report.ok``; ``str(report)``).
@@ -1106,19 +1151,26 @@ def check_attention(
             for b0 in range(0, len(fc), batch):
                 chunk = fc[b0 : b0 + batch]
                 outs = tgt.run_many(chunk, s)
-                for c, got in zip(chunk, outs, strict=True):
-                    cls, ref, bound, _ = _judge(c, got, s, ar)
-                    counts += np.bincount(cls.reshape(-1), minlength=len(CLASSES))
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        err = np.max(np.abs(got - ref), axis=-1)
-                        used = np.where(bound > 0, err / np.where(bound > 0, bound, 1), 0.0)
-                    if np.any(cls == FRAGILE):
-                        tight = max(tight, float(np.max(used[cls == FRAGILE])))
-                    if np.any(cls == WRONG):
-                        extras = c.sinks is not None or bool(c.softcap) or not np.all(c.mask == 0)
-                        key = (int(extras), c.shape[3], c.shape[1] * c.shape[0])
-                        if worst is None or key < worst[0]:
-                            worst = (key, c)
+                for group in same_cache_groups(chunk):
+                    # the decode steps over one cache judged at once, as the rows of one call (the bound is per row)
+                    cls_all, ref_all, bound_all, _ = _judge(
+                        stack_rows([chunk[i] for i in group]), np.concatenate([outs[i] for i in group]), s, ar
+                    )
+                    for n_row, i in enumerate(group):
+                        c, got = chunk[i], outs[i]
+                        rows = slice(n_row, n_row + 1) if len(group) > 1 else slice(None)
+                        cls, ref, bound = cls_all[rows], ref_all[rows], bound_all[rows]
+                        counts += np.bincount(cls.reshape(-1), minlength=len(CLASSES))
+                        with np.errstate(invalid="ignore", divide="ignore"):
+                            err = np.max(np.abs(got - ref), axis=-1)
+                            used = np.where(bound > 0, err / np.where(bound > 0, bound, 1), 0.0)
+                        if np.any(cls == FRAGILE):
+                            tight = max(tight, float(np.max(used[cls == FRAGILE])))
+                        if np.any(cls == WRONG):
+                            extras = c.sinks is not None or bool(c.softcap) or not np.all(c.mask == 0)
+                            key = (int(extras), c.shape[3], c.shape[1] * c.shape[0])
+                            if worst is None or key < worst[0]:
+                                worst = (key, c)
             n = len(fc)
             note = f"{n} case{'s' * (n != 1)}" + (f"; rows in bound use up to {_percent(tight)} of it" if tight else "")
             report.phases.append(PhaseResult.from_counts("attention", fam, counts, time.perf_counter() - t0, note))
@@ -1148,7 +1200,7 @@ def _judge(
 ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64], _Prepared]:
     p = _prepare(c, s, ar.q or "f32")
     ref = _attend(p.q, p.K, p.V, c.mask, c.scale, c.softcap, c.sinks)[0]
-    bound = attention_bound(c, s, ar.q or "f32", ar.v or "f32", ar.softmax, p)
+    bound = attention_bound(c, s, ar.q or "f32", ar.v or "f32", ar.softmax, p, ref)
     return _classify_rows(got, ref, bound), ref, bound, p
 
 

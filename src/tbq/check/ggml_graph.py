@@ -39,7 +39,14 @@ from numpy.typing import NDArray
 
 from ..codecs import codec_from
 from ..formats import Format, get_format
-from .attention import Arithmetic, AttentionCase, AttentionCounterexample, AttentionSettings, AttentionTarget
+from .attention import (
+    Arithmetic,
+    AttentionCase,
+    AttentionCounterexample,
+    AttentionSettings,
+    AttentionTarget,
+    same_cache_groups,
+)
 from .sharedlib import _flattened_link, load_library, signal_words
 from .targets import TargetError, defining_file
 
@@ -292,37 +299,18 @@ class GgmlAttention(AttentionTarget):
         return self.run_many([case], s)[0]
 
     def run_many(self, cases: Sequence[AttentionCase], s: AttentionSettings) -> list[NDArray[np.float32]]:
-        outs: list[NDArray[np.float32] | None] = [None] * len(cases)
-        i = 0
-        while i < len(cases):
-            j = i + 1
-            c = cases[i]
-            while (  # decode steps over the same cache: one call, their heads stacked
-                j < len(cases)
-                and cases[j].k is c.k
-                and cases[j].v is c.v
-                and c.q.shape[0] == 1
-                and cases[j].shape == c.shape
-                and cases[j].sinks is None
-                and c.sinks is None
-                and cases[j].softcap == c.softcap
-                and cases[j].scale == c.scale
-                and np.array_equal(cases[j].mask, c.mask)
-            ):
-                j += 1
-            group = cases[i:j]
+        outs: list[NDArray[np.float32]] = []
+        for group in same_cache_groups(cases):  # decode steps over one cache: one call, their heads stacked
+            c = cases[group[0]]
             if len(group) == 1:
-                outs[i] = self._call(c, s)
-            else:
-                n_q, H, G, T, D = c.shape
-                r = H // G
-                q = np.stack([g.q[0].reshape(G, r, D) for g in group], axis=1).reshape(1, G * len(group) * r, D)
-                big = AttentionCase(c.family, c.label, q, c.k, c.v, c.mask, None, c.scale, c.softcap)
-                o = self._call(big, s).reshape(G, len(group), r, D)
-                for m in range(len(group)):
-                    outs[i + m] = np.ascontiguousarray(o[:, m].reshape(1, H, D))
-            i = j
-        return [o for o in outs if o is not None]
+                outs.append(self._call(c, s))
+                continue
+            n_q, H, G, T, D = c.shape
+            r, m = H // G, len(group)
+            q = np.stack([cases[i].q[0].reshape(G, r, D) for i in group], axis=1).reshape(1, G * m * r, D)
+            o = self._call(replace(c, q=q), s).reshape(G, m, r, D)
+            outs.extend(np.ascontiguousarray(o[:, j].reshape(1, H, D)) for j in range(m))
+        return outs
 
     def _call(self, case: AttentionCase, s: AttentionSettings) -> NDArray[np.float32]:
         if self.lib is None:
