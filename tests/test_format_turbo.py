@@ -64,7 +64,7 @@ def test_registry_rows():
     for f in FORMATS:
         fm = tbq.get_format(f)
         assert fm.decode_domain == "rotated" and fm.attention_domain == "rotated"
-        assert fm.hazards == {}  # the strategies' thresholds family needs a signs option's rotation (see turbo.py)
+        assert fm.hazards == {"thresholds": {}}  # the strategies aim at the thresholds and the exact rotated zeros
         assert not fm.decode_tolerance(np.zeros((3, fm.type_size), np.uint8)).any()  # single products: exact
     assert tbq.get_format("turbo4").config() == {"thresholds": "cpu"}
     assert tbq.get_format("turbo2").config() == {} == tbq.get_format("turbo3").config()

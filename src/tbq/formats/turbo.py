@@ -142,11 +142,8 @@ class _Turbo(Format):
     attention_read = "attention_read"
     decode_domain = "rotated"  # dequantize_row_turbo*: no inverse rotation
     ulp_floor = TBQ_ULP_FLOOR  # the same rotation as TBQ's: the same fragility floor
-    #: No hazard family yet: the strategies' ``"thresholds"`` family builds blocks whose rotated coordinates sit on
-    #: a threshold of 0 from the rotation's sign vectors, which it reads only for formats configured by a
-    #: ``signs`` option (TBQ's), not from a fixed rotation like this one (the report of this change names the
-    #: two-line fix in ``tbq.testing.strategies._machinery``).
-    hazards: dict[str, dict[str, Any]] = {}
+    #: Rotated coordinates on the 6-digit thresholds, exact rotated zeros on the middle threshold of 0.
+    hazards: dict[str, dict[str, Any]] = {"thresholds": {}}
     #: Byte offset of the indices (turbo4 has its fp16 ``rnorm`` first).
     _payload: ClassVar[int] = 2
     #: turbo4's step 2: ``u = +0`` when ``norm > 1e-10`` fails, instead of ``x * 0``.

@@ -197,8 +197,12 @@ class _Fmt:
         self.row_kw = self.format._row_kw(1)  # each drawn block is a row of its own for the trace
         self.has_min = any(f.name == "m" and f.kind == "f16" for f in self.info.layout)  # Q4_1/Q5_1
         if self.codebook is None and hasattr(self.format, "thresholds") and hasattr(self.format, "centroids"):
-            # a rotated format with fixed tables (planar/iso): its thresholds drive the family
+            # a rotated format with fixed tables (planar/iso, turbo): its thresholds drive the family, and a
+            # randomized Hadamard rotation of its own (turbo's) is the rotation the family inverts
             self.codebook = Codebook(self.format.centroids, self.format.thresholds)
+            rot = getattr(self.format, "rotation", None)
+            if self.rotation is None and isinstance(rot, RandomizedHadamard):
+                self.rotation = rot
         self.codec = tbq.get_codec(name, backend="numpy", on_overflow="inf", **kw)
         _warm(name, kw)
 
