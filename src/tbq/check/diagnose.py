@@ -1037,7 +1037,9 @@ def _output_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     if J.size > 8:
         return None
     tables = fmt.tables()
-    hint = f": the target's signs1[{_positions(J)}] differs from tbq's" if "signs1" in tables else ""
+    # signs1 is the decoder's last step only where it returns the original domain (not turbo's rotated one)
+    own = "signs1" in tables and fmt.decode_domain == "original"
+    hint = f": the target's signs1[{_positions(J)}] differs from tbq's" if own else ""
     return Diagnosis(
         "output_sign",
         f"decoded value(s) {_positions(J)} have the wrong sign{hint}",
@@ -1056,8 +1058,9 @@ def _decoder_rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
         return None
     with np.errstate(all="ignore"):
         try:
-            tr_r = fmt.reference_encode(np.ascontiguousarray(r[ok]))[1].get("r")
-            tr_g = fmt.reference_encode(np.ascontiguousarray(g[ok]))[1].get("r")
+            # decoded values back in the input's domain (turbo decodes to the rotated one) before re-encoding
+            tr_r = fmt.reference_encode(np.ascontiguousarray(fmt.from_decode_domain(r[ok]), np.float32))[1].get("r")
+            tr_g = fmt.reference_encode(np.ascontiguousarray(fmt.from_decode_domain(g[ok]), np.float32))[1].get("r")
         except Exception:  # pragma: no cover - a format without a rotation trace
             return None
     if tr_r is None or tr_g is None:
@@ -1072,7 +1075,8 @@ def _decoder_rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     if J.size > 8:
         return None
     tables = fmt.tables()
-    hint = f": the target's signs2[{_positions(J)}] differs from tbq's" if "signs2" in tables else ""
+    own = "signs2" in tables and fmt.decode_domain == "original"  # a decoder that rotates back applies signs2 first
+    hint = f": the target's signs2[{_positions(J)}] differs from tbq's" if own else ""
     return Diagnosis(
         "rotated_sign",
         f"rotated coordinate(s) {_positions(J)} are negated before the inverse rotation{hint}",
@@ -1138,9 +1142,10 @@ def _decoder_codebook(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
 
 
 def _rotate_trace(fmt: Format, y: NDArray[Any]) -> tuple[NDArray[np.float64], NDArray[np.float64]] | tuple[None, None]:
-    """``(norm, r)`` of blocks ``y`` from the format's reference trace (None when it traces no rotation)."""
+    """``(norm, r)`` of decoded blocks ``y`` from the format's reference trace of them, back in the input's domain
+    (None when it traces no rotation)."""
     try:
-        _, tr = fmt.reference_encode(np.ascontiguousarray(y, np.float32))
+        _, tr = fmt.reference_encode(np.ascontiguousarray(fmt.from_decode_domain(y), np.float32))
     except Exception:  # a format without a rotation trace
         return None, None
     view = fmt.rotated_view(tr)  # declared by the format (None: no rotation)

@@ -841,7 +841,8 @@ class _Check:
         yt = self.target.dequantize(own_bytes).reshape(-1, bs).astype(np.float64)
         yx = self.target.dequantize(ref_bytes).reshape(-1, bs).astype(np.float64)
         yr = self.codec.decode(ref_bytes).reshape(-1, bs).astype(np.float64)
-        x = xs.reshape(-1, bs).astype(np.float64)
+        # the input in the decoder's domain (turbo's rotated one; the identity for most formats): what y approximates
+        x = np.asarray(self.fmt.to_decode_domain(xs.reshape(-1, bs).astype(np.float64)), np.float64)
         with np.errstate(all="ignore"):
             nx = np.sqrt((x * x).sum(1))
             keep = (nx > 0) & np.isfinite(nx)
