@@ -32,6 +32,13 @@ SIZES = {
     "fp8_e5m2": (1, 1, 8.0),
     "q8_1": (32, 36, 9.0),
     "q8_k": (256, 292, 9.125),
+    "turbo2": (128, 34, 2.125),
+    "turbo3": (128, 50, 3.125),
+    "turbo4": (128, 68, 4.25),
+    "vllm_tq4_k": (128, 66, 4.125),  # head_dim 128 (the registry's default; an option)
+    "vllm_tq3_k": (128, 50, 3.125),
+    "vllm_tq4_v": (128, 68, 4.25),
+    "vllm_tq3_v": (128, 52, 3.25),
 }
 
 
@@ -63,8 +70,15 @@ def test_formats():
         "fp8_e5m2",
         "q8_1",
         "q8_k",
+        "turbo2",
+        "turbo3",
+        "turbo4",
+        "vllm_tq4_k",
+        "vllm_tq3_k",
+        "vllm_tq4_v",
+        "vllm_tq3_v",
     )
-    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 21))
+    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 28))
 
 
 @pytest.mark.parametrize("fmt", tbq.formats())
