@@ -182,11 +182,11 @@ def encode_value(fmt, x) -> tuple[bytes, dict]:
     scale = F32(F32(vmax - vmin) / F32(q))
     if not scale > F32(1e-8):
         scale = F32(1e-8)
-    t = [F32(F32(a - vmin) / scale) for a in v]
-    u = [F32(a + F32(0.5)) for a in t]
-    codes = [min(max(math.trunc(float(a)), 0), q) if math.isfinite(a) else 0 for a in u]
+    quot = [F32(F32(a - vmin) / scale) for a in v]
+    t = [F32(a + F32(0.5)) for a in quot]
+    codes = [min(max(math.trunc(float(a)), 0), q) if math.isfinite(a) else 0 for a in t]
     block = pack_stream(codes, bits) + f16_bytes(scale) + f16_bytes(vmin)
-    return block, {"d": scale, "m": vmin, "t": np.array(t, F32), "u": np.array(u, F32)}
+    return block, {"d": scale, "m": vmin, "v": np.array(quot, F32), "t": np.array(t, F32)}
 
 
 def decode_value(fmt, block: bytes) -> list[F32]:

@@ -66,7 +66,7 @@ def test_vectors_bit_for_bit(stem, preset, kopt, backend):
         assert_bits_equal(trace["norm"][:, 0], ref["knorm"], f"{stem} knorm")
         assert_bits_equal(trace["r"][:, 0], ref["y_rot"], f"{stem} y_rot")
         assert_bits_equal(fmt.tables()["centroids"], ref["centroids"], f"{stem} centroids")
-        assert_bits_equal(fmt.tables()["midpoints"], ref["midpoints"], f"{stem} midpoints")
+        assert_bits_equal(fmt.tables()["thresholds"], ref["midpoints"], f"{stem} midpoints")
         if "signs" in ref:
             assert np.array_equal(fmt.tables()["signs"], ref["signs"].astype(np.int8))
     else:  # FP8 keys: yk_rot is yk (no rotation); fp8_e4m3 saturating is vLLM's key writer
@@ -288,9 +288,18 @@ def test_norm_overflow_raises_or_stores_inf():
     for backend in BACKENDS:
         q = tbq.get_codec("vllm_tq3_k", backend=backend, on_overflow="inf").encode(x)
         assert q[0, 48:50].view("<u2")[0] == 0x7C00
-    v = tbq.get_codec("vllm_tq4_v", backend="numpy")
-    with pytest.raises(tbq.ScaleOverflowError, match="minimum"):
-        v.encode(np.full((1, 128), -70000.0, np.float32))
+    for backend in BACKENDS:
+        v = tbq.get_codec("vllm_tq4_v", backend=backend)
+        with pytest.raises(tbq.ScaleOverflowError, match="minimum"):
+            v.encode(np.full((1, 128), -70000.0, np.float32))
+        # finite fields, but the top code decodes beyond fp16 (quirk 6): fp16(65010) = 65024, + 15 * fp16(509 / 15)
+        near = np.linspace(65010, 65519, 128, dtype=np.float32)[None, :]
+        with pytest.raises(tbq.ScaleOverflowError, match="decodes to 65533.06"):
+            v.encode(np.concatenate([np.zeros((1, 128), np.float32), near]))
+        y = tbq.get_codec("vllm_tq4_v", backend=backend, on_overflow="inf").decode(
+            tbq.get_codec("vllm_tq4_v", backend=backend, on_overflow="inf").encode(near)
+        )
+        assert np.isposinf(y[0, -1]) and np.isfinite(y[0, :100]).all()  # the top codes only
 
 
 # ---------------------------------------------------------------------------

@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..backend import resolve_backend
+from ..backend import STATUS_SCALE_OVERFLOW, resolve_backend
 from ..codebooks import trapezoid_lloyd_max
 from ..errors import ConfigError, ScaleOverflowError, is_integer
-from ..half import f16_table, f32_to_f16_bits
+from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, fwht, matrix
 from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility
@@ -437,13 +437,14 @@ class _Keys(Format):
         return self.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
 
     def tables(self) -> dict[str, NDArray[Any]]:
-        """The exact tables of this instance: centroids and midpoints (float32), the rotation's signs (int8) and
-        its float32 entry magnitude ``h`` (0-d)."""
+        """The exact tables of this instance: centroids and thresholds (float32; vLLM's float32 midpoints, under tbq's
+        name for a codebook's decision thresholds), the rotation's signs (int8) and its float32 entry magnitude
+        ``h`` (one value)."""
         return {
             "centroids": self.centroids.copy(),
-            "midpoints": self.midpoints.copy(),
+            "thresholds": self.midpoints.copy(),
             "signs": self.signs.copy(),
-            "h": np.array(self.h, F32),
+            "h": np.array([self.h], F32),
         }
 
     def hadamard(self) -> NDArray[np.float32]:
@@ -504,7 +505,6 @@ class _Values(Format):
         self.levels = (1 << self.bits) - 1
         vdb = d * self.bits // 8
         _own_info(self, type_size=vdb + 4, layout=_value_layout(self.bits, vdb))
-        self.hazards = {"min_ties": {"levels": self.levels}}  # (v - min) / scale exactly k + 1/2: round half up
 
     def config(self) -> dict[str, Any]:
         return {"head_dim": self.head_dim}
@@ -513,15 +513,27 @@ class _Values(Format):
         vmin, vmax = first_min_max(x)
         scale = (vmax - vmin) / F32(self.levels)
         scale = np.where(scale > _EPS_NORM, scale, _EPS_NORM).astype(F32)  # "if not scale > 1e-8" (NaN too)
-        t = (x - vmin[:, None]) / scale[:, None]
-        u = t + _HALF
-        codes = np.maximum(trunc_codes(u, self.levels), 0).astype(np.uint8)
+        v = (x - vmin[:, None]) / scale[:, None]
+        t = v + _HALF
+        codes = self._codes(t)
         vdb = self.type_size - 4
         out = np.empty((x.shape[0], self.type_size), np.uint8)
         out[:, :vdb] = _pack(self.bits, codes)
         put_f16_at(out, vdb, scale)
         put_f16_at(out, vdb + 2, vmin)
-        return out, {"d": scale, "m": vmin, "t": t, "u": u}
+        return out, {"d": scale, "m": vmin, "v": v, "t": t}
+
+    def _codes(self, t: NDArray[np.float32]) -> NDArray[np.uint8]:
+        return np.maximum(trunc_codes(t, self.levels), 0).astype(np.uint8)
+
+    def decoded_top(self, trace: Trace) -> NDArray[np.float32]:
+        """float32 (blocks,): ``RN32(max code * f16(scale) + f16(min))``, the largest value a block decodes to before
+        the final fp16 rounding (from the encoder's ``trace``)."""
+        qmax = self._codes(np.asarray(trace["t"], F32)).max(axis=-1).astype(F32)
+        with np.errstate(all="ignore"):
+            d16 = np.asarray(trace["d"], F32).astype(np.float16).astype(F32)
+            m16 = np.asarray(trace["m"], F32).astype(np.float16).astype(F32)
+            return (qmax * d16 + m16).astype(F32)
 
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         vdb = self.type_size - 4
@@ -530,7 +542,7 @@ class _Values(Format):
             return rn16(codes * get_f16_at(data, vdb)[:, None] + get_f16_at(data, vdb + 2)[:, None])
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode_values(x, out, self.bits, raise_overflow)
+        return self.kernels().encode_values(x, out, self.bits, raise_overflow, f16_table())
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_values(data, out, self.bits, f16_table())
@@ -540,30 +552,35 @@ class _Values(Format):
         return np.concatenate([np.array([self.head_dim, self.bits], F32), f16_table()]).astype(F32)
 
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return min_overflow_status(self, trace)
+        """The fp16 scale or minimum is infinite, or the block decodes to an infinite value (its top code times the
+        fp16 scale plus the fp16 minimum rounds beyond 65504): refused unless ``on_overflow="inf"`` (vLLM's store)."""
+        over = min_overflow_status(self, trace) != 0
+        over |= ~(np.abs(self.decoded_top(trace)) < F32(F16_OVERFLOW))
+        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         with np.errstate(all="ignore"):
             tr = self.reference_encode(np.ascontiguousarray(values, F32)[None, :])[1]
-        d, m = float(tr["d"][0]), float(tr["m"][0])
-        what, val = (
-            (f"the scale (max - min) / {self.levels} is {d!r}", d)
-            if not abs(d) < 65520
-            else (f"the minimum is {m!r}", m)
-        )
+        d, m, top = float(tr["d"][0]), float(tr["m"][0]), float(self.decoded_top(tr)[0])
+        if not abs(d) < F16_OVERFLOW:
+            what, val = f"the scale (max - min) / {self.levels} is {d!r}, which does not fit float16", d
+        elif not abs(m) < F16_OVERFLOW:
+            what, val = f"the minimum is {m!r}, which does not fit float16", m
+        else:
+            what, val = f"its top code decodes to {top!r} (fp16 scale and minimum), beyond float16", top
         return ScaleOverflowError(
-            f"{self.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; the largest "
-            "finite fp16 is 65504). Pass on_overflow='inf' to store the infinite fp16 field as vLLM does",
+            f"{self.name}: in block {block}, {what} (it rounds to infinity; the largest finite fp16 is 65504). "
+            "Pass on_overflow='inf' to store it as vLLM does",
             block=block,
             scale=val,
         )
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
-        # codes trunc(RN32(t + 0.5)) capped at Q: fragile when a k-ulp change of t or of u = t + 0.5 moves one.
-        return offset_trunc_fragility(trace["t"], trace["u"], k, 0.5, self.levels)
+        # codes trunc(RN32(v + 0.5)) capped at Q: fragile when a k-ulp change of v or of t = v + 0.5 moves one.
+        return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5, self.levels)
 
     def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(0, self.levels + 1, trace["t"])
+        return self._int_levels(0, self.levels + 1, trace["v"])
 
 
 class VLLM_TQ4_V(_Values):
@@ -579,6 +596,7 @@ class VLLM_TQ4_V(_Values):
         code=26,
         layout=_value_layout(4, 64),
     )
+    hazards = {"min_ties": {"levels": 15}}  # (v - min) / scale exactly k + 1/2: round half up
 
 
 class VLLM_TQ3_V(_Values):
@@ -594,6 +612,7 @@ class VLLM_TQ3_V(_Values):
         code=27,
         layout=_value_layout(3, 48),
     )
+    hazards = {"min_ties": {"levels": 7}}
 
 
 # ---------------------------------------------------------------------------

@@ -225,9 +225,10 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
 
 
 @jit
-def encode_values(x, out, bits, raise_overflow):
+def encode_values(x, out, bits, raise_overflow, table):
     """Values: ``scale = max(RN32(RN32(max - min) / Q), 1e-8)``, codes ``clamp(trunc(RN32(RN32((v - min) / scale) + 0.5)))``,
-    packed, then fp16 scale and fp16 min."""
+    packed, then fp16 scale and fp16 min. ``raise_overflow``: stop at a block whose fp16 scale or minimum is
+    infinite or whose top code decodes to an infinite fp16 value (the reference's ``invalid_blocks``)."""
     rows, d = x.shape
     q = (1 << bits) - 1
     qf = F32(q)
@@ -244,11 +245,18 @@ def encode_values(x, out, bits, raise_overflow):
         mbits = f32_to_f16_bits(vmin)
         if raise_overflow and (f16_is_inf(dbits) or f16_is_inf(mbits)):
             return b, STATUS_SCALE_OVERFLOW
+        qmax = 0
         for j in range(d):
             u = F32(F32(F32(x[b, j] - vmin) / sc) + _HALF)
             qi = f32_to_int32(u)
             qi = q if qi > q else qi
-            codes[j] = 0 if qi < 0 else qi
+            qi = 0 if qi < 0 else qi
+            codes[j] = qi
+            qmax = qi if qi > qmax else qmax
+        if raise_overflow:
+            top = F32(F32(F32(qmax) * table[np.int64(dbits)]) + table[np.int64(mbits)])
+            if f16_is_inf(f32_to_f16_bits(top)):
+                return b, STATUS_SCALE_OVERFLOW
         _pack_row(codes, out, b, bits, d)
         store_f16_at(out, b, vdb, dbits)
         store_f16_at(out, b, vdb + 2, mbits)
