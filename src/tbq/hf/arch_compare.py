@@ -42,6 +42,7 @@ ARCHITECTURES = {
     "gemma2": "attention and final soft-capping, alternating sliding window",
     "gemma3": "5 sliding-window layers per full one, QK-norm",
     "gpt_oss": "learned attention sinks, sliding window, YaRN, MoE, head_dim 64",
+    "gpt_oss_default_rope": "the same with plain RoPE instead of YaRN",
     "phi3": "fused QKV",
     "qwen3_next": "hybrid: 3 linear-attention (gated delta-net) layers per full-attention layer",
 }
@@ -116,7 +117,9 @@ def tiny_checkpoint(arch: str, out: Path | str, seed: int = 0) -> Path:
             head_dim=128, query_pre_attn_scalar=128, sliding_window=64, layer_types=layers, **common
         )
         model = tf.Gemma3ForCausalLM(cfg)
-    elif arch == "gpt_oss":
+    elif arch in ("gpt_oss", "gpt_oss_default_rope"):
+        if arch == "gpt_oss_default_rope":
+            common["rope_parameters"] = {"rope_type": "default", "rope_theta": 150000.0}
         cfg = tf.GptOssConfig(head_dim=64, num_local_experts=4, num_experts_per_tok=2, **sliding, **common)
         model = tf.GptOssForCausalLM(cfg)
     elif arch == "phi3":
