@@ -370,7 +370,9 @@ def make_cases(s: AttentionSettings) -> list[AttentionCase]:
             encoded[key] = (x, _encode(fmt, np.asarray(x, np.float32)))
         return encoded[key][1]
 
-    def case(family: str, label: str, q: Any, k: Any, v: Any, mask: Any = None, sinks: Any = None, cap: float = 0.0):
+    def case(
+        family: str, label: str, q: Any, k: Any, v: Any, mask: Any = None, sinks: Any = None, cap: float = 0.0
+    ) -> None:
         q = np.asarray(q, np.float32)
         T = np.asarray(k).shape[0]
         m = np.zeros((q.shape[0], T), np.float32) if mask is None else np.asarray(mask, np.float32)

@@ -272,7 +272,7 @@ class GgmlAttention(AttentionTarget):
                 )
             default = {n: o.default for n, o in type(fmt).options.items()}
             found = {k: v for k, v in found.items() if k in given or v != default[k]}
-            s = replace(s, **{f"{which}_options": found})
+            s = replace(s, k_options=found) if which == "k" else replace(s, v_options=found)
             chosen = ", ".join(f"{k}={found[k]}" for k in free if k in found)
             notes.append(
                 f"the build's dequantize_row_{fmt.name} reads {fmt.name} bytes with {chosen} (not the format's "
@@ -354,7 +354,7 @@ class GgmlAttention(AttentionTarget):
                     f"ggml_flash_attn_ext's result holds {lib.ggml_nbytes(o)} bytes, not {n_q * H * D * 4}"
                 )
             buf = (ctypes.c_char * (n_q * H * D * 4)).from_address(lib.ggml_get_data(o))
-            out = np.frombuffer(buf, np.float32).reshape(n_q, H, D).copy()
+            out = np.frombuffer(memoryview(buf), np.float32).reshape(n_q, H, D).copy()
         finally:
             lib.ggml_free(ctx)
         if self.rotate and vf.decode_domain == "rotated":  # and rotates the output back
