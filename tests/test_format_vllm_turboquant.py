@@ -140,6 +140,8 @@ def test_hadamard_entries():
         "0x3db504f3",
         "0x3d800000",
     ]
+    h = hadamard_h(128)  # vLLM un-rotates with fp16(h): docs/formats-vllm.md's 0.08837890625 and scale 0.999893
+    assert float(np.float16(h)) == 0.08837890625 and round(float(np.float16(h)) / float(h), 6) == 0.999893
     f = tbq.get_format("vllm_tq4_k", head_dim=64, **ROT)
     P = f.hadamard().astype(np.float64)
     assert np.allclose(P @ P.T, np.eye(64), atol=1e-6)
