@@ -76,7 +76,7 @@ ROTATIONS = ("hadamard", "pr38479")
 
 
 def _check_key_head_dim(value: object, name: str) -> int:
-    if not is_integer(value) or isinstance(value, bool) or not 8 <= value <= MAX_HEAD_DIM or value & (value - 1):
+    if not is_integer(value) or not 8 <= value <= MAX_HEAD_DIM or value & (value - 1):
         raise ConfigError(
             f"bad configuration for {name}: head_dim must be a power of two from 8 to {MAX_HEAD_DIM} (vLLM's MSE "
             f"keys build a Sylvester Hadamard matrix of order head_dim and pack indices in groups of 8), got {value!r}"
@@ -85,7 +85,7 @@ def _check_key_head_dim(value: object, name: str) -> int:
 
 
 def _check_value_head_dim(value: object, name: str) -> int:
-    if not is_integer(value) or isinstance(value, bool) or not 8 <= value <= MAX_HEAD_DIM or value % 8:
+    if not is_integer(value) or not 8 <= value <= MAX_HEAD_DIM or value % 8:
         raise ConfigError(
             f"bad configuration for {name}: head_dim must be a multiple of 8 from 8 to {MAX_HEAD_DIM} "
             f"(the codes are packed in whole 3-byte groups of 8), got {value!r}"
@@ -105,7 +105,7 @@ def _check_rotation(value: object, name: str) -> str:
 def _check_layer(value: object, name: str) -> int | None:
     if value is None:
         return None
-    if not is_integer(value) or isinstance(value, bool) or value < 0:
+    if not is_integer(value) or value < 0:
         raise ConfigError(
             f"bad configuration for {name}: layer must be a non-negative integer (the decoder layer index), got {value!r}"
         )
