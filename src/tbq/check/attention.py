@@ -390,23 +390,9 @@ def make_cases(s: AttentionSettings) -> list[AttentionCase]:
                     case(fam, f"T={T} H=8 G=2 #{i}", normal(1, 8, D), k, v)
         elif fam == "prefill":
             for n in s.prefill:
-                case(
-                    fam,
-                    f"n_q={n} T={n} causal H=4 G=1",
-                    normal(n, 4, D),
-                    normal(n, 1, D),
-                    normal(n, 1, D),
-                    _causal(n, n),
-                )
-                T = n + 37
-                case(
-                    fam,
-                    f"n_q={n} T={T} causal H=4 G=2",
-                    normal(n, 4, D),
-                    normal(T, 2, D),
-                    normal(T, 2, D),
-                    _causal(n, T),
-                )
+                for T, G in ((n, 1), (n + 37, 2)):  # the prompt alone, then after 37 earlier tokens
+                    q, k, v = normal(n, 4, D), normal(T, G, D), normal(T, G, D)
+                    case(fam, f"n_q={n} T={T} causal H=4 G={G}", q, k, v, _causal(n, T))
         elif fam == "gqa":
             for r in s.ratios:
                 for T in sorted({min(s.contexts), 16, max(s.contexts)}):

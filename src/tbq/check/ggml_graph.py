@@ -27,6 +27,7 @@ import ctypes
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -61,58 +62,75 @@ class _InitParams(ctypes.Structure):
     _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", P), ("no_alloc", ctypes.c_bool)]
 
 
-#: The child of :meth:`GgmlAttention.check_settings`: load, init, list the type names, run one small graph.
-_PROBE = r"""
-import ctypes, json, re, sys
-path, header, kt, vt, D = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-lib = ctypes.CDLL(path)
-lib.ggml_cpu_init()
-lib.ggml_type_name.restype, lib.ggml_type_name.argtypes = ctypes.c_char_p, (ctypes.c_int,)
-count = None
-if header:
-    m = re.search(r"GGML_TYPE_COUNT\s*=\s*(\d+)", open(header).read())
-    count = int(m.group(1)) if m else None
-names = {}
-for i in range(count or 128):
-    n = lib.ggml_type_name(i)
-    if n is None:
-        continue
-    try:
-        n = n.decode("ascii")
-    except UnicodeDecodeError:
-        break
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,15}", n):
-        if count is None:
-            break
-        continue
-    names.setdefault(n, i)
-print(json.dumps(names), flush=True)
-if kt not in names or vt not in names:
-    sys.exit(0)
-P = ctypes.c_void_p
-class IP(ctypes.Structure):
-    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", P), ("no_alloc", ctypes.c_bool)]
-lib.ggml_init.argtypes, lib.ggml_init.restype = (IP,), P
-lib.ggml_new_tensor_4d.argtypes = (P, ctypes.c_int) + (ctypes.c_int64,) * 4
-lib.ggml_new_tensor_4d.restype = P
-lib.ggml_get_data.argtypes, lib.ggml_get_data.restype = (P,), P
-lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = (P,), ctypes.c_size_t
-lib.ggml_flash_attn_ext.argtypes = (P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float)
-lib.ggml_flash_attn_ext.restype = P
-lib.ggml_new_graph.argtypes, lib.ggml_new_graph.restype = (P,), P
-lib.ggml_build_forward_expand.argtypes = (P, P)
-lib.ggml_graph_compute_with_ctx.argtypes, lib.ggml_graph_compute_with_ctx.restype = (P, P, ctypes.c_int), ctypes.c_int
-ctx = lib.ggml_init(IP(64 << 20, None, False))
-q = lib.ggml_new_tensor_4d(ctx, names["f32"], D, 1, 2, 1)
-k = lib.ggml_new_tensor_4d(ctx, names[kt], D, 4, 1, 1)
-v = lib.ggml_new_tensor_4d(ctx, names[vt], D, 4, 1, 1)
-for t in (q, k, v):
-    ctypes.memset(lib.ggml_get_data(t), 0, lib.ggml_nbytes(t))
-o = lib.ggml_flash_attn_ext(ctx, q, k, v, None, 0.125, 0.0, 0.0)
-g = lib.ggml_new_graph(ctx)
-lib.ggml_build_forward_expand(g, o)
-print("status", lib.ggml_graph_compute_with_ctx(ctx, g, 1), flush=True)
-"""
+def _declare(lib: Any) -> None:
+    """The argument and result types of the ggml functions the target calls (ggml.h's signatures)."""
+    lib.ggml_cpu_init.argtypes, lib.ggml_cpu_init.restype = (), None
+    lib.ggml_type_name.argtypes, lib.ggml_type_name.restype = (ctypes.c_int,), ctypes.c_char_p
+    lib.ggml_init.argtypes, lib.ggml_init.restype = (_InitParams,), P
+    lib.ggml_free.argtypes, lib.ggml_free.restype = (P,), None
+    lib.ggml_new_tensor_1d.argtypes, lib.ggml_new_tensor_1d.restype = (P, ctypes.c_int, ctypes.c_int64), P
+    lib.ggml_new_tensor_4d.argtypes = (P, ctypes.c_int) + (ctypes.c_int64,) * 4
+    lib.ggml_new_tensor_4d.restype = P
+    lib.ggml_get_data.argtypes, lib.ggml_get_data.restype = (P,), P
+    lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = (P,), ctypes.c_size_t
+    lib.ggml_flash_attn_ext.argtypes = (P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float)
+    lib.ggml_flash_attn_ext.restype = P
+    lib.ggml_new_graph.argtypes, lib.ggml_new_graph.restype = (P,), P
+    lib.ggml_build_forward_expand.argtypes, lib.ggml_build_forward_expand.restype = (P, P), None
+    lib.ggml_graph_compute_with_ctx.argtypes = (P, P, ctypes.c_int)
+    lib.ggml_graph_compute_with_ctx.restype = ctypes.c_int
+    if hasattr(lib, "ggml_flash_attn_ext_add_sinks"):
+        lib.ggml_flash_attn_ext_add_sinks.argtypes, lib.ggml_flash_attn_ext_add_sinks.restype = (P, P), None
+
+
+def _type_names(lib: Any, header: str) -> dict[str, int]:
+    """``{name: type id}`` of the build: ids below ``GGML_TYPE_COUNT`` of ``header`` (ggml.h beside the library),
+    or without a header up to the first entry that is not a type name (reading past the table is undefined:
+    only the probe child does it)."""
+    count = None
+    if header:
+        m = re.search(r"GGML_TYPE_COUNT\s*=\s*(\d+)", Path(header).read_text(errors="replace"))
+        count = int(m.group(1)) if m else None
+    names: dict[str, int] = {}
+    for i in range(count or 128):
+        raw = lib.ggml_type_name(i)
+        if raw is None:
+            continue
+        n = raw.decode("ascii", errors="replace")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,15}", n):
+            if count is None:
+                break
+            continue
+        names.setdefault(n, i)
+    return names
+
+
+def _probe_main(argv: Sequence[str]) -> None:
+    """The probe child: load the build, init, print its type names (JSON), compute one small flash attention over
+    the types of tbq's formats ``argv[2:4]`` (head_dim ``argv[4]``) and print ``status <ggml status>``."""
+    path, header, k_fmt, v_fmt, D = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    lib = ctypes.CDLL(path)
+    _declare(lib)
+    lib.ggml_cpu_init()
+    names = _type_names(lib, header)
+    print(json.dumps(names), flush=True)
+    kt, vt = ggml_type_name(k_fmt, names), ggml_type_name(v_fmt, names)
+    if kt is None or vt is None:
+        return
+    ctx = lib.ggml_init(_InitParams(64 << 20, None, False))
+    q = lib.ggml_new_tensor_4d(ctx, names["f32"], D, 1, 2, 1)
+    k = lib.ggml_new_tensor_4d(ctx, names[kt], D, 4, 1, 1)
+    v = lib.ggml_new_tensor_4d(ctx, names[vt], D, 4, 1, 1)
+    for t in (q, k, v):
+        ctypes.memset(lib.ggml_get_data(t), 0, lib.ggml_nbytes(t))
+    o = lib.ggml_flash_attn_ext(ctx, q, k, v, None, 0.125, 0.0, 0.0)
+    g = lib.ggml_new_graph(ctx)
+    lib.ggml_build_forward_expand(g, o)
+    print("status", lib.ggml_graph_compute_with_ctx(ctx, g, 1), flush=True)
+
+
+#: The probe child's command (``python -c``): it imports this module and runs :func:`_probe_main`.
+_PROBE = "import sys; from tbq.check.ggml_graph import _probe_main; _probe_main(sys.argv[1:])"
 
 
 def ggml_type_name(fmt: str, names: dict[str, int]) -> str | None:
@@ -151,19 +169,27 @@ class GgmlAttention(AttentionTarget):
 
     # -- before any case --------------------------------------------------------------------------------------
     def check_settings(self, s: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
-        probe_k, probe_v = s.k_type, s.v_type
-        r = self._probe("f32", "f32", s.head_dim)
-        names = json.loads(r.stdout.splitlines()[0]) if r.returncode == 0 and r.stdout else {}
-        if not names or "f32" not in names:
+        try:  # everything once in a child first: a build for another CPU dies there, not here
+            r = subprocess.run(
+                [sys.executable, "-c", _PROBE, self.path, self.header, s.k_type, s.v_type, str(s.head_dim)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)),
+            )
+        except subprocess.TimeoutExpired:
+            raise TargetError(f"a probe process computing one flash attention of {self.path} did not return") from None
+        first = r.stdout.splitlines()[0] if r.stdout.strip() else ""
+        names = json.loads(first) if first.startswith("{") else {}
+        if "f32" not in names:
             raise TargetError(f"cannot use {self.path} as a ggml build: {self._died(r, 'ggml_cpu_init')}")
-        kt, vt = ggml_type_name(probe_k, names), ggml_type_name(probe_v, names)
-        for fmt, t in ((probe_k, kt), (probe_v, vt)):
+        kt, vt = ggml_type_name(s.k_type, names), ggml_type_name(s.v_type, names)
+        for fmt, t in ((s.k_type, kt), (s.v_type, vt)):
             if t is None:
                 raise TargetError(
                     f"the ggml build {self.path} has no type {fmt}; its types: {', '.join(sorted(names))}"
                 )
         assert kt is not None and vt is not None
-        r = self._probe(kt, vt, s.head_dim)
         if r.returncode != 0 or "status 0" not in r.stdout:
             raise TargetError(
                 f"ggml_flash_attn_ext over a {kt} K cache and a {vt} V cache with head_dim {s.head_dim} "
@@ -181,17 +207,6 @@ class GgmlAttention(AttentionTarget):
             )
         return s, notes
 
-    def _probe(self, kt: str, vt: str, D: int) -> subprocess.CompletedProcess[str]:
-        try:
-            return subprocess.run(
-                [sys.executable, "-I", "-c", _PROBE, self.path, self.header, kt, vt, str(D)],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-        except subprocess.TimeoutExpired:
-            raise TargetError(f"a probe process computing one flash attention of {self.path} did not return") from None
-
     def _died(self, r: subprocess.CompletedProcess[str], what: str) -> str:
         if r.returncode < 0:
             hint = " (a build for instructions this CPU lacks?)" if r.returncode == -4 else ""
@@ -206,24 +221,9 @@ class GgmlAttention(AttentionTarget):
         for name in ("ggml_cpu_init", "ggml_init", "ggml_flash_attn_ext", "ggml_graph_compute_with_ctx"):
             if not hasattr(lib, name):
                 raise TargetError(f"{self.path} has no symbol {name}: not a ggml CPU backend")
-        lib.ggml_cpu_init.argtypes, lib.ggml_cpu_init.restype = (), None
+        _declare(lib)
         lib.ggml_cpu_init()
-        lib.ggml_init.argtypes, lib.ggml_init.restype = (_InitParams,), P
-        lib.ggml_free.argtypes, lib.ggml_free.restype = (P,), None
-        lib.ggml_new_tensor_1d.argtypes, lib.ggml_new_tensor_1d.restype = (P, ctypes.c_int, ctypes.c_int64), P
-        lib.ggml_new_tensor_4d.argtypes = (P, ctypes.c_int) + (ctypes.c_int64,) * 4
-        lib.ggml_new_tensor_4d.restype = P
-        lib.ggml_get_data.argtypes, lib.ggml_get_data.restype = (P,), P
-        lib.ggml_nbytes.argtypes, lib.ggml_nbytes.restype = (P,), ctypes.c_size_t
-        lib.ggml_flash_attn_ext.argtypes = (P, P, P, P, P, ctypes.c_float, ctypes.c_float, ctypes.c_float)
-        lib.ggml_flash_attn_ext.restype = P
-        lib.ggml_new_graph.argtypes, lib.ggml_new_graph.restype = (P,), P
-        lib.ggml_build_forward_expand.argtypes, lib.ggml_build_forward_expand.restype = (P, P), None
-        lib.ggml_graph_compute_with_ctx.argtypes = (P, P, ctypes.c_int)
-        lib.ggml_graph_compute_with_ctx.restype = ctypes.c_int
         self.has_sinks = hasattr(lib, "ggml_flash_attn_ext_add_sinks")
-        if self.has_sinks:
-            lib.ggml_flash_attn_ext_add_sinks.argtypes, lib.ggml_flash_attn_ext_add_sinks.restype = (P, P), None
         self.lib = lib
         self._prov = {
             "attention": {

@@ -334,6 +334,12 @@ def run_cli(args: argparse.Namespace) -> int:
         accept=args.accept,
         progress=False if args.quiet else None,
     )
+    return _emit(args, report, json_path)
+
+
+def _emit(args: argparse.Namespace, report: Any, json_path: Path | None) -> int:
+    """Print the report (the verdict alone with ``--quiet``; on stderr when the JSON goes to stdout), write
+    ``--json``; the exit status: 0 nothing wrong, 1 something wrong."""
     text_stream = sys.stderr if args.json == "-" else sys.stdout
     print(report.verdict() if args.quiet else report.text(), file=text_stream)
     if args.json == "-":
@@ -367,14 +373,7 @@ def _run_dot(args: argparse.Namespace, fmt: Format, out_dir: Path, json_path: Pa
         out=out_dir,
         accept=args.accept,
     )
-    text_stream = sys.stderr if args.json == "-" else sys.stdout
-    print(report.verdict() if args.quiet else report.text(), file=text_stream)
-    if args.json == "-":
-        print(report.to_json())
-    elif json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(report.to_json() + "\n")
-    return 0 if report.ok else 1
+    return _emit(args, report, json_path)
 
 
 def _options_for(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -422,11 +421,4 @@ def _run_attention(args: argparse.Namespace) -> int:
     else:
         target = GgmlAttention(args.lib, threads=args.threads, rotate=not args.bare)
     report = check_attention(target, settings, out=out_dir)
-    text_stream = sys.stderr if args.json == "-" else sys.stdout
-    print(report.verdict() if args.quiet else report.text(), file=text_stream)
-    if args.json == "-":
-        print(report.to_json())
-    elif json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(report.to_json() + "\n")
-    return 0 if report.ok else 1
+    return _emit(args, report, json_path)
