@@ -246,50 +246,11 @@ def test_eval_refused_type_is_a_row_and_the_others_run(tmp_path, text, capsys):
     assert rows["q8_0:q8_0"]["ppl"] is None and rows["q8_0:q8_0"]["refused"].startswith("K cache type q8_0")
 
 
-def _save_arch(path, arch):
-    """A tiny random gemma2 (soft-capping) or qwen3_next (hybrid) directory with the shipped tokenizer."""
-    from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
-
-    torch.manual_seed(0)
-    common = dict(
-        hidden_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=128,
-        intermediate_size=64,
-        vocab_size=1024,
-        max_position_embeddings=1024,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
-    if arch == "gemma2":
-        model = Gemma2ForCausalLM(
-            Gemma2Config(num_hidden_layers=2, sliding_window=64, query_pre_attn_scalar=128, **common)
-        )
-    else:
-        cfg = Qwen3NextConfig(
-            num_hidden_layers=2,
-            layer_types=["linear_attention", "full_attention"],
-            num_experts=2,
-            num_experts_per_tok=1,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            linear_num_value_heads=2,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            **common,
-        )
-        model = Qwen3NextForCausalLM(cfg)
-    model.save_pretrained(path)
-    for f in TOKENIZER_FILES:
-        shutil.copy(MODEL_DIR / f, path / f)
-    return path
-
-
 @pytest.mark.parametrize("arch", ["gemma2", "qwen3_next"])
 def test_eval_runs_soft_capping_and_hybrid_models(arch, tmp_path, text, capsys):
-    d = _save_arch(tmp_path / arch, arch)
+    from tbq.hf.arch_compare import tiny_checkpoint
+
+    d = tiny_checkpoint(arch, tmp_path / arch)  # 2 KV heads of 128 values, gemma2's window 64
     code, out, err = _run(
         capsys, d, "--text", text, "--context", 256, "--chunks", 2, "--cache-types", "q4_0", "--generate", 2, "--json"
     )
@@ -297,11 +258,11 @@ def test_eval_runs_soft_capping_and_hybrid_models(arch, tmp_path, text, capsys):
     res = json.loads(out)
     rows = {r["cache"]: r for r in res["rows"]}
     assert rows["f32:f32"]["kl_f32_mean"] == 0.0 and rows["q4_0:q4_0"]["kl_mean"] > 0
-    row = 128 // 32 * 18 * 2
+    row = 2 * (256 // 32 * 18)  # q4_0 K and V rows of 2 x 128 values
     if arch == "gemma2":  # layer 0 slides over 64 tokens, layer 1 is full
         assert rows["q4_0:q4_0"]["bytes_per_token"] == row and rows["q4_0:q4_0"]["window_bytes"] == row * 63
-    else:  # one attention layer, one linear-attention layer (no rows)
-        assert rows["q4_0:q4_0"]["bytes_per_token"] == row and res["settings"]["attention_layers"] == [1]
+    else:  # one attention layer after three linear-attention layers (no rows)
+        assert rows["q4_0:q4_0"]["bytes_per_token"] == row and res["settings"]["attention_layers"] == [3]
     stats = rows["q4_0:q4_0"]["llama_cpp"]
     assert stats["Mean PPL(Q)"][0] == pytest.approx(rows["q4_0:q4_0"]["ppl"], rel=1e-12)
     assert {"Mean KLD", "99.9% KLD", "Median KLD", "Minimum KLD", "RMS Δp", "Same top p"} <= set(stats)

@@ -1,6 +1,6 @@
 """tbq.hf on the architectures people run: sinks, soft-capping, sliding windows, hybrid layers, head_dim 80.
 
-Every model is a tiny random-weight one built here with ``from_config`` (no
+Every model is a tiny random-weight one built here (``tbq.hf.arch_compare.tiny_model``, ``from_config``: no
 download). The oracle is the model's own computation: transformers'
 ``DynamicCache`` with the model's declared attention (sdpa, or its eager
 where it declares ``_supports_sdpa = False``: gemma2's soft-capping, gpt-oss's
@@ -15,93 +15,23 @@ import copy
 import numpy as np
 import pytest
 import torch
-import transformers as tf
 from transformers import DynamicCache
 
 from tbq.errors import ConfigError, TbqValueError
 from tbq.hf import TbqCache, prepare
 from tbq.hf import attention as attn
+from tbq.hf.arch_compare import tiny_model
 from tbq.hf.cache import TbqLayer, geometry
 from tbq.hf.evaluation import evaluate, kld_statistics
 
-COMMON = dict(
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    num_hidden_layers=2,
-    intermediate_size=64,
-    vocab_size=97,
-    max_position_embeddings=512,
-    bos_token_id=1,
-)
 WINDOW = 8  # shorter than the 24-token inputs: the sliding layers drop tokens
 
 
-def _config(arch):
-    sliding = dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
-    if arch == "llama":
-        return tf.LlamaConfig(head_dim=64, **COMMON), tf.LlamaForCausalLM
-    if arch == "llama_head_dim_80":
-        return tf.LlamaConfig(head_dim=80, **COMMON), tf.LlamaForCausalLM
-    if arch == "qwen3":
-        return tf.Qwen3Config(head_dim=64, **COMMON), tf.Qwen3ForCausalLM
-    if arch == "phi3":
-        c = dict(COMMON, hidden_size=256)  # phi3 has no head_dim: hidden_size / heads = 64
-        return tf.Phi3Config(pad_token_id=0, eos_token_id=2, **c), tf.Phi3ForCausalLM
-    if arch == "gemma2":
-        cfg = tf.Gemma2Config(
-            head_dim=64, query_pre_attn_scalar=64, attn_logit_softcapping=1.0, final_logit_softcapping=30.0, **COMMON
-        )
-        cfg.sliding_window = WINDOW
-        return cfg, tf.Gemma2ForCausalLM
-    if arch == "gemma3":
-        return tf.Gemma3TextConfig(head_dim=64, query_pre_attn_scalar=64, **sliding, **COMMON), tf.Gemma3ForCausalLM
-    if arch == "gpt_oss":
-        cfg = tf.GptOssConfig(head_dim=64, num_local_experts=4, num_experts_per_tok=2, **sliding, **COMMON)
-        return cfg, tf.GptOssForCausalLM
-    if arch == "qwen3_next":
-        c = dict(COMMON, num_hidden_layers=4)
-        cfg = tf.Qwen3NextConfig(
-            head_dim=64,
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=32,
-            linear_num_value_heads=2,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_conv_kernel_dim=4,
-            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-            **c,
-        )
-        return cfg, tf.Qwen3NextForCausalLM
-    if arch == "qwen3_5":  # the Qwen3.5 family: 3 gated delta-net layers per full-attention layer
-        c = dict(COMMON, num_hidden_layers=4)
-        cfg = tf.Qwen3_5TextConfig(
-            head_dim=64,
-            linear_num_value_heads=2,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            layer_types=["linear_attention"] * 3 + ["full_attention"],
-            **c,
-        )
-        return cfg, tf.Qwen3_5ForCausalLM
-    raise AssertionError(arch)
-
-
 def _model(arch, seed=0):
-    torch.manual_seed(seed)
-    cfg, cls = _config(arch)
-    m = cls(cfg).eval()
-    with torch.no_grad():  # larger Q/K than the init (quantization shows), sinks that matter
-        for name, p in m.named_parameters():
-            if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
-                p.mul_(4)
-            if name.endswith("sinks"):
-                p.normal_(0.0, 2.0)
-    return m
+    """A tiny random model: 4 heads over 2 KV heads of 64 values, vocabulary 97 (gemma3: one sliding layer, one full)."""
+    return tiny_model(
+        arch, hidden_size=64, head_dim=64, layers=2, window=WINDOW, vocab_size=97, bos=1, eos=2, softcap=1.0, seed=seed
+    )
 
 
 ARCHS = ["llama", "qwen3", "phi3", "gemma2", "gemma3", "gpt_oss", "qwen3_next", "qwen3_5", "llama_head_dim_80"]
@@ -224,22 +154,22 @@ def test_sliding_layers_keep_the_window_and_their_bytes_say_so():
     np.testing.assert_array_equal(step.layers[0].key_bytes, sliding.key_bytes)
 
 
-def test_hybrid_model_only_attention_layers_get_tbq_layers():
-    m = prepare(_model("qwen3_next"))
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5"])
+def test_hybrid_model_only_attention_layers_get_tbq_layers(arch):
+    m = prepare(_model(arch))
     cache = TbqCache(m.config, "q8_0", "q8_0", layers={3: ("q4_0", "q4_0")})
     kinds = [type(layer).__name__ for layer in cache.layers]
-    assert kinds == ["LinearAttentionLayer", "TbqLayer", "LinearAttentionLayer", "TbqLayer"]
-    assert [(layer.index, layer.k_type) for layer in cache.tbq_layers] == [(1, "q8_0"), (3, "q4_0")]
-    row = 2 * 64
-    assert cache.bytes_per_token() == 2 * row // 32 * 34 + 2 * row // 32 * 18  # the two attention layers only
+    assert kinds == ["LinearAttentionLayer"] * 3 + ["TbqLayer"]
+    assert [(layer.index, layer.k_type) for layer in cache.tbq_layers] == [(3, "q4_0")]
+    assert cache.bytes_per_token() == 2 * (2 * 64 // 32 * 18)  # the attention layer's K and V rows only
     _logits(m, _ids(), cache)
     assert cache.nbytes == cache.bytes_per_token() * 24
-    with pytest.raises(ConfigError, match="layer 0 of qwen3_next is a 'linear_attention' layer"):
+    with pytest.raises(ConfigError, match=f"layer 0 of {m.config.model_type} is a 'linear_attention' layer"):
         TbqCache(m.config, "q8_0", "q8_0", layers={0: ("f16", "f16")})
 
 
 def test_layer_kinds_tbq_cannot_store_are_refused_naming_the_layer():
-    cfg, _ = _config("llama")
+    cfg = _model("llama").config
     cfg.layer_types = ["full_attention", "hybrid"]
     with pytest.raises(ConfigError, match="llama: layer 1 is a 'hybrid' layer"):
         TbqCache(cfg, "q8_0", "q8_0")

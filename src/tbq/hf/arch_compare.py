@@ -32,7 +32,7 @@ from typing import Any
 from .engine import F32
 from .gguf_export import LlamaCppCrashed, run_llama_perplexity
 
-__all__ = ["ARCHITECTURES", "tiny_checkpoint", "convert_with_llama_cpp", "compare", "main"]
+__all__ = ["ARCHITECTURES", "tiny_model", "tiny_checkpoint", "convert_with_llama_cpp", "compare", "main"]
 
 #: The architectures compared, and what each exercises.
 ARCHITECTURES = {
@@ -45,6 +45,7 @@ ARCHITECTURES = {
     "gpt_oss_default_rope": "the same with plain RoPE instead of YaRN",
     "phi3": "fused QKV",
     "qwen3_next": "hybrid: 3 linear-attention (gated delta-net) layers per full-attention layer",
+    "qwen3_5": "the Qwen3.5 family's hybrid text model, the same layout",
 }
 
 #: The bootstrap that runs llama.cpp's converter with the two vocabulary settings above.
@@ -68,86 +69,122 @@ conv.main()
 """
 
 
-def tiny_checkpoint(arch: str, out: Path | str, seed: int = 0) -> Path:
-    """A tiny random-weight ``arch`` checkpoint with the shipped tokenizer (vocabulary 1024), saved at ``out``."""
+def tiny_model(
+    arch: str,
+    *,
+    hidden_size: int = 128,
+    head_dim: int = 128,
+    layers: int | None = None,
+    window: int = 64,
+    vocab_size: int = 1024,
+    bos: int = 0,
+    eos: int = 1,
+    softcap: float = 5.0,
+    seed: int = 0,
+) -> Any:
+    """A tiny random-weight ``arch`` model (eval mode), built with ``from_config``: nothing is downloaded.
+
+    4 attention heads over 2 KV heads of ``head_dim`` (phi3, which has no
+    head_dim setting: ``hidden_size = 4 x 64``; gpt-oss: at most 64); 2 layers,
+    except gemma3 (``layers``, default 6: llama.cpp's pattern of 5 sliding
+    layers, then a full one; the last is full) and the hybrids (4: 3
+    linear-attention layers, then a full-attention one, llama.cpp's layout).
+    Q and K projections are scaled by 4 (so quantization shows in the
+    logits) and gpt-oss's sinks drawn from N(0, 2) (so they matter).
+    """
     import torch
     import transformers as tf
-
-    from .shipped import MODEL_DIR
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
     torch.manual_seed(seed)
     common: dict[str, Any] = dict(
-        hidden_size=128,
+        hidden_size=hidden_size,
         num_attention_heads=4,
         num_key_value_heads=2,
         num_hidden_layers=2,
         intermediate_size=96,
-        vocab_size=1024,
+        vocab_size=vocab_size,
         max_position_embeddings=1024,
-        bos_token_id=0,
-        eos_token_id=1,
+        bos_token_id=bos,
+        eos_token_id=eos,
         tie_word_embeddings=arch
         in ("gemma2", "gemma3"),  # gemma's output is its embedding (the converter drops lm_head)
     )
-    sliding: dict[str, Any] = dict(sliding_window=64, layer_types=["sliding_attention", "full_attention"])
+    sliding: dict[str, Any] = dict(sliding_window=window, layer_types=["sliding_attention", "full_attention"])
+    hybrid: dict[str, Any] = dict(
+        linear_num_value_heads=2,
+        linear_num_key_heads=2,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+    )
     model: Any
-    cfg: Any
     if arch == "llama":
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(head_dim=128, **common))
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(head_dim=head_dim, **common))
     elif arch == "llama_head_dim_80":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(head_dim=80, **common))
     elif arch == "qwen3":
-        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=128, **common))
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=head_dim, **common))
     elif arch == "gemma2":
-        cfg = tf.Gemma2Config(
-            head_dim=128,
-            query_pre_attn_scalar=128,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=30.0,
-            sliding_window=64,
-            **common,
+        model = tf.Gemma2ForCausalLM(
+            tf.Gemma2Config(
+                head_dim=head_dim,
+                query_pre_attn_scalar=head_dim,
+                attn_logit_softcapping=softcap,
+                final_logit_softcapping=30.0,
+                sliding_window=window,
+                **common,
+            )
         )
-        model = tf.Gemma2ForCausalLM(cfg)
-    elif arch == "gemma3":  # llama.cpp's gemma3 pattern: 5 sliding layers, then a full one
-        common["num_hidden_layers"] = 6
-        layers = ["sliding_attention"] * 5 + ["full_attention"]
-        cfg = tf.Gemma3TextConfig(
-            head_dim=128, query_pre_attn_scalar=128, sliding_window=64, layer_types=layers, **common
+    elif arch == "gemma3":
+        n = 6 if layers is None else layers
+        common["num_hidden_layers"] = n
+        kinds = ["sliding_attention"] * (n - 1) + ["full_attention"]
+        model = tf.Gemma3ForCausalLM(
+            tf.Gemma3TextConfig(
+                head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=window, layer_types=kinds, **common
+            )
         )
-        model = tf.Gemma3ForCausalLM(cfg)
     elif arch in ("gpt_oss", "gpt_oss_default_rope"):
         if arch == "gpt_oss_default_rope":
             common["rope_parameters"] = {"rope_type": "default", "rope_theta": 150000.0}
-        cfg = tf.GptOssConfig(head_dim=64, num_local_experts=4, num_experts_per_tok=2, **sliding, **common)
-        model = tf.GptOssForCausalLM(cfg)
+        hd = min(head_dim, 64)
+        model = tf.GptOssForCausalLM(
+            tf.GptOssConfig(head_dim=hd, num_local_experts=4, num_experts_per_tok=2, **sliding, **common)
+        )
     elif arch == "phi3":
-        model = tf.Phi3ForCausalLM(tf.Phi3Config(**dict(common, hidden_size=256), pad_token_id=1))
-    else:  # qwen3_next: llama.cpp's layout, a full-attention layer every 4th
+        model = tf.Phi3ForCausalLM(tf.Phi3Config(**dict(common, hidden_size=4 * 64), pad_token_id=eos))
+    elif arch == "qwen3_next":
         common["num_hidden_layers"] = 4
         cfg = tf.Qwen3NextConfig(
-            head_dim=128,
+            head_dim=head_dim,
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
             shared_expert_intermediate_size=32,
-            linear_num_value_heads=2,
-            linear_num_key_heads=2,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
-            layer_types=["linear_attention"] * 3 + ["full_attention"],
+            **hybrid,
             **common,
         )
         model = tf.Qwen3NextForCausalLM(cfg)
-    with torch.no_grad():  # larger Q/K than the init (so quantization shows), sinks that matter
+    else:  # qwen3_5
+        common["num_hidden_layers"] = 4
+        model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(head_dim=head_dim, **hybrid, **common))
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 p.mul_(4)
             if name.endswith("sinks"):
                 p.normal_(0.0, 2.0)
+    return model.eval()
+
+
+def tiny_checkpoint(arch: str, out: Path | str, **kwargs: Any) -> Path:
+    """:func:`tiny_model` saved at ``out`` with the shipped tokenizer (its vocabulary is 1024: keep that)."""
+    from .shipped import MODEL_DIR
+
     out = Path(out)
-    model.save_pretrained(out)
+    tiny_model(arch, **kwargs).save_pretrained(out)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(MODEL_DIR / f, out / f)
     return out
