@@ -117,8 +117,24 @@ _SIMD_Q8_0 = "q8_0"
 #: The fork's types whose K.Q dot takes Q as q8_K (256-value blocks): no block for a shorter head.
 _Q8_K_VEC_DOT = ("tbq3_0", "tbq4_0")
 
-#: transformers model types whose llama.cpp GGUF conversion permutes Q/K (convert_hf_to_gguf's LlamaModel).
-PERMUTED_MODEL_TYPES = ("llama", "mistral", "mixtral", "granite")
+#: transformers model types whose llama.cpp GGUF conversion permutes Q/K: convert_hf_to_gguf.py's LlamaModel and
+#: its subclasses that keep ``undo_permute`` (Arcee, AFMoE, Granite and its MoE twins, SmolLM3, Mistral, Mixtral,
+#: IQuest-Coder), and the classes calling ``LlamaModel.permute`` themselves (OLMo, InternLM3); read from the fork's
+#: converter at c4e5e84 (NEOX-RoPE models such as qwen2/qwen3, gemma, phi3 and gpt-oss are not permuted).
+PERMUTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "mixtral",
+    "granite",
+    "granitemoe",
+    "granitemoeshared",
+    "arcee",
+    "afmoe",
+    "smollm3",
+    "iquestcoder",
+    "olmo",
+    "internlm3",
+)
 
 
 # ---------------------------------------------------------------------------
