@@ -303,6 +303,9 @@ class _Keys(Format):
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
     attention_read = "attention_read_keys"
     ulp_floor = TBQ_ULP_FLOOR
+    #: the ``1e-8`` of ``den = n + 1e-8``: the encoder is scale-equivariant (``2**k x`` gives the same indices)
+    #: only while that addition leaves ``n`` unchanged, i.e. for norms of 0.25 and more
+    norm_epsilon = float(_EPS_NORM)
 
     def __init__(self, *, head_dim: int = 128, rotation: str = "hadamard", layer: int | None = None) -> None:
         name = type(self).info.name
