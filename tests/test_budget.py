@@ -740,3 +740,35 @@ def test_cli_plot_hint_names_the_checkout_extra(cli_main, capsys, monkeypatch, t
     assert cli_main(["budget", "--values-per-token", "1", "--plot", str(tmp_path / "b.png")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pip install '.[plot]'" in err and "tbq[plot]" not in err
+
+
+# --------------------------------------------------------------------------- K:V pairs, padded heads, vLLM presets
+
+
+def test_a_kv_pair_costs_the_mean_of_its_sides():
+    assert budget.kv_bytes_per_token(32, 8, 128, "q8_0:turbo3") == 32 * 8 * 128 * (34 + 50 / 4) // 32
+    assert budget.bits_per_value("q4_0:q4_0") == 4.5 and budget._format_bits("q4_0:q4_0")[0] == "q4_0"
+    with pytest.raises(ConfigError, match="two formats joined by one ':'"):
+        budget.bits_per_value("q8_0:")
+
+
+def test_turbo_heads_are_padded_to_whole_blocks_and_never_refused():
+    # llama-kv-cache.cpp zero-pads a head of 64 (80, 192) values to 128 (128, 256): those bytes are stored
+    for head_dim, stored in ((64, 128), (80, 128), (128, 128), (192, 256)):
+        want = 2 * 32 * 8 * stored // 128 * 50  # K and V, 32 layers, 8 heads, 50-byte turbo3 blocks
+        assert budget.kv_bytes_per_token(32, 8, head_dim, "turbo3") == want, head_dim
+    assert budget.incompatible_formats(80, "q8_0,turbo2,turbo3,turbo4,q8_0:turbo3", n_kv_heads=1) == [("q8_0", 32)]
+
+
+def test_vllm_presets_cost_their_slots_and_boundary_layers():
+    # slot bytes per (token, KV head) from the SPEC's table, not from tbq: 196/134/118/102 at 128, 70 at 64
+    slots = {"turboquant_k8v4": 196, "turboquant_4bit_nc": 134, "turboquant_k3v4_nc": 118, "turboquant_3bit_nc": 102}
+    for name, s in slots.items():
+        assert budget.bits_per_value(name) == s * 8 / 256  # no geometry: head_dim 128, boundary layers not counted
+        # 32 layers: the first and last 2 keep bf16 K and V (2 x 128 values x 2 bytes per head)
+        assert budget.kv_bytes_per_token(32, 8, 128, name) == 28 * 8 * s + 4 * 8 * 512
+    assert budget.kv_bytes_per_token(3, 2, 64, "turboquant_4bit_nc") == 1 * 2 * 70 + 2 * 2 * 256  # min(2, 3 // 2) = 1
+    with pytest.raises(ConfigError, match="head_dim must be a power of two"):
+        budget.kv_bytes_per_token(32, 8, 80, "turboquant_4bit_nc")
+    r = budget.budget_report(65536, "turboquant_3bit_nc", "4K")
+    assert any("102-byte slot" in n and "give the geometry" in n for n in r.notes), r.notes

@@ -48,6 +48,7 @@ from .units import (  # re-exported: tbq.budget was their home before tbq.units
     parse_rate,
 )
 from .units import exact as _exact
+from .vllm_slots import PRESET_NAMES, slot_bytes
 
 __all__ = [
     "KV_FORMAT_BITS",
@@ -126,7 +127,60 @@ DEFAULT_FORMATS = ("f16", "q8_0", "q4_0", "tbq4_0", "tbq3_0")
 DEFAULT_CONTEXTS = ("4K", "8K", "16K", "32K", "64K", "128K", "256K")
 
 
-def _format_bits(fmt: Any) -> tuple[str, Fraction]:
+#: vLLM keeps this many first and last decoder layers of a dense model in the model's dtype (16 bits) when a
+#: TurboQuant preset is the cache type (``kv_cache_dtype_skip_layers``; ``min(2, n_layers // 2)`` each end).
+VLLM_BOUNDARY_LAYERS = 2
+#: The head_dim a preset's slot is sized at when no geometry is given (vLLM's tests and vectors use 128).
+PRESET_HEAD_DIM = 128
+
+
+def _format_bits(fmt: Any, geometry: dict[str, int] | None = None) -> tuple[str, Fraction]:
+    """(display name, exact bits per value) of a format name, FormatInfo, ``"K:V"`` pair, vLLM preset or number of bits.
+
+    ``geometry`` (``n_layers``, ``head_dim``) makes the cost the cache's own where it depends on the shape: a
+    ``"K:V"`` pair costs the mean of its sides (K and V hold as many values); a format whose engine pads heads
+    (turbo2/3/4) stores ``stored_head_dim`` values per head; a vLLM preset (``turboquant_4bit_nc``, ...) stores
+    one slot per token and KV head of ``S_al`` bytes (:func:`tbq.vllm_slots.slot_bytes`, the slot rounded up to
+    an even size) for K and V together, at the geometry's head_dim (else :data:`PRESET_HEAD_DIM`), and with
+    ``n_layers`` its boundary layers (:data:`VLLM_BOUNDARY_LAYERS` each end) at 16 bits.
+
+    >>> _format_bits("q8_0:turbo3")
+    ('q8_0:turbo3', Fraction(93, 16))
+    >>> _format_bits("turboquant_4bit_nc")  # 134 bytes per (token, head) for 2 x 128 values
+    ('turboquant_4bit_nc', Fraction(67, 16))
+    >>> float(_format_bits("turboquant_4bit_nc", {"n_layers": 32, "head_dim": 128})[1])  # 28 layers + 4 at 16 bits
+    5.6640625
+    >>> float(_format_bits("turbo3", {"n_layers": 32, "head_dim": 64})[1])  # 64 values padded to one 128-value block
+    6.25
+    """
+    if isinstance(fmt, str) and ":" in fmt:
+        k, _, v = fmt.partition(":")
+        if not k.strip() or not v.strip() or ":" in v:
+            raise ConfigError(f"a K:V cache type is two formats joined by one ':', got {fmt!r}")
+        (kn, kb), (vn, vb) = _format_bits(k, geometry), _format_bits(v, geometry)
+        return (kn if kn == vn else f"{kn}:{vn}"), (kb + vb) / 2
+    if isinstance(fmt, str) and fmt.strip().lower() in PRESET_NAMES:
+        return _preset_bits(fmt.strip().lower(), geometry or {})
+    name, bits = _plain_format_bits(fmt)
+    info = FORMATS.get(name)
+    head_dim = (geometry or {}).get("head_dim")
+    if info is not None and head_dim is not None:
+        bits = bits * info.stored_head_dim(head_dim) / head_dim
+    return name, bits
+
+
+def _preset_bits(name: str, geometry: dict[str, int]) -> tuple[str, Fraction]:
+    head_dim = geometry.get("head_dim", PRESET_HEAD_DIM)
+    _, s_al = slot_bytes(name, head_dim)
+    bits = Fraction(8 * s_al, 2 * head_dim)
+    layers = geometry.get("n_layers")
+    if layers is not None:
+        skip = 2 * min(VLLM_BOUNDARY_LAYERS, layers // 2)
+        bits = ((layers - skip) * bits + skip * 16) / layers
+    return name, bits
+
+
+def _plain_format_bits(fmt: Any) -> tuple[str, Fraction]:
     """(display name, exact bits per value) of a format name, FormatInfo or number of bits."""
     if isinstance(fmt, bool):
         raise TbqTypeError(f"a format must be a name or a number of bits per value, not {fmt!r}")
@@ -171,7 +225,9 @@ def format_block_size(fmt: Any) -> int | None:
     >>> format_block_size("q8_0"), format_block_size("tbq3_0"), format_block_size("nvfp4"), format_block_size("f16")
     (32, 128, 64, 1)
     """
-    name, _ = _format_bits(fmt)
+    if isinstance(fmt, str) and (":" in fmt or fmt.strip().lower() in PRESET_NAMES):
+        return None  # a K:V pair or a vLLM preset: two formats
+    name, _ = _plain_format_bits(fmt)
     if name in FORMATS:
         return format_info(name).block_size
     return None
@@ -197,15 +253,16 @@ def incompatible_formats(head_dim: int, formats: Any, n_kv_heads: int | None = N
     """
     head_dim = _count(head_dim, "head_dim")
     heads = None if n_kv_heads is None else _count(n_kv_heads, "n_kv_heads")
-    out = []
-    for name, _ in _parse_formats(formats):
-        size = format_block_size(name) if not name.endswith("-bit") else None
-        if size is None:
-            continue
-        info = FORMATS.get(name)
-        fits = info.tiles(heads, head_dim) if (info is not None and heads is not None) else head_dim % size == 0
-        if not fits:
-            out.append((name, size))
+    out: list[tuple[str, int]] = []
+    for entry, _ in _parse_formats(formats):
+        for name in entry.split(":"):  # each side of a K:V pair; a vLLM preset checks its head_dim itself
+            size = format_block_size(name) if not name.endswith("-bit") else None
+            info = FORMATS.get(name)
+            if size is None or info is None or info.padded_heads:  # turbo's engine pads a head to whole blocks
+                continue
+            fits = info.tiles(heads, head_dim) if heads is not None else head_dim % size == 0
+            if not fits and (name, size) not in out:
+                out.append((name, size))
     return out
 
 
@@ -295,15 +352,21 @@ def bytes_per_token(values_per_token: Any, fmt: Any) -> Number:
     return _out(_bpt(values_per_token, fmt))
 
 
-def _bpt(values: Any, fmt: Any) -> Fraction:
-    return _exact(values, "values per token", positive=True) * _format_bits(fmt)[1] / 8
+def _bpt(values: Any, fmt: Any, geometry: dict[str, int] | None = None) -> Fraction:
+    return _exact(values, "values per token", positive=True) * _format_bits(fmt, geometry)[1] / 8
+
+
+def _geometry(n_layers: int, n_kv_heads: int, head_dim: int) -> dict[str, int]:
+    return {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
 
 
 def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, fmt: Any) -> Number:
     """KV cache bytes per token: ``2 x n_layers x n_kv_heads x head_dim x bits_per_value / 8``.
 
     ``fmt`` is a format name (f32, f16, bf16, fp8_e4m3, fp8_e5m2 (alias fp8), q8_0, q4_0, tbq4_0, tbq3_0,
-    nvfp4, mxfp4) or a number of bits per value. Count only full-attention layers.
+    nvfp4, mxfp4, turbo3, ...), a ``"K:V"`` pair, a vLLM TurboQuant preset (``turboquant_4bit_nc``, ...) or a
+    number of bits per value; the geometry sizes what depends on it (turbo's padded heads, a preset's slots and
+    boundary layers: see :func:`_format_bits`). Count only full-attention layers.
     The result is exact: an ``int`` when whole, else a ``float``.
 
     >>> kv_bytes_per_token(48, 8, 128, "f16")       # 98,304 values x 2 bytes
@@ -312,8 +375,11 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, fmt: Any) 
     50688
     >>> kv_bytes_per_token(1, 1, 1, "tbq3_0")       # 2 x 3.125 / 8
     0.78125
+    >>> kv_bytes_per_token(32, 8, 128, "turboquant_4bit_nc")  # 28 layers x 8 heads x 134 B + 4 x 8 x 512 B
+    46400
     """
-    return _out(_bpt(kv_values_per_token(n_layers, n_kv_heads, head_dim), fmt))
+    geometry = _geometry(n_layers, n_kv_heads, head_dim)
+    return _out(_bpt(kv_values_per_token(n_layers, n_kv_heads, head_dim), fmt, geometry))
 
 
 def values_per_token(cache_bytes: Any, context: Any, fmt: Any, sequences: int = 1) -> Number:
@@ -355,7 +421,9 @@ def cache_bytes_from_geometry(
     >>> format_bytes(cache_bytes_from_geometry(48, 8, 128, "q8_0", "128K"))   # 104,448 B x 131,072
     '12.75 GiB'
     """
-    return cache_bytes(kv_values_per_token(n_layers, n_kv_heads, head_dim), fmt, context, sequences)
+    vpt = kv_values_per_token(n_layers, n_kv_heads, head_dim)
+    bpt = _bpt(vpt, fmt, _geometry(n_layers, n_kv_heads, head_dim))
+    return _out(bpt * parse_context(context) * _count(sequences, "sequences"))
 
 
 def crossover_tokens(weights_bytes: Any, kv_bytes_per_token: Any, sequences: int = 1) -> float:
@@ -579,7 +647,7 @@ def _sweep(
     return rows
 
 
-def _parse_formats(formats: Any) -> list[tuple[str, Fraction]]:
+def _parse_formats(formats: Any, geometry: dict[str, int] | None = None) -> list[tuple[str, Fraction]]:
     if isinstance(formats, str):
         items = formats.split(",")
     else:
@@ -588,7 +656,7 @@ def _parse_formats(formats: Any) -> list[tuple[str, Fraction]]:
     for item in items:
         if isinstance(item, str) and not item.strip():
             raise TbqValueError(f"empty entry in the format list {formats!r}")
-        pair = _format_bits(item)
+        pair = _format_bits(item, geometry)
         if pair[0] not in [n for n, _ in out]:
             out.append(pair)
     if not out:
@@ -696,7 +764,7 @@ def budget_report(
     [('f16', '64.00 KiB', 308019, 163878), ('tbq4_0', '16.50 KiB', 1194741, 635648)]
     """
     vpt = _exact(values_per_token, "values per token", positive=True)
-    fmts = _parse_formats(formats)
+    fmts = _parse_formats(formats, geometry)
     ctxs = parse_contexts(contexts)
     seqs = _count(sequences, "sequences")
     vram = None if vram_bytes is None else _size(vram_bytes, "VRAM")
@@ -756,8 +824,41 @@ def budget_report(
         weights_traffic_bytes=None if traffic is None else _out(traffic),
         bandwidth_bytes_per_s=None if bw is None else _out(bw),
         weights_only_tokens_per_s=None if bw is None or not traffic else float(bw / traffic),
-        notes=_k_notes(ctxs) + [str(n) for n in notes],
+        notes=_k_notes(ctxs) + _shape_notes([n for n, _ in fmts], geometry) + [str(n) for n in notes],
     )
+
+
+def _shape_notes(names: list[str], geometry: dict[str, int] | None) -> list[str]:
+    """What the cost of a padded format or a vLLM preset in ``names`` assumed (see :func:`_format_bits`)."""
+    geo = geometry or {}
+    head_dim, layers = geo.get("head_dim"), geo.get("n_layers")
+    notes = []
+    for name in names:
+        if name in PRESET_NAMES:
+            d = head_dim or PRESET_HEAD_DIM
+            s, s_al = slot_bytes(name, d)
+            shape = f"at head_dim {d}" + ("" if head_dim else " (no geometry given: vLLM's usual head_dim)")
+            skip = None if layers is None else min(VLLM_BOUNDARY_LAYERS, layers // 2)
+            tail = (
+                f"the first and last {skip} of the {layers} layers keep the model's dtype (counted at 16 bits)"
+                if skip is not None
+                else f"vLLM also keeps the first and last {VLLM_BOUNDARY_LAYERS} layers of a dense model in the model's "
+                "dtype: give the geometry (--layers) to count them"
+            )
+            rounded = f" ({s} bytes rounded up to even)" if s_al != s else ""
+            notes.append(
+                f"{name} (vLLM): one {s_al}-byte slot per token and KV head for K and V{rounded}, {shape}; {tail}"
+            )
+    padded = sorted({side for n in names for side in n.split(":") if side in FORMATS and FORMATS[side].padded_heads})
+    if head_dim is not None:
+        grown = [n for n in padded if FORMATS[n].stored_head_dim(head_dim) != head_dim]
+        if grown:
+            stored = FORMATS[grown[0]].stored_head_dim(head_dim)
+            notes.append(
+                f"{', '.join(grown)}: the engine zero-pads each head of {head_dim} values to {stored}, "
+                "and the bytes count the padding"
+            )
+    return notes
 
 
 # ---------------------------------------------------------------------------

@@ -165,7 +165,11 @@ def _report_from_args(args: Any) -> BudgetReport:
             f"{_number(vpt)} values per token is not a whole number: a real cache holds 2 x layers x KV heads x head_dim "
             "values per token; a measured size is usually rounded, or includes other buffers"
         )
-    formats = _flag("--formats", _parse_formats, args.formats if args.formats is not None else DEFAULT_FORMATS)
+    formats = _flag(
+        "--formats",
+        lambda f: _parse_formats(f, geometry),  # the geometry sizes turbo's padded heads and vLLM's slots
+        args.formats if args.formats is not None else DEFAULT_FORMATS,
+    )
     if geometry is not None:
         bad = incompatible_formats(args.head_dim, [n for n, _ in formats], args.kv_heads)
         row = args.kv_heads * args.head_dim
@@ -177,7 +181,7 @@ def _report_from_args(args: Any) -> BudgetReport:
             )
         if bad:
             dropped = {n for n, _ in bad}
-            formats = [f for f in formats if f[0] not in dropped]
+            formats = [f for f in formats if not dropped & set(f[0].split(":"))]  # a K:V pair with either side
             notes.append(
                 f"{_by_block(bad)} cannot store this cache (ggml's blocks must divide head_dim {args.head_dim}, "
                 f"the fork's TBQ blocks the row of {args.kv_heads} x {args.head_dim} = {row} values); "

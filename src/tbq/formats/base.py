@@ -142,6 +142,21 @@ class FormatInfo:
     #: ``tbq compare``, ``tbq eval``, the study and the budget, and ``tbq.hf`` refuses it as a cache type (as
     #: llama.cpp does); named explicitly, the library functions still take it (an attention over q8_k keys).
     cache_type: bool = True
+    #: ``True`` where the engine that stores this type zero-pads each head to a multiple of the block (the
+    #: community fork's turbo types: its llama-kv-cache.cpp pads head_dim 64 to 128, 192 to 256), so a head of
+    #: ``head_dim`` values stores :meth:`stored_head_dim` values and any head_dim fits.
+    padded_heads: bool = False
+
+    def stored_head_dim(self, head_dim: int) -> int:
+        """Values a cache stores per head of ``head_dim``: ``head_dim``, or the next multiple of the block where
+        the engine pads heads (:attr:`padded_heads`).
+
+        >>> FORMATS["q8_0"].stored_head_dim(64), FORMATS["turbo3"].stored_head_dim(64), FORMATS["turbo3"].stored_head_dim(192)
+        (64, 128, 256)
+        """
+        if not self.padded_heads:
+            return head_dim
+        return -(-head_dim // self.block_size) * self.block_size
 
     def tiles(self, n_kv_heads: int, head_dim: int) -> bool:
         """True when a cache row of ``n_kv_heads`` heads of ``head_dim`` values is whole blocks of this format.

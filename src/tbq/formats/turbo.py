@@ -276,6 +276,7 @@ class TURBO2(_Turbo):
         2,
         "turbo2 (llama.cpp fork): fp16 norm + 128 WHT-rotated 2-bit indices; decodes to the rotated domain",
         code=21,
+        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
         layout=(_D, Field("qs", 2, 32, "u2_quads", "index j at byte j/4, bits 2(j%4)..2(j%4)+1")),
     )
 
@@ -293,6 +294,7 @@ class TURBO3(_Turbo):
         3,
         "turbo3 (llama.cpp fork): fp16 norm + 128 WHT-rotated 3-bit indices; decodes to the rotated domain",
         code=22,
+        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
         layout=(
             _D,
             Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
@@ -314,6 +316,7 @@ class TURBO4(_Turbo):
         4,
         "turbo4 (llama.cpp fork): fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices; decodes to the rotated domain",
         code=23,
+        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
         layout=(
             _D,
             Field("rnorm", 2, 2, "f16", "always written as fp16 +0; the decoder ignores it"),
