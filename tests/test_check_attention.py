@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,7 +120,7 @@ def test_every_diagnosis_has_a_planted_kernel():
 def test_a_planted_defect_is_wrong_and_diagnosed(defect, tmp_path):
     s = DEFECTS[defect]
     planted = "f16_overflow" if defect == "f16_undeclared" else defect  # an f16 accumulator, declared f32
-    declared = Arithmetic("f32", "f32", "f16" if defect == "f16_overflow" else "f32")
+    declared = Arithmetic("float32", "float32", "float16" if defect == "f16_overflow" else "float32")
     target = CallableAttention(lambda q, k, v, m: kernel(q, k, v, m, planted), arithmetic=declared)
     r = check_attention(target, s, out=tmp_path)
     assert not r.ok and r.counts()["wrong"] > 0, r.text()
@@ -198,7 +199,7 @@ def test_a_float32_kernel_one_rounding_off_per_term_passes_and_a_wrong_scale_fai
 def test_the_bound_is_the_documented_formula():
     s = AttentionSettings("f16", "f16", head_dim=64, contexts=(10,), families=("decode",), queries=1)
     (case, *_) = make_cases(s)
-    b = attention_bound(case, s, "f32", "f32")
+    b = attention_bound(case, s, "float32", "float32")
     # the formula of the module docstring and docs/checking-kernels.md, written out for one decode step
     K = tbq.dequantize(case.k.reshape(-1, 64), "f16").reshape(10, 2, 64).astype(np.float64)
     V = tbq.dequantize(case.v.reshape(-1, 64), "f16").reshape(10, 2, 64).astype(np.float64)
@@ -212,7 +213,7 @@ def test_the_bound_is_the_documented_formula():
     out = reference_attention(case, s)[0]
     want = 1.01 * ((np.expm1(2 * eps) + (2 * 10 + 2) * u + 16 * u + u * (spread + 1)) * vmax + u * np.abs(out).max(1))
     assert np.allclose(b[0], want, rtol=1e-12, atol=0), (b[0], want)
-    b16 = attention_bound(case, s, "f32", "f16")  # an f16 accumulator: (2 T + 2) * 2**-11 of max|V| instead
+    b16 = attention_bound(case, s, "float32", "float16")  # an f16 accumulator: (2 T + 2) * 2**-11 of max|V| instead
     assert np.allclose(b16[0] - b[0], 1.01 * 22 * (2.0**-11 - u) * vmax, rtol=1e-9)
 
 
@@ -226,16 +227,16 @@ def test_an_all_masked_row_is_zeros_in_the_reference():
 def test_q8_0_conversion_of_the_query_is_the_reference_when_declared():
     s = AttentionSettings("q4_0", "q4_0", head_dim=64, contexts=(7,), families=("decode",), queries=1)
     case = make_cases(s)[0]
-    a, b = reference_attention(case, s, "f32"), reference_attention(case, s, "q8_0")
+    a, b = reference_attention(case, s, "float32"), reference_attention(case, s, "q8_0")
     assert 0 < np.max(np.abs(a - b)) < 0.05  # the query's q8_0 rounding moves the output, a little
 
     def q8_kernel(q, k, v, meta):
         qq = tbq.dequantize(tbq.quantize(q.reshape(-1, 64), "q8_0"), "q8_0").reshape(q.shape)
         return kernel(qq, k, v, meta)
 
-    assert check_attention(CallableAttention(q8_kernel, arithmetic=Arithmetic("q8_0", "f32", "f32")), s).ok
+    assert check_attention(CallableAttention(q8_kernel, arithmetic=Arithmetic("q8_0", "float32", "float32")), s).ok
     # a kernel that keeps the query in float32 where it declares q8_0 is judged against the q8_0 reference
-    assert not check_attention(CallableAttention(kernel, arithmetic=Arithmetic("q8_0", "f32", "f32")), s).ok
+    assert not check_attention(CallableAttention(kernel, arithmetic=Arithmetic("q8_0", "float32", "float32")), s).ok
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -267,6 +268,46 @@ def test_a_program_target(tmp_path):
         r = check_attention(ProgramAttention(f"{sys.executable} {prog} {{q}} {{k}} {{v}} {{meta}} {{out}}"), s)
         assert r.ok == ok, r.text()
     assert r.diagnoses[0].name == "kv_swapped"
+
+
+C_DIR = Path(__file__).parent / "c"
+EXEC_ARGS = "{q} {k} {v} {mask} {sinks} {out} {n_query} {n_head} {n_head_kv} {n_tokens} {head_dim} {scale}"
+
+
+@pytest.mark.parametrize(
+    "define, diagnosis",
+    [
+        (None, None),
+        ("SCALE_1_OVER_D", "scale_1_over_d"),
+        ("GQA_MODULO", "gqa_modulo"),
+        ("NAN_ALL_MASKED", "nan_all_masked"),
+    ],
+)
+def test_the_c_program_of_the_guide(define, diagnosis, tmp_path):
+    # tests/c/attention_q8_0.c: float32 online softmax over q8_0 caches, run through --exec, its planted defects named
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler on PATH")
+    exe = tmp_path / "attention"
+    flags = [f"-D{define}"] if define else []
+    subprocess.run(
+        [cc, "-O2", *flags, "-I", str(C_DIR), str(C_DIR / "attention_q8_0.c"), "-o", str(exe), "-lm"], check=True
+    )
+    s = AttentionSettings(
+        "q8_0", "q8_0", contexts=(1, 7, 300), prefill=(7, 40), ratios=(1, 4), families=("decode", "prefill", "gqa", "mask", "sinks", "stress")
+    )  # fmt: skip
+    r = check_attention(ProgramAttention(f"{exe} {EXEC_ARGS}"), s)
+    assert r.ok == (define is None), r.text()
+    assert [d.name for d in r.diagnoses][:1] == ([diagnosis] if diagnosis else []), r.text()
+
+
+def test_a_program_command_is_validated(tmp_path):
+    from tbq.check import TargetError
+
+    with pytest.raises(TargetError, match=r"lacks the placeholders \{k\}, \{out\}"):
+        ProgramAttention("./kernel {q} {v}")
+    with pytest.raises(TargetError, match=r"unknown placeholder \{in\}"):
+        ProgramAttention("./kernel {q} {k} {v} {out} {in}")
 
 
 def test_settings_are_validated_at_the_boundary():
@@ -333,10 +374,20 @@ def test_real_upstream_flash_attention_passes(kv, tmp_path):
     rc, rep, _ = _tbq_check("--attention", "--lib", str(lib), "--k-type", kv, "--v-type", kv, "--out", str(tmp_path))
     assert rc == 0 and rep["ok"] and rep["totals"]["attention"]["wrong"] == 0, rep["verdict"]
     assert rep["settings"]["arithmetic"] == {
-        "q": "f16" if kv == "f16" else "q8_0",
-        "softmax": "f32",
-        "v": "f16" if kv == "f16" else "f32",
+        "q": "float16" if kv == "f16" else "q8_0",
+        "softmax": "float32",
+        "v": "float16" if kv == "f16" else "float32",
     }
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_real_upstream_flash_attention_at_other_head_dims(head_dim, tmp_path):
+    lib = _build("upstream")
+    rc, rep, _ = _tbq_check(
+        "--attention", "--lib", str(lib), "--k-type", "q8_0", "--v-type", "q4_0", "--head-dim", str(head_dim),
+        "--contexts", "1,7,300", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert rc == 0 and rep["ok"] and rep["totals"]["attention"]["blocks"] > 2000, rep["verdict"]
 
 
 def test_real_fork_tbq4_0_at_head_dim_128_is_uniform_attention_and_at_256_right(tmp_path):

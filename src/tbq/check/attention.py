@@ -5,24 +5,30 @@ encodes (:func:`tbq.quantize`, any registered format, K and V separately). The c
 output against tbq's reference **over the same stored bytes**, in float64, with a tolerance **derived** from the
 arithmetic the kernel declares (:class:`Arithmetic`), per output row:
 
-- ``q``: the query the scores use: kept in float32, or converted as ggml converts it to the K type's
-  ``vec_dot_type`` (``q8_0`` for q4_0/q8_0/iq4_nl, ``f16`` for f16, ``q8_k`` for the fork's TBQ types) -- the
-  reference applies the same conversion with tbq's codec, and the bound allows every converted value that a
-  few-ulp difference of the converter can move (``Format.fragile_values``) one code step;
-- ``softmax``: the weights ``exp(s_t - M)`` in float32 or rounded to f16;
-- ``v``: the accumulator ``sum_t w_t v_t`` in float32 or in f16 (ggml's CPU kernel accumulates f16 values in f16).
+- ``q``: the query the scores use: kept (``"float32"``), rounded to ``"float16"`` or ``"bfloat16"``, or converted
+  as ggml converts it to the K type's ``vec_dot_type`` (``"q8_0"`` for q4_0/q8_0/iq4_nl, ``"q8_k"`` for the fork's
+  TBQ types; float16 for an f16 K) -- the reference applies the same conversion with tbq's codec, and the bound
+  allows every converted value that a few-ulp difference of the converter can move (``Format.fragile_values``)
+  one code step;
+- ``softmax``: the weights ``exp(s_t - M)`` in ``"float32"`` or rounded to ``"float16"``;
+- ``v``: the accumulator ``sum_t w_t v_t`` in ``"float32"`` or ``"float16"`` (ggml's CPU kernel accumulates an
+  f16 V in f16).
 
 The bound of one output row (query token, head), first order in the unit roundoffs ``u = 2**-24`` (float32) and
-``u16 = 2**-11`` (f16):
+``2**-11`` (float16), with ``D = head_dim``, ``T`` the visible tokens, ``q'`` the converted query:
 
-``eps_t = scale * ((D + 8) * u * sum_j |q'_j| |k_tj| + sum_j dq_j |k_tj| + sum_j |q'_j| dk_tj) + 4 u |s_t|``: the
-error of a score (a ``D``-term float32 dot product in any order, FMA or not; ``dq`` the Q converter's fragile
-steps, ``dk`` the decoder's legitimate deviation, ``Format.decode_tolerance``, plus a rotated-domain kernel's
-rotation roundings); a perturbation of every score by at most ``eps = max_t eps_t`` moves the softmax weights by
-factors within ``exp(+-2 eps)``, so the output by at most ``(exp(2 eps) - 1) * max|V|``; the weights and the
-accumulation add ``((2 T + 16) * u_acc + 2 u16_softmax + u * max_t |s_t - M|) * max|V|`` (``T`` visible tokens:
-one rounding per addition and per online-softmax rescale, in any order and any split of the tokens among
-threads; ``u_acc`` the accumulator's unit roundoff), and the f32 output ``u * |o|``. Everything is widened by 1%.
+``eps_t = scale * ((D + 8) u sum_j |q'_j| |k_tj| + sum_j dq_j |k_tj| + sum_j |q'_j| dk_tj) + 4 u |s_t|``, the
+error of a score (a ``D``-term float32 dot product in any order, FMA or not; ``dq`` the converter's fragile steps;
+``dk`` the decoder's legitimate deviation, ``Format.decode_tolerance``, plus a float32 rotation's roundings for
+formats read in a rotated domain); scores each off by at most ``eps = max_t eps_t`` move the softmax weights by
+factors within ``exp(+-2 eps)``, so the output by at most ``expm1(2 eps) max|V|``; then
+
+``bound = 1.01 ((expm1(2 eps) + (2 T + 2) u_acc + 16 u + 2 u_sm + u (spread + 1)) max|V| + u |o|)``
+
+with one rounding per token's addition and per online-softmax rescale in any order and any split of the tokens
+among threads (``u_acc``: the accumulator's unit roundoff), 16 for exp, the division, the merge and the output,
+``u_sm`` 2**-11 for float16 weights (else 0), ``spread`` the range of the visible scores (the rounding of
+``s_t - M``), plus ``(log2(128) + 2) u sqrt(128) max|V|`` for a V format read in a rotated domain.
 
 A kernel's row is ``exact`` (the float32 of tbq's value, bit for bit), ``in bound`` or ``wrong`` (NaN included).
 An all-masked row is defined as zeros (ggml's and FlashAttention's convention); a NaN there is wrong, diagnosed.
@@ -52,6 +58,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import tempfile
@@ -79,6 +86,7 @@ __all__ = [
     "AttentionTarget",
     "CallableAttention",
     "ProgramAttention",
+    "PROGRAM_PLACEHOLDERS",
     "AttentionReport",
     "AttentionCounterexample",
     "check_attention",
@@ -92,12 +100,15 @@ __all__ = [
     "FAMILIES",
     "DEFAULT_FAMILIES",
     "Q_TYPES",
+    "PRECISIONS",
 ]
 
 U32 = 2.0**-24
 U16 = 2.0**-11
 #: Conversions of the query a kernel may declare: kept in float32, or ggml's vec_dot_type conversions.
-Q_TYPES = ("f32", "f16", "q8_0", "q8_k")
+#: Float precisions a kernel may compute in (numpy's names; bfloat16 rounds to nearest even on the top 16 bits).
+PRECISIONS = ("float32", "float16", "bfloat16")
+Q_TYPES = PRECISIONS + ("q8_0", "q8_k")
 #: The families of cases, in the order they run. ``overflow`` (not run by default) holds value caches whose
 #: unnormalized weighted sum exceeds f16's range (65504): right in float32, out of reach of an f16 accumulator.
 FAMILIES = ("decode", "prefill", "gqa", "mask", "sinks", "softcap", "stress", "overflow")
@@ -141,19 +152,19 @@ class Arithmetic:
     """What a kernel declares about its arithmetic; the bound follows from it.
 
     ``q``: the query's conversion before the scores (:data:`Q_TYPES`; ``None``: the target's default);
-    ``softmax``: ``"f32"`` or ``"f16"`` (the weights ``exp(s - M)`` rounded to f16); ``v``: the accumulator of
-    the weighted values, ``"f32"`` or ``"f16"`` (``None``: the target's default)."""
+    ``softmax``: ``"float32"`` or ``"float16"`` (the weights ``exp(s - M)`` rounded to f16); ``v``: the accumulator of
+    the weighted values, ``"float32"`` or ``"float16"`` (``None``: the target's default)."""
 
     q: str | None = None
-    softmax: str = "f32"
+    softmax: str = "float32"
     v: str | None = None
 
     def __post_init__(self) -> None:
         if self.q is not None:
             check_choice(self.q, "q (the query's conversion)", Q_TYPES, error=ConfigError)
-        check_choice(self.softmax, "softmax", ("f32", "f16"), error=ConfigError)
+        check_choice(self.softmax, "softmax", PRECISIONS[:2], error=ConfigError)
         if self.v is not None:
-            check_choice(self.v, "v (the accumulator)", ("f32", "f16"), error=ConfigError)
+            check_choice(self.v, "v (the accumulator)", PRECISIONS[:2], error=ConfigError)
 
 
 @dataclass(frozen=True)
@@ -474,14 +485,21 @@ def _values(fmt: Format, data: NDArray[np.uint8], D: int) -> tuple[NDArray[np.fl
     return vals, slack
 
 
+def _round_float(x: NDArray[np.float32], precision: str) -> NDArray[np.float64]:
+    """float32 ``x`` rounded to ``precision`` (:data:`PRECISIONS`, to nearest even), as float64."""
+    if precision == "bfloat16":
+        b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+        r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+        return (r & 0xFFFFFFFF).astype(np.uint32).view(np.float32).astype(np.float64)
+    return x.astype(np.dtype(precision)).astype(np.float64)
+
+
 def _convert_q(q: NDArray[np.float32], q_type: str) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """``(q', dq)``: the query as the kernel's scores use it (float64) and the step a fragile converted value may
     be off by (0 elsewhere)."""
     shape = q.shape
-    if q_type == "f32":
-        return q.astype(np.float64), np.zeros(shape)
-    if q_type == "f16":
-        return q.astype(np.float16).astype(np.float64), np.zeros(shape)
+    if q_type in PRECISIONS:  # rounded to nearest even: no converter may differ
+        return _round_float(q, q_type), np.zeros(shape)
     fmt = get_format(q_type)
     rows = q.reshape(-1, fmt.block_size)
     data, trace = fmt.encode(rows, trace=True)
@@ -489,7 +507,8 @@ def _convert_q(q: NDArray[np.float32], q_type: str) -> tuple[NDArray[np.float64]
     d = np.abs(np.asarray(fmt.fields(data)["d"], np.float64)).reshape(-1, 1)
     frag = np.asarray(fmt.fragile_values(trace, Q_FRAGILE_ULPS), bool).reshape(rows.shape)
     step = np.where(frag, d, 0.0)
-    fs = np.asarray(fmt.fragile_scales(trace, Q_FRAGILE_ULPS), bool).reshape(-1, 1) if q_type == "q8_0" else None
+    fp16_scale = any(f.name == "d" and f.kind == "f16" for f in fmt.info.layout)  # q8_0's; q8_k's is float32
+    fs = np.asarray(fmt.fragile_scales(trace, Q_FRAGILE_ULPS), bool).reshape(-1, 1) if fp16_scale else None
     if fs is not None:  # a scale one fp16 ulp away moves every value of the block by 2**-10 of itself
         step = step + np.where(fs, np.abs(qv.reshape(rows.shape)) * 2.0**-10, 0.0)
     return qv, step.reshape(shape)
@@ -583,7 +602,7 @@ def _attend(
     return out, s
 
 
-def reference_attention(case: AttentionCase, s: AttentionSettings, q_type: str = "f32") -> NDArray[np.float64]:
+def reference_attention(case: AttentionCase, s: AttentionSettings, q_type: str = "float32") -> NDArray[np.float64]:
     """tbq's float64 output ``(n_q, n_head, D)`` of ``case``: the query converted as ``q_type`` declares, the caches
     decoded by tbq (in the original domain), exact softmax; an all-masked row is zeros."""
     p = _prepare(case, s, q_type)
@@ -595,7 +614,7 @@ def attention_bound(
     s: AttentionSettings,
     q_type: str,
     v_acc: str,
-    softmax: str = "f32",
+    softmax: str = "float32",
     p: _Prepared | None = None,
     out: NDArray[np.float64] | None = None,
 ) -> NDArray[np.float64]:
@@ -623,8 +642,8 @@ def attention_bound(
     vt = np.abs(p.V).max(-1)[:, _kv_of_head(H, p.V.shape[1])]  # (T, H): the largest |v| of each token
     vmax = np.max(np.where(visible[:, 0, :, None], vt[None], 0.0), axis=1)  # (n_q, H): over the visible tokens
     T = np.sum(np.isfinite(case.mask), axis=1)[:, None]
-    u_acc = U16 if v_acc == "f16" else U32
-    u_sm = U16 if softmax == "f16" else 0.0
+    u_acc = U16 if v_acc == "float16" else U32
+    u_sm = U16 if softmax == "float16" else 0.0
     rel = np.expm1(2 * eps) + (2 * T + 2) * u_acc + EXTRA_ROUNDINGS * U32 + 2 * u_sm + U32 * (spread + 1)
     if _rotated(s.v_format):  # a float32 rotation of the values or of the output: log2(block) + 2 roundings
         bs = s.v_format.block_size
@@ -648,7 +667,7 @@ class AttentionTarget:
     symbol = "attention"
 
     def defaults(self, s: AttentionSettings) -> Arithmetic:
-        return Arithmetic("f32", "f32", "f32")
+        return Arithmetic("float32", "float32", "float32")
 
     def check_settings(self, s: AttentionSettings) -> tuple[AttentionSettings, list[str]]:
         """Refuse settings the target cannot run (a format it lacks), before any case; returns the settings to
@@ -694,7 +713,7 @@ class CallableAttention(AttentionTarget):
             raise TargetError(f"the kernel must be a function (q, k, v, meta) -> out, got {type(fn).__name__}")
         self.fn = fn
         self.description = name or f"python {getattr(fn, '__qualname__', type(fn).__name__)}"
-        self._declared = arithmetic or Arithmetic("f32", "f32", "f32")
+        self._declared = arithmetic or Arithmetic("float32", "float32", "float32")
 
     def defaults(self, s: AttentionSettings) -> Arithmetic:
         return self._declared
@@ -704,17 +723,50 @@ class CallableAttention(AttentionTarget):
         return _shaped_out(out, case.q.shape, self.description)
 
 
-class ProgramAttention(AttentionTarget):
-    """An external program: ``command`` with ``{q}``, ``{k}``, ``{v}``, ``{meta}`` (input files) and ``{out}``.
+#: The placeholders of :class:`ProgramAttention`'s command: files, then numbers and names.
+PROGRAM_PLACEHOLDERS = (
+    "q",
+    "k",
+    "v",
+    "mask",
+    "sinks",
+    "meta",
+    "out",
+    "n_query",
+    "n_head",
+    "n_head_kv",
+    "n_tokens",
+    "head_dim",
+    "scale",
+    "softcap",
+    "k_type",
+    "v_type",
+)
 
-    ``{q}``: raw float32 ``(n_q, n_head, D)``; ``{k}``/``{v}``: the cache bytes ``(T, n_head_kv, row bytes)``;
-    ``{meta}``: JSON (:meth:`AttentionCase.meta`, the mask as a list of rows with ``"-inf"``); the program writes
-    raw float32 ``(n_q, n_head, D)`` to ``{out}`` and exits 0."""
+
+class ProgramAttention(AttentionTarget):
+    """An external program run once per case: ``command`` with placeholders (:data:`PROGRAM_PLACEHOLDERS`).
+
+    Files: ``{q}`` raw float32 ``(n_query, n_head, D)``; ``{k}``/``{v}`` the cache bytes ``(T, n_head_kv, row
+    bytes)``; ``{mask}`` raw float32 ``(n_query, T)`` (0 and -inf); ``{sinks}`` raw float32 ``(n_head,)`` (empty
+    without sink logits); ``{meta}`` JSON (:meth:`AttentionCase.meta`, the mask as lists with ``"-inf"``); the
+    program writes raw float32 ``(n_query, n_head, D)`` to ``{out}`` and exits 0. Numbers: ``{n_query}``,
+    ``{n_head}``, ``{n_head_kv}``, ``{n_tokens}``, ``{head_dim}``, ``{scale}`` and ``{softcap}`` (float32 values
+    printed exactly), ``{k_type}``, ``{v_type}``. ``{q}``, ``{k}``, ``{v}`` and ``{out}`` are required."""
 
     def __init__(self, command: str, timeout: float = 600.0) -> None:
-        if not isinstance(command, str) or "{out}" not in command or "{q}" not in command:
+        if not isinstance(command, str):
+            raise TargetError(f"the command must be a string, got {type(command).__name__}")
+        missing = [p for p in ("q", "k", "v", "out") if "{" + p + "}" not in command]
+        if missing:
             raise TargetError(
-                f"the command needs the placeholders {{q}}, {{k}}, {{v}}, {{meta}} and {{out}}, got {command!r}"
+                f"the command lacks the placeholder{'s' * (len(missing) > 1)} {', '.join('{' + p + '}' for p in missing)}"
+                f"; it may use {', '.join('{' + p + '}' for p in PROGRAM_PLACEHOLDERS)}"
+            )
+        unknown = sorted(set(re.findall(r"\{(\w+)\}", command)) - set(PROGRAM_PLACEHOLDERS))
+        if unknown:
+            raise TargetError(
+                f"unknown placeholder {{{unknown[0]}}}; the placeholders: {', '.join(PROGRAM_PLACEHOLDERS)}"
             )
         self.command, self.timeout = command, float(timeout)
         self.description = f"program {command.split()[0]}"
@@ -722,17 +774,23 @@ class ProgramAttention(AttentionTarget):
 
     def run(self, case: AttentionCase, s: AttentionSettings) -> NDArray[np.float32]:
         d = Path(self._dir.name)
-        files = {n: d / f"{n}.bin" for n in ("q", "k", "v", "out")}
+        files = {n: d / f"{n}.bin" for n in ("q", "k", "v", "mask", "sinks", "out")}
         files["meta"] = d / "meta.json"
         case.q.astype("<f4").tofile(files["q"])
         case.k.tofile(files["k"])
         case.v.tofile(files["v"])
+        case.mask.astype("<f4").tofile(files["mask"])
+        (np.zeros(0, "<f4") if case.sinks is None else case.sinks.astype("<f4")).tofile(files["sinks"])
         meta = case.meta(s)
         meta["mask"] = [[("-inf" if not np.isfinite(x) else float(x)) for x in row] for row in case.mask]
         meta["sinks"] = None if case.sinks is None else [float(x) for x in case.sinks]
         files["meta"].write_text(json.dumps(meta))
         files["out"].unlink(missing_ok=True)
-        cmd = self.command.format(**{k: shlex.quote(str(v)) for k, v in files.items()})
+        n_q, H, G, T, D = case.shape
+        values: dict[str, object] = {k: shlex.quote(str(v)) for k, v in files.items()}
+        values.update(n_query=n_q, n_head=H, n_head_kv=G, n_tokens=T, head_dim=D, k_type=s.k_type, v_type=s.v_type)
+        values.update(scale=repr(float(np.float32(case.scale))), softcap=repr(float(np.float32(case.softcap))))
+        cmd = self.command.format(**values)
         try:
             r = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:
@@ -868,9 +926,9 @@ def diagnose_attention(
             return found
     dev = np.abs(got.astype(np.float64) - ref)
     total = float(np.max(dev)) if np.all(np.isfinite(dev)) else np.inf
-    a = ar or Arithmetic("f32", "f32", "f32")
-    if a.v == "f32" or a.softmax == "f32":
-        b16 = attention_bound(case, s, a.q or "f32", "f16", "f16", p)
+    a = ar or Arithmetic("float32", "float32", "float32")
+    if a.v == "float32" or a.softmax == "float32":
+        b16 = attention_bound(case, s, a.q or "float32", "float16", "float16", p)
         if np.all(np.isfinite(dev)) and np.all(np.max(dev, axis=-1) <= b16):
             found.append(
                 Diagnosis(
@@ -879,8 +937,8 @@ def diagnose_attention(
                     [
                         f"largest difference from tbq {total:.3g}: outside the declared bound "
                         f"{float(np.max(bound)):.3g}, inside the f16 one {float(np.max(b16)):.3g}",
-                        "if the kernel accumulates or weights in f16 by design, declare it (--v-acc f16, --softmax f16; "
-                        "Arithmetic(v='f16', softmax='f16'))",
+                        "if the kernel accumulates or weights in f16 by design, declare it (--v-acc float16, "
+                        "--softmax float16; Arithmetic(v='float16', softmax='float16'))",
                     ],
                     "attention",
                 )
@@ -1075,16 +1133,18 @@ def _declared(target: AttentionTarget, s: AttentionSettings) -> tuple[Arithmetic
     """The arithmetic the bound uses: the settings' where given, else the target's defaults; notes on choices."""
     base = target.defaults(s)
     a = s.arithmetic
-    ar = Arithmetic(a.q or base.q or "f32", a.softmax if a.softmax != "f32" else base.softmax, a.v or base.v or "f32")
+    ar = Arithmetic(
+        a.q or base.q or "float32", a.softmax if a.softmax != "float32" else base.softmax, a.v or base.v or "float32"
+    )
     notes = []
-    if ar.q in ("q8_0", "q8_k"):
+    if ar.q is not None and ar.q not in PRECISIONS:
         bs = get_format(ar.q).block_size
         if s.head_dim % bs:
             notes.append(
                 f"the query's declared conversion {ar.q} takes blocks of {bs} values and head_dim is {s.head_dim}: "
                 "the reference keeps the query in float32"
             )
-            ar = replace(ar, q="f32")
+            ar = replace(ar, q="float32")
     return ar, notes
 
 
@@ -1186,9 +1246,9 @@ def _percent(x: float) -> str:
 def _judge(
     c: AttentionCase, got: NDArray[np.float32], s: AttentionSettings, ar: Arithmetic
 ) -> tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64], _Prepared]:
-    p = _prepare(c, s, ar.q or "f32")
+    p = _prepare(c, s, ar.q or "float32")
     ref = _attend(p.q, p.K, p.V, c.mask, c.scale, c.softcap, c.sinks)[0]
-    bound = attention_bound(c, s, ar.q or "f32", ar.v or "f32", ar.softmax, p, ref)
+    bound = attention_bound(c, s, ar.q or "float32", ar.v or "float32", ar.softmax, p, ref)
     return _classify_rows(got, ref, bound), ref, bound, p
 
 

@@ -133,6 +133,15 @@ def _probe_main(argv: Sequence[str]) -> None:
 _PROBE = "import sys; from tbq.check.ggml_graph import _probe_main; _probe_main(sys.argv[1:])"
 
 
+def _float_kind(fmt: Format) -> str | None:
+    """``"float16"``/``"bfloat16"`` for a format whose values are stored as plain f16/bf16 numbers (ggml pairs
+    such a K with a query converted to the same type, and accumulates an f16 V in f16), else None."""
+    layout = fmt.info.layout
+    if len(layout) == 1 and layout[0].kind in ("f16", "bf16"):
+        return "float16" if layout[0].kind == "f16" else "bfloat16"
+    return None
+
+
 def ggml_type_name(fmt: str, names: dict[str, int]) -> str | None:
     """The build's name of tbq's format ``fmt`` (``turbo3`` is ``turbo3_0`` in the community fork), or None."""
     for n in (fmt, f"{fmt}_0", fmt.replace("_", "")):
@@ -238,7 +247,7 @@ class GgmlAttention(AttentionTarget):
         """Whether the build's ``dequantize_row_<type>`` reads tbq's bytes of ``fmt`` as tbq does (None: no such
         function, or a format decoded without tables)."""
         fn = getattr(self.lib, f"dequantize_row_{ggml_type_name(fmt.name, self.names or {})}", None)
-        if fn is None or fmt.name in ("f16", "bf16"):
+        if fn is None:  # f16 and bf16 rows have no dequantize_row_ function (and no tables)
             return None
         fn.argtypes, fn.restype = (P, P, ctypes.c_int64), None
         x = np.random.default_rng(5).standard_normal((8, fmt.block_size)).astype(np.float32)
@@ -283,9 +292,8 @@ class GgmlAttention(AttentionTarget):
     def defaults(self, s: AttentionSettings) -> Arithmetic:
         """ggml's CPU kernel: the query converted to the K type's vec_dot_type (f16 for f16 K); an f16 V
         accumulated in f16, any other V decoded to float32 and accumulated in float32."""
-        kf = s.k_format
-        q = "f16" if kf.name == "f16" else (kf.vec_dot_type or "f32")
-        return Arithmetic(q, "f32", "f16" if s.v_type == "f16" else "f32")
+        q = _float_kind(s.k_format) or s.k_format.vec_dot_type or "float32"
+        return Arithmetic(q, "float32", "float16" if _float_kind(s.v_format) == "float16" else "float32")
 
     def provenance(self) -> dict[str, dict[str, Any]]:
         return {k: dict(v) for k, v in getattr(self, "_prov", {}).items()}

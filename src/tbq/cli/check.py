@@ -25,6 +25,7 @@ from ..check import (
 )
 from ..check.attention import (
     DEFAULT_FAMILIES,
+    PRECISIONS,
     Q_TYPES,
     Arithmetic,
     AttentionSettings,
@@ -198,7 +199,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--attention",
         action="store_true",
         help="check a fused attention kernel over quantized caches: --lib a ggml build's libggml-cpu.so "
-        "(ggml_flash_attn_ext) or --exec a program with {q} {k} {v} {meta} {out}",
+        "(ggml_flash_attn_ext) or --exec a program with {q} {k} {v} {out} (and {mask}, {sinks}, {meta}, {n_head}, ...; "
+        "docs/checking-kernels.md)",
     )
     a.add_argument("--k-type", type=_format_arg, metavar="FMT", help="--attention: the K cache's format")
     a.add_argument("--v-type", type=_format_arg, metavar="FMT", help="--attention: the V cache's format")
@@ -230,13 +232,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--q-type",
         choices=Q_TYPES,
         help="--attention: the query's conversion before the scores (default: the target's; ggml: the K type's "
-        "vec_dot_type, f32 where head_dim is not a multiple of its block)",
+        "vec_dot_type, float32 where head_dim is not a multiple of its block)",
     )
-    a.add_argument("--softmax", choices=("f32", "f16"), default="f32", help="--attention: the weights' precision")
+    a.add_argument(
+        "--softmax", choices=PRECISIONS[:2], default="float32", help="--attention: the precision of the weights"
+    )
     a.add_argument(
         "--v-acc",
-        choices=("f32", "f16"),
-        help="--attention: the accumulator of the weighted values (default: the target's; ggml: f16 for an f16 V)",
+        choices=PRECISIONS[:2],
+        help="--attention: the accumulator of the weighted values (default: the target's; ggml: float16 for an f16 V)",
     )
     a.add_argument("--threads", type=int_at_least(1), default=2, metavar="N", help="--attention --lib: ggml threads")
     a.add_argument(
