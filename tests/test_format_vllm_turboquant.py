@@ -356,3 +356,23 @@ def test_fused_attention_reads_the_decoded_model_domain():
         ref = attention_dequantized(q, K, V)
         out = attention_fused(q, K, V)
         assert np.abs(out - ref).max() < 1e-4
+
+
+def test_tbq_check_passes_the_reference_and_names_the_pr38479_rotation():
+    """tbq check on Python kernels: tbq's own passes; one that rotates with PR #38479's layer-2 signs fails and the
+    diagnosis names the options it follows (the declared known values)."""
+    from tbq.check import check_kernel
+
+    good = check_kernel(
+        "vllm_tq3_k",
+        quantize=lambda x: tbq.quantize(x, "vllm_tq3_k"),
+        dequantize=lambda d: tbq.dequantize(d, "vllm_tq3_k"),
+        blocks=300,
+        examples=0,
+    )
+    assert good.ok, good
+    bad = check_kernel(
+        "vllm_tq3_k", quantize=lambda x: tbq.quantize(x, "vllm_tq3_k", on_overflow="inf", **ROT), blocks=300, examples=0
+    )
+    assert not bad.ok
+    assert any(d.name == "format_options" and "rotation='pr38479', layer=2" in d.title for d in bad.diagnoses)

@@ -298,6 +298,7 @@ class _Keys(Format):
             "None, or a decoder layer index >= 0",
             "the layer of rotation='pr38479' (seed 42 + 1337 * layer)",
             _check_layer,
+            known=(None, 2),  # 2: the first layer vLLM quantizes (it keeps the first two in the model's dtype)
         ),
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
