@@ -8,7 +8,16 @@ import pytest
 from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal, load_npz
 
 import tbq
-from tbq.vllm_slots import PRESET_NAMES, decode_slots, encode_slots, from_qgroup4, preset, slot_bytes, to_qgroup4
+from tbq.vllm_slots import (
+    PRESET_NAMES,
+    decode_slots,
+    encode_slots,
+    from_qgroup4,
+    preset,
+    slot_bytes,
+    to_qgroup4,
+    vector_set,
+)
 
 ROT = {"rotation": "pr38479", "layer": 2}
 MSE = ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
@@ -44,6 +53,23 @@ def test_vectors_slots_and_decode_bit_for_bit(stem, name, kopt, backend):
     ykr, yv2 = decode_slots(ref["q"], name, head_dim=128, rotated_keys=True, backend=backend, **kopt)
     assert_bits_equal(ykr, ref["yk_rot"], f"{stem} yk_rot")
     assert_bits_equal(yv2, ref["yv"], f"{stem} yv (rotated call)")
+
+
+@pytest.mark.parametrize("stem, name, kopt", VECTORS, ids=[v[0] for v in VECTORS])
+def test_vector_set_rebuilds_the_files(stem, name, kopt):
+    """vector_set on the inputs gives every array of the SPEC's file bit for bit (k8v4's informative y_rot and
+    knorm, which its key path never uses, are torch-CPU's and are not part of it)."""
+    ref = load_npz(stem)
+    got = vector_set(load_npz("inputs")["x"], name, **kopt)
+    expected = {"q", "yk", "yk_rot", "yv"} | ({"y_rot", "knorm", "centroids", "midpoints"} if name in MSE else set())
+    assert expected <= set(got) and ("signs" in got) == (name in MSE)
+    for key in sorted(expected | ({"signs"} & set(ref))):
+        if got[key].dtype == np.uint8:
+            assert_bytes_equal(got[key], ref[key], f"{stem} {key}")
+        else:
+            assert_bits_equal(got[key], ref[key], f"{stem} {key}")
+    if name in MSE and not kopt:  # vLLM main: no signs
+        assert (got["signs"] == 1).all()
 
 
 def test_pad_byte_is_zero_and_never_read():

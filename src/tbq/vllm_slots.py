@@ -39,7 +39,16 @@ from .errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeErr
 from .formats import takes_option
 from .formats.vllm_turboquant import PRESETS, Preset
 
-__all__ = ["PRESET_NAMES", "preset", "slot_bytes", "encode_slots", "decode_slots", "to_qgroup4", "from_qgroup4"]
+__all__ = [
+    "PRESET_NAMES",
+    "preset",
+    "slot_bytes",
+    "encode_slots",
+    "decode_slots",
+    "to_qgroup4",
+    "from_qgroup4",
+    "vector_set",
+]
 
 #: vLLM's ``--kv-cache-dtype`` names of the TurboQuant presets.
 PRESET_NAMES = tuple(PRESETS)
@@ -193,6 +202,46 @@ def decode_slots(
     rot = getattr(kc.format, "decode_rotated", None) if rotated_keys else None
     yk = rot(kdata, backend=kc.backend) if rot is not None else kc.decode(kdata)
     return yk, vc.decode(np.ascontiguousarray(data[..., kp:s]))
+
+
+def vector_set(
+    x: ArrayLike,
+    preset_name: str,
+    *,
+    layout: str = "standard",
+    backend: str | None = None,
+    **key_options: Any,
+) -> dict[str, NDArray[Any]]:
+    """Golden arrays of rows ``x`` (each row a key and its value, the conformance files' convention) named as the
+    SPEC's vector files: ``q`` (the slots, in ``layout``), ``yk``, ``yk_rot``, ``yv``; for the MSE presets also
+    ``y_rot`` and ``knorm`` (the float32 rotated unit key and norm), ``centroids``, ``midpoints`` and ``signs``.
+    ``np.savez(path, **vector_set(...))`` writes a file a kernel's test can read at any head_dim.
+
+    >>> v = vector_set(np.ones((2, 64), np.float32), "turboquant_3bit_nc", backend="numpy")
+    >>> v["q"].shape, v["centroids"].size, float(v["knorm"][0])
+    ((2, 54), 8, 8.0)
+    """
+    p = preset(preset_name)
+    xa = np.asarray(x)
+    q = encode_slots(xa, xa, p.name, layout=layout, backend=backend, **key_options)
+    d = xa.shape[-1]
+    yk, yv = decode_slots(q, p.name, head_dim=d, layout=layout, backend=backend, **key_options)
+    yk_rot = decode_slots(q, p.name, head_dim=d, layout=layout, rotated_keys=True, backend=backend, **key_options)[0]
+    out: dict[str, NDArray[Any]] = {"q": q, "yk": yk, "yk_rot": yk_rot, "yv": yv}
+    kc = _codecs(p, d, backend, key_options)[0]
+    rotate = getattr(kc.format, "rotate", None)
+    if rotate is not None:  # the MSE keys: the encoder's float32 intermediates and tables
+        rows = np.ascontiguousarray(_float_input(xa, "x", p), np.float32).reshape(-1, d)
+        knorm, y_rot = rotate(rows)
+        t = kc.format.tables()
+        out.update(
+            y_rot=y_rot.reshape(xa.shape),
+            knorm=knorm.reshape(xa.shape[:-1]),
+            centroids=t["centroids"],
+            midpoints=t["thresholds"],
+            signs=t["signs"].astype(np.float32),
+        )
+    return out
 
 
 def _planes(p: Preset, head_dim: int) -> tuple[int, int, int, int]:
