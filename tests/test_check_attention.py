@@ -217,6 +217,16 @@ def test_the_bound_is_the_documented_formula():
     assert np.allclose(b16[0] - b[0], 1.01 * 22 * (2.0**-11 - u) * vmax, rtol=1e-9)
 
 
+def test_a_causal_prefill_cut_to_fewer_tokens_keeps_the_queries_there_and_their_outputs():
+    s = AttentionSettings("q8_0", "q4_0", head_dim=64, prefill=(6,), families=("prefill",))
+    case = [c for c in make_cases(s) if c.shape[3] == 43][0]  # 6 queries over 43 tokens: positions 37 .. 42
+    cut = case.subset(tokens=40)  # positions 37, 38, 39
+    assert cut.shape[:1] + cut.shape[3:4] == (3, 40) and np.array_equal(cut.mask, _causal(3, 40))
+    assert np.array_equal(reference_attention(cut, s), reference_attention(case, s)[:3])
+    with pytest.raises(Exception, match="none within"):
+        case.subset(tokens=37)
+
+
 def test_an_all_masked_row_is_zeros_in_the_reference():
     s = AttentionSettings("q8_0", "q8_0", head_dim=64, families=("mask",))
     case = make_cases(s)[0]

@@ -293,7 +293,7 @@ class AttentionCase:
 
     def subset(self, heads: Sequence[int] | None = None, tokens: int | None = None) -> AttentionCase:
         """This case with the query heads ``heads`` of one KV head (then ``n_head_kv = 1``) and/or the first
-        ``tokens`` tokens (the last query rows keep their causal place)."""
+        ``tokens`` tokens (a causal prefill keeps the queries at those positions, causal)."""
         c = self
         if heads is not None:
             n_q, H, G, T, D = c.shape
@@ -306,14 +306,19 @@ class AttentionCase:
                 sinks=None if c.sinks is None else np.ascontiguousarray(c.sinks[list(heads)]),
             )
         if tokens is not None:
-            n_q = c.q.shape[0]
-            rows = min(n_q, tokens)
+            n_q, T = c.q.shape[0], c.k.shape[0]
+            q, mask = c.q, c.mask[:, :tokens]
+            if n_q > 1 and np.array_equal(c.mask, _causal(n_q, T)):  # a causal prefill stays one: the queries
+                keep = n_q - (T - tokens)  # at the first `tokens` positions, each seeing up to itself
+                if keep < 1:
+                    raise ConfigError(f"a causal case of {n_q} queries over {T} tokens has none within {tokens}")
+                q, mask = c.q[:keep], _causal(keep, tokens)
             c = replace(
                 c,
-                q=np.ascontiguousarray(c.q[n_q - rows :]),
+                q=np.ascontiguousarray(q),
                 k=np.ascontiguousarray(c.k[:tokens]),
                 v=np.ascontiguousarray(c.v[:tokens]),
-                mask=np.ascontiguousarray(c.mask[n_q - rows :, :tokens]),
+                mask=np.ascontiguousarray(mask),
             )
         return c
 
@@ -1278,8 +1283,9 @@ def _minimal(
     for t in steps:
         if t >= best.shape[3]:
             break
-        if best.shape[0] > 1 and t < best.shape[0]:
-            continue  # a prefill keeps its query tokens
+        n_q, T_best = best.shape[0], best.shape[3]
+        if n_q > 1 and np.array_equal(best.mask, _causal(n_q, T_best)) and n_q - (T_best - t) < 1:
+            continue  # no query of the causal prefill lies within the first t tokens
         c = best.subset(tokens=t)
         if not np.any(np.isfinite(c.mask)) and np.any(np.isfinite(best.mask)):
             continue
