@@ -340,6 +340,12 @@ def test_settings_are_validated_at_the_boundary():
         (["--attention", "--k-type", "q8_0", "--v-type", "q8_0"], "--lib PATH"),
         (["--k-type", "q8_0", "--lib", "x.so"], "--k-type goes with --attention"),
         (["--lib", "x.so"], "give --format FMT"),
+        (["--attention", "--lib", "x.so", "--k-type", "q8_0", "--v-type", "q8_0", "--exact"], "--exact is for row"),
+        (
+            ["--attention", "--lib", "x.so", "--k-type", "q8_0", "--v-type", "q8_0", "--families", "foo"],
+            "family must be",
+        ),
+        (["--attention", "--lib", "x.so", "--k-type", "q8_0", "--v-type", "q8_0", "--head-dim", "100"], "multiple of"),
         (
             ["--attention", "--lib", "/nonexistent/libggml-cpu.so", "--k-type", "q8_0", "--v-type", "q8_0"],
             "no such file",

@@ -392,6 +392,12 @@ def _run_attention(args: argparse.Namespace) -> int:
     for flag in ("format", "quantize", "dequantize", "only", "dot", "rhs", "seconds"):
         if getattr(args, flag) is not None:
             raise TbqValueError(f"--{flag} is for row and dot-product kernels, not --attention")
+    for flag in ("exact", "strict_lib", "accept", "init"):
+        if getattr(args, flag):
+            raise TbqValueError(
+                f"--{flag.replace('_', '-')} is for row and dot-product kernels, not --attention (a ggml build's "
+                "ggml_cpu_init is called by the check itself)"
+            )
     if (args.lib is None) == (args.exec_cmd is None):
         raise TbqValueError("give the kernel under test: --lib PATH (a ggml build's libggml-cpu.so) or --exec CMD")
     options = dict(parse_option(o) for o in args.option)
