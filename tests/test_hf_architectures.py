@@ -15,19 +15,24 @@ import copy
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache
+import transformers as tf
+from transformers import DynamicCache, cache_utils
 
 from tbq.errors import ConfigError, TbqValueError
 from tbq.hf import TbqCache, prepare
 from tbq.hf import attention as attn
 from tbq.hf.arch_compare import tiny_model
-from tbq.hf.cache import TbqLayer, geometry
+from tbq.hf.cache import TbqLayer, cache_kwargs, geometry
 from tbq.hf.evaluation import evaluate, kld_statistics
 
 WINDOW = 8  # shorter than the 24-token inputs: the sliding layers drop tokens
 
 
 def _model(arch, seed=0):
+    if arch == "qwen3_5" and not hasattr(tf, "Qwen3_5ForCausalLM"):
+        pytest.skip(f"transformers {tf.__version__} has no qwen3_5")
+    if arch.startswith("qwen3_") and not hasattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING"):
+        pytest.skip(f"transformers {tf.__version__} has no cache layers for hybrids (refused: see below)")
     """A tiny random model: 4 heads over 2 KV heads of 64 values, vocabulary 97 (gemma3: one sliding layer, one full)."""
     return tiny_model(
         arch, hidden_size=64, head_dim=64, layers=2, window=WINDOW, vocab_size=97, bos=1, eos=2, softcap=1.0, seed=seed
@@ -39,7 +44,7 @@ ARCHS = ["llama", "qwen3", "phi3", "gemma2", "gemma3", "gpt_oss", "qwen3_next", 
 
 def _logits(model, ids, cache=None, **kw):
     with torch.no_grad():
-        return model(ids, cache=cache, use_cache=True, **kw).logits
+        return model(ids, use_cache=True, **kw, **cache_kwargs(model, cache)).logits
 
 
 def _ids(n=24, batch=1, seed=1):
@@ -54,6 +59,10 @@ def _quantized(model):
 def arch(request):
     """(name, the model's own logits (prefill, then 12 + 12 steps), the prepared model)."""
     m = _model(request.param)
+    if m.config._attn_implementation == "sdpa" and getattr(m.config, "attn_logit_softcapping", None):
+        m.set_attn_implementation(
+            "eager"
+        )  # transformers 5.0's sdpa drops gemma2's soft-capping: its eager is the model
     ids = _ids()
     own = _logits(m, ids, DynamicCache(config=m.config))
     cache = DynamicCache(config=m.config)
@@ -168,6 +177,13 @@ def test_hybrid_model_only_attention_layers_get_tbq_layers(arch):
         TbqCache(m.config, "q8_0", "q8_0", layers={0: ("f16", "f16")})
 
 
+def test_hybrid_refused_without_transformers_own_layers(monkeypatch):
+    m = _model("qwen3_next")
+    monkeypatch.delattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING")  # transformers 5.0 had none
+    with pytest.raises(ConfigError, match="qwen3_next: layer 0 is a 'linear_attention' layer and this transformers"):
+        TbqCache(m.config, "q8_0", "q8_0")
+
+
 def test_layer_kinds_tbq_cannot_store_are_refused_naming_the_layer():
     cfg = _model("llama").config
     cfg.layer_types = ["full_attention", "hybrid"]
@@ -205,22 +221,38 @@ def test_generate_greedy_sampling_and_beam_search():
     ids = _ids(10)
     for prepared in (False, True):
         model = prepare(copy.deepcopy(m)) if prepared else m
-        greedy = model.generate(ids, max_new_tokens=12, do_sample=False, cache=DynamicCache(config=m.config))
-        got = model.generate(ids, max_new_tokens=12, do_sample=False, cache=TbqCache(model.config, "f32", "f32"))
+        greedy = model.generate(
+            ids, max_new_tokens=12, do_sample=False, **cache_kwargs(model, DynamicCache(config=m.config))
+        )
+        got = model.generate(
+            ids, max_new_tokens=12, do_sample=False, **cache_kwargs(model, TbqCache(model.config, "f32", "f32"))
+        )
         assert torch.equal(got, greedy), prepared
         for seed_run in range(2):
             torch.manual_seed(7)
-            a = model.generate(ids, max_new_tokens=12, do_sample=True, cache=DynamicCache(config=m.config))
+            a = model.generate(
+                ids, max_new_tokens=12, do_sample=True, **cache_kwargs(model, DynamicCache(config=m.config))
+            )
             torch.manual_seed(7)
-            b = model.generate(ids, max_new_tokens=12, do_sample=True, cache=TbqCache(model.config, "f32", "f32"))
+            b = model.generate(
+                ids, max_new_tokens=12, do_sample=True, **cache_kwargs(model, TbqCache(model.config, "f32", "f32"))
+            )
             assert torch.equal(a, b), (prepared, seed_run)
         beams = model.generate(ids, max_new_tokens=12, num_beams=3, do_sample=False)
         got = model.generate(
-            ids, max_new_tokens=12, num_beams=3, do_sample=False, cache=TbqCache(model.config, "f32", "f32")
+            ids,
+            max_new_tokens=12,
+            num_beams=3,
+            do_sample=False,
+            **cache_kwargs(model, TbqCache(model.config, "f32", "f32")),
         )
         assert torch.equal(got, beams), prepared
         q = model.generate(
-            ids, max_new_tokens=12, num_beams=3, do_sample=False, cache=TbqCache(model.config, "q8_0", "q4_0")
+            ids,
+            max_new_tokens=12,
+            num_beams=3,
+            do_sample=False,
+            **cache_kwargs(model, TbqCache(model.config, "q8_0", "q4_0")),
         )
         assert q.shape == (1, 22)
 
@@ -234,7 +266,9 @@ def test_batch_with_padding_equals_the_models_own():
     got = _logits(m, ids, TbqCache(m.config, "f32", "f32"), attention_mask=mask)
     assert torch.equal(got, own)
     a = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
-    b = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, cache=TbqCache(m.config, "f32", "f32"))
+    b = m.generate(
+        ids, attention_mask=mask, max_new_tokens=6, do_sample=False, **cache_kwargs(m, TbqCache(m.config, "f32", "f32"))
+    )
     assert torch.equal(a, b)
 
 
@@ -290,8 +324,10 @@ def test_prepare_refuses_what_it_cannot_wrap():
     m.config._attn_implementation_internal = "flash_attention_2"
     with pytest.raises(ConfigError, match="llama: its attention implementation is 'flash_attention_2'"):
         prepare(m)
-    m = prepare(_model("gemma2"))
-    assert prepare(m).config._attn_implementation == "tbq+eager"  # twice: unchanged
+    m = _model("gemma2")
+    declared = m.config._attn_implementation  # eager (transformers 5.0 declared sdpa for gemma2)
+    prepare(m)
+    assert prepare(m).config._attn_implementation == attn._name(declared)  # twice: unchanged
 
 
 # --------------------------------------------------------------------------- llama-perplexity's statistics

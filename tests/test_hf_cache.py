@@ -20,6 +20,7 @@ from tbq import budget
 from tbq.errors import ConfigError, TbqValueError
 from tbq.hf import TbqCache, prepare
 from tbq.hf import engine as eng
+from tbq.hf.cache import cache_kwargs
 from tbq.hf.capture import capture_kv, load_kv, save_kv
 from tbq.hf.evaluation import evaluate, parse_cache_type, perplexity_chunks
 
@@ -58,7 +59,7 @@ def ids():
 
 def _logits(model, ids, cache=None):
     with torch.no_grad():
-        return model(ids, cache=cache, use_cache=True).logits
+        return model(ids, use_cache=True, **cache_kwargs(model, cache)).logits
 
 
 def _dynamic_kv(model, ids):

@@ -50,6 +50,10 @@ NAME = "tbq"
 BASES = ("sdpa", "eager", "flex_attention")
 
 
+#: Arguments of a model's attention that transformers' sdpa function cannot honour.
+_SDPA_CANNOT = ("softcap", "s_aux")
+
+
 def _name(base: str) -> str:
     return NAME if base == "sdpa" else f"{NAME}+{base}"
 
@@ -137,6 +141,10 @@ def _make(base: str) -> Callable[..., tuple[Any, Any]]:
     ) -> tuple[Any, Any]:
         """A transformers attention function (the ``AttentionInterface`` signature) over the model's own ``base``."""
         fn = _base_function(module, base)
+        if base == "sdpa" and any(kwargs.get(name) is not None for name in _SDPA_CANNOT):
+            # sdpa cannot soft-cap scores or add learned sinks (transformers 5.0's silently drops soft-capping):
+            # the model's own eager attention computes what the model defines
+            fn = _base_function(module, "eager")
         read = _take(module, key, value)
         eng = None if read is None else read.engine
         if read is None or eng is None or not (eng.q_transformed or eng.v.rotation is not None):

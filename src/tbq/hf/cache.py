@@ -57,7 +57,7 @@ from . import attention
 from .attention import LayerRead
 from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
 
-__all__ = ["TbqCache", "TbqLayer", "LayerRead", "geometry", "layer_kinds"]
+__all__ = ["TbqCache", "TbqLayer", "LayerRead", "cache_kwargs", "geometry", "layer_kinds"]
 
 #: Layer types whose K/V a :class:`TbqLayer` stores (the rest keep transformers' own layers or are refused).
 FULL, SLIDING = ("full_attention",), ("sliding_attention", "chunked_attention")
@@ -88,6 +88,19 @@ def geometry(config: Any) -> tuple[int, int, int]:
             f"the model config has no attention geometry ({exc}); tbq.hf needs a decoder with a KV cache"
         ) from None
     return layers, kv, int(head_dim)
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``{name: cache}`` for ``model(...)`` / ``model.generate(...)``: the keyword the installed transformers reads.
+
+    transformers renamed ``past_key_values`` to ``cache`` within 5.x; an
+    unknown keyword would be swallowed by ``**kwargs`` and the model would run
+    without the cache, so the name is read from the model's own signature.
+    """
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache" if "cache" in params else "past_key_values": cache}
 
 
 def layer_kinds(config: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -356,7 +369,9 @@ class TbqLayer(CacheLayerMixin):
             )
         return k_model, v_model
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length: Any) -> tuple[int, int]:
+        if isinstance(query_length, torch.Tensor):  # transformers 5.0 passes cache_position
+            query_length = int(query_length.shape[0])
         if self.window is None:
             return self.cumulative_length + query_length, 0
         # transformers' DynamicSlidingWindowLayer: the kept window - 1 tokens and the new ones
@@ -370,6 +385,9 @@ class TbqLayer(CacheLayerMixin):
 
     def get_max_length(self) -> int:
         return -1 if self.window is None else self.window
+
+    def get_max_cache_shape(self) -> int:  # the name of get_max_length in transformers 5.0
+        return self.get_max_length()
 
     def reset(self) -> None:
         row = self.engine.kv_heads * self.engine.head_dim
@@ -495,6 +513,13 @@ class TbqCache(Cache):
                     f"{model_type}: layer {idx} is a {kind!r} layer; tbq.hf stores the K/V of full and "
                     "sliding-window attention layers only"
                 )
+        own_layers = getattr(cache_utils, "DYNAMIC_LAYER_TYPE_MAPPING", None)
+        for idx, (kind, _) in enumerate(kinds):
+            if kind in OWN and own_layers is None:
+                raise ConfigError(
+                    f"{model_type}: layer {idx} is a {kind!r} layer and this transformers has no cache layer "
+                    "for it (DYNAMIC_LAYER_TYPE_MAPPING): upgrade transformers for hybrid models"
+                )
         attn = [i for i, (kind, _) in enumerate(kinds) if kind in FULL + SLIDING]
         if not attn:
             raise ConfigError(f"{model_type}: no attention layer with a K/V cache")
@@ -525,7 +550,8 @@ class TbqCache(Cache):
         built: list[Any] = []
         for idx, (kind, kind_kw) in enumerate(kinds):
             if kind in OWN:  # no per-token K/V: transformers' own layer
-                built.append(cache_utils.DYNAMIC_LAYER_TYPE_MAPPING[kind](**kind_kw))
+                assert own_layers is not None  # refused above otherwise
+                built.append(own_layers[kind](**kind_kw))
                 continue
             lk, lv = per_layer.get(idx, (k, v))
             eng = make_engine(engine, lk, lv, **kw)

@@ -35,7 +35,7 @@ def capture_kv(
     """
     import torch
 
-    from .cache import TbqCache
+    from .cache import TbqCache, cache_kwargs
 
     t = np.asarray(tokens)
     if t.ndim != 1 or t.size == 0 or not np.issubdtype(t.dtype, np.integer):
@@ -54,7 +54,7 @@ def capture_kv(
                 f"layers: {idx!r} is not an attention layer index of this model ({', '.join(map(str, sorted(attn)))})"
             )
     with torch.no_grad():
-        model(torch.from_numpy(ids)[None], cache=cache, use_cache=True)
+        model(torch.from_numpy(ids)[None], use_cache=True, **cache_kwargs(model, cache))
     out: dict[int, dict[str, NDArray[np.float32]]] = {}
     for idx in keep:
         layer = attn[idx]

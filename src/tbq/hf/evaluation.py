@@ -311,9 +311,9 @@ class _Runner:
         import torch
 
         from .attention import prepare
-        from .cache import TbqCache
+        from .cache import TbqCache, cache_kwargs
 
-        self.torch, self.TbqCache = torch, TbqCache
+        self.torch, self.TbqCache, self.cache_kwargs = torch, TbqCache, cache_kwargs
         self.model = prepare(model)
         self.chunks = torch.from_numpy(chunks)
         self.first = chunks.shape[1] // 2
@@ -348,7 +348,7 @@ class _Runner:
         """The model's logits over ``ids`` with ``cache``; a failure of the model's own code is one line naming it."""
         try:
             with self.torch.no_grad():
-                return self.model(ids, cache=cache, use_cache=True).logits
+                return self.model(ids, use_cache=True, **self.cache_kwargs(self.model, cache)).logits
         except TbqError:
             raise
         except (ValueError, RuntimeError, NotImplementedError, TypeError, IndexError) as exc:
