@@ -233,8 +233,10 @@ def test_eval_default_run_in_a_fresh_process():
 def test_eval_refused_type_is_a_row_and_the_others_run(tmp_path, text, capsys):
     m80 = _save(tmp_path / "m80", head_dim=80, kv_heads=1, heads=2)
     args = (m80, "--text", text, "--context", 256, "--chunks", 2, "--generate", 0)
-    code, out, err = _run(capsys, *args, "--cache-types", "f16,q8_0,f32,f16:f16")
+    png = tmp_path / "refused.png"
+    code, out, err = _run(capsys, *args, "--cache-types", "f16,q8_0,f32,f16:f16", "--plot", png)
     assert code == 0, err
+    assert png.stat().st_size > 10_000  # a refused type has no bars, the figure is still drawn
     lines = out.splitlines()
     assert sum(line.startswith("f16:f16 ") for line in lines) == 1  # the baseline row, once
     refused = next(line for line in lines if line.startswith("q8_0:q8_0 "))

@@ -385,6 +385,9 @@ def test_evaluate_reports_refusals_f16_once_and_the_kld_statistics():
     assert f32["Same top p"][0] == pytest.approx(100 * res.row("f32:f32").top1)
     with pytest.raises(ConfigError, match="every cache type was refused: q8_0:q8_0: K cache type q8_0"):
         evaluate(m, tokens, ["q8_0"], context=128)
+    with pytest.raises(ConfigError, match="training mode"):
+        evaluate(m.train(), tokens, ["f16"], context=128)
+    m.eval()
     m3 = _model("gemma3")
     res = evaluate(m3, tokens, ["q4_0"], context=128, per_layer=True)
     assert [r.layer for r in res.per_layer] == [0, 1] and res.settings["attention_layers"] == [0, 1]

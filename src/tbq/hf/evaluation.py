@@ -573,6 +573,8 @@ def evaluate(
     types = [parse_cache_type(c) for c in cache_types]
     if not types:
         raise ConfigError("no cache types to evaluate")
+    if getattr(model, "training", False):
+        raise ConfigError("the model is in training mode (dropout on): call model.eval() first")
     if bos is None:
         bos = getattr(model.config, "bos_token_id", None)
     elif bos is False:

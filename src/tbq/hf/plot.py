@@ -21,7 +21,9 @@ def plot_eval(result: Any, path: str | os.PathLike[str]) -> Path:
     require_matplotlib("tbq eval --plot")
     from matplotlib.figure import Figure
 
-    rows = [r for r in result.rows if r.cache not in ("f32:f32", "f16:f16")]
+    from .evaluation import BASELINES
+
+    rows = [r for r in result.rows if r.cache not in BASELINES and r.refused is None]  # a refused type has no bars
     layer_rows = [r for r in result.per_layer if r.layer is not None]
     n_panels = 3 if layer_rows else 2
     fig = Figure(figsize=(5.2 * n_panels, 0.28 * max(len(rows), 8) + 1.6), dpi=DPI)
@@ -37,7 +39,7 @@ def plot_eval(result: Any, path: str | os.PathLike[str]) -> Path:
         ax.set_yticklabels(labels if k == 0 else [""] * len(labels), fontsize=7)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=9)
-        if attr == "kl_mean" and np.all(vals > 0):
+        if attr == "kl_mean" and vals.size and np.all(vals > 0):
             ax.set_xscale("log")
         ax.grid(axis="x", alpha=0.3)
     if layer_rows:
