@@ -314,3 +314,41 @@ def test_eval_prompts_and_context_sweep(rand_dir, text, tmp_path, capsys):
 def test_eval_prompts_and_contexts_errors_are_one_line(argv, message, rand_dir, text, capsys):
     code, out, err = _run(capsys, rand_dir, "--text", text, "--cache-types", "q4_0", *argv)
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_eval_kld_prints_llama_perplexitys_layout(rand_dir, text, capsys):
+    code, out, err = _run(
+        capsys,
+        rand_dir,
+        "--text",
+        text,
+        "--context",
+        256,
+        "--chunks",
+        2,
+        "--cache-types",
+        "q4_0",
+        "--generate",
+        0,
+        "--kld",
+    )
+    assert code == 0, err
+    block = out[out.index("q4_0:q4_0 against the f16 cache:") :].splitlines()[1:]
+    # llama-perplexity's lines, in its order and with its labels (tools/perplexity/perplexity.cpp)
+    labels = [line.split(":")[0] for line in block if ":" in line]
+    assert labels == [
+        "Mean PPL(Q)                   ",
+        "Mean PPL(base)                ",
+        "Cor(ln(PPL(Q)), ln(PPL(base)))",
+        "Mean ln(PPL(Q)/PPL(base))     ",
+        "Mean PPL(Q)/PPL(base)         ",
+        "Mean PPL(Q)-PPL(base)         ",
+        "Mean    KLD", "Maximum KLD", "99.9%   KLD", "99.0%   KLD", "95.0%   KLD", "90.0%   KLD", "Median  KLD",
+        "10.0%   KLD", " 5.0%   KLD", " 1.0%   KLD", " 0.1%   KLD", "Minimum KLD",
+        "Mean    Δp", "Maximum Δp", "99.9%   Δp", "99.0%   Δp", "95.0%   Δp", "90.0%   Δp", "75.0%   Δp",
+        "Median  Δp", "25.0%   Δp", "10.0%   Δp", " 5.0%   Δp", " 1.0%   Δp", " 0.1%   Δp", "Minimum Δp",
+        "RMS Δp    ", "Same top p",
+    ]  # fmt: skip
+    ppl = next(line for line in block if line.startswith("Mean PPL(Q) "))
+    row = next(line for line in out.splitlines() if line.startswith("q4_0:q4_0 "))
+    assert ppl.split(":")[1].split("±")[0].strip()[:7] == row.split()[3][:7]  # the table's PPL, more digits

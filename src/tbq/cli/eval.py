@@ -118,6 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print the settings and rows as JSON on stdout")
+    o.add_argument(
+        "--kld",
+        action="store_true",
+        help="also print llama-perplexity --kl-divergence's statistics for each type, in its layout (base: f16)",
+    )
     o.add_argument("--plot", metavar="FILE.png", help="also save a figure of the results (needs matplotlib)")
     o.add_argument("--quiet", action="store_true", help="no progress on stderr (it appears only on a terminal)")
 
@@ -305,6 +310,10 @@ def run_cli(args: argparse.Namespace) -> int:
         print(f"(engine {args.engine}{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)")
         for line in _extra_lines(extra):
             print(line)
+        if args.kld:
+            for r in result.rows[2:]:
+                if r.refused is None:
+                    print("\n".join(["", f"{r.cache} against the f16 cache:", *ev.kld_lines(r.llama_cpp)]))
     if plot is not None:
         from ..hf.plot import plot_eval
 

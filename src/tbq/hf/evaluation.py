@@ -478,6 +478,44 @@ def kld_statistics(nll: ArrayLike, nll_base: ArrayLike, kld: ArrayLike, same_top
     return out
 
 
+def kld_lines(s: dict[str, Any]) -> list[str]:
+    """:func:`kld_statistics` printed as ``llama-perplexity --kl-divergence`` prints its final statistics.
+
+    >>> kld_lines(kld_statistics([1.0, 2.0], [1.0, 2.0], [0.0, 0.0], [True, True]))[1]
+    'Mean PPL(Q)                   :   4.481689 ±   0.000000'
+    """
+
+    def pm(key: str, fmt: str = "10.6f", ufmt: str = "10.6f") -> str:
+        v, u = s[key]
+        return f"{v:{fmt}} ± {u:{ufmt}}"
+
+    cor = s["Cor(ln(PPL(Q)), ln(PPL(base)))"]
+    lines = [
+        "====== Perplexity statistics ======",
+        f"Mean PPL(Q)                   : {pm('Mean PPL(Q)')}",
+        f"Mean PPL(base)                : {pm('Mean PPL(base)')}",
+        f"Cor(ln(PPL(Q)), ln(PPL(base))): {'nan' if cor is None else f'{cor:6.2f}'}%",
+        f"Mean ln(PPL(Q)/PPL(base))     : {pm('Mean ln(PPL(Q)/PPL(base))')}",
+        f"Mean PPL(Q)/PPL(base)         : {pm('Mean PPL(Q)/PPL(base)')}",
+        f"Mean PPL(Q)-PPL(base)         : {pm('Mean PPL(Q)-PPL(base)')}",
+        "",
+        "====== KL divergence statistics ======",
+        f"Mean    KLD: {pm('Mean KLD')}",
+    ]
+    for key in [k for k in s if k.endswith(" KLD") and k != "Mean KLD"]:
+        name = key[: -len(" KLD")]
+        label = {"Maximum": "Maximum", "Median": "Median ", "Minimum": "Minimum"}.get(name, f"{name:>5}  ")
+        lines.append(f"{label} KLD: {s[key]:10.6f}")
+    lines += ["", "====== Token probability statistics ======", f"Mean    Δp: {pm('Mean Δp', '6.3f', '5.3f')} %"]
+    for key in [k for k in s if k.endswith(" Δp") and k not in ("Mean Δp", "RMS Δp")]:
+        name = key[: -len(" Δp")]
+        label = {"Maximum": "Maximum", "Median": "Median ", "Minimum": "Minimum"}.get(name, f"{name:>5}  ")
+        lines.append(f"{label} Δp: {s[key]:6.3f}%")
+    lines.append(f"RMS Δp    : {pm('RMS Δp', '6.3f', '5.3f')} %")
+    lines.append(f"Same top p: {pm('Same top p', '6.3f', '5.3f')} %")
+    return lines
+
+
 class _Stats:
     """Per-position NLL, KL against the two baselines and top-1 agreement, accumulated over chunks."""
 
