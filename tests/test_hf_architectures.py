@@ -203,6 +203,16 @@ def test_a_replaced_tensor_is_refused_not_mixed():
     _logits(m, _ids(), TbqCache(m.config, "q4_0", "q4_0"))
 
 
+def test_evaluate_refuses_when_the_attention_never_reads_the_stored_domain(monkeypatch):
+    """An attention module the tbq attention cannot match to its layer: the engine's Q would go untransformed."""
+    m = _model("llama")
+    tokens = np.random.default_rng(5).integers(2, 97, 300)
+    monkeypatch.setattr(attn, "_take", lambda module, key, value: None)
+    with pytest.raises(TbqValueError, match=r"llama: the tbq attention did not read the stored K/V of layer\(s\) 0, 1"):
+        evaluate(m, tokens, ["q8_0"], context=128)
+    evaluate(m, tokens, ["f16"], context=128)  # f16 transforms nothing and posts nothing: fine
+
+
 def test_without_the_tbq_attention_the_cache_returns_the_model_domain():
     m = _model("llama")
     ids = _ids()

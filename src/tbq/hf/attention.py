@@ -41,7 +41,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from ..errors import ConfigError, TbqValueError
 from .engine import Engine
 
-__all__ = ["NAME", "LayerRead", "base_implementation", "is_tbq", "post", "prepare", "tbq_attention"]
+__all__ = ["NAME", "LayerRead", "base_implementation", "is_tbq", "post", "prepare", "tbq_attention", "unread"]
 
 #: The registered name of the tbq attention over the model's ``sdpa``; over another base ``"tbq+<base>"``.
 NAME = "tbq"
@@ -105,6 +105,14 @@ def post(read: LayerRead) -> None:
 def clear() -> None:
     """Forget every posted read of this thread (a new cache starts from nothing)."""
     _board().clear()
+
+
+def unread() -> list[int]:
+    """The layers whose posted read no tbq attention took (then forgotten): their Q was not transformed."""
+    board = _board()
+    left = sorted(board)
+    board.clear()
+    return left
 
 
 def _take(module: Any, key: Any, value: Any) -> LayerRead | None:

@@ -310,10 +310,10 @@ class _Runner:
     def __init__(self, model: Any, chunks: np.ndarray, *, sinks: int, sink_type: Any, rotate_attention: bool) -> None:
         import torch
 
-        from .attention import prepare
+        from .attention import prepare, unread
         from .cache import TbqCache, cache_kwargs
 
-        self.torch, self.TbqCache, self.cache_kwargs = torch, TbqCache, cache_kwargs
+        self.torch, self.TbqCache, self.cache_kwargs, self.unread = torch, TbqCache, cache_kwargs, unread
         self.model = prepare(model)
         self.chunks = torch.from_numpy(chunks)
         self.first = chunks.shape[1] // 2
@@ -348,7 +348,15 @@ class _Runner:
         """The model's logits over ``ids`` with ``cache``; a failure of the model's own code is one line naming it."""
         try:
             with self.torch.no_grad():
-                return self.model(ids, use_cache=True, **self.cache_kwargs(self.model, cache)).logits
+                logits = self.model(ids, use_cache=True, **self.cache_kwargs(self.model, cache)).logits
+            left = self.unread()
+            if left:
+                raise TbqValueError(
+                    f"{self.model_type}: the tbq attention did not read the stored K/V of layer(s) "
+                    f"{', '.join(map(str, left))} with the {ct.label} cache (their attention modules have no "
+                    "layer_idx or do not call the attention function): the engine's Q transform was not applied"
+                )
+            return logits
         except TbqError:
             raise
         except (ValueError, RuntimeError, NotImplementedError, TypeError, IndexError) as exc:
