@@ -57,7 +57,23 @@ from bench_codecs import copy_rate, parse_size  # noqa: E402
 
 HARNESS = HERE / "ggml_fa_bench.c"
 #: tbq formats that are also ggml cache types (ggml's type names)
-GGML_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")
+GGML_TYPES = (
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "iq4_nl",
+    "mxfp4",
+    "nvfp4",
+    "turbo2",
+    "turbo3",
+    "turbo4",
+)
+#: (the turbo types are the community fork's: only its build, ../shared/ggml/turbo, has them; another build's
+#: harness says "unknown type", and the ggml column stays empty)
 #: issue 22's table (ggml-org/ggml d99724f, -DGGML_NATIVE=ON, best of 7, 32K tokens): the reference without --ggml
 REFERENCE_MS = {
     ("f16", 1): 39.4,
@@ -139,12 +155,15 @@ def build_ggml(path: Path, folder: str = "lib") -> Path:
 
 
 def ggml_times(exe: Path, tokens: int, fmt: str, threads: int, n_query: int, causal: bool, reps: int):
-    """ggml's times in ms (``reps`` computes after a warm-up), or the reason there are none."""
+    """ggml's times in ms (``reps`` computes after a warm-up), the reason there are none, or None where the build
+    has no such type."""
     r = subprocess.run(
         [str(exe), str(tokens), fmt, str(threads), str(n_query), str(int(causal)), str(reps)],
         capture_output=True,
         text=True,
     )
+    if r.returncode == 2 and "unknown type" in r.stderr:
+        return None  # not a type of this build
     if r.returncode:
         why = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
         return f"ggml failed ({why}{': illegal instruction, a build for another CPU' if r.returncode == -4 else ''})"
@@ -204,7 +223,9 @@ def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False
         for _ in range(rounds):
             if exe is not None and fmt in GGML_TYPES and gerr is None:
                 g = ggml_times(exe, tokens, fmt, th, n_query, causal, 1)
-                if isinstance(g, str):
+                if g is None:  # the build has no such type
+                    exe = None
+                elif isinstance(g, str):
                     gerr = g
                 else:
                     gs += g
