@@ -48,7 +48,7 @@ from .attention import (
     AttentionTarget,
     same_cache_groups,
 )
-from .sharedlib import _flattened_link, load_library, signal_words
+from .sharedlib import load_library, resolve_library, signal_words
 from .targets import TargetError, defining_file
 
 __all__ = ["GgmlAttention", "ggml_type_name"]
@@ -155,8 +155,7 @@ def _resolve(path: str) -> str:
     text ``libggml-cpu.so.0``, as an archive or a copy leaves links)."""
     if "/" in path and not Path(path).is_file():
         raise TargetError(f"cannot load {path}: no such file")
-    link = _flattened_link(path)
-    return os.path.realpath(link[0] if link else path)
+    return os.path.realpath(resolve_library(path))
 
 
 class GgmlAttention(AttentionTarget):

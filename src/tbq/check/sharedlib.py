@@ -33,6 +33,7 @@ __all__ = [
     "elf_dependencies",
     "loaded_objects",
     "load_library",
+    "resolve_library",
     "foreign_dependencies",
     "Probe",
     "probe_calls",
@@ -157,9 +158,23 @@ def foreign_dependencies(path: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def resolve_library(path: str) -> str:
+    """The file to load for ``path``: ``path`` itself, or where it is a flattened symbolic link (a short text file
+    naming a file beside it, as an archive or a copy leaves ``libggml-base.so -> libggml-base.so.0``) the file it
+    names, which is what the link would have loaded. Reports name the file loaded.
+
+    >>> resolve_library("libc.so.6")
+    'libc.so.6'
+    """
+    link = _flattened_link(path)
+    return link[0] if link else path
+
+
 def load_library(path: str, error: type[Exception]) -> ctypes.CDLL:
-    """``ctypes.CDLL(path)``, refused with ``error`` (one line) where the loader would bind one of the libraries it
-    needs to a file of another build already loaded (:func:`foreign_dependencies`) or cannot load it at all."""
+    """``ctypes.CDLL`` of ``path`` (:func:`resolve_library`), refused with ``error`` (one line) where the loader would
+    bind one of the libraries it needs to a file of another build already loaded (:func:`foreign_dependencies`) or
+    cannot load it at all."""
+    path = resolve_library(path)
     if os.path.exists(path):
         clash = foreign_dependencies(path)
         if clash:
@@ -172,13 +187,7 @@ def load_library(path: str, error: type[Exception]) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(path)
     except OSError as exc:
-        link = _flattened_link(path)
-        hint = (
-            f" (it is a {link[1]}-byte text file naming {link[0]}, a symbolic link copied as a file? load that one)"
-            if link
-            else ""
-        )
-        raise error(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}{hint}") from None
+        raise error(f"cannot load {path} as a shared library: {' '.join(str(exc).split())}") from None
 
 
 def _flattened_link(path: str) -> tuple[str, int] | None:

@@ -39,7 +39,7 @@ from numpy.typing import DTypeLike, NDArray
 
 from ..errors import TbqValueError
 from ..formats import FORMATS, Format, format_class
-from .sharedlib import Probe, load_library, probe_calls, signal_words
+from .sharedlib import Probe, load_library, probe_calls, resolve_library, signal_words
 
 __all__ = [
     "TargetError",
@@ -294,7 +294,8 @@ class LibraryTarget(Target):
                 raise TargetError(f"cannot load {path}: no such file")
             if p.is_dir():
                 raise TargetError(f"cannot load {path}: it is a directory, not a shared library")
-            path = str(p.resolve())
+            path = resolve_library(str(p.resolve()))  # a flattened symbolic link: the file it names
+            p = Path(path)
         if isinstance(init, str):
             init = (init,)
         init = tuple(init or ())
