@@ -368,6 +368,16 @@ def test_fork_tbq_k_cache_at_head_dim_128_gives_uniform_attention():
     torch.testing.assert_close(captured["out"][0], want, rtol=1e-5, atol=1e-5)
 
 
+def test_fork_zero_scores_are_absent_at_head_dim_64():
+    """At head_dim 64 one TBQ block holds two heads; llama-perplexity's scores there are the correct engine's."""
+    m = prepare(_model(head_dim=64, layers=1))
+    ids = torch.arange(30)[None] % 97
+    a = _logits(m, ids, TbqCache(m.config, "tbq4_0", "f16", engine="llama.cpp-fork"))
+    b = _logits(m, ids, TbqCache(m.config, "tbq4_0", "f16"))
+    assert torch.equal(a, b)
+    assert not TbqCache(m.config, "tbq4_0", "f16", engine="llama.cpp-fork").layers[0].engine.zero_scores
+
+
 def test_fork_defect_is_absent_at_head_dim_256():
     m = prepare(_model(head_dim=256, heads=2, kv_heads=1, layers=1))
     ids = torch.arange(30)[None] % 97

@@ -38,9 +38,11 @@ __all__ = ["ARCHITECTURES", "tiny_model", "tiny_checkpoint", "convert_with_llama
 ARCHITECTURES = {
     "llama": "normal RoPE (llama.cpp's converter permutes Q/K), head_dim 128",
     "llama_head_dim_80": "head_dim 80 (only f16/f32 and row-tiled types fit)",
+    "llama_head_dim_96": "head_dim 96 (32-value blocks fit; no attention rotation: not a multiple of 64)",
     "qwen3": "NEOX RoPE, QK-norm",
     "gemma2": "attention and final soft-capping, alternating sliding window",
     "gemma3": "5 sliding-window layers per full one, QK-norm",
+    "gemma3_head_dim_256": "the same at gemma3's own head_dim 256 (rotation by H_256)",
     "gpt_oss": "learned attention sinks, sliding window, YaRN, MoE, head_dim 64",
     "gpt_oss_default_rope": "the same with plain RoPE instead of YaRN",
     "phi3": "fused QKV",
@@ -122,8 +124,8 @@ def tiny_model(
     model: Any
     if arch == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(head_dim=head_dim, **common))
-    elif arch == "llama_head_dim_80":
-        model = tf.LlamaForCausalLM(tf.LlamaConfig(head_dim=80, **common))
+    elif arch in ("llama_head_dim_80", "llama_head_dim_96"):
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(head_dim=int(arch.rsplit("_", 1)[1]), **common))
     elif arch == "qwen3":
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=head_dim, **common))
     elif arch == "gemma2":
@@ -137,7 +139,8 @@ def tiny_model(
                 **common,
             )
         )
-    elif arch == "gemma3":
+    elif arch in ("gemma3", "gemma3_head_dim_256"):
+        head_dim = 256 if arch == "gemma3_head_dim_256" else head_dim
         n = 6 if layers is None else layers
         common["num_hidden_layers"] = n
         kinds = ["sliding_attention"] * (n - 1) + ["full_attention"]
@@ -213,7 +216,7 @@ def compare(
     chunks: int = 4,
 ) -> list[dict[str, Any]]:
     """One row per architecture and cache type: llama-perplexity's and tbq eval's perplexity (None: not run, why)."""
-    from .evaluation import evaluate, text_tokens
+    from .evaluation import evaluate, parse_cache_type, text_tokens
     from .loader import load
     from .shipped import MODEL_DIR
 
@@ -232,13 +235,14 @@ def compare(
         asked = [*types, F32]  # the baselines are rows already; with f32 asked a model refusing every type still runs
         res = evaluate(model, tokens, asked, context=context, chunks=chunks)
         for t in types:
-            ours = res.row(f"{t}:{t}")
+            name = t.partition("@")[0]  # "tbq4_0@fork": the fork's defects, what llama-perplexity runs
+            ours = res.row(parse_cache_type(t).label)
             theirs, note = None, why
             if ours.refused:
                 note = ours.refused
             elif why is None:
                 try:
-                    theirs = run_llama_perplexity(llama_dir, gguf, text, context, chunks, cache_type=t)["ppl"]
+                    theirs = run_llama_perplexity(llama_dir, gguf, text, context, chunks, cache_type=name)["ppl"]
                 except (RuntimeError, LlamaCppCrashed) as exc:
                     note = _llama_cpp_error(str(exc), gguf, llama_dir, text)
             tbq = None if ours.refused else ours.ppl
@@ -280,13 +284,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--converter", required=True, help="llama.cpp's convert_hf_to_gguf.py (gguf-py beside it)")
     p.add_argument("--llama-dir", default=str(Path(__file__).resolve().parents[4] / "shared" / "llama.cpp"))
     p.add_argument("--arch", action="append", choices=list(ARCHITECTURES), help="default: all")
+    p.add_argument(
+        "--types",
+        default="f16,q8_0,q4_0",
+        help="K = V cache types, comma-separated; NAME@fork for the fork's TBQ defects (what its llama-perplexity runs)",
+    )
     p.add_argument("--work", default=None, help="where the checkpoints and GGUFs go (default: a temporary folder)")
     p.add_argument("--markdown", action="store_true")
     args = p.parse_args(argv)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        rows = compare(args.arch or list(ARCHITECTURES), args.llama_dir, args.converter, args.work or tmp)
+        types = tuple(t.strip() for t in args.types.split(","))
+        rows = compare(args.arch or list(ARCHITECTURES), args.llama_dir, args.converter, args.work or tmp, types)
     if args.markdown:
         print(_markdown(rows))
     else:

@@ -36,10 +36,12 @@ Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
 
 ``"llama.cpp-fork"``
     The same, plus the TurboQuant fork's two defects found on its CPU build,
-    named as such: a tbq4_0/tbq3_0 K cache whose head_dim is not a multiple
-    of 256 gets Q converted to q8_K (256-value blocks), so the dot product
-    sees no block and every attention score is 0; tbq3_0 rows are packed by
-    the fork's buggy 3-bit packer (:func:`tbq.packing.pack3_fork_bug`).
+    named as such: a tbq4_0/tbq3_0 K cache whose head_dim holds whole TBQ
+    blocks but is not a multiple of 256 (head_dim 128) gets Q converted to
+    q8_K (256-value blocks), so the dot product sees no block and every
+    attention score is 0 (at head_dim 64, where one block holds two heads,
+    the scores were measured right); tbq3_0 rows are packed by the fork's
+    buggy 3-bit packer (:func:`tbq.packing.pack3_fork_bug`).
 
 ``"plain"``
     The rows as the model computes them: no permutation, no rotation, Q in f32.
@@ -527,6 +529,9 @@ def make_engine(
     perm = gguf_permutation(head_dim) if permute else None
     k_side = Side(k_name, k_codec, k_rot, perm, fork_pack3=fork and k_name == "tbq3_0", simd_q8_0=k_name == _SIMD_Q8_0)
     v_side = Side(v_name, v_codec, v_rot, None, fork_pack3=fork and v_name == "tbq3_0", simd_q8_0=v_name == _SIMD_Q8_0)
+    # The fork's q8_K defect, as measured: at head_dim 128 every score is 0; at 256 none is; at 64, where one TBQ
+    # block holds two heads, the scores are right (llama-perplexity agrees with the correct engine there).
+    whole_blocks = k_codec is not None and head_dim % k_codec.block_size == 0
     return Engine(
         engine,
         k_side,
@@ -534,5 +539,5 @@ def make_engine(
         head_dim,
         kv_heads,
         q_to_q8_0=k_name in _Q8_VEC_DOT,
-        zero_scores=fork and k_name in _Q8_K_VEC_DOT and head_dim % 256 != 0,
+        zero_scores=fork and k_name in _Q8_K_VEC_DOT and head_dim % 256 != 0 and whole_blocks,
     )
