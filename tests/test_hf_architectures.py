@@ -327,6 +327,9 @@ def test_offload_and_prefetch_leave_the_cache_working():
     whole = TbqCache(m.config, "q8_0", "q8_0")
     _logits(m, ids[:, :20], whole)
     assert torch.equal(_logits(m, ids[:, 20:], cache), _logits(m, ids[:, 20:], whole))
+    cache.reset()  # empty again: the same as a new cache
+    assert cache.get_seq_length() == 0 and cache.nbytes == 0 and cache.layers[0].keys is None
+    assert torch.equal(_logits(m, ids, cache), _logits(m, ids, TbqCache(m.config, "q8_0", "q8_0")))
 
 
 def test_prepare_refuses_what_it_cannot_wrap():
