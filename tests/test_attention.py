@@ -85,6 +85,32 @@ def test_rotated_algorithm_equals_dequantized_attention(case):
     assert np.max(np.abs(naive - ref)) <= 1e-12 * max(1.0, vmax)
 
 
+@pytest.mark.parametrize("dim", [64, 256])
+def test_a_cache_whose_block_is_an_option_reads_its_own_sizes(dim):
+    """vLLM's TurboQuant blocks are one head (``head_dim`` is a format option): a cache at head_dim 64 or 256 takes
+    the instance's block and byte sizes (the registry's row is head_dim 128's), and every algorithm over it equals
+    float64 attention over the decoded values."""
+    q, k, v = data(7, 24, 4, 2, dim)
+    cfg = {"head_dim": dim}
+    K, V = encode_kv(k, v, "vllm_tq4_k", "vllm_tq3_v", k_config=cfg, v_config=cfg)
+    kinfo, vinfo = tbq.get_format("vllm_tq4_k", **cfg).info, tbq.get_format("vllm_tq3_v", **cfg).info
+    assert (kinfo.block_size, kinfo.type_size, vinfo.type_size) == (dim, dim // 2 + 2, dim * 3 // 8 + 4)
+    assert K.data.shape == (24, 2, kinfo.type_size) and V.data.shape == (24, 2, vinfo.type_size)
+    Kd, Vd = K.dequantize(np.float64), V.dequantize(np.float64)
+    assert np.array_equal(Kd, tbq.dequantize(K.data, "vllm_tq4_k", **cfg).astype(np.float64))
+    ref = attention_dequantized(q, K, V)
+    vmax = float(np.max(np.abs(Vd)))
+    naive = naive_attention(q, Kd, Vd, 1 / math.sqrt(dim))
+    assert np.max(np.abs(naive - ref)) <= 1e-12 * vmax
+    tol = f32_tolerance(q, K, V)
+    assert tol < 1e-3 * vmax
+    for backend in ("numpy", "numba"):
+        assert np.max(np.abs(attention_rotated(q, K, V, backend=backend).astype(np.float64) - ref)) <= tol, backend
+    # the row's bytes are the instance's: the same bytes given to half-head blocks are refused (two blocks a row)
+    with pytest.raises(TbqValueError, match=f"shape \\(tokens, n_head_kv, {dim // 2 + 4}\\)"):
+        KVCache("vllm_tq4_k", K.data, dim, {"head_dim": dim // 2})
+
+
 def test_measured_float32_error_stays_well_inside_the_tolerance():
     """The measurement behind F32_TOLERANCE_FACTOR = 4.
 

@@ -77,7 +77,7 @@ from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
-from .formats import FORMATS, Format, format_info, format_name, formats
+from .formats import Format, format_info, format_name, formats
 from .parallel import default_threads, run_shared
 
 __all__ = [
@@ -107,11 +107,8 @@ F32_TOLERANCE_FACTOR = 4.0
 _F = TypeVar("_F", bound=np.floating[Any])
 
 
-def _row_bytes(fmt: str, head_dim: int) -> int:
-    return format_info(fmt).row_bytes(head_dim)
-
-
 def _sink_block(fmt: str) -> int:
+    """Block size of a sink format (a sink is encoded with the format's default options: its registry row)."""
     return format_info(fmt).block_size
 
 
@@ -150,7 +147,9 @@ class KVCache:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fmt", format_name(self.fmt))  # frozen: the canonical name
-        info = format_info(self.fmt)
+        object.__setattr__(self, "config", dict(self.config or {}))
+        # the instance's sizes: a format option may change them (vLLM's head_dim), so not the registry's row
+        info = self.codec.info
         check_choice(self.sink_format, "sink_format", SINK_FORMATS)
         if not isinstance(self.head_dim, (int, np.integer)) or self.head_dim < 1 or self.head_dim % info.block_size:
             raise TbqValueError(
@@ -164,21 +163,25 @@ class KVCache:
         data = np.asarray(self.data)
         if data.dtype != np.uint8:
             raise TbqTypeError(f"cache data must be uint8, got {data.dtype}")
-        if data.ndim != 3 or data.shape[2] != _row_bytes(self.fmt, self.head_dim):
+        row_bytes = info.row_bytes(self.head_dim)
+        if data.ndim != 3 or data.shape[2] != row_bytes:
             raise TbqValueError(
-                f"cache data must have shape (tokens, n_head_kv, {_row_bytes(self.fmt, self.head_dim)}) for "
+                f"cache data must have shape (tokens, n_head_kv, {row_bytes}) for "
                 f"{self.fmt} with head_dim {self.head_dim}, got {data.shape}"
             )
         object.__setattr__(self, "data", data)
         if self.sink is not None:
             sink = np.asarray(self.sink)
-            want = (sink.shape[0] if sink.ndim == 3 else -1, data.shape[1], _row_bytes(self.sink_format, self.head_dim))
+            want = (
+                sink.shape[0] if sink.ndim == 3 else -1,
+                data.shape[1],
+                format_info(self.sink_format).row_bytes(self.head_dim),
+            )
             if sink.dtype != np.uint8 or sink.ndim != 3 or sink.shape[1:] != want[1:]:
                 raise TbqValueError(
                     f"sink must be uint8 of shape (n_sink, {want[1]}, {want[2]}), got {sink.dtype} {sink.shape}"
                 )
             object.__setattr__(self, "sink", sink if sink.shape[0] else None)
-        object.__setattr__(self, "config", dict(self.config or {}))
 
     # -- construction --
     @classmethod
@@ -235,7 +238,7 @@ class KVCache:
 
     @property
     def rotated(self) -> bool:
-        return FORMATS[self.fmt].rotated
+        return self.codec.info.rotated
 
     @property
     def _rotated_read(self) -> bool:
