@@ -252,17 +252,19 @@ def compare(
 
 
 def _llama_cpp_error(message: str, gguf: Path, llama_dir: Path | str, text: Path) -> str:
-    """The line llama-perplexity's log gives for a model it cannot load, else the first line of ``message``."""
+    """The line llama-perplexity's log gives for a model it cannot load, else the first line of ``message``.
+
+    Its logger is asynchronous and loses lines at exit now and then: up to 3 runs.
+    """
     log = Path(str(gguf) + ".log")
-    subprocess.run(
-        [str(Path(llama_dir) / "bin" / "llama-perplexity"), "-m", str(gguf), "-f", str(text), "--log-file", str(log)],
-        capture_output=True,
-        text=True,
-    )
-    if log.is_file():
-        for line in log.read_text(errors="replace").splitlines():
-            if "error loading model" in line:
-                return "llama-perplexity: " + line.split("error loading model:", 1)[-1].strip()
+    for _ in range(3):
+        if not log.is_file() or "error loading model" not in log.read_text(errors="replace"):
+            cmd = [str(Path(llama_dir) / "bin" / "llama-perplexity"), "-m", str(gguf), "-f", str(text)]
+            subprocess.run([*cmd, "--log-file", str(log)], capture_output=True, text=True)
+        if log.is_file():
+            for line in log.read_text(errors="replace").splitlines():
+                if "error loading model" in line:
+                    return "llama-perplexity: " + line.split("error loading model:", 1)[-1].strip()
     return message.splitlines()[0]
 
 
