@@ -955,6 +955,30 @@ def test_a_format_whose_block_spans_golden_rows_has_no_golden_set():
         golden.build_format("q8_k", rows_per_family=1)
 
 
+@pytest.mark.parametrize("fmt", ["vllm_tq4_k", "vllm_tq3_v"])
+def test_a_golden_set_at_another_head_dim_has_that_instances_sizes_and_regenerates(tmp_path, fmt):
+    """vLLM's TurboQuant block is one head (``head_dim`` is a format option; the registry's row is 128's): a golden
+    set at head_dim 64 is two blocks per row with the instance's bytes, its manifest and header say so, and it
+    regenerates from its manifest bit for bit; at head_dim 256 the block does not fit a row and is refused."""
+    opts = {"head_dim": 64}
+    gs = golden.build_format(fmt, rows_per_family=2, seed=3, options=opts)
+    a, m = gs.arrays, gs.manifest
+    info = tbq.get_format(fmt, **opts).info
+    assert (m["block_size"], m["type_size"], m["blocks_per_row"]) == (64, info.type_size, 2)
+    assert m["codec_config"]["head_dim"] == 64
+    rows = a["input"].reshape(-1, 128)
+    assert a["bytes"].shape == (2 * rows.shape[0], info.type_size)
+    assert_bytes_equal(a["bytes"].reshape(rows.shape[0], -1), tbq.quantize(rows, fmt, backend="numpy", **opts), fmt)
+    assert a["fragile"].shape == a["input"].shape == (2 * rows.shape[0], 64)
+    P = f"TBQ_GOLDEN_{fmt.upper()}"
+    assert f"#define {P}_BLOCK_SIZE 64\n" in gs.header and f"#define {P}_TYPE_SIZE {info.type_size}\n" in gs.header
+    golden.write_set(gs, tmp_path)
+    again = golden.regenerate(tmp_path / f"{fmt}.json")
+    assert again.manifest["arrays"] == m["arrays"] and again.header == gs.header
+    with pytest.raises(tbq.ConfigError, match=f"{fmt}'s with .*256-value block does not fit"):
+        golden.build_format(fmt, rows_per_family=1, options={"head_dim": 256})
+
+
 @pytest.mark.parametrize("fmt", golden.golden_formats())  # every format but q8_k (the test above)
 def test_every_format_gets_a_consistent_golden_set(tmp_path, fmt):
     """Any registered format: bytes and decoded floats equal the library's, masks are 0/1 and shaped,

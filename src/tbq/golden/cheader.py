@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..codecs import codec_from
 from ..formats import format_info
 from .families import EDGE_KINDS
 from .manifest import hex_literal
@@ -199,8 +200,9 @@ def c_header(gs: Any) -> str:
         )
         out.append(f"#ifndef {P}_H\n#define {P}_H\n\n#include <stdint.h>\n\n{_UNUSED_BLOCK}\n")
 
-        def rb(fmt: str) -> int:
-            return format_info(fmt).row_bytes(m["head_dim"])
+        # each cache's sizes are its format instance's (the manifest's config: a format option may change them,
+        # vLLM's head_dim), not the registry's row; the sink is encoded with the sink format's defaults
+        ki, vi = (codec_from(m[f"{c}_format"], m[f"{c}_config"]).info for c in "kv")
 
         defines = [
             ("N_HEAD", m["n_head"]),
@@ -208,12 +210,12 @@ def c_header(gs: Any) -> str:
             ("HEAD_DIM", m["head_dim"]),
             ("N_TOKENS", m["tokens"]),
             ("N_SINK", m["n_sink"]),
-            ("K_BLOCK_SIZE", format_info(kf).block_size),
-            ("K_TYPE_SIZE", format_info(kf).type_size),
-            ("K_ROW_BYTES", rb(kf)),
-            ("V_BLOCK_SIZE", format_info(vf).block_size),
-            ("V_TYPE_SIZE", format_info(vf).type_size),
-            ("V_ROW_BYTES", rb(vf)),
+            ("K_BLOCK_SIZE", ki.block_size),
+            ("K_TYPE_SIZE", ki.type_size),
+            ("K_ROW_BYTES", ki.row_bytes(m["head_dim"])),
+            ("V_BLOCK_SIZE", vi.block_size),
+            ("V_TYPE_SIZE", vi.type_size),
+            ("V_ROW_BYTES", vi.row_bytes(m["head_dim"])),
             ("SINK_ROW_BYTES", format_info(m["sink_format"]).row_bytes(m["head_dim"])),
             ("SINK_IS_F16", 1 if m["sink_format"] == "f16" else 0),
             ("SCALE", hex_literal(m["scale"], "")),

@@ -30,7 +30,7 @@ from ..attention import (
 )
 from ..codecs import Codec, codec_from
 from ..errors import ConfigError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
-from ..formats import FORMATS, check_options, config_for, format_class, format_info, format_name, get_format
+from ..formats import FORMATS, check_options, config_for, format_class, format_name, get_format
 from ..parallel import require_memory
 from .cheader import c_header
 from .families import (
@@ -259,23 +259,25 @@ def build_format(
     in the manifest.
     """
     fmt = format_name(fmt)
-    info = format_info(fmt)
-    if ROW_SIZE % info.block_size:
-        raise ConfigError(
-            f"{fmt}: a golden set is rows of {ROW_SIZE} values, one C call per row, and {fmt}'s "
-            f"{info.block_size}-value block does not fit one; golden sets hold {', '.join(golden_formats())}"
-        )
     fams = _check_families(families)
     rows_per_family = _rows_per_family(rows_per_family, blocks)
     _check_ulp_floor(ulp_floor)
     tables = _tables(codebook, signs)
+    own = config_for(fmt, dict(options or {}))
+    codec = _codec(fmt, tables, backend=None, options=own)  # what tbq.quantize uses (numba when it imports)
+    ref_codec = _codec(fmt, tables, backend="numpy", options=own)
+    # the instance's sizes: a format option may change them (vLLM's head_dim), so not the registry's row
+    info = codec.info
+    if ROW_SIZE % info.block_size:
+        given = f" with {own}" if own else ""
+        raise ConfigError(
+            f"{fmt}: a golden set is rows of {ROW_SIZE} values, one C call per row, and {fmt}'s{given} "
+            f"{info.block_size}-value block does not fit one; golden sets hold {', '.join(golden_formats())}"
+        )
     if inputs is None:
         inputs = make_inputs(rows_per_family, seed, fams, codebook=tables)
     rows = inputs["x"].shape[0]
     per_row = ROW_SIZE // info.block_size
-    own = config_for(fmt, dict(options or {}))
-    codec = _codec(fmt, tables, backend=None, options=own)  # what tbq.quantize uses (numba when it imports)
-    ref_codec = _codec(fmt, tables, backend="numpy", options=own)
     xb = np.ascontiguousarray(inputs["x"].reshape(-1, info.block_size))
     # Encode rows of ROW_SIZE values, as the C vectors do (one call per row): a row-rule
     # format (IQ4_NL) depends on earlier blocks of the same row.

@@ -21,7 +21,7 @@ from .. import __version__
 from ..codebooks import Codebook
 from ..codecs import Codec
 from ..errors import TbqValueError
-from ..formats import Format, format_class, format_info
+from ..formats import Format, format_class
 from ..rotation import RandomizedHadamard
 from .families import (
     ATTENTION_KEY_OUTLIER_FACTOR,
@@ -204,7 +204,7 @@ def format_manifest(
     summary: list[Any],
 ) -> dict[str, Any]:
     """The manifest of one format's golden set (without its ``"header"`` entry, which needs the header text)."""
-    info = format_info(fmt)
+    info = codec.info  # the instance's sizes (vLLM's head_dim option sets them), not the registry's row
     manifest = {
         "kind": "tbq-golden-format",
         "schema": 1,
