@@ -400,6 +400,23 @@ def test_table_levels_are_the_spec_tables():
             study.table_levels(f)
 
 
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_the_study_reads_a_format_instances_own_sizes(head_dim):
+    """vLLM's TurboQuant block is one head (``head_dim``, a format option; the registry's row is 128's): the study
+    charges the instance's bits per value and probes tables with the instance's block."""
+    x = synthetic.keys_with_outliers(16, 2, seed=3, head_dim=head_dim)
+    for f in ("vllm_tq4_k", "vllm_tq3_v"):
+        codec = tbq.get_codec(f, head_dim=head_dim)
+        info = codec.info
+        assert info.block_size == head_dim and info.bits_per_value != tbq.format_info(f).bits_per_value
+        (row,) = study.rate_distortion_rows({"k": x}, [codec], n_queries=2)
+        assert row["bits_per_value"] == info.type_size * 8 / head_dim
+    levels = study.table_levels("vllm_tq3_v", head_dim=head_dim)
+    assert np.array_equal(levels, np.arange(8))
+    cents = study.table_levels("vllm_tq4_k", head_dim=head_dim)
+    assert np.array_equal(cents, tbq.get_format("vllm_tq4_k", head_dim=head_dim).tables()["centroids"])
+
+
 def _nearest(levels, v):
     c = np.unique(levels)
     return c[np.searchsorted(0.5 * (c[1:] + c[:-1]), v, side="right")]

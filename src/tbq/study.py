@@ -50,7 +50,7 @@ from . import metrics
 from .codebooks import Codebook, get_codebook, lloyd_max
 from .codecs import Codec, get_codec
 from .errors import ConfigError, TbqValueError, check_choice, check_int
-from .formats import FORMATS, cache_formats, format_info, get_format
+from .formats import FORMATS, cache_formats, get_format
 from .rotation import get_rotation
 
 __all__ = [
@@ -543,8 +543,8 @@ def rate_distortion_rows(
     :func:`tbq.formats`. The queries are :func:`tbq.metrics.random_queries`
     (``n_queries`` per head, ``seed``), the same for every format of a data
     set. Each row holds ``dataset``, ``name``, ``bits_per_value`` (for a
-    format, ``tbq.format_info(name).bits_per_value``: every scale and minimum
-    included), ``code_bits``, ``nmse``, ``snr_db``, and from
+    format, its codec's ``bits_per_value``: every scale and minimum included,
+    at the instance's block size), ``code_bits``, ``nmse``, ``snr_db``, and from
     :func:`tbq.metrics.attention_error` with only the keys quantized
     ``logit_rmse``, ``kl_mean`` (softmax KL, nats) and ``topk_agreement``
     (share of the exact top-``topk`` tokens kept), plus ``topk``.
@@ -567,13 +567,12 @@ def rate_distortion_rows(
             quant = get_quantizer(spec)
             y = quant(x)
             att = metrics.attention_error(q, x, None, y, topk=topk)
-            fmt = quant.codec.name if isinstance(quant, CodecQuantizer) else None
             e = metrics.nmse(x, y)
             rows.append(
                 {
                     "dataset": ds,
                     "name": quant.name,
-                    "bits_per_value": format_info(fmt).bits_per_value if fmt else quant.bits_per_value,
+                    "bits_per_value": quant.bits_per_value,  # a format's: its codec's instance (head_dim may set it)
                     "code_bits": quant.code_bits,
                     "nmse": e,
                     "snr_db": float(-10.0 * np.log10(e)) if e > 0 else math.inf,
@@ -620,9 +619,9 @@ def table_levels(fmt: str, **options: Any) -> np.ndarray:
     >>> table_levels("q4_0")[[0, -1]], table_levels("iq4_nl")[:3], len(table_levels("mxfp4"))
     (array([-8.,  7.]), array([-127., -104.,  -83.]), 16)
     """
-    info = format_info(fmt)
-    probe = np.linspace(-1.0, 1.0, info.block_size, dtype=np.float32)
-    _, trace = get_format(fmt, **options).encode(probe, trace=True)
+    fm = get_format(fmt, **options)  # the instance's block (vLLM's head_dim option sets it), not the registry's row
+    probe = np.linspace(-1.0, 1.0, fm.info.block_size, dtype=np.float32)
+    _, trace = fm.encode(probe, trace=True)
     return np.sort(_table(fmt, trace, **options)[0])
 
 
