@@ -515,3 +515,71 @@ def test_tiny_norms_keep_their_indices_with_a_zero_scale(fmt):
         assert_bytes_equal(tbq.get_codec(fmt, backend=b).encode(inputs["x"][rows]), q, f"{fmt} {b}")
         y = tbq.get_codec(fmt, backend=b).decode(q)
         assert not y.any()
+
+
+# ---------------------------------------------------------------------------
+# the vector readers (planar_iso_kernels.lookup_planes3_row / lookup_qs_row, kernels.lookup16_row)
+# ---------------------------------------------------------------------------
+
+_EVERY_BYTE_AT_EVERY_POSITION = """
+import sys
+import numpy as np
+import numba
+import tbq.kernels as k
+from tbq.formats import get_format
+
+@numba.njit
+def read(fn, data, out, aux):
+    k.call_reader(fn, k.address(data), k.address(out), data.shape[0], k.address(aux), aux.shape[0])
+
+assert (k.TARGET_AVX2, k.TARGET_AVX512VL) == tuple(map(bool, map(int, sys.argv[1:3]))), (k.TARGET_AVX2, k.TARGET_AVX512VL)
+for fmt in ("turbo2", "turbo3", "turbo4"):
+    f = get_format(fmt)
+    ts = f.info.type_size
+    # block b holds byte (b + 7j) % 256 at byte j: every value at every position, a NaN and an infinite scale too
+    data = ((np.arange(256)[:, None] + 7 * np.arange(ts)[None, :]) % 256).astype(np.uint8)
+    want = f.reference_decode(data)
+    out = np.empty((256, 128), np.float32)
+    f.kernel_decode(data, out)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt
+    r = f.attention_reader()
+    out[:] = 0
+    read(r.read.address, data, out, r.aux)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt + " reader"
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param({}, id="host"),
+        pytest.param({"NUMBA_CPU_NAME": "generic"}, id="generic"),  # the scalar loops (no AVX2)
+        pytest.param(  # AVX2 without AVX-512VL: the planes' bit select as an and, an and and an or
+            {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx,+avx2,+f16c,+fma,+bmi,+bmi2,+popcnt,+sse4.2"},
+            id="avx2",
+        ),
+    ],
+)
+def test_decoders_and_readers_give_the_references_bits_for_every_byte_at_every_position(target, tmp_path):
+    """turbo2/3's readers look their planes up with ``vpermps`` (bits 0-1 from the qs word shifted by 2t, bit 2
+    from the signs word shifted by 14 + t; turbo2's 4 centroids repeated so that bit 2 is ignored): every byte
+    value at every payload position decodes to the NumPy reference's bits, through the codec's decoder and the
+    attention reader, on this CPU and compiled for a CPU without AVX2 and one without AVX-512."""
+    import os
+    import subprocess
+    import sys
+
+    import tbq.kernels as k
+
+    env = {key: v for key, v in os.environ.items() if key not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    env.update(target, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    if target:
+        want = ("1", "0") if "haswell" in target.values() else ("0", "0")
+    else:
+        want = (str(int(k.TARGET_AVX2)), str(int(k.TARGET_AVX512VL)))
+    r = subprocess.run(
+        [sys.executable, "-c", _EVERY_BYTE_AT_EVERY_POSITION, *want], env=env, capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout[-2000:] + r.stderr[-3000:]

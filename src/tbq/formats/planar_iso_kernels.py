@@ -22,11 +22,16 @@ the Givens rotation, (w, x, y, z) for the quaternions.
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
+    TARGET_AVX512VL,
     block_finite,
     jit,
     lanes_index,
@@ -83,6 +88,89 @@ _I0, _I1, _I2, _I3, _I4, _I5, _I6, _I7 = (np.int64(i) for i in range(8))
 def idx3_planes(q, sg, t, k):
     """Index of a 3-bit block: low 2 bits at position ``t`` (0..3) of qs byte ``q``, bit 2 at bit ``k`` (0..7) of ``sg``."""
     return ((np.int32(q) >> (2 * t)) & 3) | (((np.int32(sg) >> k) & 1) << 2)
+
+
+def _lookup_planes_codegen(signs: bool):
+    """Codegen of :func:`lookup_planes3_row` (``signs``: the qs and signs planes) and :func:`lookup_qs_row` (qs only)."""
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        v4f, v8f, v8i = ir.VectorType(ir.FloatType(), 4), ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+        s_, d_, t_ = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 4))
+        sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
+        dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
+        permps = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
+        )
+        sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
+        sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
+        if signs:  # 8 centroids: one register
+            table = builder.load(builder.bitcast(t_.data, v8f.as_pointer()), align=4)
+        else:  # 4 centroids, loaded as 4 (nothing past the table is read) and repeated
+            t4 = builder.load(builder.bitcast(t_.data, v4f.as_pointer()), align=4)
+            table = builder.shuffle_vector(t4, t4, ir.Constant(v8i, [0, 1, 2, 3, 0, 1, 2, 3]))
+        three = ir.Constant(v8i, [3] * 8)
+        if TARGET_AVX512VL:  # bits 0-1 of a, the others of b: one vpternlogd (LLVM makes an and and a ternlog)
+            ternlog = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v8i, [v8i, v8i, v8i, i32]), "llvm.x86.avx512.pternlog.d.256"
+            )
+
+            def select(a, b):
+                return builder.call(ternlog, [a, b, three, ir.Constant(i32, 0xE4)])  # c ? a : b, bit by bit
+        else:
+
+            def select(a, b):
+                return builder.or_(builder.and_(a, three), builder.and_(b, ir.Constant(v8i, [~3] * 8)))
+
+        def word(off):  # the 4 bytes at payload offset ``off`` (little-endian), in all 8 lanes
+            w = builder.load(builder.bitcast(builder.gep(sp, [ir.Constant(i64, off)]), i32.as_pointer()), align=1)
+            v = builder.insert_element(ir.Constant(v8i, ir.Undefined), w, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, v, ir.Constant(v8i, [0] * 8))
+
+        for h in range(8):  # 16 indices 16h + t: qs bytes 4h .. 4h+3 and signs bytes 2h, 2h+1 (payload 32 + 2h ..)
+            vq = word(4 * h)  # index 16h + t's low 2 bits at bits 2t
+            if signs:  # its bit 2 at bit 16 + t: the word at 30 + 2h ends with signs bytes 2h, 2h+1 (and never
+                vs = word(30 + 2 * h)  # reaches past the 48 payload bytes)
+            for e in range(2):  # the first 8 indices, then the next 8
+                idx = builder.lshr(vq, ir.Constant(v8i, [2 * t + 16 * e for t in range(8)]))
+                if signs:
+                    hi = builder.lshr(vs, ir.Constant(v8i, [14 + t + 8 * e for t in range(8)]))
+                    idx = select(idx, hi)
+                out = builder.fmul(builder.call(permps, [table, idx]), sc)
+                dst = builder.gep(dp, [ir.Constant(i64, 16 * h + 8 * e)])
+                builder.store(out, builder.bitcast(dst, v8f.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def lookup_planes3_row(typingctx, src, soff, dst, doff, table, scale):
+    """``dst.flat[doff + j] = table[idx_j] * scale`` for the 128 indices of the 3-bit planes at ``src.flat[soff:]``
+    (32 qs bytes, then 16 signs bytes; index ``j`` is :func:`idx3_planes` of qs byte ``j // 4`` at ``j % 4`` and
+    signs byte ``j // 8`` at bit ``j % 8``).
+
+    For AVX2 targets only (:data:`tbq.kernels.TARGET_AVX2`; callers keep the :func:`idx3_planes` loop otherwise),
+    the plane twin of :func:`tbq.kernels.lookup8_row`: per 16 indices, the qs word of bytes ``4h .. 4h + 3`` and
+    the word whose upper half is signs bytes ``2h``, ``2h + 1`` (bytes ``30 + 2h ..`` of the payload: nothing
+    past the block is read) are broadcast and shifted by ``2t`` and by ``14 + t``; bits 0-1 of the first and bit 2
+    of the second (one ``vpternlogd`` with AVX-512VL, an and, an and and an or without; ``vpermps`` reads bits
+    0-2 only) index the 8-entry float32 ``table``, one ``vpermps`` per 8 indices, and each value is multiplied by
+    ``scale`` (one IEEE float32 multiply per value, the scalar loop's operands in its order: the same bits).
+    Two byte loads, two shifts and an or a value (idx3_planes' loop) were 4x the time of this.
+    ``src``, ``dst`` and ``table`` are C-contiguous (flat offsets).
+    """
+    sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
+    return sig, _lookup_planes_codegen(True)
+
+
+@intrinsic
+def lookup_qs_row(typingctx, src, soff, dst, doff, table, scale):
+    """:func:`lookup_planes3_row` for the qs plane alone (128 2-bit indices in 32 bytes, four a byte, the first
+    in the lowest bits: turbo2's layout) and a 4-entry ``table``: the same qs words, no signs and no mask (the table
+    is repeated in ``vpermps``' 8 entries, so bit 2, the next index's, picks the same value)."""
+    sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
+    return sig, _lookup_planes_codegen(False)
 
 
 # --- encode ------------------------------------------------------------------------------------

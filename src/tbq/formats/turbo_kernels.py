@@ -27,7 +27,21 @@ from ..kernels import (
 )
 from ..packing_kernels import hi4, lo4
 from . import tbq_kernels
-from .planar_iso_kernels import _I0, _I1, _I2, _I3, _I4, _I5, _I6, _I7, idx3_planes, qs_byte, signs_byte
+from .planar_iso_kernels import (
+    _I0,
+    _I1,
+    _I2,
+    _I3,
+    _I4,
+    _I5,
+    _I6,
+    _I7,
+    idx3_planes,
+    lookup_planes3_row,
+    lookup_qs_row,
+    qs_byte,
+    signs_byte,
+)
 
 _SHIFTS2 = np.array([0, 2, 4, 6], np.int64)
 #: bytes of a TBQ4_0 block, the encoder's scratch layout
@@ -83,8 +97,13 @@ def decode(data, out, bits, centroids, table):
         src = data[b]
         dst = out[b]
         d = load_f16(data, b, table)
-        if bits == 4 and TARGET_AVX2:  # the same products, looked up by vpermps (kernels.lookup16_row)
-            lookup16_row(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+        if TARGET_AVX2:  # the same products, looked up by vpermps (kernels.lookup16_row, the planes' twins)
+            if bits == 4:
+                lookup16_row(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+            elif bits == 3:
+                lookup_planes3_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+            else:
+                lookup_qs_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         elif bits == 4:
             for k in range(64):
                 v = src[4 + k]
