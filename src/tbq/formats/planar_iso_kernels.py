@@ -94,25 +94,29 @@ def _lookup_planes_codegen(signs: bool):
     """Codegen of :func:`lookup_planes3_row` (``signs``: the qs and signs planes) and :func:`lookup_qs_row` (qs only)."""
 
     def codegen(context, builder, signature, args):
+        w = 16 if TARGET_AVX512VL else 8  # lanes: a zmm register with AVX-512, else a ymm
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        v4f, v8f, v8i = ir.VectorType(ir.FloatType(), 4), ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+        vf, vi = ir.VectorType(ir.FloatType(), w), ir.VectorType(i32, w)
         s_, d_, t_ = (context.make_array(signature.args[k])(context, builder, args[k]) for k in (0, 2, 4))
         sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
         dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
-        permps = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps"
-        )
-        sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
-        sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
-        if signs:  # 8 centroids: one register
-            table = builder.load(builder.bitcast(t_.data, v8f.as_pointer()), align=4)
-        else:  # 4 centroids, loaded as 4 (nothing past the table is read) and repeated
-            t4 = builder.load(builder.bitcast(t_.data, v4f.as_pointer()), align=4)
-            table = builder.shuffle_vector(t4, t4, ir.Constant(v8i, [0, 1, 2, 3, 0, 1, 2, 3]))
-        three = ir.Constant(v8i, [3] * 8)
+        name = "llvm.x86.avx512.permvar.sf.512" if w == 16 else "llvm.x86.avx2.permps"
+        perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vi]), name)
+
+        def splat(x, ty):
+            v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, v, ir.Constant(vi, [0] * w))
+
+        sc = splat(args[5], vf)
+        # the table repeated to the w entries the permute indexes with the low log2(w) bits: the bits above an
+        # index's (the next index's) pick the same value
+        n_tab = 8 if signs else 4
+        tn = builder.load(builder.bitcast(t_.data, ir.VectorType(ir.FloatType(), n_tab).as_pointer()), align=4)
+        table = builder.shuffle_vector(tn, tn, ir.Constant(vi, [t % n_tab for t in range(w)]))
+        three = ir.Constant(vi, [3] * w)
         if TARGET_AVX512VL:  # bits 0-1 of a, the others of b: one vpternlogd (LLVM makes an and and a ternlog)
             ternlog = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(v8i, [v8i, v8i, v8i, i32]), "llvm.x86.avx512.pternlog.d.256"
+                builder.module, ir.FunctionType(vi, [vi, vi, vi, i32]), "llvm.x86.avx512.pternlog.d.512"
             )
 
             def select(a, b):
@@ -120,25 +124,23 @@ def _lookup_planes_codegen(signs: bool):
         else:
 
             def select(a, b):
-                return builder.or_(builder.and_(a, three), builder.and_(b, ir.Constant(v8i, [~3] * 8)))
+                return builder.or_(builder.and_(a, three), builder.and_(b, ir.Constant(vi, [~3] * w)))
 
-        def word(off):  # the 4 bytes at payload offset ``off`` (little-endian), in all 8 lanes
-            w = builder.load(builder.bitcast(builder.gep(sp, [ir.Constant(i64, off)]), i32.as_pointer()), align=1)
-            v = builder.insert_element(ir.Constant(v8i, ir.Undefined), w, ir.Constant(i32, 0))
-            return builder.shuffle_vector(v, v, ir.Constant(v8i, [0] * 8))
+        def word(off):  # the 4 bytes at payload offset ``off`` (little-endian), in all lanes
+            x = builder.load(builder.bitcast(builder.gep(sp, [ir.Constant(i64, off)]), i32.as_pointer()), align=1)
+            return splat(x, vi)
 
         for h in range(8):  # 16 indices 16h + t: qs bytes 4h .. 4h+3 and signs bytes 2h, 2h+1 (payload 32 + 2h ..)
             vq = word(4 * h)  # index 16h + t's low 2 bits at bits 2t
             if signs:  # its bit 2 at bit 16 + t: the word at 30 + 2h ends with signs bytes 2h, 2h+1 (and never
                 vs = word(30 + 2 * h)  # reaches past the 48 payload bytes)
-            for e in range(2):  # the first 8 indices, then the next 8
-                idx = builder.lshr(vq, ir.Constant(v8i, [2 * t + 16 * e for t in range(8)]))
+            for e in range(0, 16, w):  # 16 indices a register, or 8 and 8
+                idx = builder.lshr(vq, ir.Constant(vi, [2 * (t + e) for t in range(w)]))
                 if signs:
-                    hi = builder.lshr(vs, ir.Constant(v8i, [14 + t + 8 * e for t in range(8)]))
-                    idx = select(idx, hi)
-                out = builder.fmul(builder.call(permps, [table, idx]), sc)
-                dst = builder.gep(dp, [ir.Constant(i64, 16 * h + 8 * e)])
-                builder.store(out, builder.bitcast(dst, v8f.as_pointer()), align=4)
+                    idx = select(idx, builder.lshr(vs, ir.Constant(vi, [14 + t + e for t in range(w)])))
+                out = builder.fmul(builder.call(perm, [table, idx]), sc)
+                dst = builder.gep(dp, [ir.Constant(i64, 16 * h + e)])
+                builder.store(out, builder.bitcast(dst, vf.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return codegen
@@ -154,10 +156,11 @@ def lookup_planes3_row(typingctx, src, soff, dst, doff, table, scale):
     the plane twin of :func:`tbq.kernels.lookup8_row`: per 16 indices, the qs word of bytes ``4h .. 4h + 3`` and
     the word whose upper half is signs bytes ``2h``, ``2h + 1`` (bytes ``30 + 2h ..`` of the payload: nothing
     past the block is read) are broadcast and shifted by ``2t`` and by ``14 + t``; bits 0-1 of the first and bit 2
-    of the second (one ``vpternlogd`` with AVX-512VL, an and, an and and an or without; ``vpermps`` reads bits
-    0-2 only) index the 8-entry float32 ``table``, one ``vpermps`` per 8 indices, and each value is multiplied by
-    ``scale`` (one IEEE float32 multiply per value, the scalar loop's operands in its order: the same bits).
-    Two byte loads, two shifts and an or a value (idx3_planes' loop) were 4x the time of this.
+    of the second index ``table`` (repeated in the permute's entries: the bits above 2 pick the same value) and
+    each value is multiplied by ``scale`` (one IEEE float32 multiply per value, the scalar loop's operands in its
+    order: the same bits). With AVX-512VL (:data:`tbq.kernels.TARGET_AVX512VL`) 16 indices are one register: one
+    ``vpternlogd`` bit select and one ``vpermps`` in 16 entries; with AVX2, 8 and 8: an and, an and and an or,
+    ``vpermps`` in 8 entries. Per-value extraction (:func:`idx3_planes`' loop) took 5x the time of the AVX-512 path.
     ``src``, ``dst`` and ``table`` are C-contiguous (flat offsets).
     """
     sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
@@ -168,7 +171,7 @@ def lookup_planes3_row(typingctx, src, soff, dst, doff, table, scale):
 def lookup_qs_row(typingctx, src, soff, dst, doff, table, scale):
     """:func:`lookup_planes3_row` for the qs plane alone (128 2-bit indices in 32 bytes, four a byte, the first
     in the lowest bits: turbo2's layout) and a 4-entry ``table``: the same qs words, no signs and no mask (the table
-    is repeated in ``vpermps``' 8 entries, so bit 2, the next index's, picks the same value)."""
+    is repeated in the permute's entries, so the bits above an index's pick the same value)."""
     sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
     return sig, _lookup_planes_codegen(False)
 
