@@ -27,6 +27,26 @@ def test_compare_numbers_are_the_formats_errors():
     assert all(r["enc Mv/s"] > 0 and r["dec Mv/s"] > 0 for r in rows)
 
 
+@pytest.mark.parametrize("head_dim", [64, 256])
+def test_compare_reads_each_format_instances_own_block(head_dim):
+    """vLLM's TurboQuant block is one head (``head_dim``, a format option; the registry's row is 128's): compare
+    tiles rows with the instance's block, charges its bytes, and its errors are the codec's round trip."""
+    kv = builtin_kv(tokens=16, heads=2, head_dim=head_dim)
+    rows = compare(kv, ["vllm_tq4_k", "vllm_tq3_v"], repeat=1, head_dim=head_dim)
+    by = {(r["data"], r["format"]): r for r in rows}
+    for (label, fmt), r in by.items():
+        codec = tbq.get_codec(fmt, head_dim=head_dim)
+        assert r["bytes"] == 16 * 2 * codec.type_size and r["bits/value"] == codec.type_size * 8 / head_dim
+        x = kv[label].astype(np.float64)
+        y = codec.decode(codec.encode(kv[label])).astype(np.float64)
+        assert r["NMSE"] == pytest.approx(float(np.sum((y - x) ** 2) / np.sum(x * x)), rel=1e-9)
+        assert r["out NMSE"] is not None  # keys and values are each other's exact partner
+    # without the option the default instance's 128-value block cannot tile a head of 64 (named: refused)
+    if head_dim == 64:
+        with pytest.raises(tbq.BlockShapeError, match="vllm_tq4_k \\(blocks of 128 must divide head_dim 64\\)"):
+            compare(kv, ["vllm_tq4_k"], repeat=1)
+
+
 def test_compare_user_file(tmp_path, capsys):
     f = tmp_path / "kv.npy"
     np.save(f, np.random.default_rng(0).standard_normal((4, 256)).astype(np.float64))

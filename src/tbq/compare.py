@@ -47,7 +47,15 @@ from numpy.typing import ArrayLike
 from .attention import KVCache, attention_fused
 from .codecs import EXECUTION_SETTINGS, get_codec
 from .errors import BlockShapeError, TbqTypeError, TbqValueError, check_int
-from .formats import FORMATS, cache_formats, check_options, config_for, format_class, format_name
+from .formats import (
+    FormatInfo,
+    cache_formats,
+    check_options,
+    config_for,
+    format_class,
+    format_name,
+    get_format,
+)
 from .metrics import attention_error, cosine_similarity, nmse, random_queries, softmax_kl, topk_agreement
 
 __all__ = [
@@ -150,13 +158,24 @@ def kv_geometry(x: ArrayLike) -> tuple[int, int, int]:
     return int(shape[0]), int(np.prod(shape[1:-1], dtype=np.int64)), int(shape[-1])
 
 
-def untileable(fmts: Any, kv_heads: int, head_dim: int) -> list[str]:
-    """The formats of ``fmts`` whose blocks cannot tile rows of ``kv_heads x head_dim`` values (``FormatInfo.tiles``).
+def _instance_info(fmt: str, options: dict[str, Any] | None) -> FormatInfo:
+    """The :class:`~tbq.formats.FormatInfo` of ``fmt`` with its own options of ``options`` (the others and the
+    execution settings ignored): an option may change the sizes (vLLM's ``head_dim``), so not the registry's row."""
+    name = format_name(fmt)
+    own = {k: v for k, v in (options or {}).items() if k in format_class(name).options}
+    return get_format(name, **own).info
+
+
+def untileable(fmts: Any, kv_heads: int, head_dim: int, options: dict[str, Any] | None = None) -> list[str]:
+    """The formats of ``fmts`` whose blocks cannot tile rows of ``kv_heads x head_dim`` values (``FormatInfo.tiles``),
+    each with its own options of ``options`` (one mapping for every format, as :func:`compare` takes it).
 
     >>> untileable(["q8_0", "nvfp4", "tbq4_0"], 8, 96), untileable(["q8_0", "tbq4_0"], 1, 64)
     (['nvfp4'], ['tbq4_0'])
+    >>> untileable(["vllm_tq4_k"], 8, 64), untileable(["vllm_tq4_k"], 8, 64, {"head_dim": 64})
+    (['vllm_tq4_k'], [])
     """
-    return [f for f in fmts if not FORMATS[format_name(f)].tiles(kv_heads, head_dim)]
+    return [f for f in fmts if not _instance_info(f, options).tiles(kv_heads, head_dim)]
 
 
 def _heads(x: np.ndarray) -> np.ndarray:
@@ -223,9 +242,8 @@ def attention_columns(
 
 
 def _fused_ok(codec: Any, head_dim: int) -> bool:
-    """Whether the fused kernel reads this cache: its blocks within a head (and 128-value rotation blocks)."""
-    info = codec.info
-    return head_dim % info.block_size == 0 and (not info.rotated or head_dim % 128 == 0)
+    """Whether the fused kernel reads this cache: its blocks (the codec instance's) within a head."""
+    return head_dim % codec.info.block_size == 0
 
 
 def _attention_columns_fused(
@@ -346,9 +364,9 @@ def compare(
     arrays = {label: check_array(label, x) for label, x in data.items()}
     for label, x in arrays.items():
         _, heads, head_dim = kv_geometry(x)
-        bad = untileable(fmts, heads, head_dim)
+        bad = untileable(fmts, heads, head_dim, config)
         if bad and named:
-            raise BlockShapeError(f"{label}: {tiling_message(bad, heads, head_dim)}")
+            raise BlockShapeError(f"{label}: {tiling_message(bad, heads, head_dim, config)}")
     if attention:
         for label, x in arrays.items():
             if topk > tokens_of(x):
@@ -367,7 +385,7 @@ def compare(
         rows2 = x.reshape(tokens, heads * head_dim)  # one row per token, tiled in blocks as llama.cpp does
         queries = random_queries(n_queries, head_dim, heads, seed=query_seed) if attention else None
         for fmt in fmts:
-            if fmt in untileable([fmt], heads, head_dim):
+            if fmt in untileable([fmt], heads, head_dim, config):
                 continue  # the default list: left out (a named format was refused above)
             cfg = config_for(fmt, config)
             codec = get_codec(fmt, **cfg)
@@ -404,11 +422,12 @@ def compare(
     return rows
 
 
-def tiling_message(bad: Any, heads: int, head_dim: int) -> str:
-    """Why the formats ``bad`` cannot store rows of ``heads x head_dim`` values (docs/formats.md, row tiling)."""
+def tiling_message(bad: Any, heads: int, head_dim: int, options: dict[str, Any] | None = None) -> str:
+    """Why the formats ``bad`` (with their own options of ``options``) cannot store rows of ``heads x head_dim``
+    values (docs/formats.md, row tiling)."""
     parts = []
     for f in bad:
-        info = FORMATS[f]
+        info = _instance_info(f, options)
         unit = (
             f"the row of {heads} x {head_dim} = {heads * head_dim} values" if info.row_tiled else f"head_dim {head_dim}"
         )
