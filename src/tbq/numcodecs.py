@@ -120,12 +120,21 @@ def header_size(ndim: int) -> int:
     return _FIXED.size + 8 * int(ndim)
 
 
-def encoded_size(shape: Any, fmt: str) -> int:
-    """Total encoded bytes (header + payload) of a float array of ``shape`` in ``fmt``."""
-    info = FORMATS[fmt]
+def encoded_size(shape: Any, fmt: str, **config: Any) -> int:
+    """Total encoded bytes (header + payload) of a float array of ``shape`` in ``fmt`` with ``config`` (the keyword
+    arguments of :func:`tbq.get_codec`: a format option may change the block's sizes, vLLM's ``head_dim``).
+
+    >>> encoded_size((4, 128), "vllm_tq4_k"), encoded_size((4, 128), "vllm_tq4_k", head_dim=64)
+    (288, 296)
+    """
+    info = _core_get_codec(fmt, **config).info
+    return _encoded_size(shape, info.block_size, info.type_size)
+
+
+def _encoded_size(shape: Any, block_size: int, type_size: int) -> int:
     shape = tuple(int(s) for s in shape)
     rows = math.prod(shape[:-1])
-    return header_size(len(shape)) + rows * (shape[-1] // info.block_size * info.type_size)
+    return header_size(len(shape)) + rows * (shape[-1] // block_size * type_size)
 
 
 def _pack_header(fmt: str, shape: Any) -> bytes:
@@ -453,7 +462,8 @@ if _HAVE_ZARR3:
                 )
 
         def compute_encoded_size(self, input_byte_length: int, chunk_spec: Any) -> int:
-            return encoded_size(chunk_spec.shape, _fmt_of(self.name))
+            # the codec instance's sizes (a format option may change them: vLLM's head_dim), not the registry's row
+            return _encoded_size(chunk_spec.shape, self.numcodec.block_size, self.numcodec.type_size)
 
         def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
             dec = self.numcodec.decode(chunk_bytes.as_numpy_array())
