@@ -3,11 +3,14 @@
 Same GGUF (the shipped model), same text, context and chunks: the perplexity
 of tbq's llama.cpp engine with an f16, q8_0 and q4_0 cache must agree with
 ``llama-perplexity -ctk T -ctv T -fa on --no-warmup`` to 1e-3 relative. Skipped, with the
-reason, where ../shared is absent (users' machines); CI has it.
+reason, where ../shared is absent (users' machines); CI has it. The other
+architectures (tiny random checkpoints, :mod:`tbq.hf.arch_compare`) also need
+llama.cpp's own converter: ``TBQ_LLAMA_CPP_CONVERTER=.../convert_hf_to_gguf.py``.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,18 @@ def test_tbq_eval_agrees_with_llama_perplexity(shipped):
         ours = res.row(f"{cache}:{cache}").ppl
         theirs = unless_sigill(run_llama_perplexity, LLAMA_CPP, gguf, text, CONTEXT, CHUNKS, cache_type=cache)["ppl"]
         assert abs(ours / theirs - 1) <= 1e-3, (cache, ours, theirs)
+
+
+#: llama.cpp's convert_hf_to_gguf.py (with its gguf-py beside it): not shipped; set TBQ_LLAMA_CPP_CONVERTER to run these.
+CONVERTER = os.environ.get("TBQ_LLAMA_CPP_CONVERTER")
+
+
+@pytest.mark.skipif(CONVERTER is None, reason="TBQ_LLAMA_CPP_CONVERTER (llama.cpp's convert_hf_to_gguf.py) is not set")
+@pytest.mark.parametrize("arch", ["qwen3", "gemma2", "gpt_oss_default_rope", "qwen3_next"])
+def test_tbq_eval_agrees_with_llama_perplexity_on_other_architectures(arch, tmp_path):
+    """NEOX RoPE and QK-norm, soft-capping, sinks with sliding windows and head_dim 64, a hybrid: within 1e-3."""
+    from tbq.hf.arch_compare import compare
+
+    rows = unless_sigill(compare, [arch], LLAMA_CPP, CONVERTER, tmp_path, ("f16", "q4_0", "tbq4_0@fork"))
+    for r in rows:
+        assert r["rel"] is not None and abs(r["rel"]) <= 1e-3, r
