@@ -182,10 +182,6 @@ class _Fmt:
         options: Mapping[str, object] | None = None,
     ) -> None:
         self.name = name
-        self.info = FORMATS[name]
-        self.bs = self.info.block_size
-        self.ts = self.info.type_size
-        self.rotated = self.info.rotated
         self.codebook: Codebook | None = codebook
         self.rotation = rotation
         kw: dict[str, object] = dict(options or {})  # the format's own options (FP8: scale)
@@ -193,6 +189,11 @@ class _Fmt:
             assert rotation is not None  # a codebook comes with its sign vectors (_fmt_cached passes both)
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
         self.format = get_format(name, **kw)
+        # the instance's sizes: a format option may change them (vLLM's head_dim), so not the registry's row
+        self.info = self.format.info
+        self.bs = self.info.block_size
+        self.ts = self.info.type_size
+        self.rotated = self.info.rotated
         self.hazards = self.format.hazards
         self.row_kw = self.format._row_kw(1)  # each drawn block is a row of its own for the trace
         self.has_min = any(f.name == "m" and f.kind == "f16" for f in self.info.layout)  # Q4_1/Q5_1
