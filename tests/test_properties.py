@@ -854,8 +854,7 @@ def _pow2_range(fmt, c, x):
     """Exponents k for which scaling x by 2**k provably changes only the scale (see the test's docstring)."""
     nz = np.abs(x[x != 0]).astype(np.float64)
     b = c.encode(x)
-    d16, _ = scale_f32(b[None, :])
-    d16 = float(d16[0])
+    d16 = float(c.format.fields(b)["d"].reshape(-1)[0])  # wherever the layout puts it (vLLM: after the codes)
     if nz.size == 0 or not (2.0**-14 <= abs(d16) <= 2.0**15):
         return None  # zero block, or a scale that is not a normal fp16 to begin with
     lo_x, hi_x = math.log2(nz.min()), math.log2(nz.max())
@@ -872,6 +871,16 @@ def _pow2_range(fmt, c, x):
         khi = math.floor(60 - hi_x)
         norm = math.sqrt(float(np.sum(nz**2)))
         klo = max(klo, math.ceil(math.log2(2e-10 / norm)))
+        eps = getattr(c.format, "norm_epsilon", 0.0)
+        if eps:  # vLLM's keys divide by RN32(n + eps): equivariant only where RN32(n + eps) == n for n and 2**k n.
+            # n >= 2**e with e = floor(log2(eps)) + 25 gives half an ulp of n, 2**(e - 24) >= 2**(floor(log2 eps) + 1),
+            # above eps: the addition rounds back to n. n is the encoder's own float32 norm, which scales exactly.
+            n_min = 2.0 ** (math.floor(math.log2(eps)) + 25)
+            view = c.format.rotated_view(c.format.encode(x, trace=True)[1])
+            n32 = float(np.asarray(view[0]).reshape(-1)[0]) if view is not None else norm
+            if n32 < n_min:
+                return None
+            klo = max(klo, math.ceil(math.log2(n_min / n32)))
         if c.format.row_rule:  # IQ4_NL: above the 1e-15 tiny-block threshold, and w*q*x (~127 |x|^3) normal and finite
             klo = max(klo, math.ceil(math.log2(2e-15 / nz.max())), math.ceil(-40 - lo_x))
             khi = min(khi, math.floor(38 - hi_x))
@@ -884,7 +893,19 @@ def _pow2_range(fmt, c, x):
         if s:
             klo = max(klo, math.ceil(-14 - math.log2(abs(s))))
             khi = min(khi, math.floor(15 - math.log2(abs(s))))
+    # a refusal beyond the fp16 fields (vLLM's values: a top code whose decoded value, q * d16 + m16, passes 65504)
+    # scales with 2**k too, so it holds from some k on: step khi down to the largest k the codec writes
+    while klo <= khi and _refused(c, np.ldexp(x, khi).astype(F32)):
+        khi -= 1
     return (klo, khi) if klo <= khi else None
+
+
+def _refused(c, x):
+    try:
+        c.encode(x)
+    except tbq.ScaleOverflowError:
+        return True
+    return False
 
 
 #: Formats whose encoders are exactly scale-equivariant (docstring below): every float the spec
