@@ -88,11 +88,12 @@ def conformance_cases(fmt: str) -> list[tuple[str, dict]]:
     return cases
 
 
-def battery_inputs(fmt: str, n_rows: int = 3, seed: int = 0) -> dict:
-    """Named float32 inputs (rows of whole blocks) that every format must encode."""
+def battery_inputs(fmt: str, n_rows: int = 3, seed: int = 0, **options) -> dict:
+    """Named float32 inputs (rows of whole blocks of ``fmt`` with its format ``options``) that every format must
+    encode."""
     import tbq
 
-    bs = tbq.format_info(fmt).block_size
+    bs = tbq.get_format(fmt, **options).info.block_size  # the instance's: an option may set it (vLLM's head_dim)
     n = max(bs, 128 // bs * bs)
     rng = np.random.default_rng(seed)
     g = rng.standard_normal((n_rows, n), dtype=np.float32)
@@ -115,7 +116,7 @@ def battery_inputs(fmt: str, n_rows: int = 3, seed: int = 0) -> dict:
 def _check_round_trip_and_shapes(fmt, opts):
     import tbq
 
-    info = tbq.format_info(fmt)
+    info = tbq.get_format(fmt, **opts).info  # the instance's sizes, not the registry's row
     bs, ts = info.block_size, info.type_size
     codec = tbq.get_codec(fmt, backend="numpy", **opts)
     for shape in [(bs,), (3, 2 * bs), (2, 0, bs), (0, bs), (2, 3, bs)]:
@@ -152,11 +153,11 @@ def _check_round_trip_and_shapes(fmt, opts):
 def _check_backends_agree(fmt, opts):
     import tbq
 
-    info = tbq.format_info(fmt)
+    info = tbq.get_format(fmt, **opts).info  # the instance's sizes, not the registry's row
     ref = tbq.get_codec(fmt, backend="numpy", on_overflow="inf", **opts)
     for threads in (1, 2):
         fast = tbq.get_codec(fmt, backend="numba", threads=threads, on_overflow="inf", **opts)
-        for name, x in battery_inputs(fmt).items():
+        for name, x in battery_inputs(fmt, **opts).items():
             qa, qb = ref.encode(x), fast.encode(x)
             assert_bytes_equal(qb, qa, f"{fmt} {name} numba(threads={threads}) vs numpy encode")
             assert_bits_equal(fast.decode(qa), ref.decode(qa), f"{fmt} {name} numba vs numpy decode")
@@ -195,7 +196,7 @@ def _check_bad_input(fmt, opts):
 
     import tbq
 
-    info = tbq.format_info(fmt)
+    info = tbq.get_format(fmt, **opts).info  # the instance's sizes, not the registry's row
     bs, ts = info.block_size, info.type_size
     for backend in BACKENDS:
         codec = tbq.get_codec(fmt, backend=backend, **opts)
@@ -263,7 +264,7 @@ def _check_trace(fmt, opts):
 
     f = tbq.get_format(fmt, **opts)
     info = f.info
-    for name, x in battery_inputs(fmt).items():
+    for name, x in battery_inputs(fmt, **opts).items():
         q, trace = f.encode(x, trace=True)
         # (on_overflow="inf": the battery's subnormal input is refused by MXFP4 by default; the bytes are the point here)
         assert_bytes_equal(

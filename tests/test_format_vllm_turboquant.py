@@ -32,6 +32,14 @@ def test_battery_with_pr38479_rotation():
     check_format("vllm_tq3_k", **ROT)
 
 
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_format_battery_at_other_head_dims(fmt, head_dim):
+    """The whole battery on the instance's own block (head_dim values, the registry's row being 128's)."""
+    assert tbq.get_format(fmt, head_dim=head_dim).info.block_size == head_dim != tbq.format_info(fmt).block_size
+    check_format(fmt, head_dim=head_dim)
+
+
 # ---------------------------------------------------------------------------
 # the SPEC's vectors: every row, both backends
 # ---------------------------------------------------------------------------
