@@ -189,8 +189,7 @@ class _Fmt:
             assert rotation is not None  # a codebook comes with its sign vectors (_fmt_cached passes both)
             kw = dict(codebook=codebook, signs=(rotation.signs1, rotation.signs2))
         self.format = get_format(name, **kw)
-        # the instance's sizes: a format option may change them (vLLM's head_dim), so not the registry's row
-        self.info = self.format.info
+        self.info = self.format.info  # the instance's sizes (an option may set them: vLLM's head_dim), not FORMATS'
         self.bs = self.info.block_size
         self.ts = self.info.type_size
         self.rotated = self.info.rotated
