@@ -448,7 +448,7 @@ def test_arbitrary_encoded_blocks_cover_every_special_scale(fmt):
     def collect(b):
         assert b.dtype == np.uint8 and b.shape[-1] % ts == 0
         b2 = b.reshape(-1, ts)
-        words = sum(b2[:, k].astype(int) << (8 * k) for k in range(nbytes))  # little-endian field bits
+        words = sum(b2[:, off + k].astype(int) << (8 * k) for k in range(nbytes))  # little-endian field bits
         for bits in words.tolist():
             for name, (lo, hi) in table.items():
                 if lo <= bits <= hi:
@@ -456,12 +456,14 @@ def test_arbitrary_encoded_blocks_cover_every_special_scale(fmt):
 
     from tbq.formats.base import FIELD_KINDS
 
-    first = tbq.format_info(fmt).layout[0]
+    lay = tbq.format_info(fmt).layout
+    first = next((f for f in lay if f.name == "d"), lay[0])  # the scale wherever it is (vLLM's follows the codes)
     # a field that declares its own special patterns (FP8's one byte), else its kind's (f16, bf16), else fp16 at bytes 0-1
     table = {n: (lo, hi) for n, lo, hi in first.specials} if first.specials else None
     if table is None and first.size <= 2 and FIELD_KINDS[first.kind].specials:
         table = FIELD_KINDS[first.kind].specials
     nbytes = first.size if table is not None else 2  # the field's own bytes (FP8: 1, q8_k's float32 d: 4)
+    off = first.offset if table is not None else 0
     table = table or tst.SPECIAL_SCALES
     collect()
     assert seen == set(table), sorted(set(table) - seen)  # every special pattern of the field, not a few

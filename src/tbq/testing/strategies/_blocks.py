@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 import tbq
-from tbq.formats.base import FIELD_KINDS, FORMAT_CLASSES
+from tbq.formats.base import FIELD_KINDS, FORMAT_CLASSES, Field
 
 from . import _rng
 from ._fit import _fit_blocks
@@ -228,6 +228,12 @@ def _applies(fam: str, ctx: _Fmt) -> bool:
     return fam not in HAZARD_FAMILIES or fam in ctx.hazards
 
 
+def _scale_field(layout: tuple[Field, ...]) -> Field | None:
+    """The field the special patterns go into: the scale ``d`` wherever the layout puts it (vLLM's follows the
+    codes), else the first field (every other format's ``d`` is its first field)."""
+    return next((f for f in layout if f.name == "d"), layout[0] if layout else None)
+
+
 @st.composite
 def _arbitrary_bytes(
     draw: st.DrawFn,
@@ -252,7 +258,7 @@ def _arbitrary_bytes(
     else:
         data = np.tile(np.array([0x0F, 0xF0, 0x55, 0xAA], np.uint8), (nblocks, ctx.ts // 4 + 1))[:, : ctx.ts].copy()
     if special_scales:
-        first = ctx.info.layout[0] if ctx.info.layout else None
+        first = _scale_field(ctx.info.layout)
         own = {n: (lo, hi) for n, lo, hi in first.specials} if first is not None and first.specials else None
         if own is None and first is not None and first.size <= 2 and first.kind in FIELD_KINDS:
             own = FIELD_KINDS[first.kind].specials or None  # the first field's kind (f16: SPECIAL_SCALES)
