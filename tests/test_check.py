@@ -504,6 +504,22 @@ def test_flush_to_zero_decoder_is_diagnosed_in_the_bytes_phase():
     assert "flush_to_zero" in names(report, "dequantize")
 
 
+def test_flush_to_zero_is_diagnosed_where_the_scale_is_not_the_first_field():
+    # vLLM's key norm "d" follows the 64 index bytes: the diagnosis reads the field where the layout puts it
+    d = next(f for f in tbq.format_info("vllm_tq4_k").layout if f.name == "d")
+    assert d.offset == 64
+
+    def ftz(data):
+        y = tbq.dequantize(data, "vllm_tq4_k").reshape(-1, 128)
+        bits = data.reshape(-1, 66)[:, 64:66].copy().view("<u2").reshape(-1)
+        y[((bits & 0x7C00) == 0) & ((bits & 0x3FF) != 0)] = 0.0  # subnormal fp16 norms flushed
+        return y
+
+    report = check_kernel("vllm_tq4_k", dequantize=ftz, blocks=2000, examples=0)
+    assert report.counts("dequantize", "bytes")["wrong"] > 0
+    assert "flush_to_zero" in names(report, "dequantize")
+
+
 def test_scale_one_fp16_step_off_is_named():
     def bumped(x):
         q = tbq.quantize(x, "q8_0").reshape(-1, 34)

@@ -55,6 +55,16 @@ def test_compare_user_file(tmp_path, capsys):
     assert "q4_0" in out and "tbq4_0" in out and "q8_0" not in out
 
 
+def test_the_command_line_tiles_rows_with_each_formats_own_options(tmp_path, capsys):
+    # --option head_dim=64 makes vLLM's block one head of 64: the command's own tiling check reads it
+    f = tmp_path / "k64.npy"
+    np.save(f, np.random.default_rng(0).standard_normal((16, 2, 64)).astype(np.float32))
+    assert cli.main(["compare", str(f), "--formats", "vllm_tq4_k", "--option", "head_dim=64", "--repeat", "1"]) == 0
+    assert "vllm_tq4_k  4.25" in capsys.readouterr().out  # 34 bytes per 64 values
+    assert cli.main(["compare", str(f), "--formats", "vllm_tq4_k", "--repeat", "1"]) == 2  # the default, 128
+    assert "vllm_tq4_k (blocks of 128 must divide head_dim 64)" in capsys.readouterr().err
+
+
 def test_compare_user_file_whose_rows_a_named_format_cannot_tile(tmp_path, capsys):
     f = tmp_path / "bad.npy"
     np.save(f, np.zeros((4, 96), np.float32))  # 2-D: one head of 96 per token

@@ -992,12 +992,13 @@ def _decoder_values(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
 
 
 def _decoder_scales(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
-    f = next(
-        (f for f in fmt.info.layout if f.kind == "f16" and f.size == 2 and f.offset == 0 and fmt.block_size > 1), None
-    )
+    # the block's fp16 scale "d" wherever the layout puts it (vLLM's key norm follows the indices), else a first
+    # fp16 field at byte 0
+    fields = [f for f in fmt.info.layout if f.kind == "f16" and f.size == 2 and fmt.block_size > 1]
+    f = next((f for f in fields if f.name == "d"), next((f for f in fields if f.offset == 0), None))
     if f is None:
         return None
-    bits = kept["data"][:, 0:2].copy().view("<u2").reshape(-1)
+    bits = kept["data"][:, f.offset : f.offset + 2].copy().view("<u2").reshape(-1)
     exp, mant = (bits >> 10) & 0x1F, bits & 0x3FF
     special = exp == 0x1F
     subnormal = (exp == 0) & (mant != 0)

@@ -379,11 +379,13 @@ def _run_compare(args: Any, fmts: Any, named: bool, options: Any, config: Any, p
     data, info, header = _load(args)
     for x in data.values():  # which formats can tile the rows: refuse a named one, leave out a default one
         _, heads, head_dim = kv_geometry(x)
-        bad = untileable(fmts, heads, head_dim)
+        bad = untileable(fmts, heads, head_dim, options)  # each format with its own options (vLLM's head_dim)
         if bad and named:
-            raise TbqValueError(f"--formats: {tiling_message(bad, heads, head_dim)}; leave them out of --formats")
+            raise TbqValueError(
+                f"--formats: {tiling_message(bad, heads, head_dim, options)}; leave them out of --formats"
+            )
         if bad:
-            header.append(f"left out: {tiling_message(bad, heads, head_dim)}")
+            header.append(f"left out: {tiling_message(bad, heads, head_dim, options)}")
             info["skipped"] = bad
             fmts = [f for f in fmts if f not in bad]
             codecs = {f: c for f, c in codecs.items() if f not in bad}
