@@ -409,7 +409,8 @@ class _Keys(Format):
         return k["cents"], k["s16"], self.h16_mant, self.h16_exp, k["f16"]
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode_keys(x, out, self.bits, self._k["mids"], self._k["sh"], raise_overflow)
+        k = self.kernels()
+        return k.encode_keys(x, out, self.bits, self._k["mids"], self._k["sh"], raise_overflow, k.KEY_LANES)
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_keys(data, out, self.bits, *self._kernel_tables(), False)
