@@ -466,20 +466,22 @@ def attention_reader(fn: Callable) -> Any:
     return r
 
 
-def _lookup_row_operands(context, builder, signature, args):
+def _lookup_row_operands(context, builder, signature, args, w=8):
     """The shared prologue of :func:`lookup16_row` and :func:`lookup8_row`: the source and destination
-    pointers at their flat offsets, the table's pointer, ``llvm.x86.avx2.permps`` and ``scale`` in all 8 lanes."""
+    pointers at their flat offsets, the table's pointer, the permute of ``w`` lanes (``llvm.x86.avx2.permps``,
+    or ``llvm.x86.avx512.permvar.sf.512`` for 16) and ``scale`` in all ``w`` lanes."""
     i32 = ir.IntType(32)
-    v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+    vf, vi = ir.VectorType(ir.FloatType(), w), ir.VectorType(i32, w)
     s_ = context.make_array(signature.args[0])(context, builder, args[0])
     d_ = context.make_array(signature.args[2])(context, builder, args[2])
     t_ = context.make_array(signature.args[4])(context, builder, args[4])
     sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
     dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
-    permps = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8f, [v8f, v8i]), "llvm.x86.avx2.permps")
-    sc = builder.insert_element(ir.Constant(v8f, ir.Undefined), args[5], ir.Constant(i32, 0))
-    sc = builder.shuffle_vector(sc, sc, ir.Constant(v8i, [0] * 8))
-    return sp, dp, t_.data, permps, sc
+    name = "llvm.x86.avx512.permvar.sf.512" if w == 16 else "llvm.x86.avx2.permps"
+    perm = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vi]), name)
+    sc = builder.insert_element(ir.Constant(vf, ir.Undefined), args[5], ir.Constant(i32, 0))
+    sc = builder.shuffle_vector(sc, sc, ir.Constant(vi, [0] * w))
+    return sp, dp, t_.data, perm, sc
 
 
 @intrinsic
@@ -487,9 +489,13 @@ def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
     """``dst.flat[doff + 2k + e] = table[nibble e of src.flat[soff + k]] * scale`` for ``k < 64`` (128 values).
 
     For AVX2 targets only (:data:`TARGET_AVX2`; callers keep a portable loop
-    otherwise): each 4 bytes of indices become 8 indices (low nibble, then
-    high, per byte), looked up in the 16-entry float32 ``table`` with two
-    ``vpermps`` (entries 0-7 and 8-15) and a select on index > 7, then
+    otherwise). With AVX-512VL (:data:`TARGET_AVX512VL`) 16 values are one
+    register: 8 bytes of indices are widened to 32 bits, each repeated in two
+    lanes and shifted by 0 (low nibble) or 4 (high), and one ``vpermps`` in the
+    16 entries looks them up (it reads only an index's low 4 bits, so the low
+    nibble needs no mask). With AVX2, each 4 bytes become 8 indices (low
+    nibble, then high, per byte), looked up with two ``vpermps`` (entries 0-7
+    and 8-15) and a select on index > 7. Either way each value is then
     multiplied by ``scale`` (one IEEE float32 multiply per value, operands in
     the scalar loop's order: the same bits). A gather from a 16-entry table
     is what LLVM makes of the scalar loop; this is a few register operations.
@@ -498,7 +504,26 @@ def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
     sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
 
     def codegen(context, builder, signature, args):
-        i32, i8 = ir.IntType(32), ir.IntType(8)
+        i32, i8, i64 = ir.IntType(32), ir.IntType(8), ir.IntType(64)
+        if TARGET_AVX512VL:  # 16 values a zmm register: one vpermps in 16 entries
+            v16f, v16i, v8b, v8i = (
+                ir.VectorType(ir.FloatType(), 16),
+                ir.VectorType(i32, 16),
+                ir.VectorType(i8, 8),
+                ir.VectorType(i32, 8),
+            )
+            sp, dp, tp, perm, sc = _lookup_row_operands(context, builder, signature, args, 16)
+            t16 = builder.load(builder.bitcast(tp, v16f.as_pointer()), align=4)
+            twice = ir.Constant(v16i, [j // 2 for j in range(16)])  # byte j // 2 in lanes j: low, then high nibble
+            shifts = ir.Constant(v16i, [0, 4] * 8)
+            for k in range(8):
+                b = builder.load(builder.bitcast(builder.gep(sp, [ir.Constant(i64, 8 * k)]), v8b.as_pointer()), align=1)
+                w = builder.zext(b, v8i)
+                idx = builder.lshr(builder.shuffle_vector(w, w, twice), shifts)
+                out = builder.fmul(builder.call(perm, [t16, idx]), sc)
+                dst = builder.gep(dp, [ir.Constant(i64, 16 * k)])
+                builder.store(out, builder.bitcast(dst, v16f.as_pointer()), align=4)
+            return context.get_dummy_value()
         v8f, v8i, v4b, v4i = (
             ir.VectorType(ir.FloatType(), 8),
             ir.VectorType(i32, 8),
@@ -507,26 +532,20 @@ def lookup16_row(typingctx, src, soff, dst, doff, table, scale):
         )
         sp, dp, tp, permps, sc = _lookup_row_operands(context, builder, signature, args)
         lo8 = builder.load(builder.bitcast(tp, v8f.as_pointer()), align=4)
-        hi8 = builder.load(
-            builder.bitcast(builder.gep(tp, [ir.Constant(ir.IntType(64), 8)]), v8f.as_pointer()), align=4
-        )
+        hi8 = builder.load(builder.bitcast(builder.gep(tp, [ir.Constant(i64, 8)]), v8f.as_pointer()), align=4)
         fifteen = ir.Constant(v4i, [15] * 4)
         four = ir.Constant(v4i, [4] * 4)
         seven = ir.Constant(v8i, [7] * 8)
         interleave = ir.Constant(v8i, [0, 4, 1, 5, 2, 6, 3, 7])
         for k in range(16):
-            b = builder.load(
-                builder.bitcast(builder.gep(sp, [ir.Constant(ir.IntType(64), 4 * k)]), v4b.as_pointer()), align=1
-            )
+            b = builder.load(builder.bitcast(builder.gep(sp, [ir.Constant(i64, 4 * k)]), v4b.as_pointer()), align=1)
             w = builder.zext(b, v4i)
             idx = builder.shuffle_vector(builder.and_(w, fifteen), builder.lshr(w, four), interleave)
             a = builder.call(permps, [lo8, idx])
             h = builder.call(permps, [hi8, idx])
             v = builder.select(builder.icmp_unsigned(">", idx, seven), h, a)
             out = builder.fmul(v, sc)
-            builder.store(
-                out, builder.bitcast(builder.gep(dp, [ir.Constant(ir.IntType(64), 8 * k)]), v8f.as_pointer()), align=4
-            )
+            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 8 * k)]), v8f.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -541,26 +560,43 @@ def lookup8_row(typingctx, src, soff, dst, doff, table, scale):
     broadcast, shifted by ``3t`` per lane and masked to its 8 indices, looked
     up in the 8-entry ``table`` with one ``vpermps`` and multiplied by
     ``scale`` (the scalar loop's one multiply, same operand order: the same bits).
+    With AVX-512VL (:data:`TARGET_AVX512VL`) two lanes are one register of 16
+    indices (lane ``g`` in the first 8, ``g + 1`` in the last), looked up with
+    one ``vpermps`` in the table repeated to 16 entries: the permute reads an
+    index's low 4 bits, and bit 3 (the next index's) picks the same value, so no mask.
     """
     sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
 
     def codegen(context, builder, signature, args):
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
-        sp, dp, tp, permps, sc = _lookup_row_operands(context, builder, signature, args)
-        c8 = builder.load(builder.bitcast(tp, v8f.as_pointer()), align=4)
-        shifts = ir.Constant(v8i, [3 * t for t in range(8)])
-        seven = ir.Constant(v8i, [7] * 8)
-        for g in range(16):
-            lane = ir.Constant(i32, 0)
+        w = 16 if TARGET_AVX512VL else 8
+        vf, vi = ir.VectorType(ir.FloatType(), w), ir.VectorType(i32, w)
+        sp, dp, tp, perm, sc = _lookup_row_operands(context, builder, signature, args, w)
+        c8 = builder.load(builder.bitcast(tp, ir.VectorType(ir.FloatType(), 8).as_pointer()), align=4)
+        if w == 16:  # the 8 entries twice
+            table = builder.shuffle_vector(c8, c8, ir.Constant(vi, [t % 8 for t in range(16)]))
+        else:
+            table = c8
+        shifts = ir.Constant(vi, [3 * (t % 8) for t in range(w)])
+        seven = ir.Constant(vi, [7] * w)
+
+        def lane(g):  # the little-endian 24-bit lane g, from three byte loads
+            v = ir.Constant(i32, 0)
             for e in range(3):
                 byte = builder.zext(builder.load(builder.gep(sp, [ir.Constant(i64, 3 * g + e)])), i32)
-                lane = builder.or_(lane, builder.shl(byte, ir.Constant(i32, 8 * e)))
-            vl = builder.insert_element(ir.Constant(v8i, ir.Undefined), lane, ir.Constant(i32, 0))
-            vl = builder.shuffle_vector(vl, vl, ir.Constant(v8i, [0] * 8))
-            idx = builder.and_(builder.lshr(vl, shifts), seven)
-            out = builder.fmul(builder.call(permps, [c8, idx]), sc)
-            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 8 * g)]), v8f.as_pointer()), align=4)
+                v = builder.or_(v, builder.shl(byte, ir.Constant(i32, 8 * e)))
+            return v
+
+        for g in range(0, 16, w // 8):
+            vl = builder.insert_element(ir.Constant(vi, ir.Undefined), lane(g), ir.Constant(i32, 0))
+            if w == 16:
+                vl = builder.insert_element(vl, lane(g + 1), ir.Constant(i32, 1))
+            vl = builder.shuffle_vector(vl, vl, ir.Constant(vi, [t // 8 for t in range(w)]))
+            idx = builder.lshr(vl, shifts)
+            if w == 8:
+                idx = builder.and_(idx, seven)
+            out = builder.fmul(builder.call(perm, [table, idx]), sc)
+            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 8 * g)]), vf.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
