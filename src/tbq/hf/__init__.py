@@ -25,7 +25,7 @@ import importlib
 from typing import Any
 
 #: The engines a cache can mirror (:mod:`tbq.hf.engine`); here so the CLI can name them without torch.
-ENGINES = ("llama.cpp", "llama.cpp-fork", "plain")
+ENGINES = ("llama.cpp", "llama.cpp-fork", "llama.cpp-turbo", "vllm", "vllm-prefill", "plain")
 
 __all__ = ["TbqCache", "prepare", "load", "evaluate", "capture_kv", "save_kv", "load_kv", "EvalResult"]
 

@@ -155,12 +155,12 @@ def _make(base: str) -> Callable[..., tuple[Any, Any]]:
             fn = _base_function(module, "eager")
         read = _take(module, key, value)
         eng = None if read is None else read.engine
-        if read is None or eng is None or not (eng.q_transformed or eng.v.rotation is not None):
+        if read is None or eng is None or not (eng.q_transformed or eng.v_transformed):
             return fn(module, query, key, value, attention_mask, **kwargs)
         dtype = query.dtype
         q = eng.query(query.float()) if eng.q_transformed else query.float()
         k = read.stored_keys if eng.q_transformed else key.float()
-        v = read.stored_values if eng.v.rotation is not None else value.float()
+        v = read.stored_values if eng.v_transformed else value.float()
         out, weights = fn(module, q, k, v, attention_mask, **kwargs)
         return eng.output(out).to(dtype), weights
 

@@ -55,7 +55,15 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ..errors import ConfigError, TbqValueError, check_int, is_integer
 from . import attention
 from .attention import LayerRead
-from .engine import PERMUTED_MODEL_TYPES, Engine, Side, make_engine
+from .engine import (
+    F32,
+    PERMUTED_MODEL_TYPES,
+    Engine,
+    Side,
+    make_engine,
+    turbo_layer_types,
+    vllm_skipped_layers,
+)
 
 __all__ = ["TbqCache", "TbqLayer", "LayerRead", "cache_kwargs", "geometry", "layer_kinds"]
 
@@ -235,17 +243,18 @@ class TbqLayer(CacheLayerMixin):
         self.window = None if window is None else int(window)
         self.is_sliding = self.window is not None
         #: post the stored-domain K/V for the tbq attention (only when the engine transforms Q, K or V)
-        self.posts = tbq_attention and (engine.q_transformed or engine.v.rotation is not None)
+        self.posts = tbq_attention and (engine.q_transformed or engine.v_transformed)
         self.sinks, self.residual = int(sinks), int(residual)
-        row = engine.kv_heads * engine.head_dim
         ks = vs = None
         if sinks:
             assert sink_engine is not None  # TbqCache builds one whenever sinks > 0
             # sink rows live in the layer's domain (same rotation and order), in the sink type
             ks = replace(sink_engine.k, rotation=engine.k.rotation, permutation=engine.k.permutation)
             vs = replace(sink_engine.v, rotation=engine.v.rotation, permutation=None)
-        self._k = _Store(engine.k, ks, row)
-        self._v = _Store(engine.v, vs, row)
+        self._k = _Store(engine.k, ks, self._row(engine.k))
+        self._v = _Store(engine.v, vs, self._row(engine.v))
+        #: the fork's silent type changes applied to this layer (TbqCache fills it)
+        self.type_changes: list[str] = []
         self.cumulative_length = 0
         self.device: Any = torch.device("cpu")
         self.dtype: Any = torch.float32
@@ -284,10 +293,13 @@ class TbqLayer(CacheLayerMixin):
         """Tokens whose rows the layer holds now (a sliding layer: at most ``window - 1`` between steps)."""
         return self._k.length
 
+    def _row(self, side: Side) -> int:
+        """Values of one stored row of ``side``: KV heads x the stored head_dim (zero-padded heads included)."""
+        return self.engine.kv_heads * (side.stored_head_dim or self.engine.head_dim)
+
     def bytes_per_token(self) -> int:
         """Bytes of one token's K and V rows in the main types."""
-        row = self.engine.kv_heads * self.engine.head_dim
-        return self.engine.k.row_bytes(row) + self.engine.v.row_bytes(row)
+        return self.engine.k.row_bytes(self._row(self.engine.k)) + self.engine.v.row_bytes(self._row(self.engine.v))
 
     # -- the model's domain, on demand
     def _model(self, store: _Store, side: Side) -> torch.Tensor | None:
@@ -331,11 +343,11 @@ class TbqLayer(CacheLayerMixin):
                 f"{self.engine.head_dim} values, got states of {h} heads of {d}"
             )
         x = states.detach().to(device="cpu", dtype=torch.float32).transpose(1, 2)
-        return side.to_stored(x).reshape(b, t, h * d).contiguous()
+        return side.to_stored(x).reshape(b, t, self._row(side)).contiguous()
 
     def _heads(self, rows: torch.Tensor) -> torch.Tensor:
         b, t, _ = rows.shape
-        return rows.reshape(b, t, self.engine.kv_heads, self.engine.head_dim)
+        return rows.reshape(b, t, self.engine.kv_heads, -1)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Store the new tokens' K and V, then return the K and V the attention reads (B, H_kv, T, D), model domain.
@@ -346,6 +358,13 @@ class TbqLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         first = self.cumulative_length
+        new = key_states.shape[-2]
+        if self.engine.raw_first_prefill and first and new > _VLLM_CONTINUATION_DECODE:
+            raise TbqValueError(
+                f"layer {self.index}: a continuation of {new} tokens: vLLM reads a continuation prefill of more than "
+                f"{_VLLM_CONTINUATION_DECODE} tokens with the chunk's own raw K/V, which engine 'vllm-prefill' "
+                "does not mirror; feed at most that many tokens per step after the first"
+            )
         k_rows, v_rows = self._rows(key_states, self.engine.k), self._rows(value_states, self.engine.v)
         self._k.write(k_rows, first, self.sinks, self.residual)
         self._v.write(v_rows, first, self.sinks, self.residual)
@@ -361,6 +380,9 @@ class TbqLayer(CacheLayerMixin):
             lo = max(n - (self.window - 1), 0)
             self._k.keep(lo, n)
             self._v.keep(lo, n)
+        if self.engine.raw_first_prefill and first == 0:
+            # vLLM's first prefill: flash attention on the batch's own K/V; the stored slots are read from then on
+            return key_states, value_states
         k_model = self.engine.k.to_model(k_stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
         v_model = self.engine.v.to_model(v_stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
         if self.posts:
@@ -390,9 +412,8 @@ class TbqLayer(CacheLayerMixin):
         return self.get_max_length()
 
     def reset(self) -> None:
-        row = self.engine.kv_heads * self.engine.head_dim
-        self._k = _Store(self._k.side, self._k.sink_side, row)
-        self._v = _Store(self._v.side, self._v.sink_side, row)
+        self._k = _Store(self._k.side, self._k.sink_side, self._row(self._k.side))
+        self._v = _Store(self._v.side, self._v.sink_side, self._row(self._v.side))
         self.cumulative_length = 0
         self.is_initialized = False
 
@@ -451,6 +472,13 @@ class TbqLayer(CacheLayerMixin):
         """Nothing to move: :meth:`update` returns K/V on the device the model's states came from."""
 
 
+#: vLLM reads a continuation prefill of at most this many tokens from its stored slots (``_CONTINUATION_DECODE_THRESHOLD``).
+_VLLM_CONTINUATION_DECODE = 128
+
+#: The engines whose rows tbq can store with sinks and a residual window (those of llama.cpp and plain rows).
+_SINK_ENGINES = ("llama.cpp", "llama.cpp-fork", "plain")
+
+
 def _check_count(value: Any, what: str) -> int:
     return check_int(value, what, lo=0, expected="a non-negative integer", error=ConfigError)
 
@@ -470,10 +498,16 @@ class TbqCache(Cache):
         float32, quantizing each token once as it leaves that window
         (``engine="plain"`` only); 0 (default) quantizes every token before
         attention reads it, as llama.cpp does.
-    engine : ``"llama.cpp"`` (default), ``"llama.cpp-fork"`` or ``"plain"``
-        (:mod:`tbq.hf.engine`).
+    engine : ``"llama.cpp"`` (default), ``"llama.cpp-fork"``, ``"llama.cpp-turbo"``,
+        ``"vllm"``, ``"vllm-prefill"`` or ``"plain"`` (:mod:`tbq.hf.engine`).
     rotate_attention : llama.cpp's attention rotation (``False`` is its
-        ``LLAMA_ATTN_ROT_DISABLE=1``).
+        ``LLAMA_ATTN_ROT_DISABLE=1``; the turbo fork has it off).
+    turbo_auto_asymmetric, turbo_layer_adaptive : the turbo fork's silent type
+        changes (``TURBO_AUTO_ASYMMETRIC``, ``TURBO_LAYER_ADAPTIVE`` mode 7; on,
+        as in the fork; ``False`` is its ``=0``), engine ``"llama.cpp-turbo"``;
+        :attr:`type_changes` says which applied.
+    vllm_skip_layers : vLLM's unquantized boundary layers (the first and last
+        ``min(2, L // 2)`` of a dense model; on, as in vLLM), the vllm engines.
     permute : store K in llama.cpp's GGUF channel order; default: when the
         model type is one llama.cpp's converter permutes (``engine.PERMUTED_MODEL_TYPES``).
 
@@ -493,6 +527,9 @@ class TbqCache(Cache):
         engine: str = "llama.cpp",
         rotate_attention: bool = True,
         permute: bool | None = None,
+        turbo_auto_asymmetric: bool = True,
+        turbo_layer_adaptive: bool = True,
+        vllm_skip_layers: bool = True,
     ) -> None:
         text = _text_config(config)
         n_layers, kv_heads, head_dim = geometry(text)
@@ -535,8 +572,11 @@ class TbqCache(Cache):
             pair = per_layer[idx]
             if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
                 raise ConfigError(f"layers[{idx}] must be a (k, v) pair of cache types, got {pair!r}")
+        if sinks and engine not in _SINK_ENGINES:
+            raise ConfigError(f"sinks={sinks}: engine {engine!r} has no sink tokens; use a llama.cpp engine or 'plain'")
+        vllm = engine.startswith("vllm")
         if permute is None:
-            permute = engine != "plain" and model_type in PERMUTED_MODEL_TYPES
+            permute = engine != "plain" and not vllm and model_type in PERMUTED_MODEL_TYPES
         tbq_attention = attention.is_tbq(getattr(text, "_attn_implementation", None)) or attention.is_tbq(
             getattr(config, "_attn_implementation", None)
         )
@@ -547,6 +587,10 @@ class TbqCache(Cache):
             rotate_attention=rotate_attention,
         )
         sink_engine = make_engine(engine, sink_type, sink_type, **kw) if sinks else None
+        hybrid = any(kind in OWN for kind, _ in kinds)
+        skipped = vllm_skipped_layers(n_layers, hybrid) if vllm and vllm_skip_layers else []
+        n_head = int(getattr(text, "num_attention_heads", kv_heads) or kv_heads)
+        changes: dict[str, list[int]] = {}
         built: list[Any] = []
         for idx, (kind, kind_kw) in enumerate(kinds):
             if kind in OWN:  # no per-token K/V: transformers' own layer
@@ -554,6 +598,24 @@ class TbqCache(Cache):
                 built.append(own_layers[kind](**kind_kw))
                 continue
             lk, lv = per_layer.get(idx, (k, v))
+            notes: list[str] = []
+            if engine == "llama.cpp-turbo":
+                lk, lv, notes = turbo_layer_types(
+                    lk,
+                    lv,
+                    layer=idx,
+                    n_layers=n_layers,
+                    n_head=n_head,
+                    n_head_kv=kv_heads,
+                    auto_asymmetric=turbo_auto_asymmetric,
+                    layer_adaptive=turbo_layer_adaptive,
+                )
+            elif idx in skipped and (lk, lv) != (F32, F32):
+                make_engine(engine, lk, lv, **kw)  # what vLLM would refuse is refused on a skipped layer too
+                lk, lv = F32, F32  # vLLM's kv_cache_dtype_skip_layers: the model's own K/V
+                notes = ["unquantized (vLLM's boundary layers: the first and last min(2, L // 2) of a dense model)"]
+            for note in notes:
+                changes.setdefault(note, []).append(idx)
             eng = make_engine(engine, lk, lv, **kw)
             window = kind_kw.get("sliding_window") if kind in SLIDING else None
             built.append(
@@ -567,8 +629,11 @@ class TbqCache(Cache):
                     tbq_attention=tbq_attention,
                 )
             )
+            built[-1].type_changes = notes
         attention.clear()  # reads a failed run left on this thread are not this cache's
         super().__init__(layers=built)
+        #: what the engine stored instead of the types asked for, one line each with its layers (empty: none)
+        self.type_changes = [f"layers {_ranges(idx)}: {note}" for note, idx in changes.items()]
         self.engine, self.sinks, self.residual = engine, sinks, residual
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.model_type = model_type

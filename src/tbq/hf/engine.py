@@ -43,8 +43,34 @@ Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
     the scores were measured right); tbq3_0 rows are packed by the fork's
     buggy 3-bit packer (:func:`tbq.packing.pack3_fork_bug`).
 
+``"llama.cpp-turbo"``
+    The community TurboQuant fork (TheTom/llama-cpp-turboquant at 69d8e4be) with
+    ``-ctk/-ctv turbo2|turbo3|turbo4``: a turbo K or V head whose size is not a
+    multiple of 128 is zero-padded to the next one; with a turbo K, Q is padded
+    the same way and rotated by the fork's ``GGML_OP_TURBO_WHT`` (the codec's
+    own 128-point rotation ``R``, :meth:`tbq.Format.to_decode_domain`) and the
+    K.Q products take it in float32 (``vec_dot_type`` F32); with a turbo V, the
+    attention output is rotated back (``R^-1``) and cropped to head_dim.
+    Upstream's Hadamard attention rotation is off (the fork's default), so a
+    q8_0/q4_0 cache is stored unrotated, Q converted to q8_0 as upstream does.
+    The fork's silent type changes are applied and reported
+    (:func:`turbo_layer_types`): ``TURBO_AUTO_ASYMMETRIC`` and
+    ``TURBO_LAYER_ADAPTIVE`` mode 7.
+
+``"vllm"``, ``"vllm-prefill"``
+    vLLM's ``--kv-cache-dtype turboquant_*`` presets: one slot per (token, KV
+    head), keys in the preset's key format and values in its value format,
+    the first and last ``min(2, L // 2)`` layers of a dense model unquantized
+    (:func:`vllm_skipped_layers`), K and V read back as vLLM's full-dequant
+    path gives them (fp16 keys in the model domain, fp16 values). ``"vllm"``:
+    every position reads the stored cache (vLLM's decode steps);
+    ``"vllm-prefill"``: a cache's first forward pass reads its own raw K/V
+    (vLLM's first prefill, flash attention on the batch) and later ones the
+    stored cache.
+
 ``"plain"``
-    The rows as the model computes them: no permutation, no rotation, Q in f32.
+    The rows as the model computes them: no permutation, no rotation, Q in f32
+    (a format that decodes to its own rotated domain is rotated back).
 """
 
 from __future__ import annotations
@@ -59,11 +85,12 @@ import torch
 from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
-from ..formats import FORMATS, cache_formats, get_format
+from ..formats import FORMATS, cache_formats, format_class, get_format, takes_option
 from ..half import f16_table
 from ..kernels import f32_to_f16_bits, jit
 from ..parallel import default_threads, run_groups
 from ..rotation import hadamard_scale
+from ..vllm_slots import PRESET_NAMES, preset
 from . import ENGINES
 
 __all__ = [
@@ -74,7 +101,11 @@ __all__ = [
     "gguf_permutation",
     "is_llama_cpp_type",
     "hadamard",
+    "is_turbo_type",
+    "is_vllm_preset",
     "make_engine",
+    "turbo_layer_types",
+    "vllm_skipped_layers",
     "q8_0_simd",
     "q8_0_simd_encode",
     "rotate",
@@ -109,15 +140,29 @@ _GGML_TYPES = (
 #: Cache types llama.cpp treats as unquantized (``ggml_is_quantized`` is false): no attention rotation.
 _UNQUANTIZED = (F32, "f16", "bf16")
 
-#: K types whose ggml ``vec_dot_type`` is a q8 block type (q8_0; q8_1 for q4_1/q5_1, whose codes and
-#: scale are q8_0's): Q is converted to q8_0 blocks before the K.Q products.
-_Q8_VEC_DOT = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4")
+#: ggml's q8 block types as a ``vec_dot_type`` (q8_1's codes and scale are q8_0's): a K type whose format declares
+#: one of them (:attr:`tbq.Format.vec_dot_type`) takes Q converted to q8_0 blocks before the K.Q products.
+_Q8_OPERANDS = ("q8_0", "q8_1")
+
+#: K types whose ggml ``vec_dot_type`` is q8_0 but whose format declares none (tbq cannot check that dot product):
+#: ggml-cpu.c pairs nvfp4 with q8_0 (``ggml_vec_dot_nvfp4_q8_0``).
+_Q8_UNDECLARED = ("nvfp4",)
+
+#: The ``vec_dot_type`` of the fork's TBQ types (q8_K, 256-value blocks): no block for a shorter head.
+_Q8_K = "q8_k"
+
+#: The community fork's turbo cache types (its graph rotates Q when K has one of them, the output when V has).
+_TURBO_TYPES = ("turbo2", "turbo3", "turbo4")
+
+#: The type the fork's silent changes store instead (TURBO_AUTO_ASYMMETRIC's K, TURBO_LAYER_ADAPTIVE's V).
+_TURBO_FALLBACK = "q8_0"
+
+#: TURBO_LAYER_ADAPTIVE mode 7 is switched on by itself when V is this type (and the model has >= 8 layers).
+_TURBO_ADAPTIVE_V = "turbo2"
 
 #: The type whose CPU-backend quantizer (``from_float``) is not its ``_ref``: written with :func:`q8_0_simd_encode`.
 _SIMD_Q8_0 = "q8_0"
 
-#: The fork's types whose K.Q dot takes Q as q8_K (256-value blocks): no block for a shorter head.
-_Q8_K_VEC_DOT = ("tbq3_0", "tbq4_0")
 
 #: transformers model types whose llama.cpp GGUF conversion permutes Q/K: convert_hf_to_gguf.py's LlamaModel and
 #: its subclasses that keep ``undo_permute`` (Arcee, AFMoE, Granite and its MoE twins, SmolLM3, Mistral, Mixtral,
@@ -388,7 +433,15 @@ def _k_rotation_order(head_dim: int) -> int:
 
 @dataclass(frozen=True)
 class Side:
-    """How one of K or V is stored: the codec (None for f32), and the domain it lives in."""
+    """How one of K or V is stored: the codec (None for f32), and the domain it lives in.
+
+    Three domains: the model's (``head_dim`` values per head, its channel
+    order); the *stored* one, what the codec encodes (llama.cpp's channel
+    order, its attention rotation, heads zero-padded to ``pad_to``); the
+    *read* one, what the codec decodes to and the attention reads: the stored
+    one, or for a format that decodes to its own rotated domain
+    (``rotated_read``: turbo2/3/4) that rotation of it.
+    """
 
     name: str
     codec: Codec | None
@@ -396,6 +449,15 @@ class Side:
     permutation: np.ndarray | None = field(default=None, repr=False)
     fork_pack3: bool = False
     simd_q8_0: bool = False
+    head_dim: int = 0  # the model's head_dim (0: not known, no padding)
+    pad_to: int | None = None  # heads zero-padded to this many values (the fork's turbo types), or None
+    rotated_read: bool = False  # the codec decodes to its format's rotated domain (Format.to_decode_domain)
+    decode_back: bool = False  # ("plain") rows decoded to a rotated domain are rotated back at once (per row)
+
+    @property
+    def stored_head_dim(self) -> int:
+        """Values stored per head: ``pad_to`` or the model's head_dim."""
+        return self.pad_to or self.head_dim
 
     def row_bytes(self, row: int) -> int:
         """Bytes of one stored row of ``row`` values."""
@@ -403,11 +465,28 @@ class Side:
 
     # -- model domain <-> stored domain, on (batch, tokens, heads, head_dim) float32 tensors
     def to_stored(self, x: torch.Tensor, q8_0: bool = False) -> torch.Tensor:
-        if self.permutation is None and self.rotation is None and not q8_0:
-            return x
-        return transform(x, self.permutation, self.rotation, False, q8_0)
+        """Model domain -> what the codec encodes (channel order, attention rotation, zero padding; Q's q8_0)."""
+        if self.permutation is not None or self.rotation is not None or q8_0:
+            x = transform(x, self.permutation, self.rotation, False, q8_0)
+        if self.pad_to and self.pad_to != x.shape[-1]:
+            x = torch.nn.functional.pad(x, (0, self.pad_to - x.shape[-1]))
+        return x
+
+    def to_read(self, x: torch.Tensor, q8_0: bool = False) -> torch.Tensor:
+        """Model domain -> the domain the codec decodes to (what the attention reads): Q's transform."""
+        y = self.to_stored(x, q8_0)
+        if not self.rotated_read:
+            return y
+        assert self.codec is not None  # rotated_read is set for a codec's format only
+        return _per_row(y, self.codec.format.to_decode_domain)
 
     def to_model(self, x: torch.Tensor) -> torch.Tensor:
+        """The read domain -> the model's (``R^-1``, the padding cropped, the model's channel order)."""
+        if self.rotated_read:
+            assert self.codec is not None
+            x = _per_row(x, self.codec.format.from_decode_domain)
+        if self.pad_to and x.shape[-1] != self.head_dim:
+            x = x[..., : self.head_dim].contiguous()
         if self.permutation is None and self.rotation is None:
             return x
         return transform(x, self.permutation, self.rotation, True)
@@ -427,7 +506,17 @@ class Side:
     def decode(self, data: np.ndarray, row: int) -> np.ndarray:
         if self.codec is None:
             return data.view(np.float32).reshape(data.shape[:-1] + (row,))
-        return self.codec.decode(data)
+        out = self.codec.decode(data)
+        if self.decode_back:
+            out = np.ascontiguousarray(self.codec.format.from_decode_domain(out), dtype=np.float32)
+        return out
+
+
+def _per_row(x: torch.Tensor, f: Any) -> torch.Tensor:
+    """``f`` (a format's per-block map, NumPy float32) over the last axis of ``x`` (a multiple of the block:
+    the padded heads of the ``"llama.cpp-turbo"`` engine, so a block never spans two heads)."""
+    a = np.ascontiguousarray(x.detach().to(device="cpu", dtype=torch.float32).numpy())
+    return torch.from_numpy(np.ascontiguousarray(f(a), dtype=np.float32))
 
 
 def _fork_tbq3(data: np.ndarray) -> np.ndarray:
@@ -451,24 +540,34 @@ class Engine:
     kv_heads: int
     q_to_q8_0: bool = False
     zero_scores: bool = False
+    #: the first forward pass of a cache reads its own raw K/V (vLLM's first prefill), later ones the stored cache
+    raw_first_prefill: bool = False
 
     @property
     def q_transformed(self) -> bool:
-        """True when the K.Q products need Q in K's stored domain (rotated, or converted, or replaced).
+        """True when the K.Q products need Q in K's read domain (rotated, padded, converted, or replaced).
 
         A permutation alone reorders both operands of every dot product, so
         without it the attention reads K back in the model's own order.
         """
-        return self.k.rotation is not None or self.q_to_q8_0 or self.zero_scores
+        k = self.k
+        return k.rotation is not None or k.rotated_read or bool(k.pad_to) or self.q_to_q8_0 or self.zero_scores
+
+    @property
+    def v_transformed(self) -> bool:
+        """True when the attention reads V in its stored domain and its output needs :meth:`output`."""
+        return self.v.rotation is not None or self.v.rotated_read or bool(self.v.pad_to)
 
     def query(self, q: torch.Tensor) -> torch.Tensor:
         """Q (batch, heads, tokens, head_dim) as the K.Q products of this engine see it."""
         if self.zero_scores:
             return torch.zeros_like(q)
-        return self.k.to_stored(q, q8_0=self.q_to_q8_0)  # one pass: order, rotation, q8_0
+        return self.k.to_read(q, q8_0=self.q_to_q8_0)  # one pass: order, rotation, q8_0; padding, R
 
     def output(self, out: torch.Tensor) -> torch.Tensor:
-        """The attention output (..., head_dim) back from V's stored domain."""
+        """The attention output (..., V's read head_dim) back in the model's domain (``H_64`` or ``R^-1``, cropped)."""
+        if self.v.rotated_read or self.v.pad_to:
+            return self.v.to_model(out)
         return out if self.v.rotation is None else transform(out, None, self.v.rotation, True)
 
 
@@ -498,6 +597,112 @@ def _codec(spec: Any, engine: str) -> tuple[str, Codec | None]:
     return spec, get_codec(spec, **options)
 
 
+def type_name(spec: Any) -> str:
+    """The format name of a cache type spec (a name, ``(name, options)`` or a :class:`tbq.Codec`)."""
+    if isinstance(spec, Codec):
+        return spec.name
+    if isinstance(spec, tuple) and len(spec) == 2:
+        return str(spec[0])
+    return str(spec)
+
+
+def is_turbo_type(spec: Any) -> bool:
+    """True for the community fork's turbo2/turbo3/turbo4 (the ``"llama.cpp-turbo"`` engine's own types).
+
+    >>> is_turbo_type("turbo3"), is_turbo_type("q8_0")
+    (True, False)
+    """
+    return type_name(spec) in _TURBO_TYPES
+
+
+def is_vllm_preset(spec: Any) -> bool:
+    """True for vLLM's ``--kv-cache-dtype turboquant_*`` preset names (:data:`tbq.vllm_slots.PRESET_NAMES`)."""
+    return isinstance(spec, str) and spec in PRESET_NAMES
+
+
+def _q_as_q8_0(name: str) -> bool:
+    """Whether llama.cpp converts Q to q8_0 for the K.Q products with K type ``name`` (its format's vec_dot_type)."""
+    if name == F32 or name not in FORMATS:
+        return False
+    return format_class(name).vec_dot_type in _Q8_OPERANDS or name in _Q8_UNDECLARED
+
+
+def turbo_layer_types(
+    k: Any,
+    v: Any,
+    *,
+    layer: int,
+    n_layers: int,
+    n_head: int,
+    n_head_kv: int,
+    auto_asymmetric: bool = True,
+    layer_adaptive: bool = True,
+) -> tuple[Any, Any, list[str]]:
+    """The types the fork's llama-kv-cache.cpp (69d8e4be) stores in ``layer`` for ``-ctk k -ctv v``, and why.
+
+    ``TURBO_AUTO_ASYMMETRIC`` (on unless ``=0``: ``auto_asymmetric=False``):
+    when K is a turbo type, V the same type and ``n_head // n_head_kv >= 6``
+    (layer 0's heads), K becomes q8_0. ``TURBO_LAYER_ADAPTIVE`` mode 7 (on by
+    itself when V is turbo2 and the model has >= 8 layers, unless ``=0``:
+    ``layer_adaptive=False``): V of the first 2 and last 2 layers becomes q8_0,
+    the others' turbo2. Returns ``(k, v, notes)``, a note per change.
+
+    >>> turbo_layer_types("turbo3", "turbo3", layer=0, n_layers=4, n_head=28, n_head_kv=4)[::2]
+    ('q8_0', ['K turbo3 -> q8_0 (TURBO_AUTO_ASYMMETRIC: n_head/n_head_kv = 28/4 >= 6)'])
+    """
+    kn, vn = type_name(k), type_name(v)
+    notes = []
+    ratio = n_head // n_head_kv if n_head_kv > 0 else 1
+    if auto_asymmetric and kn in _TURBO_TYPES and kn == vn and ratio >= 6:
+        notes.append(
+            f"K {kn} -> {_TURBO_FALLBACK} (TURBO_AUTO_ASYMMETRIC: n_head/n_head_kv = {n_head}/{n_head_kv} >= 6)"
+        )
+        k = _TURBO_FALLBACK
+    if layer_adaptive and vn == _TURBO_ADAPTIVE_V and n_layers >= 8 and (layer < 2 or layer >= n_layers - 2):
+        notes.append(f"V {vn} -> {_TURBO_FALLBACK} (TURBO_LAYER_ADAPTIVE mode 7: the first and last 2 layers)")
+        v = _TURBO_FALLBACK
+    return k, v, notes
+
+
+def vllm_skipped_layers(n_layers: int, hybrid: bool) -> list[int]:
+    """The layers vLLM keeps unquantized (``kv_cache_dtype_skip_layers``): the first and last ``min(2, L // 2)``
+    of a dense model, none of a hybrid one (SPEC-vllm-turboquant section 8).
+
+    >>> vllm_skipped_layers(6, False), vllm_skipped_layers(3, False), vllm_skipped_layers(48, True)
+    ([0, 1, 4, 5], [0, 2], [])
+    """
+    if hybrid:
+        return []
+    n = min(2, n_layers // 2)
+    return sorted(set(range(n)) | set(range(n_layers - n, n_layers)))
+
+
+def _vllm_side(spec: Any, role: str, head_dim: int) -> Side:
+    """One side under the vLLM engines: a preset's key (K) or value (V) format per (token, KV head), or f32."""
+    name = type_name(spec)
+    if name == F32:
+        return Side(F32, None, head_dim=head_dim)
+    if not is_vllm_preset(name) or not isinstance(spec, str):
+        raise ConfigError(
+            f"{role} cache type {name} is not a vLLM TurboQuant preset; the vllm engines take "
+            f"{', '.join(PRESET_NAMES)} (or f32 for an unquantized side)"
+        )
+    p = preset(name)
+    fmt = p.key if role == "K" else p.value
+    opts: dict[str, Any] = dict(p.key_options) if role == "K" else {}
+    if takes_option(fmt, "head_dim"):
+        opts["head_dim"] = head_dim
+    try:
+        codec = get_codec(fmt, on_overflow=p.key_overflow if role == "K" else p.value_overflow, **opts)
+    except TbqValueError as exc:
+        raise ConfigError(f"{role} cache type {name} at head_dim {head_dim}: {exc}") from None
+    if head_dim % codec.block_size:
+        raise ConfigError(
+            f"{role} cache type {name}: its {codec.block_size}-value slot part does not fit head_dim {head_dim}"
+        )
+    return Side(name, codec, head_dim=head_dim)
+
+
 def make_engine(
     engine: str, k: Any, v: Any, *, head_dim: int, kv_heads: int, permute: bool, rotate_attention: bool = True
 ) -> Engine:
@@ -505,39 +710,103 @@ def make_engine(
 
     ``permute``: the model's K rows are stored in llama.cpp's GGUF channel
     order (see :data:`PERMUTED_MODEL_TYPES`). ``rotate_attention=False`` is
-    llama.cpp's ``LLAMA_ATTN_ROT_DISABLE=1``.
+    llama.cpp's ``LLAMA_ATTN_ROT_DISABLE=1`` (the ``"llama.cpp-turbo"``
+    engine never rotates: the fork's default). The fork's per-layer type
+    changes are :func:`turbo_layer_types`' (the cache applies them first).
     """
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine in _VLLM_ENGINES:
+        names = {type_name(t) for t in (k, v) if type_name(t) != F32}
+        if len(names) > 1:
+            raise ConfigError(
+                f"{type_name(k)}:{type_name(v)}: a vLLM preset names both K and V; write one preset alone "
+                "(e.g. turboquant_4bit_nc@vllm)"
+            )
+        ks, vs = _vllm_side(k, "K", head_dim), _vllm_side(v, "V", head_dim)
+        return Engine(engine, ks, vs, head_dim, kv_heads, raw_first_prefill=engine == "vllm-prefill")
     k_name, k_codec = _codec(k, engine)
     v_name, v_codec = _codec(v, engine)
+    turbo = engine == "llama.cpp-turbo"
+    for role, name in (("K", k_name), ("V", v_name)):
+        if name in _TURBO_TYPES and engine not in ("plain", "llama.cpp-turbo"):
+            raise ConfigError(
+                f"{role} cache type {name} is the community TurboQuant fork's: use engine='llama.cpp-turbo' "
+                f"({name}@turbo), the llama.cpp that has it"
+            )
+    pads: dict[str, int | None] = {}
     for role, name, codec in (("K", k_name, k_codec), ("V", v_name, v_codec)):
-        if codec is not None:
+        pads[role] = None
+        if codec is None:
+            continue
+        if turbo and name in _TURBO_TYPES:
+            pads[role] = FORMATS[name].stored_head_dim(head_dim)  # llama-kv-cache.cpp: zero-padded to 128k
+        else:
             check_block_rule(name, codec.block_size, head_dim, kv_heads, role)
     if engine == "plain":
-        return Engine(engine, Side(k_name, k_codec), Side(v_name, v_codec), head_dim, kv_heads)
+        return Engine(
+            engine, _plain_side(k_name, k_codec, head_dim), _plain_side(v_name, v_codec, head_dim), head_dim, kv_heads
+        )
     for role, name in (("K", k_name), ("V", v_name)):
-        if not is_llama_cpp_type(name):
+        if not is_llama_cpp_type(name) and not (turbo and name in _TURBO_TYPES):
             raise ConfigError(
                 f"{role} cache type {name} is not a llama.cpp cache type; use engine='plain' ({name}@plain), "
                 "which stores the rows as they are"
             )
     fork = engine == "llama.cpp-fork"
+    rotate_attention = rotate_attention and not turbo  # the turbo fork: upstream's rotation is off by default
     k_quantized, v_quantized = k_name not in _UNQUANTIZED, v_name not in _UNQUANTIZED
     k_rot = _k_rotation_order(head_dim) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
     v_rot = 64 if rotate_attention and v_quantized and head_dim % 64 == 0 else None
     perm = gguf_permutation(head_dim) if permute else None
-    k_side = Side(k_name, k_codec, k_rot, perm, fork_pack3=fork and k_name == "tbq3_0", simd_q8_0=k_name == _SIMD_Q8_0)
-    v_side = Side(v_name, v_codec, v_rot, None, fork_pack3=fork and v_name == "tbq3_0", simd_q8_0=v_name == _SIMD_Q8_0)
+    k_side = Side(
+        k_name,
+        k_codec,
+        k_rot,
+        perm,
+        fork_pack3=fork and k_name == "tbq3_0",
+        simd_q8_0=k_name == _SIMD_Q8_0,
+        head_dim=head_dim,
+        pad_to=pads["K"],
+        rotated_read=pads["K"] is not None,
+    )
+    v_side = Side(
+        v_name,
+        v_codec,
+        v_rot,
+        None,
+        fork_pack3=fork and v_name == "tbq3_0",
+        simd_q8_0=v_name == _SIMD_Q8_0,
+        head_dim=head_dim,
+        pad_to=pads["V"],
+        rotated_read=pads["V"] is not None,
+    )
     # The fork's q8_K defect, as measured: at head_dim 128 every score is 0; at 256 none is; at 64, where one TBQ
     # block holds two heads, the scores are right (llama-perplexity agrees with the correct engine there).
     whole_blocks = k_codec is not None and head_dim % k_codec.block_size == 0
+    q8_k = k_name in FORMATS and format_class(k_name).vec_dot_type == _Q8_K
     return Engine(
         engine,
         k_side,
         v_side,
         head_dim,
         kv_heads,
-        q_to_q8_0=k_name in _Q8_VEC_DOT,
-        zero_scores=fork and k_name in _Q8_K_VEC_DOT and head_dim % 256 != 0 and whole_blocks,
+        q_to_q8_0=_q_as_q8_0(k_name),  # a turbo K's vec_dot_type is F32 (its format declares none): Q stays f32
+        zero_scores=fork and q8_k and head_dim % 256 != 0 and whole_blocks,
     )
+
+
+def _plain_side(name: str, codec: Codec | None, head_dim: int) -> Side:
+    """A side of the ``"plain"`` engine: the rows as they are; a format decoding to its rotated domain read back."""
+    rotated = codec is not None and codec.format.decode_domain == "rotated"
+    return Side(name, codec, head_dim=head_dim, decode_back=rotated)
+
+
+#: The engines that store vLLM's presets.
+_VLLM_ENGINES = ("vllm", "vllm-prefill")
+
+
+def unquantized_type(engine: str) -> str:
+    """The unquantized cache type of ``engine``: llama.cpp's default f16; the model's own K/V (f32) under vLLM,
+    whose unquantized layers keep the model dtype."""
+    return F32 if engine in _VLLM_ENGINES else "f16"
