@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-NOTEBOOKS = ("formats", "rotation", "keys_vs_values", "codebooks", "real_model")
+NOTEBOOKS = ("formats", "rotation", "keys_vs_values", "codebooks", "real_model", "turboquant")
 
 
 def read_source(name: str):

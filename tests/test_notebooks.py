@@ -24,6 +24,7 @@ FIGURES = {
     "keys_vs_values": ["kv_context.png", "kv_key_axis.png", "kv_bits.png", "kv_sinks.png"],
     "codebooks": ["codebooks_tables.png", "codebooks_indices.png", "codebooks_shipped.png", "codebooks_ratios.png"],
     "real_model": ["real_kl.png", "real_key_channels.png", "real_layers.png"],
+    "turboquant": ["turbo_rate_distortion.png", "turbo_attention.png", "turbo_model.png", "turbo_quirks.png"],
 }
 NAMES = list(FIGURES)
 
