@@ -560,43 +560,59 @@ def lookup8_row(typingctx, src, soff, dst, doff, table, scale):
     broadcast, shifted by ``3t`` per lane and masked to its 8 indices, looked
     up in the 8-entry ``table`` with one ``vpermps`` and multiplied by
     ``scale`` (the scalar loop's one multiply, same operand order: the same bits).
-    With AVX-512VL (:data:`TARGET_AVX512VL`) two lanes are one register of 16
-    indices (lane ``g`` in the first 8, ``g + 1`` in the last), looked up with
-    one ``vpermps`` in the table repeated to 16 entries: the permute reads an
-    index's low 4 bits, and bit 3 (the next index's) picks the same value, so no mask.
+    With AVX-512VL (:data:`TARGET_AVX512VL`) 16 indices (6 bytes) are one
+    register: 8 bytes are loaded (the last step's from payload byte 40, so
+    nothing past the row is read), the two bytes holding each index's bits are
+    shuffled into its 16-bit lane, widened to 32 bits and shifted by ``3t mod
+    8``, and one ``vpermps`` looks them up in the 8 entries repeated to 16: it
+    reads an index's low 4 bits, and bit 3 (the next index's) picks the same
+    value, so no mask. The byte loads of the AVX2 body made the AVX-512 twin
+    of this one no faster than 8 a register.
     """
     sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
 
     def codegen(context, builder, signature, args):
         i32, i64 = ir.IntType(32), ir.IntType(64)
-        w = 16 if TARGET_AVX512VL else 8
-        vf, vi = ir.VectorType(ir.FloatType(), w), ir.VectorType(i32, w)
-        sp, dp, tp, perm, sc = _lookup_row_operands(context, builder, signature, args, w)
-        c8 = builder.load(builder.bitcast(tp, ir.VectorType(ir.FloatType(), 8).as_pointer()), align=4)
-        if w == 16:  # the 8 entries twice
-            table = builder.shuffle_vector(c8, c8, ir.Constant(vi, [t % 8 for t in range(16)]))
-        else:
-            table = c8
-        shifts = ir.Constant(vi, [3 * (t % 8) for t in range(w)])
-        seven = ir.Constant(vi, [7] * w)
-
-        def lane(g):  # the little-endian 24-bit lane g, from three byte loads
-            v = ir.Constant(i32, 0)
+        if TARGET_AVX512VL:  # 16 indices (6 bytes) a zmm register
+            i8, i16 = ir.IntType(8), ir.IntType(16)
+            v16f, v16i = ir.VectorType(ir.FloatType(), 16), ir.VectorType(i32, 16)
+            sp, dp, tp, perm, sc = _lookup_row_operands(context, builder, signature, args, 16)
+            c8 = builder.load(builder.bitcast(tp, ir.VectorType(ir.FloatType(), 8).as_pointer()), align=4)
+            table = builder.shuffle_vector(c8, c8, ir.Constant(v16i, [t % 8 for t in range(16)]))  # the 8 twice
+            shifts = ir.Constant(v16i, [3 * t % 8 for t in range(16)])
+            for h in range(8):  # indices 16h .. 16h + 15: bits 3t .. 3t + 2 of the 6 bytes at 6h
+                base = min(6 * h, 40)  # 8 bytes loaded, the last step's from 40: nothing past the 48 is read
+                v = builder.load(
+                    builder.bitcast(builder.gep(sp, [ir.Constant(i64, base)]), ir.VectorType(i8, 8).as_pointer()),
+                    align=1,
+                )
+                pairs = []  # index t's byte and the next (bits above the index's 3 are ignored: any byte past 47)
+                for t in range(16):
+                    lo = 6 * h - base + 3 * t // 8
+                    pairs += [lo, min(lo + 1, 7)]
+                w16 = builder.bitcast(
+                    builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 32), pairs)), ir.VectorType(i16, 16)
+                )
+                idx = builder.lshr(builder.zext(w16, v16i), shifts)
+                out = builder.fmul(builder.call(perm, [table, idx]), sc)
+                dst = builder.gep(dp, [ir.Constant(i64, 16 * h)])
+                builder.store(out, builder.bitcast(dst, v16f.as_pointer()), align=4)
+            return context.get_dummy_value()
+        v8f, v8i = ir.VectorType(ir.FloatType(), 8), ir.VectorType(i32, 8)
+        sp, dp, tp, permps, sc = _lookup_row_operands(context, builder, signature, args)
+        c8 = builder.load(builder.bitcast(tp, v8f.as_pointer()), align=4)
+        shifts = ir.Constant(v8i, [3 * t for t in range(8)])
+        seven = ir.Constant(v8i, [7] * 8)
+        for g in range(16):
+            lane = ir.Constant(i32, 0)
             for e in range(3):
                 byte = builder.zext(builder.load(builder.gep(sp, [ir.Constant(i64, 3 * g + e)])), i32)
-                v = builder.or_(v, builder.shl(byte, ir.Constant(i32, 8 * e)))
-            return v
-
-        for g in range(0, 16, w // 8):
-            vl = builder.insert_element(ir.Constant(vi, ir.Undefined), lane(g), ir.Constant(i32, 0))
-            if w == 16:
-                vl = builder.insert_element(vl, lane(g + 1), ir.Constant(i32, 1))
-            vl = builder.shuffle_vector(vl, vl, ir.Constant(vi, [t // 8 for t in range(w)]))
-            idx = builder.lshr(vl, shifts)
-            if w == 8:
-                idx = builder.and_(idx, seven)
-            out = builder.fmul(builder.call(perm, [table, idx]), sc)
-            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 8 * g)]), vf.as_pointer()), align=4)
+                lane = builder.or_(lane, builder.shl(byte, ir.Constant(i32, 8 * e)))
+            vl = builder.insert_element(ir.Constant(v8i, ir.Undefined), lane, ir.Constant(i32, 0))
+            vl = builder.shuffle_vector(vl, vl, ir.Constant(v8i, [0] * 8))
+            idx = builder.and_(builder.lshr(vl, shifts), seven)
+            out = builder.fmul(builder.call(permps, [c8, idx]), sc)
+            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 8 * g)]), v8f.as_pointer()), align=4)
         return context.get_dummy_value()
 
     return sig, codegen
