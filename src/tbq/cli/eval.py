@@ -30,10 +30,11 @@ _chunks_arg.__name__ = "a positive integer or 'all'"
 
 def default_cache_types() -> list[str]:
     """Every format as K = V (formats llama.cpp has no cache type for, vLLM's FP8, stored plain), then the mixes users run."""
-    from ..hf.engine import is_llama_cpp_type
+    from ..hf.engine import is_llama_cpp_type, is_turbo_type
     from ..hf.evaluation import BASELINES, DEFAULT_MIXES
 
-    same = [f"{f}:{f}" + ("" if is_llama_cpp_type(f) else "@plain") for f in cache_formats()]
+    # the fork's turbo types select its engine by themselves (@turbo); formats no llama.cpp stores: plain rows
+    same = [f"{f}:{f}" + ("" if is_llama_cpp_type(f) or is_turbo_type(f) else "@plain") for f in cache_formats()]
     return [t for t in same if t not in BASELINES] + list(DEFAULT_MIXES)
 
 
@@ -65,15 +66,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache-types",
         metavar="K:V,...",
         default=None,
-        help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32 "
+        help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32, or a vLLM preset "
+        "(turboquant_4bit_nc, ...; engine vllm); ENGINE: llama.cpp, fork, turbo, vllm, vllm-prefill, plain; "
+        "turbo2/3/4 alone select @turbo, a preset @vllm "
         "(default: every format as K = V plus q8_0:q4_0, q8_0:tbq4_0, tbq4_0:tbq3_0, f16:tbq3_0, ...)",
     )
     c.add_argument(
         "--engine",
         choices=ENGINES,
         default="llama.cpp",
-        help="what stores the rows: llama.cpp's -ctk/-ctv semantics, the same with the TurboQuant "
-        "fork's defects, or plain rows",
+        help="what stores the rows of the types written without @ENGINE: llama.cpp's -ctk/-ctv semantics, the same "
+        "with the TurboQuant fork's defects (llama.cpp-fork), the community fork's turbo types (llama.cpp-turbo), "
+        "vLLM's presets (vllm: every position reads the cache; vllm-prefill: a first prefill reads its raw K/V), "
+        "or plain rows",
+    )
+    c.add_argument(
+        "--no-turbo-auto-asymmetric",
+        action="store_true",
+        help="engine llama.cpp-turbo: no silent q8_0 K for equal turbo K/V at n_head/n_head_kv >= 6 "
+        "(the fork's TURBO_AUTO_ASYMMETRIC=0)",
+    )
+    c.add_argument(
+        "--no-turbo-layer-adaptive",
+        action="store_true",
+        help="engine llama.cpp-turbo: no silent q8_0 V in the first and last 2 layers for a turbo2 V "
+        "(the fork's TURBO_LAYER_ADAPTIVE=0)",
+    )
+    c.add_argument(
+        "--vllm-quantize-boundary",
+        action="store_true",
+        help="engines vllm, vllm-prefill: quantize the first and last 2 layers too (vLLM keeps them unquantized "
+        "on dense models; this is not what vLLM runs)",
     )
     c.add_argument(
         "--option",
@@ -137,7 +160,9 @@ def _cache_types(args: Any) -> list[Any]:
     if any(not s.strip() for s in specs):
         raise TbqValueError(f"--cache-types {args.cache_types!r}: an empty entry")
     types = [parse_cache_type(s, engine=args.engine) for s in specs]
-    known = ("f32",) + tuple(cache_formats())
+    from ..vllm_slots import PRESET_NAMES
+
+    known = ("f32",) + tuple(cache_formats()) + PRESET_NAMES
     for ct in types:  # a misspelt name is a usage error; a type this model refuses is a row with its reason
         for side in (ct.k, ct.v):
             if side not in known:
@@ -203,6 +228,18 @@ def _contexts(text: str | None) -> list[int]:
     return out
 
 
+def _engine_options(args: Any) -> dict[str, Any]:
+    """The TbqCache keywords of the engine flags that differ from the engines' own defaults."""
+    out: dict[str, Any] = {}
+    if args.no_turbo_auto_asymmetric:
+        out["turbo_auto_asymmetric"] = False
+    if args.no_turbo_layer_adaptive:
+        out["turbo_layer_adaptive"] = False
+    if args.vllm_quantize_boundary:
+        out["vllm_skip_layers"] = False
+    return out
+
+
 def run_cli(args: argparse.Namespace) -> int:
     from ..progress import Progress
 
@@ -260,6 +297,7 @@ def run_cli(args: argparse.Namespace) -> int:
         roles=args.roles,
         generate=args.generate,
         rotate_attention=not args.no_attn_rot,
+        engine_options=_engine_options(args),
         model_name=Path(name).name if args.model else name,
         progress=progress,
     )
@@ -274,6 +312,7 @@ def run_cli(args: argparse.Namespace) -> int:
             sinks=args.sinks,
             sink_type=args.sink_type,
             rotate_attention=not args.no_attn_rot,
+            engine_options=_engine_options(args),
         )
     if contexts:
         extra["contexts"] = []
@@ -287,6 +326,7 @@ def run_cli(args: argparse.Namespace) -> int:
                 sinks=args.sinks,
                 sink_type=args.sink_type,
                 rotate_attention=not args.no_attn_rot,
+                engine_options=_engine_options(args),
             )
             extra["contexts"].append({"context": c, "chunks": res.settings["chunks"], "rows": res.to_dict()["rows"]})
     bar.close()
@@ -307,7 +347,18 @@ def run_cli(args: argparse.Namespace) -> int:
         window = result.rows[1].window_bytes  # f16's
         windows = f", plus {window:,} B in the sliding-window layers' windows (f16)" if window else ""
         print(f"(B/token: one token's K and V rows in the full-attention layers{windows})")
-        print(f"(engine {args.engine}{', no attention rotation' if args.no_attn_rot else ''}; {result.seconds:.1f} s)")
+        flags = [
+            name
+            for name, on in (
+                ("no attention rotation", args.no_attn_rot),
+                ("TURBO_AUTO_ASYMMETRIC=0", args.no_turbo_auto_asymmetric),
+                ("TURBO_LAYER_ADAPTIVE=0", args.no_turbo_layer_adaptive),
+                ("vLLM's boundary layers quantized too", args.vllm_quantize_boundary),
+            )
+            if on
+        ]
+        settings = "".join(f", {f}" for f in flags)
+        print(f"(engine {args.engine} where no @ENGINE is written{settings}; {result.seconds:.1f} s)")
         for line in _extra_lines(extra):
             print(line)
         if args.kld:

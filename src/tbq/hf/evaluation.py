@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import ConfigError, TbqError, TbqValueError, check_int
-from .engine import ENGINES, F32
+from .engine import ENGINES, F32, is_turbo_type, is_vllm_preset, unquantized_type
 
 __all__ = [
     "CacheType",
@@ -53,8 +53,8 @@ BASELINES = ("f32:f32", "f16:f16")
 DEFAULT_MIXES = ("q8_0:q4_0", "q8_0:q5_0", "q8_0:tbq4_0", "q8_0:tbq3_0", "tbq4_0:tbq3_0", "f16:q4_0", "f16:tbq3_0")
 
 
-#: Short engine names in cache-type labels and specs (``"tbq4_0@fork"``).
-_SHORT = {"llama.cpp-fork": "fork"}
+#: Short engine names in cache-type labels and specs (``"tbq4_0@fork"``, ``"turbo3@turbo"``).
+_SHORT = {"llama.cpp-fork": "fork", "llama.cpp-turbo": "turbo"}
 _ALIASES = {v: k for k, v in _SHORT.items()}
 
 
@@ -90,6 +90,8 @@ class CacheType:
             return base if not opts else base + "(" + ",".join(f"{k}={_option_value(v)}" for k, v in opts.items()) + ")"
 
         text = f"{name(self.k)}:{name(self.v)}"
+        if is_vllm_preset(self.k) and self.k == self.v:
+            text = str(self.k)  # a preset names both K and V
         return text if self.engine == "llama.cpp" else f"{text}@{_SHORT.get(self.engine, self.engine)}"
 
 
@@ -127,11 +129,12 @@ def parse_cache_type(spec: Any, *, engine: str = "llama.cpp") -> CacheType:
     if isinstance(spec, CacheType):
         return spec
     if isinstance(spec, tuple) and len(spec) == 2:
-        return CacheType(spec[0], spec[1], engine)
+        return _own_engine(CacheType(spec[0], spec[1], engine), False)
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"a cache type is 'K', 'K:V' or 'K:V@ENGINE', got {spec!r}")
     text = spec.strip()
-    if "@" in text:
+    explicit = "@" in text
+    if explicit:
         text, engine = text.split("@", 1)
         engine = _ALIASES.get(engine, engine)
         if engine not in ENGINES:
@@ -139,7 +142,19 @@ def parse_cache_type(spec: Any, *, engine: str = "llama.cpp") -> CacheType:
     parts = text.split(":")
     if len(parts) > 2 or not all(parts):
         raise ConfigError(f"cache type {spec!r}: expected 'K', 'K:V' or 'K:V@ENGINE'")
-    return CacheType(parts[0], parts[-1], engine)
+    return _own_engine(CacheType(parts[0], parts[-1], engine), explicit)
+
+
+def _own_engine(ct: CacheType, explicit: bool) -> CacheType:
+    """A type only one engine has selects it when no engine was written (and the default engine was asked for):
+    the fork's turbo types the ``"llama.cpp-turbo"`` engine, vLLM's presets ``"vllm"`` (the label says so)."""
+    if explicit or ct.engine != "llama.cpp":
+        return ct
+    if is_vllm_preset(ct.k) or is_vllm_preset(ct.v):
+        return CacheType(ct.k, ct.v, "vllm")
+    if is_turbo_type(ct.k) or is_turbo_type(ct.v):
+        return CacheType(ct.k, ct.v, "llama.cpp-turbo")
+    return ct
 
 
 def text_tokens(tokenizer: Any, text: str, bos: int | None) -> np.ndarray:
@@ -209,6 +224,8 @@ class Row:
     llama_cpp: dict[str, Any] = field(default_factory=dict)
     #: why this cache type was not run (its figures are then None)
     refused: str | None = None
+    #: what the engine stored instead of the types asked for (the turbo fork's silent changes, vLLM's boundary layers)
+    changes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -287,10 +304,11 @@ def _format_row(r: Row, width: int = 26) -> str:
     if r.refused is not None:
         return f"{label:<{width}} {layer:>5} refused: {r.refused}"
     greedy = "same" if r.first_diff is None else str(r.first_diff)
-    return (
+    line = (
         f"{label:<{width}} {layer:>5} {r.bytes_per_token:>8} {r.ppl:>9.4f} {r.delta_ppl_pct:>+8.3f} "
         f"{r.kl_mean:>8.5f} {r.kl_p99:>8.5f} {r.top1:>6.3f} {greedy:>7}"
     )
+    return "\n".join([line] + [f"  ^ {c}" for c in r.changes])
 
 
 # ---------------------------------------------------------------------------
@@ -307,7 +325,16 @@ def _log_softmax(logits: Any) -> Any:
 class _Runner:
     """Forward passes of one model over fixed chunks with a fresh cache each."""
 
-    def __init__(self, model: Any, chunks: np.ndarray, *, sinks: int, sink_type: Any, rotate_attention: bool) -> None:
+    def __init__(
+        self,
+        model: Any,
+        chunks: np.ndarray,
+        *,
+        sinks: int,
+        sink_type: Any,
+        rotate_attention: bool,
+        engine_options: dict[str, Any] | None = None,
+    ) -> None:
         import torch
 
         from .attention import prepare, unread
@@ -318,13 +345,14 @@ class _Runner:
         self.chunks = torch.from_numpy(chunks)
         self.first = chunks.shape[1] // 2
         self.sinks, self.sink_type, self.rotate = sinks, sink_type, rotate_attention
+        self.engine_options = dict(engine_options or {})
         self.model_type = getattr(model.config, "model_type", type(model).__name__)
 
     def cache(self, ct: CacheType, layers: dict[int, tuple[Any, Any]] | None = None, *, baseline: bool = False) -> Any:
         base_layers = None
         k, v = ct.k, ct.v
-        if layers is not None:  # only these layers in the type: the rest f16
-            base_layers, k, v = layers, "f16", "f16"
+        if layers is not None:  # only these layers in the type: the rest unquantized (f16; vLLM: the model's own)
+            base_layers, k, v = layers, unquantized_type(ct.engine), unquantized_type(ct.engine)
         return self.TbqCache(
             self.model.config,
             k,
@@ -334,6 +362,7 @@ class _Runner:
             sink_type=self.sink_type,
             engine=ct.engine,
             rotate_attention=self.rotate,
+            **self.engine_options,
         )
 
     def log_probs(
@@ -342,7 +371,11 @@ class _Runner:
         """log-softmax (float64) of the scored positions of chunk ``i`` and the cache's bytes per token."""
         cache = self.cache(ct, layers, baseline=baseline)
         logits = self.forward(self.chunks[i : i + 1], cache, ct)[0]
-        return _log_softmax(logits[self.first : -1]), (cache.bytes_per_token(), cache.window_bytes())
+        return _log_softmax(logits[self.first : -1]), (
+            cache.bytes_per_token(),
+            cache.window_bytes(),
+            cache.type_changes,
+        )
 
     def forward(self, ids: Any, cache: Any, ct: CacheType) -> Any:
         """The model's logits over ``ids`` with ``cache``; a failure of the model's own code is one line naming it."""
@@ -536,9 +569,10 @@ class _Stats:
         self.top32: list[Any] = []
         self.bytes_per_token = 0
         self.window_bytes = 0
+        self.changes: list[str] = []
 
-    def add(self, lp: Any, targets: Any, base16: Any, base32: Any, sizes: tuple[int, int]) -> None:
-        self.bytes_per_token, self.window_bytes = sizes
+    def add(self, lp: Any, targets: Any, base16: Any, base32: Any, sizes: tuple[int, int, list[str]]) -> None:
+        self.bytes_per_token, self.window_bytes, self.changes = sizes
         self.nll.append(-lp.gather(1, targets[:, None])[:, 0].numpy())
         self.nll16.append(-base16.gather(1, targets[:, None])[:, 0].numpy())
         for base, kl, top in ((base16, self.kl16, self.top16), (base32, self.kl32, self.top32)):
@@ -564,6 +598,7 @@ class _Stats:
             kl_f32_mean=float(np.maximum(kl32, 0.0).mean()),
             top1_f32=float(np.concatenate(self.top32).mean()),
             window_bytes=int(self.window_bytes),
+            changes=list(self.changes),
             llama_cpp=kld_statistics(nll, np.concatenate(self.nll16), kl16, top16),
             **extra,
         )
@@ -596,6 +631,7 @@ def evaluate(
     generate: int = 0,
     prompt: Any = None,
     rotate_attention: bool = True,
+    engine_options: dict[str, Any] | None = None,
     model_name: str = "model",
     progress: Any = None,
 ) -> EvalResult:
@@ -614,6 +650,8 @@ def evaluate(
     roles : add K-only (``K:f16``) and V-only (``f16:V``) runs.
     generate : greedy tokens to generate from ``prompt`` (default: the first chunk's first
         ``context // 4`` tokens), reporting the first index that departs from the f16 cache's.
+    engine_options : :class:`~tbq.hf.TbqCache` keywords of the engines that have them
+        (``turbo_auto_asymmetric``, ``turbo_layer_adaptive``, ``vllm_skip_layers``).
     progress : ``callable(done, total, label)`` called after each run.
     """
     types = [parse_cache_type(c) for c in cache_types]
@@ -630,7 +668,14 @@ def evaluate(
     import torch
 
     t0 = time.perf_counter()
-    runner = _Runner(model, data, sinks=sinks, sink_type=sink_type, rotate_attention=rotate_attention)
+    runner = _Runner(
+        model,
+        data,
+        sinks=sinks,
+        sink_type=sink_type,
+        rotate_attention=rotate_attention,
+        engine_options=engine_options,
+    )
     f16, f32 = CacheType("f16", "f16"), CacheType(F32, F32)
     attention_layers = [layer.index for layer in runner.cache(f16, baseline=True).tbq_layers]
     # the baselines are rows already; a type the model or llama.cpp refuses is a row with its reason, before any work
@@ -654,8 +699,9 @@ def evaluate(
     extra: list[tuple[str, CacheType, int | None, str]] = []
     for ct in unique.values():
         if roles:
-            extra.append((ct.label, CacheType(ct.k, "f16", ct.engine), None, "K"))
-            extra.append((ct.label, CacheType("f16", ct.v, ct.engine), None, "V"))
+            rest = unquantized_type(ct.engine)
+            extra.append((ct.label, CacheType(ct.k, rest, ct.engine), None, "K"))
+            extra.append((ct.label, CacheType(rest, ct.v, ct.engine), None, "V"))
         if per_layer:
             extra += [(ct.label, ct, layer, "K+V") for layer in attention_layers]
     total = (2 + len(jobs) + len(extra)) * data.shape[0] + (len(jobs) + 1 if generate else 0)
@@ -730,6 +776,7 @@ def evaluate(
         "sinks": int(sinks),
         "sink_type": sink_type if isinstance(sink_type, str) else getattr(sink_type, "name", str(sink_type)),
         "rotate_attention": bool(rotate_attention),
+        "engine_options": dict(engine_options or {}),
         "generate": int(generate),
         "greedy_f16": greedy.get("f16"),
         "attention_layers": attention_layers,
@@ -800,6 +847,7 @@ def generation_agreement(
     sinks: int = 0,
     sink_type: Any = "f16",
     rotate_attention: bool = True,
+    engine_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Greedy generation of ``generate`` tokens from each prompt with f16 and with each cache type.
 
@@ -812,7 +860,12 @@ def generation_agreement(
     check_int(generate, "generate", lo=1, expected="a positive integer", error=TbqValueError)
     types = [parse_cache_type(c) for c in cache_types]
     runner = _Runner(
-        model, np.zeros((1, 2), np.int64), sinks=sinks, sink_type=sink_type, rotate_attention=rotate_attention
+        model,
+        np.zeros((1, 2), np.int64),
+        sinks=sinks,
+        sink_type=sink_type,
+        rotate_attention=rotate_attention,
+        engine_options=engine_options,
     )
     if bos is None:
         bos = getattr(model.config, "bos_token_id", None)
