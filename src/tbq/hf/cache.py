@@ -613,7 +613,7 @@ class TbqCache(Cache):
             elif idx in skipped and (lk, lv) != (F32, F32):
                 make_engine(engine, lk, lv, **kw)  # what vLLM would refuse is refused on a skipped layer too
                 lk, lv = F32, F32  # vLLM's kv_cache_dtype_skip_layers: the model's own K/V
-                notes = ["unquantized (vLLM's boundary layers: the first and last min(2, L // 2) of a dense model)"]
+                notes = ["unquantized (vLLM's boundary layers, the first and last min(2, L // 2))"]
             for note in notes:
                 changes.setdefault(note, []).append(idx)
             eng = make_engine(engine, lk, lv, **kw)

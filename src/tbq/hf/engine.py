@@ -648,18 +648,16 @@ def turbo_layer_types(
     the others' turbo2. Returns ``(k, v, notes)``, a note per change.
 
     >>> turbo_layer_types("turbo3", "turbo3", layer=0, n_layers=4, n_head=28, n_head_kv=4)[::2]
-    ('q8_0', ['K turbo3 -> q8_0 (TURBO_AUTO_ASYMMETRIC: n_head/n_head_kv = 28/4 >= 6)'])
+    ('q8_0', ['K turbo3 -> q8_0 (TURBO_AUTO_ASYMMETRIC, n_head/n_head_kv = 28/4)'])
     """
     kn, vn = type_name(k), type_name(v)
     notes = []
     ratio = n_head // n_head_kv if n_head_kv > 0 else 1
     if auto_asymmetric and kn in _TURBO_TYPES and kn == vn and ratio >= 6:
-        notes.append(
-            f"K {kn} -> {_TURBO_FALLBACK} (TURBO_AUTO_ASYMMETRIC: n_head/n_head_kv = {n_head}/{n_head_kv} >= 6)"
-        )
+        notes.append(f"K {kn} -> {_TURBO_FALLBACK} (TURBO_AUTO_ASYMMETRIC, n_head/n_head_kv = {n_head}/{n_head_kv})")
         k = _TURBO_FALLBACK
     if layer_adaptive and vn == _TURBO_ADAPTIVE_V and n_layers >= 8 and (layer < 2 or layer >= n_layers - 2):
-        notes.append(f"V {vn} -> {_TURBO_FALLBACK} (TURBO_LAYER_ADAPTIVE mode 7: the first and last 2 layers)")
+        notes.append(f"V {vn} -> {_TURBO_FALLBACK} (TURBO_LAYER_ADAPTIVE mode 7, the first and last 2 layers)")
         v = _TURBO_FALLBACK
     return k, v, notes
 
