@@ -60,6 +60,7 @@ from .engine import (
     PERMUTED_MODEL_TYPES,
     Engine,
     Side,
+    is_vllm_engine,
     make_engine,
     turbo_layer_types,
     vllm_skipped_layers,
@@ -574,7 +575,7 @@ class TbqCache(Cache):
                 raise ConfigError(f"layers[{idx}] must be a (k, v) pair of cache types, got {pair!r}")
         if sinks and engine not in _SINK_ENGINES:
             raise ConfigError(f"sinks={sinks}: engine {engine!r} has no sink tokens; use a llama.cpp engine or 'plain'")
-        vllm = engine.startswith("vllm")
+        vllm = is_vllm_engine(engine)
         if permute is None:
             permute = engine != "plain" and not vllm and model_type in PERMUTED_MODEL_TYPES
         tbq_attention = attention.is_tbq(getattr(text, "_attn_implementation", None)) or attention.is_tbq(

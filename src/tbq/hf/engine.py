@@ -804,6 +804,11 @@ def _plain_side(name: str, codec: Codec | None, head_dim: int) -> Side:
 _VLLM_ENGINES = ("vllm", "vllm-prefill")
 
 
+def is_vllm_engine(engine: str) -> bool:
+    """True for the engines that store vLLM's presets (``"vllm"``, ``"vllm-prefill"``)."""
+    return engine in _VLLM_ENGINES
+
+
 def unquantized_type(engine: str) -> str:
     """The unquantized cache type of ``engine``: llama.cpp's default f16; the model's own K/V (f32) under vLLM,
     whose unquantized layers keep the model dtype."""
