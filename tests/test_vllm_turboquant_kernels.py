@@ -158,6 +158,41 @@ def test_lane_butterfly_is_the_loop_butterfly_bit_for_bit():
 
 
 @numba.njit
+def _index16(T, K, m16, levels):
+    Tf, Kf = T.reshape(T.size), K.reshape(K.size)
+    for l0 in range(0, T.shape[1], 16):
+        if levels == 16:
+            vk.index16_lanes16(Tf, l0, T.shape[1], T.shape[0], Kf, m16)
+        else:
+            vk.index16_lanes8(Tf, l0, T.shape[1], T.shape[0], Kf, m16)
+
+
+@pytest.mark.skipif(not vk.TARGET_AVX512VL, reason="the binary-search index is for AVX-512 targets")
+@pytest.mark.parametrize("bits", [4, 3])
+@pytest.mark.parametrize("d", [8, 128, 1024])
+def test_binary_search_index_is_the_midpoint_count(bits, d):
+    """``index16_lanes16`` / ``8`` (a binary search with ``vpermps`` look-ups) equal :func:`index_lanes` (every
+    compare) on float64 values at each midpoint, one float32 ulp either side, halfway between float32 neighbours
+    (the conversion's ties), +-0, NaN, +-inf and random ones."""
+    _, mids = vllm_centroids(bits, d)
+    m16 = np.zeros(16, F32)
+    m16[: mids.size] = mids
+    m = mids.astype(F32)
+    near = np.concatenate([m, np.nextafter(m, np.inf), np.nextafter(m, -np.inf)]).astype(np.float64)
+    halfway = (m.astype(np.float64) + np.nextafter(m, np.inf).astype(np.float64)) / 2
+    special = np.array([0.0, -0.0, np.nan, np.inf, -np.inf, 1e300, -1e-300])
+    rnd = np.random.default_rng(bits).standard_normal(4000) / np.sqrt(d)
+    v = np.concatenate([near, halfway, np.nextafter(halfway, 0), np.nextafter(halfway, 1), special, rnd])
+    v = np.concatenate([v, -v])
+    v = np.resize(v, (len(v) + 31) // 32 * 32).reshape(-1, 32)  # (rows, 32 lanes)
+    got, want = np.empty(v.shape, np.int32), np.empty(v.shape, np.int32)
+    with np.errstate(over="ignore"):
+        _index16(v, got, m16, 1 << bits)
+        vk.index_lanes(v, want, mids)
+    assert np.array_equal(got, want)
+
+
+@numba.njit
 def _nc(data, chunks, csq, bits, out):
     for b in range(data.shape[0]):
         if bits == 4:

@@ -301,6 +301,72 @@ hadamard_lookup4 = _make_unrotate_input(4)
 hadamard_lookup3 = _make_unrotate_input(3)
 
 
+def _make_index_lanes16(levels: int):
+    """The intrinsic ``index16_lanes{levels}`` (see :func:`index16_lanes16`)."""
+
+    def index16_lanes(typingctx, T, toff, stride, n, K, mids16):
+        sig = types.void(T, types.int64, types.int64, types.int64, K, mids16)
+
+        def codegen(context, builder, signature, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            v8d, v16f, v16i = (
+                ir.VectorType(ir.DoubleType(), 8),
+                ir.VectorType(ir.FloatType(), 16),
+                ir.VectorType(i32, 16),
+            )
+            tp, kp, mp = (context.make_array(signature.args[k])(context, builder, args[k]).data for k in (0, 4, 5))
+            toff, stride, n = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2, 3))
+            perm = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(v16f, [v16f, v16i]), "llvm.x86.avx512.permvar.sf.512"
+            )
+            m = builder.load(builder.bitcast(mp, v16f.as_pointer()), align=4)
+
+            def splat(k):
+                return builder.shuffle_vector(m, m, ir.Constant(v16i, [k] * 16))
+
+            def step(k, thr, bit, y):  # k + bit where y >= thr (ordered: false for NaN, as numpy's y >= m)
+                ge = builder.sext(builder.fcmp_ordered(">=", y, thr), v16i)
+                return builder.add(k, builder.and_(ge, ir.Constant(v16i, [bit] * 16)))
+
+            with cgutils.for_range(builder, n) as loop:
+                off = builder.add(toff, builder.mul(loop.index, stride))
+                halves = []
+                for h in range(2):
+                    p = builder.gep(tp, [builder.add(off, ir.Constant(i64, 8 * h))])
+                    halves.append(
+                        builder.fptrunc(
+                            builder.load(builder.bitcast(p, v8d.as_pointer()), align=8),
+                            ir.VectorType(ir.FloatType(), 8),
+                        )
+                    )
+                y = builder.shuffle_vector(halves[0], halves[1], ir.Constant(v16i, list(range(16))))
+                top = levels // 2  # the first compare: midpoint top - 1 decides the half
+                k = step(ir.Constant(v16i, [0] * 16), splat(top - 1), top, y)
+                bit = top // 2
+                while bit:
+                    thr = builder.call(perm, [m, builder.add(k, ir.Constant(v16i, [bit - 1] * 16))])
+                    k = step(k, thr, bit, y)
+                    bit //= 2
+                builder.store(k, builder.bitcast(builder.gep(kp, [off]), v16i.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    index16_lanes.__name__ = index16_lanes.__qualname__ = f"index16_lanes{levels}"
+    return intrinsic(index16_lanes)
+
+
+#: The key encoder's index step on 16 lanes of its float64 lane layout (AVX-512 targets only,
+#: :data:`tbq.kernels.TARGET_AVX512VL`): ``K.flat[toff + j*stride + t]`` = the number of midpoints ``<=
+#: RN32(T.flat[toff + j*stride + t])`` for ``j < n``, ``t < 16``, by binary search in the strictly increasing
+#: midpoints ``mids16`` (15 of them, padded to 16 float32): the compare with midpoint 7 decides the half, each
+#: next one looks its midpoint up with one ``vpermps`` in the 16 entries. For sorted midpoints that is the count
+#: :func:`index_lanes` takes (a NaN compares false everywhere: 0 either way). ``index16_lanes8``: 7 midpoints,
+#: 8 levels. ``T`` float64, ``K`` int32, both C-contiguous.
+index16_lanes16 = _make_index_lanes16(16)
+index16_lanes8 = _make_index_lanes16(8)
+
+
 @intrinsic
 def f32_to_f16_rn(typingctx, f):
     """fp16 bits (uint16) of float32 ``f``, round to nearest even: with F16C LLVM's ``fptrunc float -> half``
@@ -459,6 +525,10 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
     acc = np.zeros(lanes, np.float64)
     den = np.ones(lanes, np.float32)
     nbits = np.zeros(lanes, np.uint16)
+    n_mid = mids.shape[0]
+    m16 = np.zeros(16, np.float32)
+    for i in range(n_mid):
+        m16[i] = mids[i]
     for g0 in range(0, rows, lanes):
         L = min(lanes, rows - g0)
         lanes_load(x, g0, T)
@@ -494,7 +564,14 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
                 butterfly128_f64(T64f, l0, lanes)
         else:
             fwht_lanes(T64)
-        index_lanes(T64, K, mids)
+        if TARGET_AVX512VL and lanes % 16 == 0:
+            for l0 in range(0, lanes, 16):
+                if n_mid == 15:
+                    index16_lanes16(T64f, l0, lanes, d, Kf, m16)
+                else:
+                    index16_lanes8(T64f, l0, lanes, d, Kf, m16)
+        else:
+            index_lanes(T64, K, mids)
         # store the indices and the norms of the keys before ``stop``
         if bits == 4:
             s8 = stop - stop % 8 if d == 128 else 0
