@@ -13,9 +13,11 @@ Where the time goes, and what each kernel does about it (docs/formats-vllm.md):
 - key encode: :data:`KEY_LANES` keys at a time in a lane layout ``T[j, l]``
   (coordinate ``j`` of key ``l`` in one row, :func:`tbq.kernels.lanes_load`),
   so that the float64 norm, a sequential sum per key, runs as one chain per
-  lane side by side, and the float64 butterfly and the midpoint count are
-  plain vector loops over lanes (:func:`butterfly128_f64`: two passes in
-  registers). Each key still sees the reference's operations in its order.
+  lane side by side, the float64 butterfly runs on whole rows of lanes
+  (:func:`butterfly128_f64`: two passes in registers) and the midpoint count
+  too (a binary search with ``vpermps`` look-ups on AVX-512,
+  :func:`index16_lanes16`; every compare elsewhere). Each key still sees the
+  reference's operations in its order.
 - key decode: the decoded rotated key takes at most 16 (8) values per row,
   ``RN16(f16(norm) * RN32(c_k * r))`` for each index ``k``: computed once per
   row, then looked up. The un-rotation's float64 sums are exact (fp16 inputs),
