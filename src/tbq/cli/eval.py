@@ -33,8 +33,11 @@ def default_cache_types() -> list[str]:
     from ..hf.engine import is_llama_cpp_type, is_turbo_type
     from ..hf.evaluation import BASELINES, DEFAULT_MIXES
 
-    # the fork's turbo types select its engine by themselves (@turbo); formats no llama.cpp stores: plain rows
-    same = [f"{f}:{f}" + ("" if is_llama_cpp_type(f) or is_turbo_type(f) else "@plain") for f in cache_formats()]
+    # the community fork's turbo types under its engine; formats no llama.cpp stores (vLLM's): plain rows
+    same = [
+        f"{f}:{f}" + ("@turbo" if is_turbo_type(f) else "" if is_llama_cpp_type(f) else "@plain")
+        for f in cache_formats()
+    ]
     return [t for t in same if t not in BASELINES] + list(DEFAULT_MIXES)
 
 
