@@ -172,7 +172,7 @@ def test_eval_tokens_file(rand_dir, tmp_path, capsys):
         (["/no/such/model"], "no such file or directory"),
         (["{rand}", "--cache-types", "q4_0,q3_k"], "unknown cache type 'q3_k'"),
         (["{rand}", "--cache-types", "q4_0,"], "an empty entry"),
-        (["{rand}", "--cache-types", "q4_0@vllm"], "unknown engine 'vllm'"),
+        (["{rand}", "--cache-types", "q4_0@sglang"], "unknown engine 'sglang'"),
         (["{rand}", "--text", "{short}"], "needs at least 2 x context = 1024"),
         (["{rand}", "--text", "{text}", "--context", "256", "--chunks", "99"], "not 99"),
         (["{rand}", "--text", "/no/such.txt"], "--text /no/such.txt: no such file"),
@@ -246,6 +246,32 @@ def test_eval_refused_type_is_a_row_and_the_others_run(tmp_path, text, capsys):
     rows = {r["cache"]: r for r in json.loads(out)["rows"]}
     assert list(rows) == ["f32:f32", "f16:f16", "q8_0:q8_0"]
     assert rows["q8_0:q8_0"]["ppl"] is None and rows["q8_0:q8_0"]["refused"].startswith("K cache type q8_0")
+
+
+def test_eval_issue_37s_command_on_the_shipped_model(capsys):
+    """Bare turbo types select @turbo, a preset @vllm; a turbo type under another engine and a preset mixed with a
+    llama.cpp type are rows saying why; vLLM's boundary layers (all 4 of the shipped model's) are shown."""
+    types = "turbo3,turbo4,q8_0:turbo3@turbo,turboquant_4bit_nc@vllm,turbo3@fork,turboquant_3bit_nc:q8_0"
+    code, out, err = _run(capsys, "--cache-types", types, "--chunks", 1, "--generate", 0, "--json")
+    assert code == 0, err
+    rows = {r["cache"]: r for r in json.loads(out)["rows"]}
+    assert list(rows)[2:] == [
+        "turbo3:turbo3@turbo",
+        "turbo4:turbo4@turbo",
+        "q8_0:turbo3@turbo",
+        "turboquant_4bit_nc@vllm",
+        "turbo3:turbo3@fork",
+        "turboquant_3bit_nc:q8_0@vllm",
+    ]
+    assert all(rows[c]["ppl"] > 0 for c in list(rows)[:6])
+    assert rows["turbo3:turbo3@turbo"]["ppl"] != rows["f16:f16"]["ppl"]
+    assert rows["turbo3:turbo3@turbo"]["bytes_per_token"] == 4 * 2 * 2 * 50  # 4 layers, K and V, 2 heads, 50 B
+    assert "unquantized" in rows["turboquant_4bit_nc@vllm"]["changes"][0]
+    assert rows["turboquant_4bit_nc@vllm"]["ppl"] == rows["f32:f32"]["ppl"]  # every layer is a boundary layer
+    assert "@turbo" in rows["turbo3:turbo3@fork"]["refused"]
+    assert "names both K and V" in rows["turboquant_3bit_nc:q8_0@vllm"]["refused"]
+    code, out, err = _run(capsys, "--cache-types", "turbo3", "--engine", "vllm", "--chunks", 1, "--generate", 0)
+    assert code == 2 and "every cache type was refused" in err and "not a vLLM TurboQuant preset" in err
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "qwen3_next"])

@@ -420,7 +420,7 @@ def test_perplexity_chunks_are_llama_perplexitys():
 def test_parse_cache_type():
     assert parse_cache_type("q8_0").label == "q8_0:q8_0"
     assert parse_cache_type("tbq4_0:tbq3_0@fork").engine == "llama.cpp-fork"
-    for bad in ("", "a:b:c", "q8_0@vllm", ":q4_0"):
+    for bad in ("", "a:b:c", "q8_0@sglang", ":q4_0"):
         with pytest.raises(ConfigError):
             parse_cache_type(bad)
 

@@ -51,6 +51,29 @@ def test_tbq_eval_agrees_with_llama_perplexity(shipped):
         assert abs(ours / theirs - 1) <= 1e-3, (cache, ours, theirs)
 
 
+#: The community TurboQuant fork's own build (TheTom/llama-cpp-turboquant at 69d8e4be), for the turbo engine.
+LLAMA_CPP_TURBO = Path(__file__).resolve().parents[1].parent / "shared" / "llama.cpp-turbo"
+
+
+@pytest.mark.skipif(
+    not (LLAMA_CPP_TURBO / "bin" / "llama-perplexity").exists(),
+    reason=f"the turbo fork's llama-perplexity is not at {LLAMA_CPP_TURBO}/bin (../shared is absent)",
+)
+def test_turbo_engine_agrees_with_the_forks_llama_perplexity(shipped):
+    """``-ctk/-ctv turbo3``, ``turbo4`` and ``q8_0``/``turbo3`` of the fork against ``@turbo``: within 1e-3."""
+    from tbq.hf.evaluation import evaluate
+
+    model, tokens, gguf, text = shipped
+    pairs = (("turbo3", "turbo3"), ("turbo4", "turbo4"), ("q8_0", "turbo3"))
+    res = evaluate(model, tokens, [f"{k}:{v}@turbo" for k, v in pairs], context=CONTEXT, chunks=CHUNKS)
+    for k, v in pairs:
+        ours = res.row(f"{k}:{v}@turbo").ppl
+        theirs = unless_sigill(
+            run_llama_perplexity, LLAMA_CPP_TURBO, gguf, text, CONTEXT, CHUNKS, cache_type=k, v_type=v
+        )["ppl"]
+        assert abs(ours / theirs - 1) <= 1e-3, (k, v, ours, theirs)
+
+
 #: llama.cpp's convert_hf_to_gguf.py (with its gguf-py beside it): not shipped; set TBQ_LLAMA_CPP_CONVERTER to run these.
 CONVERTER = os.environ.get("TBQ_LLAMA_CPP_CONVERTER")
 
