@@ -32,12 +32,12 @@ if k.TARGET_AVX2:  # the intrinsics exist for AVX2 targets only (callers keep a 
     @numba.njit
     def look16(src, dst, table, scale):
         for b in range(src.shape[0]):
-            k.lookup16_row(src, b * src.shape[1] + 3, dst, b * dst.shape[1] + 5, table, scale)
+            k.lookup16_row(src, b * src.shape[1] + min(3, src.shape[1] - 64), dst, b * dst.shape[1] + 5, table, scale)
 
     @numba.njit
     def look8(src, dst, table, scale):
         for b in range(src.shape[0]):
-            k.lookup8_row(src, b * src.shape[1] + 3, dst, b * dst.shape[1] + 5, table, scale)
+            k.lookup8_row(src, b * src.shape[1] + min(3, src.shape[1] - 48), dst, b * dst.shape[1] + 5, table, scale)
 
     rng = np.random.default_rng(0)
     for scale in (F32(1.0), F32(0.3), F32(-7.1e-3)):
@@ -58,6 +58,21 @@ if k.TARGET_AVX2:  # the intrinsics exist for AVX2 targets only (callers keep a 
             got = np.full_like(want, -1.0)
             look(src, got, table, scale)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (bits, float(scale))
+
+    # nothing past the row is read: a row whose last byte ends a page followed by an inaccessible one (a read past
+    # it kills the process with SIGSEGV)
+    import ctypes, mmap
+    page = mmap.PAGESIZE
+    guard = mmap.mmap(-1, 2 * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(guard))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + page), ctypes.c_size_t(page), 0) == 0, ctypes.get_errno()
+    for bits, look, nbytes in ((4, look16, 64), (3, look8, 48)):
+        edge = np.frombuffer(guard, np.uint8, nbytes, page - nbytes).reshape(1, nbytes)
+        edge[:] = np.arange(nbytes) * 37 % 256
+        table = np.linspace(-2.0, 2.0, 1 << bits).astype(F32)
+        got = np.empty((1, 128 + 9), F32)
+        look(edge, got, table, F32(1.0))
 
 
 @numba.njit
@@ -108,7 +123,8 @@ def test_lookup_rows_and_their_readers_give_numpys_bits_for_every_byte_at_every_
     """Each path of ``lookup16_row`` / ``lookup8_row`` (16 lanes on AVX-512VL, 8 on AVX2, the callers' scalar
     loops on a generic CPU), compiled in a child process for its CPU: the intrinsics give NumPy's
     ``table[idx] * scale`` bits for every byte value at every payload position (at odd source and destination
-    offsets, nothing written outside the 128 values), and tbq4_0's, tbq3_0's and turbo4's decoders and attention
+    offsets, nothing written outside the 128 values, nothing read past a row that ends a page before an
+    inaccessible one), and tbq4_0's, tbq3_0's and turbo4's decoders and attention
     readers the reference's bits on the same bytes (NaN and infinite scales included)."""
     env_target, want = TARGETS[target]
     needs = {"avx512": "avx512vl", "avx2": "avx2"}.get(target)
