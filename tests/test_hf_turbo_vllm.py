@@ -264,3 +264,14 @@ def test_evaluate_rows_show_the_changes_and_refusals():
     assert "layers 0, 1, 4, 5" in res.row("turboquant_4bit_nc@vllm").changes[0]
     assert "turbo3@turbo" in res.row("turbo3:turbo3@fork").refused
     assert row.ppl != res.row("f16:f16").ppl
+
+
+def test_plain_engine_reads_a_rotated_domain_format_back_in_the_models_domain():
+    model = _model(head_dim=128)
+    layer = TbqCache(model.config, "turbo4", "turbo4", engine="plain").layers[0]
+    k = torch.randn(1, 2, 6, 128)
+    k_read, _ = layer.update(k, k)
+    err = float(((k_read - k) ** 2).sum() / (k**2).sum())
+    assert err < 0.05  # turbo4's error (about 0.02), in the model's domain
+    rotated = torch.from_numpy(tbq.get_format("turbo4").to_decode_domain(k.numpy()))
+    assert float(((k_read - rotated) ** 2).sum() / (k**2).sum()) > 0.5  # not the rotated values
