@@ -130,6 +130,10 @@ CASES = [
 # --------------------------------------------------------------------------- every numeric flag: huge, negative, NaN, zero
 
 EXEC = ["--exec", "prog {in} {out}", "--only", "quantize"]
+ATT_EXEC = [
+    "--exec",
+    "prog {q} {k} {v} {mask} {out}",
+]  # an attention program (never run: the numbers are refused first)
 #: (command argv before the flag, flag, unit appended to the number for sizes/rates, values where the number is valid)
 NUMERIC_FLAGS = [
     (["compare"], "--repeat", "", ()),
@@ -169,6 +173,9 @@ NUMERIC_FLAGS = [
     (["check", "--format", "q8_0", *EXEC], "--seconds", "", ()),
     (["check", "--format", "q8_0", *EXEC], "--seed", "", ("0",)),
     (["check", "--format", "q8_0", *EXEC], "--fragile-ulps", "", ("0",)),
+    (["check", "--attention", "--k-type", "q8_0", "--v-type", "q8_0", *ATT_EXEC], "--head-dim", "", ()),
+    (["check", "--attention", "--k-type", "q8_0", "--v-type", "q8_0", *ATT_EXEC], "--queries", "", ()),
+    (["check", "--attention", "--k-type", "q8_0", "--v-type", "q8_0", *ATT_EXEC], "--threads", "", ()),
     (["eval"], "--context", "", ()),
     (["eval"], "--chunks", "", ()),
     (["eval"], "--sinks", "", ("0",)),
