@@ -181,7 +181,8 @@ def test_no_format_names_outside_the_format_modules(name):
 FORMAT_NAME_EXCEPTIONS = {
     "golden/cheader.py": "the attention header's SINK_IS_F16 define, a flag C consumers of the golden headers read",
     "golden/manifest.py": "the manifest's edge_tables keys (tbq4_0_codebook, tbq3_0_codebook): stable golden data",
-    "hf/engine.py": "llama.cpp's own per-type behaviour (vec_dot types, the fork's row rule and defects, q8_0's SIMD writer), "
+    "hf/engine.py": "llama.cpp's own per-type behaviour (the fork's row rule and defects, q8_0's SIMD writer, the community "
+    "fork's turbo types and silent type changes), "
     "keyed by the names users pass to -ctk/-ctv: what one engine does with a type, not a property of the format",
 }
 
