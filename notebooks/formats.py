@@ -253,6 +253,13 @@ GROUPS = {
     "bf16": "16-bit float",
     "fp8_e4m3": "8-bit float, per-tensor scale",
     "fp8_e5m2": "8-bit float, per-tensor scale",
+    "turbo4": "Hadamard rotation",
+    "turbo3": "Hadamard rotation",
+    "turbo2": "Hadamard rotation",
+    "vllm_tq4_k": "Hadamard rotation",
+    "vllm_tq3_k": "Hadamard rotation",
+    "vllm_tq4_v": "min + range integer",
+    "vllm_tq3_v": "min + range integer",
 }
 assert set(GROUPS) == set(tbq.formats.cache_formats())
 fmt_rows = [r for r in results if r["family"] is None]
