@@ -775,7 +775,7 @@ def sum_squares32(typingctx, T, toff, stride, n, out, ooff):
     return sig, codegen
 
 
-def _butterfly_in_registers(builder: ir.IRBuilder, v: list) -> None:
+def butterfly_in_registers(builder: ir.IRBuilder, v: list) -> None:
     """The in-place butterfly's stages h = 1, 2, 4, ... < len(v) on a list of vectors, in place: stage by stage,
     each pair (a, b) h apart becoming (a + b, a - b)."""
     h = 1
@@ -787,15 +787,17 @@ def _butterfly_in_registers(builder: ir.IRBuilder, v: list) -> None:
         h *= 2
 
 
-def _make_butterfly(n: int) -> Any:
-    """The intrinsic ``butterfly{n}`` (``n`` = 64 or 128; see :func:`butterfly128`)."""
+def _make_butterfly(n: int, double: bool = False) -> Any:
+    """The intrinsic ``butterfly{n}`` (``n`` = 64 or 128; see :func:`butterfly128`), or with ``double`` its float64
+    twin ``butterfly{n}_f64`` (rows of float64: vLLM's key encoder, whose butterfly is exact in float64)."""
     g = 16 if n == 128 else 8  # rows of a group in the first pass; the second pass has n / g rows g apart
+    elem, size = (ir.DoubleType(), 8) if double else (ir.FloatType(), 4)
 
     def butterfly(typingctx, T, toff, stride):
         sig = types.void(T, types.int64, types.int64)
 
         def codegen(context, builder, signature, args):
-            v8f = ir.VectorType(ir.FloatType(), 8)
+            v8f = ir.VectorType(elem, 8)
             i64 = ir.IntType(64)
             tp = context.make_array(signature.args[0])(context, builder, args[0]).data
             toff, stride = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2))
@@ -807,15 +809,15 @@ def _make_butterfly(n: int) -> Any:
                 with cgutils.for_range(builder, ir.Constant(i64, groups)) as loop:
                     first = builder.mul(loop.index, ir.Constant(i64, rows)) if step == 1 else loop.index
                     ps = [ptr(builder.add(first, ir.Constant(i64, step * t))) for t in range(rows)]
-                    v = [builder.load(p, align=4) for p in ps]
-                    _butterfly_in_registers(builder, v)
+                    v = [builder.load(p, align=size) for p in ps]
+                    butterfly_in_registers(builder, v)
                     for p, x in zip(ps, v, strict=True):
-                        builder.store(x, p, align=4)
+                        builder.store(x, p, align=size)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    butterfly.__name__ = butterfly.__qualname__ = f"butterfly{n}"
+    butterfly.__name__ = butterfly.__qualname__ = f"butterfly{n}" + ("_f64" if double else "")
     butterfly.__doc__ = f"""The spec's butterfly (stages h = 1 .. {n // 2}) on 8 columns of an {n}-row lane layout: rows
     ``T.flat[toff + j*stride : +8]``, ``j < {n}``, in place.
 
@@ -833,6 +835,8 @@ def _make_butterfly(n: int) -> Any:
 #: The TBQ encoder's butterfly (128 channels) and the decoder's (64 rows of channel pairs).
 butterfly128 = _make_butterfly(128)
 butterfly64 = _make_butterfly(64)
+#: :func:`butterfly128` on rows of float64 (8 columns a row, ``T`` float64): vLLM's key encoder.
+butterfly128_f64 = _make_butterfly(128, double=True)
 
 
 @jit_inline

@@ -47,6 +47,8 @@ from ..kernels import (
     TARGET_AVX2,
     TARGET_AVX512VL,
     TARGET_F16C,
+    butterfly128_f64,
+    butterfly_in_registers,
     f16_is_inf,
     f16_widen,
     f32_to_f16_bits,
@@ -82,18 +84,6 @@ KEY_LANES = 16
 # --- LLVM IR helpers ----------------------------------------------------------------------------
 
 
-def _stages_between(builder: ir.IRBuilder, v: list) -> None:
-    """The butterfly's stages between the vectors of ``v`` (distance 1, 2, ... vectors), in place, stage by stage:
-    each pair (a, b) becoming (a + b, a - b), element by element."""
-    h = 1
-    while h < len(v):
-        for i in range(0, len(v), 2 * h):
-            for j in range(i, i + h):
-                a, b = v[j], v[j + h]
-                v[j], v[j + h] = builder.fadd(a, b), builder.fsub(a, b)
-        h *= 2
-
-
 def _stage_within(builder: ir.IRBuilder, v: ir.Value, h: int) -> ir.Value:
     """The butterfly's stage ``h`` (1, 2 or 4) inside one ``<8 x double>``: lane ``i`` with ``i & h == 0`` becomes
     ``v[i] + v[i + h]``, lane ``i + h`` becomes ``v[i] - v[i + h]`` (the in-place butterfly's operations)."""
@@ -107,46 +97,6 @@ def _stage_within(builder: ir.IRBuilder, v: ir.Value, h: int) -> ir.Value:
     return builder.shuffle_vector(
         builder.fadd(a, b), builder.fsub(a, b), mask([8 + i if i & h else i for i in range(8)])
     )
-
-
-def _make_butterfly_f64_lanes(n: int):
-    """The intrinsic ``butterfly{n}_f64`` (see :func:`butterfly128_f64`)."""
-    g = 16 if n >= 128 else 8  # rows of a group in the first pass; the second pass has n / g rows g apart
-
-    def butterfly(typingctx, T, toff, stride):
-        sig = types.void(T, types.int64, types.int64)
-
-        def codegen(context, builder, signature, args):
-            v8d = ir.VectorType(ir.DoubleType(), 8)
-            i64 = ir.IntType(64)
-            tp = context.make_array(signature.args[0])(context, builder, args[0]).data
-            toff, stride = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 2))
-
-            def ptr(j):
-                return builder.bitcast(builder.gep(tp, [builder.add(toff, builder.mul(j, stride))]), v8d.as_pointer())
-
-            for groups, rows, step in ((n // g, g, 1), (g, n // g, g)):  # (groups, rows a group, row distance)
-                with cgutils.for_range(builder, ir.Constant(i64, groups)) as loop:
-                    first = builder.mul(loop.index, ir.Constant(i64, rows)) if step == 1 else loop.index
-                    ps = [ptr(builder.add(first, ir.Constant(i64, step * t))) for t in range(rows)]
-                    v = [builder.load(p, align=8) for p in ps]
-                    _stages_between(builder, v)
-                    for p, x in zip(ps, v, strict=True):
-                        builder.store(x, p, align=8)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    butterfly.__name__ = butterfly.__qualname__ = f"butterfly{n}_f64"
-    return intrinsic(butterfly)
-
-
-#: The key encoder's float64 butterfly on 8 columns of a 128-row lane layout: rows ``T.flat[toff + j*stride :
-#: +8]`` (float64, C-contiguous), ``j < 128``, in place. Two passes (stages 1 .. 8 on each 16 consecutive rows,
-#: then 16 .. 64 on the 8 rows 16 apart), each holding its rows in vector registers: every value sees
-#: :func:`fwht_lanes`'s operations in its order (the stages within a group do not depend on the other groups).
-#: Plain LLVM vector IR: any target.
-butterfly128_f64 = _make_butterfly_f64_lanes(128)
 
 
 def _make_hadamard_row(n: int):
@@ -168,7 +118,7 @@ def _make_hadamard_row(n: int):
             v = [builder.load(p, align=8) for p in ps]
             for h in (1, 2, 4):
                 v = [_stage_within(builder, x, h) for x in v]
-            _stages_between(builder, v)
+            butterfly_in_registers(builder, v)
             for p, x in zip(ps, v, strict=True):
                 builder.store(x, p, align=8)
             return context.get_dummy_value()
@@ -282,7 +232,7 @@ def _make_unrotate_input(bits: int):
             v = [builder.fpext(look(_chunk_indices(builder, sp, bits, ir.Constant(i64, m))), v8d) for m in range(16)]
             for h in (1, 2, 4):
                 v = [_stage_within(builder, x, h) for x in v]
-            _stages_between(builder, v)
+            butterfly_in_registers(builder, v)
             for m, x in enumerate(v):
                 builder.store(x, builder.bitcast(builder.gep(tp, [ir.Constant(i64, 8 * m)]), v8d.as_pointer()), align=8)
             return context.get_dummy_value()
