@@ -148,7 +148,7 @@ def test_nibble_rows_are_pair4s_bytes_of_each_block_and_touch_nothing_else():
 
     @nb.njit
     def lanes(K, out, g0, stop):
-        lanes_store_nibbles(K, out, g0, stop)
+        lanes_store_nibbles(K, out, g0, stop, 2)
 
     K = rng.integers(0, 16, (128, 32)).astype(np.int32)
     for g0 in (0, 3):

@@ -69,9 +69,10 @@ def idx3(lane, t):
 
 
 @jit_inline
-def lanes_store_nibbles(K, out, g0, stop):
-    """The rotated 4-bit encoders' index store: bytes ``2 ..`` of rows ``g0 + l`` of ``out``, ``l < stop``, are
-    the :func:`pair4` bytes of lane ``l`` of the lane layout ``K[j, l]`` (indices 0 .. 15).
+def lanes_store_nibbles(K, out, g0, stop, off):
+    """A lane encoder's 4-bit index store: bytes ``off ..`` of rows ``g0 + l`` of ``out``, ``l < stop``, are the
+    :func:`pair4` bytes of lane ``l`` of the lane layout ``K[j, l]`` (indices 0 .. 15); ``off`` is 2 for the
+    rotated formats (after the fp16 norm), 0 for vLLM's keys (the norm follows).
 
     Whole groups of 8 lanes of a 128-row layout by :func:`tbq.kernels.store_nibble_rows` (two vector stores a
     block), the rest byte by byte; the same bytes either way. ``out`` C-contiguous.
@@ -83,11 +84,35 @@ def lanes_store_nibbles(K, out, g0, stop):
         Kf = K.reshape(K.size)
         outf = out.reshape(out.size)
         for l0 in range(0, s8, 8):
-            store_nibble_rows(Kf, l0, lanes, outf, (g0 + l0) * ts + 2, ts)
+            store_nibble_rows(Kf, l0, lanes, outf, (g0 + l0) * ts + off, ts)
     for l in range(s8, stop):
         orow = out[g0 + l]
         for k in range(n // 2):
-            orow[2 + k] = pair4(K[2 * k, l], K[2 * k + 1, l])
+            orow[off + k] = pair4(K[2 * k, l], K[2 * k + 1, l])
+
+
+@jit_inline
+def lanes_store_lane3(K, P, out, g0, stop, off):
+    """A lane encoder's 3-bit index store: the indices of every lane of ``K[j, l]`` (0 .. 7) packed into the
+    24-bit lanes ``P[g, l]`` (:func:`lane3`) at once, then bytes ``off ..`` of rows ``g0 + l``, ``l < stop``,
+    written group by group (:func:`store_lane3`); ``off`` as in :func:`lanes_store_nibbles`."""
+    n, lanes = K.shape
+    for g in range(n // 8):
+        for l in range(lanes):
+            P[g, l] = lane3(
+                K[8 * g, l],
+                K[8 * g + 1, l],
+                K[8 * g + 2, l],
+                K[8 * g + 3, l],
+                K[8 * g + 4, l],
+                K[8 * g + 5, l],
+                K[8 * g + 6, l],
+                K[8 * g + 7, l],
+            )
+    for l in range(stop):
+        orow = out[g0 + l]
+        for g in range(n // 8):
+            store_lane3(orow, off + 3 * g, P[g, l])
 
 
 # --- array packers (1-D in, 1-D out), built on the helpers ---------------------------

@@ -255,7 +255,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
         # 6. the scales of the finite lanes (up to an overflow raised), then the indices of those lanes
         stop = lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, False, _EPS_NORM)
         if bits == 4:
-            lanes_store_nibbles(K, out, g0, stop)
+            lanes_store_nibbles(K, out, g0, stop, 2)
         else:  # pack the indices of all lanes at once, then store block by block
             for k in range(n // 4):
                 for l in range(lanes):

@@ -42,7 +42,17 @@ from ..kernels import (
     store_fence,
     store_nontemporal,
 )
-from ..packing_kernels import hi4, idx3, lane3, lanes_store_nibbles, lo4, load_lane3, pair4, store_lane3
+from ..packing_kernels import (
+    hi4,
+    idx3,
+    lane3,
+    lanes_store_lane3,
+    lanes_store_nibbles,
+    lo4,
+    load_lane3,
+    pair4,
+    store_lane3,
+)
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -163,24 +173,9 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
         # 5. the scales of the finite lanes (up to an overflow raised), then the indices of those lanes
         stop = lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, bits == 3, _EPS_NORM)
         if bits == 4:
-            lanes_store_nibbles(K, out, g0, stop)
+            lanes_store_nibbles(K, out, g0, stop, 2)
         else:  # pack the indices of all lanes at once, then store block by block
-            for g in range(n // 8):
-                for l in range(lanes):
-                    P[g, l] = lane3(
-                        K[8 * g, l],
-                        K[8 * g + 1, l],
-                        K[8 * g + 2, l],
-                        K[8 * g + 3, l],
-                        K[8 * g + 4, l],
-                        K[8 * g + 5, l],
-                        K[8 * g + 6, l],
-                        K[8 * g + 7, l],
-                    )
-            for l in range(stop):
-                orow = out[g0 + l]
-                for g in range(n // 8):
-                    store_lane3(orow, 2 + 3 * g, P[g, l])
+            lanes_store_lane3(K, P, out, g0, stop, 2)
         if stop < bad:
             return g0 + stop, STATUS_SCALE_OVERFLOW
         # stage: end

@@ -61,9 +61,18 @@ from ..kernels import (
     reader_aux,
     reader_blocks,
     reader_out,
-    store_nibble_rows,
 )
-from ..packing_kernels import hi4, idx3, lane3, lo4, load_lane3, pair4, store_lane3
+from ..packing_kernels import (
+    hi4,
+    idx3,
+    lane3,
+    lanes_store_lane3,
+    lanes_store_nibbles,
+    lo4,
+    load_lane3,
+    pair4,
+    store_lane3,
+)
 from .q4_1_kernels import first_min_max, load_f16_at, store_f16_at
 
 F32 = np.float32
@@ -466,14 +475,12 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
     """
     rows, d = x.shape
     mb = d * bits // 8
-    ts = out.shape[1]
     T = np.zeros((d, lanes), np.float32)
     T64 = np.zeros((d, lanes), np.float64)
     T64f = T64.reshape(T64.size)
     K = np.zeros((d, lanes), np.int32)
     Kf = K.reshape(K.size)
     P = np.zeros((d // 8, lanes), np.int32)  # 3 bits: the 24-bit lanes
-    outf = out.reshape(out.size)
     acc = np.zeros(lanes, np.float64)
     den = np.ones(lanes, np.float32)
     nbits = np.zeros(lanes, np.uint16)
@@ -526,30 +533,9 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
             index_lanes(T64, K, mids)
         # store the indices and the norms of the keys before ``stop``
         if bits == 4:
-            s8 = stop - stop % 8 if d == 128 else 0
-            for l0 in range(0, s8, 8):
-                store_nibble_rows(Kf, l0, lanes, outf, (g0 + l0) * ts, ts)
-            for l in range(s8, stop):
-                orow = out[g0 + l]
-                for t in range(d // 2):
-                    orow[t] = pair4(K[2 * t, l], K[2 * t + 1, l])
+            lanes_store_nibbles(K, out, g0, stop, 0)  # the indices first, the norm after them
         else:
-            for g in range(d // 8):
-                for l in range(lanes):
-                    P[g, l] = lane3(
-                        K[8 * g, l],
-                        K[8 * g + 1, l],
-                        K[8 * g + 2, l],
-                        K[8 * g + 3, l],
-                        K[8 * g + 4, l],
-                        K[8 * g + 5, l],
-                        K[8 * g + 6, l],
-                        K[8 * g + 7, l],
-                    )
-            for l in range(stop):
-                orow = out[g0 + l]
-                for g in range(d // 8):
-                    store_lane3(orow, 3 * g, P[g, l])
+            lanes_store_lane3(K, P, out, g0, stop, 0)
         for l in range(stop):
             store_f16_at(out, g0 + l, mb, nbits[l])
         if stop < L:
