@@ -1,5 +1,5 @@
 """How long `tbq check` takes on a C row kernel: 100,000 golden blocks (plus as many decoded and random-byte
-blocks), fuzz excluded, for the project's own kernels of tests/c (the issue-19 target: under 10 s).
+blocks), fuzz excluded, for the project's own kernels of tests/c (the target: under 10 s).
 
     PYTHONPATH=src python benchmarks/bench_check.py [--blocks N] [--formats q8_0,q4_0,...]
 

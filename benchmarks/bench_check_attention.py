@@ -1,5 +1,5 @@
 """How long `tbq check --attention` takes against a C kernel: 1,000 decode steps at a 4K context and a prefill of
-512 query tokens, judged against ggml's CPU flash attention (the issue-39 target: under 30 s on two cores).
+512 query tokens, judged against ggml's CPU flash attention (the target: under 30 s on two cores).
 
     PYTHONPATH=src python benchmarks/bench_check_attention.py [--ggml ../shared/ggml/upstream] [--type q4_0]
         [--steps 1000] [--context 4096] [--caches 8] [--prefill 512] [--threads 2]

@@ -3,7 +3,7 @@
     python benchmarks/bench_codecs.py                     # anchor table (16M values, 5 rounds) + size sweep
     python benchmarks/bench_codecs.py --no-sweep --rounds 9
     python benchmarks/bench_codecs.py --markdown benchmarks/results/bench.json   # the README table
-    python benchmarks/bench_codecs.py --targets  benchmarks/results/bench.json   # the issue's targets
+    python benchmarks/bench_codecs.py --targets  benchmarks/results/bench.json   # the performance targets
 
 **The anchor table.** For every format at ``--values`` (16M) float32 values it
 times, in interleaved rounds on the same data: the C kernel of ``tests/c``
@@ -71,10 +71,10 @@ FORK_C = {
     "tbq3_0": ((46, 47), (86, 101)),
 }
 
-#: The performance issue's single-thread targets, as multiples of the C reference:
+#: The single-thread performance targets, as multiples of the C reference:
 #: (quantize, dequantize); None = "at least today's ratio" (TODAY).
 TARGETS = {"tbq4_0": (8.0, 3.5), "tbq3_0": (8.0, 3.5), "q4_0": (2.0, None), "q8_0": (None, None)}
-#: The issue's "today" ratios (tbq / C), single thread: (quantize, dequantize).
+#: The ratios before the numba kernels were tuned (tbq / C), single thread: (quantize, dequantize).
 TODAY = {"q8_0": (2.87, 0.93), "q4_0": (1.29, 1.02), "tbq4_0": (6.72, 2.78), "tbq3_0": (7.11, 3.28)}
 
 
@@ -349,7 +349,7 @@ def markdown_table(path: Path) -> str:
 
 
 def targets_table(path: Path) -> str:
-    """The issue's single-thread targets against the in-run anchor and against the fork's figures."""
+    """The single-thread performance targets against the in-run anchor and against the fork's figures."""
     doc = json.loads(Path(path).read_text())
     by = _by(doc)
     nall = f"numba-{doc['machine']['cores']}"

@@ -4,7 +4,7 @@ Each run is a fresh process (``python -m tbq compare FILE ...``) whose peak
 resident set (``ru_maxrss`` of the child) is read after it exits. The fixed
 overhead (interpreter, NumPy, numba, the compiled kernels) is the peak on a
 tiny file of the same geometry; the figure of merit is
-``(peak - fixed) / input``, which issue 21 bounds at 4.
+``(peak - fixed) / input``, which the target bounds at 4.
 
     python benchmarks/bench_compare_memory.py                     # 32 and 128 MiB, the default formats
     python benchmarks/bench_compare_memory.py --mib 128 --formats q8_0,f16,tbq4_0
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-#: The bound of issue 21: peak memory at most this many times the input, plus the fixed overhead.
+#: The bound: peak memory at most this many times the input, plus the fixed overhead.
 LIMIT = 4.0
 
 

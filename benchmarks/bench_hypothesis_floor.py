@@ -5,8 +5,7 @@
 CPU time per example (``time.process_time``) of bare ``@given`` tests that draw
 ``k`` integers and do nothing else: inside one composite, and as ``k``
 ``data.draw`` calls at the test's level; the slope between ``k = 1`` and
-``k = 50`` is the cost of one further choice. docs/robustness.md (issue 21,
-fifth round) quotes it.
+``k = 50`` is the cost of one further choice. docs/robustness.md quotes it.
 """
 
 from __future__ import annotations

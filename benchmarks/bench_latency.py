@@ -9,7 +9,7 @@ a prebuilt codec and ``tbq.quantize`` / ``tbq.dequantize`` (which build or
 fetch the codec on every call), numba backend, warm. Each figure is the median
 over ``--rounds`` batches of ``--calls`` calls (microseconds per call); the
 rounds of all variants are interleaved, and the spread (max - min) / median of
-the batches is recorded. The issue's targets: one block in at most 5 us
+the batches is recorded. The targets: one block in at most 5 us
 through a codec object and 10 us through the shortcuts.
 
 Writes ``results/latency.json``.

@@ -12,13 +12,13 @@ machine as long as the load is the same for both trees in a round.
 The children run with ``NUMPY_MADVISE_HUGEPAGE=0`` unless ``--hugepages``:
 NumPy asks Linux for transparent huge pages for large arrays, and whether a
 process gets them depends on the memory free at the moment. On the 2-core
-AMD EPYC VM of issue 22's sixth round that split the children into a fast
+AMD EPYC VM (AVX2) this was measured on, that split the children into a fast
 and a slow mode (q4_0 decode about 3,150 or 2,100 M values/s, the same code),
 and the per-round ratio of unchanged code ranged 0.65-1.73, 5 of 9 rounds
 above 1.3; without huge pages it stayed within 0.95-1.05 in 3 to 6 of 7
-rounds (``results/issue22_round6_store_versus_16M*.json``).
+rounds (``results/versus_nibble_store_16M*.json``).
 
-    python benchmarks/bench_versus.py --ref fb33a2a^1          # before issue 20's format interface
+    python benchmarks/bench_versus.py --ref fb33a2a^1          # before the generic format interface
     python benchmarks/bench_versus.py --ref v0.2.0 --formats q8_0,tbq4_0 --values 1M --rounds 3
 """
 

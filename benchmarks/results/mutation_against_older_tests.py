@@ -1,7 +1,7 @@
 """Run some mutants of benchmarks/mutants.py against the tests of an older tree: commit 7a669bb, before issue 24.
 
 git archive 7a669bb | tar -x -C /tmp/t24/old
-nice -n 10 python benchmarks/results/mutation_before_issue24.py
+nice -n 10 python benchmarks/results/mutation_against_older_tests.py
 """
 
 import json
