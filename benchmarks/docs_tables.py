@@ -53,7 +53,9 @@ def _ms(x: float | None) -> str:
 
 def _pair(cells: list[str], unit: str = "") -> str:
     """``a / b`` (with the unit once), or ``–`` when neither was measured."""
-    return "–" if all(c == "–" for c in cells) else " / ".join(cells) + unit
+    if all(c == "–" for c in cells):
+        return "–"
+    return " / ".join(cells) + (unit if any(c not in ("–", "failed") for c in cells) else "")
 
 
 def _cell(row: dict, key: str) -> dict | None:
