@@ -1277,7 +1277,7 @@ def test_long_profiles_freeze_the_survivors_of_full_collections():
         gc.unfreeze()
 
 
-@pytest.mark.parametrize("run", ["fuzz_issue21h.json"])
+@pytest.mark.parametrize("run", ["fuzz_plan_100k.json"])
 def test_robustness_md_pastes_the_committed_fuzz_run(run):
     """docs/robustness.md's table of the fuzz run is what run_fuzz.py --markdown prints for the committed results."""
     import importlib.util
