@@ -80,7 +80,7 @@ def _last_json_in_a_fresh_cache(code: str, cache) -> object:
 def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
     """In a fresh numba cache, kernels_cached says so, and warm_up on two processes fills it."""
     code = (
-        "import json, tbq.compare as c\n"
+        "import json, tbq.warmup as c\n"
         "f = ['q8_0', 'q4_0']\n"
         "before = c.kernels_cached(f, attention=False)\n"
         "c.warm_up(f, {}, attention=False, processes=2)\n"
@@ -95,7 +95,7 @@ def test_the_cold_start_queue_takes_the_heaviest_compile_first_and_each_module_o
     """The queue's order is compile cost, not file size: the TBQ kernels (the largest compile) first; the attention
     module's IR codegen (Python, not numba-compiled) does not count, nor does a lazily compiled kernel. Each
     module is compiled by the one process that claims it first, and only the formats the comparison kept."""
-    import tbq.compare as c
+    import tbq.warmup as c
 
     units = c._units_by_weight(["q8_0", "q4_0", "tbq4_0", "tbq3_0"], True)
     assert units[0] == "tbq.formats.tbq_kernels" and sorted(units[1:]) == [
@@ -129,7 +129,7 @@ def test_a_cold_start_removes_the_claim_folders_killed_runs_left_and_nothing_els
     import os
     import time
 
-    import tbq.compare as c
+    import tbq.warmup as c
 
     now = time.time()
     old = now - c.STALE_CLAIMS_S - 60
@@ -170,7 +170,7 @@ def _no_tmp(*args, **kwargs):
 def test_a_started_warm_up_is_finished_or_cancelled(tmp_path, monkeypatch):
     """start_warm_up's helpers compile while the caller works; cancel() stops them (the CLI does so when the
     comparison fails before it needs the kernels), finish() waits for them and compiles this process's share."""
-    from tbq.compare import start_warm_up
+    from tbq.warmup import start_warm_up
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))  # the helpers' cache: empty, so they compile
     w = start_warm_up(["q8_0", "q4_0"], {}, attention=False, processes=2)
@@ -178,9 +178,20 @@ def test_a_started_warm_up_is_finished_or_cancelled(tmp_path, monkeypatch):
     w.cancel()
     assert w._procs[0].returncode is not None  # stopped and reaped
     code = (
-        "import json, tbq.compare as c\n"
+        "import json, tbq.warmup as c\n"
         "w = c.start_warm_up(['q8_0', 'q4_0'], {}, attention=False, processes=2)\n"
         "w.finish(['q8_0', 'q4_0'])\n"
         "print(json.dumps([p.returncode for p in w._procs] + [c.kernels_cached(['q8_0', 'q4_0'], attention=False)]))\n"
     )
     assert _last_json_in_a_fresh_cache(code, tmp_path / "numba2") == [0, True]
+
+
+def test_the_warm_up_scheduler_lives_in_tbq_warmup_and_tbq_compare_still_names_it():
+    """The scheduler moved to its own module; the public names users import from ``tbq.compare`` are the same
+    objects."""
+    import tbq.compare as c
+    import tbq.warmup as w
+
+    for name in ("warm_up", "start_warm_up", "WarmUp", "kernels_cached"):
+        assert getattr(c, name) is getattr(w, name) and name in c.__all__
+    assert not hasattr(c, "_warm_queue")  # one home: the queue is not copied into compare

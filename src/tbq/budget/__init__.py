@@ -1,0 +1,104 @@
+"""KV cache budget: bytes per token, context sweeps, crossover, decode speed, feasibility.
+
+This module is independent of the codecs: it only needs the storage cost of a
+format in bits per value (every registered format, plugins included, comes
+from :data:`tbq.formats.FORMATS`; f32 is the one other entry of
+:data:`KV_FORMAT_BITS`). See ``docs/budget.md`` for the formulas and a full
+worked example.
+
+Units are explicit. Functions take sizes in **bytes** as numbers, or as strings
+with a unit (``"18.8GiB"``, ``"32GB"``); bandwidths in bytes per second, or as
+strings like ``"1296GB/s"``; contexts in **tokens**, as integers or strings
+like ``"128K"`` (K = 1024 tokens). The parsing and formatting of those units
+lives in :mod:`tbq.units` (``parse_bytes``, ``format_bytes``, ... are
+re-exported here). The figure is :func:`tbq.plots.plot_budget`.
+
+One module per concern: :mod:`tbq.budget.arithmetic` (formats' bits, the formulas,
+feasibility, the sweeps) and :mod:`tbq.budget.report` (the report model and its
+text); every public name is importable from here.
+
+>>> kv_bytes_per_token(48, 8, 128, "f16")        # 2 * 48 * 8 * 128 values * 2 bytes
+196608
+>>> format_bytes(cache_bytes(32768, "f16", "256K"))
+'16.00 GiB'
+>>> values_per_token("4224MiB", 262144, "tbq4_0")
+32768
+"""
+
+from __future__ import annotations
+
+from .arithmetic import _BITS as _BITS  # tbq.cli.budget reads these four private names
+from .arithmetic import (
+    DEFAULT_CONTEXTS,
+    DEFAULT_FORMATS,
+    KV_FORMAT_BITS,
+    Feasibility,
+    SweepRow,
+    bits_per_value,
+    bytes_per_token,
+    cache_bytes,
+    cache_bytes_from_geometry,
+    context_sweep,
+    crossover_tokens,
+    decode_tokens_per_s,
+    feasibility,
+    format_block_size,
+    format_bytes,
+    format_context,
+    format_rate,
+    incompatible_formats,
+    kv_bytes_per_token,
+    kv_values_per_token,
+    parse_bytes,
+    parse_context,
+    parse_contexts,
+    parse_measured,
+    parse_rate,
+    values_per_token,
+)
+from .arithmetic import _count as _count
+from .arithmetic import _out as _out
+from .arithmetic import _parse_formats as _parse_formats
+from .report import (
+    REPORT_WIDTH,
+    BudgetReport,
+    FormatBudget,
+    budget_report,
+    format_report,
+    plot_report,
+)
+
+__all__ = [
+    "KV_FORMAT_BITS",
+    "DEFAULT_FORMATS",
+    "DEFAULT_CONTEXTS",
+    "bits_per_value",
+    "format_block_size",
+    "incompatible_formats",
+    "kv_values_per_token",
+    "kv_bytes_per_token",
+    "bytes_per_token",
+    "values_per_token",
+    "cache_bytes",
+    "cache_bytes_from_geometry",
+    "context_sweep",
+    "crossover_tokens",
+    "decode_tokens_per_s",
+    "feasibility",
+    "parse_bytes",
+    "parse_rate",
+    "parse_context",
+    "parse_contexts",
+    "parse_measured",
+    "format_bytes",
+    "format_rate",
+    "format_context",
+    "Feasibility",
+    "SweepRow",
+    "FormatBudget",
+    "BudgetReport",
+    "budget_report",
+    "format_report",
+    "plot_report",
+    "REPORT_WIDTH",
+]
