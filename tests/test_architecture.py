@@ -15,8 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tbq"
 
 #: The layers of docs/architecture.md, bottom first. A module may import from its own layer or below.
 LAYERS = [
-    {"errors", "backend", "half", "progress", "units", "parallel"},
-    {"packing", "reference", "kernels", "packing_kernels"},
+    {"errors", "backend", "half", "progress", "units", "parallel", "numba_cache"},
+    {"packing", "reference", "kernels", "intrinsics", "packing_kernels"},
     {"rotation", "codebooks"},
     {"formats"},
     {"codecs"},

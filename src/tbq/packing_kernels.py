@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import jit, jit_inline, store_nibble_rows
+from .intrinsics import store_nibble_rows
+from .kernels import jit, jit_inline
 
 # --- lane helpers (scalars in, scalars out) ------------------------------------------
 

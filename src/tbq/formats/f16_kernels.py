@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, f16_widen, jit, reader_blocks, reader_out
+from ..intrinsics import f16_widen
+from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, jit, reader_blocks, reader_out
 
 F32 = np.float32
 _HALF = F32(0.5)

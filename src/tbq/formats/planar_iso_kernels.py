@@ -27,11 +27,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..intrinsics import TARGET_AVX512VL, prefetch
 from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    TARGET_AVX512VL,
     block_finite,
     jit,
     lanes_index,
@@ -39,7 +39,6 @@ from ..kernels import (
     lanes_store_scales,
     lanes_sum_squares,
     load_f16,
-    prefetch,
     reader_aux,
     reader_blocks,
     reader_out,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..intrinsics import store_fence, store_nontemporal
 from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
@@ -18,8 +19,6 @@ from ..kernels import (
     reader_blocks,
     reader_out,
     store_f16,
-    store_fence,
-    store_nontemporal,
 )
 from ..packing_kernels import hi4, lo4, pair4
 

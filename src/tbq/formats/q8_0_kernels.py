@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..intrinsics import store_fence, store_nontemporal
 from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
@@ -25,8 +26,6 @@ from ..kernels import (
     reader_out,
     roundf,
     store_f16,
-    store_fence,
-    store_nontemporal,
 )
 
 F32 = np.float32

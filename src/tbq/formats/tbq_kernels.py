@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..intrinsics import (
+    TARGET_AVX2,
+    butterfly64,
+    butterfly128,
+    lookup8_row,
+    lookup16_row,
+    prefetch,
+    store_fence,
+    store_nontemporal,
+)
 from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    TARGET_AVX2,
     block_finite,
-    butterfly64,
-    butterfly128,
     f16_is_inf,
     f32_to_f16_bits,
     jit,
@@ -32,15 +39,10 @@ from ..kernels import (
     lanes_store_scales,
     lanes_sum_squares,
     load_f16,
-    lookup8_row,
-    lookup16_row,
-    prefetch,
     reader_aux,
     reader_blocks,
     reader_out,
     store_f16,
-    store_fence,
-    store_nontemporal,
 )
 from ..packing_kernels import (
     hi4,

@@ -15,16 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import (
-    STATUS_OK,
-    TARGET_AVX2,
-    jit,
-    load_f16,
-    lookup16_row,
-    reader_aux,
-    reader_blocks,
-    reader_out,
-)
+from ..intrinsics import TARGET_AVX2, lookup16_row
+from ..kernels import STATUS_OK, jit, load_f16, reader_aux, reader_blocks, reader_out
 from ..packing_kernels import hi4, lo4
 from . import tbq_kernels
 from .planar_iso_kernels import (

@@ -40,24 +40,26 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..kernels import (
-    STATUS_NONFINITE,
-    STATUS_OK,
-    STATUS_SCALE_OVERFLOW,
+from ..intrinsics import (
     TARGET_AVX2,
     TARGET_AVX512VL,
     TARGET_F16C,
     butterfly128_f64,
     butterfly_in_registers,
-    f16_is_inf,
     f16_widen,
+    lookup8_row,
+    lookup16_row,
+)
+from ..kernels import (
+    STATUS_NONFINITE,
+    STATUS_OK,
+    STATUS_SCALE_OVERFLOW,
+    f16_is_inf,
     f32_to_f16_bits,
     f32_to_f16_bits_finite,
     f32_to_int32,
     jit,
     lanes_load,
-    lookup8_row,
-    lookup16_row,
     reader_aux,
     reader_blocks,
     reader_out,
