@@ -31,6 +31,7 @@ LAYERS = [
         "dask",
         "testing",
         "compare",
+        "warmup",  # the multi-process numba warm-up scheduler of tbq compare
         "synthetic",
         "plots",
         "check",
