@@ -25,10 +25,6 @@ HISTORY = re.compile(
     re.IGNORECASE,
 )
 
-#: Pages another piece of work is rewriting; each still names its history (checked below, so this cannot go
-#: stale). Remove a page from here once its wording is fixed.
-NOT_YET = {"docs/architecture.md"}
-
 
 def _pages() -> list[str]:
     pages = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))
@@ -67,13 +63,6 @@ def test_the_pattern_catches_what_it_is_for():
     assert [s for s in kept if HISTORY.search(s)] == []
 
 
-@pytest.mark.parametrize("page", [p for p in _pages() if p not in NOT_YET])
+@pytest.mark.parametrize("page", _pages())
 def test_user_docs_name_no_issue_or_round(page):
     assert _hits(page) == []
-
-
-@pytest.mark.parametrize("page", sorted(NOT_YET))
-def test_pages_not_yet_checked_still_need_it(page):
-    """A page in NOT_YET whose wording is fixed must leave NOT_YET, so the check covers it from then on."""
-    assert (ROOT / page).exists(), f"{page} is gone: remove it from NOT_YET"
-    assert _hits(page), f"{page} names no issue or round any more: remove it from NOT_YET"
