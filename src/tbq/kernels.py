@@ -36,6 +36,7 @@ import numba as nb
 import numpy as np
 from numba import types
 
+from . import numba_cache  # noqa: F401  (first: it keys the on-disk cache of every tbq kernel by its dependencies)
 from .backend import STATUS_NONFINITE, STATUS_OK, STATUS_SCALE_OVERFLOW, STATUS_UNDEFINED  # noqa: F401  (re-exported for the kernels)
 from .intrinsics import f16_widen_bits_portable, quantize_column8, quantize_column16, sum_squares32, transpose8
 

@@ -103,9 +103,11 @@ def _convert_bf16(x, h):
 
 
 @jit
-def encode_f16(x, h, raise_overflow):
+def _encode_words(x, h, limit, bf16):
+    """The f16 (``bf16`` False) or bf16 words of ``x`` into ``h``: chunks whose largest magnitude is below
+    ``limit`` by the vectorised conversion, the others value by value, stopping at the first one at or above
+    ``limit`` (:data:`STATUS_NONFINITE` for Inf/NaN, else :data:`STATUS_SCALE_OVERFLOW`)."""
     n = x.shape[0]
-    limit = _F16_OVER if raise_overflow else _INF32
     for s in range(0, n, CHUNK):
         e = min(s + CHUNK, n)
         if _amax(x[s:e]) >= limit:
@@ -115,29 +117,22 @@ def encode_f16(x, h, raise_overflow):
                     return j, STATUS_NONFINITE
                 if a >= limit:
                     return j, STATUS_SCALE_OVERFLOW
-                h[j] = f16_word(x[j])
+                h[j] = bf16_word(x[j]) if bf16 else f16_word(x[j])
+        elif bf16:
+            _convert_bf16(x[s:e], h[s:e])
         else:
             _convert_f16(x[s:e], h[s:e])
     return -1, STATUS_OK
 
 
 @jit
+def encode_f16(x, h, raise_overflow):
+    return _encode_words(x, h, _F16_OVER if raise_overflow else _INF32, False)
+
+
+@jit
 def encode_bf16(x, h, raise_overflow):
-    n = x.shape[0]
-    limit = _BF16_OVER if raise_overflow else _INF32
-    for s in range(0, n, CHUNK):
-        e = min(s + CHUNK, n)
-        if _amax(x[s:e]) >= limit:
-            for j in range(s, e):  # slow path: stop at the first offending value
-                a = _bits(x[j]) & _ABS
-                if a >= _INF32:
-                    return j, STATUS_NONFINITE
-                if a >= limit:
-                    return j, STATUS_SCALE_OVERFLOW
-                h[j] = bf16_word(x[j])
-        else:
-            _convert_bf16(x[s:e], h[s:e])
-    return -1, STATUS_OK
+    return _encode_words(x, h, _BF16_OVER if raise_overflow else _INF32, True)
 
 
 @jit

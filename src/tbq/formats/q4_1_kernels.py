@@ -15,6 +15,7 @@ from ..kernels import (
     f32_to_f16_bits,
     f32_to_int32,
     jit,
+    jit_inline,
     load_f16,
     reader_aux,
     reader_blocks,
@@ -132,23 +133,35 @@ def add_min_nonfinite(c, d, m):
     return F32(c) * d + m
 
 
+@jit_inline
+def store_min_scale(xr, bs, levels, out, b, raise_overflow):
+    """The min/scale header of the Q4_1/Q5_1 block ``xr`` (``bs`` values, codes ``0 .. levels``): ``d = (max -
+    min) / levels`` and ``min`` as fp16 at bytes 0-1 and 2-3 of ``out[b]``. Returns ``(status, min, 1/d)`` (1/d
+    is 0 for d = 0): :data:`STATUS_NONFINITE` for a non-finite block, :data:`STATUS_SCALE_OVERFLOW` when
+    ``raise_overflow`` and either fp16 is inf (nothing written then), else :data:`STATUS_OK`."""
+    mn, mx, finite = first_min_max(xr, bs)
+    if not finite:
+        return STATUS_NONFINITE, mn, _0
+    d = (mx - mn) / levels
+    inv = _1 / d if d != _0 else _0
+    hd = f32_to_f16_bits(d)
+    hm = f32_to_f16_bits(mn)
+    if raise_overflow and (f16_is_inf(hd) or f16_is_inf(hm)):
+        return STATUS_SCALE_OVERFLOW, mn, inv
+    store_f16(out, b, hd)
+    store_f16_at(out, b, 2, hm)
+    return STATUS_OK, mn, inv
+
+
 @jit
 def encode(x, out, raise_overflow):
     bs = x.shape[1]
     half = bs // 2
     for b in range(x.shape[0]):
         xr = x[b]
-        mn, mx, finite = first_min_max(xr, bs)
-        if not finite:
-            return b, STATUS_NONFINITE
-        d = (mx - mn) / _15
-        inv = _1 / d if d != _0 else _0
-        hd = f32_to_f16_bits(d)
-        hm = f32_to_f16_bits(mn)
-        if raise_overflow and (f16_is_inf(hd) or f16_is_inf(hm)):
-            return b, STATUS_SCALE_OVERFLOW
-        store_f16(out, b, hd)
-        store_f16_at(out, b, 2, hm)
+        status, mn, inv = store_min_scale(xr, bs, _15, out, b, raise_overflow)
+        if status != STATUS_OK:
+            return b, status
         orow = out[b]
         for j in range(half):  # both halves in one pass: one vector of codes per output byte lane
             orow[4 + j] = pair4(_code(xr[j], mn, inv), _code(xr[j + half], mn, inv))

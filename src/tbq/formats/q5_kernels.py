@@ -25,7 +25,7 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import hi4, lo4, pair4
-from .q4_1_kernels import add_min_nonfinite, first_min_max, load_f16_at, store_f16_at
+from .q4_1_kernels import add_min_nonfinite, load_f16_at, store_min_scale
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -124,17 +124,9 @@ def encode_q5_1(x, out, raise_overflow):
     half = bs // 2
     for b in range(x.shape[0]):
         xr = x[b]
-        mn, mx, finite = first_min_max(xr, bs)
-        if not finite:
-            return b, STATUS_NONFINITE
-        d = (mx - mn) / _31
-        inv = _1 / d if d != _0 else _0
-        hd = f32_to_f16_bits(d)
-        hm = f32_to_f16_bits(mn)
-        if raise_overflow and (f16_is_inf(hd) or f16_is_inf(hm)):
-            return b, STATUS_SCALE_OVERFLOW
-        store_f16(out, b, hd)
-        store_f16_at(out, b, 2, hm)
+        status, mn, inv = store_min_scale(xr, bs, _31, out, b, raise_overflow)
+        if status != STATUS_OK:
+            return b, status
         orow = out[b]
         qh = np.uint32(0)
         for j in range(half):
