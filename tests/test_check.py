@@ -1499,3 +1499,37 @@ def test_the_guides_pasted_outputs_are_what_the_commands_print(build, capsys, tm
         main(args)
         printed = capsys.readouterr().out
     _pasted_lines_match(pasted, printed.replace(str(GGML), "..."))
+
+
+def test_the_settings_are_one_frozen_record_validated_once_and_keywords_still_work():
+    """check_kernel's keywords and settings=CheckSettings(...) give the same report settings; a CheckSettings is
+    frozen and refuses a bad value at construction with the message run_check gave; both ways at once, or a keyword
+    that is not a setting, is refused."""
+    import dataclasses
+
+    from tbq.check import CheckSettings, check_kernel, check_target
+    from tbq.check.targets import CallableTarget
+    from tbq.errors import ConfigError, TbqValueError
+
+    enc = lambda x: tbq.quantize(x, "q4_0")  # noqa: E731
+    by_keywords = check_kernel("q4_0", quantize=enc, blocks=64, examples=0, seed=3, accept="fragile")
+    s = CheckSettings(blocks=64, examples=0, seed=3, accept="fragile")
+    by_settings = check_kernel("q4_0", quantize=enc, settings=s)
+    assert by_keywords.settings == by_settings.settings
+    assert by_keywords.settings["accept"] == ["fragile"] and by_keywords.settings["blocks"] == 64
+    assert s.accept == frozenset({"fragile"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.blocks = 1  # type: ignore[misc]
+    with pytest.raises(TbqValueError, match="blocks must be an integer >= 0"):
+        CheckSettings(blocks=-1)
+    with pytest.raises(TbqValueError, match="cannot accept 'nonsense'"):
+        CheckSettings(accept="nonsense")
+    with pytest.raises(TbqValueError, match="nothing would be checked"):
+        CheckSettings(blocks=0, examples=0)
+    with pytest.raises(ConfigError, match=r"not both \(blocks given as keywords\)"):
+        check_kernel("q4_0", quantize=enc, settings=s, blocks=5)
+    with pytest.raises(ConfigError, match="unknown check setting bloks"):
+        check_target(CallableTarget(tbq.get_format("q4_0"), enc, None), bloks=5)
+    # keywords replace fields of a given CheckSettings in the functions that take both
+    r = check_target(CallableTarget(tbq.get_format("q4_0"), enc, None), s, seed=4)
+    assert r.settings["seed"] == 4 and r.settings["blocks"] == 64

@@ -868,8 +868,9 @@ def test_generate_reports_progress_and_prints_nothing(tmp_path, capsys):
 
 
 def test_package_modules_import_one_way():
-    """families, manifest, cheader at the bottom, then fragility, then generate; no module imports one above it."""
-    order = ["families", "manifest", "cheader", "fragility", "generate"]
+    """families, manifest, cheader at the bottom, then fragility, the settings, then generate; no module imports one
+    above it."""
+    order = ["families", "manifest", "cheader", "fragility", "settings", "generate"]
     src = Path(golden.__file__).parent
     for i, name in enumerate(order):
         text = (src / f"{name}.py").read_text()
@@ -1013,3 +1014,27 @@ def test_every_format_gets_a_consistent_golden_set(tmp_path, fmt):
     again = golden.regenerate(tmp_path / f"{fmt}.json")
     for key in a:
         assert np.array_equal(again.arrays[key].view(np.uint8), a[key].view(np.uint8)), (fmt, key)
+
+
+def test_generate_takes_its_settings_as_keywords_or_as_one_golden_settings(tmp_path):
+    """The same files either way; a GoldenSettings is frozen and checked at construction; both ways at once is
+    refused naming the keywords."""
+    import dataclasses
+
+    from tbq.errors import ConfigError, TbqValueError
+    from tbq.golden.settings import GoldenSettings
+
+    a = golden.generate(tmp_path / "a", formats=["q8_0"], families=["edge"], rows_per_family=2, seed=5)
+    s = GoldenSettings(formats="q8_0", families="edge", rows_per_family=2, seed=5)
+    b = golden.generate(tmp_path / "b", settings=s)
+    for p, q in zip(a.paths, b.paths, strict=True):
+        assert p.name == q.name and p.read_bytes() == q.read_bytes()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.seed = 1  # type: ignore[misc]
+    with pytest.raises(TbqValueError, match="n_sink"):
+        GoldenSettings(tokens=4, n_sink=5)
+    with pytest.raises(ConfigError, match=r"not both \(seed given as keywords\)"):
+        golden.generate(tmp_path / "c", settings=s, seed=6)
+    with pytest.raises(ConfigError, match="unknown golden setting colour"):
+        GoldenSettings.of(s, {"colour": 1})
+    assert GoldenSettings.of(s, {"seed": 6}).seed == 6

@@ -18,6 +18,7 @@ from __future__ import annotations
 import array
 import json
 import os
+import pickle
 import re
 import struct
 import subprocess
@@ -223,7 +224,7 @@ def round_trip_arrays() -> list[np.ndarray]:
 def test_registered_with_numcodecs():
     for fmt, cid in IDS.items():
         c = numcodecs.get_codec({"id": cid})
-        assert type(c) is getattr(tn, fmt.upper()) and c.codec_id == cid and c.fmt == fmt
+        assert type(c) is getattr(tn, f"{fmt.upper()}Numcodec") and c.codec_id == cid and c.fmt == fmt
         assert isinstance(c, numcodecs.abc.Codec)
         assert numcodecs.registry.codec_registry[cid] is type(c)
         assert tn.get_numcodec(fmt) == c == tn.get_numcodec(cid)
@@ -261,13 +262,13 @@ def test_config(fmt):
 
 
 def test_config_values():
-    assert tn.Q8_0(backend="numpy").get_config() == {
+    assert tn.Q8_0Numcodec(backend="numpy").get_config() == {
         "id": "tbq.q8_0",
         "backend": "numpy",
         "threads": None,
         "on_overflow": "raise",
     }
-    assert tn.TBQ3_0(backend="numpy").get_config() == {
+    assert tn.TBQ3_0Numcodec(backend="numpy").get_config() == {
         "id": "tbq.tbq3_0",
         "codebook": "lloyd-max",
         "signs": "turboq-mtp",
@@ -275,22 +276,26 @@ def test_config_values():
         "threads": None,
         "on_overflow": "raise",
     }
-    assert tn.Q8_0() != tn.Q8_0(on_overflow="inf")
-    assert tn.Q8_0(backend="numpy") == tn.Q8_0(backend="numpy") and tn.Q8_0() != tn.Q4_0()
-    assert hash(tn.TBQ4_0()) == hash(tn.TBQ4_0())
+    assert tn.Q8_0Numcodec() != tn.Q8_0Numcodec(on_overflow="inf")
+    assert (
+        tn.Q8_0Numcodec(backend="numpy") == tn.Q8_0Numcodec(backend="numpy") and tn.Q8_0Numcodec() != tn.Q4_0Numcodec()
+    )
+    assert hash(tn.TBQ4_0Numcodec()) == hash(tn.TBQ4_0Numcodec())
 
 
 def test_repr():
-    check_repr("Q8_0(backend='numpy', threads=None, on_overflow='raise')")
-    check_repr("Q4_0(backend='numba', threads=2, on_overflow='inf')")
-    check_repr("TBQ4_0(codebook='lloyd-max', signs='turboq-mtp', backend='numpy', threads=None, on_overflow='raise')")
-    check_repr("TBQ3_0(codebook='turboq-mtp', signs=7, backend='numpy', threads=1, on_overflow='raise')")
+    check_repr("Q8_0Numcodec(backend='numpy', threads=None, on_overflow='raise')")
+    check_repr("Q4_0Numcodec(backend='numba', threads=2, on_overflow='inf')")
+    check_repr(
+        "TBQ4_0Numcodec(codebook='lloyd-max', signs='turboq-mtp', backend='numpy', threads=None, on_overflow='raise')"
+    )
+    check_repr("TBQ3_0Numcodec(codebook='turboq-mtp', signs=7, backend='numpy', threads=1, on_overflow='raise')")
 
 
 def test_header_layout():
     """The documented header, byte by byte."""
     x = np.ones((2, 3, 64), np.float32)
-    enc = tn.Q4_0().encode(x)
+    enc = tn.Q4_0Numcodec().encode(x)
     head = bytes(enc[:32])
     assert head[:4] == b"TBQ\x00" and head[4] == 1 and head[5] == 2 and head[6] == 3 and head[7] == 0
     assert struct.unpack("<3Q", head[8:32]) == (2, 3, 64)
@@ -302,13 +307,13 @@ def test_header_layout():
 
 
 def test_encode_errors():
-    c = tn.Q8_0()
+    c = tn.Q8_0Numcodec()
     with pytest.raises(
         tbq.BlockShapeError, match=r"chunk of shape \(4, 100\).*last axis has 100 values.*multiple of the block size 32"
     ):
         c.encode(np.zeros((4, 100), np.float32))
     with pytest.raises(tbq.BlockShapeError, match="block size 128"):
-        tn.TBQ4_0().encode(np.zeros(96, np.float32))
+        tn.TBQ4_0Numcodec().encode(np.zeros(96, np.float32))
     with pytest.raises(tbq.BlockShapeError, match="0-d"):
         c.encode(np.float32(1.0).reshape(()))
     with pytest.raises(tbq.TbqTypeError, match="int32"):
@@ -322,45 +327,47 @@ def test_encode_errors():
     with pytest.raises(tbq.ScaleOverflowError):
         c.encode(np.full(32, 1e9, np.float32))
     assert np.isinf(
-        tn.Q8_0(on_overflow="inf").decode(tn.Q8_0(on_overflow="inf").encode(np.full(32, 1e9, np.float32)))
+        tn.Q8_0Numcodec(on_overflow="inf").decode(
+            tn.Q8_0Numcodec(on_overflow="inf").encode(np.full(32, 1e9, np.float32))
+        )
     ).any()
 
 
 def test_decode_errors():
-    enc = tn.TBQ4_0().encode(np.ones((2, 128), np.float32))
+    enc = tn.TBQ4_0Numcodec().encode(np.ones((2, 128), np.float32))
     with pytest.raises(tbq.TbqValueError, match="holds tbq4_0 blocks.*not q8_0"):
-        tn.Q8_0().decode(enc)
+        tn.Q8_0Numcodec().decode(enc)
     with pytest.raises(tbq.EncodedLengthError, match="truncated or corrupt"):
-        tn.TBQ4_0().decode(enc[:-1])
+        tn.TBQ4_0Numcodec().decode(enc[:-1])
     with pytest.raises(tbq.EncodedLengthError, match="truncated or corrupt"):
-        tn.TBQ4_0().decode(np.concatenate([enc, enc[-1:]]))
+        tn.TBQ4_0Numcodec().decode(np.concatenate([enc, enc[-1:]]))
     with pytest.raises(tbq.EncodedLengthError, match="header"):
-        tn.TBQ4_0().decode(enc[:5])
+        tn.TBQ4_0Numcodec().decode(enc[:5])
     with pytest.raises(tbq.EncodedLengthError, match="declares 2 axes"):
-        tn.TBQ4_0().decode(enc[:12])
+        tn.TBQ4_0Numcodec().decode(enc[:12])
     bad = enc.copy()
     bad[0] = ord("X")
     with pytest.raises(tbq.TbqValueError, match="not a tbq-encoded buffer"):
-        tn.TBQ4_0().decode(bad)
+        tn.TBQ4_0Numcodec().decode(bad)
     bad = enc.copy()
     bad[4] = 9
     with pytest.raises(tbq.TbqValueError, match="header version 9"):
-        tn.TBQ4_0().decode(bad)
+        tn.TBQ4_0Numcodec().decode(bad)
     bad = enc.copy()
     bad[5] = 77
     with pytest.raises(tbq.TbqValueError, match="unknown format code 77"):
-        tn.TBQ4_0().decode(bad)
+        tn.TBQ4_0Numcodec().decode(bad)
 
 
 def test_config_errors():
     with pytest.raises(tbq.ConfigError):
         tn.get_numcodec("q9_9")
     with pytest.raises(tbq.ConfigError):
-        tn.Q8_0(name="q8_0")
+        tn.Q8_0Numcodec(name="q8_0")
     with pytest.raises(tbq.ConfigError, match="bad configuration"):
-        tn.Q8_0(codebook="lloyd-max")  # not a Q8_0 parameter
+        tn.Q8_0Numcodec(codebook="lloyd-max")  # not a Q8_0 parameter
     with pytest.raises(tbq.ConfigError, match="not 'tbq.q8_0'"):
-        tn.Q8_0.from_config({"id": "tbq.q4_0"})
+        tn.Q8_0Numcodec.from_config({"id": "tbq.q4_0"})
     with pytest.raises(TypeError, match="abstract"):
         tn.TbqCodec()
 
@@ -467,10 +474,10 @@ def test_zarr3_codec_object():
     z = tn.zarr_codec("tbq4_0", codebook="turboq-mtp")
     assert z.to_dict() == {
         "name": "tbq.tbq4_0",
-        "configuration": {k: v for k, v in tn.TBQ4_0(codebook="turboq-mtp").get_config().items() if k != "id"},
+        "configuration": {k: v for k, v in tn.TBQ4_0Numcodec(codebook="turboq-mtp").get_config().items() if k != "id"},
     }
     assert type(z).from_dict(json.loads(json.dumps(z.to_dict()))) == z
-    assert z.numcodec == tn.TBQ4_0(codebook="turboq-mtp")
+    assert z.numcodec == tn.TBQ4_0Numcodec(codebook="turboq-mtp")
     from zarr.registry import get_codec_class
 
     for cid in IDS.values():
@@ -576,11 +583,11 @@ def test_zarr3_validation(tmp_path):
     # a numcodecs object is not a Zarr 3 codec: Zarr rejects it as a v3 filter or compressor
     with pytest.raises(TypeError, match="ArrayArrayCodec"):
         zarr.create_array(
-            store=tmp_path / "d.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", filters=[tn.Q8_0()]
+            store=tmp_path / "d.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", filters=[tn.Q8_0Numcodec()]
         )
     with pytest.raises(TypeError, match="BytesBytesCodec"):
         zarr.create_array(
-            store=tmp_path / "e.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", compressors=[tn.Q8_0()]
+            store=tmp_path / "e.zarr", shape=(8, 128), chunks=(4, 128), dtype="float32", compressors=[tn.Q8_0Numcodec()]
         )
 
 
@@ -695,6 +702,27 @@ def test_codec_ids_follow_the_naming_rule():
     """docs/formats.md's rule: any case on input, the lowercase id written."""
     c = tn.get_numcodec("TBQ.Q8_0")
     assert c.codec_id == "tbq.q8_0" and c.get_config()["id"] == "tbq.q8_0"
-    assert tn.Q8_0.from_config({"id": "TBQ.Q8_0"}) == tn.Q8_0()
+    assert tn.Q8_0Numcodec.from_config({"id": "TBQ.Q8_0"}) == tn.Q8_0Numcodec()
     with pytest.raises(tbq.ConfigError):
-        tn.Q8_0.from_config({"id": "tbq.q4_0"})
+        tn.Q8_0Numcodec.from_config({"id": "tbq.q4_0"})
+
+
+def test_the_numcodecs_classes_have_names_of_their_own_and_the_old_ones_still_work():
+    """``tbq.numcodecs.Q8_0Numcodec`` is not the format class ``tbq.formats.q8_0.Q8_0`` nor the core codec
+    ``tbq.codecs.Q8_0Codec``; the old spellings give the same classes with a DeprecationWarning naming the new."""
+    import tbq.codecs
+    from tbq.formats.q8_0 import Q8_0
+
+    names = {Q8_0.__name__, tbq.codecs.Q8_0Codec.__name__, tn.Q8_0Numcodec.__name__}
+    assert names == {"Q8_0", "Q8_0Codec", "Q8_0Numcodec"}
+    for fmt in FORMATS:
+        cls = getattr(tn, f"{fmt.upper()}Numcodec")
+        assert cls.fmt == fmt and cls.__qualname__ == cls.__name__
+        with pytest.warns(DeprecationWarning, match=rf"use tbq\.numcodecs\.{fmt.upper()}Numcodec"):
+            assert getattr(tn, fmt.upper()) is cls
+    for old in ("Q8_0", "Q4_0", "TBQ4_0", "TBQ3_0"):
+        with pytest.warns(DeprecationWarning, match=rf"use tbq\.codecs\.{old}Codec"):
+            assert getattr(tbq.codecs, old) is getattr(tbq.codecs, f"{old}Codec")
+    with pytest.raises(AttributeError):
+        tn.NO_SUCH_FORMAT  # noqa: B018
+    assert pickle.loads(pickle.dumps(tn.Q8_0Numcodec(backend="numpy"))) == tn.Q8_0Numcodec(backend="numpy")

@@ -1,9 +1,9 @@
-"""tbq.reference: the spec's shared float32 arithmetic."""
+"""tbq.float32: the spec's shared float32 arithmetic (formerly tbq.reference, a deprecated alias now)."""
 
 import numpy as np
 import pytest
 
-from tbq import reference
+from tbq import float32 as reference
 
 
 def sequential_sum_squares(v):
@@ -31,3 +31,21 @@ def test_seq_sum_squares_is_the_sequential_sum_on_both_sides_of_the_switch(rows)
     assert want[0] == 2.0**24
     # the order matters on these rows: np.sum (pairwise) gives other bits
     assert np.sum(v[:1] * v[:1], axis=1, dtype=np.float32)[0] != want[0]
+
+
+def test_tbq_reference_is_a_deprecated_alias_of_tbq_float32():
+    """The old module name still gives the same objects, with a DeprecationWarning naming the new home; a name
+    neither has is an AttributeError."""
+    import importlib
+
+    import tbq.float32
+
+    old = importlib.import_module("tbq.reference")
+    with pytest.warns(DeprecationWarning, match=r"use tbq\.float32\.roundf"):
+        assert old.roundf is tbq.float32.roundf
+    with pytest.warns(DeprecationWarning, match="tbq.float32.seq_sum_squares"):
+        from tbq.reference import seq_sum_squares
+    assert seq_sum_squares is tbq.float32.seq_sum_squares
+    with pytest.raises(AttributeError):
+        old.no_such_helper  # noqa: B018
+    assert "roundf" in dir(old)

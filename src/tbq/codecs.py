@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any, NoReturn
@@ -39,10 +40,10 @@ from .parallel import default_threads, fork_safe_lock, run_chunks
 
 __all__ = [
     "Codec",
-    "Q8_0",
-    "Q4_0",
-    "TBQ4_0",
-    "TBQ3_0",
+    "Q8_0Codec",
+    "Q4_0Codec",
+    "TBQ4_0Codec",
+    "TBQ3_0Codec",
     "get_codec",
     "codec_from_config",
     "codec_from",
@@ -250,7 +251,7 @@ def _check_overlap(out: np.ndarray, a: np.ndarray, what: str) -> None:
 class Codec:
     """A block format with its configuration: ``Codec("q8_0", backend="numpy")``.
 
-    The per-format classes (``Q8_0``, ``TBQ4_0``, ... from :func:`codec_class`)
+    The per-format classes (``Q8_0Codec``, ``TBQ4_0Codec``, ... from :func:`codec_class`)
     fix the format; :func:`get_codec` is the usual way to build one.
 
     Parameters
@@ -571,16 +572,22 @@ _CLASSES: dict[str, type] = {}
 def codec_class(name: str) -> type:
     """The codec class of format ``name`` (built once from the format registry).
 
+    The class is named ``<FORMAT>Codec`` (``Q8_0Codec``): the format's own class is
+    :class:`tbq.formats.q8_0.Q8_0`, the numcodecs codec ``tbq.numcodecs.Q8_0Numcodec``.
+
     >>> codec_class("q8_0")(backend="numpy")
-    Q8_0(backend='numpy', threads=None, on_overflow='raise')
+    Q8_0Codec(backend='numpy', threads=None, on_overflow='raise')
     """
     name = format_name(name)
     if name not in _CLASSES:
         info = format_info(name)
         parts = (f"{info.description}.", format_class(name).__doc__, Codec.__doc__)
         doc = "\n\n".join(inspect.cleandoc(p) for p in parts if p)  # one indentation, so it renders as reST
+        cls_name = f"{name.upper()}Codec"
         _CLASSES[name] = type(
-            name.upper(), (Codec,), {"name": name, "info": info, "__doc__": doc, "__module__": __name__}
+            cls_name,
+            (Codec,),
+            {"name": name, "info": info, "__doc__": doc, "__module__": __name__, "__qualname__": cls_name},
         )
     return _CLASSES[name]
 
@@ -593,10 +600,27 @@ def register_codec(cls: type[Codec]) -> type[Codec]:
     return cls
 
 
-Q8_0 = codec_class("q8_0")
-Q4_0 = codec_class("q4_0")
-TBQ4_0 = codec_class("tbq4_0")
-TBQ3_0 = codec_class("tbq3_0")
+Q8_0Codec = codec_class("q8_0")
+Q4_0Codec = codec_class("q4_0")
+TBQ4_0Codec = codec_class("tbq4_0")
+TBQ3_0Codec = codec_class("tbq3_0")
+
+#: The old spellings of the four classes above, which shared their names with the formats' classes
+#: (``tbq.formats.q8_0.Q8_0``) and the numcodecs codecs: still served, with a DeprecationWarning.
+_DEPRECATED_NAMES = {"Q8_0": "Q8_0Codec", "Q4_0": "Q4_0Codec", "TBQ4_0": "TBQ4_0Codec", "TBQ3_0": "TBQ3_0Codec"}
+
+
+def __getattr__(name: str) -> Any:
+    new = _DEPRECATED_NAMES.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"tbq.codecs.{name} is deprecated (the format class tbq.formats.*.{name} has the same name): use "
+        f"tbq.codecs.{new}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return globals()[new]
 
 
 def get_codec(name: str, **config: Any) -> Codec:
@@ -624,7 +648,7 @@ def codec_from(fmt: str, config: dict[str, Any] | None = None, **settings: Any) 
     decide where it runs) or a plain dict of format options.
 
     >>> codec_from("tbq4_0", {"name": "tbq4_0", "signs": 7, "backend": "numba"}, backend="numpy")
-    TBQ4_0(codebook='lloyd-max', signs=7, backend='numpy', threads=None, on_overflow='raise')
+    TBQ4_0Codec(codebook='lloyd-max', signs=7, backend='numpy', threads=None, on_overflow='raise')
     """
     cfg = dict(config or {})
     fmt = format_name(fmt)

@@ -4,14 +4,17 @@ Importing this module registers, with numcodecs, one :class:`numcodecs.abc.Codec
 subclass per registered format (every format of :func:`tbq.formats`, plugins
 included), for example:
 
-==============  =================  ===================================
-codec id        class              what it stores
-==============  =================  ===================================
-``tbq.q8_0``    :class:`Q8_0`      ggml Q8_0 blocks (8.5 bits/value)
-``tbq.q4_0``    :class:`Q4_0`      ggml Q4_0 blocks (4.5 bits/value)
-``tbq.tbq4_0``  :class:`TBQ4_0`    TBQ4_0 blocks (4.125 bits/value)
-``tbq.tbq3_0``  :class:`TBQ3_0`    TBQ3_0 blocks (3.125 bits/value)
-==============  =================  ===================================
+==============  ===================  ===================================
+codec id        class                what it stores
+==============  ===================  ===================================
+``tbq.q8_0``    ``Q8_0Numcodec``     ggml Q8_0 blocks (8.5 bits/value)
+``tbq.q4_0``    ``Q4_0Numcodec``     ggml Q4_0 blocks (4.5 bits/value)
+``tbq.tbq4_0``  ``TBQ4_0Numcodec``   TBQ4_0 blocks (4.125 bits/value)
+``tbq.tbq3_0``  ``TBQ3_0Numcodec``   TBQ3_0 blocks (3.125 bits/value)
+==============  ===================  ===================================
+
+(named ``<FORMAT>Numcodec``; the old names ``Q8_0``, ``TBQ4_0``, ... still work,
+with a :class:`DeprecationWarning`: the formats' own classes have them)
 
 and, when Zarr >= 3 is installed, the Zarr 3 *serializer* (array -> bytes codec)
 :class:`ZarrCodec` under the same names. Nothing here is imported by
@@ -25,7 +28,7 @@ each format's own options: TBQ's ``codebook`` and ``signs``, FP8's ``scale``)
 with the core ``name`` replaced by the numcodecs ``id``::
 
     >>> import tbq.numcodecs as tn
-    >>> tn.Q4_0(backend="numpy").get_config()
+    >>> tn.Q4_0Numcodec(backend="numpy").get_config()
     {'id': 'tbq.q4_0', 'backend': 'numpy', 'threads': None, 'on_overflow': 'raise'}
 
 ``tbq.codec_from_config({"name": fmt, **config_without_id})`` rebuilds the
@@ -69,6 +72,7 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -206,7 +210,7 @@ def _as_float_array(buf: Any) -> np.ndarray:
 
 
 class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
-    """numcodecs codec for one tbq block format (use :class:`Q8_0`, :class:`Q4_0`, :class:`TBQ4_0`, :class:`TBQ3_0`).
+    """numcodecs codec for one tbq block format (use ``Q8_0Numcodec``, ``Q4_0Numcodec``, ... or :func:`get_numcodec`).
 
     Keyword arguments are those of :func:`tbq.get_codec` for the format
     (``backend``, ``threads``, ``on_overflow``; ``codebook`` and ``signs`` for
@@ -220,7 +224,7 @@ class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: 
 
     def __init__(self, **config: Any) -> None:
         if not self.fmt:
-            raise TypeError("TbqCodec is abstract: use Q8_0, Q4_0, TBQ4_0 or TBQ3_0 (or get_numcodec(fmt))")
+            raise TypeError("TbqCodec is abstract: use Q8_0Numcodec, Q4_0Numcodec, ... (or get_numcodec(fmt))")
         if "name" in config or "id" in config:
             raise ConfigError(
                 f"{type(self).__name__}: pass the configuration without 'name'/'id' "
@@ -336,15 +340,38 @@ class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: 
 def _numcodec_class(fmt: str) -> type[TbqCodec]:
     info = FORMATS[fmt]
     doc = f"{info.description} numcodecs codec (id ``tbq.{fmt}``): {info.type_size} bytes per {info.block_size} values."
+    name = f"{fmt.upper()}Numcodec"
     return type(
-        fmt.upper(), (TbqCodec,), {"codec_id": CODEC_IDS[fmt], "fmt": fmt, "__doc__": doc, "__module__": __name__}
+        name,
+        (TbqCodec,),
+        {"codec_id": CODEC_IDS[fmt], "fmt": fmt, "__doc__": doc, "__module__": __name__, "__qualname__": name},
     )
 
 
-#: One numcodecs class per format of the registry, named like the format (``Q8_0``, ``TBQ4_0``, ...).
+#: One numcodecs class per format of the registry, named ``<FORMAT>Numcodec`` (``Q8_0Numcodec``, ...): the
+#: format's own class is ``tbq.formats.q8_0.Q8_0``, the core codec ``tbq.codecs.Q8_0Codec``.
 _CLASSES: dict[str, type[TbqCodec]] = {fmt: _numcodec_class(fmt) for fmt in FORMATS}
-globals().update({c.__name__: c for c in _CLASSES.values()})
-__all__ += [c.__name__ for c in _CLASSES.values()]
+#: The classes by name, module globals (the formats, plugins included, decide which exist; numcodecs' repr
+#: convention evaluates ``repr(codec)`` in this module's namespace).
+_BY_NAME: dict[str, type[TbqCodec]] = {c.__name__: c for c in _CLASSES.values()}
+globals().update(_BY_NAME)
+#: The old names (``Q8_0``, the format's own name), still served with a DeprecationWarning.
+_DEPRECATED_NAMES: dict[str, str] = {fmt.upper(): c.__name__ for fmt, c in _CLASSES.items()}
+__all__ += list(_BY_NAME)
+
+
+def __getattr__(name: str) -> Any:
+    new = _DEPRECATED_NAMES.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"tbq.numcodecs.{name} is deprecated (the format class tbq.formats.*.{name} has the same name): use "
+        f"tbq.numcodecs.{new}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return _BY_NAME[new]
+
 
 for _cls in _CLASSES.values():
     _numcodecs_register(_cls)

@@ -445,7 +445,7 @@ def decode_tokens_per_s(
     return float(_bandwidth(bandwidth_bytes_per_s) / step)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Feasibility:
     """Whether a KV cache fits next to the weights. Sizes in bytes, plus formatted strings."""
 
@@ -523,7 +523,7 @@ def feasibility(
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SweepRow:
     """One (format, context) cell of a context sweep."""
 

@@ -38,7 +38,7 @@ from .arithmetic import (
 __all__ = ["FormatBudget", "BudgetReport", "budget_report", "format_report", "plot_report", "REPORT_WIDTH"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FormatBudget:
     """Per-format summary: bytes per token, crossover context and the largest context that fits."""
 
@@ -54,7 +54,7 @@ class FormatBudget:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BudgetReport:
     """Everything ``tbq budget`` prints: inputs (in bytes), per-format summary and the sweep."""
 

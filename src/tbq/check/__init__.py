@@ -67,7 +67,8 @@ from .diagnose import Diagnosis
 from .dot import CallableDot, LibraryDot, check_dot, right_format
 from .ggml_graph import GgmlAttention
 from .report import CheckReport, Counterexample, PhaseResult
-from .runner import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, FuzzUnavailable, run_check
+from .runner import FuzzUnavailable, run_check
+from .settings import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, CheckSettings
 from .targets import CallableTarget, LibraryTarget, ProgramTarget, Target, TargetError, default_symbol
 
 __all__ = [
@@ -75,6 +76,7 @@ __all__ = [
     "check_library",
     "check_program",
     "check_target",
+    "CheckSettings",
     "check_dot",
     "check_attention",
     "AttentionSettings",
@@ -148,33 +150,34 @@ def _finish(report: CheckReport, target: Target, out: str | os.PathLike[str] | N
     return report
 
 
-def check_target(
-    target: Target,
-    *,
-    blocks: int = DEFAULT_BLOCKS,
-    examples: int = DEFAULT_EXAMPLES,
-    seconds: float | None = None,
-    exact: bool = False,
-    k: int = DEFAULT_K,
-    seed: int = 0,
-    out: str | os.PathLike[str] | None = None,
-    progress: bool | None = False,
-    accept: str | Iterable[str] | None = (),
-) -> CheckReport:
-    """Check any :class:`Target` (see :func:`check_kernel` for the settings); closes the target afterwards."""
-    try:
-        report = run_check(
-            target,
-            blocks=blocks,
-            examples=examples,
-            seconds=seconds,
-            exact=exact,
-            k=k,
-            seed=seed,
-            progress=progress,
-            accept=accept,
+#: The settings a dot-product check (:func:`tbq.check.dot.check_dot`) takes.
+_DOT_SETTINGS = ("blocks", "examples", "exact", "seed", "out", "accept")
+
+
+def _settings_or_keywords(settings: CheckSettings, given: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Refuse a :class:`CheckSettings` given together with setting keywords (changed from their defaults)."""
+    if not isinstance(settings, CheckSettings):
+        raise ConfigError(f"settings must be a tbq.check.CheckSettings, got {type(settings).__name__}")
+    both = [n for n, v in given.items() if not _same(v, defaults[n])]
+    if both:
+        raise ConfigError(
+            f"give the check's settings as settings= or as keywords, not both ({', '.join(both)} given as keywords)"
         )
-        return _finish(report, target, out)
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # an array-like setting: not the default
+        return False
+
+
+def check_target(target: Target, settings: CheckSettings | None = None, **keywords: Any) -> CheckReport:
+    """Check any :class:`Target` under ``settings`` (a :class:`CheckSettings`) or its fields as ``keywords`` (see
+    :func:`check_kernel`); closes the target afterwards."""
+    try:
+        s = CheckSettings.of(settings, keywords)
+        return _finish(run_check(target, s), target, s.out)
     finally:
         target.close()
 
@@ -199,6 +202,7 @@ def check_kernel(
     accept: str | Iterable[str] | None = (),
     dot: Callable[[NDArray[Any], NDArray[Any], int], Any] | None = None,
     rhs: str | Format | None = None,
+    settings: CheckSettings | None = None,
 ) -> CheckReport:
     """Check Python kernels of format ``fmt`` against tbq; returns a :class:`CheckReport`.
 
@@ -229,33 +233,30 @@ def check_kernel(
     ``examples``, ``exact``, ``seed``, ``out`` and ``accept``, there
     ``"fragile"`` or ``"unsigned_codes"``, apply).
 
+    ``settings``: all of those at once, a :class:`CheckSettings` (then leave their keywords out).
+
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
     f = resolve_format(fmt, codebook, signs, options)
+    given: dict[str, Any] = {
+        "blocks": blocks,
+        "examples": examples,
+        "seconds": seconds,
+        "exact": exact,
+        "k": k,
+        "seed": seed,
+        "out": out,
+        "progress": progress,
+        "accept": accept,
+    }
+    if settings is not None:
+        _settings_or_keywords(settings, given, _KERNEL_DEFAULTS)
+        given = {name: getattr(settings, name) for name in given}
     if dot is not None:
         if quantize is not None or dequantize is not None:
             raise ConfigError("give dot= alone: a dot-product check does not take quantize= or dequantize=")
-        return check_dot(
-            CallableDot(f, right_format(f, rhs), dot, name=name),
-            blocks=blocks,
-            examples=examples,
-            exact=exact,
-            seed=seed,
-            out=out,
-            accept=accept,
-        )
-    return check_target(
-        CallableTarget(f, quantize, dequantize, name=name),
-        blocks=blocks,
-        examples=examples,
-        seconds=seconds,
-        exact=exact,
-        k=k,
-        seed=seed,
-        out=out,
-        progress=progress,
-        accept=accept,
-    )
+        return check_dot(CallableDot(f, right_format(f, rhs), dot, name=name), **{n: given[n] for n in _DOT_SETTINGS})
+    return check_target(CallableTarget(f, quantize, dequantize, name=name), CheckSettings.of(None, given))
 
 
 def check_library(
@@ -272,7 +273,8 @@ def check_library(
     options: dict[str, Any] | None = None,
     dot: str | None = None,
     rhs: str | Format | None = None,
-    **settings: Any,
+    settings: CheckSettings | None = None,
+    **keywords: Any,
 ) -> CheckReport:
     """Check a shared library's ggml row functions (default names ``quantize_row_<fmt>_ref``, ``dequantize_row_<fmt>``).
 
@@ -281,25 +283,28 @@ def check_library(
     f(void)`` functions called once after loading, in order (ggml's CPU
     backend needs ``ggml_cpu_init``). The report names each symbol and the
     file that defines it (``dladdr``); ``strict_lib=True`` refuses a symbol
-    that a dependency of the library defines. ``settings`` as in
-    :func:`check_kernel`. A library that does not load or lacks a symbol
+    that a dependency of the library defines. ``settings`` (a
+    :class:`CheckSettings`) or its fields as keywords, as in :func:`check_kernel`. A library that does not load or lacks a symbol
     raises :class:`TargetError`. ``dot``: the symbol of a ggml ``vec_dot``
     kernel instead (``rhs``: its right operand's format, default the one
     ggml pairs ``fmt`` with), checked by :func:`tbq.check.dot.check_dot`.
     """
     f = resolve_format(fmt, codebook, signs, options)
     if dot is not None:
-        extra = set(settings) - {"blocks", "examples", "exact", "seed", "out", "accept"}
+        if settings is not None:
+            raise ConfigError("a dot-product check takes its settings as keywords, not a CheckSettings")
+        extra = set(keywords) - set(_DOT_SETTINGS)
         if extra or quantize or dequantize or only:
             raise ConfigError(
                 "a dot-product check takes blocks, examples, exact, seed, out and accept, not "
                 f"{', '.join(sorted(extra)) or 'row symbols'}"
             )
-        settings.setdefault("examples", DEFAULT_EXAMPLES)  # the fuzz phase, as for row functions
-        return check_dot(LibraryDot(path, dot, f, right_format(f, rhs), init=init, strict_lib=strict_lib), **settings)
+        keywords.setdefault("examples", DEFAULT_EXAMPLES)  # the fuzz phase, as for row functions
+        return check_dot(LibraryDot(path, dot, f, right_format(f, rhs), init=init, strict_lib=strict_lib), **keywords)
+    s = CheckSettings.of(settings, keywords)  # validated before the library is loaded
     return check_target(
         LibraryTarget(path, f, quantize=quantize, dequantize=dequantize, only=only, init=init, strict_lib=strict_lib),
-        **settings,
+        s,
     )
 
 
@@ -312,14 +317,30 @@ def check_program(
     codebook: Any = None,
     signs: Any = None,
     options: dict[str, Any] | None = None,
-    **settings: Any,
+    settings: CheckSettings | None = None,
+    **keywords: Any,
 ) -> CheckReport:
     """Check an external program: ``command`` with ``{in}``, ``{out}`` and optionally ``{op}``, ``{k}``, ``{rows}``, ``{format}``.
 
     The program reads ``{in}`` (raw little-endian float32 to quantize, or
     encoded bytes to dequantize; rows back to back) and writes ``{out}``.
     Without ``{op}`` it implements one direction: say which with ``only``.
-    ``settings`` as in :func:`check_kernel`.
+    ``settings`` (a :class:`CheckSettings`) or its fields as keywords, as in :func:`check_kernel`.
     """
     f = resolve_format(fmt, codebook, signs, options)
-    return check_target(ProgramTarget(command, f, only=only, timeout=timeout), **settings)
+    s = CheckSettings.of(settings, keywords)  # validated before the program is run
+    return check_target(ProgramTarget(command, f, only=only, timeout=timeout), s)
+
+
+#: check_kernel's keyword defaults (a CheckSettings given with settings= refuses keywords changed from them).
+_KERNEL_DEFAULTS = {
+    "blocks": DEFAULT_BLOCKS,
+    "examples": DEFAULT_EXAMPLES,
+    "seconds": None,
+    "exact": False,
+    "k": DEFAULT_K,
+    "seed": 0,
+    "out": None,
+    "progress": False,
+    "accept": (),
+}

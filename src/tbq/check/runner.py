@@ -27,7 +27,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..codecs import codec_from
-from ..errors import TbqValueError, check_int, check_number
+from ..errors import TbqValueError
 from ..formats import Format
 from ..formats.base import FIELD_KINDS
 from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
@@ -58,7 +58,6 @@ from .classify import (
     encoder_trace,
 )
 from .diagnose import (
-    DIAGNOSES,
     KEEP_BLOCKS,
     Diagnosis,
     Kept,
@@ -73,6 +72,7 @@ from .diagnose import (
     select_kept,
 )
 from .report import CheckReport, Counterexample, PhaseResult, make_counterexample
+from .settings import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, CheckSettings, accept_names, check_accept
 from .targets import CALL_VALUES, Target, TargetError
 
 if TYPE_CHECKING:  # hypothesis is optional: imported where the fuzz phase runs
@@ -89,6 +89,9 @@ __all__ = [
     "DEFAULT_EXAMPLES",
     "DEFAULT_K",
     "run_check",
+    "CheckSettings",
+    "accept_names",
+    "check_accept",
     "golden_rows",
     "random_blocks",
     "require_hypothesis",
@@ -96,13 +99,6 @@ __all__ = [
     "FuzzUnavailable",
 ]
 
-#: The fragility margin in float32 ulps unless told otherwise. ``tbq golden`` marks 4 ulps, but
-#: a TBQ kernel that sums the norm's squares pairwise instead of sequentially moves rotated
-#: coordinates by up to 6 ulps (measured on 100,000 golden blocks of TBQ4_0 and TBQ3_0; 5 leaves
-#: 10 blocks outside the mask), so the check accepts 8.
-DEFAULT_K = 8
-#: Blocks of the golden phase (and of the decoders' bytes phase) unless told otherwise.
-DEFAULT_BLOCKS = 20_000
 #: Blocks classified at a time in the bulk phases (bounds the memory of a check of millions of blocks).
 CHUNK_BLOCKS = 1 << 15
 #: Peak bytes of the bulk phases per block: per value of the golden rows (the families' inputs and
@@ -117,8 +113,6 @@ def check_memory(fmt: Format, blocks: int) -> int:
     return int(blocks) * (BYTES_PER_VALUE * info.block_size + BYTES_PER_ENCODED_BYTE * info.type_size + BYTES_PER_BLOCK)
 
 
-#: Hypothesis examples per direction unless told otherwise.
-DEFAULT_EXAMPLES = 100
 #: Rows per fuzz example (each example is one target call).
 FUZZ_ROWS = 4
 #: At most this many target calls go into reducing a golden counterexample.
@@ -360,7 +354,7 @@ class _Encoder(_Direction):
         """Classify the target's bytes of rows ``x``."""
         ref = self.check.codec.encode(x)
         got = self.check.target.quantize(x)
-        return classify_encoded(self.fmt, x, ref, got, self.check.k), ref, got
+        return classify_encoded(self.fmt, x, ref, got, self.check.settings.k), ref, got
 
     def keep(
         self,
@@ -405,7 +399,7 @@ class _Encoder(_Direction):
         return sorted({names.get(int(o) % width, "?") for o in diff})
 
     def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
-        return diagnose_encoder(self.fmt, kept, self.check.k)
+        return diagnose_encoder(self.fmt, kept, self.check.settings.k)
 
     def smoke(self, x: NDArray[np.float32]) -> None:
         self.check.target.quantize(x)
@@ -492,33 +486,19 @@ _PHASE = {p.name: p for p in PHASES}
 
 
 class _Check:
-    def __init__(
-        self,
-        target: Target,
-        *,
-        blocks: int,
-        examples: int,
-        seconds: float | None,
-        exact: bool,
-        k: int,
-        seed: int,
-        progress: bool | None,
-        accept: frozenset[str] = frozenset(),
-    ) -> None:
-        self.target, self.fmt = target, target.format
-        self.accept = accept
-        self.accept_diagnoses = accept - set(CLASSES)
+    """One check of ``target`` under ``settings``: the phases of each direction, then the report."""
+
+    def __init__(self, target: Target, settings: CheckSettings) -> None:
+        self.target, self.fmt, self.settings = target, target.format, settings
+        self.accept_diagnoses = settings.accept - set(CLASSES)
         #: the classes that fail: wrong, and under exact the ones accepted unless exact that accept does not waive
         self.failing_classes = [WRONG] + (
-            [c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in accept] if exact else []
+            [c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in settings.accept] if settings.exact else []
         )
-        self.blocks, self.examples, self.seconds = blocks, examples, seconds
-        self.exact, self.k, self.seed = exact, k, seed
         # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
         stored = self.fmt.golden_overflow if self.fmt.golden_overflow != "raise" else "inf"
         self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow=stored)
         self.dirs = {d: _DIRECTIONS[d](self) for d in target.directions}
-        self.progress = progress
         self.notes: list[str] = []
         self.diagnoses: list[Diagnosis] = []
         self.golden_x: NDArray[np.float32] | None = None
@@ -637,10 +617,13 @@ class _Check:
         minimal, why = None, ""
         rounds = 0
         while True:
-            n = self.examples if not self.seconds else ROUND_EXAMPLES
+            n = self.settings.examples if not self.settings.seconds else ROUND_EXAMPLES
             try:
                 minimal = hypothesis.find(
-                    strat, condition, settings=find_settings(n), random=random.Random(self.seed * 7919 + rounds)
+                    strat,
+                    condition,
+                    settings=find_settings(n),
+                    random=random.Random(self.settings.seed * 7919 + rounds),
                 )
                 break
             except NoSuchExample:
@@ -655,7 +638,7 @@ class _Check:
                 self.notes.append(f"{d.name} fuzz: {why}")
                 break
             rounds += 1
-            if not self.seconds or time.perf_counter() - t0 >= self.seconds:
+            if not self.settings.seconds or time.perf_counter() - t0 >= self.settings.seconds:
                 break
         if minimal is not None:
             self._set_fuzz_first(d, np.ascontiguousarray(minimal), "shrunk by hypothesis")
@@ -799,7 +782,9 @@ class _Check:
         if blk not in bad:
             blk = int(bad[0])
         trace = d.trace(row, blk)
-        return make_counterexample(self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.k, how)
+        return make_counterexample(
+            self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.settings.k, how
+        )
 
     # -- diagnoses that need the target -----------------------------------------------------------
     def _unwritten(self, d: _Direction, ce: Counterexample | None) -> Diagnosis | None:
@@ -903,14 +888,14 @@ class _Check:
     # -- all of it -------------------------------------------------------------------------------
     def run(self) -> CheckReport:
         t0 = time.perf_counter()
-        fuzz = bool(self.examples) or bool(self.seconds)
-        golden = len(self.dirs) if self.blocks else 0
-        bytes_dirs = [d for d in self.dirs.values() if "bytes" in d.phase_names] if self.blocks else []
+        fuzz = self.settings.fuzzes
+        golden = len(self.dirs) if self.settings.blocks else 0
+        bytes_dirs = [d for d in self.dirs.values() if "bytes" in d.phase_names] if self.settings.blocks else []
         steps = golden + (len(self.dirs) if fuzz else 0) + len(bytes_dirs)
-        with Progress(max(1, steps), "tbq check", enabled=self.progress) as bar:
+        with Progress(max(1, steps), "tbq check", enabled=self.settings.progress) as bar:
             self._smoke()
-            if self.blocks:
-                x = golden_rows(self.fmt, self.blocks, self.seed)
+            if self.settings.blocks:
+                x = golden_rows(self.fmt, self.settings.blocks, self.settings.seed)
                 self.golden_x = x
                 ref_bytes = self.codec.encode(x)
                 for d in self.dirs.values():
@@ -924,9 +909,11 @@ class _Check:
                 else:
                     d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
             for d in bytes_dirs:
-                self._phase(d, "bytes", random_blocks(self.fmt, self.blocks, self.seed))
+                self._phase(d, "bytes", random_blocks(self.fmt, self.settings.blocks, self.settings.seed))
                 bar.step(f"{d.name} bytes")
-        report = CheckReport(self.fmt.name, self.fmt.config(), self.target.description, self._settings())
+        report = CheckReport(
+            self.fmt.name, self.fmt.config(), self.target.description, self.settings.report_settings(self.codec.backend)
+        )
         report.provenance = self.target.provenance()
         for key, pv in report.provenance.items():
             if pv.get("elsewhere"):
@@ -964,107 +951,18 @@ class _Check:
         for d in self.dirs.values():
             d.smoke(x)
 
-    def _settings(self) -> dict[str, Any]:
-        try:
-            import hypothesis
 
-            hv = hypothesis.__version__
-        except ImportError:
-            hv = None
-        return {
-            "blocks": self.blocks,
-            "examples": self.examples,
-            "seconds": self.seconds,
-            "exact": self.exact,
-            "accept": sorted(self.accept),
-            "fragile_ulps": self.k,
-            "seed": self.seed,
-            "reference_backend": self.codec.backend,
-            "hypothesis": hv,
-        }
-
-
-def _int(name: str, v: object, lo: int) -> int:
-    return check_int(v, name, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
-
-
-def run_check(
-    target: Target,
-    *,
-    blocks: int = DEFAULT_BLOCKS,
-    examples: int = DEFAULT_EXAMPLES,
-    seconds: float | None = None,
-    exact: bool = False,
-    k: int = DEFAULT_K,
-    seed: int = 0,
-    progress: bool | None = False,
-    accept: str | Iterable[str] | None = (),
-) -> CheckReport:
+def run_check(target: Target, settings: CheckSettings | None = None, **keywords: Any) -> CheckReport:
     """Run every phase on ``target`` and return the :class:`~tbq.check.report.CheckReport`.
 
-    ``accept``: class names (``fragile``, ``tie_rule``, ``undefined``: accepted even under ``exact``) or
-    diagnosis names (:data:`~tbq.check.diagnose.DIAGNOSES`: a wrong block that diagnosis explains by itself is
-    counted ``accepted``) the check waives, so that it goes on to the next distinct failure.
-
-    ``blocks``: blocks of the golden phase and of the decoders' bytes phase
-    (0 skips both); ``examples``: hypothesis examples per direction (0 skips
-    the fuzz phase), or ``seconds``: a time budget per direction instead;
-    ``exact``: fragile blocks fail too; ``k``: the fragility margin in
-    float32 ulps; ``seed``: the golden families' seed and the fuzz's;
-    ``progress``: ``None`` reports on stderr when it is a terminal.
+    ``settings``: a :class:`~tbq.check.settings.CheckSettings`; ``keywords``: its fields (``blocks=``,
+    ``examples=``, ``seconds=``, ``exact=``, ``k=``, ``seed=``, ``progress=``, ``accept=``), replacing the
+    ones of ``settings`` when both are given. The fields' meanings are :class:`~tbq.check.settings.CheckSettings`'.
     """
-    blocks = _int("blocks", blocks, 0)
-    examples = _int("examples", examples, 0)
-    k = _int("k (the fragility margin in ulps)", k, 0)
-    seed = _int("seed", seed, 0)
-    if seconds is not None:
-        seconds = check_number(
-            seconds, "seconds", lo=0, lo_open=True, expected="a positive number of seconds or None", error=TbqValueError
-        )
-    if not isinstance(exact, (bool, np.bool_)):
-        raise TbqValueError(f"exact must be True or False, got {exact!r}")
+    s = CheckSettings.of(settings, keywords)
     if not target.directions:
         raise TargetError(f"{target.description} implements neither quantize nor dequantize")
-    if not blocks and not examples and not seconds:
-        raise TbqValueError(
-            "blocks and examples are both 0: nothing would be checked; give blocks >= 1 or examples >= 1 (or seconds)"
-        )
-    if examples or seconds:
+    if s.fuzzes:
         require_hypothesis()
-    require_memory(check_memory(target.format, blocks), f"checking {blocks:,} blocks of {target.format.name}")
-    names = check_accept(accept)
-    return _Check(
-        target,
-        blocks=blocks,
-        examples=examples,
-        seconds=seconds,
-        exact=bool(exact),
-        k=k,
-        seed=seed,
-        progress=progress,
-        accept=names,
-    ).run()
-
-
-def accept_names(accept: str | Iterable[str] | None) -> frozenset[str]:
-    """``accept`` (one name, names, or None) as a set of names; not names at all is refused. What the names may be
-    is the caller's to check (:func:`check_accept`, :func:`tbq.check.dot.check_dot_accept`)."""
-    if isinstance(accept, str):
-        accept = (accept,)
-    try:
-        return frozenset(accept or ())
-    except TypeError:
-        raise TbqValueError(f"accept must be names of classes or diagnoses, got {accept!r}") from None
-
-
-def check_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
-    """``accept`` as a set of names, each a waivable class or a diagnosis name; anything else is refused naming the choices."""
-    names = accept_names(accept)
-    choices = ("fragile", "tie_rule", "undefined") + DIAGNOSES
-    bad = sorted(str(n) for n in names if n not in choices)
-    if bad:
-        raise TbqValueError(
-            f"cannot accept {', '.join(map(repr, bad))}: choose classes fragile, tie_rule, undefined or a diagnosis: "
-            f"{', '.join(DIAGNOSES)} (equivalent blocks are always accepted, wrong ones only through a diagnosis)"
-        )
-    return names
+    require_memory(check_memory(target.format, s.blocks), f"checking {s.blocks:,} blocks of {target.format.name}")
+    return _Check(target, s).run()

@@ -18,6 +18,7 @@ from ..check import (
     DEFAULT_BLOCKS,
     DEFAULT_EXAMPLES,
     DEFAULT_K,
+    CheckSettings,
     LibraryTarget,
     ProgramTarget,
     check_target,
@@ -326,8 +327,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.dot or args.rhs:
         return _run_dot(args, fmt, out_dir, json_path)
     target = _target(args, fmt)
-    report = check_target(
-        target,
+    settings = CheckSettings(
         blocks=args.blocks,
         examples=args.examples if not args.seconds else 0,
         seconds=args.seconds,
@@ -338,6 +338,7 @@ def run_cli(args: argparse.Namespace) -> int:
         accept=args.accept,
         progress=False if args.quiet else None,
     )
+    report = check_target(target, settings)
     return _emit(args, report, json_path)
 
 

@@ -9,6 +9,7 @@ returns a :class:`Summary`. Nothing here prints: progress goes to the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -21,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from ..attention import (
-    SINK_FORMATS,
     attention_dequantized,
     attention_rotated,
     encode_kv,
@@ -29,8 +29,8 @@ from ..attention import (
     score_condition,
 )
 from ..codecs import Codec, codec_from
-from ..errors import ConfigError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
-from ..formats import FORMATS, check_options, config_for, format_class, format_name, get_format
+from ..errors import ConfigError, TbqTypeError, TbqValueError
+from ..formats import config_for, format_name, get_format
 from ..parallel import require_memory
 from .cheader import c_header
 from .families import (
@@ -38,8 +38,6 @@ from .families import (
     FAMILIES,
     ROW_SIZE,
     _check_families,
-    _check_seed,
-    _resolve_tables,
     _rows_per_family,
     _Tables,
     _tables,
@@ -61,8 +59,13 @@ from .manifest import (
     own_options,
     sha256_array,
 )
-
-DEFAULT_ATTENTION_PAIRS = (("tbq4_0", "tbq4_0"), ("q8_0", "tbq4_0"))
+from .settings import DEFAULT_ATTENTION_PAIRS as DEFAULT_ATTENTION_PAIRS  # re-exported: tbq.golden reads it here
+from .settings import (
+    GoldenSettings,
+    _check_attention_args,
+    _check_ulp_floor,
+)
+from .settings import golden_formats as golden_formats
 
 
 @dataclass
@@ -77,77 +80,8 @@ class GoldenSet:
 
 
 # ---------------------------------------------------------------------------
-# argument checks
+# memory and the output directory (the settings are checked in tbq.golden.settings)
 # ---------------------------------------------------------------------------
-
-
-#: The widest fragility margin taken, in float32 ulps (2^22: half a binade).
-MAX_K = 1 << 22
-
-
-def _check_k(k: Any) -> int:
-    k = check_int(k, "k (the fragility margin in ulps)", lo=0, expected="a non-negative integer", error=TbqValueError)
-    if k > MAX_K:
-        raise TbqValueError(
-            f"k (the fragility margin in ulps) must be at most 2^22 = {MAX_K:,} (a margin that wide spans a whole binade), got {int(k):,}"
-        )
-    return int(k)
-
-
-def _check_ulp_floor(ulp_floor: Any) -> None:
-    if ulp_floor is None:
-        return
-    check_number(ulp_floor, "ulp_floor", lo=0, expected="a finite number >= 0 (0 = literal ulps)", error=TbqValueError)
-    if ulp_floor > 1:
-        raise TbqValueError(
-            f"ulp_floor must be at most 1 (the rotated coordinates of a unit-norm block are at most 1), got {_plain(ulp_floor)}"
-        )
-
-
-def _plain(x: Any) -> str:
-    """A number for a message, never a NumPy repr (``np.float64(nan)`` shows as ``nan``)."""
-    return (
-        repr(float(x))
-        if isinstance(x, (float, np.floating))
-        else repr(int(x))
-        if isinstance(x, (int, np.integer))
-        else repr(x)
-    )
-
-
-def golden_formats() -> tuple[str, ...]:
-    """The formats a golden set can hold, in :func:`tbq.formats` order: those whose block divides a golden row of
-    :data:`ROW_SIZE` values (every format but q8_k, whose 256-value block would span two rows; the default of
-    :func:`generate` and ``tbq golden``).
-
-    >>> "q8_0" in golden_formats(), "q8_k" in golden_formats()
-    (True, False)
-    """
-    return tuple(name for name, info in FORMATS.items() if ROW_SIZE % info.block_size == 0)
-
-
-def _check_formats(fmts: Any) -> tuple[str, ...]:
-    if isinstance(fmts, str):
-        fmts = [f for f in fmts.split(",") if f]
-    fmts = tuple(fmts)
-    if not fmts:
-        raise ConfigError("at least one format is needed")
-    return tuple(dict.fromkeys(format_name(f) for f in fmts))
-
-
-def _check_pairs(pairs: Any) -> tuple[Any, ...]:
-    if isinstance(pairs, str):
-        items = [p for p in pairs.split(",") if p]
-        pairs = []
-        for it in items:
-            if it.count(":") != 1:
-                raise ConfigError(f"an attention pair is K_FORMAT:V_FORMAT, got {it!r}")
-            pairs.append(tuple(it.split(":")))
-    out = []
-    for pr in pairs:
-        kf, vf = pr
-        out.append((format_name(kf), format_name(vf)))
-    return tuple(dict.fromkeys(out))
 
 
 #: Peak memory of :func:`generate` per row of 128 values and family, whatever the formats (the inputs
@@ -167,21 +101,6 @@ def generate_memory(rows: int, n_families: int, n_formats: int) -> int:
 def attention_memory(tokens: int, n_head: int, n_head_kv: int) -> int:
     """Bytes one attention set of :func:`build_attention` needs at its peak (an estimate that errs high)."""
     return int(tokens) * (int(n_head) + int(n_head_kv)) * ATTENTION_TOKEN_HEAD_BYTES
-
-
-def _check_attention_args(tokens: Any, n_head: Any, n_head_kv: Any, n_sink: Any, sink_format: Any) -> None:
-    for label, val, lo in (
-        ("tokens", tokens, 1),
-        ("n_head", n_head, 1),
-        ("n_head_kv", n_head_kv, 1),
-        ("n_sink", n_sink, 0),
-    ):
-        check_int(val, label, lo=lo, expected=f"an integer >= {lo}", error=TbqValueError)
-    if n_head % n_head_kv:
-        raise TbqValueError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
-    if n_sink > tokens:
-        raise TbqValueError(f"n_sink ({n_sink}) cannot exceed tokens ({tokens})")
-    check_choice(sink_format, "sink_format", SINK_FORMATS)
 
 
 def check_out_dir(out: Any) -> Path:
@@ -558,6 +477,7 @@ def generate(
     sink_format: str = "f16",
     progress: Any = None,
     options: dict[str, Any] | None = None,
+    settings: GoldenSettings | None = None,
 ) -> Summary:
     """Write the golden files of ``formats`` (default: :func:`golden_formats`) into directory ``out``.
 
@@ -573,33 +493,56 @@ def generate(
     :class:`tbq.progress.Progress` bar with it). ``options``: format options
     (FP8's ``scale``), each going to the formats that take it (one that none of
     ``formats`` takes is an error). Returns a :class:`Summary`
-    (``print(summary.table())``).
+    (``print(summary.table())``). ``settings``: all but ``out`` and ``progress`` at once, a
+    :class:`~tbq.golden.settings.GoldenSettings` (then leave their keywords out).
     """
-    fmts = _check_formats(formats if formats is not None else golden_formats())
-    fams = _check_families(families)
-    rows = _rows_per_family(rows_per_family, blocks)
-    seed = _check_seed(seed)
-    pairs = _check_pairs(attention_pairs) if attention else ()
-    _check_attention_args(tokens, n_head, n_head_kv, n_sink, sink_format)
-    k = _check_k(k)
-    _check_ulp_floor(ulp_floor)
+    given: dict[str, Any] = {
+        "formats": formats,
+        "families": families,
+        "rows_per_family": rows_per_family,
+        "seed": seed,
+        "codebook": codebook,
+        "signs": signs,
+        "k": k,
+        "ulp_floor": ulp_floor,
+        "attention": attention,
+        "attention_pairs": attention_pairs,
+        "tokens": tokens,
+        "n_head": n_head,
+        "n_head_kv": n_head_kv,
+        "n_sink": n_sink,
+        "sink_format": sink_format,
+        "options": options,
+    }
+    if settings is None:
+        given["rows_per_family"] = _rows_per_family(rows_per_family, blocks)
+        s = GoldenSettings(**given)
+    else:
+        changed = [n for n, v in given.items() if not _same(v, _GENERATE_DEFAULTS[n])] + (
+            ["blocks"] if blocks is not None else []
+        )
+        if changed:
+            raise ConfigError(
+                f"give the golden settings as settings= or as keywords, not both ({', '.join(changed)} given as keywords)"
+            )
+        s = GoldenSettings.of(settings)
     if progress is not None and not callable(progress):
         raise TbqTypeError(f"progress must be None or a callable progress(label, done, total), got {progress!r}")
-    tables = _resolve_tables(codebook, signs)
-    if options is not None and not isinstance(options, dict):
-        raise TbqTypeError(f"options must be a dict of format options, e.g. {{'scale': 0.0173}}, got {options!r}")
-    options = dict(options or {})
-    check_options(fmts, options)
-    for fmt in fmts:  # every value checked before any work
-        format_class(fmt).check_options(config_for(fmt, options))
+    return _generate(out, s, progress)
+
+
+def _generate(out: Any, s: GoldenSettings, progress: Any) -> Summary:
+    """:func:`generate` with its settings checked: the memory and ``out``, then the work."""
+    fmts, fams, rows = s.formats, s.families, s.rows_per_family
+    pairs = s.attention_pairs if s.attention else ()
     require_memory(
         generate_memory(rows, len(fams), len(fmts)),
         f"{rows:,} rows per family x {len(fams)} families x {len(fmts)} formats",
     )
     if pairs:
         require_memory(
-            attention_memory(tokens, n_head, n_head_kv),
-            f"an attention set of {tokens:,} tokens x {n_head} + {n_head_kv} heads",
+            attention_memory(s.tokens, s.n_head, s.n_head_kv),
+            f"an attention set of {s.tokens:,} tokens x {s.n_head} + {s.n_head_kv} heads",
         )
     check_out_dir(out)
     total, done = 1 + len(fmts) + len(pairs), 0
@@ -610,21 +553,21 @@ def generate(
         if progress is not None:
             progress(label, done, total)
 
-    inputs = make_inputs(rows, seed, fams, codebook=tables)
-    inputs.update(seed=seed, rows_per_family=rows)
+    inputs = make_inputs(rows, s.seed, fams, codebook=s.tables)
+    inputs.update(seed=s.seed, rows_per_family=rows)
     step("inputs")
     rows_out, att, paths = [], [], []
     for fmt in fmts:
         gs = build_format(
             fmt,
             rows_per_family=rows,
-            seed=seed,
+            seed=s.seed,
             families=fams,
-            codebook=tables,
-            k=k,
-            ulp_floor=ulp_floor,
+            codebook=s.tables,
+            k=s.k,
+            ulp_floor=s.ulp_floor,
             inputs=inputs,
-            options=options,
+            options=s.options,
         )
         paths += write_set(gs, out)
         rows_out += gs.summary
@@ -633,18 +576,29 @@ def generate(
         gs = build_attention(
             kf,
             vf,
-            seed=seed,
-            tokens=tokens,
-            n_head=n_head,
-            n_head_kv=n_head_kv,
-            n_sink=n_sink,
-            sink_format=sink_format,
-            codebook=tables,
+            seed=s.seed,
+            tokens=s.tokens,
+            n_head=s.n_head,
+            n_head_kv=s.n_head_kv,
+            n_sink=s.n_sink,
+            sink_format=s.sink_format,
+            codebook=s.tables,
         )
         paths += write_set(gs, out)
         att += gs.summary
         step(f"attention {kf}/{vf}")
     return Summary(rows_out, att, paths)
+
+
+#: generate's keyword defaults (a GoldenSettings given with settings= refuses keywords changed from them).
+_GENERATE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GoldenSettings) if f.init}
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # an array-like setting (a codebook's values): not the default
+        return False
 
 
 def regenerate(manifest: Any, out: Any = None) -> GoldenSet:
