@@ -164,3 +164,26 @@ def test_the_twin_is_not_the_sequential_model():
     tol = f32_tolerance(q, K, V)
     ref = attention_dequantized(q, K, V)
     assert np.max(np.abs(twin - ref)) <= tol and np.max(np.abs(model - ref)) <= tol
+
+
+def test_the_same_bits_on_a_cpu_without_fma_or_avx512(tmp_path):
+    """Compiled for a generic x86-64 CPU (no FMA instruction: llvm.fma becomes libm's fmaf; no AVX-512: the score
+    microkernels group fewer tokens), the kernel is still its NumPy twin, bit for bit, and _fma32 the kernel's fma."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CPU_FEATURES", None)
+    here = Path(__file__).resolve().parent
+    probe = "import tbq.attention_kernels as k; assert k._SCORE_TOKENS == (8, 4, 2, 2)"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "test_attention_arithmetic.py"),
+         "-k", "fma32_is or (twin_bit and (64-tbq4_0 or 16-q8_0 or 64-f16-q8_0))"],
+        env=env, cwd=here.parent, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "6 passed" in r.stdout, r.stdout[-3000:]

@@ -45,7 +45,7 @@ rounding, LLVM's ``llvm.fma``; no fastmath):
 
 Two kernels: :func:`_attend`, for a head dimension that is a multiple of 16
 (every model's), runs the query rows through two register-blocked LLVM-IR
-microkernels (:func:`_make_scores`: four rows times four tokens of 16-lane
+microkernels (:func:`_make_scores`: four rows times four tokens (two without AVX-512) of 16-lane
 ``fma`` sums, whose 16 trees are folded together in 15 adds; :func:`_make_values`:
 32 accumulators of four rows in registers over the chunk's tokens);
 :func:`_attend_any`, for any head dimension, computes the same operations in
@@ -72,7 +72,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels import address, call_reader, jit, reader_aux, reader_blocks
+from .kernels import TARGET_AVX512VL, address, call_reader, jit, reader_aux, reader_blocks
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -200,22 +200,24 @@ def _init_partials(M, L, ACC):
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _scores_rows(qo, K, g, S, n, R):
     """The raw scores of query rows ``0 .. R`` of KV head ``g`` (``qo = Q[g]``) over tokens ``0 .. n`` of the
-    decoded keys ``K`` (chunk, G, D), into ``S`` (RQ, chunk): :func:`_scores4` four rows (four tokens a step) at a
-    time, the last 1 to 3 rows by its narrower twins (4, 8 or 16 tokens a step); a token group past ``n`` is
-    computed whole from the scratch (at most ``chunk``, a multiple of 16)."""
+    decoded keys ``K`` (chunk, G, D), into ``S`` (RQ, chunk): :func:`_scores4` four rows at a time, the last 1 to
+    3 rows by its narrower twins, :data:`_SCORE_TOKENS` tokens a group; a group past ``n`` is computed whole from
+    the scratch (at most ``chunk``, a multiple of 16)."""
     G = K.shape[1]
     D = K.shape[2]
     chunk = S.shape[1]
     for r in range(0, R, 4):
         nr = min(4, R - r)
+        nt = _SCORE_TOKENS[nr - 1]
+        groups = (n + nt - 1) // nt
         if nr == 4:
-            _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, (n + 3) // 4, D)
+            _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
         elif nr == 3:
-            _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, (n + 3) // 4, D)
+            _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
         elif nr == 2:
-            _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, (n + 7) // 8, D)
+            _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
         else:
-            _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, (n + 15) // 16, D)
+            _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -395,12 +397,16 @@ def _vfma(builder, a, b, c):
 
 
 def _fold_trees(builder, vecs):
-    """16 vectors of 16 lane sums -> one vector whose lane ``i`` is vector ``i``'s tree ``l += l+8``, then ``+4``,
-    ``+2``, ``+1`` (lane ``l`` always the left operand). Each step pairs the vectors and adds, in one instruction,
-    the low and the high halves of every group of both: 15 adds for 16 trees instead of 60."""
+    """Up to 16 vectors of 16 lane sums -> one vector whose lane ``i`` is vector ``i``'s tree ``l += l+8``, then
+    ``+4``, ``+2``, ``+1`` (lane ``l`` always the left operand). Each step pairs the vectors and adds, in one
+    instruction, the low and the high halves of every group of both (an odd vector out is paired with zeros): 15
+    adds for 16 trees instead of 60."""
     i32 = ir.IntType(32)
+    zero = ir.Constant(vecs[0].type, [0.0] * 16)
     size = 16  # lanes per group: each vector holds 16 // size groups, one per tree, in tree order
     while size > 1:
+        if len(vecs) % 2:
+            vecs = vecs + [zero]
         h = size // 2
         n_groups = 16 // size
         lo = [g * size + i for g in range(n_groups) for i in range(h)]
@@ -473,9 +479,7 @@ def _make_scores(nr: int, nt: int) -> Any:
                         )
                         for u in range(nt):
                             builder.store(_vfma(builder, qv, kv[u], builder.load(accs[i][u])), accs[i][u])
-                sums = [builder.load(accs[i][u]) for i in range(nr) for u in range(nt)]
-                sums += [zero] * (16 - len(sums))
-                scores16 = _fold_trees(builder, sums)
+                scores16 = _fold_trees(builder, [builder.load(accs[i][u]) for i in range(nr) for u in range(nt)])
                 st = ir.VectorType(ir.FloatType(), nt)
                 for i in range(nr):
                     part = builder.shuffle_vector(
@@ -613,7 +617,11 @@ def _make_fold(nr: int) -> Any:
     return fold
 
 
-_scores1, _scores2, _scores3, _scores4 = (_make_scores(nr, nt) for nr, nt in ((1, 16), (2, 8), (3, 4), (4, 4)))
+#: Tokens per group of the score microkernels, for 1 to 4 rows: ``rows x tokens`` sums of 16 lanes held in
+#: registers (16 with AVX-512's 32 vector registers; 8 in AVX2's 16, where a 16-lane sum takes two). The grouping
+#: changes no operation: every score's sums and tree are its own.
+_SCORE_TOKENS = (16, 8, 4, 4) if TARGET_AVX512VL else (8, 4, 2, 2)
+_scores1, _scores2, _scores3, _scores4 = (_make_scores(nr, _SCORE_TOKENS[nr - 1]) for nr in (1, 2, 3, 4))
 _values1w1, _values2w1, _values3w1, _values4w1 = (_make_values(nr, 1) for nr in (1, 2, 3, 4))
 _values1w2, _values2w2, _values3w2, _values4w2 = (_make_values(nr, 2) for nr in (1, 2, 3, 4))
 _fold1, _fold2, _fold3, _fold4 = (_make_fold(nr) for nr in (1, 2, 3, 4))
