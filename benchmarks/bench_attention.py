@@ -2,7 +2,7 @@
 
     python benchmarks/bench_attention.py --ggml ../shared/ggml/upstream          # everything, ~10 min
     python benchmarks/bench_attention.py --ggml ../shared/ggml/upstream --formats q8_0,tbq4_0 --no-sweep --no-prefill
-    python benchmarks/bench_attention.py                                          # no ggml build: its figures are the issue's reference
+    python benchmarks/bench_attention.py                                          # no ggml build: reference figures
     python benchmarks/bench_attention.py --markdown benchmarks/results/attention.json
 
 One decode step (1 query token): 32 query heads over ``--tokens`` (32K) cached
@@ -24,11 +24,13 @@ in the same format, on 1 and 2 threads:
 For each case the two are timed back to back in every round (``--rounds``,
 default 7), so machine load hits both alike, each after one untimed warm-up
 computation in the round (ggml's harness computes once before it times); the tables give the best time
-(as the issue's table) and the ratio ggml / tbq. Then the growth of tbq4_0
+and the ratio ggml / tbq, and the memory floor: the bytes of the two caches
+at the rate of a plain ``np.copyto`` of 256 MiB measured in the same run (the
+median of 5, on as many threads, 2 at most), and tbq's time over it. Then the growth of tbq4_0
 and tbq3_0 from 1K to 256K tokens (2 threads), and a prefill-shaped call:
 64 query tokens, causal, over ``--prefill-tokens`` (4K) tokens, against ggml
-with the causal mask. Without ``--ggml`` the ggml columns show the figures of
-issue 22's table, labelled as the reference (not measured in this run).
+with the causal mask. Without ``--ggml`` the ggml columns show reference
+figures (:data:`REFERENCE_MS`, labelled so: not measured in this run).
 
 Before timing, every tbq result is checked against dequantize + float64
 attention (relative error printed). Writes ``results/attention.json`` and
@@ -74,7 +76,7 @@ GGML_TYPES = (
 )
 #: (the turbo types are the community fork's: only its build, ../shared/ggml/turbo, has them; another build's
 #: harness says "unknown type", and the ggml column stays empty)
-#: issue 22's table (ggml-org/ggml d99724f, -DGGML_NATIVE=ON, best of 7, 32K tokens): the reference without --ggml
+#: reference figures without --ggml (ggml-org/ggml d99724f, -DGGML_NATIVE=ON, best of 7, 32K tokens, a Xeon)
 REFERENCE_MS = {
     ("f16", 1): 39.4,
     ("f16", 2): 18.5,
@@ -117,8 +119,8 @@ def lib_folders(path: Path) -> list[str]:
 
 
 def pick_build(path: Path, log=print) -> tuple[Path, dict]:
-    """The harness built against the faster library folder of ``path`` that runs here (issue 40: the anchor is the
-    best ggml for the machine), and what was measured to choose it: q4_0, 4K tokens, 2 threads, best of 5."""
+    """The harness built against the faster library folder of ``path`` that runs here (the anchor is the best ggml
+    for the machine), and what was measured to choose it: q4_0, 4K tokens, 2 threads, best of 5."""
     probe: dict = {}
     exes = {}
     for folder in lib_folders(path):
@@ -130,6 +132,7 @@ def pick_build(path: Path, log=print) -> tuple[Path, dict]:
     if not timed:
         raise SystemExit(f"no ggml library folder of {path} runs here: {probe}")
     best = min(timed, key=timed.__getitem__)
+    log(f"ggml build used: {path}/{best}/")
     return exes[best], {"folder": best, "probe_ms": probe}
 
 
@@ -206,8 +209,9 @@ def tbq_time(q, K, V, threads: int, causal: bool = False) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
-def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False, log=print) -> dict:
-    """Best and median times of tbq and ggml, ``rounds`` rounds, the two back to back in each."""
+def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False, *, log=print, copy=None) -> dict:
+    """Best and median times of tbq and ggml, ``rounds`` rounds, the two back to back in each (``copy``: the copy
+    rates, to log the memory floor beside each time)."""
     q, K, V = make(tokens, fmt, n_query)
     row = {
         "format": fmt,
@@ -238,11 +242,12 @@ def side_by_side(exe, tokens, fmt, threads_list, rounds, n_query=1, causal=False
             row[f"ggml_{th}"] = {"best": min(gs), "median": float(np.median(gs)), "all": gs}
         elif gerr:
             row[f"ggml_{th}"] = {"error": gerr}
-        elif exe is None and (fmt, th) in REFERENCE_MS and tokens == 32768 and n_query == 1:  # the issue's shape only
+        elif exe is None and (fmt, th) in REFERENCE_MS and tokens == 32768 and n_query == 1:  # their shape only
             row[f"ggml_{th}"] = {"best": REFERENCE_MS[(fmt, th)], "reference": True}
         g = row.get(f"ggml_{th}", {})
+        fl = f", floor {floor_ms(row['cache_bytes'], copy, th):.2f} ms" if copy else ""
         log(
-            f"  {fmt} T={tokens} nq={n_query} threads={th}: tbq {min(ts):.2f} ms"
+            f"  {fmt} T={tokens} nq={n_query} threads={th}: tbq {min(ts):.2f} ms{fl}"
             + (
                 f", ggml {g['best']:.2f} ms{' (reference)' if g.get('reference') else ''}"
                 if "best" in g
@@ -288,7 +293,10 @@ def main(argv=None) -> int:
         log(f"skipped {f}: its {tbq.format_info(f).block_size}-value blocks do not tile head_dim {D}")
     fmts = tuple(f for f in fmts if f not in untiled)
     T = parse_size(args.tokens)
-    rows = [side_by_side(exe, T, f, threads, args.rounds, log=log) for f in fmts]
+    log(
+        f"copy rate: {copy['gb_per_s_1_thread']:.1f} GB/s (1 thread), {copy['gb_per_s_2_threads']:.1f} GB/s (2 threads)"
+    )
+    rows = [side_by_side(exe, T, f, threads, args.rounds, log=log, copy=copy) for f in fmts]
     sweep = []
     if not args.no_sweep:
         for f in ("tbq4_0", "tbq3_0"):
@@ -313,7 +321,15 @@ def main(argv=None) -> int:
         for f in args.prefill_formats.split(","):
             prefill.append(
                 side_by_side(
-                    exe, parse_size(args.prefill_tokens), f, threads, max(3, args.rounds // 2), 64, True, log=log
+                    exe,
+                    parse_size(args.prefill_tokens),
+                    f,
+                    threads,
+                    max(3, args.rounds // 2),
+                    64,
+                    True,
+                    log=log,
+                    copy=copy,
                 )
             )
     doc = {
@@ -350,18 +366,28 @@ def _ratio(g: dict | None, t: dict) -> str:
     return f"{g['best'] / t['best']:.2f}x" if g and "best" in g else "–"
 
 
+def floor_ms(cache_bytes: int, copy: dict, threads: int) -> float:
+    """The memory floor: ``cache_bytes`` at the copy rate measured on ``threads`` threads (2 at most), in ms."""
+    rate = copy["gb_per_s_1_thread"] if threads == 1 else copy["gb_per_s_2_threads"]
+    return cache_bytes / (rate * 1e9) * 1e3
+
+
 def _table(rows, threads, doc, first: str) -> list:
     head = (
         f"| {first} | "
-        + " | ".join(f"ggml FA, {t} thr | tbq fused, {t} thr | ggml / tbq, {t} thr" for t in threads)
+        + " | ".join(
+            f"ggml FA, {t} thr | tbq fused, {t} thr | ggml / tbq, {t} thr | floor, {t} thr | tbq / floor, {t} thr"
+            for t in threads
+        )
         + " |"
     )
-    lines = [head, "|---|" + "---|" * (3 * len(threads))]
+    lines = [head, "|---|" + "---|" * (5 * len(threads))]
     for r in rows:
         cells = []
         for t in threads:
             g, tb = r.get(f"ggml_{t}"), r[f"tbq_{t}"]
-            cells += [_ms(g), f"{tb['best']:.1f} ms", _ratio(g, tb)]
+            fl = floor_ms(r["cache_bytes"], doc["copy"], t)
+            cells += [_ms(g), f"{tb['best']:.1f} ms", _ratio(g, tb), f"{fl:.1f} ms", f"{tb['best'] / fl:.2f}x"]
         lines.append(f"| {r['format']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -385,14 +411,14 @@ def markdown(doc: dict) -> str:
         + (f" (`{doc['ggml_lib']['folder']}/`, the faster that runs here)" if doc.get("ggml_lib") else "")
         + ", measured in this run back to back with tbq in each round"
         if doc["ggml"]
-        else "ggml: **reference figures from issue 22's table, not measured in this run** (pass `--ggml PATH` to measure)"
+        else "ggml: **reference figures, not measured in this run** (pass `--ggml PATH` to measure)"
     )
     text = "\n".join(lines) + (
         f"\n\nOne decode step: 1 query token, {H} query heads, {r0['tokens']:,} cached tokens x {G} KV heads x head_dim {D}, "
         f"K and V in the same format; best of {doc['rounds']} rounds (the largest spread of a cell's rounds: {spread:.0%}). {anchor}. "
         f"{doc['cores']} cores, load average {doc['load_before'][0]:.1f} before / {doc['load_after'][0]:.1f} after. "
         f"A plain memory copy moved {doc['copy']['gb_per_s_1_thread']:.1f} GB/s (1 thread) / {doc['copy']['gb_per_s_2_threads']:.1f} GB/s "
-        f"(2 threads) in the same run. tbq's largest relative error against dequantize + float64 attention: "
+        f"(2 threads) in the same run; the floor is the two caches' bytes at that rate. tbq's largest relative error against dequantize + float64 attention: "
         f"{max(r['rel_err'] for r in rows):.1e}."
     )
     if fails:

@@ -180,10 +180,19 @@ CATALOGUE = [
         "kernel_attention_scale",
         "kernels",
         S + "attention_kernels.py",
-        "                    sr[t] = sr[t] * scale",
-        "                    sr[t] = sr[t] * scale * np.float32(1.0001)",
+        "            sr[t] = sr[t] * scale",
+        "            sr[t] = sr[t] * scale * np.float32(1.0001)",
         "tests/test_attention_kernel.py",
         "the fused kernel scales scores differently from the reference",
+    ),
+    M(
+        "kernel_attention_vector_fma_unfused",
+        "kernels",
+        S + "attention_kernels.py",
+        "    return builder.call(fn, [a, b, c])\n\n\ndef _fold_trees",
+        "    return builder.fadd(builder.fmul(a, b), c)\n\n\ndef _fold_trees",
+        "tests/test_attention_arithmetic.py",
+        "the microkernels round the product before adding (no fma): not the documented arithmetic",
     ),
     # --- codecs --------------------------------------------------------------------------------
     M(

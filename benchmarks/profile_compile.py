@@ -2,7 +2,7 @@
 
     python benchmarks/profile_compile.py                              # the four core formats and attention
     python benchmarks/profile_compile.py --formats tbq4_0,tbq3_0 --no-attention
-    python benchmarks/profile_compile.py --head-dim 40                # attention_kernels.attend_any instead
+    python benchmarks/profile_compile.py --head-dim 40                # attention_kernels._attend_any instead
     python benchmarks/profile_compile.py --formats all                # the default tbq compare's 18 formats
 
 Runs ``tbq.compare``'s cold-start warm-up (``_warm``: one encode and decode of

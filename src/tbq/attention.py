@@ -530,8 +530,126 @@ class _Rotation(Protocol):
 
 #: A kernel operand: ``(reader, bytes, tables, blocks per row, rotation or None)``.
 _Operand = tuple[int, NDArray[np.uint8], NDArray[np.float32], int, "_Rotation | None"]  # (reader address, ...)
-#: An operand without its rotation, as :func:`tbq.attention_kernels.attend` takes it.
+#: An operand without its rotation, as :func:`tbq.attention_kernels._attend` takes it.
 _Read = tuple[int, NDArray[np.uint8], NDArray[np.float32], int]  # (reader address, bytes, tables, blocks per row)
+
+
+# ---------------------------------------------------------------------------
+# the compiled kernel's arithmetic in NumPy, bit for bit (its twin)
+# ---------------------------------------------------------------------------
+
+
+def _fma32(a: ArrayLike, b: ArrayLike, c: ArrayLike) -> NDArray[np.float32]:
+    """float32 ``a * b + c`` rounded once (a fused multiply-add), elementwise, in NumPy.
+
+    The float64 product of two float32 values is exact (48 significant bits); the float64 sum ``s = p + c``
+    is rounded to odd (where the sum is inexact, its error ``e`` from TwoSum, and ``s``'s last significand bit
+    even, ``s`` moves one float64 ulp towards ``e``), so rounding ``s`` to float32 afterwards gives the correctly
+    rounded result (53 >= 2 * 24 + 2 bits: no double rounding). Infinities and NaN follow the float64 sum.
+
+    >>> float(_fma32(np.float32(1 + 2**-23), np.float32(1 - 2**-23), np.float32(-1)))  # a * b - 1 = -2**-46
+    -1.4210854715202004e-14
+    """
+    a64 = np.asarray(a, np.float32).astype(np.float64)
+    b64 = np.asarray(b, np.float32).astype(np.float64)
+    c64 = np.asarray(c, np.float32).astype(np.float64)
+    p = a64 * b64
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + c64
+        bv = s - p  # TwoSum (Knuth): s + e == p + c exactly, for finite p, c
+        e = (p - (s - bv)) + (c64 - bv)
+    bits = np.asarray(s).view(np.uint64)
+    nudge = np.isfinite(s) & (e != 0) & ((bits & np.uint64(1)) == 0)
+    if np.any(nudge):
+        s = np.where(nudge, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    with np.errstate(over="ignore"):
+        return np.asarray(s.astype(np.float32))
+
+
+def _expf32(x: ArrayLike) -> NDArray[np.float32]:
+    """:func:`tbq.attention_kernels.expf`, operation for operation in NumPy float32 (for ``x <= 0``)."""
+    from . import attention_kernels as kn
+
+    x = np.asarray(x, np.float32)
+    xc = np.where(x > kn._EXP_LO, x, kn._EXP_LO)
+    k = np.floor(xc * kn._LOG2E + kn._HALF)
+    r = xc - k * kn._LN2_HI
+    r = r - k * kn._LN2_LO
+    rr = r * r
+    p = np.full_like(r, kn._P0)
+    for c in (kn._P1, kn._P2, kn._P3, kn._P4, kn._P5):
+        p = p * r + c
+    p = p * rr + r
+    p = p + np.float32(1)
+    with np.errstate(invalid="ignore"):
+        two_k = ((k.astype(np.int32) + np.int32(127)) << np.int32(23)).view(np.float32)
+    y = p * two_k
+    return np.where(x > kn._EXP_LO, y, np.float32(0)).astype(np.float32)
+
+
+def _score_lanes(q: NDArray[np.float32], k: NDArray[np.float32]) -> NDArray[np.float32]:
+    """The kernel's raw scores ``q . k`` (no scale) of rows ``q`` ``(R, D)`` and keys ``k`` ``(T, D)``: ``(R, T)``.
+
+    16 lane sums, lane ``l`` taking ``fma(q_j, k_j, a_l)`` for ``j = l, l + 16, ...`` in order from 0, then the
+    tree ``a_l + a_{l+8}`` (``l < 8``), ``+4``, ``+2``, ``+1``."""
+    R, D = q.shape
+    lanes = np.zeros((R, k.shape[0], 16), np.float32)
+    for j in range(0, D, 16):
+        w = min(16, D - j)
+        lanes[..., :w] = _fma32(q[:, None, j : j + w], k[None, :, j : j + w], lanes[..., :w])
+    for h in (8, 4, 2, 1):
+        lanes[..., :h] = lanes[..., :h] + lanes[..., h : 2 * h]
+    return lanes[..., 0]
+
+
+def _attend_numpy(
+    Q: NDArray[np.float32],
+    lim: NDArray[np.int64],
+    scale: np.float32,
+    rows: tuple[NDArray[np.float32], NDArray[np.float32]],
+    span: tuple[int, int],
+    chunk: int,
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
+    """:func:`tbq.attention_kernels._attend` in NumPy, bit for bit: ``(M, L, ACC)`` of tokens ``span`` of the
+    decoded rows ``(K, V)`` (float32 ``(T, G, D)``, in the readers' domains), ``Q`` ``(G, RQ, D)``, row ``r``
+    seeing tokens ``< lim[r]``. Vectorised across rows, tokens and channels only (lanes are independent
+    elements); every element's operations are the kernel's, in its order (docs/formats.md, *Fused attention
+    arithmetic*)."""
+    Kr, Vr = rows
+    t0, t1 = span
+    G, RQ, D = Q.shape
+    f32 = np.float32
+    M = np.full((G, RQ), -np.inf, f32)
+    L = np.zeros((G, RQ), f32)
+    ACC = np.zeros((G, RQ, D), f32)
+    for c0 in range(t0, t1, chunk):
+        n = min(chunk, t1 - c0)
+        for g in range(G):
+            v = Vr[c0 : c0 + n, g]
+            S = _score_lanes(Q[g], Kr[c0 : c0 + n, g]) * f32(scale)
+            for r in range(RQ):
+                if lim[r] < c0 + n:
+                    S[r, max(0, lim[r] - c0) :] = -np.inf
+                mc = M[g, r]
+                for s in S[r]:  # the running maximum's chain: a NaN never replaces it, a tie keeps the first
+                    mc = s if s > mc else mc
+                if mc == -np.inf:
+                    S[r] = 0
+                    continue
+                if mc > M[g, r]:
+                    if L[g, r] != 0:
+                        alpha = _expf32(np.array([M[g, r] - mc], np.float32))[0]
+                        L[g, r] *= alpha
+                        ACC[g, r] *= alpha
+                    M[g, r] = mc
+                S[r] = _expf32(S[r] - mc)
+                total = f32(0)
+                for p in S[r]:  # the chunk's sequential float32 sum, then added to the running one
+                    total = f32(total + p)
+                L[g, r] += total
+            for t in range(n):
+                ACC[g] = _fma32(S[:, t, None], v[None, t], ACC[g])
+    return M, L, ACC
 
 
 def _rows_operand(rows: NDArray[np.floating[Any]]) -> _Operand:
@@ -545,7 +663,7 @@ def _rows_operand(rows: NDArray[np.floating[Any]]) -> _Operand:
 
 def _kernel_operand(cache: KVCache | NDArray[np.float32], n_sink: int) -> _Operand:
     """``(reader, bytes, tables, blocks per row, rotation or None)`` of tokens ``n_sink ..`` for
-    :func:`tbq.attention_kernels.attend`: the format's attention reader on its bytes as they are, or
+    :func:`tbq.attention_kernels._attend`: the format's attention reader on its bytes as they are, or
     (a format declaring none) its decoder's float32 rows."""
     if isinstance(cache, np.ndarray):  # exact float rows
         return _rows_operand(cache[n_sink:])
@@ -655,6 +773,21 @@ def task_bounds(n_tokens: int) -> NDArray[np.int_]:
     return np.append(np.arange(0, n_tokens, step), n_tokens) if n_tokens else np.zeros(1, int)
 
 
+def _twin_rows(cache: KVCache | NDArray[np.float32], n_sink: int) -> NDArray[np.float32]:
+    """float32 rows ``(T - n_sink, n_head_kv, head_dim)`` of tokens ``n_sink ..`` as the kernel's readers give them,
+    computed in NumPy: ``c[idx] * d`` rounded once (rotated domain), else the decoder's rows."""
+    if isinstance(cache, np.ndarray):
+        return np.ascontiguousarray(cache[n_sink:], np.float32)
+    fmt = cache.codec.format
+    data = cache.data[n_sink - cache.n_sink :]
+    if fmt.attention_domain == "rotated":
+        f = fmt.fields(data)
+        with np.errstate(all="ignore"):
+            rows = cache.codec.codebook.centroids.astype(np.float32)[f["idx"]] * f["d"].astype(np.float32)[..., None]
+        return np.ascontiguousarray(rows.reshape(data.shape[0], data.shape[1], cache.head_dim), np.float32)
+    return np.ascontiguousarray(cache.codec.decode(data), np.float32)
+
+
 def _attention_kernel(
     q: NDArray[np.float32],
     k: KVCache | NDArray[np.float32],
@@ -662,8 +795,10 @@ def _attention_kernel(
     scale: float,
     threads: int | None,
     causal: bool = False,
+    twin: bool = False,
 ) -> NDArray[np.float32]:
-    """``q`` float32 ``(n_query, n_head, D)`` -> float32 ``(n_query, n_head, D)``."""
+    """``q`` float32 ``(n_query, n_head, D)`` -> float32 ``(n_query, n_head, D)``. ``twin``: every task computed
+    by :func:`_attend_numpy` on :func:`_twin_rows` instead of the compiled kernel (the same bits, slowly)."""
     from . import attention_kernels as kn
 
     n_q, n_head, dim = q.shape
@@ -704,11 +839,20 @@ def _attention_kernel(
     sc = np.float32(scale)
 
     # the kernel without scalar paths where the head dimension allows (every model's), compiled only then
-    attend = kn.attend if dim % 16 == 0 and kn.CHUNK % 8 == 0 else kn.attend_any
+    attend = kn._attend if dim % 16 == 0 and kn.CHUNK % 16 == 0 else kn._attend_any
+    rows: list[tuple[NDArray[np.float32], NDArray[np.float32]]] = []
+    if twin:
+        if T:
+            rows = [(_twin_rows(k, n_sink), _twin_rows(v, n_sink))] * n_main
+        if n_sink:
+            rows.append((_sink_rows(k, n_sink), _sink_rows(v, n_sink)))
 
     def run(i: int) -> None:
-        Q, lm, (rk, kd, ka, kb), (rv, vd, va, vb), t0, t1 = tasks[i]
-        attend(Q, lm, sc, rk, kd, ka, kb, rv, vd, va, vb, t0, t1, kn.CHUNK, M[i], L[i], ACC[i])
+        Q, lm, kop, vop, t0, t1 = tasks[i]
+        if twin:
+            M[i], L[i], ACC[i] = _attend_numpy(Q, lm, sc, rows[i], (t0, t1), kn.CHUNK)
+        else:
+            attend(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]))
 
     # threads take the next task as they finish (each task writes its own M, L, ACC): returns when all are done
     run_shared(n, threads if threads is not None else default_threads(), run)

@@ -26,37 +26,38 @@ Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
 No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
 (all KV heads: consecutive blocks in the cache) is decoded by one reader call
 into a scratch of ``chunk x n_head_kv x head_dim`` floats that stays in L2,
-and each decoded key serves every query row of its KV head. The query rows
-go four at a time through two register-blocked microkernels (LLVM IR with
-explicit 8-float vectors, :func:`_scores4` and :func:`_values4`): the scores
-transpose 8 x 8 tiles of keys in registers so that the loop of a score
-``sum_j q_j k_tj`` runs SIMD across tokens with four rows' sums held in
-registers, and the values accumulate SIMD along the head dimension with a
-cache line of four rows' accumulators held in registers over the chunk; the
-softmax's running maximum and sum of weights, sequential chains over the
-tokens, run for four rows side by side (:func:`_fold4`). Two kernels:
-:func:`attend`, for a head dimension that is a multiple of 16 (every
-model's), runs every row through the microkernels (1 to 4 rows a call, the
-last scores from a padded vector of 8 tokens); :func:`attend_any`, for any
-head dimension, leaves the rows and tokens over to scalar loops of the same
-operations, and is compiled only when such a head dimension is met. Every element
-sees the same float32 operations in the same order on either path: a score
-is 0 plus, per group of eight channels in order, the tree ``((q0 k0 + q1 k1)
-+ (q2 k2 + q3 k3)) + ((q4 k4 + q5 k5) + (q6 k6 + q7 k7))`` (the channels left
-over one by one), and an accumulator adds ``(w0 v0 + w1 v1) + (w2 v2 + w3 v3)``
-four tokens at a time (the tokens left over one by one). This order differs
-from the NumPy model's strictly sequential one; the float32 error stays within
-:func:`tbq.attention.f32_tolerance` (measured in tests/test_attention_kernel.py,
-which also checks the order itself against a naive model, bit for bit).
+and each decoded key serves every query row of its KV head.
+
+The arithmetic (docs/formats.md, *Fused attention arithmetic*; its NumPy twin
+is :func:`tbq.attention.attend_model`, bit for bit), every operation a
+float32 operation rounded once (``fma`` is the fused multiply-add, one
+rounding, LLVM's ``llvm.fma``; no fastmath):
+
+- a raw score ``q . k`` over the head dimension ``D``: 16 lane sums, lane
+  ``l`` starts at 0 and takes ``a_l = fma(q_j, k_j, a_l)`` for ``j = l,
+  l + 16, l + 32, ...`` in order; then the fixed tree ``a_l = a_l + a_{l+8}``
+  (``l < 8``), ``a_l = a_l + a_{l+4}`` (``l < 4``), then ``+2``, ``+1``; the
+  score is ``a_0 * scale``;
+- the softmax weights ``p_t = expf(s_t - m)`` and their sum, a sequential
+  chain in token order per chunk, as the running maximum ``m``;
+- a value accumulator ``acc_j = fma(p_t, v_tj, acc_j)`` over the tokens in
+  order, rescaled by ``expf(m_old - m_new)`` when a chunk raises ``m``.
+
+Two kernels: :func:`_attend`, for a head dimension that is a multiple of 16
+(every model's), runs the query rows through two register-blocked LLVM-IR
+microkernels (:func:`_make_scores`: four rows times four tokens (two without AVX-512) of 16-lane
+``fma`` sums, whose 16 trees are folded together in 15 adds; :func:`_make_values`:
+32 accumulators of four rows in registers over the chunk's tokens);
+:func:`_attend_any`, for any head dimension, computes the same operations in
+scalar loops and is compiled only when such a head dimension is met.
 
 A causal call gives each query row the end of the tokens it sees (``lim``);
 later tokens get a score of ``-inf`` (weight 0).
 
 The exponential is :func:`expf` below (Cody-Waite reduction and a degree-6
 polynomial, float32, branch-free so it vectorises; within 1 ulp of the
-exact ``exp`` on ``[-87.3, 0]`` (0.97 ulp measured on 3 million points), 0 below). Every operation is a
-plain float32 operation (no fastmath), so results do not depend on the
-machine; they differ from the float64 reference by the float32 roundings
+exact ``exp`` on ``[-87.3, 0]`` (0.97 ulp measured on 3 million points), 0 below). Results do not depend on
+the machine; they differ from the float64 reference by the float32 roundings
 that :func:`tbq.attention.f32_tolerance` bounds.
 """
 
@@ -71,7 +72,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .kernels import address, call_reader, jit, reader_aux, reader_blocks, transpose8, transpose8_vectors
+from .kernels import TARGET_AVX512VL, address, call_reader, jit, reader_aux, reader_blocks
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -80,7 +81,7 @@ _NEG_INF = F32(-np.inf)
 
 #: Kernels compiled only for unusual shapes (a head dimension that is no multiple of 16): left out of the compile
 #: cost :func:`tbq.compare.warm_up` balances its cold-start processes by
-_LAZY_KERNELS = ("attend_any",)
+_LAZY_KERNELS = ("_attend_any",)
 
 #: Tokens per online-softmax chunk: the key and value scratch (CHUNK x n_head_kv x head_dim float32 each, 256 KiB
 #: at 8 x 128) stay in L2.
@@ -134,38 +135,35 @@ def read_f32_rows(src, dst, n_blocks, aux, n_aux):
         out[j] = v[j]
 
 
+@intrinsic
+def fmaf(typingctx, a, b, c):
+    """float32 ``a * b + c`` rounded once (``llvm.fma.f32``: the FMA instruction, or libm's ``fmaf``)."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.fma", [f], ir.FunctionType(f, [f, f, f]))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
 @jit
-def attend(
-    Q,
-    lim,
-    scale,
-    read_k,
-    kdata,
-    kaux,
-    kblocks,
-    read_v,
-    vdata,
-    vaux,
-    vblocks,
-    t0,
-    t1,
-    chunk,
-    M,
-    L,
-    ACC,
-):
-    """:func:`attend_any` for a head dimension that is a multiple of 16 and a chunk that is a multiple of 8 (every
+def _attend(Q, lim, scale, kop, vop, span, chunk, out):
+    """:func:`_attend_any` for a head dimension that is a multiple of 16 and a chunk that is a multiple of 16 (every
     model's, and what the caller checks), with the same arguments and exactly the same operations: every query
     row goes through the register-blocked microkernels, 1 to 4 rows a call. The tokens of a chunk past its last
-    multiple of 8 get their scores from a full 8-token vector whose other lanes read stale rows of the scratch and
-    are never used; the tokens past the last multiple of 4 are added to the accumulators one by one, as in
-    :func:`attend_any`. Without the scalar paths this compiles in about 75 % of the time (1.5 s against 2.0 s here,
-    ``benchmarks/profile_compile.py``)."""
+    multiple of the microkernel's token count get their scores from a padded group whose other tokens read stale
+    rows of the scratch and are never used."""
     G = Q.shape[0]
     RQ = Q.shape[1]
     D = Q.shape[2]
-    if D % 16 or chunk % 8:  # the microkernels' vectors: 16 values of a row, 8 tokens (the padded tail <= chunk)
-        raise ValueError("attend needs a head dimension that is a multiple of 16 and a chunk that is one of 8")
+    if D % 16 or chunk % 16:  # the microkernels' vectors: 16 values of a row, up to 16 tokens (the padded tail)
+        raise ValueError("_attend needs a head dimension that is a multiple of 16 and a chunk that is one of 16")
+    read_k, kdata, kaux, kblocks = kop
+    read_v, vdata, vaux, vblocks = vop
+    t0, t1 = span
+    M, L, ACC = out
     K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
     V = np.empty((chunk, G, D), np.float32)
     S = np.empty((RQ, chunk), np.float32)
@@ -177,20 +175,15 @@ def attend(
     _init_partials(M, L, ACC)
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
-        nU = (n + 7) // 8 * 8  # scores for whole vectors of 8 tokens (<= chunk)
-        n4 = n - n % 4
         call_reader(read_k, address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
         call_reader(read_v, address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
         for g in range(G):
-            qo = Q[g]
             m_out = M[g]
             l_out = L[g]
             acc = ACC[g]
-            _scores_rows(qo, K, g, S, nU, RQ)  # scores s[r, t] = q . k_t
+            _scores_rows(Q[g], K, g, S, n, RQ)  # scores s[r, t] = q . k_t
             _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk)
-            # values: acc += p_t * v_t, every quad of tokens in order, then the tail one by one
-            _values_rows(S, V, g, acc, n4, RQ)
-            _values_tail(S, V, g, acc, n4, n)
+            _values_rows(S, V, g, acc, n, RQ)  # values: acc = fma(p_t, v_t, acc), token by token
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -205,56 +198,51 @@ def _init_partials(M, L, ACC):
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
-def _scores_rows(qo, K, g, S, n_t, R):
-    """The raw scores of query rows ``0 .. R`` of KV head ``g`` (``qo = Q[g]``) over tokens ``0 .. n_t`` (a
-    multiple of 8) of the decoded keys ``K`` (chunk, G, D), into ``S`` (RQ, chunk): :func:`_scores4` four rows at a
-    time, the last 1 to 3 rows by its narrower twins."""
+def _scores_rows(qo, K, g, S, n, R):
+    """The raw scores of query rows ``0 .. R`` of KV head ``g`` (``qo = Q[g]``) over tokens ``0 .. n`` of the
+    decoded keys ``K`` (chunk, G, D), into ``S`` (RQ, chunk): :func:`_scores4` four rows at a time, the last 1 to
+    3 rows by its narrower twins, :data:`_SCORE_TOKENS` tokens a group; a group past ``n`` is computed whole from
+    the scratch (at most ``chunk``, a multiple of 16)."""
     G = K.shape[1]
     D = K.shape[2]
     chunk = S.shape[1]
     for r in range(0, R, 4):
         nr = min(4, R - r)
+        nt = _SCORE_TOKENS[nr - 1]
+        groups = (n + nt - 1) // nt
         if nr == 4:
-            _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+            _scores4(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
         elif nr == 3:
-            _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+            _scores3(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
         elif nr == 2:
-            _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+            _scores2(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
         else:
-            _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, n_t, D)
+            _scores1(qo, r * D, K, g * D, G * D, S, r * chunk, chunk, groups, D)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
-def _values_rows(S, V, g, acc, n4, R):
-    """``acc[r] += (w0 v0 + w1 v1) + (w2 v2 + w3 v3)`` for query rows ``0 .. R`` of KV head ``g`` over every quad
-    of tokens ``0 .. n4`` (a multiple of 4) of the decoded values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk):
-    :func:`_values4` four rows at a time, the last 1 to 3 rows by its narrower twins."""
+def _values_rows(S, V, g, acc, n, R):
+    """``acc[r, j] = fma(w_t, v_tj, acc[r, j])`` over tokens ``0 .. n`` in order, for query rows ``0 .. R`` of KV
+    head ``g``, values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk): :func:`_values4` four rows at a time (32
+    channels a pass, then 16), the last 1 to 3 rows by its narrower twins."""
     G = V.shape[1]
     D = V.shape[2]
     chunk = S.shape[1]
+    D32 = D - D % 32
     for r in range(0, R, 4):
         nr = min(4, R - r)
         if nr == 4:
-            _values4(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+            _values4w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
+            _values4w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
         elif nr == 3:
-            _values3(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+            _values3w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
+            _values3w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
         elif nr == 2:
-            _values2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
+            _values2w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
+            _values2w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
         else:
-            _values1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n4 // 4, D)
-
-
-@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
-def _values_tail(S, V, g, acc, t0, n):
-    """``acc[r] += w_t v_t`` one token at a time for tokens ``t0 .. n`` (those after the last quad), every row."""
-    D = V.shape[2]
-    for t in range(t0, n):
-        vt = V[t, g]
-        for r in range(S.shape[0]):
-            w = S[r, t]
-            ar = acc[r]
-            for j in range(D):
-                ar[j] += w * vt[j]
+            _values1w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
+            _values1w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -317,49 +305,36 @@ def _fold_rows(S, chunk, n, F, RQ, add):
 
 
 @jit
-def attend_any(
-    Q,
-    lim,
-    scale,
-    read_k,
-    kdata,
-    kaux,
-    kblocks,
-    read_v,
-    vdata,
-    vaux,
-    vblocks,
-    t0,
-    t1,
-    chunk,
-    M,
-    L,
-    ACC,
-):
-    """Attention over tokens ``t0 .. t1`` of every KV head, for the query rows of each.
+def _attend_any(Q, lim, scale, kop, vop, span, chunk, out):
+    """Attention over tokens ``t0 .. t1`` (``span``) of every KV head, for the query rows of each.
 
     ``Q``: float32 ``(G, RQ, D)``, the ``RQ`` query rows of each of the ``G``
     KV heads (in the K reader's domain); ``lim``: int64 ``(RQ,)``, row ``r``
     sees tokens ``< lim[r]`` (``lim >= t1``: all); ``scale``: the softmax scale.
-    ``read_k``/``read_v``: the readers' C addresses (``cfunc.address``,
-    called by :func:`tbq.kernels.call_reader`), ``kdata``/``vdata`` uint8 ``(T, G,
-    row_bytes)`` C-contiguous, ``kaux``/``vaux`` their float32 tables,
-    ``kblocks``/``vblocks`` blocks per row.
+    ``kop``/``vop``: ``(reader, data, aux, blocks)``, the reader's C address
+    (``cfunc.address``, called by :func:`tbq.kernels.call_reader`), the bytes
+    uint8 ``(T, G, row_bytes)`` C-contiguous, the reader's float32 table and the
+    blocks per row. ``out``: ``(M, L, ACC)``, written per KV head ``g``: the
+    running maximum ``M[g]`` (RQ,), the sum ``L[g]`` of ``exp(s_t - m)`` and the
+    unnormalised sum ``ACC[g]`` (RQ, D) of ``exp(s_t - m) v_t`` in the V
+    reader's domain, all float32.
 
     Tokens are the outer loop and KV heads the inner one, so the bytes of a
     chunk of tokens (all heads, contiguous in the cache) are read from memory
-    once. Writes, per KV head ``g``: the running maximum ``M[g]`` (RQ,), the
-    sum ``L[g]`` of ``exp(s_t - m)`` and the unnormalised sum ``ACC[g]`` (RQ,
-    D) of ``exp(s_t - m) v_t`` in the V reader's domain, all float32.
+    once. Scalar loops of the module's arithmetic, for any head dimension.
     """
     G = Q.shape[0]
     RQ = Q.shape[1]
     D = Q.shape[2]
+    read_k, kdata, kaux, kblocks = kop
+    read_v, vdata, vaux, vblocks = vop
+    t0, t1 = span
+    M, L, ACC = out
     K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
-    B = np.empty((D, chunk), np.float32)
     V = np.empty((chunk, G, D), np.float32)
     S = np.empty((RQ, chunk), np.float32)
     F = np.empty(RQ, np.float32)  # each row's running maximum, then the sum of its weights
+    lanes = np.empty(16, np.float32)
     kp = address(kaux)
     vp = address(vaux)
     nka = kaux.shape[0]
@@ -367,8 +342,6 @@ def attend_any(
     _init_partials(M, L, ACC)
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
-        n8 = n - n % 8 if D % 8 == 0 else 0
-        # the chunk's rows of all heads are contiguous in the cache: one reader call for K and one for V
         call_reader(read_k, address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
         call_reader(read_v, address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
         for g in range(G):
@@ -376,80 +349,34 @@ def attend_any(
             m_out = M[g]
             l_out = L[g]
             acc = ACC[g]
-            # scores s[r, t] = q . k_t: rows in fours by the register-blocked microkernel, straight from K (8 x 8
-            # tiles transposed in registers, SIMD across tokens), every other row and the tail tokens here from the
-            # keys transposed into B; the same operations in the same order either way
-            R4 = RQ - RQ % 4 if D % 8 == 0 else 0
-            nL = n8 if R4 else 0
-            _scores_rows(qo, K, g, S, nL, R4)
-            for t in range(0, n8 if R4 < RQ else 0, 8):
-                for j in range(0, D, 8):
-                    transpose8(K, (t * G + g) * D + j, G * D, B, j * chunk + t, chunk)
-            for t in range(n8, n):
-                kt = K[t, g]
-                for j in range(D):
-                    B[j, t] = kt[j]
-            for r in range(RQ):
-                tlo = nL if r < R4 else 0
-                sr = S[r]
-                for t in range(tlo, n):
-                    sr[t] = _0
-                D8 = D - D % 8
-                for j in range(0, D8, 8):  # eight channels per pass over the tokens (SIMD across tokens)
-                    q0 = qo[r, j]
-                    q1 = qo[r, j + 1]
-                    q2 = qo[r, j + 2]
-                    q3 = qo[r, j + 3]
-                    q4 = qo[r, j + 4]
-                    q5 = qo[r, j + 5]
-                    q6 = qo[r, j + 6]
-                    q7 = qo[r, j + 7]
-                    b0 = B[j]
-                    b1 = B[j + 1]
-                    b2 = B[j + 2]
-                    b3 = B[j + 3]
-                    b4 = B[j + 4]
-                    b5 = B[j + 5]
-                    b6 = B[j + 6]
-                    b7 = B[j + 7]
-                    for t in range(tlo, n):
-                        sr[t] += ((q0 * b0[t] + q1 * b1[t]) + (q2 * b2[t] + q3 * b3[t])) + (
-                            (q4 * b4[t] + q5 * b5[t]) + (q6 * b6[t] + q7 * b7[t])
-                        )
-                for j in range(D8, D):
-                    qv = qo[r, j]
-                    bj = B[j]
-                    for t in range(tlo, n):
-                        sr[t] += qv * bj[t]
+            for r in range(RQ):  # scores: 16 lane sums of fma, then the tree 8, 4, 2, 1
+                qr = qo[r]
+                for t in range(n):
+                    kt = K[t, g]
+                    for ln in range(16):
+                        lanes[ln] = _0
+                    for j in range(D):
+                        lanes[j & 15] = fmaf(qr[j], kt[j], lanes[j & 15])
+                    h = 8
+                    while h:
+                        for ln in range(h):
+                            lanes[ln] = lanes[ln] + lanes[ln + h]
+                        h //= 2
+                    S[r, t] = lanes[0]
             _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk)
-            # values: acc += p_t * v_t; rows in fours through the microkernel (every quad of tokens, then the
-            # tail below), the rest here
-            RV = RQ - RQ % 4 if D % 16 == 0 else 0
-            n4 = n - n % 4
-            _values_rows(S, V, g, acc, n4, RV)
-            t = 0
-            while t + 3 < n:  # four tokens per pass over the accumulator (SIMD along the head dimension)
-                v0 = V[t, g]
-                v1 = V[t + 1, g]
-                v2 = V[t + 2, g]
-                v3 = V[t + 3, g]
-                for r in range(RV, RQ):
-                    w0 = S[r, t]
-                    w1 = S[r, t + 1]
-                    w2 = S[r, t + 2]
-                    w3 = S[r, t + 3]
+            for t in range(n):  # values: acc = fma(p_t, v_t, acc), token by token
+                vt = V[t, g]
+                for r in range(RQ):
+                    w = S[r, t]
                     ar = acc[r]
                     for j in range(D):
-                        ar[j] += (w0 * v0[j] + w1 * v1[j]) + (w2 * v2[j] + w3 * v3[j])
-                t += 4
-            _values_tail(S, V, g, acc, t, n)
+                        ar[j] = fmaf(w, vt[j], ar[j])
 
 
 # --- register-blocked microkernels ------------------------------------------------------------------------------
 # LLVM IR with explicit float32 vectors (any target; numba's loops cannot keep a tile of sums in registers across an
-# inner loop). Each computes exactly the operations of the scalar loops in :func:`attend_any`, element by element in
+# inner loop). Each computes exactly the operations of the scalar loops in :func:`_attend_any`, element by element in
 # the same order (a lane is one element: the vectors only do several elements at once), so the bits are the same.
-# Each comes in four variants, for 1 to 4 query rows (``_scores[nr]`` and so on).
 
 
 def _splat(builder, x, vt):
@@ -462,62 +389,104 @@ def _vptr(builder, base, off, vt):
     return builder.bitcast(builder.gep(base, [off]), vt.as_pointer())
 
 
-def _splat_mul(builder, base, off, v):
-    """``base[off] * v``: the scalar at ``base[off]`` in every lane, times vector ``v`` (scalar first, as in the
-    scalar loops)."""
-    return builder.fmul(_splat(builder, builder.load(builder.gep(base, [off])), v.type), v)
+def _vfma(builder, a, b, c):
+    """``fma(a, b, c)`` lane by lane, one rounding (``llvm.fma`` on float32 vectors)."""
+    vt = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{vt.count}f32")
+    return builder.call(fn, [a, b, c])
 
 
-def _make_scores(nr: int) -> Any:
+def _fold_trees(builder, vecs):
+    """Up to 16 vectors of 16 lane sums -> one vector whose lane ``i`` is vector ``i``'s tree ``l += l+8``, then
+    ``+4``, ``+2``, ``+1`` (lane ``l`` always the left operand). Each step pairs the vectors and adds, in one
+    instruction, the low and the high halves of every group of both (an odd vector out is paired with zeros): 15
+    adds for 16 trees instead of 60."""
+    i32 = ir.IntType(32)
+    zero = ir.Constant(vecs[0].type, [0.0] * 16)
+    size = 16  # lanes per group: each vector holds 16 // size groups, one per tree, in tree order
+    while size > 1:
+        if len(vecs) % 2:
+            vecs = vecs + [zero]
+        h = size // 2
+        n_groups = 16 // size
+        lo = [g * size + i for g in range(n_groups) for i in range(h)]
+        lo = lo + [16 + x for x in lo]
+        hi = [x + h for x in lo]
+        mask_lo = ir.Constant(ir.VectorType(i32, 16), lo)
+        mask_hi = ir.Constant(ir.VectorType(i32, 16), hi)
+        vecs = [
+            builder.fadd(
+                builder.shuffle_vector(vecs[2 * i], vecs[2 * i + 1], mask_lo),
+                builder.shuffle_vector(vecs[2 * i], vecs[2 * i + 1], mask_hi),
+            )
+            for i in range(len(vecs) // 2)
+        ]
+        size = h
+    return vecs[0]
+
+
+def _make_scores(nr: int, nt: int) -> Any:
     @intrinsic
-    def scores(typingctx, q, qoff, k, koff, kstride, s, soff, sstride, n_t, n_d):
-        """``nr`` query rows' raw scores over ``n_t`` tokens (a multiple of 8), 8 tokens a vector, straight from
-        the decoded keys: ``s[soff + i*sstride + t] = sum over channel groups j8 (in order, from 0) of the tree
-        ((q0 b0 + q1 b1) + (q2 b2 + q3 b3)) + ((q4 b4 + q5 b5) + (q6 b6 + q7 b7))`` with ``qc = q[qoff + i*n_d +
-        j8 + c]`` and ``bc = k[koff + t*kstride + j8 + c]`` (``n_d`` a multiple of 8): the scalar loop of
-        :func:`attend_any`. Each 8 x 8 tile of keys is transposed in registers
-        (:func:`tbq.kernels.transpose8_vectors`; its shuffles overlap the multiplies) and the rows' sums stay
-        in registers across the channel groups."""
+    def scores(typingctx, q, qoff, k, koff, kstride, s, soff, sstride, n_groups, n_d):
+        """``nr`` query rows' raw scores over ``n_groups`` groups of ``nt`` tokens, straight from the decoded keys
+        (``nr * nt <= 16``): for row ``i`` and token ``t``, 16 lane sums ``a_l = fma(q_j, k_j, a_l)``, ``j = l,
+        l + 16, ...`` in order (``q_j = q[qoff + i*n_d + j]``, ``k_j = k[koff + t*kstride + j]``, ``n_d`` a
+        multiple of 16), and their tree into ``s[soff + i*sstride + t]``. A group's ``nr * nt`` sums are one
+        vector register each; their trees are folded together (:func:`_fold_trees`)."""
         sig = types.void(
             q, types.int64, k, types.int64, types.int64, s, types.int64, types.int64, types.int64, types.int64
         )
 
         def codegen(context, builder, signature, args):
-            i64 = ir.IntType(64)
-            vt = ir.VectorType(ir.FloatType(), 8)
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            vt = ir.VectorType(ir.FloatType(), 16)
             qp = context.make_array(signature.args[0])(context, builder, args[0]).data
             kp = context.make_array(signature.args[2])(context, builder, args[2]).data
             sp = context.make_array(signature.args[5])(context, builder, args[5]).data
-            qoff, koff, kstride, soff, sstride, n_t, n_d = (args[c] for c in (1, 3, 4, 6, 7, 8, 9))
-            accs = [cgutils.alloca_once(builder, vt) for _ in range(nr)]
-            c8 = ir.Constant(i64, 8)
-            zero = ir.Constant(vt, [0.0] * 8)
-            with cgutils.for_range(builder, builder.udiv(n_t, c8)) as tl:
-                t = builder.mul(tl.index, c8)
-                for a in accs:
-                    builder.store(zero, a)
+            qoff, koff, kstride, soff, sstride, n_groups, n_d = (args[c] for c in (1, 3, 4, 6, 7, 8, 9))
+            accs = [[cgutils.alloca_once(builder, vt) for _ in range(nt)] for _ in range(nr)]
+            c16 = ir.Constant(i64, 16)
+            zero = ir.Constant(vt, [0.0] * 16)
+            with cgutils.for_range(builder, n_groups) as tl:
+                t = builder.mul(tl.index, ir.Constant(i64, nt))
+                for row in accs:
+                    for a in row:
+                        builder.store(zero, a)
                 kt = builder.add(koff, builder.mul(t, kstride))
-                with cgutils.for_range(builder, builder.udiv(n_d, c8)) as gl:
-                    j8 = builder.mul(gl.index, c8)
-                    kj = builder.add(kt, j8)
-                    rows = [
+                with cgutils.for_range(builder, builder.udiv(n_d, c16)) as jl:
+                    j = builder.mul(jl.index, c16)
+                    kv = [
                         builder.load(
-                            _vptr(builder, kp, builder.add(kj, builder.mul(ir.Constant(i64, r), kstride)), vt), align=4
+                            _vptr(
+                                builder,
+                                kp,
+                                builder.add(builder.add(kt, j), builder.mul(ir.Constant(i64, u), kstride)),
+                                vt,
+                            ),
+                            align=4,
                         )
-                        for r in range(8)
+                        for u in range(nt)
                     ]
-                    b = transpose8_vectors(builder, rows)
                     for i in range(nr):
-                        qrow = builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j8))
-                        p = [_splat_mul(builder, qp, builder.add(qrow, ir.Constant(i64, c)), b[c]) for c in range(8)]
-                        tree = builder.fadd(
-                            builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3])),
-                            builder.fadd(builder.fadd(p[4], p[5]), builder.fadd(p[6], p[7])),
+                        qv = builder.load(
+                            _vptr(
+                                builder,
+                                qp,
+                                builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j)),
+                                vt,
+                            ),
+                            align=4,
                         )
-                        builder.store(builder.fadd(builder.load(accs[i]), tree), accs[i])
+                        for u in range(nt):
+                            builder.store(_vfma(builder, qv, kv[u], builder.load(accs[i][u])), accs[i][u])
+                scores16 = _fold_trees(builder, [builder.load(accs[i][u]) for i in range(nr) for u in range(nt)])
+                st = ir.VectorType(ir.FloatType(), nt)
                 for i in range(nr):
+                    part = builder.shuffle_vector(
+                        scores16, scores16, ir.Constant(ir.VectorType(i32, nt), [i * nt + u for u in range(nt)])
+                    )
                     off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
-                    builder.store(builder.load(accs[i]), _vptr(builder, sp, off, vt), align=4)
+                    builder.store(part, _vptr(builder, sp, off, st), align=4)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -525,29 +494,39 @@ def _make_scores(nr: int) -> Any:
     return scores
 
 
-def _make_values(nr: int) -> Any:
+def _make_values(nr: int, width: int) -> Any:
     @intrinsic
-    def values(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_q, n_d):
-        """``nr`` query rows' ``acc[aoff + i*n_d + j] += (w0 v0[j] + w1 v1[j]) + (w2 v2[j] + w3 v3[j])`` for
-        ``n_q`` quads of tokens in order, ``wk = w[woff + i*wstride + 4u + k]``, ``vk[j] = v[voff + (4u + k)*vstride
-        + j]`` (``n_d`` a multiple of 16): the scalar loop of :func:`attend_any`, 16 values of ``acc`` a row (two
-        vectors, a cache line of each value row) held in registers over all the quads instead of loaded and stored
-        for each."""
+    def values(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_t, n_d, j0, n_j):
+        """``nr`` query rows' ``acc[aoff + i*n_d + j] = fma(w_t, v_t[j], acc[...])`` for tokens ``t = 0 .. n_t`` in
+        order and channels ``j = j0 .. j0 + n_j`` (``n_j`` a multiple of ``16 * width``), ``w_t = w[woff +
+        i*wstride + t]``, ``v_t[j] = v[voff + t*vstride + j]``: the scalar loop of :func:`_attend_any`, ``16 *
+        width`` accumulators of each row held in registers over all the tokens."""
         sig = types.void(
-            w, types.int64, types.int64, v, types.int64, types.int64, acc, types.int64, types.int64, types.int64
+            w,
+            types.int64,
+            types.int64,
+            v,
+            types.int64,
+            types.int64,
+            acc,
+            types.int64,
+            types.int64,
+            types.int64,
+            types.int64,
+            types.int64,
         )
 
         def codegen(context, builder, signature, args):
             i64 = ir.IntType(64)
-            vt = ir.VectorType(ir.FloatType(), 8)
+            vt = ir.VectorType(ir.FloatType(), 16)
             wp = context.make_array(signature.args[0])(context, builder, args[0]).data
             vp = context.make_array(signature.args[3])(context, builder, args[3]).data
             ap = context.make_array(signature.args[6])(context, builder, args[6]).data
-            woff, wstride, voff, vstride, aoff, n_q, n_d = (args[c] for c in (1, 2, 4, 5, 7, 8, 9))
-            accs = [[cgutils.alloca_once(builder, vt) for _ in range(2)] for _ in range(nr)]
-            c16 = ir.Constant(i64, 16)
-            with cgutils.for_range(builder, builder.udiv(n_d, c16)) as jl:
-                j = builder.mul(jl.index, c16)
+            woff, wstride, voff, vstride, aoff, n_t, n_d, j0, n_j = (args[c] for c in (1, 2, 4, 5, 7, 8, 9, 10, 11))
+            accs = [[cgutils.alloca_once(builder, vt) for _ in range(width)] for _ in range(nr)]
+            step = ir.Constant(i64, 16 * width)
+            with cgutils.for_range(builder, builder.udiv(n_j, step)) as jl:
+                j = builder.add(j0, builder.mul(jl.index, step))
                 aptrs = [
                     [
                         _vptr(
@@ -556,50 +535,32 @@ def _make_values(nr: int) -> Any:
                             builder.add(
                                 aoff,
                                 builder.add(
-                                    builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 8 * h))
+                                    builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 16 * h))
                                 ),
                             ),
                             vt,
                         )
-                        for h in range(2)
+                        for h in range(width)
                     ]
                     for i in range(nr)
                 ]
                 for i in range(nr):
-                    for h in range(2):
+                    for h in range(width):
                         builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
-                with cgutils.for_range(builder, n_q) as ql:
-                    t = builder.mul(ql.index, ir.Constant(i64, 4))
-                    vj = builder.add(voff, j)
+                vj = builder.add(voff, j)
+                with cgutils.for_range(builder, n_t) as tl:
+                    vrow = builder.add(vj, builder.mul(tl.index, vstride))
                     vv = [
-                        [
-                            builder.load(
-                                _vptr(
-                                    builder,
-                                    vp,
-                                    builder.add(
-                                        builder.add(vj, ir.Constant(i64, 8 * h)),
-                                        builder.mul(builder.add(t, ir.Constant(i64, c)), vstride),
-                                    ),
-                                    vt,
-                                ),
-                                align=4,
-                            )
-                            for h in range(2)
-                        ]
-                        for c in range(4)
+                        builder.load(_vptr(builder, vp, builder.add(vrow, ir.Constant(i64, 16 * h)), vt), align=4)
+                        for h in range(width)
                     ]
                     for i in range(nr):
-                        wrow = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), t))
-                        for h in range(2):
-                            p = [
-                                _splat_mul(builder, wp, builder.add(wrow, ir.Constant(i64, c)), vv[c][h])
-                                for c in range(4)
-                            ]
-                            tree = builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
-                            builder.store(builder.fadd(builder.load(accs[i][h]), tree), accs[i][h])
+                        wi = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), tl.index))
+                        ws = _splat(builder, builder.load(builder.gep(wp, [wi])), vt)
+                        for h in range(width):
+                            builder.store(_vfma(builder, ws, vv[h], builder.load(accs[i][h])), accs[i][h])
                 for i in range(nr):
-                    for h in range(2):
+                    for h in range(width):
                         builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
             return context.get_dummy_value()
 
@@ -656,6 +617,11 @@ def _make_fold(nr: int) -> Any:
     return fold
 
 
-_scores1, _scores2, _scores3, _scores4 = (_make_scores(nr) for nr in (1, 2, 3, 4))
-_values1, _values2, _values3, _values4 = (_make_values(nr) for nr in (1, 2, 3, 4))
+#: Tokens per group of the score microkernels, for 1 to 4 rows: ``rows x tokens`` sums of 16 lanes held in
+#: registers (16 with AVX-512's 32 vector registers; 8 in AVX2's 16, where a 16-lane sum takes two). The grouping
+#: changes no operation: every score's sums and tree are its own.
+_SCORE_TOKENS = (16, 8, 4, 4) if TARGET_AVX512VL else (8, 4, 2, 2)
+_scores1, _scores2, _scores3, _scores4 = (_make_scores(nr, _SCORE_TOKENS[nr - 1]) for nr in (1, 2, 3, 4))
+_values1w1, _values2w1, _values3w1, _values4w1 = (_make_values(nr, 1) for nr in (1, 2, 3, 4))
+_values1w2, _values2w2, _values3w2, _values4w2 = (_make_values(nr, 2) for nr in (1, 2, 3, 4))
 _fold1, _fold2, _fold3, _fold4 = (_make_fold(nr) for nr in (1, 2, 3, 4))
