@@ -555,28 +555,8 @@ def make_engine(
     k_rot = _k_rotation_order(head_dim) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
     v_rot = 64 if rotate_attention and v_quantized and head_dim % 64 == 0 else None
     perm = gguf_permutation(head_dim) if permute else None
-    k_side = Side(
-        k_name,
-        k_codec,
-        k_rot,
-        perm,
-        fork_pack3=fork and k_name == "tbq3_0",
-        simd_q8_0=k_name == _SIMD_Q8_0,
-        head_dim=head_dim,
-        pad_to=pads["K"],
-        rotated_read=pads["K"] is not None,
-    )
-    v_side = Side(
-        v_name,
-        v_codec,
-        v_rot,
-        None,
-        fork_pack3=fork and v_name == "tbq3_0",
-        simd_q8_0=v_name == _SIMD_Q8_0,
-        head_dim=head_dim,
-        pad_to=pads["V"],
-        rotated_read=pads["V"] is not None,
-    )
+    k_side = _llama_side(k_name, k_codec, k_rot, perm, fork, head_dim, pads["K"])
+    v_side = _llama_side(v_name, v_codec, v_rot, None, fork, head_dim, pads["V"])
     # The fork's q8_K defect, as measured: at head_dim 128 every score is 0; at 256 none is; at 64, where one TBQ
     # block holds two heads, the scores are right (llama-perplexity agrees with the correct engine there).
     whole_blocks = k_codec is not None and head_dim % k_codec.block_size == 0
@@ -589,6 +569,24 @@ def make_engine(
         kv_heads,
         q_to_q8_0=_q_as_q8_0(k_name),  # a turbo K's vec_dot_type is F32 (its format declares none): Q stays f32
         zero_scores=fork and q8_k and head_dim % 256 != 0 and whole_blocks,
+    )
+
+
+def _llama_side(
+    name: str, codec: Codec | None, rot: int | None, perm: np.ndarray | None, fork: bool, head_dim: int, pad: int | None
+) -> Side:
+    """A side of a llama.cpp engine: its rotation and channel order, the fork's 3-bit packer, q8_0's SIMD writer,
+    a turbo head's padding (read in its format's rotated domain)."""
+    return Side(
+        name,
+        codec,
+        rot,
+        perm,
+        fork_pack3=fork and name == "tbq3_0",
+        simd_q8_0=name == _SIMD_Q8_0,
+        head_dim=head_dim,
+        pad_to=pad,
+        rotated_read=pad is not None,
     )
 
 

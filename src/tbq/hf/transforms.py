@@ -38,7 +38,7 @@ import torch
 from ..errors import TbqValueError
 from ..half import f16_table
 from ..kernels import butterfly64, butterfly128, f32_to_f16_bits, jit, jit_inline
-from ..parallel import default_threads, run_groups
+from ..parallel import default_threads, run_shared
 from ..rotation import hadamard_scale
 
 __all__ = ["gguf_permutation", "hadamard", "q8_0_simd", "q8_0_simd_encode", "rotate", "transform"]
@@ -86,8 +86,8 @@ def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
     return transform(x, None, n, False)
 
 
-#: Values per thread below which :func:`transform` stays on the calling thread.
-_PARALLEL_VALUES = 1 << 17
+#: Values a task of :func:`transform` takes (a call of fewer than two tasks stays on the calling thread).
+_TASK_VALUES = 1 << 16
 
 #: float32 value of every fp16 bit pattern (q8_0's scales).
 _F16 = f16_table()
@@ -113,18 +113,17 @@ def transform(x: torch.Tensor, perm: Any, n: Any, inverse: bool, q8_0: bool = Fa
     nn = 0 if n is None else int(n)
     scale = hadamard_scale(nn, np.float32) if nn else np.float32(1.0)
     rows = a.shape[0]
-    parts = max(1, min(default_threads(), a.size // _PARALLEL_VALUES))
-    if parts == 1:
+    tasks = a.size // _TASK_VALUES
+    if tasks < 2 or default_threads() < 2:
         _transform_rows(a, out, p, nn, scale, inverse)
     else:
-        bounds = np.linspace(0, rows, parts + 1).astype(int)
+        bounds = np.linspace(0, rows, tasks + 1).astype(np.int64)
 
-        def run(ids: Any) -> None:  # rows are independent: any split gives the same bits
-            for i in ids:
-                lo, hi = bounds[i], bounds[i + 1]
-                _transform_rows(a[lo:hi], out[lo:hi], p, nn, scale, inverse)
+        def run(i: int) -> None:  # rows are independent: any split, any thread gives the same bits
+            lo, hi = bounds[i], bounds[i + 1]
+            _transform_rows(a[lo:hi], out[lo:hi], p, nn, scale, inverse)
 
-        run_groups(parts, parts, run)
+        run_shared(tasks, default_threads(), run)  # a thread slowed by another process takes fewer tasks
     if q8_0:
         _q8_0_round_trip(out, _F16)
     return torch.from_numpy(out).reshape(shape)
