@@ -261,6 +261,7 @@ def run_cli(args: argparse.Namespace) -> int:
         raise TbqValueError(f"--tokens {args.tokens}: no such file")
     try:
         from ..hf import evaluation as ev
+        from ..hf import generation, stats
         from ..hf.loader import load, resolve_model_path
     except ImportError as exc:  # the hf extra is missing
         raise ConfigError(f"tbq eval needs the hf extra ({exc.name} is not installed): pip install '.[hf]'") from None
@@ -275,7 +276,7 @@ def run_cli(args: argparse.Namespace) -> int:
             raise TbqValueError(f"--contexts: {c} is beyond the model's limit of {limit} positions")
         if len(tokens) < 2 * c:
             raise TbqValueError(f"--contexts: {c} needs at least {2 * c} tokens of text, the text has {len(tokens)}")
-    prompts = ev.read_prompts(args.prompts) if args.prompts is not None else None
+    prompts = generation.read_prompts(args.prompts) if args.prompts is not None else None
     name = "shipped model" if args.model is None else str(args.model)
     bar = Progress(1, "tbq eval", enabled=False if args.quiet else None)
 
@@ -306,7 +307,7 @@ def run_cli(args: argparse.Namespace) -> int:
     )
     extra: dict[str, Any] = {}
     if prompts is not None:
-        extra["generation"] = ev.generation_agreement(
+        extra["generation"] = generation.generation_agreement(
             model,
             tokenizer,
             prompts,
@@ -367,7 +368,7 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.kld:
             for r in result.rows[2:]:
                 if r.refused is None:
-                    print("\n".join(["", f"{r.cache} against the f16 cache:", *ev.kld_lines(r.llama_cpp)]))
+                    print("\n".join(["", f"{r.cache} against the f16 cache:", *stats.kld_lines(r.llama_cpp)]))
     if plot is not None:
         from ..hf.plot import plot_eval
 

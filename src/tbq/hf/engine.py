@@ -75,7 +75,6 @@ Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,12 +85,9 @@ from .. import packing
 from ..codecs import Codec, get_codec
 from ..errors import ConfigError, TbqValueError
 from ..formats import FORMATS, cache_formats, format_class, get_format, takes_option
-from ..half import f16_table
-from ..kernels import f32_to_f16_bits, jit
-from ..parallel import default_threads, run_groups
-from ..rotation import hadamard_scale
 from ..vllm_slots import PRESET_NAMES, preset
 from . import ENGINES
+from .transforms import gguf_permutation, hadamard, q8_0_simd, q8_0_simd_encode, rotate, transform
 
 __all__ = [
     "ENGINES",
@@ -182,204 +178,6 @@ PERMUTED_MODEL_TYPES = (
     "olmo",
     "internlm3",
 )
-
-
-# ---------------------------------------------------------------------------
-# the transforms
-# ---------------------------------------------------------------------------
-
-
-def hadamard(n: int) -> torch.Tensor:
-    """The orthonormal Sylvester Walsh-Hadamard matrix of order ``n`` (float64, entries +-1/sqrt(n)).
-
-    >>> hadamard(2) * 2 ** 0.5
-    tensor([[ 1.,  1.],
-            [ 1., -1.]], dtype=torch.float64)
-    """
-    if n < 1 or n & (n - 1):
-        raise TbqValueError(f"the Walsh-Hadamard order must be a power of two, got {n}")
-    h = torch.ones((1, 1), dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / math.sqrt(n)
-
-
-def rotate(x: torch.Tensor, n: int) -> torch.Tensor:
-    """``x`` (float32, last axis a multiple of ``n``) times the orthonormal ``H_n`` in n-value blocks along the last axis.
-
-    The spec's in-place butterfly in float32 (:func:`tbq.rotation.fwht`'s
-    operations, one multiplication by ``float32(1/sqrt(n))`` at the end, in a
-    numba kernel), O(n log n) per block.
-    ``H_n`` is symmetric and orthonormal, so ``rotate(rotate(x, n), n)`` is ``x``
-    up to float32 rounding.
-    """
-    return transform(x, None, n, False)
-
-
-def transform(x: torch.Tensor, perm: Any, n: Any, inverse: bool, q8_0: bool = False) -> torch.Tensor:
-    """One pass over ``x`` (float32, ..., head_dim): each head's channel order, the rotation ``H_n``, q8_0.
-
-    ``inverse=False``: ``y[..., j] = x[..., perm[j]]``, then the rotation (the
-    stored domain), then (``q8_0``) ggml's SIMD q8_0 round trip
-    (:func:`q8_0_simd`); ``inverse=True``: the rotation, then back to the
-    model's order. The same float32 operations as the separate steps, so the
-    same bits (tests/test_hf_cache.py).
-    """
-    shape = x.shape
-    d = shape[-1]
-    a = np.ascontiguousarray(x.detach().to(device="cpu", dtype=torch.float32).numpy()).reshape(-1, d)
-    out = np.empty_like(a)
-    if perm is None:
-        p = np.arange(d, dtype=np.int64)
-    else:
-        p = (np.argsort(perm) if inverse else np.asarray(perm)).astype(np.int64)
-    nn = 0 if n is None else int(n)
-    scale = hadamard_scale(nn, np.float32) if nn else np.float32(1.0)
-    table = f16_table()
-    rows = a.shape[0]
-    parts = min(default_threads(), max(1, a.size // _PARALLEL_VALUES))
-    bounds = np.linspace(0, rows, parts + 1).astype(int)
-
-    def run(ids: Any) -> None:  # rows are independent: any split gives the same bits
-        for i in ids:
-            lo, hi = bounds[i], bounds[i + 1]
-            _transform_rows(a[lo:hi], out[lo:hi], p, nn, scale, inverse, q8_0, table)
-
-    run_groups(parts, parts, run)
-    return torch.from_numpy(out.reshape(shape))
-
-
-#: Values per thread below which :func:`transform` stays on the calling thread.
-_PARALLEL_VALUES = 1 << 16
-
-
-@jit
-def _butterfly(w: Any, r: Any, start: Any, n: Any, scale: Any) -> None:
-    """Values ``start .. start+n`` of row ``r``: the spec's in-place butterfly, then ``* scale``."""
-    h = 1
-    while h < n:
-        for s0 in range(start, start + n, 2 * h):
-            for j in range(s0, s0 + h):
-                a = w[r, j]
-                b = w[r, j + h]
-                w[r, j] = a + b
-                w[r, j + h] = a - b
-        h *= 2
-    for j in range(start, start + n):
-        w[r, j] = w[r, j] * scale
-
-
-@jit
-def _transform_rows(x: Any, out: Any, perm: Any, n: Any, scale: Any, inverse: Any, q8_0: Any, f16: Any) -> None:
-    rows, d = x.shape
-    c127 = np.float32(127.0)
-    zero = np.float32(0.0)
-    tmp = np.empty(d, np.float32)
-    for r in range(rows):
-        if inverse:
-            for j in range(d):
-                tmp[j] = x[r, j]
-            if n:
-                for start in range(0, d, n):
-                    _butterfly_1d(tmp, start, n, scale)
-            for j in range(d):
-                out[r, j] = tmp[perm[j]]
-        else:
-            for j in range(d):
-                out[r, j] = x[r, perm[j]]
-            if n:
-                for start in range(0, d, n):
-                    _butterfly(out, r, start, n, scale)
-        if q8_0:
-            for b0 in range(0, d, 32):
-                amax = zero
-                for j in range(b0, b0 + 32):
-                    v = abs(out[r, j])
-                    if v > amax:
-                        amax = v
-                dq = f16[np.int64(f32_to_f16_bits(amax / c127))]
-                inv = c127 / amax if amax > zero else zero
-                for j in range(b0, b0 + 32):
-                    out[r, j] = np.float32(np.rint(out[r, j] * inv)) * dq
-
-
-@jit
-def _butterfly_1d(w: Any, start: Any, n: Any, scale: Any) -> None:
-    h = 1
-    while h < n:
-        for s0 in range(start, start + n, 2 * h):
-            for j in range(s0, s0 + h):
-                a = w[j]
-                b = w[j + h]
-                w[j] = a + b
-                w[j + h] = a - b
-        h *= 2
-    for j in range(start, start + n):
-        w[j] = w[j] * scale
-
-
-def gguf_permutation(head_dim: int) -> np.ndarray:
-    """Indices ``p`` with ``gguf_row = hf_row[p]`` per head: ``p[2i] = i``, ``p[2i+1] = i + head_dim/2``.
-
-    >>> gguf_permutation(8)
-    array([0, 4, 1, 5, 2, 6, 3, 7])
-    """
-    if head_dim % 2:
-        raise TbqValueError(f"head_dim {head_dim} is odd: no RoPE pair permutation")
-    half = head_dim // 2
-    p = np.empty(head_dim, np.int64)
-    p[0::2] = np.arange(half)
-    p[1::2] = np.arange(half) + half
-    return p
-
-
-def _q8_0_simd_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """ggml's CPU-backend q8_0 quantizer (``quantize_row_q8_0``, AVX): per 32 values, the fp16 scale and the codes.
-
-    ``amax = max |x|``, ``d = fp16(amax / 127)``, codes ``rint(x * (127 / amax))``
-    rounded half to even (``_mm256_round_ps``), 0 when ``amax`` is 0.
-    ``quantize_row_q8_0_ref`` (``tbq.quantize(x, "q8_0")``) differs in two
-    places: it multiplies by ``1 / d`` (``1/(amax/127)``, which can be one ulp
-    away from ``127/amax``) and rounds half away from zero.
-    """
-    shape = x.shape
-    b = x.reshape(*shape[:-1], shape[-1] // 32, 32).to(torch.float32)
-    amax = b.abs().amax(dim=-1, keepdim=True)
-    d = (amax / 127.0).to(torch.float16)
-    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
-    inv = torch.where(amax > 0, torch.tensor(127.0, dtype=torch.float32) / safe, torch.zeros_like(amax))
-    codes = torch.round(b * inv)  # torch.round: half to even
-    return d, codes
-
-
-def q8_0_simd(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (float32, last axis a multiple of 32) through ggml's SIMD q8_0 quantizer, decoded: ``code * d``.
-
-    What a q8_0 x q8_0 dot product sees of Q (exact in float32); see :func:`q8_0_simd_encode`.
-
-    >>> q8_0_simd(torch.full((32,), 0.5)).unique()
-    tensor([0.5000])
-    """
-    d, codes = _q8_0_simd_parts(x)
-    return (codes * d.to(torch.float32)).reshape(x.shape)
-
-
-def q8_0_simd_encode(rows: np.ndarray) -> np.ndarray:
-    """q8_0 bytes of float32 ``rows`` (..., n x 32) as ggml's CPU backend writes a q8_0 KV cache.
-
-    The layout is Q8_0's (fp16 scale, 32 int8 codes per block); the rule is
-    :func:`_q8_0_simd_parts`'s. ``tbq.dequantize(..., "q8_0")`` reads them.
-
-    >>> q8_0_simd_encode(np.full((32,), 0.5, np.float32))[:3]
-    array([  8,  28, 127], dtype=uint8)
-    """
-    d, codes = _q8_0_simd_parts(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32)))
-    lead = rows.shape[:-1]
-    nb = rows.shape[-1] // 32
-    out = np.empty(lead + (nb, 34), np.uint8)
-    out[..., :2] = d.numpy().view(np.uint8).reshape(lead + (nb, 2))
-    out[..., 2:] = codes.to(torch.int8).numpy().view(np.uint8).reshape(lead + (nb, 32))
-    return out.reshape(lead + (nb * 34,))
 
 
 # ---------------------------------------------------------------------------
@@ -757,28 +555,8 @@ def make_engine(
     k_rot = _k_rotation_order(head_dim) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
     v_rot = 64 if rotate_attention and v_quantized and head_dim % 64 == 0 else None
     perm = gguf_permutation(head_dim) if permute else None
-    k_side = Side(
-        k_name,
-        k_codec,
-        k_rot,
-        perm,
-        fork_pack3=fork and k_name == "tbq3_0",
-        simd_q8_0=k_name == _SIMD_Q8_0,
-        head_dim=head_dim,
-        pad_to=pads["K"],
-        rotated_read=pads["K"] is not None,
-    )
-    v_side = Side(
-        v_name,
-        v_codec,
-        v_rot,
-        None,
-        fork_pack3=fork and v_name == "tbq3_0",
-        simd_q8_0=v_name == _SIMD_Q8_0,
-        head_dim=head_dim,
-        pad_to=pads["V"],
-        rotated_read=pads["V"] is not None,
-    )
+    k_side = _llama_side(k_name, k_codec, k_rot, perm, fork, head_dim, pads["K"])
+    v_side = _llama_side(v_name, v_codec, v_rot, None, fork, head_dim, pads["V"])
     # The fork's q8_K defect, as measured: at head_dim 128 every score is 0; at 256 none is; at 64, where one TBQ
     # block holds two heads, the scores are right (llama-perplexity agrees with the correct engine there).
     whole_blocks = k_codec is not None and head_dim % k_codec.block_size == 0
@@ -791,6 +569,24 @@ def make_engine(
         kv_heads,
         q_to_q8_0=_q_as_q8_0(k_name),  # a turbo K's vec_dot_type is F32 (its format declares none): Q stays f32
         zero_scores=fork and q8_k and head_dim % 256 != 0 and whole_blocks,
+    )
+
+
+def _llama_side(
+    name: str, codec: Codec | None, rot: int | None, perm: np.ndarray | None, fork: bool, head_dim: int, pad: int | None
+) -> Side:
+    """A side of a llama.cpp engine: its rotation and channel order, the fork's 3-bit packer, q8_0's SIMD writer,
+    a turbo head's padding (read in its format's rotated domain)."""
+    return Side(
+        name,
+        codec,
+        rot,
+        perm,
+        fork_pack3=fork and name == "tbq3_0",
+        simd_q8_0=name == _SIMD_Q8_0,
+        head_dim=head_dim,
+        pad_to=pad,
+        rotated_read=pad is not None,
     )
 
 
