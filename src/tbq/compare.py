@@ -276,7 +276,7 @@ def _attention_columns_fused(
             -1, X.shape[2]
         )  # query heads (head, query): GQA over the heads
         cache: KVCache | np.ndarray
-        if codec.format.attention_domain == "rotated":  # read in the rotated domain, from the blocks
+        if codec.format.attention.domain == "rotated":  # read in the rotated domain, from the blocks
             cache = KVCache(
                 codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config()
             )
@@ -393,7 +393,7 @@ def compare(
             y2 = codec.decode(q)
             t_enc = _best_time(functools.partial(codec.encode, rows2, out=q), repeat)
             t_dec = _best_time(functools.partial(codec.decode, q, out=y2), repeat)
-            y = codec.format.from_decode_domain(y2).reshape(x.shape)  # turbo2/3/4 decode to R(x): rotate back
+            y = codec.format.domain.from_decode_domain(y2).reshape(x.shape)  # turbo2/3/4 decode to R(x): rotate back
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
                 s = chunked_error_summary(_heads(x), _heads(y))
@@ -569,8 +569,8 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
         c = get_codec(f, **cfg)
         if c.backend == "numba":
             c.decode(c.encode(x))
-        if (attention if readers is None else readers) and c.format.attention_domain == "rotated":
-            c.format.attention_reader()  # the fused kernel's reader of a rotated format (the others' rows are decoded)
+        if (attention if readers is None else readers) and c.format.attention.domain == "rotated":
+            c.format.attention.reader()  # the fused kernel's reader of a rotated format (the others' rows are decoded)
     if attention:  # one kernel for every format (the formats' readers are run-time arguments)
         rows = x.reshape(64, 8, HEAD_DIM)
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
