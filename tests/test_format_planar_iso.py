@@ -89,7 +89,7 @@ def test_shipped_tables_are_the_conformance_tables():
         assert_bits_equal(f.thresholds, t["thresholds"])
         for k in rot:
             assert_bits_equal(t[k], _json_f32(raw[k]), k)
-        assert f.config() == {} and f.options == {} and f.hazards == {"thresholds": {}}
+        assert f.config() == {} and f.options == {} and f.fuzz.hazards == {"thresholds": {}}
         with pytest.raises(tbq.ConfigError):
             tbq.get_format(fmt, codebook="cuda")
 

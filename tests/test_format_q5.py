@@ -148,7 +148,7 @@ def test_fields_read_the_bit_plane(fmt):
 
 def test_q5_0_hazards_match_the_grid():
     """The ties family draws x*id = k + 1/2 for k in codes: every such t = k + 17 is a code boundary inside 0..31."""
-    h = tbq.get_format("q5_0").hazards["ties"]
+    h = tbq.get_format("q5_0").fuzz.hazards["ties"]
     assert h == {"divisor": 16.0, "codes": (-16, 15)}
     x = np.zeros(32, np.float32)
     x[0] = 16.0  # d = -1: x*id = -x

@@ -57,7 +57,7 @@ def test_operand_formats_are_registered_but_no_cache_types():
     assert tbq.format_info("Q8_K").name == "q8_k"  # ggml's spelling q8_K is the same format
     assert (tbq.format_info("q8_1").type_size, tbq.format_info("q8_k").type_size) == (36, 292)
     for left in ("q4_1", "q5_1"):
-        assert tbq.formats.format_class(left).vec_dot_type == "q8_1"
+        assert tbq.formats.format_class(left).checker.vec_dot_type == "q8_1"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -115,7 +115,7 @@ def test_q8_k_tiny_max_codes_zero_and_undefined(backend):
     assert q[:4].tolist() == [0, 0, 0, 0x80] and not q[4:].any()
     f = tbq.get_format("q8_k")
     _, tr = f.encode(np.stack([x, x * np.float32(1e3)]), trace=True)
-    mask, rule = f.undefined_blocks(tr)
+    mask, rule = f.checker.undefined_blocks(tr)
     assert mask.tolist() == [True, False] and "iscale" in rule
 
 
@@ -125,12 +125,12 @@ def test_q8_k_bsums_are_checked_except_where_both_scales_are_zero():
     ref = f.encode(x).reshape(2, 292)
     got = ref.copy()
     got[:, 270] ^= 0x01  # a bsum of each block
-    assert f.equivalent_blocks(ref, got).tolist() == [False, True]
+    assert f.checker.equivalent_blocks(ref, got).tolist() == [False, True]
     q1 = tbq.get_format("q8_1")
     r1 = q1.encode(np.linspace(-1, 1, 32, dtype=np.float32)).reshape(1, 36)
     g1 = r1.copy()
     g1[0, 2] ^= 0x01  # s: not in the decoded values, but in every q4_1 / q5_1 dot product
-    assert q1.equivalent_blocks(r1, g1).tolist() == [False]
+    assert q1.checker.equivalent_blocks(r1, g1).tolist() == [False]
 
 
 @pytest.mark.parametrize("fmt", ["q8_1", "q8_k", "q4_1", "q5_1"])
@@ -140,8 +140,8 @@ def test_dot_parts_and_offset_give_the_decoded_values(fmt):
     bs = f.block_size
     x = np.random.default_rng(5).standard_normal((8, bs)).astype(np.float32) * np.float32(7)
     data = f.encode(x).reshape(8, f.type_size)
-    codes, scale = f.dot_parts(data)
-    off = f.dot_offset(data)
+    codes, scale = f.checker.dot_parts(data)
+    off = f.checker.dot_offset(data)
     assert codes.dtype == np.int64 and codes.shape == (8, bs) and scale.dtype == np.float64 and scale.shape == (8,)
     assert (off is None) == (fmt == "q8_k")
     v = codes * scale[:, None]
@@ -189,7 +189,7 @@ def test_q8_1_special_inputs_match_ggml(ggml, backend):
     for name, x in cases.items():
         assert_bytes_equal(tbq.quantize(x, "q8_1", backend=backend), c_bytes(ggml, "q8_1", x), f"q8_1 {name}")
     _, tr = f.encode(cases["subnormal_amax"], trace=True)
-    assert f.undefined_blocks(tr)[0].tolist() == [True]
+    assert f.checker.undefined_blocks(tr)[0].tolist() == [True]
     v = f.encode(cases["ties"], trace=True)[1]["v"][0]
     assert np.count_nonzero(v - np.floor(v) == 0.5) == 31
 
@@ -253,7 +253,7 @@ def test_q8_k_zero_block_bsums_are_not_written_by_ggml(ggml):
     assert not q[:260].any() and (q[260:] == 0xAB).all()
     f = tbq.get_format("q8_k")
     ref = f.encode(x).reshape(1, 292)
-    assert not ref[0, 260:].any() and f.equivalent_blocks(ref, q.reshape(1, 292)).tolist() == [True]
+    assert not ref[0, 260:].any() and f.checker.equivalent_blocks(ref, q.reshape(1, 292)).tolist() == [True]
 
 
 def test_tbq_check_passes_ggml_q8_k_reference_functions(ggml):
@@ -315,13 +315,13 @@ def test_derived_fields_are_recomputed_from_the_blocks_own_codes():
     f = tbq.get_format("q8_k")
     x = np.stack([np.linspace(-1, 1, 256, dtype=np.float32), np.zeros(256, np.float32)])
     data, trace = f.reference_encode(x)
-    assert np.array_equal(f.derived(data, trace), data)  # the reference is consistent
+    assert np.array_equal(f.checker.derived(data, trace), data)  # the reference is consistent
     moved = data.copy()
     moved[0, 4 + 17] = np.uint8((int(moved[0, 4 + 17]) + 1) % 256)  # code 17: group 1
     moved[1, 260:] = 0xAB  # an all-zero block's bsums, unwritten by C: kept
-    got = f.derived(moved, trace)
+    got = f.checker.derived(moved, trace)
     sums = got[:, 260:].copy().view("<i2")
     assert int(sums[0, 1]) == int(data[:, 260:].copy().view("<i2")[0, 1]) + 1 and (got[1, 260:] == 0xAB).all()
     q1 = tbq.get_format("q8_1")
     d1, t1 = q1.reference_encode(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32))
-    assert np.array_equal(q1.derived(d1, t1), d1)
+    assert np.array_equal(q1.checker.derived(d1, t1), d1)

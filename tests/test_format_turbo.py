@@ -63,8 +63,8 @@ def test_registry_rows():
     assert [i.bits_per_value for i in rows.values()] == [2.125, 3.125, 4.25]  # SPEC §1
     for f in FORMATS:
         fm = tbq.get_format(f)
-        assert fm.decode_domain == "rotated" and fm.attention_domain == "rotated"
-        assert fm.hazards == {"thresholds": {}}  # the strategies aim at the thresholds and the exact rotated zeros
+        assert fm.domain.decode_domain == "rotated" and fm.attention.domain == "rotated"
+        assert fm.fuzz.hazards == {"thresholds": {}}  # the strategies aim at the thresholds and the exact rotated zeros
         assert not fm.decode_tolerance(np.zeros((3, fm.type_size), np.uint8)).any()  # single products: exact
     assert tbq.get_format("turbo4").config() == {"thresholds": "cpu"}
     assert tbq.get_format("turbo2").config() == {} == tbq.get_format("turbo3").config()
@@ -327,21 +327,25 @@ def test_decoded_values_are_the_rotated_domain(fmt):
     f = tbq.get_format(fmt)
     x = np.random.default_rng(8).standard_normal((64, 256)).astype(F32)
     y = f.decode(f.encode(x))
-    rx = f.to_decode_domain(x)
+    rx = f.domain.to_decode_domain(x)
     assert rx.dtype == F32 and rx.shape == x.shape
     assert_bits_equal(rx[:, :128], f.rotation.forward(x[:, :128]), "per block")
     err = float(((y - rx).astype(np.float64) ** 2).sum() / (x.astype(np.float64) ** 2).sum())
     # SPEC §10 Q4's NMSE against R(x) on Gaussians: 0.120, 0.0343, 0.0185
     assert abs(err - {"turbo2": 0.120, "turbo3": 0.0343, "turbo4": 0.0185}[fmt]) < 0.01
     assert ((y - x) ** 2).sum() > (x**2).sum()  # against x itself: no resemblance
-    back = f.from_decode_domain(y)
+    back = f.domain.from_decode_domain(y)
     assert abs(float(((back - x).astype(np.float64) ** 2).sum() / (x.astype(np.float64) ** 2).sum()) - err) < 1e-4
-    assert np.abs(f.from_decode_domain(rx) - x).max() < 1e-5  # R^-1 R = 1 up to float32 rounding
-    assert f.to_decode_domain(x.astype(np.float64)).dtype == np.float64
+    assert np.abs(f.domain.from_decode_domain(rx) - x).max() < 1e-5  # R^-1 R = 1 up to float32 rounding
+    assert f.domain.to_decode_domain(x.astype(np.float64)).dtype == np.float64
     with pytest.raises(tbq.BlockShapeError):
-        f.to_decode_domain(np.ones(100, F32))
+        f.domain.to_decode_domain(np.ones(100, F32))
     q8 = tbq.get_format("q8_0")
-    assert q8.decode_domain == "original" and q8.to_decode_domain(x) is x and q8.from_decode_domain(x) is x
+    assert (
+        q8.domain.decode_domain == "original"
+        and q8.domain.to_decode_domain(x) is x
+        and q8.domain.from_decode_domain(x) is x
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -415,14 +419,14 @@ def test_fragility_marks_values_on_the_thresholds(fmt):
     # a value whose index a 2-ulp move (at the floor's magnitude) changes is marked, and only those
     thr = f.codebook.thresholds.astype(np.float64)
     r = tr["r"].astype(np.float64)
-    w = 2 * np.spacing(np.maximum(np.abs(r), f.ulp_floor).astype(F32)).astype(np.float64)
+    w = 2 * np.spacing(np.maximum(np.abs(r), f.golden.ulp_floor).astype(F32)).astype(np.float64)
     moved = np.searchsorted(thr, r - w, side="right") != np.searchsorted(thr, r + w, side="right")
     assert np.array_equal(frag, moved) and frag.sum() > zero.sum()
     assert f.fragile_values(tr, 2, ulp_floor=0).sum() < frag.sum()
     assert not f.fragile_scales(tr, 0).any()
-    lv, inp = f.value_table(tr)
+    lv, inp = f.quantizer.value_table(tr)
     assert np.array_equal(lv, f.codebook.centroids.astype(np.float64)) and inp.size == r.size
-    norm, rv = f.rotated_view(tr)
+    norm, rv = f.quantizer.rotated_view(tr)
     assert rv is tr["r"] and norm is tr["norm"]
 
 
@@ -542,7 +546,7 @@ for fmt in ("turbo2", "turbo3", "turbo4"):
     out = np.empty((256, 128), np.float32)
     f.kernel_decode(data, out)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt
-    r = f.attention_reader()
+    r = f.attention.reader()
     out[:] = 0
     read(r.read.address, data, out, r.aux)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt + " reader"

@@ -115,7 +115,7 @@ def _sink_block(fmt: str) -> int:
 def _tbq_like(fmt: Format) -> bool:
     """True when a :class:`~tbq.formats.Format` is read in its rotated domain (``attention_domain = "rotated"``:
     a randomized Hadamard rotation, a scalar codebook, fp16 norm + index fields: TBQ4_0, TBQ3_0)."""
-    return fmt.attention_domain == "rotated"
+    return fmt.attention.domain == "rotated"
 
 
 @dataclass(frozen=True, eq=False)
@@ -267,14 +267,14 @@ class KVCache:
         if self.sink is None:
             return np.zeros((0, self.n_head_kv, self.head_dim), np.float32)
         sink = get_codec(self.sink_format, backend="numpy")
-        return sink.format.from_decode_domain(sink.decode(self.sink)).astype(np.float32)
+        return sink.format.domain.from_decode_domain(sink.decode(self.sink)).astype(np.float32)
 
     def dequantize(self, dtype: DTypeLike = np.float32) -> NDArray[np.floating[Any]]:
         """All ``T`` tokens as ``(T, n_head_kv, head_dim)`` floats.
 
         ``float32``: the library decoder, bit-exact with the C reference, in the tokens' domain (a
         decoder that returns rotated coordinates, turbo2/3/4's, is rotated back with
-        :meth:`~tbq.formats.Format.from_decode_domain`, one more float32 rounding).
+        :meth:`~tbq.formats.capabilities.DomainTraits.from_decode_domain`, one more float32 rounding).
         ``float64``: the same values computed in float64 from the fields: Q8_0,
         Q4_0 and f16 decode exactly in either precision; for the TBQ formats
         the inverse rotation of the centroids runs in float64 and is multiplied
@@ -288,7 +288,7 @@ class KVCache:
         main: NDArray[np.floating[Any]]
         if dt == np.float32 or not self._rotated_read:
             # in the tokens' domain: a decoder that returns rotated coordinates (turbo2/3/4) is rotated back
-            main = self.codec.format.from_decode_domain(self.codec.decode(self.data)).astype(dt)
+            main = self.codec.format.domain.from_decode_domain(self.codec.decode(self.data)).astype(dt)
         else:
             codec = self.codec
             idx, d = self.fields()
@@ -670,11 +670,11 @@ def _kernel_operand(cache: KVCache | NDArray[np.float32], n_sink: int) -> _Opera
     codec = cache.codec
     fmt = codec.format
     data = np.ascontiguousarray(cache.data[n_sink - cache.n_sink :])  # a view of a C-contiguous cache
-    reader = fmt.attention_reader()
+    reader = fmt.attention.reader()
     if reader is None:
         return _rows_operand(codec_from(cache.fmt, cache.config).decode(data))
     # the rotated formats' rotation (an attribute of their instances, read through the codec)
-    rotation: _Rotation | None = codec.rotation if fmt.attention_domain == "rotated" else None
+    rotation: _Rotation | None = codec.rotation if fmt.attention.domain == "rotated" else None
     return reader.read.address, data, reader.aux, cache.head_dim // fmt.block_size, rotation
 
 
@@ -684,7 +684,7 @@ def _sink_rows(cache: KVCache | NDArray[np.float32], n_sink: int) -> NDArray[np.
         return np.ascontiguousarray(cache[:n_sink], np.float32)
     rows = cache._sink_values()
     if n_sink > cache.n_sink:  # the other cache keeps more sink tokens: read these few in the original domain too
-        extra = cache.codec.format.from_decode_domain(cache.codec.decode(cache.data[: n_sink - cache.n_sink]))
+        extra = cache.codec.format.domain.from_decode_domain(cache.codec.decode(cache.data[: n_sink - cache.n_sink]))
         rows = np.concatenate([rows, extra], axis=0)
     return np.ascontiguousarray(rows, np.float32)
 
@@ -780,7 +780,7 @@ def _twin_rows(cache: KVCache | NDArray[np.float32], n_sink: int) -> NDArray[np.
         return np.ascontiguousarray(cache[n_sink:], np.float32)
     fmt = cache.codec.format
     data = cache.data[n_sink - cache.n_sink :]
-    if fmt.attention_domain == "rotated":
+    if fmt.attention.domain == "rotated":
         f = fmt.fields(data)
         with np.errstate(all="ignore"):
             rows = cache.codec.codebook.centroids.astype(np.float32)[f["idx"]] * f["d"].astype(np.float32)[..., None]

@@ -12,7 +12,7 @@ merges the partial ``(m, l, acc)`` in range order, so the result does not
 depend on the number of threads, bit for bit.
 
 No per-format code: the kernel reads every cache through its format's
-*attention reader* (:meth:`tbq.formats.base.Format.attention_reader`), a
+*attention reader* (:meth:`tbq.formats.capabilities.AttentionTraits.reader`), a
 C-callable function of one signature (:data:`tbq.kernels.READER_SIG`) that
 decodes the blocks of one row (a token's ``head_dim`` values of one KV head)
 into float32, in the format's ``attention_domain``: the original domain (the

@@ -272,7 +272,7 @@ def _attention_columns_fused(
             -1, X.shape[2]
         )  # query heads (head, query): GQA over the heads
         cache: KVCache | np.ndarray
-        if codec.format.attention_domain == "rotated":  # read in the rotated domain, from the blocks
+        if codec.format.attention.domain == "rotated":  # read in the rotated domain, from the blocks
             cache = KVCache(
                 codec.name, np.asarray(data).reshape(X.shape[0], heads, -1), X.shape[2], codec.format.config()
             )
@@ -389,7 +389,7 @@ def compare(
             y2 = codec.decode(q)
             t_enc = _best_time(functools.partial(codec.encode, rows2, out=q), repeat)
             t_dec = _best_time(functools.partial(codec.decode, q, out=y2), repeat)
-            y = codec.format.from_decode_domain(y2).reshape(x.shape)  # turbo2/3/4 decode to R(x): rotate back
+            y = codec.format.domain.from_decode_domain(y2).reshape(x.shape)  # turbo2/3/4 decode to R(x): rotate back
             row = {"data": label, "format": fmt, "bits/value": codec.bits_per_value, "bytes": int(q.nbytes)}
             with np.errstate(all="ignore"):  # inf/nan metrics of an on_overflow="inf" reconstruction are the answer
                 s = chunked_error_summary(_heads(x), _heads(y))

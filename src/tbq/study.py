@@ -105,7 +105,7 @@ def _as_f32(x: Any) -> np.ndarray:
 
 class CodecQuantizer(Quantizer):
     """A real byte format (:func:`tbq.get_codec`) used as a quantizer: ``decode(encode(x))`` in the input's domain
-    (:meth:`~tbq.formats.Format.from_decode_domain`: turbo2/3/4's rotated decoded values are rotated back).
+    (:meth:`~tbq.formats.capabilities.DomainTraits.from_decode_domain`: turbo2/3/4's rotated decoded values are rotated back).
 
     ``fmt`` is a format name or a :class:`~tbq.codecs.Codec`; ``config`` goes to
     :func:`tbq.get_codec` (``codebook=``, ``signs=``, ``backend=`` ...). The name
@@ -128,7 +128,7 @@ class CodecQuantizer(Quantizer):
 
     def roundtrip(self, x: ArrayLike) -> np.ndarray:
         # in the input's domain: a decoder that returns rotated coordinates (turbo2/3/4) is rotated back
-        return self.codec.format.from_decode_domain(self.codec.decode(self.codec.encode(_as_f32(x))))
+        return self.codec.format.domain.from_decode_domain(self.codec.decode(self.codec.encode(_as_f32(x))))
 
 
 class F16Quantizer(Quantizer):
@@ -587,8 +587,8 @@ def rate_distortion_rows(
 
 def _table(fmt: Any, trace: Any, **options: Any) -> Any:
     """``(levels, inputs)`` of a format from its encoder trace: the format's declared value table
-    (:meth:`tbq.formats.Format.value_table`; see :func:`table_levels`)."""
-    table = get_format(fmt, **options).value_table(trace)
+    (:meth:`tbq.formats.capabilities.QuantizerTraits.value_table`; see :func:`table_levels`)."""
+    table = get_format(fmt, **options).quantizer.value_table(trace)
     if table is None:
         raise ConfigError(f"{fmt} stores every value on its own (no scale, no value table)")
     return table
@@ -598,7 +598,7 @@ def table_levels(fmt: str, **options: Any) -> np.ndarray:
     """The values a format's codes decode to, sorted, in the units of :func:`table_inputs` (float64).
 
     ``options`` are format options (TBQ's ``codebook=``, FP8's ``scale=``). Each
-    format declares its table (:meth:`~tbq.formats.Format.value_table`, on its
+    format declares its table (:meth:`~tbq.formats.capabilities.QuantizerTraits.value_table`, on its
     encoder trace; docs/formats.md):
 
     ========================== =========================== ===========================================
@@ -668,7 +668,7 @@ def rotated_nmse(fmt: str, x: ArrayLike, levels: ArrayLike | None = None, **opti
     fm = get_format(fmt, **options)
     a = _as_f32(x)
     _, trace = fm.encode(a, trace=True)
-    view = fm.rotated_view(trace)
+    view = fm.quantizer.rotated_view(trace)
     if view is None:
         raise ConfigError(f"{fmt} is not a rotated format")
     n = fm.info.block_size

@@ -135,8 +135,8 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
         c = get_codec(f, **cfg)
         if c.backend == "numba":
             c.decode(c.encode(x))
-        if (attention if readers is None else readers) and c.format.attention_domain == "rotated":
-            c.format.attention_reader()  # the fused kernel's reader of a rotated format (the others' rows are decoded)
+        if (attention if readers is None else readers) and c.format.attention.domain == "rotated":
+            c.format.attention.reader()  # the fused kernel's reader of a rotated format (the others' rows are decoded)
     if attention:  # one kernel for every format (the formats' readers are run-time arguments)
         rows = x.reshape(64, 8, HEAD_DIM)
         attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)

@@ -27,12 +27,12 @@ _F16_OVER = F32(F16_OVERFLOW)
 
 class DEMO_Q8R(Format):
     info = FormatInfo(
-        "demo_q8r",
-        32,
-        34,
-        False,
-        8,
-        "demo plugin: fp16 scale amax/127 + 32 int8 codes rint(x/d)",
+        name="demo_q8r",
+        block_size=32,
+        type_size=34,
+        rotated=False,
+        index_bits=8,
+        description="demo plugin: fp16 scale amax/127 + 32 int8 codes rint(x/d)",
         code=200,
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes rint(x/d)")),
     )

@@ -470,7 +470,7 @@ def make_cases(s: AttentionSettings) -> list[AttentionCase]:
 
 def _rotated(fmt: Format) -> bool:
     """True for a format decoded or read in a rotated domain (TBQ, turbo): a kernel's float32 rotation rounds."""
-    return fmt.decode_domain == "rotated" or fmt.attention_domain == "rotated"
+    return fmt.domain.decode_domain == "rotated" or fmt.attention.domain == "rotated"
 
 
 def _values(fmt: Format, data: NDArray[np.uint8], D: int) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -481,7 +481,7 @@ def _values(fmt: Format, data: NDArray[np.uint8], D: int) -> tuple[NDArray[np.fl
     T, G, _ = data.shape
     blocks = data.reshape(-1, fmt.type_size)
     y = codec_from(fmt.name, fmt.config()).decode(blocks).reshape(T * G, D)
-    vals = np.asarray(fmt.from_decode_domain(y.astype(np.float64)), np.float64).reshape(T, G, D)
+    vals = np.asarray(fmt.domain.from_decode_domain(y.astype(np.float64)), np.float64).reshape(T, G, D)
     slack = np.asarray(fmt.decode_tolerance(blocks), np.float64).reshape(T, G, D)
     if _rotated(fmt):
         bs = fmt.block_size
@@ -858,7 +858,7 @@ def _hypotheses(case: AttentionCase, s: AttentionSettings, p: _Prepared) -> dict
         hyp["softcap_missing"] = _attend(p.q, p.K, p.V, mask, sc, 0.0, sinks)[0]
     kf, vf = s.k_format, s.v_format
     rotation = getattr(kf, "rotation", None)
-    if rotation is not None and (kf.decode_domain == "rotated" or kf.attention_domain == "rotated"):
+    if rotation is not None and (kf.domain.decode_domain == "rotated" or kf.attention.domain == "rotated"):
         bs = kf.block_size
 
         def rot(x: NDArray[np.float64], n: int) -> NDArray[np.float64]:
@@ -872,7 +872,7 @@ def _hypotheses(case: AttentionCase, s: AttentionSettings, p: _Prepared) -> dict
         hyp["q_rotation_missing"] = _attend(p.q, Kr, p.V, mask, sc, cap, sinks)[0]
         hyp["q_rotation_twice"] = _attend(rot(p.q, 2), Kr, p.V, mask, sc, cap, sinks)[0]
     vrot = getattr(vf, "rotation", None)
-    if vrot is not None and (vf.decode_domain == "rotated" or vf.attention_domain == "rotated"):
+    if vrot is not None and (vf.domain.decode_domain == "rotated" or vf.attention.domain == "rotated"):
         bs = vf.block_size
         ref = _attend(p.q, p.K, p.V, mask, sc, cap, sinks)[0]
         r1 = np.asarray(vrot.forward(ref.reshape(n_q, H, -1, bs)), np.float64)

@@ -19,15 +19,15 @@
     NaN).
 
 - **equivalent** (encoders): different bytes that decode to the same values
-  (:meth:`~tbq.formats.Format.equivalent_blocks`: a zero scale with any
+  (:meth:`~tbq.formats.capabilities.CheckTraits.equivalent_blocks`: a zero scale with any
   codes, a zero of the other sign); always accepted, counted and shown.
 - **tie_rule** (encoders): only value codes differ, each by one step, and
   every one of them sits on an exact tie of the value the format rounds
-  (:meth:`~tbq.formats.Format.value_table`): another tie rule (to even where
+  (:meth:`~tbq.formats.capabilities.QuantizerTraits.value_table`): another tie rule (to even where
   the spec rounds half away from zero, or the reverse). Accepted unless
   ``exact``, never folded into fragile.
 - **undefined** (encoders): a block on which the C reference's behaviour is
-  undefined (:meth:`~tbq.formats.Format.undefined_blocks`: 1/d overflows,
+  undefined (:meth:`~tbq.formats.capabilities.CheckTraits.undefined_blocks`: 1/d overflows,
   an exponent below range). Accepted unless ``exact``.
 - **wrong**: anything else.
 
@@ -225,7 +225,7 @@ def _implied_scale_ok(
     ``k + 4`` float32 ulps of ``norm / recon``.
     """
     d_field = next((f for f in fmt.info.layout if f.name == "d" and f.kind == "f16" and f.size == 2), None)
-    view = fmt.rotated_view(trace)  # (norm, r) of a rotated format, declared by the format
+    view = fmt.quantizer.rotated_view(trace)  # (norm, r) of a rotated format, declared by the format
     if d_field is None or view is None:
         return np.zeros(got.shape[0], bool)
     unit = got.copy()
@@ -297,7 +297,7 @@ def classify_encoded_blocks(
     if f["d_neq"] is not None:
         neq = f["d_neq"]
         okd = ~neq | (_fragile_scales(fmt, trace, k, nb) & f["d_adj"])
-        if fmt.rotated_view(trace) is not None:
+        if fmt.quantizer.rotated_view(trace) is not None:
             okd |= neq & f["code_changed"] & _implied_scale_ok(fmt, trace, got, f["Fg"]["d"], k)
         ok &= okd
     return np.where(ok, FRAGILE, WRONG).astype(np.uint8)
@@ -347,7 +347,7 @@ def _follow_derived(
     if not cols:
         return gb
     trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx)
-    own = fmt.derived(gb[idx], trace)
+    own = fmt.checker.derived(gb[idx], trace)
     if own is None:
         return gb
     c = np.concatenate(cols)
@@ -361,11 +361,11 @@ def _follow_derived(
 def tie_blocks(fmt: Format, trace: Trace, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
     """bool (blocks,): blocks whose only difference is value codes one step apart, every one on an exact tie.
 
-    A tie: the value the format rounds (:meth:`~tbq.formats.Format.value_table`) lies exactly halfway between
+    A tie: the value the format rounds (:meth:`~tbq.formats.capabilities.QuantizerTraits.value_table`) lies exactly halfway between
     two neighbouring levels, so that another tie rule picks the other one.
     """
     nb = ref.shape[0]
-    vt = fmt.value_table(trace)
+    vt = fmt.quantizer.value_table(trace)
     if vt is None or nb == 0:
         return np.zeros(nb, bool)
     levels, v = vt
@@ -404,7 +404,7 @@ def _accepted_kinds(
     """Differing blocks that are equivalent, another tie rule or undefined in C, out of the fragile and wrong ones."""
     out = cls.copy()
     with np.errstate(all="ignore"):
-        eq = np.asarray(fmt.equivalent_blocks(rb, gb), bool).reshape(-1)
+        eq = np.asarray(fmt.checker.equivalent_blocks(rb, gb), bool).reshape(-1)
     out[eq] = EQUIVALENT
     rest = np.flatnonzero(~eq)
     if not rest.size:
@@ -412,7 +412,7 @@ def _accepted_kinds(
     trace, _ = encoder_trace(fmt, np.ascontiguousarray(x_rows, np.float32), idx[rest])
     with np.errstate(all="ignore"):
         ties = tie_blocks(fmt, trace, rb[rest], gb[rest])
-        undef = np.asarray(fmt.undefined_blocks(trace)[0], bool).reshape(-1)
+        undef = np.asarray(fmt.checker.undefined_blocks(trace)[0], bool).reshape(-1)
     if undef.size != rest.size:
         undef = np.zeros(rest.size, bool)
     out[rest[ties]] = TIE_RULE

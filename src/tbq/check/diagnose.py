@@ -749,8 +749,8 @@ def _tie_share(fmt: Format, kept: KeptBlocks) -> tuple[int, float, float, int] |
     value is larger in magnitude; "even" is the level whose rank among the levels' magnitudes is even (the even
     integer, the even E2M1 mantissa).
     """
-    vt = fmt.value_table(kept["trace"])
-    if vt is None or fmt.rotated_view(kept["trace"]) is not None:
+    vt = fmt.quantizer.value_table(kept["trace"])
+    if vt is None or fmt.quantizer.rotated_view(kept["trace"]) is not None:
         return None
     lv = np.unique(np.asarray(vt[0], np.float64))
     mags = np.unique(np.abs(lv))
@@ -1039,7 +1039,7 @@ def _output_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
         return None
     tables = fmt.tables()
     # signs1 is the decoder's last step only where it returns the original domain (not turbo's rotated one)
-    own = "signs1" in tables and fmt.decode_domain == "original"
+    own = "signs1" in tables and fmt.domain.decode_domain == "original"
     hint = f": the target's signs1[{_positions(J)}] differs from tbq's" if own else ""
     return Diagnosis(
         "output_sign",
@@ -1060,8 +1060,12 @@ def _decoder_rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     with np.errstate(all="ignore"):
         try:
             # decoded values back in the input's domain (turbo decodes to the rotated one) before re-encoding
-            tr_r = fmt.reference_encode(np.ascontiguousarray(fmt.from_decode_domain(r[ok]), np.float32))[1].get("r")
-            tr_g = fmt.reference_encode(np.ascontiguousarray(fmt.from_decode_domain(g[ok]), np.float32))[1].get("r")
+            tr_r = fmt.reference_encode(np.ascontiguousarray(fmt.domain.from_decode_domain(r[ok]), np.float32))[1].get(
+                "r"
+            )
+            tr_g = fmt.reference_encode(np.ascontiguousarray(fmt.domain.from_decode_domain(g[ok]), np.float32))[1].get(
+                "r"
+            )
         except Exception:  # pragma: no cover - a format without a rotation trace
             return None
     if tr_r is None or tr_g is None:
@@ -1076,7 +1080,9 @@ def _decoder_rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     if J.size > 8:
         return None
     tables = fmt.tables()
-    own = "signs2" in tables and fmt.decode_domain == "original"  # a decoder that rotates back applies signs2 first
+    own = (
+        "signs2" in tables and fmt.domain.decode_domain == "original"
+    )  # a decoder that rotates back applies signs2 first
     hint = f": the target's signs2[{_positions(J)}] differs from tbq's" if own else ""
     return Diagnosis(
         "rotated_sign",
@@ -1146,10 +1152,10 @@ def _rotate_trace(fmt: Format, y: NDArray[Any]) -> tuple[NDArray[np.float64], ND
     """``(norm, r)`` of decoded blocks ``y`` from the format's reference trace of them, back in the input's domain
     (None when it traces no rotation)."""
     try:
-        _, tr = fmt.reference_encode(np.ascontiguousarray(fmt.from_decode_domain(y), np.float32))
+        _, tr = fmt.reference_encode(np.ascontiguousarray(fmt.domain.from_decode_domain(y), np.float32))
     except Exception:  # a format without a rotation trace
         return None, None
-    view = fmt.rotated_view(tr)  # declared by the format (None: no rotation)
+    view = fmt.quantizer.rotated_view(tr)  # declared by the format (None: no rotation)
     if view is None:
         return None, None
     return np.asarray(view[0], np.float64), np.asarray(view[1], np.float64)

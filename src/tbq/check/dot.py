@@ -2,12 +2,12 @@
 
 ggml's signature is ``void f(int n, float *s, size_t bs, const void *x, size_t bx, const void *y, size_t by,
 int nrc)``: ``x`` holds ``n / block_size`` blocks of the left format, ``y`` as many of the right one (the
-format's :attr:`~tbq.formats.Format.vec_dot_type`), ``*s`` receives the dot product (``nrc = 1``).
+format's :attr:`~tbq.formats.capabilities.CheckTraits.vec_dot_type`), ``*s`` receives the dot product (``nrc = 1``).
 
-The reference is exact. Where both operands have an integer form (:meth:`~tbq.formats.Format.dot_parts`: each
+The reference is exact. Where both operands have an integer form (:meth:`~tbq.formats.capabilities.CheckTraits.dot_parts`: each
 block is ``codes * scale``) it works block by block as ggml does: a block contributes ``sumi * dx * dy`` with the
 integer ``sumi = sum(cx * cy)``, plus ``mx * sy`` where the left block has a minimum and the right one a stored sum
-(:meth:`~tbq.formats.Format.dot_offset`: q4_1 and q5_1 x q8_1). A left operand without an integer form (the fork's
+(:meth:`~tbq.formats.capabilities.CheckTraits.dot_offset`: q4_1 and q5_1 x q8_1). A left operand without an integer form (the fork's
 TBQ types, whose values come out of an inverse rotation) is taken as its float32 decoded values ``x_j`` against the
 right operand's ``cy_j * dy``, value by value (the blocks may differ in size: TBQ's 128 against q8_K's 256). Every
 term is exact in float64 (``dy`` split into two 12-bit halves where it is a float32), the row's sum is correctly
@@ -90,24 +90,26 @@ def right_format(left: Format, rhs: str | Format | None = None) -> Format:
         right = rhs
     elif rhs is not None:
         right = get_format(rhs)
-    elif left.vec_dot_type:
-        right = get_format(left.vec_dot_type)
+    elif left.checker.vec_dot_type:
+        right = get_format(left.checker.vec_dot_type)
     else:
-        pairs = ", ".join(f"{n} x {c.vec_dot_type}" for n, c in FORMAT_CLASSES.items() if c.vec_dot_type)
+        pairs = ", ".join(
+            f"{n} x {c.checker.vec_dot_type}" for n, c in FORMAT_CLASSES.items() if c.checker.vec_dot_type
+        )
         raise TbqValueError(
             f"tbq does not check {left.name} dot products yet: its vec_dot type is not a registered format with an "
             f"exact integer form; the pairs it checks: {pairs}"
         )
     zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
     _dot_parts(right, zr)  # refused here, before any work, if it has none
-    if left.dot_parts(zl) is not None and left.block_size != right.block_size:
+    if left.checker.dot_parts(zl) is not None and left.block_size != right.block_size:
         raise TbqValueError(
             f"{left.name} ({left.block_size} values a block) and {right.name} ({right.block_size}) do not pair"
         )
-    if left.dot_offset(zl) is not None and right.dot_offset(zr) is None:
+    if left.checker.dot_offset(zl) is not None and right.checker.dot_offset(zr) is None:
         raise TbqValueError(
             f"{left.name} blocks have a minimum (values codes * d + m): ggml pairs them only with a right operand "
-            f"that stores its block sum ({left.vec_dot_type or 'q8_1'}), not {right.name}"
+            f"that stores its block sum ({left.checker.vec_dot_type or 'q8_1'}), not {right.name}"
         )
     return right
 
@@ -123,8 +125,8 @@ def pair_unit(left: Format, right: Format) -> int:
 
 
 def _dot_parts(fmt: Format, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-    """``fmt.dot_parts(data)`` of a format :func:`right_format` accepted (it refuses one without them)."""
-    parts = fmt.dot_parts(data)
+    """``fmt.checker.dot_parts(data)`` of a format :func:`right_format` accepted (it refuses one without them)."""
+    parts = fmt.checker.dot_parts(data)
     if parts is None:
         raise TbqValueError(
             f"{fmt.name} has no exact integer form (dot_parts), so tbq cannot check dot products with it"
@@ -176,7 +178,7 @@ def _terms(
     Integer path: one term per block (``sumi * dx * dy`` and, with offsets, ``mx * sy``); value path: two per value.
     """
     cy, dy = _dot_parts(right, yb)
-    parts = left.dot_parts(xb)
+    parts = left.checker.dot_parts(xb)
     with np.errstate(all="ignore"):
         if parts is not None:
             cx, dx = parts
@@ -185,7 +187,7 @@ def _terms(
             # a kernel may split each block's integer sum into partial sums (SIMD lanes) that it rounds separately:
             # the bound weighs the magnitudes of the code products, not of their sum
             mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
-            ox, oy = left.dot_offset(xb), right.dot_offset(yb)
+            ox, oy = left.checker.dot_offset(xb), right.checker.dot_offset(yb)
             if ox is not None and oy is not None:  # ggml: sumi * dx * dy + mx * sy (two fp16 values: exact)
                 terms = np.concatenate([terms, ox * oy])
                 mags = mags + np.abs(ox * oy)
@@ -618,10 +620,10 @@ def check_dot_accept(accept: str | Iterable[str] | None) -> frozenset[str]:
 
 
 def _integer_path(left: Format, right: Format) -> bool:
-    """Both operands have integer codes (:meth:`~tbq.formats.Format.dot_parts`): the only path ``unsigned_codes``
+    """Both operands have integer codes (:meth:`~tbq.formats.capabilities.CheckTraits.dot_parts`): the only path ``unsigned_codes``
     reads."""
     zl, zr = np.zeros((1, left.type_size), np.uint8), np.zeros((1, right.type_size), np.uint8)
-    return left.dot_parts(zl) is not None and right.dot_parts(zr) is not None
+    return left.checker.dot_parts(zl) is not None and right.checker.dot_parts(zr) is not None
 
 
 def _unsigned_reading(
@@ -640,7 +642,7 @@ def _unsigned_reading(
     with np.errstate(all="ignore"):
         terms = (cx * cy).sum(axis=1).astype(np.float64) * dx * dy  # exact, as in _terms
         mags = np.abs(cx * cy).sum(axis=1).astype(np.float64) * np.abs(dx * dy)
-        ox, oy = left.dot_offset(xb), right.dot_offset(yb)
+        ox, oy = left.checker.dot_offset(xb), right.checker.dot_offset(yb)
         if ox is not None and oy is not None:
             terms, mags = np.concatenate([terms, ox * oy]), mags + np.abs(ox * oy)
     if not np.isfinite(terms).all():
@@ -676,14 +678,14 @@ def diagnose_dot(
     negative integer codes as unsigned bytes (``c + 256``; x86's ``vpdpbusd`` and ``pmaddubsw`` take an unsigned
     byte operand, and a kernel, or a compiler's auto-vectoriser, that feeds them signed codes without the sign
     trick computes this). Named when at least :data:`~tbq.check.diagnose.AGREE` of the calls are exact or within
-    the bound of that reading; integer path only (both operands with :meth:`~tbq.formats.Format.dot_parts`).
+    the bound of that reading; integer path only (both operands with :meth:`~tbq.formats.capabilities.CheckTraits.dot_parts`).
 
     >>> import tbq
     >>> q5, q8 = tbq.get_format("q5_0"), tbq.get_format("q8_0")
     >>> rng = np.random.default_rng(1)
     >>> v = rng.uniform(-1, 1, (2, 32)).astype(np.float32)
     >>> x, y = q5.encode(v), q8.encode(v)
-    >>> (cx, dx), (cy, dy) = q5.dot_parts(x), q8.dot_parts(y)
+    >>> (cx, dx), (cy, dy) = q5.checker.dot_parts(x), q8.checker.dot_parts(y)
     >>> bad = float(np.float32(((np.where(cx < 0, cx + 256, cx) * cy).sum(axis=1) * dx * dy).sum()))
     >>> [g.name for g in diagnose_dot(q5, q8, [(x.reshape(-1), y.reshape(-1), bad)])]
     ['unsigned_codes']
@@ -835,7 +837,7 @@ def _per_block(
     ``None`` on the value path, where the left operand has no integer codes)."""
     xb, yb = x.reshape(-1, left.type_size), y.reshape(-1, right.type_size)
     cy, dy = _dot_parts(right, yb)
-    parts = left.dot_parts(xb)
+    parts = left.checker.dot_parts(xb)
     if parts is not None:
         sumi = (parts[0] * cy).sum(axis=1)
         terms, _ = _terms(left, right, xb, yb)

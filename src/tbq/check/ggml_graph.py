@@ -17,7 +17,7 @@ the build's CPU backend cannot attend over, ends that child, not the check (:cla
 Formats decoded in a rotated domain (the community fork's turbo types: ``decode(encode(x))`` is ``R(x)``) need
 the graph's rotations: the fork's llama.cpp graph rotates the query and rotates the output back. With
 ``rotate=True`` (the default) this target does the same with tbq's rotation of the format
-(:meth:`~tbq.formats.Format.to_decode_domain` on the query, :meth:`~tbq.formats.Format.from_decode_domain` on
+(:meth:`~tbq.formats.capabilities.DomainTraits.to_decode_domain` on the query, :meth:`~tbq.formats.capabilities.DomainTraits.from_decode_domain` on
 the output); ``rotate=False`` checks the bare kernel.
 """
 
@@ -206,7 +206,7 @@ class GgmlAttention(AttentionTarget):
         self.names, self.k_name, self.v_name = names, kt, vt
         self._load()
         s, notes = self._match_tables(s)
-        rotated = [f.name for f in (s.k_format, s.v_format) if f.decode_domain == "rotated"]
+        rotated = [f.name for f in (s.k_format, s.v_format) if f.domain.decode_domain == "rotated"]
         if rotated and self.rotate:
             notes.append(
                 f"{' and '.join(dict.fromkeys(rotated))} decode{'s' * (len(set(rotated)) == 1)} to the rotated domain: "
@@ -291,7 +291,7 @@ class GgmlAttention(AttentionTarget):
     def defaults(self, s: AttentionSettings) -> Arithmetic:
         """ggml's CPU kernel: the query converted to the K type's vec_dot_type (f16 for f16 K); an f16 V
         accumulated in f16, any other V decoded to float32 and accumulated in float32."""
-        q = _float_kind(s.k_format) or s.k_format.vec_dot_type or "float32"
+        q = _float_kind(s.k_format) or s.k_format.checker.vec_dot_type or "float32"
         return Arithmetic(q, "float32", "float16" if _float_kind(s.v_format) == "float16" else "float32")
 
     def provenance(self) -> dict[str, dict[str, Any]]:
@@ -326,8 +326,8 @@ class GgmlAttention(AttentionTarget):
         n_q, H, G, T, D = case.shape
         q = case.q
         kf, vf = s.k_format, s.v_format
-        if self.rotate and kf.decode_domain == "rotated":  # the fork's graph rotates the query
-            q = np.asarray(kf.to_decode_domain(q), np.float32)
+        if self.rotate and kf.domain.decode_domain == "rotated":  # the fork's graph rotates the query
+            q = np.asarray(kf.domain.to_decode_domain(q), np.float32)
         mask = None if np.all(case.mask == 0) else case.mask
         size = q.nbytes + case.k.nbytes + case.v.nbytes + n_q * H * D * 4 + (0 if mask is None else mask.size * 2)
         ctx = lib.ggml_init(_InitParams(size + (64 << 20) + 4096 * H, None, False))
@@ -364,8 +364,8 @@ class GgmlAttention(AttentionTarget):
             out = np.frombuffer(memoryview(buf), np.float32).reshape(n_q, H, D).copy()
         finally:
             lib.ggml_free(ctx)
-        if self.rotate and vf.decode_domain == "rotated":  # and rotates the output back
-            out = np.asarray(vf.from_decode_domain(out), np.float32)
+        if self.rotate and vf.domain.decode_domain == "rotated":  # and rotates the output back
+            out = np.asarray(vf.domain.from_decode_domain(out), np.float32)
         return out
 
     def _put(self, t: Any, a: NDArray[Any]) -> None:
@@ -379,7 +379,8 @@ class GgmlAttention(AttentionTarget):
     def repro_c(self, ce: AttentionCounterexample, s: AttentionSettings) -> str | None:
         c = ce.case
         if self.names is None or (
-            self.rotate and (s.k_format.decode_domain == "rotated" or s.v_format.decode_domain == "rotated")
+            self.rotate
+            and (s.k_format.domain.decode_domain == "rotated" or s.v_format.domain.decode_domain == "rotated")
         ):
             return None
         n_q, H, G, T, D = c.shape

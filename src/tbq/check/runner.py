@@ -496,7 +496,7 @@ class _Check:
             [c for c in ACCEPTED_UNLESS_EXACT if CLASSES[c] not in settings.accept] if settings.exact else []
         )
         # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
-        stored = self.fmt.golden_overflow if self.fmt.golden_overflow != "raise" else "inf"
+        stored = self.fmt.golden.on_overflow if self.fmt.golden.on_overflow != "raise" else "inf"
         self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow=stored)
         self.dirs = {d: _DIRECTIONS[d](self) for d in target.directions}
         self.notes: list[str] = []
@@ -827,7 +827,7 @@ class _Check:
         yx = self.target.dequantize(ref_bytes).reshape(-1, bs).astype(np.float64)
         yr = self.codec.decode(ref_bytes).reshape(-1, bs).astype(np.float64)
         # the input in the decoder's domain (turbo's rotated one; the identity for most formats): what y approximates
-        x = np.asarray(self.fmt.to_decode_domain(xs.reshape(-1, bs).astype(np.float64)), np.float64)
+        x = np.asarray(self.fmt.domain.to_decode_domain(xs.reshape(-1, bs).astype(np.float64)), np.float64)
         with np.errstate(all="ignore"):
             nx = np.sqrt((x * x).sum(1))
             keep = (nx > 0) & np.isfinite(nx)
@@ -881,7 +881,7 @@ class _Check:
             kept = d.kept[c].get(CLASSES[c])
             rule = ""
             if c == UNDEFINED and kept:
-                rule = self.fmt.undefined_blocks(kept["trace"])[1]
+                rule = self.fmt.checker.undefined_blocks(kept["trace"])[1]
             out += diagnose_accepted(self.fmt, d.name, CLASSES[c], kept, total, rule)
         return out
 

@@ -74,14 +74,14 @@ class TargetError(TbqValueError):
 
 def default_symbol(direction: str, fmt: str) -> str:
     """ggml's name of a row function: ``quantize_row_<stem>_ref`` and ``dequantize_row_<stem>``, the stem being the
-    format's name or the C type name it declares (:attr:`tbq.formats.Format.symbol_stem`).
+    format's name or the C type name it declares (:attr:`tbq.formats.capabilities.CheckTraits.symbol_stem`).
 
     >>> default_symbol("quantize", "q8_0"), default_symbol("dequantize", "q8_0")
     ('quantize_row_q8_0_ref', 'dequantize_row_q8_0')
     >>> default_symbol("quantize", "turbo3")
     'quantize_row_turbo3_0_ref'
     """
-    stem = (format_class(fmt).symbol_stem if fmt in FORMATS else "") or fmt
+    stem = (format_class(fmt).checker.symbol_stem if fmt in FORMATS else "") or fmt
     return f"quantize_row_{stem}_ref" if direction == "quantize" else f"dequantize_row_{stem}"
 
 

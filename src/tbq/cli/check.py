@@ -115,7 +115,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="--lib: check a dot-product kernel with ggml's vec_dot signature instead of row functions, e.g. "
         "ggml_vec_dot_q4_0_q8_0 (its left operand in --format, the right in --rhs)",
     )
-    pairs = ", ".join(f"{n} x {format_class(n).vec_dot_type}" for n in formats() if format_class(n).vec_dot_type)
+    pairs = ", ".join(
+        f"{n} x {format_class(n).checker.vec_dot_type}" for n in formats() if format_class(n).checker.vec_dot_type
+    )
     t.add_argument(
         "--rhs",
         type=_format_arg,

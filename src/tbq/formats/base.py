@@ -18,7 +18,10 @@ A :class:`Format` instance is the format with its format options (TBQ's
   :meth:`Format.kernel_decode`;
 - :meth:`Format.fields`: the named fields of encoded blocks;
 - :meth:`Format.fragile_values` / :meth:`Format.fragile_scales`: where a
-  legitimate difference in rounding (FMA, reduction order) may change a code.
+  legitimate difference in rounding (FMA, reduction order) may change a code;
+- its capabilities (:mod:`tbq.formats.capabilities`): what the checker, the
+  attention kernel, golden vectors, the fuzzers and the decoded-domain maps
+  need of it, each a small declared object its one consumer reads.
 
 The reference and kernel methods take clean 2-D arrays (one block per row,
 C-contiguous float32 or uint8); validation, chunking and threads live in
@@ -32,7 +35,7 @@ import importlib
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -40,6 +43,18 @@ from numpy.typing import ArrayLike, NDArray
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import BlockShapeError, ConfigError, EncodedLengthError, ScaleOverflowError, TbqTypeError
 from ..half import F16_OVERFLOW, f16_table
+from .capabilities import (
+    CAPABILITIES,
+    AttentionReader,
+    AttentionTraits,
+    CapabilitySlot,
+    CheckTraits,
+    DomainTraits,
+    FuzzTraits,
+    GoldenTraits,
+    QuantizerTraits,
+    Trace,
+)
 
 __all__ = [
     "Option",
@@ -60,10 +75,6 @@ __all__ = [
     "offset_trunc_fragility",
     "Trace",
 ]
-
-#: An encoder's trace (:meth:`Format.reference_encode`): name -> the intermediates of docs/formats.md, one row
-#: per block (float32 quantities; a format may add integer or boolean ones, IQ4_NL's ``"carried"``).
-Trace = dict[str, NDArray[Any]]
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,7 @@ class Option:
     known: tuple[object, ...] = field(default=(), compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FormatInfo:
     """Static facts about one block format: its registry entry."""
 
@@ -177,19 +188,6 @@ class FormatInfo:
         if n_values % self.block_size:
             raise BlockShapeError(f"{n_values} values is not a multiple of {self.name}'s block size {self.block_size}")
         return n_values // self.block_size * self.type_size
-
-
-@dataclass(frozen=True, eq=False)
-class AttentionReader:
-    """How the fused attention kernel reads a format's blocks (:meth:`Format.attention_reader`).
-
-    ``read``: the compiled C-callable reader (:func:`tbq.kernels.attention_reader`), which decodes a
-    row's blocks to float32 in the format's :attr:`Format.attention_domain`; ``aux``: the float32 tables
-    it reads (:meth:`Format.attention_tables`).
-    """
-
-    read: Any  # a numba CFunc: .address is its C address
-    aux: NDArray[np.float32]
 
 
 #: kernel module name -> the imported module (:meth:`Format.kernels`).
@@ -299,34 +297,64 @@ def into_c_contiguous(out: NDArray[np.uint8], kernel: Callable[[NDArray[np.uint8
         out[...] = buf
 
 
-class Format:
+#: Members that moved from :class:`Format` to its capabilities: old name -> (capability, member).
+_MOVED: dict[str, tuple[str, str]] = {
+    **{n: ("checker", n) for n in ("tie_rule", "vec_dot_type", "reciprocal_scale", "symbol_stem")},
+    **{n: ("checker", n) for n in ("dot_parts", "derived", "dot_offset", "undefined_blocks", "equivalent_blocks")},
+    "value_table": ("quantizer", "value_table"),
+    "rotated_view": ("quantizer", "rotated_view"),
+    "ulp_floor": ("golden", "ulp_floor"),
+    "golden_overflow": ("golden", "on_overflow"),
+    "attention_domain": ("attention", "domain"),
+    "attention_read": ("attention", "read"),
+    "attention_tables": ("attention", "tables"),
+    "attention_reader": ("attention", "reader"),
+    "hazards": ("fuzz", "hazards"),
+    "decode_domain": ("domain", "decode_domain"),
+    "to_decode_domain": ("domain", "to_decode_domain"),
+    "from_decode_domain": ("domain", "from_decode_domain"),
+}
+
+
+class _FormatType(type):
+    """Format's metaclass: the class-level spellings of before the capabilities (``FORMAT_CLASSES[n].hazards``)."""
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(cls, name: str) -> Any:
+            where = _MOVED.get(name)
+            if where is None:
+                raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+            return getattr(getattr(cls, where[0]), where[1])
+
+
+class Format(metaclass=_FormatType):
     """One block format with its format options; subclass it to add a format.
 
-    Class attributes a format module sets:
+    Its own interface is what every format defines: the layout (``info``), the
+    options, the NumPy reference (:meth:`reference_encode`, :meth:`reference_decode`),
+    the numba twins (``kernel_module``, :meth:`kernel_encode`, :meth:`kernel_decode`),
+    the fragility of its rounding (:meth:`fragile_values`) and what its codec refuses
+    (:meth:`invalid_blocks`, :meth:`encode_error`, ``overflow_modes``). Class
+    attributes a format module sets:
 
     ``info``
         the :class:`FormatInfo` row (defining it registers the class);
     ``kernel_module``
         dotted name of the module holding the numba twins (imported on first use);
     ``options``
-        ``{option: Option(default, ...)}`` of the format's own options (``{}`` for most);
-    ``hazards``
-        the rounding hazards :mod:`tbq.testing.strategies` aims at.
+        ``{option: Option(default, ...)}`` of the format's own options (``{}`` for most).
+
+    What other consumers need is a named capability of
+    :mod:`tbq.formats.capabilities`, declared as a class attribute
+    (``checker = CapabilitySlot(MyChecks)``) and read only by its consumer:
+    ``checker`` (tbq check), ``quantizer`` (value tables, the rotated view),
+    ``golden``, ``attention``, ``fuzz`` and ``domain`` (the decoder's domain).
     """
 
     info: ClassVar[FormatInfo]
     kernel_module: ClassVar[str] = ""
     options: ClassVar[dict[str, Option]] = {}  #: ``{name: Option}``
-    #: Float32 magnitude below which fragility counts ulps at this magnitude (see :func:`band`).
-    ulp_floor: ClassVar[float] = 0.0
-    #: Rounding hazards the fuzzing strategies target, ``{family: parameters}``:
-    #: ``"ties"`` (scalar grids: ``divisor`` = ``max|x| / |d|``, ``codes`` = the range of
-    #: ``k`` whose ties ``x/d = k + 1/2`` lie inside the grid, optional ``multiplier`` = the trace
-    #: key of what the encoder multiplies ``x`` by when it is not ``1/d``: Q8_K's ``iscale``), ``"thresholds"``
-    #: (codebook decision thresholds in a rotated domain).
-    #: A class attribute for most formats; FP8 sets it per instance (its grid limits scale with ``scale``).
-    hazards: dict[str, dict[str, Any]] = {}
-
     #: True when a block's bytes depend on earlier blocks of the same row (IQ4_NL's
     #: tiny-block rule). The codec then never splits a row between chunks and passes
     #: ``row_blocks`` (blocks per row) to :meth:`reference_encode` and :meth:`kernel_encode`.
@@ -336,33 +364,39 @@ class Format:
     #: code stores. A format with more ways of storing it (FP8's ``"saturate"``) lists them
     #: and maps each to keyword arguments of its encoders in :meth:`overflow_kw`.
     overflow_modes: ClassVar[tuple[str, ...]] = ("raise", "inf")
-    #: The ``on_overflow`` mode golden vectors are written with: what the format's writers store.
-    #: ``"raise"`` (the golden inputs fit); FP8 ``"saturate"`` (vLLM saturates: the shared golden
-    #: inputs reach 464 and beyond, E4M3's limit at scale 1).
-    golden_overflow: ClassVar[str] = "raise"
-    #: The domain the fused attention kernel (:mod:`tbq.attention_kernels`) reads this format's blocks in:
-    #: ``"original"`` (the values, as the decoder gives them) or ``"rotated"`` (the block's coordinates in the
-    #: domain of the format's ``rotation``, an orthonormal map of each ``block_size`` values with ``forward``
-    #: and ``inverse``: the kernel rotates the query once and the output back once; TBQ4_0, TBQ3_0).
-    attention_domain: ClassVar[str] = "original"
-    #: Name of the function of ``kernel_module`` that reads blocks for the fused attention kernel (signature
-    #: :data:`tbq.kernels.READER_SIG`, with :meth:`attention_tables` as its ``aux``); ``""``: the format
-    #: has none, and the kernel reads its cache decoded to float32 rows first (a plugin format's default).
-    attention_read: ClassVar[str] = ""
-    #: The domain the format's decoders (:meth:`reference_decode`, the kernels, the C reference's dequantizer) return
-    #: values in: ``"original"`` (``decode(encode(x))`` approximates ``x``) or ``"rotated"`` (it approximates
-    #: :meth:`to_decode_domain` of ``x``: turbo2/3/4 decode to ``C[idx] * d`` without the inverse rotation, as the
-    #: fork's ``dequantize_row_turbo*`` does). Whatever compares decoded values with an input maps one to the
-    #: other's domain with :meth:`to_decode_domain` / :meth:`from_decode_domain`.
-    decode_domain: ClassVar[str] = "original"
-    #: The type's name in its C reference's row functions when it is not the format's name (``""``: the name):
-    #: ``tbq check`` calls ``quantize_row_<stem>_ref`` and ``dequantize_row_<stem>`` (turbo3: ``turbo3_0``).
-    symbol_stem: ClassVar[str] = ""
+    #: The capabilities (:mod:`tbq.formats.capabilities`): the defaults describe a plain format.
+    checker = CapabilitySlot(CheckTraits)
+    quantizer = CapabilitySlot(QuantizerTraits)
+    golden = CapabilitySlot(GoldenTraits)
+    attention = CapabilitySlot(AttentionTraits)
+    fuzz = CapabilitySlot(FuzzTraits)
+    domain = CapabilitySlot(DomainTraits)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        moved = sorted(n for n in _MOVED if n in cls.__dict__)
+        if moved:
+            raise ConfigError(
+                f"format class {cls.__name__} defines {', '.join(moved)}, which are now members of its capabilities: "
+                + "; ".join(f"{n} -> {'.'.join(_MOVED[n])}" for n in moved)
+                + " (declare them on a subclass of the capability in tbq.formats.capabilities)"
+            )
+        for name, base in CAPABILITIES.items():
+            slot = cls.__dict__.get(name, CapabilitySlot(base))
+            if not (isinstance(slot, CapabilitySlot) and issubclass(slot.cls, base)):
+                raise ConfigError(f"format class {cls.__name__}: {name} must be CapabilitySlot(<a {base.__name__}>)")
         if "info" in cls.__dict__:
             register(cls)
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            # The spellings of before the capabilities (fmt.tie_rule, fmt.dot_parts(...)) keep working for code
+            # outside tbq: each reads its capability's member. tbq itself reads the capabilities (a test holds it).
+            where = _MOVED.get(name)
+            if where is None:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            return getattr(getattr(self, where[0]), where[1])
 
     def __init__(self, **options: object) -> None:
         self.check_options(options)
@@ -440,22 +474,6 @@ class Format:
         """Decode clean uint8 blocks ``data`` (blocks, type_size) to float32 (blocks, block_size)."""
         raise NotImplementedError
 
-    # -- the decoder's domain ---------------------------------------------------------------
-    def to_decode_domain(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
-        """Original-domain values ``x`` (float, last axis whole blocks) mapped to the domain the decoder returns
-        (:attr:`decode_domain`), so that ``decode(encode(x))`` can be compared with them. The identity (``x`` as
-        an array) unless the decoder returns another domain (turbo2/3/4: ``R(x)`` per block).
-
-        >>> import tbq; x = np.float32([[1, 2] * 16]); tbq.get_format("q8_0").to_decode_domain(x) is x
-        True
-        """
-        return np.asarray(x)
-
-    def from_decode_domain(self, y: ArrayLike) -> NDArray[np.floating[Any]]:
-        """Decoded values ``y`` mapped back to the input's domain: the inverse of :meth:`to_decode_domain`
-        (the identity unless :attr:`decode_domain` is ``"rotated"``)."""
-        return np.asarray(y)
-
     def _float_blocks(self, v: ArrayLike, what: str) -> NDArray[np.floating[Any]]:
         """``v`` as an array of floats whose last axis is whole blocks, else the one-line typed error naming ``what``."""
         a = np.asarray(v)
@@ -498,119 +516,11 @@ class Format:
         """The exact value tables this instance uses (name -> array); ``{}`` for formats without any."""
         return {}
 
-    # -- declared capabilities ---------------------------------------------------------------
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
-        """``(levels, inputs)``: the values the codes decode to (float64, duplicates kept) and the flat float64
-        values the encoder rounds onto them, in the same units, read from this instance's encoder ``trace``.
-
-        ``None`` for a format without one value table (f16, bf16). :func:`tbq.study.table_levels` and
-        :func:`tbq.study.table_inputs` read this; docs/formats.md gives each format's units.
-        """
-        return None
-
-    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]] | None:
-        """``(norm, r)`` of a rotated format from its encoder ``trace``: the float32 norm of each block (its
-        step 1) and the normalised, rotated coordinates the codebook rounds (blocks, block_size); ``None`` for a
-        format that quantizes in the original domain. Diagnoses, the checker's scale rule, golden sets (the
-        ``norm`` array) and the study read this.
-        """
-        return None
-
-    #: How the C encoder rounds an exact tie between two levels of :meth:`value_table`: ``"away"`` (half away from
-    #: zero, roundf), ``"toward"`` (half toward zero), ``"up"`` (half up, trunc(v + k + 1/2)), ``"even"``; ``""``
-    #: where not declared. The checker names another tie rule against it.
-    tie_rule: ClassVar[str] = ""
-    #: The format ggml pairs this one with in its dot product ``ggml_vec_dot_<fmt>_<vec_dot_type>`` (the right
-    #: operand); ``""`` where tbq cannot check that dot product (see :meth:`dot_parts`).
-    vec_dot_type: ClassVar[str] = ""
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]] | None:
-        """``(codes, scale)`` of encoded blocks ``data`` (uint8, blocks x type_size) for dot products: int64 codes
-        (blocks, block_size) and the float64 scale per block (blocks,) such that each value is exactly
-        ``codes * scale``, so that a block's dot product has an exact integer part. ``None`` for formats
-        without that form."""
-        return None
-
-    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8] | None:
-        """``data`` (blocks, type_size) with its :attr:`Field.derived` fields recomputed from its own codes (and the
-        reference ``trace`` of the same blocks, for a float the bytes do not hold, such as q8_1's float32 ``d``);
-        ``None`` for a format without derived fields. Where C leaves a derived field unwritten, keep it."""
-        return None
-
-    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64] | None:
-        """The float64 term per block (blocks,) that ggml's dot product adds outside the integer sum; ``None`` when
-        there is none. A left operand's minimum (q4_1, q5_1: each value is ``codes * d + m``), a right operand's
-        stored block sum (q8_1: ``s = fp16(d * sum(codes))``): ggml's block term is then
-        ``sumi * dx * dy + mx * sy`` (``ggml_vec_dot_q4_1_q8_1``), and a left operand with an offset pairs only
-        with a right operand that has one."""
-        return None
-
-    #: Declared by formats whose C encoder multiplies by ``id = 1/d`` (the traced float32 ``d``): when ``1/d``
-    #: overflows, ``x * id`` is +-Inf or NaN and C's float-to-integer conversion of it is undefined.
-    reciprocal_scale: ClassVar[bool] = False
-
-    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
-        """``(mask, rule)``: blocks (bool, blocks) whose C reference result is undefined behaviour, and the rule in
-        one line. A kernel may write anything there; the checker accepts a difference on them unless ``exact``.
-
-        Default: with :attr:`reciprocal_scale`, the blocks whose ``1/d`` overflows float32; otherwise none.
-        """
-        d = trace.get("d") if self.reciprocal_scale else None
-        if d is None:
-            n = next((np.shape(v)[0] for v in trace.values() if np.ndim(v)), 0)
-            return np.zeros(n, bool), ""
-        d = np.asarray(d, np.float32).reshape(-1)
-        with np.errstate(all="ignore"):
-            over = (d != 0) & np.isfinite(d) & np.isinf(np.float32(1) / d)
-        return over, (
-            "1/d overflows float32 (|d| below 2**-128, amax about 1e-37 or less): x * (1/d) is +-Inf or NaN, and "
-            "C's conversion of it to an integer code is undefined"
-        )
-
-    def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
-        """bool (blocks,): encoded blocks ``got`` (uint8, blocks x type_size) that differ from ``ref`` but decode to the
-        same values (equal as numbers, so +0 and -0 alike, NaN where NaN): a zero scale with any codes, a zero of
-        either sign. Default: :meth:`reference_decode` of both, compared value by value.
-
-        >>> import tbq; q = tbq.get_format("q8_0"); a = q.encode(np.zeros((1, 32), np.float32)); b = a.copy(); b[0, 2:] = 0x80
-        >>> q.equivalent_blocks(a, b).tolist()
-        [True]
-        """
-        with np.errstate(all="ignore"):
-            yr = self.reference_decode(np.ascontiguousarray(ref, np.uint8)).reshape(ref.shape[0], -1)
-            yg = self.reference_decode(np.ascontiguousarray(got, np.uint8)).reshape(got.shape[0], -1)
-            same = (yr == yg) | (np.isnan(yr) & np.isnan(yg))
-        return same.all(axis=1)
-
-    @staticmethod
-    def _int_levels(lo: int, n: int, v: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Integer codes ``lo .. lo + n - 1`` met by the traced ``v``."""
-        return np.arange(lo, lo + n, dtype=np.float64), np.asarray(v, np.float64).ravel()
-
-    def attention_tables(self) -> NDArray[np.float32]:
-        """float32 tables the attention reader gets as ``aux`` (default: :func:`tbq.half.f16_table`, for an fp16 scale)."""
-        return f16_table()
-
-    def attention_reader(self) -> AttentionReader | None:
-        """The :class:`AttentionReader` of this instance (compiled on first use, then kept), or ``None`` when
-        the format declares no :attr:`attention_read` (its cache is then decoded to float32 rows first)."""
-        r = self.__dict__.get("_attention_reader")
-        if r is None and self.attention_read:
-            from ..kernels import attention_reader
-
-            aux = np.ascontiguousarray(self.attention_tables(), np.float32).reshape(-1)
-            r = self.__dict__["_attention_reader"] = AttentionReader(
-                attention_reader(getattr(self.kernels(), self.attention_read)), aux
-            )
-        return r
-
     def __getstate__(self) -> dict[str, Any]:
         # A format travels by pickle (Dask's distributed workers, multiprocessing): the compiled
         # attention reader it keeps is process-local (a numba function that cannot be pickled)
-        # and is rebuilt on first use in the receiving process.
-        state = self.__dict__.copy()
-        state.pop("_attention_reader", None)
-        return state
+        # and is rebuilt on first use in the receiving process, as are its bound capabilities.
+        return {k: v for k, v in self.__dict__.items() if k != "_attention_reader" and not k.startswith("_capability_")}
 
     # -- what the codec refuses (unless on_overflow="inf") ------------------------------
     def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:

@@ -35,6 +35,7 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import f16_table
 from .base import Field, Format, FormatInfo, Trace, band
+from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits
 
 F32 = np.float32
 
@@ -85,10 +86,18 @@ def _bf16_code(y: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.rint(y / step) * step
 
 
+class _HalfFuzz(FuzzTraits):
+    """Half's :class:`FuzzTraits`."""
+
+    format: _Half
+
+    hazards = {}
+
+
 class _Half(Format):
     """Shared body of F16 and BF16: block size 1, no scale, a refusal for values that round to infinity."""
 
-    hazards = {}
+    fuzz = CapabilitySlot(_HalfFuzz)
     _kind: ClassVar[str] = ""  #: "f16" or "bf16"
     _overflow_bits: ClassVar[int] = 0
     _type_name: ClassVar[str] = ""  #: "float16" / "bfloat16", for messages
@@ -132,19 +141,27 @@ class _Half(Format):
         return {"v": self._values(np.ascontiguousarray(blocks).view("<u2")[..., 0])}
 
 
+class F16Attention(AttentionTraits):
+    """F16's :class:`AttentionTraits`."""
+
+    format: F16
+
+    read = "attention_read_f16"
+
+
 class F16(_Half):
     info = FormatInfo(
-        "f16",
-        1,
-        2,
-        False,
-        16,
-        "IEEE binary16 per value (ggml F16)",
+        name="f16",
+        block_size=1,
+        type_size=2,
+        rotated=False,
+        index_bits=16,
+        description="IEEE binary16 per value (ggml F16)",
         code=5,
         layout=(Field("v", 0, 2, "f16", "fp16(x), round to nearest even"),),
     )
     kernel_module = "tbq.formats.f16_kernels"
-    attention_read = "attention_read_f16"
+    attention = CapabilitySlot(F16Attention)
 
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
@@ -173,19 +190,27 @@ class F16(_Half):
         return band(_f16_code, trace["v"], k)
 
 
+class BF16Attention(AttentionTraits):
+    """BF16's :class:`AttentionTraits`."""
+
+    format: BF16
+
+    read = "attention_read_bf16"
+
+
 class BF16(_Half):
     info = FormatInfo(
-        "bf16",
-        1,
-        2,
-        False,
-        16,
-        "bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
+        name="bf16",
+        block_size=1,
+        type_size=2,
+        rotated=False,
+        index_bits=16,
+        description="bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
         code=6,
         layout=(Field("v", 0, 2, "bf16", "bf16(x): the float32 bits >> 16, rounded to nearest even"),),
     )
     kernel_module = "tbq.formats.f16_kernels"
-    attention_read = "attention_read_bf16"
+    attention = CapabilitySlot(BF16Attention)
     _overflow_bits = BF16_OVERFLOW_BITS
     _type_name = "bfloat16"
     _limit = "3.3895314e+38"

@@ -50,6 +50,7 @@ from ..backend import STATUS_UNDEFINED
 from ..errors import ScaleOverflowError, TbqValueError
 from ..packing import np_pack4_halves, np_unpack4_halves
 from .base import Field, Format, FormatInfo, Trace, band
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 __all__ = [
     "MXFP4",
@@ -278,16 +279,66 @@ def _e2m1_value_table(fmt: Format, x: ArrayLike, d: ArrayLike) -> tuple[NDArray[
     return np.asarray(fmt.tables()["values"], np.float64), v[keep]
 
 
+class MXFP4Checks(CheckTraits):
+    """MXFP4's :class:`CheckTraits`."""
+
+    format: MXFP4
+
+    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_mxfp4_q8_0
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        # ggml sums kvalues_mxfp4[c] * q8 as integers and scales by half(e) * d: the codes are the doubled values
+        return E2M1_VALUES[np_unpack4_halves(data[:, 1:])].astype(np.int64), e8m0_half(data[:, 0]).astype(np.float64)
+
+    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
+        # (uint8_t)(E - 2 + 127) of a negative int: the exponent byte of a block below E8M0's range
+        amax = np.asarray(trace["amax"], np.float32).reshape(-1)
+        l2 = np.asarray(trace["log2amax"], np.float32).reshape(-1)
+        with np.errstate(invalid="ignore"):
+            below = (amax > 0) & (np.floor(l2) <= -126)
+        return below, (
+            "amax below 2**-125 (floor(log2 amax) <= -126): the C code converts a negative float exponent to uint8_t, "
+            "which is undefined"
+        )
+
+
+class MXFP4Attention(AttentionTraits):
+    """MXFP4's :class:`AttentionTraits`."""
+
+    format: MXFP4
+
+    read = "attention_read_mxfp4"
+
+
+class MXFP4Fuzz(FuzzTraits):
+    """MXFP4's :class:`FuzzTraits`."""
+
+    format: MXFP4
+
+    hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
+
+
+class MXFP4Quantizer(QuantizerTraits):
+    """MXFP4's :class:`QuantizerTraits`."""
+
+    format: MXFP4
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return _e2m1_value_table(self.format, trace["x"], trace["d"])
+
+
 class MXFP4(Format):
     """MXFP4: E8M0 shared exponent + 32 E2M1 codes (split halves), 17 bytes."""
 
     info = FormatInfo(
-        "mxfp4",
-        32,
-        17,
-        False,
-        4,
-        "MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
+        name="mxfp4",
+        block_size=32,
+        type_size=17,
+        rotated=False,
+        index_bits=4,
+        description="MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
         code=11,
         layout=(
             Field("e", 0, 1, "uint8", "E8M0 exponent: the codes' scale is half(e) = 2**(e - 128)"),
@@ -295,9 +346,10 @@ class MXFP4(Format):
         ),
     )
     kernel_module = "tbq.formats.fp4_kernels"
-    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
-    attention_read = "attention_read_mxfp4"
-    hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
+    checker = CapabilitySlot(MXFP4Checks)
+    attention = CapabilitySlot(MXFP4Attention)
+    fuzz = CapabilitySlot(MXFP4Fuzz)
+    quantizer = CapabilitySlot(MXFP4Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
@@ -318,26 +370,6 @@ class MXFP4(Format):
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = e8m0_half(data[:, 0])
         return _VF[np_unpack4_halves(data[:, 1:])] * d[:, None]
-
-    vec_dot_type = "q8_0"  # ggml_vec_dot_mxfp4_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        # ggml sums kvalues_mxfp4[c] * q8 as integers and scales by half(e) * d: the codes are the doubled values
-        return E2M1_VALUES[np_unpack4_halves(data[:, 1:])].astype(np.int64), e8m0_half(data[:, 0]).astype(np.float64)
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return _e2m1_value_table(self, trace["x"], trace["d"])
-
-    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
-        # (uint8_t)(E - 2 + 127) of a negative int: the exponent byte of a block below E8M0's range
-        amax = np.asarray(trace["amax"], np.float32).reshape(-1)
-        l2 = np.asarray(trace["log2amax"], np.float32).reshape(-1)
-        with np.errstate(invalid="ignore"):
-            below = (amax > 0) & (np.floor(l2) <= -126)
-        return below, (
-            "amax below 2**-125 (floor(log2 amax) <= -126): the C code converts a negative float exponent to uint8_t, "
-            "which is undefined"
-        )
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_mxfp4: E2M1 doubled) and ``e8m0_boundaries`` (uint32)."""
@@ -393,16 +425,49 @@ class MXFP4(Format):
         return near & (amax > 0) & ~pow2
 
 
+class NVFP4Checks(CheckTraits):
+    """NVFP4's :class:`CheckTraits`."""
+
+    format: NVFP4
+
+    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
+
+
+class NVFP4Attention(AttentionTraits):
+    """NVFP4's :class:`AttentionTraits`."""
+
+    format: NVFP4
+
+    read = "attention_read_nvfp4"
+
+
+class NVFP4Fuzz(FuzzTraits):
+    """NVFP4's :class:`FuzzTraits`."""
+
+    format: NVFP4
+
+    hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
+
+
+class NVFP4Quantizer(QuantizerTraits):
+    """NVFP4's :class:`QuantizerTraits`."""
+
+    format: NVFP4
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return _e2m1_value_table(self.format, trace["x"], trace["dd"])  # the sub-block scales
+
+
 class NVFP4(Format):
     """NVFP4: four UE4M3 sub-block scales + 64 E2M1 codes, 36 bytes (no per-tensor scale)."""
 
     info = FormatInfo(
-        "nvfp4",
-        64,
-        36,
-        False,
-        4,
-        "NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
+        name="nvfp4",
+        block_size=64,
+        type_size=36,
+        rotated=False,
+        index_bits=4,
+        description="NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
         code=12,
         layout=(
             Field(
@@ -416,9 +481,10 @@ class NVFP4(Format):
         ),
     )
     kernel_module = "tbq.formats.fp4_kernels"
-    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
-    attention_read = "attention_read_nvfp4"
-    hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
+    checker = CapabilitySlot(NVFP4Checks)
+    attention = CapabilitySlot(NVFP4Attention)
+    fuzz = CapabilitySlot(NVFP4Fuzz)
+    quantizer = CapabilitySlot(NVFP4Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
@@ -438,9 +504,6 @@ class NVFP4(Format):
         dd = ue4m3_to_f32(data[:, :4])
         c = _unpack16(data[:, 4:]).reshape(n, 4, 16)
         return (_VF[c] * dd[:, :, None]).reshape(n, 64)
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return _e2m1_value_table(self, trace["x"], trace["dd"])  # the sub-block scales
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_mxfp4) and ``ue4m3`` (float32 (256,), :func:`ue4m3_to_f32` of every byte)."""

@@ -43,6 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ConfigError, ScaleOverflowError
 from .base import Field, Format, FormatInfo, Option, Trace, band
+from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits, GoldenTraits, QuantizerTraits
 
 F32 = np.float32
 _U = np.uint32
@@ -139,14 +140,65 @@ def _scale_f32(value: object, name: str) -> np.float32:
     return s
 
 
+class _FP8Attention(AttentionTraits):
+    """FP8's :class:`AttentionTraits`."""
+
+    format: _FP8
+
+    read = "attention_read"
+
+    def tables(self) -> NDArray[np.float32]:
+        return self.format._table.view(np.float32)  # the 256 decoded values
+
+
+class _FP8Golden(GoldenTraits):
+    """FP8's :class:`GoldenTraits`."""
+
+    format: _FP8
+
+    on_overflow = "saturate"
+
+
+class _FP8Fuzz(FuzzTraits):
+    """FP8's :class:`FuzzTraits`."""
+
+    format: _FP8
+
+    hazards = {"fp8_grid": {}}  #: on an instance: the grid, its limits and the scale (see ``__init__``)
+
+    def __init__(self, fmt: _FP8) -> None:
+        super().__init__(fmt)
+        g = fmt.grid.values.astype(np.float64)
+        fin = np.unique(np.abs(g[np.isfinite(g)]))
+        self.hazards = {
+            "fp8_grid": {
+                "values": tuple(fin.tolist()),
+                "limit": float(fin[-1] + (fin[-1] - fin[-2]) / 2),
+                "min_normal": 2.0 ** (1 - fmt.grid.bias),
+                "scale": float(fmt.scale),
+            }
+        }
+
+
+class _FP8Quantizer(QuantizerTraits):
+    """FP8's :class:`QuantizerTraits`."""
+
+    format: _FP8
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        # every finite byte's value (both zeros kept), met by v = x / s
+        g = self.format.grid.values.astype(np.float64)
+        return g[np.isfinite(g)], np.asarray(trace["v"], np.float64).ravel()
+
+
 class _FP8(Format):
     """Shared body of FP8_E4M3 and FP8_E5M2."""
 
     kernel_module = "tbq.formats.fp8_kernels"
-    attention_read = "attention_read"
-
-    def attention_tables(self) -> NDArray[np.float32]:
-        return self._table.view(np.float32)  # the 256 decoded values
+    attention = CapabilitySlot(_FP8Attention)
+    golden = CapabilitySlot(_FP8Golden)
+    fuzz = CapabilitySlot(_FP8Fuzz)
+    quantizer = CapabilitySlot(_FP8Quantizer)
 
     options = {
         "scale": Option(
@@ -157,24 +209,12 @@ class _FP8(Format):
         )
     }
     overflow_modes = ("raise", "inf", "saturate")
-    golden_overflow = "saturate"
-    hazards = {"fp8_grid": {}}  #: per instance: the grid, its limits and the scale (see ``__init__``)
     grid: Grid
 
     def __init__(self, *, scale: float | np.floating[Any] = 1.0) -> None:
         self.scale = _scale_f32(scale, self.info.name)
         self._table = (self.grid.values * self.scale).view(np.uint32)  # spec decode: float32(fp8) * s
         self._table.setflags(write=False)
-        g = self.grid.values.astype(np.float64)
-        fin = np.unique(np.abs(g[np.isfinite(g)]))
-        self.hazards = {
-            "fp8_grid": {
-                "values": tuple(fin.tolist()),
-                "limit": float(fin[-1] + (fin[-1] - fin[-2]) / 2),
-                "min_normal": 2.0 ** (1 - self.grid.bias),
-                "scale": float(self.scale),
-            }
-        }
 
     def config(self) -> dict[str, Any]:
         return {"scale": float(self.scale)}
@@ -232,11 +272,6 @@ class _FP8(Format):
     def fragile_scales(self, trace: Trace, k: int) -> NDArray[np.bool_]:
         return np.zeros(np.asarray(trace["v"]).shape[0], bool)  # no stored scale
 
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        # every finite byte's value (both zeros kept), met by v = x / s
-        g = self.grid.values.astype(np.float64)
-        return g[np.isfinite(g)], np.asarray(trace["v"], np.float64).ravel()
-
     def tables(self) -> dict[str, NDArray[Any]]:
         """The decode table of this instance as float32 bit patterns: uint32 (256,), the value of every byte times
         the scale (bits, because NaN and inf entries have no C float literal)."""
@@ -260,12 +295,12 @@ class FP8_E4M3(_FP8):
     """FP8 E4M3 ("fn": no infinities; 448 is the largest value) with a per-tensor scale."""
 
     info = FormatInfo(
-        "fp8_e4m3",
-        1,
-        1,
-        False,
-        8,
-        "FP8 E4M3 per value (vLLM fp8_e4m3), per-tensor float32 scale",
+        name="fp8_e4m3",
+        block_size=1,
+        type_size=1,
+        rotated=False,
+        index_bits=8,
+        description="FP8 E4M3 per value (vLLM fp8_e4m3), per-tensor float32 scale",
         code=17,
         layout=(
             Field(
@@ -294,12 +329,12 @@ class FP8_E5M2(_FP8):
     """FP8 E5M2 (IEEE-like: infinities and NaNs; 57344 is the largest finite value) with a per-tensor scale."""
 
     info = FormatInfo(
-        "fp8_e5m2",
-        1,
-        1,
-        False,
-        8,
-        "FP8 E5M2 per value (vLLM fp8_e5m2), per-tensor float32 scale",
+        name="fp8_e5m2",
+        block_size=1,
+        type_size=1,
+        rotated=False,
+        index_bits=8,
+        description="FP8 E5M2 per value (vLLM fp8_e5m2), per-tensor float32 scale",
         code=18,
         layout=(
             Field(

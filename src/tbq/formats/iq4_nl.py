@@ -51,6 +51,7 @@ from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale
 from .base import Field, Format, FormatInfo, Trace, band
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
 
@@ -101,16 +102,54 @@ def _code64(a: NDArray[np.float64]) -> NDArray[np.intp]:
     return np.searchsorted(IQ4_NL_MIDPOINTS.astype(np.float64), a, side="right")
 
 
+class IQ4_NLAttention(AttentionTraits):
+    """IQ4_NL's :class:`AttentionTraits`."""
+
+    format: IQ4_NL
+
+    read = "attention_read"
+
+
+class IQ4_NLFuzz(FuzzTraits):
+    """IQ4_NL's :class:`FuzzTraits`."""
+
+    format: IQ4_NL
+
+    #: the strategies aim at x/d0 halfway between two table values (ties go up) and at the 1e-15 tiny-block rule
+    hazards = {"grid_ties": {"table": tuple(int(v) for v in IQ4_NL_VALUES), "divisor": -127.0}}
+
+
+class IQ4_NLChecks(CheckTraits):
+    """IQ4_NL's :class:`CheckTraits`."""
+
+    format: IQ4_NL
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_iq4_nl_q8_0
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return IQ4_NL_VALUES.astype(np.int64)[np_unpack4_halves(data[:, 2:])], get_f16_scale(data).astype(np.float64)
+
+
+class IQ4_NLQuantizer(QuantizerTraits):
+    """IQ4_NL's :class:`QuantizerTraits`."""
+
+    format: IQ4_NL
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        # the int8 table K, met by a = x / d0 (d0 = max / -127)
+        return np.asarray(self.format.tables()["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
+
+
 class IQ4_NL(Format):
     """IQ4_NL: fp16 least-squares scale + 32 4-bit indices into ``kvalues_iq4nl`` (split halves)."""
 
     info = FormatInfo(
-        "iq4_nl",
-        32,
-        18,
-        False,
-        4,
-        "ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
+        name="iq4_nl",
+        block_size=32,
+        type_size=18,
+        rotated=False,
+        index_bits=4,
+        description="ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
         code=10,
         layout=(
             Field("d", 0, 2, "f16", "least-squares scale sum(w q x) / sum(w q q), w = x*x"),
@@ -124,9 +163,10 @@ class IQ4_NL(Format):
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"
-    attention_read = "attention_read"
-    #: the strategies aim at x/d0 halfway between two table values (ties go up) and at the 1e-15 tiny-block rule
-    hazards = {"grid_ties": {"table": tuple(int(v) for v in IQ4_NL_VALUES), "divisor": -127.0}}
+    attention = CapabilitySlot(IQ4_NLAttention)
+    fuzz = CapabilitySlot(IQ4_NLFuzz)
+    checker = CapabilitySlot(IQ4_NLChecks)
+    quantizer = CapabilitySlot(IQ4_NLQuantizer)
     row_rule = True
 
     # -- spec ----------------------------------------------------------------------
@@ -185,18 +225,9 @@ class IQ4_NL(Format):
         out[:, 2:] = np_pack4_halves(lr.reshape(n, -1).astype(np.uint8))
         return out, {"d0": d0, "a": a, "d": d, "carried": carried.reshape(n)}
 
-    vec_dot_type = "q8_0"  # ggml_vec_dot_iq4_nl_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return IQ4_NL_VALUES.astype(np.int64)[np_unpack4_halves(data[:, 2:])], get_f16_scale(data).astype(np.float64)
-
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         return d[:, None] * _KF[np_unpack4_halves(data[:, 2:])]
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        # the int8 table K, met by a = x / d0 (d0 = max / -127)
-        return np.asarray(self.tables()["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_iq4nl) and ``midpoints`` (float32)."""

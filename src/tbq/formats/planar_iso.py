@@ -53,6 +53,7 @@ from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from .base import Field, Format, FormatInfo, Trace, band, into_c_contiguous, ulp32
+from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits, QuantizerTraits
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -116,11 +117,47 @@ def unpack_planes3(planes: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return (lo | (hi << 2)).astype(np.uint8)
 
 
+class _PlanarIsoFuzz(FuzzTraits):
+    """PlanarIso's :class:`FuzzTraits`."""
+
+    format: _PlanarIso
+
+    hazards = {"thresholds": {}}  # rotated coordinates on the (asymmetric) derived thresholds
+
+
+class _PlanarIsoQuantizer(QuantizerTraits):
+    """PlanarIso's :class:`QuantizerTraits`."""
+
+    format: _PlanarIso
+
+    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        return trace["norm"], trace["r"]
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        # the centroids, met by r: the unit-norm block after the Givens / quaternion rotations
+        return np.asarray(self.format.tables()["centroids"], np.float64), np.asarray(trace["r"], np.float64).ravel()
+
+
+class _PlanarIsoAttention(AttentionTraits):
+    """PlanarIso's :class:`AttentionTraits`."""
+
+    format: _PlanarIso
+
+    def tables(self) -> NDArray[np.float32]:
+        rot = self.format._decode_tables()
+        head = np.array(
+            [self.format.bits, self.format._rot == "quat", self.format._k["centroids"].size, rot[0].size], np.float32
+        )
+        return np.concatenate([head, self.format._k["centroids"], *rot, f16_table()]).astype(np.float32)
+
+
 class _PlanarIso(Format):
     """Shared body of the four formats: they differ in the rotation (``_rot``) and the codebook (``index_bits``)."""
 
     _rot: ClassVar[str] = ""  # "givens" or "quat"
-    hazards = {"thresholds": {}}  # rotated coordinates on the (asymmetric) derived thresholds
+    fuzz = CapabilitySlot(_PlanarIsoFuzz)
+    quantizer = CapabilitySlot(_PlanarIsoQuantizer)
+    attention = CapabilitySlot(_PlanarIsoAttention)
 
     def __init__(self, **options: object) -> None:
         super().__init__(**options)
@@ -145,13 +182,6 @@ class _PlanarIso(Format):
                 a = a.copy()
                 a.setflags(write=False)
                 self._k[name] = a
-
-    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-        return trace["norm"], trace["r"]
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        # the centroids, met by r: the unit-norm block after the Givens / quaternion rotations
-        return np.asarray(self.tables()["centroids"], np.float64), np.asarray(trace["r"], np.float64).ravel()
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """The exact float32 tables of this format: centroids, thresholds and the rotation (cos/sin or w/x/y/z)."""
@@ -247,11 +277,6 @@ class _PlanarIso(Format):
         if self._rot == "givens":
             return (k["givens_cos"], k["givens_sin"], k["ngivens_sin"], k["givens_sin"])
         return (k["quat_w"], k["quat_x"], k["quat_y"], k["quat_z"])
-
-    def attention_tables(self) -> NDArray[np.float32]:
-        rot = self._decode_tables()
-        head = np.array([self.bits, self._rot == "quat", self._k["centroids"].size, rot[0].size], np.float32)
-        return np.concatenate([head, self._k["centroids"], *rot, f16_table()]).astype(np.float32)
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         kn, k = self.kernels(), self._k
@@ -360,16 +385,24 @@ class _PlanarIso(Format):
         return tol.astype(np.float32)
 
 
+class PLANAR3_0Attention(_PlanarIsoAttention):
+    """PLANAR3_0's :class:`AttentionTraits`."""
+
+    format: PLANAR3_0
+
+    read = "attention_read"
+
+
 class PLANAR3_0(_PlanarIso):
     """PLANAR3_0: 128 values -> fp16 corrected norm + 3-bit indices after 64 Givens rotations (50 bytes)."""
 
     info = FormatInfo(
-        "planar3_0",
-        128,
-        50,
-        True,
-        3,
-        "PLANAR3_0: fp16 norm + 128 3-bit indices after 64 Givens rotations",
+        name="planar3_0",
+        block_size=128,
+        type_size=50,
+        rotated=True,
+        index_bits=3,
+        description="PLANAR3_0: fp16 norm + 128 3-bit indices after 64 Givens rotations",
         code=13,
         layout=(
             Field("d", 0, 2, "f16", "corrected norm"),
@@ -378,20 +411,28 @@ class PLANAR3_0(_PlanarIso):
         ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
-    attention_read = "attention_read"
+    attention = CapabilitySlot(PLANAR3_0Attention)
     _rot = "givens"
+
+
+class ISO3_0Attention(_PlanarIsoAttention):
+    """ISO3_0's :class:`AttentionTraits`."""
+
+    format: ISO3_0
+
+    read = "attention_read"
 
 
 class ISO3_0(_PlanarIso):
     """ISO3_0: 128 values -> fp16 corrected norm + 3-bit indices after 32 quaternion left-multiplications (50 bytes)."""
 
     info = FormatInfo(
-        "iso3_0",
-        128,
-        50,
-        True,
-        3,
-        "ISO3_0: fp16 norm + 128 3-bit indices after 32 quaternion rotations",
+        name="iso3_0",
+        block_size=128,
+        type_size=50,
+        rotated=True,
+        index_bits=3,
+        description="ISO3_0: fp16 norm + 128 3-bit indices after 32 quaternion rotations",
         code=14,
         layout=(
             Field("d", 0, 2, "f16", "corrected norm"),
@@ -400,20 +441,28 @@ class ISO3_0(_PlanarIso):
         ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
-    attention_read = "attention_read"
+    attention = CapabilitySlot(ISO3_0Attention)
     _rot = "quat"
+
+
+class PLANAR4_0Attention(_PlanarIsoAttention):
+    """PLANAR4_0's :class:`AttentionTraits`."""
+
+    format: PLANAR4_0
+
+    read = "attention_read"
 
 
 class PLANAR4_0(_PlanarIso):
     """PLANAR4_0: 128 values -> fp16 corrected norm + 4-bit indices after 64 Givens rotations (66 bytes)."""
 
     info = FormatInfo(
-        "planar4_0",
-        128,
-        66,
-        True,
-        4,
-        "PLANAR4_0: fp16 norm + 128 4-bit indices after 64 Givens rotations",
+        name="planar4_0",
+        block_size=128,
+        type_size=66,
+        rotated=True,
+        index_bits=4,
+        description="PLANAR4_0: fp16 norm + 128 4-bit indices after 64 Givens rotations",
         code=15,
         layout=(
             Field("d", 0, 2, "f16", "corrected norm"),
@@ -421,20 +470,28 @@ class PLANAR4_0(_PlanarIso):
         ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
-    attention_read = "attention_read"
+    attention = CapabilitySlot(PLANAR4_0Attention)
     _rot = "givens"
+
+
+class ISO4_0Attention(_PlanarIsoAttention):
+    """ISO4_0's :class:`AttentionTraits`."""
+
+    format: ISO4_0
+
+    read = "attention_read"
 
 
 class ISO4_0(_PlanarIso):
     """ISO4_0: 128 values -> fp16 corrected norm + 4-bit indices after 32 quaternion left-multiplications (66 bytes)."""
 
     info = FormatInfo(
-        "iso4_0",
-        128,
-        66,
-        True,
-        4,
-        "ISO4_0: fp16 norm + 128 4-bit indices after 32 quaternion rotations",
+        name="iso4_0",
+        block_size=128,
+        type_size=66,
+        rotated=True,
+        index_bits=4,
+        description="ISO4_0: fp16 norm + 128 4-bit indices after 32 quaternion rotations",
         code=16,
         layout=(
             Field("d", 0, 2, "f16", "corrected norm"),
@@ -442,5 +499,5 @@ class ISO4_0(_PlanarIso):
         ),
     )
     kernel_module = "tbq.formats.planar_iso_kernels"
-    attention_read = "attention_read"
+    attention = CapabilitySlot(ISO4_0Attention)
     _rot = "quat"

@@ -19,20 +19,61 @@ from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 F32 = np.float32
 _M8 = F32(-8.0)
 _8_5 = F32(8.5)
 
 
+class Q4_0Checks(CheckTraits):
+    """Q4_0's :class:`CheckTraits`."""
+
+    format: Q4_0
+
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+
+    tie_rule = "up"
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
+
+
+class Q4_0Attention(AttentionTraits):
+    """Q4_0's :class:`AttentionTraits`."""
+
+    format: Q4_0
+
+    read = "attention_read"
+
+
+class Q4_0Fuzz(FuzzTraits):
+    """Q4_0's :class:`FuzzTraits`."""
+
+    format: Q4_0
+
+    hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
+
+
+class Q4_0Quantizer(QuantizerTraits):
+    """Q4_0's :class:`QuantizerTraits`."""
+
+    format: Q4_0
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(-8, 16, trace["v"])  # code - 8, v = x / d
+
+
 class Q4_0(Format):
     info = FormatInfo(
-        "q4_0",
-        32,
-        18,
-        False,
-        4,
-        "ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)",
+        name="q4_0",
+        block_size=32,
+        type_size=18,
+        rotated=False,
+        index_bits=4,
+        description="ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)",
         code=2,
         layout=(
             Field("d", 0, 2, "f16", "scale max/-8"),
@@ -40,10 +81,10 @@ class Q4_0(Format):
         ),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "up"
-    attention_read = "attention_read"
-    hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
+    checker = CapabilitySlot(Q4_0Checks)
+    attention = CapabilitySlot(Q4_0Attention)
+    fuzz = CapabilitySlot(Q4_0Fuzz)
+    quantizer = CapabilitySlot(Q4_0Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         rows = np.arange(x.shape[0])
@@ -65,18 +106,10 @@ class Q4_0(Format):
         out[:, 2:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
-    vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
-
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         q = np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
         return q * d[:, None]
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(-8, 16, trace["v"])  # code - 8, v = x / d
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode(x, out, raise_overflow)

@@ -32,6 +32,7 @@ from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 F32 = np.float32
 _15 = F32(15.0)
@@ -130,14 +131,57 @@ def min_overflow_error(fmt: Format, block: int, values: NDArray[np.float32]) -> 
     )
 
 
+class Q4_1Checks(CheckTraits):
+    """Q4_1's :class:`CheckTraits`."""
+
+    format: Q4_1
+
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+
+    tie_rule = "away"
+
+    vec_dot_type = "q8_1"  # ggml_vec_dot_q4_1_q8_1
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return np_unpack4_halves(data[:, 4:]).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
+    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
+        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
+
+
+class Q4_1Attention(AttentionTraits):
+    """Q4_1's :class:`AttentionTraits`."""
+
+    format: Q4_1
+
+    read = "attention_read"
+
+
+class Q4_1Fuzz(FuzzTraits):
+    """Q4_1's :class:`FuzzTraits`."""
+
+    format: Q4_1
+
+    hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
+
+
+class Q4_1Quantizer(QuantizerTraits):
+    """Q4_1's :class:`QuantizerTraits`."""
+
+    format: Q4_1
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
+
+
 class Q4_1(Format):
     info = FormatInfo(
-        "q4_1",
-        32,
-        20,
-        False,
-        4,
-        "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
+        name="q4_1",
+        block_size=32,
+        type_size=20,
+        rotated=False,
+        index_bits=4,
+        description="ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
         code=7,
         layout=(
             Field("d", 0, 2, "f16", "scale (max - min)/15"),
@@ -146,10 +190,10 @@ class Q4_1(Format):
         ),
     )
     kernel_module = "tbq.formats.q4_1_kernels"
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"
-    attention_read = "attention_read"
-    hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
+    checker = CapabilitySlot(Q4_1Checks)
+    attention = CapabilitySlot(Q4_1Attention)
+    fuzz = CapabilitySlot(Q4_1Fuzz)
+    quantizer = CapabilitySlot(Q4_1Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _15)
@@ -165,17 +209,6 @@ class Q4_1(Format):
         m = get_f16_at(data, 2)
         q = np_unpack4_halves(data[:, 4:]).astype(np.float32)
         return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
-
-    vec_dot_type = "q8_1"  # ggml_vec_dot_q4_1_q8_1
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return np_unpack4_halves(data[:, 4:]).astype(np.int64), get_f16_scale(data).astype(np.float64)
-
-    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
-        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode(x, out, raise_overflow)

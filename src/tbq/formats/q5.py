@@ -34,6 +34,7 @@ from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ..reference import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
@@ -62,14 +63,54 @@ class _Q5(Format):
     """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
 
 
+class Q5_0Checks(CheckTraits):
+    """Q5_0's :class:`CheckTraits`."""
+
+    format: Q5_0
+
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+
+    tie_rule = "up"  # trunc(v + 16.5)
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
+
+
+class Q5_0Attention(AttentionTraits):
+    """Q5_0's :class:`AttentionTraits`."""
+
+    format: Q5_0
+
+    read = "attention_read"
+
+
+class Q5_0Fuzz(FuzzTraits):
+    """Q5_0's :class:`FuzzTraits`."""
+
+    format: Q5_0
+
+    hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
+
+
+class Q5_0Quantizer(QuantizerTraits):
+    """Q5_0's :class:`QuantizerTraits`."""
+
+    format: Q5_0
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(-16, 32, trace["v"])  # code - 16, v = x / d
+
+
 class Q5_0(_Q5):
     info = FormatInfo(
-        "q5_0",
-        32,
-        22,
-        False,
-        5,
-        "ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)",
+        name="q5_0",
+        block_size=32,
+        type_size=22,
+        rotated=False,
+        index_bits=5,
+        description="ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)",
         code=8,
         layout=(
             Field("d", 0, 2, "f16", "scale max/-16"),
@@ -80,13 +121,10 @@ class Q5_0(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "up"  # trunc(v + 16.5)
-    attention_read = "attention_read"
-    hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(-16, 32, trace["v"])  # code - 16, v = x / d
+    checker = CapabilitySlot(Q5_0Checks)
+    attention = CapabilitySlot(Q5_0Attention)
+    fuzz = CapabilitySlot(Q5_0Fuzz)
+    quantizer = CapabilitySlot(Q5_0Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         rows = np.arange(x.shape[0])
@@ -106,11 +144,6 @@ class Q5_0(_Q5):
         out[:, 6:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
-    vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
-
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
         c = unpack_codes(data, 2)
@@ -127,14 +160,57 @@ class Q5_0(_Q5):
         return offset_trunc_fragility(trace["v"], trace["t"], k, 16.5, 31)
 
 
+class Q5_1Checks(CheckTraits):
+    """Q5_1's :class:`CheckTraits`."""
+
+    format: Q5_1
+
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+
+    tie_rule = "away"  # trunc(v + 0.5), v >= 0
+
+    vec_dot_type = "q8_1"  # ggml_vec_dot_q5_1_q8_1
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return unpack_codes(data, 4).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
+    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
+        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
+
+
+class Q5_1Attention(AttentionTraits):
+    """Q5_1's :class:`AttentionTraits`."""
+
+    format: Q5_1
+
+    read = "attention_read_q5_1"
+
+
+class Q5_1Fuzz(FuzzTraits):
+    """Q5_1's :class:`FuzzTraits`."""
+
+    format: Q5_1
+
+    hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
+
+
+class Q5_1Quantizer(QuantizerTraits):
+    """Q5_1's :class:`QuantizerTraits`."""
+
+    format: Q5_1
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(0, 32, trace["v"])  # codes 0 .. 31, v = (x - min) / d
+
+
 class Q5_1(_Q5):
     info = FormatInfo(
-        "q5_1",
-        32,
-        24,
-        False,
-        5,
-        "ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)",
+        name="q5_1",
+        block_size=32,
+        type_size=24,
+        rotated=False,
+        index_bits=5,
+        description="ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)",
         code=9,
         layout=(
             Field("d", 0, 2, "f16", "scale (max - min)/31"),
@@ -146,13 +222,10 @@ class Q5_1(_Q5):
         ),
     )
     kernel_module = "tbq.formats.q5_kernels"
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"  # trunc(v + 0.5), v >= 0
-    attention_read = "attention_read_q5_1"
-    hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(0, 32, trace["v"])  # codes 0 .. 31, v = (x - min) / d
+    checker = CapabilitySlot(Q5_1Checks)
+    attention = CapabilitySlot(Q5_1Attention)
+    fuzz = CapabilitySlot(Q5_1Fuzz)
+    quantizer = CapabilitySlot(Q5_1Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _31)
@@ -163,14 +236,6 @@ class Q5_1(_Q5):
         out[:, 4:8] = pack_qh(c)
         out[:, 8:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
-
-    vec_dot_type = "q8_1"  # ggml_vec_dot_q5_1_q8_1
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return unpack_codes(data, 4).astype(np.int64), get_f16_scale(data).astype(np.float64)
-
-    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
-        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
 
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from ..half import f16_table
 from ..reference import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, band
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 _127 = np.float32(127.0)
 
@@ -47,22 +48,62 @@ def q8_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.fl
     return d, v, r.astype(np.int8)
 
 
+class Q8_0Checks(CheckTraits):
+    """Q8_0's :class:`CheckTraits`."""
+
+    format: Q8_0
+
+    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
+
+    tie_rule = "away"
+
+    vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
+
+class Q8_0Attention(AttentionTraits):
+    """Q8_0's :class:`AttentionTraits`."""
+
+    format: Q8_0
+
+    read = "attention_read"
+
+
+class Q8_0Fuzz(FuzzTraits):
+    """Q8_0's :class:`FuzzTraits`."""
+
+    format: Q8_0
+
+    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
+
+
+class Q8_0Quantizer(QuantizerTraits):
+    """Q8_0's :class:`QuantizerTraits`."""
+
+    format: Q8_0
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(-128, 256, trace["v"])  # int8 codes round(v), v = x / d
+
+
 class Q8_0(Format):
     info = FormatInfo(
-        "q8_0",
-        32,
-        34,
-        False,
-        8,
-        "ggml Q8_0: fp16 scale + 32 int8 codes",
+        name="q8_0",
+        block_size=32,
+        type_size=34,
+        rotated=False,
+        index_bits=8,
+        description="ggml Q8_0: fp16 scale + 32 int8 codes",
         code=1,
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"
-    attention_read = "attention_read"
-    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
+    checker = CapabilitySlot(Q8_0Checks)
+    attention = CapabilitySlot(Q8_0Attention)
+    fuzz = CapabilitySlot(Q8_0Fuzz)
+    quantizer = CapabilitySlot(Q8_0Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, v, q = q8_codes(x)
@@ -70,11 +111,6 @@ class Q8_0(Format):
         put_f16_scale(out, d)
         out[:, 2:] = q.view(np.uint8)
         return out, {"d": d, "v": v}
-
-    vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
 
     def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
         d = get_f16_scale(data)
@@ -85,9 +121,6 @@ class Q8_0(Format):
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data, out, f16_table())
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(-128, 256, trace["v"])  # int8 codes round(v), v = x / d
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x * id; the code roundf(v) changes at the half-integers.

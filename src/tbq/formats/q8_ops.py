@@ -34,8 +34,9 @@ from ..errors import ScaleOverflowError
 from ..half import F16_OVERFLOW, f16_table
 from ..reference import get_f16_scale, put_f16_scale
 from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
+from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at
-from .q8_0 import Q8_0, q8_codes
+from .q8_0 import Q8_0, Q8_0Attention, Q8_0Checks, q8_codes
 
 F32 = np.float32
 _M127 = F32(-127.0)
@@ -80,16 +81,49 @@ def _same_number(a: NDArray[np.float32], b: NDArray[np.float32]) -> NDArray[np.b
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
+class Q8_1Attention(Q8_0Attention):
+    """Q8_1's :class:`AttentionTraits`."""
+
+    format: Q8_1
+
+    read = ""  # not a cache type: no fused attention reader
+
+
+class Q8_1Checks(Q8_0Checks):
+    """Q8_1's :class:`CheckTraits`."""
+
+    format: Q8_1
+
+    vec_dot_type = ""  # a right operand only: ggml has no q8_1 x q8_1 dot product
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return data[:, 4:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
+
+    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
+        return get_f16_at(data, 2).astype(np.float64)  # s: ggml adds m_x * s_y outside the integer sum
+
+    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
+        # s = fp16(sum(qs) * d) with the float32 d of the trace (the block holds only fp16(d))
+        out = np.array(data, np.uint8, copy=True)
+        put_f16_at(out, 2, _q8_1_sum(out[:, 4:], np.asarray(trace["d"], F32).reshape(-1)))
+        return out
+
+    def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
+        # s does not enter the decoded values but every q4_1/q5_1 dot product (m * s): equal as numbers too
+        same = super().equivalent_blocks(ref, got)
+        return same & _same_number(get_f16_at(ref, 2), get_f16_at(got, 2))
+
+
 class Q8_1(Q8_0):
     """Q8_0's codes and scale, and the block sum ``s``; a dot-product operand, not a cache type."""
 
     info = FormatInfo(
-        "q8_1",
-        32,
-        36,
-        False,
-        8,
-        "ggml Q8_1: fp16 scale + fp16 d*sum(codes) + 32 int8 codes (the activation of q4_1/q5_1 dot products)",
+        name="q8_1",
+        block_size=32,
+        type_size=36,
+        rotated=False,
+        index_bits=8,
+        description="ggml Q8_1: fp16 scale + fp16 d*sum(codes) + 32 int8 codes (the activation of q4_1/q5_1 dot products)",
         code=19,
         layout=(
             Field("d", 0, 2, "f16", "scale amax/127"),
@@ -99,8 +133,8 @@ class Q8_1(Q8_0):
         cache_type=False,
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
-    attention_read = ""  # not a cache type: no fused attention reader
-    vec_dot_type = ""  # a right operand only: ggml has no q8_1 x q8_1 dot product
+    attention = CapabilitySlot(Q8_1Attention)
+    checker = CapabilitySlot(Q8_1Checks)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, v, q = q8_codes(x)
@@ -121,12 +155,6 @@ class Q8_1(Q8_0):
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_q8_1(data, out, f16_table())
 
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return data[:, 4:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
-
-    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
-        return get_f16_at(data, 2).astype(np.float64)  # s: ggml adds m_x * s_y outside the integer sum
-
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         # d as every fp16 scale, and s too: |s| reaches 32 * amax, so s overflows fp16 from amax ~ 2048 on
         s = np.asarray(trace["s"], F32)
@@ -146,17 +174,6 @@ class Q8_1(Q8_0):
             block=block,
             scale=val,
         )
-
-    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
-        # s = fp16(sum(qs) * d) with the float32 d of the trace (the block holds only fp16(d))
-        out = np.array(data, np.uint8, copy=True)
-        put_f16_at(out, 2, _q8_1_sum(out[:, 4:], np.asarray(trace["d"], F32).reshape(-1)))
-        return out
-
-    def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
-        # s does not enter the decoded values but every q4_1/q5_1 dot product (m * s): equal as numbers too
-        same = super().equivalent_blocks(ref, got)
-        return same & _same_number(get_f16_at(ref, 2), get_f16_at(got, 2))
 
 
 def q8_k_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
@@ -182,16 +199,67 @@ def q8_k_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
     return q, {"max": mx, "iscale": iscale, "d": d, "v": v}
 
 
+class Q8_KChecks(CheckTraits):
+    """Q8_K's :class:`CheckTraits`."""
+
+    format: Q8_K
+
+    tie_rule = "even"  # nearest_int: the 1.5 * 2**23 addition rounds half to even
+
+    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+        return data[:, 4:260].view(np.int8).astype(np.int64), self.format._d(data).astype(np.float64)
+
+    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
+        iscale = np.asarray(trace["iscale"], F32).reshape(-1)
+        return np.isinf(iscale), (
+            "|max| below 127 / FLT_MAX (about 3.7e-37): iscale = -127/max overflows float32, nearest_int's "
+            "assert (|iscale * x| <= 4194303) fails (a debug build aborts) and the codes are the magic-number "
+            "trick applied to +-Inf and NaN (a release build writes 0)"
+        )
+
+    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
+        # bsums from the block's own codes; an all-zero block's are unwritten by C (kept as they are)
+        out = np.array(data, np.uint8, copy=True)
+        unwritten = (self.format._d(out) == 0) & ~out[:, 4:260].any(axis=1)
+        out[~unwritten, 260:] = _bsums(np.ascontiguousarray(out[~unwritten, 4:260]))
+        return out
+
+    def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
+        # bsums do not enter the decoded values but every K-quant dot product (times d): they must be equal,
+        # except where both scales are zero (C leaves an all-zero block's bsums unwritten; d * bsums is 0).
+        same = super().equivalent_blocks(ref, got)
+        sums = (ref[:, 260:] == got[:, 260:]).all(axis=1)
+        return same & (sums | ((self.format._d(ref) == 0) & (self.format._d(got) == 0)))
+
+
+class Q8_KFuzz(FuzzTraits):
+    """Q8_K's :class:`FuzzTraits`."""
+
+    format: Q8_K
+
+    # the encoder multiplies by the traced iscale = -127/max, not by 1/d: the ties family aims at x * iscale
+    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126), "multiplier": "iscale"}}
+
+
+class Q8_KQuantizer(QuantizerTraits):
+    """Q8_K's :class:`QuantizerTraits`."""
+
+    format: Q8_K
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(-128, 256, trace["v"])  # int8 codes rint(v), v = x * iscale
+
+
 class Q8_K(Format):
     """ggml's Q8_K: float32 scale, 256 int8 codes, 16 int16 group sums; a dot-product operand, not a cache type."""
 
     info = FormatInfo(
-        "q8_k",
-        256,
-        292,
-        False,
-        8,
-        "ggml Q8_K: float32 scale + 256 int8 codes + 16 int16 sums of 16 codes (the activation of K-quant dot products)",
+        name="q8_k",
+        block_size=256,
+        type_size=292,
+        rotated=False,
+        index_bits=8,
+        description="ggml Q8_K: float32 scale + 256 int8 codes + 16 int16 sums of 16 codes (the activation of K-quant dot products)",
         code=20,
         layout=(
             Field("d", 0, 4, "f32", "scale 1/iscale = max/-127 (float32)", specials=SPECIAL_F32),
@@ -201,9 +269,9 @@ class Q8_K(Format):
         cache_type=False,
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
-    tie_rule = "even"  # nearest_int: the 1.5 * 2**23 addition rounds half to even
-    # the encoder multiplies by the traced iscale = -127/max, not by 1/d: the ties family aims at x * iscale
-    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126), "multiplier": "iscale"}}
+    checker = CapabilitySlot(Q8_KChecks)
+    fuzz = CapabilitySlot(Q8_KFuzz)
+    quantizer = CapabilitySlot(Q8_KQuantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
@@ -228,12 +296,6 @@ class Q8_K(Format):
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_q8_k(data, out)
 
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return data[:, 4:260].view(np.int8).astype(np.int64), self._d(data).astype(np.float64)
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(-128, 256, trace["v"])  # int8 codes rint(v), v = x * iscale
-
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x * iscale; the code rint(v) changes at the half-integers.
         return band(np.rint, trace["v"], k)
@@ -247,25 +309,3 @@ class Q8_K(Format):
     def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
         # d = 1/iscale is a finite float32 for every finite block (|d| <= FLT_MAX / 127): nothing to refuse
         return np.zeros(np.shape(trace["d"])[0], bool)
-
-    def undefined_blocks(self, trace: Trace) -> tuple[NDArray[np.bool_], str]:
-        iscale = np.asarray(trace["iscale"], F32).reshape(-1)
-        return np.isinf(iscale), (
-            "|max| below 127 / FLT_MAX (about 3.7e-37): iscale = -127/max overflows float32, nearest_int's "
-            "assert (|iscale * x| <= 4194303) fails (a debug build aborts) and the codes are the magic-number "
-            "trick applied to +-Inf and NaN (a release build writes 0)"
-        )
-
-    def derived(self, data: NDArray[np.uint8], trace: Trace) -> NDArray[np.uint8]:
-        # bsums from the block's own codes; an all-zero block's are unwritten by C (kept as they are)
-        out = np.array(data, np.uint8, copy=True)
-        unwritten = (self._d(out) == 0) & ~out[:, 4:260].any(axis=1)
-        out[~unwritten, 260:] = _bsums(np.ascontiguousarray(out[~unwritten, 4:260]))
-        return out
-
-    def equivalent_blocks(self, ref: NDArray[np.uint8], got: NDArray[np.uint8]) -> NDArray[np.bool_]:
-        # bsums do not enter the decoded values but every K-quant dot product (times d): they must be equal,
-        # except where both scales are zero (C leaves an all-zero block's bsums unwritten; d * bsums is 0).
-        same = super().equivalent_blocks(ref, got)
-        sums = (ref[:, 260:] == got[:, 260:]).all(axis=1)
-        return same & (sums | ((self._d(ref) == 0) & (self._d(got) == 0)))

@@ -39,6 +39,7 @@ from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
 from .base import Field, Format, FormatInfo, Option, Trace, band, into_c_contiguous
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -71,6 +72,60 @@ def _signs_config(spec: object, rot: RandomizedHadamard) -> int | str | dict[str
     return {"signs1": rot.signs1.tolist(), "signs2": rot.signs2.tolist()}
 
 
+class _TBQAttention(AttentionTraits):
+    """TBQ's :class:`AttentionTraits`."""
+
+    format: _TBQ
+
+    domain = "rotated"
+
+    read = "attention_read"
+
+    def tables(self) -> NDArray[np.float32]:
+        return np.concatenate([self.format._k["f16"], self.format._k["centroids"]]).astype(
+            np.float32
+        )  # tbq_kernels.attention_read
+
+
+class _TBQGolden(GoldenTraits):
+    """TBQ's :class:`GoldenTraits`."""
+
+    format: _TBQ
+
+    ulp_floor = TBQ_ULP_FLOOR
+
+
+class _TBQFuzz(FuzzTraits):
+    """TBQ's :class:`FuzzTraits`."""
+
+    format: _TBQ
+
+    hazards = {"thresholds": {}}
+
+
+class _TBQChecks(CheckTraits):
+    """TBQ's :class:`CheckTraits`."""
+
+    format: _TBQ
+
+    #: The fork's ggml_vec_dot_tbq{4,3}_0_q8_K: no integer form (dot_parts is None), so the dot-product check
+    #: takes the decoded values against q8_K's codes * d, 256 values (two blocks) a unit.
+    vec_dot_type = "q8_k"
+
+
+class _TBQQuantizer(QuantizerTraits):
+    """TBQ's :class:`QuantizerTraits`."""
+
+    format: _TBQ
+
+    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        return trace["norm"], trace["r"]
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        # the codebook's centroids, met by r: the unit-norm block, rotated
+        return self.format.codebook.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
+
+
 class _TBQ(Format):
     """Shared body of TBQ4_0 and TBQ3_0 (they differ in step 1's division and the packing)."""
 
@@ -89,13 +144,11 @@ class _TBQ(Format):
         ),
     }
     kernel_module = "tbq.formats.tbq_kernels"
-    attention_domain = "rotated"
-    attention_read = "attention_read"
-    ulp_floor = TBQ_ULP_FLOOR
-    hazards = {"thresholds": {}}
-    #: The fork's ggml_vec_dot_tbq{4,3}_0_q8_K: no integer form (dot_parts is None), so the dot-product check
-    #: takes the decoded values against q8_K's codes * d, 256 values (two blocks) a unit.
-    vec_dot_type = "q8_k"
+    attention = CapabilitySlot(_TBQAttention)
+    golden = CapabilitySlot(_TBQGolden)
+    fuzz = CapabilitySlot(_TBQFuzz)
+    checker = CapabilitySlot(_TBQChecks)
+    quantizer = CapabilitySlot(_TBQQuantizer)
 
     def __init__(
         self,
@@ -199,9 +252,6 @@ class _TBQ(Format):
         kn.rotate_blocks(x, self.bits, k["thresholds"], k["centroids_sq"], k["s1"], k["cs2"], norm, r, d, with_scale)
         return norm, r, d
 
-    def attention_tables(self) -> NDArray[np.float32]:
-        return np.concatenate([self._k["f16"], self._k["centroids"]]).astype(np.float32)  # tbq_kernels.attention_read
-
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         kn, k = self.kernels(), self._k
         if data.shape[0] < kn.SMALL_BLOCKS:
@@ -212,16 +262,9 @@ class _TBQ(Format):
     # -- structure ---------------------------------------------------------------------------
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = r, the rotated coordinate; boundaries: the codebook's thresholds.
-        floor = self.ulp_floor if ulp_floor is None else float(ulp_floor)
+        floor = self.golden.ulp_floor if ulp_floor is None else float(ulp_floor)
         thr = self.codebook.thresholds.astype(np.float64)
         return band(lambda y: np.searchsorted(thr, y, side="right"), trace["r"], k, floor)
-
-    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-        return trace["norm"], trace["r"]
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        # the codebook's centroids, met by r: the unit-norm block, rotated
-        return self.codebook.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """The exact tables this instance uses: centroids, thresholds (float32), signs1, signs2 (int8)."""
@@ -237,12 +280,12 @@ class TBQ4_0(_TBQ):
     """TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes)."""
 
     info = FormatInfo(
-        "tbq4_0",
-        128,
-        66,
-        True,
-        4,
-        "TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices",
+        name="tbq4_0",
+        block_size=128,
+        type_size=66,
+        rotated=True,
+        index_bits=4,
+        description="TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices",
         code=3,
         row_tiled=True,
         layout=(
@@ -256,12 +299,12 @@ class TBQ3_0(_TBQ):
     """TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes)."""
 
     info = FormatInfo(
-        "tbq3_0",
-        128,
-        50,
-        True,
-        3,
-        "TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices",
+        name="tbq3_0",
+        block_size=128,
+        type_size=50,
+        rotated=True,
+        index_bits=3,
+        description="TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices",
         code=4,
         row_tiled=True,
         layout=(

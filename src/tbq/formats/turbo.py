@@ -48,8 +48,16 @@ from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, hadamard_scale, turboq_mtp_signs
 from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, read_field, register_field_kind
+from .capabilities import (
+    AttentionTraits,
+    CapabilitySlot,
+    CheckTraits,
+    DomainTraits,
+    FuzzTraits,
+    GoldenTraits,
+)
 from .planar_iso import pack_planes3, unpack_planes3
-from .tbq import _TBQ, TBQ_ULP_FLOOR
+from .tbq import _TBQ, TBQ_ULP_FLOOR, _TBQQuantizer
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -134,16 +142,68 @@ def unpack_quads2(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
 register_field_kind("u2_quads", FieldKind(unpack_quads2))
 
 
+class _TurboAttention(AttentionTraits):
+    """Turbo's :class:`AttentionTraits`."""
+
+    format: _Turbo
+
+    domain = "rotated"  # the fused kernel reads C[idx] * d as it is, with the query rotated by R
+
+    read = "attention_read"
+
+    def tables(self) -> NDArray[np.float32]:
+        return np.concatenate([f16_table(), self.format._k["centroids"]]).astype(F32)  # turbo_kernels.attention_read
+
+
+class _TurboDomain(DomainTraits):
+    """Turbo's :class:`DomainTraits`."""
+
+    format: _Turbo
+
+    decode_domain = "rotated"  # dequantize_row_turbo*: no inverse rotation
+
+    # -- the decoder's domain ----------------------------------------------------------------
+    def to_decode_domain(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
+        """``R(x)`` block by block (float32 or float64 as ``x``): what ``decode(encode(x))`` approximates."""
+        return self.format._per_block(x, self.format.rotation.forward)
+
+    def from_decode_domain(self, y: ArrayLike) -> NDArray[np.floating[Any]]:
+        """``R^-1(y)`` block by block: decoded values back in the input's domain."""
+        return self.format._per_block(y, self.format.rotation.inverse)
+
+
+class _TurboGolden(GoldenTraits):
+    """Turbo's :class:`GoldenTraits`."""
+
+    format: _Turbo
+
+    ulp_floor = TBQ_ULP_FLOOR  # the same rotation as TBQ's: the same fragility floor
+
+
+class _TurboFuzz(FuzzTraits):
+    """Turbo's :class:`FuzzTraits`."""
+
+    format: _Turbo
+
+    #: Rotated coordinates on the 6-digit thresholds, exact rotated zeros on the middle threshold of 0.
+    hazards: dict[str, dict[str, Any]] = {"thresholds": {}}
+
+
+class _TurboQuantizer(_TBQQuantizer):
+    """Turbo's :class:`QuantizerTraits`: TBQ's (the same norm, rotated coordinates and codebook)."""
+
+    format: _Turbo  # type: ignore[assignment]
+
+
 class _Turbo(Format):
     """Shared body of TURBO2, TURBO3, TURBO4 (they differ in the codebook, the packing and, for a NaN norm, step 2)."""
 
     kernel_module = "tbq.formats.turbo_kernels"
-    attention_domain = "rotated"  # the fused kernel reads C[idx] * d as it is, with the query rotated by R
-    attention_read = "attention_read"
-    decode_domain = "rotated"  # dequantize_row_turbo*: no inverse rotation
-    ulp_floor = TBQ_ULP_FLOOR  # the same rotation as TBQ's: the same fragility floor
-    #: Rotated coordinates on the 6-digit thresholds, exact rotated zeros on the middle threshold of 0.
-    hazards: dict[str, dict[str, Any]] = {"thresholds": {}}
+    attention = CapabilitySlot(_TurboAttention)
+    domain = CapabilitySlot(_TurboDomain)
+    golden = CapabilitySlot(_TurboGolden)
+    fuzz = CapabilitySlot(_TurboFuzz)
+    quantizer = CapabilitySlot(_TurboQuantizer)
     #: Byte offset of the indices (turbo4 has its fp16 ``rnorm`` first).
     _payload: ClassVar[int] = 2
     #: turbo4's step 2: ``u = +0`` when ``norm > 1e-10`` fails, instead of ``x * 0``.
@@ -219,15 +279,6 @@ class _Turbo(Format):
         d = get_f16_scale(data)
         return self.codebook.centroids[self._indices(data[:, self._payload :])] * d[:, None]
 
-    # -- the decoder's domain ----------------------------------------------------------------
-    def to_decode_domain(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
-        """``R(x)`` block by block (float32 or float64 as ``x``): what ``decode(encode(x))`` approximates."""
-        return self._per_block(x, self.rotation.forward)
-
-    def from_decode_domain(self, y: ArrayLike) -> NDArray[np.floating[Any]]:
-        """``R^-1(y)`` block by block: decoded values back in the input's domain."""
-        return self._per_block(y, self.rotation.inverse)
-
     # -- kernels ---------------------------------------------------------------------------
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         k = self._k
@@ -237,9 +288,6 @@ class _Turbo(Format):
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode(data, out, self.bits, self._k["centroids"], f16_table())
-
-    def attention_tables(self) -> NDArray[np.float32]:
-        return np.concatenate([f16_table(), self._k["centroids"]]).astype(F32)  # turbo_kernels.attention_read
 
     # -- structure ---------------------------------------------------------------------------
     def fields(self, data: ArrayLike) -> dict[str, NDArray[Any]]:
@@ -255,44 +303,58 @@ class _Turbo(Format):
     # TBQ's, on the same attributes (``codebook``, ``rotation``, ``ulp_floor``): the same rotation, a codebook
     # whose thresholds the rotated coordinate ``r`` crosses, the same tables
     fragile_values = _TBQ.fragile_values
-    rotated_view = _TBQ.rotated_view
-    value_table = _TBQ.value_table
     tables = _TBQ.tables
 
 
 _D = Field("d", 0, 2, "f16", "the C struct's norm: fp16 corrected norm norm / recon")
 
 
-class TURBO2(_Turbo):
-    """turbo2: 128 values -> fp16 corrected norm + 128 rotated 2-bit indices (34 bytes)."""
+class TURBO2Checks(CheckTraits):
+    """TURBO2's :class:`CheckTraits`."""
+
+    format: TURBO2
 
     symbol_stem = "turbo2_0"  # the C type: quantize_row_turbo2_0_ref, dequantize_row_turbo2_0
 
+
+class TURBO2(_Turbo):
+    """turbo2: 128 values -> fp16 corrected norm + 128 rotated 2-bit indices (34 bytes)."""
+
+    checker = CapabilitySlot(TURBO2Checks)
+
     info = FormatInfo(
-        "turbo2",
-        128,
-        34,
-        True,
-        2,
-        "turbo2 (llama.cpp fork): fp16 norm + 128 WHT-rotated 2-bit indices; decodes to the rotated domain",
+        name="turbo2",
+        block_size=128,
+        type_size=34,
+        rotated=True,
+        index_bits=2,
+        description="turbo2 (llama.cpp fork): fp16 norm + 128 WHT-rotated 2-bit indices; decodes to the rotated domain",
         code=21,
         padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
         layout=(_D, Field("qs", 2, 32, "u2_quads", "index j at byte j/4, bits 2(j%4)..2(j%4)+1")),
     )
 
 
-class TURBO3(_Turbo):
-    """turbo3: 128 values -> fp16 corrected norm + 128 rotated 3-bit indices in two bit planes (50 bytes)."""
+class TURBO3Checks(CheckTraits):
+    """TURBO3's :class:`CheckTraits`."""
+
+    format: TURBO3
 
     symbol_stem = "turbo3_0"  # the C type: quantize_row_turbo3_0_ref, dequantize_row_turbo3_0
 
+
+class TURBO3(_Turbo):
+    """turbo3: 128 values -> fp16 corrected norm + 128 rotated 3-bit indices in two bit planes (50 bytes)."""
+
+    checker = CapabilitySlot(TURBO3Checks)
+
     info = FormatInfo(
-        "turbo3",
-        128,
-        50,
-        True,
-        3,
-        "turbo3 (llama.cpp fork): fp16 norm + 128 WHT-rotated 3-bit indices; decodes to the rotated domain",
+        name="turbo3",
+        block_size=128,
+        type_size=50,
+        rotated=True,
+        index_bits=3,
+        description="turbo3 (llama.cpp fork): fp16 norm + 128 WHT-rotated 3-bit indices; decodes to the rotated domain",
         code=22,
         padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
         layout=(
@@ -303,18 +365,26 @@ class TURBO3(_Turbo):
     )
 
 
-class TURBO4(_Turbo):
-    """turbo4: 128 values -> fp16 corrected norm, fp16 rnorm = +0, 128 rotated 4-bit indices (68 bytes)."""
+class TURBO4Checks(CheckTraits):
+    """TURBO4's :class:`CheckTraits`."""
+
+    format: TURBO4
 
     symbol_stem = "turbo4_0"  # the C type: quantize_row_turbo4_0_ref, dequantize_row_turbo4_0
 
+
+class TURBO4(_Turbo):
+    """turbo4: 128 values -> fp16 corrected norm, fp16 rnorm = +0, 128 rotated 4-bit indices (68 bytes)."""
+
+    checker = CapabilitySlot(TURBO4Checks)
+
     info = FormatInfo(
-        "turbo4",
-        128,
-        68,
-        True,
-        4,
-        "turbo4 (llama.cpp fork): fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices; decodes to the rotated domain",
+        name="turbo4",
+        block_size=128,
+        type_size=68,
+        rotated=True,
+        index_bits=4,
+        description="turbo4 (llama.cpp fork): fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices; decodes to the rotated domain",
         code=23,
         padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
         layout=(

@@ -54,6 +54,7 @@ from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, fwht, matrix
 from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits
 from .q4_1 import first_min_max, get_f16_at, min_overflow_status, put_f16_at, trunc_codes
 from .tbq import TBQ_ULP_FLOOR
 
@@ -279,6 +280,39 @@ def _own_info(fmt: Format, **sizes: Any) -> None:
 # ---------------------------------------------------------------------------
 
 
+class _KeysAttention(AttentionTraits):
+    """Keys's :class:`AttentionTraits`."""
+
+    format: _Keys
+
+    read = "attention_read_keys"
+
+    def tables(self) -> NDArray[np.float32]:
+        # vllm_turboquant_kernels.attention_read_keys: [D, bits, mant, exp, centroids, signs, f16 table]
+        head = np.array([self.format.head_dim, self.format.bits, self.format.h16_mant, self.format.h16_exp], F32)
+        return np.concatenate([head, self.format.centroids, self.format.signs.astype(F32), f16_table()]).astype(F32)
+
+
+class _KeysGolden(GoldenTraits):
+    """Keys's :class:`GoldenTraits`."""
+
+    format: _Keys
+
+    ulp_floor = TBQ_ULP_FLOOR
+
+
+class _KeysQuantizer(QuantizerTraits):
+    """Keys's :class:`QuantizerTraits`."""
+
+    format: _Keys
+
+    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        return trace["norm"], trace["r"]
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.format.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
+
+
 class _Keys(Format):
     """Shared body of VLLM_TQ4_K and VLLM_TQ3_K."""
 
@@ -302,8 +336,9 @@ class _Keys(Format):
         ),
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
-    attention_read = "attention_read_keys"
-    ulp_floor = TBQ_ULP_FLOOR
+    attention = CapabilitySlot(_KeysAttention)
+    golden = CapabilitySlot(_KeysGolden)
+    quantizer = CapabilitySlot(_KeysQuantizer)
     #: the ``1e-8`` of ``den = n + 1e-8``: the encoder is scale-equivariant (``2**k x`` gives the same indices)
     #: only while that addition leaves ``n`` unchanged, i.e. for norms of 0.25 and more
     norm_epsilon = float(_EPS_NORM)
@@ -415,15 +450,10 @@ class _Keys(Format):
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_keys(data, out, self.bits, *self._kernel_tables(), False)
 
-    def attention_tables(self) -> NDArray[np.float32]:
-        # vllm_turboquant_kernels.attention_read_keys: [D, bits, mant, exp, centroids, signs, f16 table]
-        head = np.array([self.head_dim, self.bits, self.h16_mant, self.h16_exp], F32)
-        return np.concatenate([head, self.centroids, self.signs.astype(F32), f16_table()]).astype(F32)
-
     # -- structure ---------------------------------------------------------------------------
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = y, the rotated unit key; boundaries: the float32 midpoints (ties up).
-        floor = self.ulp_floor if ulp_floor is None else float(ulp_floor)
+        floor = self.golden.ulp_floor if ulp_floor is None else float(ulp_floor)
         m = self.midpoints.astype(np.float64)
         return band(lambda y: np.searchsorted(m, y, side="right"), trace["r"], k, floor)
 
@@ -434,12 +464,6 @@ class _Keys(Format):
         with np.errstate(all="ignore"):
             t = np.spacing(np.where(np.isfinite(y), y, 0).astype(np.float16)).astype(F32)
         return t
-
-    def rotated_view(self, trace: Trace) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-        return trace["norm"], trace["r"]
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.centroids.astype(np.float64), np.asarray(trace["r"], np.float64).ravel()
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """The exact tables of this instance: centroids and thresholds (float32; vLLM's float32 midpoints, under tbq's
@@ -461,12 +485,12 @@ class VLLM_TQ4_K(_Keys):
     """vLLM ``turboquant_4bit_nc`` keys: 4-bit Lloyd-Max indices of the rotated unit key + fp16 norm (66 bytes at D=128)."""
 
     info = FormatInfo(
-        "vllm_tq4_k",
-        128,
-        66,
-        True,
-        4,
-        "vLLM TurboQuant keys (4bit_nc): Hadamard-rotated 4-bit Lloyd-Max indices + fp16 norm",
+        name="vllm_tq4_k",
+        block_size=128,
+        type_size=66,
+        rotated=True,
+        index_bits=4,
+        description="vLLM TurboQuant keys (4bit_nc): Hadamard-rotated 4-bit Lloyd-Max indices + fp16 norm",
         code=24,
         layout=_key_layout(4, 64),
     )
@@ -476,12 +500,12 @@ class VLLM_TQ3_K(_Keys):
     """vLLM ``turboquant_k3v4_nc`` / ``turboquant_3bit_nc`` keys: 3-bit indices + fp16 norm (50 bytes at D=128)."""
 
     info = FormatInfo(
-        "vllm_tq3_k",
-        128,
-        50,
-        True,
-        3,
-        "vLLM TurboQuant keys (k3v4_nc, 3bit_nc): Hadamard-rotated 3-bit Lloyd-Max indices + fp16 norm",
+        name="vllm_tq3_k",
+        block_size=128,
+        type_size=50,
+        rotated=True,
+        index_bits=3,
+        description="vLLM TurboQuant keys (k3v4_nc, 3bit_nc): Hadamard-rotated 3-bit Lloyd-Max indices + fp16 norm",
         code=25,
         layout=_key_layout(3, 48),
     )
@@ -490,6 +514,35 @@ class VLLM_TQ3_K(_Keys):
 # ---------------------------------------------------------------------------
 # values
 # ---------------------------------------------------------------------------
+
+
+class _ValuesAttention(AttentionTraits):
+    """Values's :class:`AttentionTraits`."""
+
+    format: _Values
+
+    read = "attention_read_values"
+
+    def tables(self) -> NDArray[np.float32]:
+        # vllm_turboquant_kernels.attention_read_values: [D, bits, f16 table]
+        return np.concatenate([np.array([self.format.head_dim, self.format.bits], F32), f16_table()]).astype(F32)
+
+
+class _ValuesChecks(CheckTraits):
+    """Values's :class:`CheckTraits`."""
+
+    format: _Values
+
+    tie_rule = "up"
+
+
+class _ValuesQuantizer(QuantizerTraits):
+    """Values's :class:`QuantizerTraits`."""
+
+    format: _Values
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self.int_levels(0, self.format.levels + 1, trace["v"])
 
 
 class _Values(Format):
@@ -501,8 +554,9 @@ class _Values(Format):
         ),
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
-    attention_read = "attention_read_values"
-    tie_rule = "up"
+    attention = CapabilitySlot(_ValuesAttention)
+    checker = CapabilitySlot(_ValuesChecks)
+    quantizer = CapabilitySlot(_ValuesQuantizer)
 
     def __init__(self, *, head_dim: int = 128) -> None:
         d = _check_value_head_dim(head_dim, type(self).info.name)
@@ -552,10 +606,6 @@ class _Values(Format):
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         self.kernels().decode_values(data, out, self.bits, f16_table())
 
-    def attention_tables(self) -> NDArray[np.float32]:
-        # vllm_turboquant_kernels.attention_read_values: [D, bits, f16 table]
-        return np.concatenate([np.array([self.head_dim, self.bits], F32), f16_table()]).astype(F32)
-
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         """The fp16 scale or minimum is infinite, or the block decodes to an infinite value (its top code times the
         fp16 scale plus the fp16 minimum rounds beyond 65504): refused unless ``on_overflow="inf"`` (vLLM's store)."""
@@ -584,40 +634,53 @@ class _Values(Format):
         # codes trunc(RN32(v + 0.5)) capped at Q: fragile when a k-ulp change of v or of t = v + 0.5 moves one.
         return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5, self.levels)
 
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._int_levels(0, self.levels + 1, trace["v"])
+
+class VLLM_TQ4_VFuzz(FuzzTraits):
+    """VLLM_TQ4_V's :class:`FuzzTraits`."""
+
+    format: VLLM_TQ4_V
+
+    hazards = {"min_ties": {"levels": 15}}  # (v - min) / scale exactly k + 1/2: round half up
 
 
 class VLLM_TQ4_V(_Values):
     """vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit asymmetric codes + fp16 scale + fp16 min (68 bytes at D=128)."""
 
     info = FormatInfo(
-        "vllm_tq4_v",
-        128,
-        68,
-        False,
-        4,
-        "vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
+        name="vllm_tq4_v",
+        block_size=128,
+        type_size=68,
+        rotated=False,
+        index_bits=4,
+        description="vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
         code=26,
         layout=_value_layout(4, 64),
     )
-    hazards = {"min_ties": {"levels": 15}}  # (v - min) / scale exactly k + 1/2: round half up
+    fuzz = CapabilitySlot(VLLM_TQ4_VFuzz)
+
+
+class VLLM_TQ3_VFuzz(FuzzTraits):
+    """VLLM_TQ3_V's :class:`FuzzTraits`."""
+
+    format: VLLM_TQ3_V
+
+    hazards = {"min_ties": {"levels": 7}}
 
 
 class VLLM_TQ3_V(_Values):
     """vLLM TurboQuant values (3bit_nc): 3-bit asymmetric codes + fp16 scale + fp16 min (52 bytes at D=128)."""
 
     info = FormatInfo(
-        "vllm_tq3_v",
-        128,
-        52,
-        False,
-        3,
-        "vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min",
+        name="vllm_tq3_v",
+        block_size=128,
+        type_size=52,
+        rotated=False,
+        index_bits=3,
+        description="vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min",
         code=27,
         layout=_value_layout(3, 48),
     )
-    hazards = {"min_ties": {"levels": 7}}
+    fuzz = CapabilitySlot(VLLM_TQ3_VFuzz)
 
 
 # ---------------------------------------------------------------------------

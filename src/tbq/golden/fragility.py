@@ -70,7 +70,7 @@ def fragility(
         fragile = fmt.fragile_values(trace, k, ulp_floor)
         scale_fragile = fmt.fragile_scales(trace, k)
     out: dict[str, NDArray[Any]] = {}
-    view = fmt.rotated_view(trace)  # a rotated format's (norm, r): golden sets store the norm
+    view = fmt.quantizer.rotated_view(trace)  # a rotated format's (norm, r): golden sets store the norm
     if view is not None:
         out["norm"] = np.asarray(view[0], np.float32)
     out["fragile"] = fragile.astype(np.uint8)

@@ -205,7 +205,11 @@ def build_format(
     backend_check = _backend_check(ref_codec, inputs["x"], data, decoded) if codec.backend != "numpy" else "numpy only"
     fr = fragility(ref_codec, xb, data, k, ulp_floor, row_blocks=per_row)
     # the floor the format's fragility rule used (formats without one ignore ulp_floor: recorded as 0)
-    floor = (codec.format.ulp_floor if ulp_floor is None else float(ulp_floor)) if codec.format.ulp_floor else 0.0
+    floor = (
+        (codec.format.golden.ulp_floor if ulp_floor is None else float(ulp_floor))
+        if codec.format.golden.ulp_floor
+        else 0.0
+    )
     arrays: dict[str, Any] = {  # (the order of the keys is the order of the stored arrays)
         "input": _le(xb),
         "bytes": data,
@@ -631,7 +635,7 @@ def regenerate(manifest: Any, out: Any = None) -> GoldenSet:
                 families=fams,
                 codebook=tables,
                 k=m["fragility"]["k"],
-                ulp_floor=m["fragility"]["ulp_floor"] if get_format(fmt).ulp_floor else None,
+                ulp_floor=m["fragility"]["ulp_floor"] if get_format(fmt).golden.ulp_floor else None,
                 options=own_options(fmt, m["codec_config"], tables),
             )
         else:

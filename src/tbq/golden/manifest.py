@@ -138,7 +138,7 @@ def _exact_config(fmt: str, tables: _Tables, options: dict[str, Any] | None = No
     (FP8's ``scale``; default: the declared defaults), recorded as the format's
     config so ``--from-manifest`` rebuilds the same codec.
     """
-    cfg: dict[str, Any] = {"name": fmt, "on_overflow": format_class(fmt).golden_overflow}
+    cfg: dict[str, Any] = {"name": fmt, "on_overflow": format_class(fmt).golden.on_overflow}
     if fmt in tables.codebooks:  # the formats with codebook and signs options
         cfg["codebook"] = _exact_codebook(tables.codebooks[fmt])
         cfg["signs"] = _exact_signs(tables.rotation)

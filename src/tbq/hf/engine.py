@@ -48,7 +48,7 @@ Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
     ``-ctk/-ctv turbo2|turbo3|turbo4``: a turbo K or V head whose size is not a
     multiple of 128 is zero-padded to the next one; with a turbo K, Q is padded
     the same way and rotated by the fork's ``GGML_OP_TURBO_WHT`` (the codec's
-    own 128-point rotation ``R``, :meth:`tbq.Format.to_decode_domain`) and the
+    own 128-point rotation ``R``, :meth:`tbq.formats.capabilities.DomainTraits.to_decode_domain`) and the
     K.Q products take it in float32 (``vec_dot_type`` F32); with a turbo V, the
     attention output is rotated back (``R^-1``) and cropped to head_dim.
     Upstream's Hadamard attention rotation is off (the fork's default), so a
@@ -137,7 +137,7 @@ _GGML_TYPES = (
 _UNQUANTIZED = (F32, "f16", "bf16")
 
 #: ggml's q8 block types as a ``vec_dot_type`` (q8_1's codes and scale are q8_0's): a K type whose format declares
-#: one of them (:attr:`tbq.Format.vec_dot_type`) takes Q converted to q8_0 blocks before the K.Q products.
+#: one of them (:attr:`tbq.formats.capabilities.CheckTraits.vec_dot_type`) takes Q converted to q8_0 blocks before the K.Q products.
 _Q8_OPERANDS = ("q8_0", "q8_1")
 
 #: K types whose ggml ``vec_dot_type`` is q8_0 but whose format declares none (tbq cannot check that dot product):
@@ -249,7 +249,7 @@ class Side:
     simd_q8_0: bool = False
     head_dim: int = 0  # the model's head_dim (0: not known, no padding)
     pad_to: int | None = None  # heads zero-padded to this many values (the fork's turbo types), or None
-    rotated_read: bool = False  # the codec decodes to its format's rotated domain (Format.to_decode_domain)
+    rotated_read: bool = False  # the codec decodes to its format's rotated domain (its domain capability)
     decode_back: bool = False  # ("plain") rows decoded to a rotated domain are rotated back at once (per row)
 
     @property
@@ -276,13 +276,13 @@ class Side:
         if not self.rotated_read:
             return y
         assert self.codec is not None  # rotated_read is set for a codec's format only
-        return _per_row(y, self.codec.format.to_decode_domain)
+        return _per_row(y, self.codec.format.domain.to_decode_domain)
 
     def to_model(self, x: torch.Tensor) -> torch.Tensor:
         """The read domain -> the model's (``R^-1``, the padding cropped, the model's channel order)."""
         if self.rotated_read:
             assert self.codec is not None
-            x = _per_row(x, self.codec.format.from_decode_domain)
+            x = _per_row(x, self.codec.format.domain.from_decode_domain)
         if self.pad_to and x.shape[-1] != self.head_dim:
             x = x[..., : self.head_dim].contiguous()
         if self.permutation is None and self.rotation is None:
@@ -306,7 +306,7 @@ class Side:
             return data.view(np.float32).reshape(data.shape[:-1] + (row,))
         out = self.codec.decode(data)
         if self.decode_back:
-            out = np.ascontiguousarray(self.codec.format.from_decode_domain(out), dtype=np.float32)
+            out = np.ascontiguousarray(self.codec.format.domain.from_decode_domain(out), dtype=np.float32)
         return out
 
 
@@ -422,7 +422,7 @@ def _q_as_q8_0(name: str) -> bool:
     """Whether llama.cpp converts Q to q8_0 for the K.Q products with K type ``name`` (its format's vec_dot_type)."""
     if name == F32 or name not in FORMATS:
         return False
-    return format_class(name).vec_dot_type in _Q8_OPERANDS or name in _Q8_UNDECLARED
+    return format_class(name).checker.vec_dot_type in _Q8_OPERANDS or name in _Q8_UNDECLARED
 
 
 def turbo_layer_types(
@@ -560,7 +560,7 @@ def make_engine(
     # The fork's q8_K defect, as measured: at head_dim 128 every score is 0; at 256 none is; at 64, where one TBQ
     # block holds two heads, the scores are right (llama-perplexity agrees with the correct engine there).
     whole_blocks = k_codec is not None and head_dim % k_codec.block_size == 0
-    q8_k = k_name in FORMATS and format_class(k_name).vec_dot_type == _Q8_K
+    q8_k = k_name in FORMATS and format_class(k_name).checker.vec_dot_type == _Q8_K
     return Engine(
         engine,
         k_side,
@@ -592,7 +592,7 @@ def _llama_side(
 
 def _plain_side(name: str, codec: Codec | None, head_dim: int) -> Side:
     """A side of the ``"plain"`` engine: the rows as they are; a format decoding to its rotated domain read back."""
-    rotated = codec is not None and codec.format.decode_domain == "rotated"
+    rotated = codec is not None and codec.format.domain.decode_domain == "rotated"
     return Side(name, codec, head_dim=head_dim, decode_back=rotated)
 
 

@@ -215,7 +215,7 @@ def _resolve_families(func: str, ctx: _Fmt, families: Iterable[str] | None) -> t
         _fail(func, f"families is empty; pass at least one of {sorted(FAMILIES)} or None for the defaults")
     for f in fams:
         if not _applies(f, ctx):
-            kinds = ", ".join(n for n, c in FORMAT_CLASSES.items() if f in c.hazards)
+            kinds = ", ".join(n for n, c in FORMAT_CLASSES.items() if f in c.fuzz.hazards)
             alts = " or ".join(repr(h) for h in ctx.hazards) or "the default families"
             _fail(
                 func,

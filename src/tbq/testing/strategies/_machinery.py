@@ -80,7 +80,7 @@ DEFAULT_FAMILIES = (
     "sparse",
 )
 
-#: Families that apply to a format only when it lists them in ``Format.hazards``.
+#: Families that apply to a format only when it lists them in its ``fuzz.hazards`` (:class:`tbq.formats.capabilities.FuzzTraits`).
 HAZARD_FAMILIES = ("ties", "thresholds", "min_ties", "grid_ties", "ue4m3", "binade_tops", "fp8_grid")
 
 #: Old spellings still accepted (golden vectors and the strategies share family names).
@@ -193,7 +193,7 @@ class _Fmt:
         self.bs = self.info.block_size
         self.ts = self.info.type_size
         self.rotated = self.info.rotated
-        self.hazards = self.format.hazards
+        self.hazards = self.format.fuzz.hazards
         self.row_kw = self.format._row_kw(1)  # each drawn block is a row of its own for the trace
         self.has_min = any(f.name == "m" and f.kind == "f16" for f in self.info.layout)  # Q4_1/Q5_1
         if self.codebook is None and hasattr(self.format, "thresholds") and hasattr(self.format, "centroids"):
