@@ -512,3 +512,59 @@ def test_packages_import_down_their_pictures(pkg):
             _package_tier(pkg, modname)
     bad = _package_tier_violations(pkg, graph)
     assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------
+# the page draws the code: docs/architecture.md against the import graph
+# ---------------------------------------------------------------------------
+
+DOC = SRC.parents[1] / "docs" / "architecture.md"
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def _names(cell: str) -> set[str]:
+    return {n.strip("`/") for n in cell.replace(",", " ").split() if n.startswith("`")}
+
+
+def test_the_tier_table_is_the_import_graph():
+    """The page's table of tiers lists every feature in its FEATURE_TIERS tier, with the features it imports."""
+    graph = _graph()
+    measured: dict[str, set[str]] = {t: set() for t in _features()}
+    for modname, targets in graph.items():
+        own = _top(modname)
+        if own in _features():
+            measured[own] |= {_top(t) for t in targets if _top(t) in _features() and _top(t) != own}
+    rows, tier = {}, None
+    for line in _section("Inside the features layer: tiers").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[1].startswith("`"):
+            continue
+        tier = int(cells[0].split(":")[0]) if cells[0] else tier
+        (module,) = _names(cells[1])
+        rows[module] = (tier, _names(cells[3]))
+    assert set(rows) == _features(), f"the table's features differ: {sorted(set(rows) ^ _features())}"
+    for module, (tier, imports) in sorted(rows.items()):
+        assert tier == _tier(module) + 1, f"{module}: tier {tier} in the page, {_tier(module) + 1} in FEATURE_TIERS"
+        assert imports == measured[module], f"{module} imports the features {sorted(measured[module])}, page: {imports}"
+
+
+def test_the_pictures_name_every_module():
+    """The layer picture names every top-level module and package of src/tbq; each package picture its modules."""
+    layers = _section("The layers").split("```")[1]  # the picture, not the prose
+    words = set(layers.replace("/", " ").replace(".py", " ").replace("(", " ").split())
+    tops = {_top(m) for m, _ in _modules()} - TOP
+    assert tops <= words, f"not in the layer picture of docs/architecture.md: {sorted(tops - words)}"
+    pictures = _section("Inside the packages")
+    block = pictures[pictures.index("```") : pictures.rindex("```")]
+    for pkg in PACKAGE_TIERS:
+        start = block.index(f" {pkg}/ ")
+        nxt = [block.find(f" {p}/ ") for p in PACKAGE_TIERS if block.find(f" {p}/ ") > start]
+        words = set(block[start : min(nxt, default=len(block))].split())
+        here = {m.split(".")[2] if m.count(".") >= 2 else "__init__" for m, _ in _modules() if _top(m) == pkg}
+        assert here <= words, f"not in the picture of {pkg}/ in docs/architecture.md: {sorted(here - words)}"
