@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tbq"
 #: The layers of docs/architecture.md, bottom first. A module may import from its own layer or below.
 LAYERS = [
     {"errors", "backend", "half", "progress", "units", "parallel", "numba_cache"},
-    {"packing", "reference", "kernels", "intrinsics", "packing_kernels"},
+    {"packing", "reference", "float32", "kernels", "intrinsics", "packing_kernels"},
     {"rotation", "codebooks"},
     {"formats"},
     {"codecs"},
@@ -299,3 +299,272 @@ def test_strategies_are_a_package_of_small_modules():
     assert (pkg / "__init__.py").exists() and not (SRC / "testing" / "strategies.py").exists()
     for path in pkg.glob("*.py"):
         assert len(path.read_text().splitlines()) < 400, path
+
+
+# ---------------------------------------------------------------------------
+# inside the features layer: tiers
+# ---------------------------------------------------------------------------
+
+#: The tiers of the features layer of docs/architecture.md, bottom first. A feature imports only features of lower
+#: tiers (and modules of its own package); every tier may use the codecs and the layers below. One module a line.
+FEATURE_TIERS = [
+    {  # building blocks: each stands on the codecs and the layers below alone
+        "attention_kernels",
+        "dask",
+        "metrics",
+        "numcodecs",
+        "synthetic",
+        "testing",
+        "vllm_slots",
+    },
+    {  # computations over the building blocks
+        "attention",
+        "plots",
+        "study",
+    },
+    {  # tools: golden sets, the warm-up of the kernels, the KV budget, models in transformers
+        "budget",
+        "golden",
+        "hf",
+        "warmup",
+    },
+    {  # the tools that drive other tools: the kernel checker (golden's families, the strategies), tbq compare
+        "check",
+        "compare",
+    },
+]
+
+#: The inner picture of each package of docs/architecture.md, bottom first ("__init__" is the package's own module).
+#: A module of the package imports modules of its package from its own tier or below (cycles: test_no_import_cycle).
+PACKAGE_TIERS = {
+    "hf": [
+        {  # model files, and what an engine does to K, V and Q around its cache
+            "__init__",  # lazy public names and ENGINES: it imports no module of the package at import time
+            "engine",
+            "loader",
+            "shipped",
+            "transforms",  # the engine's float32 transforms (channel order, rotation, SIMD q8_0)
+        },
+        {  # the cache inside transformers
+            "attention",
+            "cache",
+            "capture",
+        },
+        {  # measuring a cache type
+            "evaluation",
+            "plot",
+        },
+        {  # the shipped model's making, and the comparisons with llama.cpp's own programs
+            "arch_compare",
+            "gguf_export",
+            "train",
+            "turbo_compare",
+        },
+    ],
+    "check": [
+        {  # what a target is, and how a block is judged
+            "classify",
+            "sharedlib",
+            "targets",
+        },
+        {  # what a check is asked, what it found and how it says it
+            "diagnose",
+            "report",
+            "settings",  # one frozen settings object of a check
+        },
+        {  # the checks: conversions (runner), dot products, fused attention (and a ggml build's)
+            "attention",
+            "dot",
+            "ggml_graph",
+            "runner",
+        },
+        {"__init__"},  # the public API: check_kernel, check_library, check_program, check_target
+    ],
+    "golden": [
+        {"families", "fragility"},  # the input rows and the fragility masks
+        {"cheader", "manifest"},  # the files beside the arrays
+        {"generate"},  # building, writing, regenerating, verifying a set
+        {"__init__"},
+    ],
+    "budget": [
+        {"arithmetic"},
+        {"report"},
+        {"__init__"},
+    ],
+}
+
+
+def _features() -> set[str]:
+    return LAYERS[_layer("golden")]
+
+
+def _tier(top: str) -> int:
+    for i, tier in enumerate(FEATURE_TIERS):
+        if top in tier:
+            return i
+    raise AssertionError(
+        f"feature tbq.{top} is in no tier of the features layer of docs/architecture.md; "
+        "add it to the picture and to FEATURE_TIERS"
+    )
+
+
+def _imports_resolved(modname: str, path: Path):
+    """Like :func:`_imports`, but ``from . import x`` and ``from tbq.pkg import x`` name the submodule x when there
+    is one (the package's own module otherwise)."""
+    yield from _imports(modname, path)
+    pkg = modname if path.name == "__init__.py" else modname.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                mod = ".".join(base[: len(base) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                sub = SRC.parent / (mod.replace(".", "/") + "/" + a.name)
+                if mod.startswith("tbq.") and (sub.with_suffix(".py").exists() or (sub / "__init__.py").exists()):
+                    yield f"{mod}.{a.name}"
+
+
+def _feature_tier_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of ``graph`` (module -> imported modules) from one feature to another of its own tier or above."""
+    bad = []
+    for modname, targets in sorted(graph.items()):
+        own = _top(modname)
+        if own not in _features():
+            continue
+        for target in sorted(targets):
+            t = _top(target)
+            if t != own and t in _features() and _tier(t) >= _tier(own):
+                bad.append(f"{modname} (tier {_tier(own) + 1}) imports {target} (tier {_tier(t) + 1})")
+    return bad
+
+
+def _package_tier(pkg: str, modname: str) -> int:
+    name = modname.split(".")[2] if modname.count(".") >= 2 else "__init__"
+    for i, tier in enumerate(PACKAGE_TIERS[pkg]):
+        if name in tier:
+            return i
+    raise AssertionError(
+        f"module {modname} is in no tier of the picture of tbq/{pkg}/ in docs/architecture.md; "
+        f'add it to the picture and to PACKAGE_TIERS["{pkg}"]'
+    )
+
+
+def _package_tier_violations(pkg: str, graph: dict[str, set[str]]) -> list[str]:
+    """Imports inside tbq/<pkg>/ from a module to one of a higher tier of the package's picture."""
+    inside = f"tbq.{pkg}"
+    bad = []
+    for modname, targets in sorted(graph.items()):
+        if not (modname == inside or modname.startswith(inside + ".")):
+            continue
+        own = _package_tier(pkg, modname)
+        for target in sorted(targets):
+            inner = target != modname and (target == inside or target.startswith(inside + "."))
+            if inner and _package_tier(pkg, target) > own:
+                bad.append(f"{modname} (tier {own + 1}) imports {target} (tier {_package_tier(pkg, target) + 1})")
+    return bad
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: set(_imports_resolved(m, p)) for m, p in _modules()}
+
+
+def test_every_feature_is_in_a_tier():
+    for modname, _ in _modules():
+        if _top(modname) in _features():
+            _tier(_top(modname))
+    listed = set().union(*FEATURE_TIERS)
+    assert listed == _features(), (
+        f"FEATURE_TIERS and the features layer of LAYERS differ: only in the tiers {sorted(listed - _features())}, "
+        f"only in LAYERS {sorted(_features() - listed)}"
+    )
+    assert sum(len(t) for t in FEATURE_TIERS) == len(listed), "a feature is in two tiers"
+
+
+def test_features_import_only_lower_tiers():
+    bad = _feature_tier_violations(_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_tier_rule_catches_what_it_is_for():
+    """An upward or sideways import between features is reported; one inside a package, or down, is not."""
+    assert _feature_tier_violations({"tbq.golden.generate": {"tbq.check.runner"}}) == [
+        "tbq.golden.generate (tier 3) imports tbq.check.runner (tier 4)"
+    ]
+    assert _feature_tier_violations({"tbq.study": {"tbq.plots"}}) == ["tbq.study (tier 2) imports tbq.plots (tier 2)"]
+    assert _feature_tier_violations({"tbq.check.runner": {"tbq.check.report", "tbq.golden", "tbq.codecs"}}) == []
+    with pytest.raises(AssertionError, match="add it to the picture and to FEATURE_TIERS"):
+        _tier("a_new_feature")
+    assert _package_tier_violations("hf", {"tbq.hf.engine": {"tbq.hf.evaluation", "tbq.codecs"}}) == [
+        "tbq.hf.engine (tier 1) imports tbq.hf.evaluation (tier 3)"
+    ]
+    with pytest.raises(AssertionError, match=r'PACKAGE_TIERS\["hf"\]'):
+        _package_tier("hf", "tbq.hf.a_new_module")
+
+
+@pytest.mark.parametrize("pkg", sorted(PACKAGE_TIERS))
+def test_packages_import_down_their_pictures(pkg):
+    """Every module of the package is in its picture, and imports its package's modules of its own tier or below."""
+    graph = _graph()
+    for modname in graph:
+        if modname == f"tbq.{pkg}" or modname.startswith(f"tbq.{pkg}."):
+            _package_tier(pkg, modname)
+    bad = _package_tier_violations(pkg, graph)
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------------------
+# the page draws the code: docs/architecture.md against the import graph
+# ---------------------------------------------------------------------------
+
+DOC = SRC.parents[1] / "docs" / "architecture.md"
+
+
+def _section(title: str) -> str:
+    text = DOC.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def _names(cell: str) -> set[str]:
+    return {n.strip("`/") for n in cell.replace(",", " ").split() if n.startswith("`")}
+
+
+def test_the_tier_table_is_the_import_graph():
+    """The page's table of tiers lists every feature in its FEATURE_TIERS tier, with the features it imports."""
+    graph = _graph()
+    measured: dict[str, set[str]] = {t: set() for t in _features()}
+    for modname, targets in graph.items():
+        own = _top(modname)
+        if own in _features():
+            measured[own] |= {_top(t) for t in targets if _top(t) in _features() and _top(t) != own}
+    rows, tier = {}, None
+    for line in _section("Inside the features layer: tiers").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or not cells[1].startswith("`"):
+            continue
+        tier = int(cells[0].split(":")[0]) if cells[0] else tier
+        (module,) = _names(cells[1])
+        rows[module] = (tier, _names(cells[3]))
+    assert set(rows) == _features(), f"the table's features differ: {sorted(set(rows) ^ _features())}"
+    for module, (tier, imports) in sorted(rows.items()):
+        assert tier == _tier(module) + 1, f"{module}: tier {tier} in the page, {_tier(module) + 1} in FEATURE_TIERS"
+        assert imports == measured[module], f"{module} imports the features {sorted(measured[module])}, page: {imports}"
+
+
+def test_the_pictures_name_every_module():
+    """The layer picture names every top-level module and package of src/tbq; each package picture its modules."""
+    layers = _section("The layers").split("```")[1]  # the picture, not the prose
+    words = set(layers.replace("/", " ").replace(".py", " ").replace("(", " ").split())
+    tops = {_top(m) for m, _ in _modules()} - TOP
+    assert tops <= words, f"not in the layer picture of docs/architecture.md: {sorted(tops - words)}"
+    pictures = _section("Inside the packages")
+    block = pictures[pictures.index("```") : pictures.rindex("```")]
+    for pkg in PACKAGE_TIERS:
+        start = block.index(f" {pkg}/ ")
+        nxt = [block.find(f" {p}/ ") for p in PACKAGE_TIERS if block.find(f" {p}/ ") > start]
+        words = set(block[start : min(nxt, default=len(block))].split())
+        here = {m.split(".")[2] if m.count(".") >= 2 else "__init__" for m, _ in _modules() if _top(m) == pkg}
+        assert here <= words, f"not in the picture of {pkg}/ in docs/architecture.md: {sorted(here - words)}"
