@@ -349,10 +349,13 @@ PACKAGE_TIERS = {
             "attention",
             "cache",
             "capture",
+            "store",  # a layer's bytes per role (K or V)
         },
         {  # measuring a cache type
             "evaluation",
+            "generation",  # greedy agreement on the user's prompts
             "plot",
+            "stats",  # llama-perplexity's statistics
         },
         {  # the shipped model's making, and the comparisons with llama.cpp's own programs
             "arch_compare",
@@ -382,7 +385,7 @@ PACKAGE_TIERS = {
     ],
     "golden": [
         {"families", "fragility"},  # the input rows and the fragility masks
-        {"cheader", "manifest"},  # the files beside the arrays
+        {"cheader", "manifest", "settings"},  # the files beside the arrays; what a run writes
         {"generate"},  # building, writing, regenerating, verifying a set
         {"__init__"},
     ],
