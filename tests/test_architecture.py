@@ -7,6 +7,7 @@ that goes up a layer is the kind of hidden cycle these rules exist to prevent.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -469,7 +470,9 @@ def _package_tier_violations(pkg: str, graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+    """Module -> the tbq modules it imports (submodules resolved); built once per test session (read-only)."""
     return {m: set(_imports_resolved(m, p)) for m, p in _modules()}
 
 
