@@ -345,18 +345,18 @@ PACKAGE_TIERS = {
             "loader",
             "shipped",
             "transforms",  # the engine's float32 transforms (channel order, rotation, SIMD q8_0)
+            "stats",  # llama-perplexity's statistics
         },
         {  # the cache inside transformers
             "attention",
             "cache",
             "capture",
-            "store",  # a layer's bytes per role (K or V)
+            "store",  # a layer's stored rows
         },
         {  # measuring a cache type
             "evaluation",
-            "generation",  # greedy agreement on the user's prompts
+            "generation",  # greedy agreement on the user's prompts (evaluate runs it)
             "plot",
-            "stats",  # llama-perplexity's statistics
         },
         {  # the shipped model's making, and the comparisons with llama.cpp's own programs
             "arch_compare",
@@ -386,7 +386,7 @@ PACKAGE_TIERS = {
     ],
     "golden": [
         {"families", "fragility"},  # the input rows and the fragility masks
-        {"cheader", "manifest", "settings"},  # the files beside the arrays; what a run writes
+        {"cheader", "manifest", "settings"},  # the files beside the arrays; what a set is asked (GoldenSettings)
         {"generate"},  # building, writing, regenerating, verifying a set
         {"__init__"},
     ],
