@@ -574,3 +574,48 @@ def test_the_pictures_name_every_module():
         words = set(block[start : min(nxt, default=len(block))].split())
         here = {m.split(".")[2] if m.count(".") >= 2 else "__init__" for m, _ in _modules() if _top(m) == pkg}
         assert here <= words, f"not in the picture of {pkg}/ in docs/architecture.md: {sorted(here - words)}"
+
+
+#: The layer names of the picture, in the order of LAYERS.
+LAYER_NAMES = ["base", "layouts", "tables", "formats", "codecs", "features", "cli"]
+
+
+def _picture_rows() -> tuple[dict[str, set[str]], dict[str, set[int]]]:
+    """The layer picture read back: the layer row(s) each module is drawn in, and the tier(s) of each feature.
+
+    A row starts with its layer's name; a module is a ``name.py`` or ``name/`` token (``tbq/cli/`` is ``cli``),
+    or in the features rows any word after ``tier N``."""
+    block = _section("The layers").split("```")[1]
+    layers: dict[str, set[str]] = {}
+    tiers: dict[str, set[int]] = {}
+    label = tier = None
+    for line in block.splitlines():
+        head, body = line[:12].strip(" |"), line[12:]
+        label = head or label
+        if label == "features":
+            words = body.split()
+            if words[:1] == ["tier"]:
+                tier, words = int(words[1]), words[2:]
+            for w in words:
+                layers.setdefault(w.strip("/"), set()).add(label)
+                tiers.setdefault(w.strip("/"), set()).add(tier)
+            continue
+        for token in body.replace("(", " ").replace(")", " ").replace(";", " ").split():
+            token = token.rstrip(":,")
+            if token.endswith(".py") or token.endswith("/"):
+                name = token.rstrip("/").rsplit("/", 1)[-1].removesuffix(".py")
+                layers.setdefault(name, set()).add(label)
+    return layers, tiers
+
+
+def test_the_layer_picture_draws_each_module_in_its_layer_and_tier():
+    """Each top-level module is drawn in the row of its LAYERS layer only, each feature in its FEATURE_TIERS tier."""
+    layers, tiers = _picture_rows()
+    bad = []
+    for top in sorted({_top(m) for m, _ in _modules()} - TOP):
+        want = LAYER_NAMES[_layer(top)]
+        if layers.get(top) != {want}:
+            bad.append(f"tbq.{top}: drawn in {sorted(layers.get(top, ()))}, in LAYERS the {want} layer")
+        if want == "features" and tiers.get(top) != {_tier(top) + 1}:
+            bad.append(f"tbq.{top}: drawn in tier {sorted(tiers.get(top, ()))}, in FEATURE_TIERS tier {_tier(top) + 1}")
+    assert not bad, "docs/architecture.md's layer picture:\n" + "\n".join(bad)
