@@ -47,7 +47,7 @@ Two kernels: :func:`_attend`, for a head dimension that is a multiple of 16
 (every model's), runs the query rows through two register-blocked LLVM-IR
 microkernels (:func:`_make_scores`: four rows times four tokens (two without AVX-512) of 16-lane
 ``fma`` sums, whose 16 trees are folded together in 15 adds; :func:`_make_values`:
-32 accumulators of four rows in registers over the chunk's tokens);
+64 accumulators (16 without AVX-512) of each of four rows in registers over the chunk's tokens);
 :func:`_attend_any`, for any head dimension, computes the same operations in
 scalar loops and is compiled only when such a head dimension is met.
 
@@ -223,26 +223,34 @@ def _scores_rows(qo, K, g, S, n, R):
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _values_rows(S, V, g, acc, n, R):
     """``acc[r, j] = fma(w_t, v_tj, acc[r, j])`` over tokens ``0 .. n`` in order, for query rows ``0 .. R`` of KV
-    head ``g``, values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk): :func:`_values4` four rows at a time (32
-    channels a pass, then 16), the last 1 to 3 rows by its narrower twins."""
+    head ``g``, values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk): :func:`_values4wide` four rows at a time (64
+    channels a pass with AVX-512, :data:`_VALUE_WIDTH`; then 32 and 16 for the rest of a head dimension), the last
+    1 to 3 rows by its narrower twins."""
     G = V.shape[1]
     D = V.shape[2]
     chunk = S.shape[1]
+    D64 = D - D % 64
     D32 = D - D % 32
     for r in range(0, R, 4):
         nr = min(4, R - r)
+        a = r * D
+        w = r * chunk
         if nr == 4:
-            _values4w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values4w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values4wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values4w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values4w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
         elif nr == 3:
-            _values3w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values3w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values3wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values3w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values3w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
         elif nr == 2:
-            _values2w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values2w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values2wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values2w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values2w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
         else:
-            _values1w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values1w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values1wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values1w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values1w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -624,4 +632,8 @@ _SCORE_TOKENS = (16, 8, 4, 4) if TARGET_AVX512VL else (8, 4, 2, 2)
 _scores1, _scores2, _scores3, _scores4 = (_make_scores(nr, _SCORE_TOKENS[nr - 1]) for nr in (1, 2, 3, 4))
 _values1w1, _values2w1, _values3w1, _values4w1 = (_make_values(nr, 1) for nr in (1, 2, 3, 4))
 _values1w2, _values2w2, _values3w2, _values4w2 = (_make_values(nr, 2) for nr in (1, 2, 3, 4))
+#: 16-value vectors of each row the widest value microkernels keep in registers: 4 with AVX-512 (16 of its 32
+#: registers for four rows), 1 in AVX2's 16 registers (a 16-value vector is two there)
+_VALUE_WIDTH = 4 if TARGET_AVX512VL else 1
+_values1wide, _values2wide, _values3wide, _values4wide = (_make_values(nr, _VALUE_WIDTH) for nr in (1, 2, 3, 4))
 _fold1, _fold2, _fold3, _fold4 = (_make_fold(nr) for nr in (1, 2, 3, 4))
