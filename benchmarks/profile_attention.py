@@ -60,11 +60,11 @@ def _scores_only(Q, K, S, reps):
 
 @nb.njit(nogil=True)
 def _values_only(S, V, ACC, reps):
-    """The value microkernel (4 rows, 32 channels a pass) over ``reps`` chunks of every KV head."""
+    """The value microkernel (4 rows, the widest) over ``reps`` chunks of every KV head."""
     G, D, chunk = V.shape[1], V.shape[2], S.shape[1]
     for _ in range(reps):
         for g in range(G):
-            kn._values4w2(S, 0, chunk, V, g * D, G * D, ACC[g], 0, chunk, D, 0, D)
+            kn._values4wide(S, 0, chunk, V, g * D, G * D, ACC[g], 0, chunk, D, 0, D)
     return ACC[0, 0, 0]
 
 

@@ -177,7 +177,9 @@ def test_the_same_bits_on_a_cpu_without_fma_or_avx512(tmp_path):
     env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("NUMBA_CPU_FEATURES", None)
     here = Path(__file__).resolve().parent
-    probe = "import tbq.attention_kernels as k; assert k._SCORE_TOKENS == (8, 4, 2, 2)"
+    probe = (
+        "import tbq.attention_kernels as k; assert k._SCORE_TOKENS == (8, 4, 2, 2) and k._VALUE_VECTORS[2] == (8, 2)"
+    )
     r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     r = subprocess.run(

@@ -480,7 +480,8 @@ def attention_rotated(
     compiled kernel (float32 only; ``threads`` workers, default all cores):
     the same algorithm in one pass with an online softmax over token chunks,
     within :func:`f32_tolerance` of :func:`attention_dequantized` like the
-    float32 model (its sums are chunked, so its bits differ from the model's).
+    float32 model (its own float32 arithmetic, fma lane sums over chunks, so its
+    bits differ from the model's: docs/formats.md, *Fused attention arithmetic*).
     Returns ``(n_head, head_dim)`` in ``dtype``.
     """
     dt = np.dtype(dtype)
@@ -711,7 +712,9 @@ def attention_fused(
     (a prefill step) read each decoded key and value once; the result is then
     ``(n_query, n_head, head_dim)``. With ``causal=True`` query token ``i``
     is the cache's token ``T - n_query + i`` and sees the tokens up to
-    itself. The result does not depend on ``threads``, bit for bit.
+    itself. The result does not depend on ``threads``, bit for bit; its
+    float32 arithmetic is documented in docs/formats.md (*Fused attention
+    arithmetic*) and reproduced in NumPy by :func:`_attend_numpy`.
     """
     kc = k if isinstance(k, KVCache) else _float_rows(k, "k")
     vc = v if isinstance(v, KVCache) else _float_rows(v, "v")

@@ -47,7 +47,7 @@ Two kernels: :func:`_attend`, for a head dimension that is a multiple of 16
 (every model's), runs the query rows through two register-blocked LLVM-IR
 microkernels (:func:`_make_scores`: four rows times four tokens (two without AVX-512) of 16-lane
 ``fma`` sums, whose 16 trees are folded together in 15 adds; :func:`_make_values`:
-32 accumulators of four rows in registers over the chunk's tokens);
+64 accumulators of each of four rows (16 without AVX-512) in registers over the chunk's tokens);
 :func:`_attend_any`, for any head dimension, computes the same operations in
 scalar loops and is compiled only when such a head dimension is met.
 
@@ -223,26 +223,34 @@ def _scores_rows(qo, K, g, S, n, R):
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _values_rows(S, V, g, acc, n, R):
     """``acc[r, j] = fma(w_t, v_tj, acc[r, j])`` over tokens ``0 .. n`` in order, for query rows ``0 .. R`` of KV
-    head ``g``, values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk): :func:`_values4` four rows at a time (32
-    channels a pass, then 16), the last 1 to 3 rows by its narrower twins."""
+    head ``g``, values ``V`` (chunk, G, D), weights ``S`` (RQ, chunk): :func:`_values4wide` four rows at a time (64
+    channels, then 32 and 16 for the rest of a head dimension; :data:`_VALUE_VECTORS`), the last 1 to 3 rows by its
+    narrower twins."""
     G = V.shape[1]
     D = V.shape[2]
     chunk = S.shape[1]
+    D64 = D - D % 64
     D32 = D - D % 32
     for r in range(0, R, 4):
         nr = min(4, R - r)
+        a = r * D
+        w = r * chunk
         if nr == 4:
-            _values4w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values4w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values4wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values4w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values4w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
         elif nr == 3:
-            _values3w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values3w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values3wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values3w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values3w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
         elif nr == 2:
-            _values2w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values2w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values2wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values2w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values2w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
         else:
-            _values1w2(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, 0, D32)
-            _values1w1(S, r * chunk, chunk, V, g * D, G * D, acc, r * D, n, D, D32, D - D32)
+            _values1wide(S, w, chunk, V, g * D, G * D, acc, a, n, D, 0, D64)
+            _values1w2(S, w, chunk, V, g * D, G * D, acc, a, n, D, D64, D32 - D64)
+            _values1w1(S, w, chunk, V, g * D, G * D, acc, a, n, D, D32, D - D32)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -494,13 +502,13 @@ def _make_scores(nr: int, nt: int) -> Any:
     return scores
 
 
-def _make_values(nr: int, width: int) -> Any:
+def _make_values(nr: int, width: int, lanes: int = 16) -> Any:
     @intrinsic
     def values(typingctx, w, woff, wstride, v, voff, vstride, acc, aoff, n_t, n_d, j0, n_j):
         """``nr`` query rows' ``acc[aoff + i*n_d + j] = fma(w_t, v_t[j], acc[...])`` for tokens ``t = 0 .. n_t`` in
-        order and channels ``j = j0 .. j0 + n_j`` (``n_j`` a multiple of ``16 * width``), ``w_t = w[woff +
-        i*wstride + t]``, ``v_t[j] = v[voff + t*vstride + j]``: the scalar loop of :func:`_attend_any`, ``16 *
-        width`` accumulators of each row held in registers over all the tokens."""
+        order and channels ``j = j0 .. j0 + n_j`` (``n_j`` a multiple of ``lanes * width``), ``w_t = w[woff +
+        i*wstride + t]``, ``v_t[j] = v[voff + t*vstride + j]``: the scalar loop of :func:`_attend_any`, ``width``
+        vectors of ``lanes`` accumulators of each row held in registers over all the tokens."""
         sig = types.void(
             w,
             types.int64,
@@ -518,13 +526,13 @@ def _make_values(nr: int, width: int) -> Any:
 
         def codegen(context, builder, signature, args):
             i64 = ir.IntType(64)
-            vt = ir.VectorType(ir.FloatType(), 16)
+            vt = ir.VectorType(ir.FloatType(), lanes)
             wp = context.make_array(signature.args[0])(context, builder, args[0]).data
             vp = context.make_array(signature.args[3])(context, builder, args[3]).data
             ap = context.make_array(signature.args[6])(context, builder, args[6]).data
             woff, wstride, voff, vstride, aoff, n_t, n_d, j0, n_j = (args[c] for c in (1, 2, 4, 5, 7, 8, 9, 10, 11))
             accs = [[cgutils.alloca_once(builder, vt) for _ in range(width)] for _ in range(nr)]
-            step = ir.Constant(i64, 16 * width)
+            step = ir.Constant(i64, lanes * width)
             with cgutils.for_range(builder, builder.udiv(n_j, step)) as jl:
                 j = builder.add(j0, builder.mul(jl.index, step))
                 aptrs = [
@@ -535,7 +543,7 @@ def _make_values(nr: int, width: int) -> Any:
                             builder.add(
                                 aoff,
                                 builder.add(
-                                    builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 16 * h))
+                                    builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, lanes * h))
                                 ),
                             ),
                             vt,
@@ -551,7 +559,7 @@ def _make_values(nr: int, width: int) -> Any:
                 with cgutils.for_range(builder, n_t) as tl:
                     vrow = builder.add(vj, builder.mul(tl.index, vstride))
                     vv = [
-                        builder.load(_vptr(builder, vp, builder.add(vrow, ir.Constant(i64, 16 * h)), vt), align=4)
+                        builder.load(_vptr(builder, vp, builder.add(vrow, ir.Constant(i64, lanes * h)), vt), align=4)
                         for h in range(width)
                     ]
                     for i in range(nr):
@@ -622,6 +630,14 @@ def _make_fold(nr: int) -> Any:
 #: changes no operation: every score's sums and tree are its own.
 _SCORE_TOKENS = (16, 8, 4, 4) if TARGET_AVX512VL else (8, 4, 2, 2)
 _scores1, _scores2, _scores3, _scores4 = (_make_scores(nr, _SCORE_TOKENS[nr - 1]) for nr in (1, 2, 3, 4))
-_values1w1, _values2w1, _values3w1, _values4w1 = (_make_values(nr, 1) for nr in (1, 2, 3, 4))
-_values1w2, _values2w2, _values3w2, _values4w2 = (_make_values(nr, 2) for nr in (1, 2, 3, 4))
+#: The value microkernels' vectors, ``(lanes, vectors a row)`` for passes of 16, 32 and 64 channels. With
+#: AVX-512, 16-float vectors, up to 4 a row (16 of its 32 registers for four rows); without, AVX2's 8-float
+#: vectors, 2 a row (8 of its 16 registers), for every pass (there a 16-float vector is two registers, and LLVM
+#: kept such accumulators in memory: 6x slower, measured).
+_VALUE_VECTORS = ((16, 1), (16, 2), (16, 4)) if TARGET_AVX512VL else ((8, 2), (8, 2), (8, 2))
+_values1w1, _values2w1, _values3w1, _values4w1 = (_make_values(nr, *_VALUE_VECTORS[0][::-1]) for nr in (1, 2, 3, 4))
+_values1w2, _values2w2, _values3w2, _values4w2 = (_make_values(nr, *_VALUE_VECTORS[1][::-1]) for nr in (1, 2, 3, 4))
+_values1wide, _values2wide, _values3wide, _values4wide = (
+    _make_values(nr, *_VALUE_VECTORS[2][::-1]) for nr in (1, 2, 3, 4)
+)
 _fold1, _fold2, _fold3, _fold4 = (_make_fold(nr) for nr in (1, 2, 3, 4))
