@@ -93,6 +93,7 @@ def pytest_report_header(config):
 # cannot silently miss one (tests/test_markers.py tests the guard).
 #
 # ``slow``: the modules and tests of :data:`SLOW`, each with its reason (measured with --durations).
+# :data:`INTEGRATION` lists the few integration tests the source rule cannot see (a doctest's examples).
 # ---------------------------------------------------------------------------
 
 import ast  # noqa: E402
@@ -134,6 +135,17 @@ SLOW: dict[str, str] = {
     "test_dask.py": "starts Dask schedulers and clusters of threads",
     "test_golden.py": "generates and checks the golden vector sets",
     "test_memory.py": "measures peak memory of large encodes",
+    "test_cli_eval.py": "runs tbq eval on the shipped model and the small architectures (minutes in all)",
+    "test_format_vllm_turboquant.py::test_format_battery_at_other_head_dims": "compiles the kernels per head dim",
+    "test_format_fp8.py::test_the_slow_model_agrees_on_hard_values": "the pure-Python model on every hard value",
+    "test_cli_compare.py::test_compare_builtin_data_prints_every_format": "compares every format on the built-in data",
+    "test_cli_compare.py::test_default_table_fits_100_columns_and_wide_has_every_column": "every format, twice",
+    "test_attention.py::test_a_cache_whose_block_is_an_option_reads_its_own_sizes": "compiles a reader per size",
+}
+
+#: Integration tests the source rule cannot see, by the same kind of key, with the reason.
+INTEGRATION: dict[str, str] = {
+    "test_doctests.py::test_docstring_examples[tbq.check.sharedlib]": "its examples run a probe process",
 }
 
 
@@ -201,22 +213,25 @@ def _spawns(path: Path, qualname: str) -> bool:
     return False
 
 
+def _matches(key: str, rel: str, local: str) -> bool:
+    """Whether a SLOW/INTEGRATION ``key`` names module ``rel`` or test ``local`` (``test_x.py::test_y[...]``)."""
+    return key == rel or local == key or local.startswith((key + "[", key + "::"))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = Path(str(item.fspath))
         rel = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
+        local = rel + item.nodeid[item.nodeid.index("::") :] if "::" in item.nodeid else rel
         fn = getattr(item, "function", None)
         if fn is not None and path.suffix == ".py":
             qual = fn.__qualname__ if "<locals>" not in fn.__qualname__ else fn.__name__
             if _spawns(path, qual):
                 item.add_marker(pytest.mark.integration)
+        if any(_matches(key, rel, local) for key in INTEGRATION):
+            item.add_marker(pytest.mark.integration)
         for key, reason in SLOW.items():
-            if (
-                key == rel
-                or item.nodeid.startswith(key + "::")
-                or item.nodeid == key
-                or item.nodeid.startswith(key + "[")
-            ):
+            if _matches(key, rel, local):
                 item.add_marker(pytest.mark.slow(reason=reason))
 
 

@@ -125,9 +125,9 @@ def test_the_rule_on_the_suite_itself():
     assert not conftest._spawns(TESTS / "test_architecture.py", "test_imports_run_down_the_layers")
 
 
-def test_every_slow_entry_names_a_test_module_and_a_reason():
+def test_every_listed_entry_names_a_test_module_and_a_reason():
     """A stale SLOW entry (a module renamed or removed) would silently stop marking anything."""
-    for key, reason in conftest.SLOW.items():
+    for key, reason in {**conftest.SLOW, **conftest.INTEGRATION}.items():
         path = TESTS / key.split("::")[0]
         assert path.is_file() and path.name.startswith("test_"), key
         assert len(reason.split()) >= 3, key
