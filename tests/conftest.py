@@ -34,6 +34,8 @@ except ImportError:  # pragma: no cover - hypothesis is in the [test] extra
 
 PROFILE_ENV = "TBQ_HYPOTHESIS_PROFILE"
 
+pytest_plugins = ["pytester"]  # tests/test_markers.py runs the marker rule on small test files of its own
+
 if settings is not None:
     _slow_ok = [HealthCheck.too_slow, HealthCheck.data_too_large]
     settings.register_profile(
@@ -74,3 +76,210 @@ def pytest_report_header(config):
     if settings is None:
         return None
     return f"hypothesis profile: {os.environ.get(PROFILE_ENV, 'default')} (set {PROFILE_ENV}=fuzz for the long run)"
+
+
+# ---------------------------------------------------------------------------
+# Markers: ``integration`` and ``slow``, applied by rule at collection, so that
+#
+#     python -m pytest -m "not slow and not integration"
+#
+# is the fast subset for the edit-test loop (CONTRIBUTING.md says how long it takes).
+#
+# ``integration``: the test starts another process (``subprocess``, ``sys.executable``, a process pool, a
+# fork), or needs the builds in ../shared. Found from the source: a test is integration when its function,
+# a fixture it requests or a function of its module (or of tests/helpers.py) it calls, directly or through
+# others, names one of :data:`SPAWN_NAMES` or a module constant built from the string "shared". Every test
+# left unmarked runs under :func:`spawn_guard`, which fails it if it starts a process after all: the rule
+# cannot silently miss one (tests/test_markers.py tests the guard).
+#
+# ``slow``: the modules and tests of :data:`SLOW`, each with its reason (measured with --durations).
+# :data:`INTEGRATION` lists the few integration tests the source rule cannot see (a doctest's examples).
+# ---------------------------------------------------------------------------
+
+import ast  # noqa: E402
+import contextlib  # noqa: E402
+import functools  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+#: Names whose use means a process is started: subprocess and its functions, the interpreter's path handed
+#: to one, process pools, multiprocessing, forks, Dask's local cluster of worker processes, a notebook's kernel.
+SPAWN_NAMES = frozenset(
+    {
+        "subprocess",
+        "Popen",
+        "check_output",
+        "check_call",
+        "executable",
+        "ProcessPoolExecutor",
+        "multiprocessing",
+        "get_context",
+        "fork",
+        "posix_spawn",
+        "LocalCluster",
+        "system",
+        "nbclient",
+    }
+)
+
+#: Slow tests (over a few seconds each on two loaded cores, or many seconds as a module), by node id prefix:
+#: a module (``test_x.py``) or one test (``test_x.py::test_name``), with the reason.
+SLOW: dict[str, str] = {
+    "test_properties.py": "hypothesis properties of every format, dozens of examples each (the fuzz plan's home)",
+    "test_strategies.py": "hypothesis draws of every strategy family, hundreds of examples",
+    "test_hf_architectures.py": "builds and runs a transformers model of each architecture",
+    "test_hf_model.py": "trains, loads and evaluates the shipped model",
+    "test_hf_cache.py": "runs the shipped model with each cache format",
+    "test_hf_turbo_vllm.py": "runs the shipped model with the turbo and vLLM caches",
+    "test_dask.py": "starts Dask schedulers and clusters of threads",
+    "test_golden.py": "generates and checks the golden vector sets",
+    "test_memory.py": "measures peak memory of large encodes",
+    "test_cli_eval.py": "runs tbq eval on the shipped model and the small architectures (minutes in all)",
+    "test_format_vllm_turboquant.py::test_format_battery_at_other_head_dims": "compiles the kernels per head dim",
+    "test_format_fp8.py::test_the_slow_model_agrees_on_hard_values": "the pure-Python model on every hard value",
+    "test_cli_compare.py::test_compare_builtin_data_prints_every_format": "compares every format on the built-in data",
+    "test_cli_compare.py::test_default_table_fits_100_columns_and_wide_has_every_column": "every format, twice",
+    "test_attention.py::test_a_cache_whose_block_is_an_option_reads_its_own_sizes": "compiles a reader per size",
+}
+
+#: Integration tests the source rule cannot see, by the same kind of key, with the reason.
+INTEGRATION: dict[str, str] = {
+    "test_doctests.py::test_docstring_examples[tbq.check.sharedlib]": "its examples run a probe process",
+}
+
+
+@functools.cache
+def _module_graph(path: Path) -> tuple[dict[str, set[str]], set[str]]:
+    """(names each module-level function, method and fixture of ``path`` refers to, by name; the names that are
+    indicators in that module: :data:`SPAWN_NAMES` and module constants built from the string "shared")."""
+    tree = ast.parse(path.read_text())
+    refs: dict[str, set[str]] = {}
+    indicators = set(SPAWN_NAMES)
+
+    def names_in(node: ast.AST) -> set[str]:
+        out = set()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name):
+                out.add(n.id)
+            elif isinstance(n, ast.Attribute):
+                out.add(n.attr)
+            elif isinstance(n, ast.arg):
+                out.add(n.arg)  # a test's or fixture's parameters: the fixtures it requests
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+                out.add(n.value)  # pytest.importorskip("nbclient"), getattr(mod, "fork")
+        return out
+
+    def shared_constant(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Constant) and n.value in ("shared", "../shared") for n in ast.walk(node))
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            refs[node.name] = names_in(node)
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    refs[f"{node.name}.{sub.name}"] = names_in(sub) | {node.name}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    refs[t.id] = names_in(node.value) if node.value is not None else set()
+                    if node.value is not None and shared_constant(node.value):
+                        indicators.add(t.id)
+    return refs, indicators
+
+
+def _spawns(path: Path, qualname: str) -> bool:
+    """Whether the test ``qualname`` of module ``path`` reaches an indicator through the module's (and
+    tests/helpers.py's, and conftest's fixtures') functions, fixtures and constants."""
+    helpers = TESTS / "helpers.py"
+    graphs = [_module_graph(path)] + ([_module_graph(helpers)] if helpers.is_file() else [])
+    refs: dict[str, set[str]] = {}
+    indicators: set[str] = set()
+    for r, ind in reversed(graphs):  # the test module's own definitions win
+        refs.update(r)
+        indicators |= ind
+    seen, todo = set(), [qualname]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        used = refs.get(name, set())
+        if used & indicators:
+            return True
+        todo.extend(u for u in used if u in refs)
+    return False
+
+
+def _matches(key: str, rel: str, local: str) -> bool:
+    """Whether a SLOW/INTEGRATION ``key`` names module ``rel`` or test ``local`` (``test_x.py::test_y[...]``)."""
+    return key == rel or local == key or local.startswith((key + "[", key + "::"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        rel = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else path.name
+        local = rel + item.nodeid[item.nodeid.index("::") :] if "::" in item.nodeid else rel
+        fn = getattr(item, "function", None)
+        if fn is not None and path.suffix == ".py":
+            qual = fn.__qualname__ if "<locals>" not in fn.__qualname__ else fn.__name__
+            if _spawns(path, qual):
+                item.add_marker(pytest.mark.integration)
+        if any(_matches(key, rel, local) for key in INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+        for key, reason in SLOW.items():
+            if _matches(key, rel, local):
+                item.add_marker(pytest.mark.slow(reason=reason))
+
+
+class SpawnedProcess(RuntimeError):
+    """A test not marked ``integration`` started a process."""
+
+
+@contextlib.contextmanager
+def spawn_guard(what: str):
+    """Within the block, starting a process raises :class:`SpawnedProcess` naming ``what``: subprocess and
+    multiprocessing's spawns (``_posixsubprocess.fork_exec`` and subprocess's alias of it, ``os.posix_spawn``),
+    ``os.fork``, ``os.system``."""
+    import _posixsubprocess
+
+    def refuse(name):
+        def f(*args, **kwargs):
+            raise SpawnedProcess(
+                f"{what} started a process ({name}) but is not marked integration: tests/conftest.py's rule "
+                "missed it (name the way it spawns in SPAWN_NAMES, or mark the test)"
+            )
+
+        return f
+
+    import subprocess
+
+    patches = [
+        (_posixsubprocess, "fork_exec"),
+        (subprocess, "_fork_exec"),  # subprocess's own alias of it (Python 3.11+)
+        (os, "fork"),
+        (os, "posix_spawn"),
+        (os, "posix_spawnp"),
+        (os, "system"),
+    ]
+    saved = [(mod, name, getattr(mod, name)) for mod, name in patches if hasattr(mod, name)]
+    for mod, name, _ in saved:
+        setattr(mod, name, refuse(f"{mod.__name__}.{name}"))
+    try:
+        yield
+    finally:
+        for mod, name, orig in saved:
+            setattr(mod, name, orig)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_unless_integration(request):
+    """Every test left unmarked by the rule runs under :func:`spawn_guard`."""
+    if request.node.get_closest_marker("integration") is not None:
+        yield
+        return
+    with spawn_guard(request.node.nodeid):
+        yield
