@@ -136,7 +136,7 @@ def assert_counts_add_up(report: CheckReport) -> None:
 
 
 @needs_cc
-@pytest.mark.parametrize("fmt", [f for f in KERNELS if f in tbq.formats()])
+@pytest.mark.parametrize("fmt", [f for f in KERNELS if f in tbq.format_names()])
 def test_correct_kernel_passes_bit_exact(build, fmt):
     q, d = SYMBOLS.get(fmt, (None, None))
     report = check_library(build(KERNELS[fmt]), fmt, quantize=q, dequantize=d, **FAST)
@@ -436,7 +436,7 @@ def test_exec_errors_are_target_errors(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_every_format_checks_its_reference_and_catches_a_flipped_code_bit(fmt):
     def ref(x):
         return tbq.quantize(x, fmt, on_overflow="inf")
