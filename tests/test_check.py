@@ -954,10 +954,10 @@ def test_accept_a_class_lets_exact_look_past_it(build):
 def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_that_exits_1(
     build, tmp_path, monkeypatch
 ):
-    import tbq.check.runner as runner
+    import tbq.check.fuzz as fuzz
 
     monkeypatch.setattr(
-        runner, "SHRINK_SECONDS", 2.0
+        fuzz, "SHRINK_SECONDS", 2.0
     )  # hypothesis's shrink of a length-dependent failure is slow; ours cuts it
     lib = build("simd_tail.c")
     report = check_library(
