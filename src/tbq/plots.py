@@ -11,6 +11,10 @@ Helpers for the notebooks: :func:`small_mode` (the ``TBQ_NOTEBOOK_SMALL``
 environment variable, set by the test suite to shrink the data) and
 :func:`figure_path` (``TBQ_FIGURE_DIR``, default ``figures`` in the working
 directory).
+
+Why one module of this length: every figure tbq draws is here, so matplotlib (an optional
+dependency) is imported in this module only, and the figures share its axes helpers and its
+install hint.
 """
 
 from __future__ import annotations

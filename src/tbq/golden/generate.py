@@ -5,6 +5,10 @@
 :func:`generate` does all of it for a list of formats and attention pairs and
 returns a :class:`Summary`. Nothing here prints: progress goes to the
 ``progress`` callback and the summary table is returned as text.
+
+Why one module of this length: building, writing, regenerating and verifying golden sets share
+the per-format and attention builders and the manifest checks; the settings are
+:mod:`tbq.golden.settings`.
 """
 
 from __future__ import annotations
