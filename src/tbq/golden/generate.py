@@ -500,24 +500,7 @@ def generate(
     (``print(summary.table())``). ``settings``: all but ``out`` and ``progress`` at once, a
     :class:`~tbq.golden.settings.GoldenSettings` (then leave their keywords out).
     """
-    given: dict[str, Any] = {
-        "formats": formats,
-        "families": families,
-        "rows_per_family": rows_per_family,
-        "seed": seed,
-        "codebook": codebook,
-        "signs": signs,
-        "k": k,
-        "ulp_floor": ulp_floor,
-        "attention": attention,
-        "attention_pairs": attention_pairs,
-        "tokens": tokens,
-        "n_head": n_head,
-        "n_head_kv": n_head_kv,
-        "n_sink": n_sink,
-        "sink_format": sink_format,
-        "options": options,
-    }
+    given: dict[str, Any] = {name: value for name, value in locals().items() if name in _GENERATE_DEFAULTS}
     if settings is None:
         given["rows_per_family"] = _rows_per_family(rows_per_family, blocks)
         s = GoldenSettings(**given)
