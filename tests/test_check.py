@@ -1528,7 +1528,7 @@ def test_the_settings_are_one_frozen_record_validated_once_and_keywords_still_wo
         CheckSettings(blocks=0, examples=0)
     with pytest.raises(ConfigError, match=r"not both \(blocks given as keywords\)"):
         check_kernel("q4_0", quantize=enc, settings=s, blocks=5)
-    with pytest.raises(ConfigError, match="unknown check setting bloks"):
+    with pytest.raises(ConfigError, match="unknown tbq.check.CheckSettings field bloks"):
         check_target(CallableTarget(tbq.get_format("q4_0"), enc, None), bloks=5)
     # keywords replace fields of a given CheckSettings in the functions that take both
     r = check_target(CallableTarget(tbq.get_format("q4_0"), enc, None), s, seed=4)
