@@ -457,9 +457,9 @@ def test_budget_report_weights_traffic_defaults_to_weights():
 def test_module_doctests():
     # every example in the docstrings is true (the unit parsing moved to tbq.units)
     from tbq import units
-    from tbq.budget import arithmetic, report
+    from tbq.budget import arithmetic, bits, report
 
-    results = [doctest.testmod(m) for m in (budget, arithmetic, report, units)]
+    results = [doctest.testmod(m) for m in (budget, bits, arithmetic, report, units)]
     assert sum(r.attempted for r in results) >= 40 and sum(r.failed for r in results) == 0
 
 
@@ -475,10 +475,10 @@ def test_old_names_still_import_from_budget():
 def test_the_budget_is_one_module_per_concern_and_every_public_name_imports_from_tbq_budget():
     """The arithmetic and the report are separate modules; ``tbq.budget`` names every public object of both,
     the same objects (so ``from tbq.budget import budget_report`` and pickles keep working)."""
-    from tbq.budget import arithmetic, report
+    from tbq.budget import arithmetic, bits, report
 
-    assert set(budget.__all__) == set(arithmetic.__all__) | set(report.__all__)
-    for mod in (arithmetic, report):
+    assert set(budget.__all__) == set(bits.__all__) | set(arithmetic.__all__) | set(report.__all__)
+    for mod in (bits, arithmetic, report):
         for name in mod.__all__:
             assert getattr(budget, name) is getattr(mod, name)
     assert not hasattr(arithmetic, "format_report")  # the text is the report's
@@ -760,7 +760,7 @@ def test_cli_plot_hint_names_the_checkout_extra(cli_main, capsys, monkeypatch, t
 
 def test_a_kv_pair_costs_the_mean_of_its_sides():
     assert budget.kv_bytes_per_token(32, 8, 128, "q8_0:turbo3") == 32 * 8 * 128 * (34 + 50 / 4) // 32
-    assert budget.bits_per_value("q4_0:q4_0") == 4.5 and budget.arithmetic._format_bits("q4_0:q4_0")[0] == "q4_0"
+    assert budget.bits_per_value("q4_0:q4_0") == 4.5 and budget.bits._format_bits("q4_0:q4_0")[0] == "q4_0"
     with pytest.raises(ConfigError, match="two formats joined by one ':'"):
         budget.bits_per_value("q8_0:")
 

@@ -136,7 +136,7 @@ def assert_counts_add_up(report: CheckReport) -> None:
 
 
 @needs_cc
-@pytest.mark.parametrize("fmt", [f for f in KERNELS if f in tbq.formats()])
+@pytest.mark.parametrize("fmt", [f for f in KERNELS if f in tbq.format_names()])
 def test_correct_kernel_passes_bit_exact(build, fmt):
     q, d = SYMBOLS.get(fmt, (None, None))
     report = check_library(build(KERNELS[fmt]), fmt, quantize=q, dequantize=d, **FAST)
@@ -436,7 +436,7 @@ def test_exec_errors_are_target_errors(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_every_format_checks_its_reference_and_catches_a_flipped_code_bit(fmt):
     def ref(x):
         return tbq.quantize(x, fmt, on_overflow="inf")
@@ -954,10 +954,10 @@ def test_accept_a_class_lets_exact_look_past_it(build):
 def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_that_exits_1(
     build, tmp_path, monkeypatch
 ):
-    import tbq.check.runner as runner
+    import tbq.check.fuzz as fuzz
 
     monkeypatch.setattr(
-        runner, "SHRINK_SECONDS", 2.0
+        fuzz, "SHRINK_SECONDS", 2.0
     )  # hypothesis's shrink of a length-dependent failure is slow; ours cuts it
     lib = build("simd_tail.c")
     report = check_library(
@@ -1528,7 +1528,7 @@ def test_the_settings_are_one_frozen_record_validated_once_and_keywords_still_wo
         CheckSettings(blocks=0, examples=0)
     with pytest.raises(ConfigError, match=r"not both \(blocks given as keywords\)"):
         check_kernel("q4_0", quantize=enc, settings=s, blocks=5)
-    with pytest.raises(ConfigError, match="unknown check setting bloks"):
+    with pytest.raises(ConfigError, match="unknown tbq.check.CheckSettings field bloks"):
         check_target(CallableTarget(tbq.get_format("q4_0"), enc, None), bloks=5)
     # keywords replace fields of a given CheckSettings in the functions that take both
     r = check_target(CallableTarget(tbq.get_format("q4_0"), enc, None), s, seed=4)

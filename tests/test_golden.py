@@ -951,7 +951,7 @@ def test_golden_trace_fields_equal_the_encoder_on_zero_and_tie_edges(tmp_path, f
 def test_a_format_whose_block_spans_golden_rows_has_no_golden_set():
     """Golden sets are rows of 128 values, one C call per row: q8_k's 256-value block does not fit one (its
     C vectors and tbq check read two rows per block instead); it is refused by name and left out by default."""
-    assert golden.golden_formats() == tuple(f for f in tbq.formats() if f != "q8_k")
+    assert golden.golden_formats() == tuple(f for f in tbq.format_names() if f != "q8_k")
     with pytest.raises(tbq.ConfigError, match="q8_k's 256-value block does not fit"):
         golden.build_format("q8_k", rows_per_family=1)
 
@@ -1035,6 +1035,6 @@ def test_generate_takes_its_settings_as_keywords_or_as_one_golden_settings(tmp_p
         GoldenSettings(tokens=4, n_sink=5)
     with pytest.raises(ConfigError, match=r"not both \(seed given as keywords\)"):
         golden.generate(tmp_path / "c", settings=s, seed=6)
-    with pytest.raises(ConfigError, match="unknown golden setting colour"):
+    with pytest.raises(ConfigError, match="unknown tbq.golden.GoldenSettings field colour"):
         GoldenSettings.of(s, {"colour": 1})
     assert GoldenSettings.of(s, {"seed": 6}).seed == 6

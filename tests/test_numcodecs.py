@@ -40,7 +40,7 @@ from tbq.synthetic import gaussian, keys_with_outliers  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "data" / "numcodecs_fixtures"
 REGEN = os.environ.get("TBQ_REGEN_NUMCODECS_FIXTURES") == "1"
-FORMATS = tbq.formats()
+FORMATS = tbq.format_names()
 IDS = dict(tn.CODEC_IDS)  # "tbq.<format>" for every registered format
 
 

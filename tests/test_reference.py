@@ -49,3 +49,4 @@ def test_tbq_reference_is_a_deprecated_alias_of_tbq_float32():
     with pytest.raises(AttributeError):
         old.no_such_helper  # noqa: B018
     assert "roundf" in dir(old)
+    assert not hasattr(old, "__all__")  # a walker of the public API (__all__) does not go through the alias

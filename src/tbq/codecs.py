@@ -11,6 +11,9 @@ and is reached without ever branching on the format's name.
 Arrays follow the ggml row layout: ``x`` of shape ``(..., n)`` with ``n`` a
 multiple of the block size encodes to uint8 of shape
 ``(..., n // block_size * type_size)``, blocks back to back.
+
+Why one module of this length: :class:`Codec` is its one concept; the input validation, the
+chunking over threads and the registry of codec classes are what make a format a codec.
 """
 
 from __future__ import annotations

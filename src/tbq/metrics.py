@@ -31,6 +31,9 @@ Shapes for attention: keys and values are ``(tokens, head_dim)`` or
 ``(tokens, heads, head_dim)``; queries are ``(n_queries, head_dim)`` (the same
 queries for every head) or ``(n_queries, heads, head_dim)``. Logits come back
 as ``(n_queries, tokens)`` or ``(heads, n_queries, tokens)``.
+
+Why one module of this length: it is the one flat namespace of metrics that the study,
+``tbq compare``, ``tbq eval`` and the notebooks import by name; its families are its sections.
 """
 
 from __future__ import annotations

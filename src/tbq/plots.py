@@ -11,6 +11,10 @@ Helpers for the notebooks: :func:`small_mode` (the ``TBQ_NOTEBOOK_SMALL``
 environment variable, set by the test suite to shrink the data) and
 :func:`figure_path` (``TBQ_FIGURE_DIR``, default ``figures`` in the working
 directory).
+
+Why one module of this length: every figure tbq draws is here, so matplotlib (an optional
+dependency) is imported in this module only, and the figures share its axes helpers and its
+install hint.
 """
 
 from __future__ import annotations
@@ -89,6 +93,26 @@ def _figure(
     return fig, axes
 
 
+def _legend(fig: Any, axes: Any, **kw: Any) -> int:
+    """One figure legend of the labels of ``axes`` (an iterable of axes), each label once, in the order first
+    drawn; ``kw`` go to ``fig.legend``. Returns the number of labels."""
+    seen: dict[Any, Any] = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    if "ncols" in kw and callable(kw["ncols"]):
+        kw["ncols"] = kw["ncols"](len(seen))
+    fig.legend(seen.values(), seen.keys(), **kw)
+    return len(seen)
+
+
+def _titled(fig: Any, path: Any, title: str | None) -> Path:
+    """Set the figure's title when given, then :func:`_save` it."""
+    if title:
+        fig.suptitle(title)
+    return _save(fig, path)
+
+
 def _save(fig: Any, path: Any) -> Path:
     """Save ``fig`` to ``path`` and return the file written (``.png`` added to a name without extension, as
     matplotlib does, so the path reported is the file that exists)."""
@@ -144,9 +168,7 @@ def plot_compare(rows: list[dict[str, Any]], path: str | os.PathLike[str], *, ti
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -303,15 +325,8 @@ def plot_rate_distortion(
                 tw.set_ylim(-10 * math.log10(lo), -10 * math.log10(hi))
                 if col == nd - 1:
                     tw.set_ylabel("SNR (dB)")
-    seen: dict[Any, Any] = {}
-    for row in axes:
-        for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-                seen.setdefault(lab, h)
-    fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    _legend(fig, (ax for row in axes for ax in row), loc="outside right center", fontsize="small")
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -366,9 +381,7 @@ def plot_rotation_block(
         ax.set_ylabel("blocks")
         ax.set_title("peak-to-RMS over all blocks")
         ax.legend(fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -429,15 +442,14 @@ def plot_lines(
     if single:
         axes[0][0].legend(fontsize="small")
     else:
-        seen: dict[Any, Any] = {}
-        for row in axes:
-            for ax in row:
-                for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-                    seen.setdefault(lab, h)
-        fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+        _legend(
+            fig,
+            (ax for row in axes for ax in row),
+            loc="outside lower center",
+            ncols=lambda n: min(4, n),
+            fontsize="small",
+        )
+    return _titled(fig, path, title)
 
 
 def plot_bars(
@@ -474,9 +486,7 @@ def plot_bars(
         ax.grid(axis="y", alpha=0.3, which="both")
     for k in range(len(titles), nrows * ncols):
         axes[k // ncols][k % ncols].set_visible(False)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -511,14 +521,8 @@ def plot_codebooks(
         ax.set_xlabel("rotated coordinate of a unit-norm block")
         ax.set_title(t)
         ax.set_yticks([])
-    seen: dict[Any, Any] = {}
-    for ax in axes[0]:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            seen.setdefault(lab, h)
-    fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=3, fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    _legend(fig, axes[0], loc="outside lower center", ncols=3, fontsize="small")
+    return _titled(fig, path, title)
 
 
 def plot_index_histograms(hists: dict[str, Any], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
@@ -540,9 +544,7 @@ def plot_index_histograms(hists: dict[str, Any], path: str | os.PathLike[str], *
         ax.set_title(t)
         ax.legend(fontsize="small")
         ax.grid(axis="y", alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -627,15 +629,8 @@ def plot_format_metrics(
                 ax.set_xlabel(
                     f"bits per value (axis compressed above {cut:g})" if max(bits) > cut else "bits per value"
                 )
-    seen: dict[Any, Any] = {}
-    for row in axes:
-        for ax in row:
-            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-                seen.setdefault(lab, h)
-    fig.legend(seen.values(), seen.keys(), loc="outside right center", fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    _legend(fig, (ax for row in axes for ax in row), loc="outside right center", fontsize="small")
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -695,9 +690,7 @@ def plot_rotated_blocks(
         ax.legend(fontsize="small")
     for ax in flat[n:]:
         ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    return _titled(fig, path, title)
 
 
 # ---------------------------------------------------------------------------
@@ -744,11 +737,5 @@ def plot_value_tables(
         ax.minorticks_off()
     for ax in flat[len(titles) :]:
         ax.set_visible(False)
-    seen: dict[Any, Any] = {}
-    for ax in flat:
-        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
-            seen.setdefault(lab, h)
-    fig.legend(seen.values(), seen.keys(), loc="outside lower center", ncols=min(4, len(seen)), fontsize="small")
-    if title:
-        fig.suptitle(title)
-    return _save(fig, path)
+    _legend(fig, flat, loc="outside lower center", ncols=lambda n: min(4, n), fontsize="small")
+    return _titled(fig, path, title)

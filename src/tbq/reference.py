@@ -15,6 +15,8 @@ from . import float32 as _float32
 
 
 def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # module machinery (__all__, __path__, ...): this alias has none of float32's
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_float32, name)  # AttributeError for a name float32 does not have either
     # tbq's own format modules are moved over by their owners; only code outside tbq is warned
     caller = sys._getframe(1).f_globals.get("__name__", "")

@@ -27,14 +27,9 @@ text); every public name is importable from here.
 
 from __future__ import annotations
 
-from .arithmetic import _BITS as _BITS  # tbq.cli.budget reads these four private names
 from .arithmetic import (
-    DEFAULT_CONTEXTS,
-    DEFAULT_FORMATS,
-    KV_FORMAT_BITS,
     Feasibility,
     SweepRow,
-    bits_per_value,
     bytes_per_token,
     cache_bytes,
     cache_bytes_from_geometry,
@@ -42,11 +37,9 @@ from .arithmetic import (
     crossover_tokens,
     decode_tokens_per_s,
     feasibility,
-    format_block_size,
     format_bytes,
     format_context,
     format_rate,
-    incompatible_formats,
     kv_bytes_per_token,
     kv_values_per_token,
     parse_bytes,
@@ -56,9 +49,20 @@ from .arithmetic import (
     parse_rate,
     values_per_token,
 )
-from .arithmetic import _count as _count
 from .arithmetic import _out as _out
-from .arithmetic import _parse_formats as _parse_formats
+from .bits import _BITS as _BITS  # tbq.cli.budget reads these four private names
+from .bits import (
+    DEFAULT_CONTEXTS,
+    DEFAULT_FORMATS,
+    KV_FORMAT_BITS,
+    PRESET_HEAD_DIM,
+    VLLM_BOUNDARY_LAYERS,
+    bits_per_value,
+    format_block_size,
+    incompatible_formats,
+)
+from .bits import _count as _count
+from .bits import _parse_formats as _parse_formats
 from .report import (
     REPORT_WIDTH,
     BudgetReport,
@@ -68,37 +72,40 @@ from .report import (
     plot_report,
 )
 
+#: The public names of the three modules (every one importable from here).
 __all__ = [
-    "KV_FORMAT_BITS",
-    "DEFAULT_FORMATS",
-    "DEFAULT_CONTEXTS",
     "bits_per_value",
-    "format_block_size",
-    "incompatible_formats",
-    "kv_values_per_token",
-    "kv_bytes_per_token",
+    "budget_report",
+    "BudgetReport",
     "bytes_per_token",
-    "values_per_token",
     "cache_bytes",
     "cache_bytes_from_geometry",
     "context_sweep",
     "crossover_tokens",
     "decode_tokens_per_s",
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_FORMATS",
     "feasibility",
+    "Feasibility",
+    "format_block_size",
+    "format_bytes",
+    "format_context",
+    "format_rate",
+    "format_report",
+    "FormatBudget",
+    "incompatible_formats",
+    "kv_bytes_per_token",
+    "KV_FORMAT_BITS",
+    "kv_values_per_token",
     "parse_bytes",
-    "parse_rate",
     "parse_context",
     "parse_contexts",
     "parse_measured",
-    "format_bytes",
-    "format_rate",
-    "format_context",
-    "Feasibility",
-    "SweepRow",
-    "FormatBudget",
-    "BudgetReport",
-    "budget_report",
-    "format_report",
+    "parse_rate",
     "plot_report",
+    "PRESET_HEAD_DIM",
     "REPORT_WIDTH",
+    "SweepRow",
+    "values_per_token",
+    "VLLM_BOUNDARY_LAYERS",
 ]

@@ -18,22 +18,17 @@ from ..units import exact as _exact
 from ..units import format_bytes, format_context, format_rate, parse_contexts
 from ..vllm_slots import PRESET_NAMES, slot_bytes
 from .arithmetic import (
-    DEFAULT_CONTEXTS,
-    DEFAULT_FORMATS,
-    PRESET_HEAD_DIM,
-    VLLM_BOUNDARY_LAYERS,
     Number,
     SweepRow,
     _bandwidth,
-    _count,
     _out,
-    _parse_formats,
     _size,
     _sweep,
     crossover_tokens,
     decode_tokens_per_s,
     feasibility,
 )
+from .bits import DEFAULT_CONTEXTS, DEFAULT_FORMATS, PRESET_HEAD_DIM, VLLM_BOUNDARY_LAYERS, _count, _parse_formats
 
 __all__ = ["FormatBudget", "BudgetReport", "budget_report", "format_report", "plot_report", "REPORT_WIDTH"]
 

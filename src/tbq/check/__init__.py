@@ -238,17 +238,7 @@ def check_kernel(
     In a pytest suite: ``report = check_kernel(...); assert report.ok, report``.
     """
     f = resolve_format(fmt, codebook, signs, options)
-    given: dict[str, Any] = {
-        "blocks": blocks,
-        "examples": examples,
-        "seconds": seconds,
-        "exact": exact,
-        "k": k,
-        "seed": seed,
-        "out": out,
-        "progress": progress,
-        "accept": accept,
-    }
+    given: dict[str, Any] = {name: value for name, value in locals().items() if name in _KERNEL_DEFAULTS}
     if settings is not None:
         _settings_or_keywords(settings, given, _KERNEL_DEFAULTS)
         given = {name: getattr(settings, name) for name in given}

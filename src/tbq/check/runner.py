@@ -1,4 +1,9 @@
-"""The phases of a check, in order, for each direction the target implements.
+"""The phases of a check, in order, for each direction the target implements; the check's own module.
+
+The parts live beside it: the inputs of the bulk phases (:mod:`tbq.check.inputs`), what differs between
+an encoder and a decoder (:mod:`tbq.check.directions`), the fuzz phase (:mod:`tbq.check.fuzz`) and the
+settings (:mod:`tbq.check.settings`); this module runs the phases, keeps what fails, reduces the
+counterexamples and assembles the report.
 
 1. ``golden``: the golden input families of :mod:`tbq.golden` in bulk (every
    edge kind, then Gaussian, outlier and heavy-tailed rows), in rows of 128
@@ -22,23 +27,15 @@ fails), and the diagnoses run over the kept failing blocks.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import random
-import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ..codecs import codec_from
-from ..errors import TbqValueError
 from ..formats import Format
-from ..formats.base import FIELD_KINDS
-from ..golden.families import EDGE_KINDS, ROW_SIZE, make_inputs
 from ..parallel import require_memory
 from ..progress import Progress
 from .classify import (
@@ -52,37 +49,24 @@ from .classify import (
     UNDEFINED,
     WRONG,
     Classified,
-    Trace,
-    classify_decoded,
-    classify_encoded,
-    encoder_trace,
 )
 from .diagnose import (
     KEEP_BLOCKS,
     Diagnosis,
     Kept,
-    KeptBlocks,
     describe_differences,
     describe_values,
     diagnose_accepted,
-    diagnose_decoder,
-    diagnose_encoder,
     diagnose_fragile,
     percent,
     select_kept,
 )
+from .directions import DIRECTIONS, Batch, Decoder, Direction, Encoder, Signature
+from .fuzz import FuzzPhase, FuzzUnavailable, find_settings, hypothesis_scratch, require_hypothesis
+from .inputs import golden_rows, random_blocks, row_len
 from .report import CheckReport, Counterexample, PhaseResult, make_counterexample
 from .settings import DEFAULT_BLOCKS, DEFAULT_EXAMPLES, DEFAULT_K, CheckSettings, accept_names, check_accept
 from .targets import CALL_VALUES, Target, TargetError
-
-if TYPE_CHECKING:  # hypothesis is optional: imported where the fuzz phase runs
-    from hypothesis.strategies import SearchStrategy
-
-#: A batch's classes with tbq's and the target's outputs: ``(Classified, ref, got)``.
-Batch = tuple[Classified, NDArray[Any], NDArray[Any]]
-#: What tells two failures of one block apart while reducing: the differing fields (encoders) or whether
-#: values differ beyond signed zeros and NaN payloads (decoders).
-Signature = tuple[str, ...] | bool
 
 __all__ = [
     "DEFAULT_BLOCKS",
@@ -97,6 +81,7 @@ __all__ = [
     "require_hypothesis",
     "find_settings",
     "FuzzUnavailable",
+    "hypothesis_scratch",
 ]
 
 #: Blocks classified at a time in the bulk phases (bounds the memory of a check of millions of blocks).
@@ -113,359 +98,13 @@ def check_memory(fmt: Format, blocks: int) -> int:
     return int(blocks) * (BYTES_PER_VALUE * info.block_size + BYTES_PER_ENCODED_BYTE * info.type_size + BYTES_PER_BLOCK)
 
 
-#: Rows per fuzz example (each example is one target call).
-FUZZ_ROWS = 4
 #: At most this many target calls go into reducing a golden counterexample.
 SHRINK_CALLS = 200
-#: Seconds hypothesis may spend shrinking a failure (its own limit is 5 minutes; a failure that depends on the
-#: length of the call, such as a SIMD body's, makes it try tens of thousands of candidates). The check's own
-#: reduction then cuts the example further.
-SHRINK_SECONDS = 10.0
-#: Examples per hypothesis run when the fuzz phase has a time budget (``seconds``).
-ROUND_EXAMPLES = 25
-
-#: At most this many rows of each edge kind (they are built one at a time; about 0.4 ms a row).
-EDGE_REPEATS = 32
-
-#: fp16 (and bfloat16) bit-pattern ranges the bytes phase writes into scale fields, inclusive.
-#: The special fp16 / bf16 patterns (the field kinds' own lists, :data:`tbq.formats.base.FIELD_KINDS`).
-SPECIAL_F16 = FIELD_KINDS["f16"].specials
-SPECIAL_BF16 = FIELD_KINDS["bf16"].specials
-
-
-class FuzzUnavailable(TbqValueError):
-    """The fuzz phase was asked for but hypothesis is not installed."""
-
-
-def require_hypothesis() -> None:
-    """Raise :class:`FuzzUnavailable` (one line) unless hypothesis imports."""
-    try:
-        import hypothesis  # noqa: F401
-    except ImportError:
-        raise FuzzUnavailable(
-            "the fuzz phase needs the hypothesis package (pip install hypothesis, or pip install 'tbq[test]'); "
-            "pass --examples 0 (examples=0 in Python) to skip the fuzz phase"
-        ) from None
-
-
-# ---------------------------------------------------------------------------
-# inputs
-# ---------------------------------------------------------------------------
-
-
-def _row_len(fmt: Format) -> int:
-    bs = fmt.block_size
-    return ROW_SIZE if ROW_SIZE % bs == 0 else bs * -(-ROW_SIZE // bs)
-
-
-def _table_kw(fmt: Format) -> dict[str, Any]:
-    """The golden tables (codebook, signs) the edge rows are built with: the format's own where it has them."""
-    cfg = fmt.config()
-    return {key: cfg[key] for key in ("codebook", "signs") if key in cfg}
-
-
-def golden_rows(fmt: Format, blocks: int, seed: int = 0) -> NDArray[np.float32]:
-    """float32 rows of 128 values holding about ``blocks`` blocks of ``fmt`` from the golden families.
-
-    Every edge kind of :data:`tbq.golden.EDGE_KINDS` at least once (about a
-    tenth of the rows, at most :data:`EDGE_REPEATS` of each), the rest split over the Gaussian, outlier and
-    heavy-tailed families; the same seeds as ``tbq golden --seed``.
-
-    >>> golden_rows(__import__("tbq").get_format("q4_0"), 400).shape
-    (100, 128)
-    """
-    per_row = _row_len(fmt) // fmt.block_size
-    n_rows = max(1, -(-blocks // per_row))
-    reps = max(1, min(EDGE_REPEATS, round(n_rows * 0.1 / len(EDGE_KINDS))))
-    edge_rows = len(EDGE_KINDS) * reps
-    rest = max(0, n_rows - edge_rows)
-    kw = _table_kw(fmt)
-    parts = [make_inputs(edge_rows, seed, ("edge",), **kw)["x"]]
-    if rest:
-        parts.append(make_inputs(-(-rest // 3), seed, ("gaussian", "outliers", "heavy_tail"), **kw)["x"])
-    x = np.concatenate(parts)
-    if _row_len(fmt) != ROW_SIZE:  # a block longer than a golden row, or one that does not divide it
-        flat = x.reshape(-1)
-        x = flat[: flat.size // _row_len(fmt) * _row_len(fmt)].reshape(-1, _row_len(fmt))
-    return np.ascontiguousarray(x[:n_rows], np.float32)
-
-
-def random_blocks(fmt: Format, blocks: int, seed: int = 0) -> NDArray[np.uint8]:
-    """uint8 rows of arbitrary encoded blocks: random bytes and patterns, most scale fields special values.
-
-    Every field whose kind has special 16-bit patterns (``f16``: :data:`SPECIAL_F16`,
-    ``bf16``: ``SPECIAL_BF16``) gets, in two blocks of three, one of them in turn.
-
-    >>> random_blocks(__import__("tbq").get_format("q8_0"), 8).shape
-    (2, 136)
-    """
-    ts = fmt.type_size
-    per_row = _row_len(fmt) // fmt.block_size
-    n_rows = max(1, -(-blocks // per_row))
-    n = n_rows * per_row
-    rng = np.random.default_rng(seed * 1000 + 77)
-    data = rng.integers(0, 256, (n, ts), dtype=np.uint8)
-    for i, byte in enumerate((0x00, 0xFF, 0x0F, 0xF0, 0x55, 0xAA, 0x88, 0x77)):
-        if 8 * i < n:
-            data[8 * i] = byte
-    for f in fmt.info.layout:
-        table = FIELD_KINDS[f.kind].specials if f.kind in FIELD_KINDS else None
-        if not table or f.size % 2:
-            continue
-        kinds = list(table.values())
-        for off in range(f.offset, f.offset + f.size, 2):
-            pick = np.flatnonzero(np.arange(n) % 3 != 2)
-            which = (pick // 3 * 2 + pick % 3 + off) % len(kinds)
-            lo = np.array([kinds[w][0] for w in which])
-            hi = np.array([kinds[w][1] for w in which])
-            bits = (lo + rng.integers(0, 1 << 16, pick.size) % (hi - lo + 1)).astype("<u2")
-            data[pick, off : off + 2] = bits.view(np.uint8).reshape(-1, 2)
-    return data.reshape(n_rows, per_row * ts)
 
 
 # ---------------------------------------------------------------------------
 # the check
 # ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def hypothesis_scratch() -> Iterator[None]:
-    """Hypothesis's storage (its example database is off; it also caches constants) in a temporary directory.
-
-    Unless the user chose a place (``HYPOTHESIS_STORAGE_DIRECTORY`` or
-    ``hypothesis.configuration.set_hypothesis_home_dir``), hypothesis writes
-    ``.hypothesis/`` into the working directory: a check writes nothing there.
-    """
-    from hypothesis import configuration
-
-    key = "__hypothesis_home_directory"
-    if os.getenv("HYPOTHESIS_STORAGE_DIRECTORY") or getattr(configuration, key, None) is not None:
-        yield
-        return
-    with tempfile.TemporaryDirectory(prefix="tbq-check-hypothesis-") as tmp:
-        configuration.set_hypothesis_home_dir(tmp)
-        try:
-            yield
-        finally:
-            configuration.set_hypothesis_home_dir(None)
-
-
-def find_settings(max_examples: int) -> Any:
-    """The settings of a fuzz phase's ``hypothesis.find``: at least one example, no deadline, no example database,
-    quiet, generate and shrink only, no health checks (a target's speed and its inputs are not the user's tests)."""
-    import hypothesis
-    from hypothesis import HealthCheck, Phase, Verbosity
-
-    return hypothesis.settings(
-        max_examples=max(1, max_examples),
-        deadline=None,
-        database=None,
-        verbosity=Verbosity.quiet,
-        phases=[Phase.generate, Phase.shrink],
-        suppress_health_check=list(HealthCheck),
-    )
-
-
-class _ShrinkTimeout(BaseException):
-    """Stops hypothesis's shrink once :data:`SHRINK_SECONDS` have passed (a BaseException: hypothesis does not shrink it)."""
-
-
-class _Abort(BaseException):
-    """Carries a TargetError out of hypothesis without a shrink (hypothesis would shrink an Exception)."""
-
-
-class _Direction:
-    """One direction of the check (the target's encoder or decoder): everything that differs between them.
-
-    The check itself (:class:`_Check`) runs the same phases, records, reductions and counterexamples for
-    both, asking its direction objects for the unit of an input row (``width``), the reference and
-    target calls (``run``), what to keep of a non-exact block, the fuzz strategy, the signature of a
-    difference and the diagnoses.
-    """
-
-    name = ""
-    unit = ""  #: what an input row holds ("values" / "bytes")
-    phase_names: tuple[str, ...] = ("golden", "fuzz")  #: the phases of :data:`PHASES` this direction runs
-
-    def __init__(self, check: _Check) -> None:
-        self.check, self.fmt = check, check.fmt
-        self.phases: list[PhaseResult] = []
-        self.kept = {c: Kept() for c in range(1, len(CLASSES))}  # every class but exact
-        self.first: dict[
-            int, tuple[str, NDArray[Any], int, str]
-        ] = {}  # class -> (phase, input row(s), block index, how)
-        #: class -> (the target call's rows up to the failing one as one row, the failing block in it), or None
-        self.batch: dict[int, tuple[NDArray[Any], int] | None] = {}
-
-    def width(self) -> int:
-        """Input items per block."""
-        raise NotImplementedError
-
-    def run(self, rows: NDArray[Any]) -> Batch:
-        """``(Classified, ref, got)`` of input ``rows``."""
-        raise NotImplementedError
-
-    def keep(
-        self,
-        kept: Kept,
-        cls: NDArray[np.uint8],
-        where: list[tuple[str, int]],
-        rows: NDArray[Any],
-        keep: NDArray[np.intp],
-        ref: NDArray[Any],
-        got: NDArray[Any],
-    ) -> None:
-        raise NotImplementedError
-
-    def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
-        raise NotImplementedError
-
-    def strategy(self, max_blocks: int, lead: SearchStrategy[tuple[int, ...]]) -> SearchStrategy[NDArray[Any]]:
-        raise NotImplementedError
-
-    def signature(self, ref: NDArray[Any], got: NDArray[Any], b: int) -> Signature:
-        raise NotImplementedError
-
-    def trace(self, row: NDArray[Any], blk: int) -> Trace | None:
-        return None
-
-    def outputs(self, row: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any], int, str]:
-        """The target's outputs of ``row`` into buffers filled two ways (``(a, b, width, unit)``), for the unwritten check."""
-        raise NotImplementedError
-
-    def field_names(self, diff: NDArray[np.intp], width: int) -> list[str]:
-        return []
-
-    def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
-        raise NotImplementedError
-
-    def smoke(self, x: NDArray[np.float32]) -> None:
-        """One target call on float32 rows ``x`` (encoded first for a decoder)."""
-        raise NotImplementedError
-
-
-class _Encoder(_Direction):
-    name, unit = "quantize", "values"
-
-    def width(self) -> int:
-        return self.fmt.block_size
-
-    def run(self, x: NDArray[np.float32]) -> Batch:
-        """Classify the target's bytes of rows ``x``."""
-        ref = self.check.codec.encode(x)
-        got = self.check.target.quantize(x)
-        return classify_encoded(self.fmt, x, ref, got, self.check.settings.k), ref, got
-
-    def keep(
-        self,
-        kept: Kept,
-        cls: NDArray[np.uint8],
-        where: list[tuple[str, int]],
-        rows: NDArray[Any],
-        keep: NDArray[np.intp],
-        ref: NDArray[Any],
-        got: NDArray[Any],
-    ) -> None:
-        ts = self.fmt.type_size
-        trace, xb = encoder_trace(self.fmt, rows, keep)
-        kept.add(cls, where, x=xb, ref=ref.reshape(-1, ts)[keep], got=got.reshape(-1, ts)[keep], trace=trace)
-
-    def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
-        return x
-
-    def strategy(self, max_blocks: int, lead: SearchStrategy[tuple[int, ...]]) -> SearchStrategy[NDArray[Any]]:
-        from ..testing import strategies as tst
-
-        return tst.float_blocks(self.check.codec, min_blocks=1, max_blocks=max_blocks, leading_shape=lead)
-
-    def signature(self, ref: NDArray[Any], got: NDArray[Any], b: int) -> Signature:
-        """The fields that differ (reduction keeps them)."""
-        ts = self.fmt.type_size
-        e, g = ref.reshape(-1, ts)[b : b + 1], got.reshape(-1, ts)[b : b + 1]
-        Fe, Fg = self.fmt.fields(e), self.fmt.fields(g)
-        return tuple(
-            n for n in Fe if not np.array_equal(np.asarray(Fe[n]).view(np.uint8), np.asarray(Fg[n]).view(np.uint8))
-        )
-
-    def trace(self, row: NDArray[Any], blk: int) -> Trace | None:
-        return encoder_trace(self.fmt, row[None, :], np.array([blk]))[0]
-
-    def outputs(self, row: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any], int, str]:
-        t = self.check.target
-        return t.quantize(row, fill=0x00), t.quantize(row, fill=0xFF), self.fmt.type_size, "byte"
-
-    def field_names(self, diff: NDArray[np.intp], width: int) -> list[str]:
-        names = {o: f.name for f in self.fmt.info.layout for o in range(f.offset, f.offset + f.size)}
-        return sorted({names.get(int(o) % width, "?") for o in diff})
-
-    def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
-        return diagnose_encoder(self.fmt, kept, self.check.settings.k)
-
-    def smoke(self, x: NDArray[np.float32]) -> None:
-        self.check.target.quantize(x)
-
-
-class _Decoder(_Direction):
-    name, unit = "dequantize", "bytes"
-    phase_names = ("golden", "fuzz", "bytes")  # decoders also meet arbitrary bytes
-
-    def width(self) -> int:
-        return self.fmt.type_size
-
-    def run(self, data: NDArray[np.uint8]) -> Batch:
-        ref = self.check.codec.decode(data)
-        got = self.check.target.dequantize(data)
-        return classify_decoded(self.fmt, data, ref, got), ref, got
-
-    def keep(
-        self,
-        kept: Kept,
-        cls: NDArray[np.uint8],
-        where: list[tuple[str, int]],
-        rows: NDArray[Any],
-        keep: NDArray[np.intp],
-        ref: NDArray[Any],
-        got: NDArray[Any],
-    ) -> None:
-        ts, bs = self.fmt.type_size, self.fmt.block_size
-        kept.add(
-            cls, where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep], got=got.reshape(-1, bs)[keep]
-        )
-
-    def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
-        return ref_bytes
-
-    def strategy(self, max_blocks: int, lead: SearchStrategy[tuple[int, ...]]) -> SearchStrategy[NDArray[Any]]:
-        from hypothesis import strategies as st
-
-        from ..testing import strategies as tst
-
-        c = self.check.codec
-        return st.one_of(
-            tst.encoded_blocks(c, valid=True, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
-            tst.encoded_blocks(c, valid=False, min_blocks=1, max_blocks=max_blocks, leading_shape=lead),
-        )
-
-    def signature(self, ref: NDArray[Any], got: NDArray[Any], b: int) -> Signature:
-        """Whether values differ beyond the sign of zero and NaN payloads."""
-        bs = self.fmt.block_size
-        e, g = ref.reshape(-1, bs)[b].astype(np.float64), got.reshape(-1, bs)[b].astype(np.float64)
-        with np.errstate(all="ignore"):
-            return bool(((e != g) & ~(np.isnan(e) & np.isnan(g))).any())
-
-    def outputs(self, row: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any], int, str]:
-        t = self.check.target
-        a, b = t.dequantize(row, fill=0x00000000), t.dequantize(row, fill=0xFFFFFFFF)
-        return a.view(np.uint32), b.view(np.uint32), self.fmt.block_size, "value"
-
-    def diagnose(self, kept: KeptBlocks) -> list[Diagnosis]:
-        return diagnose_decoder(self.fmt, kept)
-
-    def smoke(self, x: NDArray[np.float32]) -> None:
-        self.check.target.dequantize(self.check.codec.encode(x))
-
-
-_DIRECTIONS: dict[str, type[_Direction]] = {d.name: d for d in (_Encoder, _Decoder)}
 
 
 @dataclass(frozen=True)
@@ -498,23 +137,23 @@ class _Check:
         # what the reference writers store for a value that does not fit: the C code's infinities, FP8's saturation
         stored = self.fmt.golden.on_overflow if self.fmt.golden.on_overflow != "raise" else "inf"
         self.codec = codec_from(self.fmt.name, self.fmt.config(), on_overflow=stored)
-        self.dirs = {d: _DIRECTIONS[d](self) for d in target.directions}
+        self.dirs = {d: DIRECTIONS[d](self) for d in target.directions}
         self.notes: list[str] = []
         self.diagnoses: list[Diagnosis] = []
         self.golden_x: NDArray[np.float32] | None = None
 
     # -- one batch --------------------------------------------------------------------------
-    def _failing(self, cls: NDArray[np.uint8]) -> NDArray[np.bool_]:
+    def failing(self, cls: NDArray[np.uint8]) -> NDArray[np.bool_]:
         return np.isin(cls, self.failing_classes)
 
     def quantize_batch(self, x: NDArray[np.float32]) -> Batch:
         """Classify the target's bytes of rows ``x``; returns (Classified, ref, got)."""
-        return _Encoder(self).run(x)
+        return Encoder(self).run(x)
 
     def dequantize_batch(self, data: NDArray[np.uint8]) -> Batch:
-        return _Decoder(self).run(data)
+        return Decoder(self).run(data)
 
-    def _classify(self, d: _Direction, rows: NDArray[Any]) -> Batch:
+    def classify(self, d: Direction, rows: NDArray[Any]) -> Batch:
         """``d.run(rows)``, then the wrong blocks a diagnosis named in ``accept`` explains by themselves become accepted."""
         c, ref, got = d.run(rows)
         if self.accept_diagnoses and c.idx.size:
@@ -532,9 +171,9 @@ class _Check:
                         c.cls[b] = ACCEPTED
         return c, ref, got
 
-    def _record(
+    def record(
         self,
-        d: _Direction,
+        d: Direction,
         phase: str,
         rows: NDArray[Any],
         c: Classified,
@@ -554,14 +193,14 @@ class _Check:
             if cls not in d.first:
                 b = int(bi[0])
                 d.first[cls] = (phase, rows[b // per_row].copy(), b % per_row, "")
-                d.batch[cls] = self._call_of(rows, b, per_row)
+                d.batch[cls] = self.call_of(rows, b, per_row)
             keep = bi[: d.kept[cls].room]
             if not keep.size:
                 continue
             where = [(phase, offset + int(i)) for i in keep]
             d.keep(d.kept[cls], c.cls[keep], where, rows, keep, ref, got)
 
-    def _phase(self, d: _Direction, phase: str, rows: NDArray[Any]) -> None:
+    def _phase(self, d: Direction, phase: str, rows: NDArray[Any]) -> None:
         """One bulk phase, in chunks of about :data:`CHUNK_BLOCKS` blocks (one target call per chunk where it allows)."""
         t0 = time.perf_counter()
         width = d.width()
@@ -569,90 +208,12 @@ class _Check:
         counts = np.zeros(len(CLASSES), np.int64)
         for r0 in range(0, rows.shape[0], step):
             chunk = rows[r0 : r0 + step]
-            c, ref, got = self._classify(d, chunk)
-            self._record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
+            c, ref, got = self.classify(d, chunk)
+            self.record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
             counts += np.bincount(c.cls, minlength=len(CLASSES))
         d.phases.append(PhaseResult.from_counts(d.name, phase, counts, time.perf_counter() - t0, _PHASE[phase].note))
 
-    # -- fuzz -------------------------------------------------------------------------------
-    def _strategy(self, d: _Direction) -> SearchStrategy[NDArray[Any]]:
-        from hypothesis import strategies as st
-
-        bs = self.fmt.block_size
-        max_blocks = max(2, min(32, 128 // bs))
-        lead = st.integers(1, FUZZ_ROWS).map(lambda r: (r,))
-        return d.strategy(max_blocks, lead)
-
-    def _fuzz(self, d: _Direction) -> None:
-        import hypothesis
-        from hypothesis.errors import HypothesisException, NoSuchExample
-
-        t0 = time.perf_counter()
-        strat = self._strategy(d)
-        counts = np.zeros(len(CLASSES), np.int64)
-        # found (bool), examples (int), first and best (the first and the smallest failing rows), found_at (seconds)
-        state: dict[str, Any] = {"found": False, "examples": 0, "first": None, "best": None, "found_at": 0.0}
-
-        def condition(example: NDArray[Any]) -> bool:
-            rows = np.ascontiguousarray(example)
-            if rows.ndim == 1:
-                rows = rows[None, :]
-            if state["found"] and time.perf_counter() - state["found_at"] > SHRINK_SECONDS:
-                raise _ShrinkTimeout()  # the shrink's time is up: the smallest failing example seen is kept
-            try:
-                c, ref, got = self._classify(d, rows)
-            except TargetError as exc:
-                raise _Abort(exc) from None
-            failing = bool(self._failing(c.cls).any())
-            if not state["found"]:
-                state["examples"] += 1
-                counts[:] += np.bincount(c.cls, minlength=len(CLASSES))
-                self._record(d, "fuzz", rows, c, ref, got)
-                if failing:
-                    state["found"], state["first"], state["found_at"] = True, rows.copy(), time.perf_counter()
-            if failing and (state["best"] is None or rows.size < state["best"].size):
-                state["best"] = rows.copy()
-            return failing
-
-        minimal, why = None, ""
-        rounds = 0
-        while True:
-            n = self.settings.examples if not self.settings.seconds else ROUND_EXAMPLES
-            try:
-                minimal = hypothesis.find(
-                    strat,
-                    condition,
-                    settings=find_settings(n),
-                    random=random.Random(self.settings.seed * 7919 + rounds),
-                )
-                break
-            except NoSuchExample:
-                pass
-            except _Abort as a:
-                raise a.args[0] from None
-            except _ShrinkTimeout:
-                why = f"shrinking stopped after {SHRINK_SECONDS:g} s; the smallest failing example seen"
-                break
-            except HypothesisException as exc:  # e.g. Flaky: the target answered the same input differently
-                why = f"hypothesis stopped ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
-                self.notes.append(f"{d.name} fuzz: {why}")
-                break
-            rounds += 1
-            if not self.settings.seconds or time.perf_counter() - t0 >= self.settings.seconds:
-                break
-        if minimal is not None:
-            self._set_fuzz_first(d, np.ascontiguousarray(minimal), "shrunk by hypothesis")
-        elif state["best"] is not None and why.startswith("shrinking stopped"):
-            self._set_fuzz_first(d, state["best"], f"shrunk by hypothesis ({why})")
-        elif state["first"] is not None:
-            self._set_fuzz_first(d, state["first"], f"not shrunk: {why}" if why else "not shrunk")
-        n = state["examples"]
-        note = f"{n} hypothesis example{'s' if n != 1 else ''}" + (
-            " (stopped at the first failure)" if state["found"] else ""
-        )
-        d.phases.append(PhaseResult.from_counts(d.name, "fuzz", counts, time.perf_counter() - t0, note))
-
-    def _call_of(self, rows: NDArray[Any], b: int, per_row: int) -> tuple[NDArray[Any], int] | None:
+    def call_of(self, rows: NDArray[Any], b: int, per_row: int) -> tuple[NDArray[Any], int] | None:
         """The rows of the target call that got flat block ``b``, as one row (blocks are independent),
         and ``b``'s index in it: a kernel whose result depends on the call's length fails there, maybe not on one row."""
         if self.fmt.row_rule:
@@ -663,37 +224,18 @@ class _Check:
         r0 = r // per_call * per_call
         return np.ascontiguousarray(rows[r0 : r0 + per_call]).reshape(-1).copy(), (r - r0) * per_row + b % per_row
 
-    def _set_fuzz_first(self, d: _Direction, example: NDArray[Any], how: str) -> None:
-        """The minimal fuzz example's first failing block replaces the golden one (it is shrunk)."""
-        rows = example if example.ndim == 2 else example[None, :]
-        c, _, _ = self._classify(d, rows)
-        bad = np.flatnonzero(self._failing(c.cls))
-        if not bad.size:  # pragma: no cover - hypothesis only returns failing examples
-            return
-        width = d.width()
-        per_row = rows.shape[1] // width
-        b = int(bad[0])
-        row, blk = rows[b // per_row], b % per_row
-        d.first[int(c.cls[b])] = (
-            "fuzz",
-            row.copy(),
-            blk,
-            how,
-        )  # the reduction cuts it to the block where that still fails
-        d.batch[int(c.cls[b])] = self._call_of(rows, b, per_row)
-
     # -- counterexamples ---------------------------------------------------------------------
-    def _fails(self, d: _Direction, row: NDArray[Any]) -> tuple[bool, int, int, Signature | None]:
+    def _fails(self, d: Direction, row: NDArray[Any]) -> tuple[bool, int, int, Signature | None]:
         """``(failing, first failing block, its class, its signature)`` of one input row."""
-        c, ref, got = self._classify(d, row[None, :])
-        bad = np.flatnonzero(self._failing(c.cls))
+        c, ref, got = self.classify(d, row[None, :])
+        bad = np.flatnonzero(self.failing(c.cls))
         if not bad.size:
             return False, -1, EXACT, None
         b = int(bad[0])
         return True, b, int(c.cls[b]), d.signature(ref, got, b)
 
     def _reduce(
-        self, d: _Direction, row: NDArray[Any], blk: int, batch: tuple[NDArray[Any], int] | None = None
+        self, d: Direction, row: NDArray[Any], blk: int, batch: tuple[NDArray[Any], int] | None = None
     ) -> tuple[NDArray[Any], int, str]:
         """A smaller failing input: the block alone (when blocks are independent); when the block alone passes, the
         shortest run of blocks around it that still fails (a kernel whose body and tail differ); then values zeroed
@@ -767,7 +309,7 @@ class _Check:
         how += f", {zeroed} {d.unit} zeroed while it kept failing the same way ({calls} target calls)"
         return cur, blk, how
 
-    def counterexample(self, d: _Direction) -> Counterexample | None:
+    def counterexample(self, d: Direction) -> Counterexample | None:
         refused = [c for c in self.failing_classes if c in d.first]
         pick = refused[0] if refused else None
         if pick is None:
@@ -775,8 +317,8 @@ class _Check:
         phase, row, blk, how = d.first[pick]
         row, blk, reduced = self._reduce(d, row, blk, d.batch.get(pick))
         how = f"{how}; then {reduced}" if how else reduced
-        c, ref, got = self._classify(d, row[None, :])
-        bad = np.flatnonzero(self._failing(c.cls))
+        c, ref, got = self.classify(d, row[None, :])
+        bad = np.flatnonzero(self.failing(c.cls))
         if not bad.size:  # pragma: no cover - a target that does not answer the same input the same way
             return None
         if blk not in bad:
@@ -787,7 +329,7 @@ class _Check:
         )
 
     # -- diagnoses that need the target -----------------------------------------------------------
-    def _unwritten(self, d: _Direction, ce: Counterexample | None) -> Diagnosis | None:
+    def _unwritten(self, d: Direction, ce: Counterexample | None) -> Diagnosis | None:
         if self.target.kind != "library" or ce is None:
             return None
         row = ce.input[None, :]
@@ -857,12 +399,12 @@ class _Check:
             "both",
         )
 
-    def _direction_failed(self, d: _Direction) -> bool:
+    def _direction_failed(self, d: Direction) -> bool:
         w = sum(p.wrong for p in d.phases)
         f = sum(getattr(p, CLASSES[c]) for p in d.phases for c in self.failing_classes if c != WRONG)
         return bool(w or f or self.target.faults.get(d.name))
 
-    def _accepted_diagnoses(self, d: _Direction) -> list[Diagnosis]:
+    def _accepted_diagnoses(self, d: Direction) -> list[Diagnosis]:
         """What the blocks of the accepted non-exact classes are (equivalent, undefined, tie_rule)."""
         total = sum(p.blocks - p.exact for p in d.phases)
         out: list[Diagnosis] = []
@@ -904,7 +446,7 @@ class _Check:
             for d in self.dirs.values():
                 if fuzz:
                     with hypothesis_scratch():
-                        self._fuzz(d)
+                        FuzzPhase(self).run(d)
                     bar.step(f"{d.name} fuzz")
                 else:
                     d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
@@ -947,7 +489,7 @@ class _Check:
 
     def _smoke(self) -> None:
         """One call per direction on a row of zeros, so a target that cannot run fails before any work."""
-        x = np.zeros((1, _row_len(self.fmt)), np.float32)
+        x = np.zeros((1, row_len(self.fmt)), np.float32)
         for d in self.dirs.values():
             d.smoke(x)
 

@@ -17,7 +17,6 @@ tbq.errors.TbqValueError: blocks and examples are both 0: nothing would be check
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, TbqValueError, check_int, check_number
+from ..errors import TbqValueError, check_int, check_number
+from ..golden.settings import settings_with
 from .diagnose import DIAGNOSES
 
 __all__ = ["CheckSettings", "DEFAULT_BLOCKS", "DEFAULT_EXAMPLES", "DEFAULT_K", "accept_names", "check_accept"]
@@ -133,19 +133,7 @@ class CheckSettings:
     def of(cls, settings: CheckSettings | None = None, keywords: Mapping[str, Any] | None = None) -> CheckSettings:
         """``settings`` with ``keywords`` (names of its fields) replaced; ``CheckSettings(**keywords)`` without it.
         A keyword that is not a setting is refused naming the settings."""
-        keywords = dict(keywords or {})
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(keywords) - names)
-        if unknown:
-            raise ConfigError(
-                f"unknown check setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
-                f"the settings are {', '.join(sorted(names))}"
-            )
-        if settings is None:
-            return cls(**keywords)
-        if not isinstance(settings, cls):
-            raise ConfigError(f"settings must be a tbq.check.CheckSettings, got {type(settings).__name__}")
-        return dataclasses.replace(settings, **keywords) if keywords else settings
+        return settings_with(cls, settings, keywords, "tbq.check.CheckSettings")
 
     def report_settings(self, reference_backend: str) -> dict[str, Any]:
         """The settings a :class:`~tbq.check.report.CheckReport` records (with the reference codec's backend and

@@ -19,6 +19,9 @@ raises :class:`TargetError`: the CLI prints it as one line and exits 2.
 >>> t = CallableTarget(tbq.get_format("q8_0"), quantize=lambda x: tbq.quantize(x, "q8_0"))
 >>> t.directions, t.quantize(np.zeros((2, 64), np.float32)).shape
 (('quantize',), (2, 68))
+
+Why one module of this length: the three kinds of target share :class:`Target`'s chunking,
+its fills of the output buffers and its bookkeeping of faults; each kind is the transport alone.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ another package names in the ``tbq.formats`` entry point group (a plugin
 format); listings follow the formats' numeric codes. Adding a format is the
 recipe in docs/architecture.md.
 
->>> formats()[:4]
+>>> format_names()[:4]
 ('q8_0', 'q4_0', 'tbq4_0', 'tbq3_0')
 >>> get_format("q4_0").fields(np.zeros((2, 18), np.uint8))["qs"].shape
 (2, 1, 32)
@@ -26,6 +26,7 @@ import importlib
 import pkgutil
 import sys
 import types
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
@@ -99,6 +100,7 @@ __all__ = [
     "Field",
     "Option",
     "FORMATS",
+    "format_names",
     "formats",
     "cache_formats",
     "format_name",
@@ -113,13 +115,18 @@ __all__ = [
 ]
 
 
-def formats() -> tuple[str, ...]:
-    """Names of the block formats, in the order of docs/formats.md.
+def format_names() -> tuple[str, ...]:
+    """Names of the block formats, in the order of docs/formats.md (``tbq.format_names()``).
 
-    >>> formats()[0]
+    >>> format_names()[0]
     'q8_0'
     """
     return tuple(FORMATS)
+
+
+#: The same function under its first name (``from tbq.formats import formats``); calling the package itself,
+#: ``tbq.formats()``, is deprecated: use :func:`format_names`.
+formats = format_names
 
 
 def cache_formats() -> tuple[str, ...]:
@@ -237,14 +244,23 @@ def parse_option(text: str) -> tuple[str, object]:
 
 
 class _CallableModule(types.ModuleType):
-    """``tbq.formats`` is this package *and* callable: ``tbq.formats()`` lists the names.
+    """``tbq.formats`` is this package; calling it, ``tbq.formats()``, is a deprecated spelling of
+    :func:`format_names` that still works (a :class:`DeprecationWarning` for callers outside tbq).
 
-    So ``tbq.formats()``, ``tbq.formats.FORMATS`` and ``import tbq.formats.q4_0``
-    all work, with no function shadowing the package.
+    The package was made callable so that one name listed the formats and held their modules; a module
+    that is also a function confuses type checkers and readers (``tbq.formats`` has no ``__call__`` in any
+    stub), so the listing is the function :func:`tbq.format_names` and the call stays only for old code.
     """
 
     def __call__(self) -> tuple[str, ...]:
-        return formats()
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not (caller == "tbq" or caller.startswith("tbq.")):
+            warnings.warn(
+                "calling the package tbq.formats() is deprecated: use tbq.format_names()",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return format_names()
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -5,6 +5,10 @@
 :func:`generate` does all of it for a list of formats and attention pairs and
 returns a :class:`Summary`. Nothing here prints: progress goes to the
 ``progress`` callback and the summary table is returned as text.
+
+Why one module of this length: building, writing, regenerating and verifying golden sets share
+the per-format and attention builders and the manifest checks; the settings are
+:mod:`tbq.golden.settings`.
 """
 
 from __future__ import annotations
@@ -500,24 +504,7 @@ def generate(
     (``print(summary.table())``). ``settings``: all but ``out`` and ``progress`` at once, a
     :class:`~tbq.golden.settings.GoldenSettings` (then leave their keywords out).
     """
-    given: dict[str, Any] = {
-        "formats": formats,
-        "families": families,
-        "rows_per_family": rows_per_family,
-        "seed": seed,
-        "codebook": codebook,
-        "signs": signs,
-        "k": k,
-        "ulp_floor": ulp_floor,
-        "attention": attention,
-        "attention_pairs": attention_pairs,
-        "tokens": tokens,
-        "n_head": n_head,
-        "n_head_kv": n_head_kv,
-        "n_sink": n_sink,
-        "sink_format": sink_format,
-        "options": options,
-    }
+    given: dict[str, Any] = {name: value for name, value in locals().items() if name in _GENERATE_DEFAULTS}
     if settings is None:
         given["rows_per_family"] = _rows_per_family(rows_per_family, blocks)
         s = GoldenSettings(**given)

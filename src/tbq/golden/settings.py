@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from .families import (
 )
 from .fragility import DEFAULT_K
 
-__all__ = ["GoldenSettings", "DEFAULT_ATTENTION_PAIRS", "MAX_K", "golden_formats"]
+__all__ = ["GoldenSettings", "settings_with", "DEFAULT_ATTENTION_PAIRS", "MAX_K", "golden_formats"]
 
 DEFAULT_ATTENTION_PAIRS = (("tbq4_0", "tbq4_0"), ("q8_0", "tbq4_0"))
 #: The widest fragility margin taken, in float32 ulps (2^22: half a binade).
@@ -190,16 +190,27 @@ class GoldenSettings:
     @classmethod
     def of(cls, settings: GoldenSettings | None = None, keywords: Mapping[str, Any] | None = None) -> GoldenSettings:
         """``settings`` with ``keywords`` (names of its fields) replaced; ``GoldenSettings(**keywords)`` without it."""
-        keywords = dict(keywords or {})
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        unknown = sorted(set(keywords) - names)
-        if unknown:
-            raise ConfigError(
-                f"unknown golden setting{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
-                f"the settings are {', '.join(sorted(names))}"
-            )
-        if settings is None:
-            return cls(**keywords)
-        if not isinstance(settings, cls):
-            raise ConfigError(f"settings must be a tbq.golden.GoldenSettings, got {type(settings).__name__}")
-        return dataclasses.replace(settings, **keywords) if keywords else settings
+        return settings_with(cls, settings, keywords, "tbq.golden.GoldenSettings")
+
+
+_R = TypeVar("_R")
+
+
+def settings_with(cls: type[_R], settings: _R | None, keywords: Mapping[str, Any] | None, what: str) -> _R:
+    """A frozen settings record of dataclass ``cls``: ``settings`` with ``keywords`` (names of its init fields)
+    replaced, or ``cls(**keywords)`` without it. A keyword that is not a field, or ``settings`` of another class,
+    is refused in one line naming ``what`` (the record's public name). Shared by :class:`GoldenSettings` and
+    :class:`tbq.check.CheckSettings`."""
+    keywords = dict(keywords or {})
+    names = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
+    unknown = sorted(set(keywords) - names)
+    if unknown:
+        raise ConfigError(
+            f"unknown {what} field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: "
+            f"the settings are {', '.join(sorted(names))}"
+        )
+    if settings is None:
+        return cls(**keywords)
+    if not isinstance(settings, cls):
+        raise ConfigError(f"settings must be a {what}, got {type(settings).__name__}")
+    return dataclasses.replace(settings, **keywords) if keywords else settings  # type: ignore[type-var]
