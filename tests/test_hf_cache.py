@@ -470,3 +470,28 @@ def test_capture_kv_is_the_models_k_and_v(model, ids, tmp_path):
     np.testing.assert_array_equal(back[2]["v"], kv[2]["v"])
     with pytest.raises(TbqValueError, match="layer index"):
         capture_kv(model, ids[0].numpy(), layers=[5])
+
+
+@pytest.mark.parametrize("types", [("q4_0", "q8_0"), ("q8_0", "f16"), ("f16", "tbq4_0")])
+def test_model_domain_false_skips_the_inverse_transform_and_keeps_the_logits(types):
+    """``model_domain=False`` (what tbq eval builds) returns a rotated side as stored and leaves the logits'
+    bits unchanged: the tbq attention reads the stored domain either way."""
+    m = prepare(_model(layers=2))
+    ids = torch.arange(3, 40)[None]
+    with torch.no_grad():
+        a = m(ids, **cache_kwargs(m, TbqCache(m.config, *types))).logits
+        cache = TbqCache(m.config, *types, model_domain=False)
+        b = m(ids, **cache_kwargs(m, cache)).logits
+    np.testing.assert_array_equal(a.numpy().view(np.uint32), b.numpy().view(np.uint32))
+    layer = cache.layers[0]
+    assert (layer.stored_k, layer.stored_v) == (types[0] != "f16", types[1] != "f16")
+    k = torch.randn(1, 2, 5, 128)
+    got_k, got_v = layer.update(k, k.clone())
+    stored_k = layer._k.read().reshape(1, -1, 2, 128).transpose(1, 2)
+    model_k = layer.keys
+    assert torch.equal(got_k, stored_k if layer.stored_k else model_k)
+    if layer.stored_k:  # a rotated K's stored rows are not the model's K
+        assert not torch.equal(got_k, model_k)
+    from tbq.hf import attention
+
+    attention.clear()

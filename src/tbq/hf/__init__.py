@@ -16,6 +16,12 @@ and :mod:`tbq.hf.evaluation`, so importing a module never shadows a function.)
   against the f16 and f32 caches, llama-perplexity's chunking;
 - :func:`capture_kv`: the real post-RoPE K and V of a model.
 
+Inside: :mod:`tbq.hf.engine` decides what an engine does with each type,
+:mod:`tbq.hf.transforms` computes it (channel order, rotation, q8_0),
+:mod:`tbq.hf.store` holds a layer's bytes, :mod:`tbq.hf.stats` and
+:mod:`tbq.hf.generation` are :func:`evaluate`'s statistics and
+``tbq eval --prompts``' greedy agreement.
+
 See docs/eval.md.
 """
 

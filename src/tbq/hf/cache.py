@@ -156,6 +156,7 @@ class TbqLayer(CacheLayerMixin):
         residual: int = 0,
         sink_engine: Engine | None = None,
         tbq_attention: bool = False,
+        model_domain: bool = True,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -164,6 +165,9 @@ class TbqLayer(CacheLayerMixin):
         self.is_sliding = self.window is not None
         #: post the stored-domain K/V for the tbq attention (only when the engine transforms Q, K or V)
         self.posts = tbq_attention and (engine.q_transformed or engine.v_transformed)
+        #: return a side the tbq attention reads in the stored domain as stored, skipping its inverse transform
+        self.stored_k = self.posts and not model_domain and engine.q_transformed
+        self.stored_v = self.posts and not model_domain and engine.v_transformed
         self.sinks, self.residual = int(sinks), int(residual)
         ks = vs = None
         if sinks:
@@ -226,7 +230,7 @@ class TbqLayer(CacheLayerMixin):
         rows = store.read()
         if rows is None:
             return None
-        return side.to_model(self._heads(rows)).transpose(1, 2).to(device=self.device, dtype=self.dtype)
+        return self._to_model(side, self._heads(rows))
 
     @property
     def keys(self) -> torch.Tensor | None:
@@ -303,13 +307,15 @@ class TbqLayer(CacheLayerMixin):
         if self.engine.raw_first_prefill and first == 0:
             # vLLM's first prefill: flash attention on the batch's own K/V; the stored slots are read from then on
             return key_states, value_states
-        k_model = self.engine.k.to_model(k_stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
-        v_model = self.engine.v.to_model(v_stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
+        k_att, v_att = k_stored.transpose(1, 2), v_stored.transpose(1, 2)
+        k_model = k_att if self.stored_k else self._to_model(self.engine.k, k_stored)
+        v_model = v_att if self.stored_v else self._to_model(self.engine.v, v_stored)
         if self.posts:
-            attention.post(
-                LayerRead(self.index, self.engine, k_model, v_model, k_stored.transpose(1, 2), v_stored.transpose(1, 2))
-            )
+            attention.post(LayerRead(self.index, self.engine, k_model, v_model, k_att, v_att))
         return k_model, v_model
+
+    def _to_model(self, side: Side, stored: torch.Tensor) -> torch.Tensor:
+        return side.to_model(stored).transpose(1, 2).to(device=self.device, dtype=self.dtype)
 
     def get_mask_sizes(self, query_length: Any) -> tuple[int, int]:
         if isinstance(query_length, torch.Tensor):  # transformers 5.0 passes cache_position
@@ -428,6 +434,13 @@ class TbqCache(Cache):
         :attr:`type_changes` says which applied.
     vllm_skip_layers : vLLM's unquantized boundary layers (the first and last
         ``min(2, L // 2)`` of a dense model; on, as in vLLM), the vllm engines.
+    model_domain : ``update`` returns K and V in the model's domain (default:
+        any attention may read them). ``False``, with the tbq attention set
+        (:func:`tbq.hf.prepare`): a side that attention reads in the stored
+        domain (a rotated K or V) is returned as stored, skipping its inverse
+        transform; the tbq attention takes it by identity and refuses any other
+        tensor, and any other attention would read the stored domain (what
+        ``tbq eval`` uses, where every layer's read is checked as taken).
     permute : store K in llama.cpp's GGUF channel order; default: when the
         model type is one llama.cpp's converter permutes (``engine.PERMUTED_MODEL_TYPES``).
 
@@ -450,6 +463,7 @@ class TbqCache(Cache):
         turbo_auto_asymmetric: bool = True,
         turbo_layer_adaptive: bool = True,
         vllm_skip_layers: bool = True,
+        model_domain: bool = True,
     ) -> None:
         text = _text_config(config)
         n_layers, kv_heads, head_dim = geometry(text)
@@ -547,6 +561,7 @@ class TbqCache(Cache):
                     residual=residual,
                     sink_engine=sink_engine,
                     tbq_attention=tbq_attention,
+                    model_domain=model_domain,
                 )
             )
             built[-1].type_changes = notes

@@ -5,7 +5,9 @@ rows are quantized, in which channel order, after which rotation, and what
 happens to Q before the K.Q products. :class:`Engine` holds those decisions
 for one layer and applies them to torch tensors; :mod:`tbq.hf.cache` stores
 the rows it produces with :func:`tbq.quantize`, and :mod:`tbq.hf.attention`
-computes attention in the domain the rows were stored in.
+computes attention in the domain the rows were stored in; the float32
+transforms themselves (channel order, rotation, Q's q8_0) are
+:mod:`tbq.hf.transforms`' (re-exported here).
 
 Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
 

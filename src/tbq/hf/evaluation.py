@@ -369,6 +369,7 @@ class _Runner:
             sink_type=self.sink_type,
             engine=ct.engine,
             rotate_attention=self.rotate,
+            model_domain=False,  # the tbq attention reads the stored domain; forward() checks every read was taken
             **self.engine_options,
         )
 
