@@ -148,7 +148,6 @@ class _TurboAttention(AttentionTraits):
     format: _Turbo
 
     domain = "rotated"  # the fused kernel reads C[idx] * d as it is, with the query rotated by R
-
     read = "attention_read"
 
     def tables(self) -> NDArray[np.float32]:
