@@ -161,7 +161,6 @@ class _TurboDomain(DomainTraits):
 
     decode_domain = "rotated"  # dequantize_row_turbo*: no inverse rotation
 
-    # -- the decoder's domain ----------------------------------------------------------------
     def to_decode_domain(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
         """``R(x)`` block by block (float32 or float64 as ``x``): what ``decode(encode(x))`` approximates."""
         return self.format._per_block(x, self.format.rotation.forward)
