@@ -285,7 +285,6 @@ class MXFP4Checks(CheckTraits):
     format: MXFP4
 
     tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
-
     vec_dot_type = "q8_0"  # ggml_vec_dot_mxfp4_q8_0
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:

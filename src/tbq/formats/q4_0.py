@@ -32,9 +32,7 @@ class Q4_0Checks(CheckTraits):
     format: Q4_0
 
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-
     tie_rule = "up"
-
     vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:

@@ -137,9 +137,7 @@ class Q4_1Checks(CheckTraits):
     format: Q4_1
 
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-
     tie_rule = "away"
-
     vec_dot_type = "q8_1"  # ggml_vec_dot_q4_1_q8_1
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:

@@ -69,9 +69,7 @@ class Q5_0Checks(CheckTraits):
     format: Q5_0
 
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-
     tie_rule = "up"  # trunc(v + 16.5)
-
     vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -166,9 +164,7 @@ class Q5_1Checks(CheckTraits):
     format: Q5_1
 
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-
     tie_rule = "away"  # trunc(v + 0.5), v >= 0
-
     vec_dot_type = "q8_1"  # ggml_vec_dot_q5_1_q8_1
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:

@@ -54,9 +54,7 @@ class Q8_0Checks(CheckTraits):
     format: Q8_0
 
     reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-
     tie_rule = "away"
-
     vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:

@@ -78,7 +78,6 @@ class _TBQAttention(AttentionTraits):
     format: _TBQ
 
     domain = "rotated"
-
     read = "attention_read"
 
     def tables(self) -> NDArray[np.float32]:

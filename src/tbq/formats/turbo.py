@@ -148,7 +148,6 @@ class _TurboAttention(AttentionTraits):
     format: _Turbo
 
     domain = "rotated"  # the fused kernel reads C[idx] * d as it is, with the query rotated by R
-
     read = "attention_read"
 
     def tables(self) -> NDArray[np.float32]:
@@ -162,7 +161,6 @@ class _TurboDomain(DomainTraits):
 
     decode_domain = "rotated"  # dequantize_row_turbo*: no inverse rotation
 
-    # -- the decoder's domain ----------------------------------------------------------------
     def to_decode_domain(self, x: ArrayLike) -> NDArray[np.floating[Any]]:
         """``R(x)`` block by block (float32 or float64 as ``x``): what ``decode(encode(x))`` approximates."""
         return self.format._per_block(x, self.format.rotation.forward)
