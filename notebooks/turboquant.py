@@ -441,7 +441,7 @@ def rotated(fmt, x, **opts):
     """The format's unit-norm rotated coordinates and block norms, from its own encoder trace (float64)."""
     fm = tbq.get_format(fmt, **opts)
     _, trace = fm.encode(np.asarray(x, np.float32), trace=True)
-    norm, r = fm.rotated_view(trace)
+    norm, r = fm.quantizer.rotated_view(trace)
     n = fm.info.block_size
     return np.asarray(r, np.float64).reshape(-1, n), np.asarray(norm, np.float64).reshape(-1)
 
@@ -505,7 +505,7 @@ for ds, x in KEYS.items():
         "turbo3 decode() read as if it were x vs rotated back",
         ds,
         metrics.nmse(x, y),
-        metrics.nmse(x, codec.format.from_decode_domain(y)),
+        metrics.nmse(x, codec.format.domain.from_decode_domain(y)),
     )
 
 # vLLM 1: no random signs (vLLM main) vs PR #38479's per-layer signs, on structured and real keys

@@ -145,9 +145,9 @@ def _check_round_trip_and_shapes(fmt, opts):
     # finite numbers: every format's relative squared error on Gaussian data is below 1/2 (the largest, 0.41, is
     # tbq3_0 with the fork's turboq-mtp tables, levels 7-9x too wide; turbo2's is 0.12), and a decoded value
     # compared in the wrong domain gives about 2
-    ref = codec.format.to_decode_domain(x).astype(np.float64)
+    ref = codec.format.domain.to_decode_domain(x).astype(np.float64)
     assert ((y - ref) ** 2).sum() < 0.5 * (ref**2).sum(), f"{fmt}: decode(encode(x)) is far from x"
-    assert np.allclose(codec.format.from_decode_domain(ref), x, atol=1e-5)
+    assert np.allclose(codec.format.domain.from_decode_domain(ref), x, atol=1e-5)
 
 
 def _check_backends_agree(fmt, opts):

@@ -91,7 +91,7 @@ def test_any_registered_format_holds_the_sinks(sink_format):
     if sink_format != "f16":
         assert np.array_equal(K.sink, tbq.get_codec(sink_format, backend="numpy").encode(k[:5]))
         # the cache's values are in the input's domain; turbo's decoder returns the rotated one
-        back = tbq.get_format(sink_format).from_decode_domain(tbq.dequantize(K.sink, sink_format))
+        back = tbq.get_format(sink_format).domain.from_decode_domain(tbq.dequantize(K.sink, sink_format))
         assert np.array_equal(K.dequantize()[:5], back)
     ref = attention_dequantized(q, K, V)
     assert np.max(np.abs(attention_rotated(q, K, V, dtype=np.float64) - ref)) < 1e-12
@@ -230,14 +230,14 @@ def test_every_format_declares_a_reader_that_gives_the_decoders_bits(fmt):
     """No registered format is decoded first: its reader gives exactly the decoder's float32 bits
     (original domain) or ``c[idx] * d`` rounded once (rotated domain), on arbitrary bytes too."""
     f = tbq.get_codec(fmt).format
-    r = f.attention_reader()
+    r = f.attention.reader()
     assert r is not None, f"{fmt} has no attention reader"
     rng = np.random.default_rng(3)
     x = rng.standard_normal((50, 256)).astype(np.float32)
     for blocks in (tbq.quantize(x, fmt), rng.integers(0, 256, (50, f.info.row_bytes(256)), dtype=np.uint8)):
         out = np.empty((50, 256), np.float32)
         _read_rows(r.read, np.ascontiguousarray(blocks), r.aux, 256 // f.block_size, out)
-        if f.attention_domain == "rotated":
+        if f.attention.domain == "rotated":
             fl = f.fields(blocks)
             with np.errstate(all="ignore"):
                 want = (f.codebook.centroids[fl["idx"]] * fl["d"][..., None]).reshape(50, 256)
@@ -303,7 +303,7 @@ def test_prefill_is_causal_attention_of_every_query_token(kf, vf, n_sink):
         att.attention_fused(np.zeros((T + 1, 8, 128), np.float32), K, V, causal=True)
 
 
-@pytest.mark.parametrize("fmt", [f for f in CACHE_FORMATS if tbq.get_codec(f).format.attention_domain == "original"])
+@pytest.mark.parametrize("fmt", [f for f in CACHE_FORMATS if tbq.get_codec(f).format.attention.domain == "original"])
 def test_a_cache_read_in_the_original_domain_gives_the_bits_of_its_decoded_rows(fmt):
     """The reader is the decoder, so the kernel on the cache and on its decoded rows agree bit for bit
     (``tbq compare`` passes the decoded rows and compiles no reader)."""
@@ -320,14 +320,14 @@ def test_a_codec_whose_reader_was_built_still_pickles(fmt):
     import pickle
 
     codec = tbq.get_codec(fmt)
-    r = codec.format.attention_reader()
+    r = codec.format.attention.reader()
     assert r is not None
     back = pickle.loads(pickle.dumps(codec))
     assert "_attention_reader" not in back.format.__dict__ and "_attention_reader" in codec.format.__dict__
     x = np.random.default_rng(5).standard_normal((4, 256)).astype(np.float32)
     assert back.encode(x).tobytes() == codec.encode(x).tobytes()
     out = np.empty((4, 256), np.float32)
-    _read_rows(back.format.attention_reader().read, codec.encode(x), r.aux, 256 // codec.block_size, out)
+    _read_rows(back.format.attention.reader().read, codec.encode(x), r.aux, 256 // codec.block_size, out)
     want = np.empty_like(out)
     _read_rows(r.read, codec.encode(x), r.aux, 256 // codec.block_size, want)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))

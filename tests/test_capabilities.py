@@ -164,13 +164,16 @@ def test_fp8_hazards_follow_the_instance_and_survive_pickling():
     assert g.fuzz.hazards["fp8_grid"]["scale"] == 2.0
 
 
-def test_old_spellings_read_the_capabilities():
+def test_old_spellings_read_the_capabilities_with_a_deprecation_warning():
     for f in _formats():
         for old, (cap, new) in _MOVED.items():
             want = getattr(getattr(f, cap), new)
-            got = getattr(f, old)
+            with pytest.warns(DeprecationWarning, match=rf"\.{old} is deprecated: read .*\.{cap}\.{new}"):
+                got = getattr(f, old)
             assert got == want, (f.name, old)
-            assert getattr(type(f), old) == getattr(getattr(type(f), cap), new), (f.name, old)
+            with pytest.warns(DeprecationWarning, match=rf"\.{old} is deprecated"):
+                cls_value = getattr(type(f), old)
+            assert cls_value == getattr(getattr(type(f), cap), new), (f.name, old)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         tbq.get_format("q8_0").nothing  # noqa: B018
 
@@ -211,6 +214,8 @@ NOT_A_FORMAT = {
     ("check/classify.py", "fl.derived"): "Field.derived, a layout flag",
     ("check/report.py", "self.tie_rule"): "the report's own field",
     ("cli/golden.py", "args.ulp_floor"): "the command-line option",
+    ("golden/generate.py", "s.ulp_floor"): "GoldenSettings.ulp_floor, the caller's override",
+    ("golden/settings.py", "self.ulp_floor"): "GoldenSettings' own field",
     ("testing/strategies/_machinery.py", "self.hazards"): "the strategy context's copy of fmt.fuzz.hazards",
     **{
         (m, "ctx.hazards"): "the strategy context"

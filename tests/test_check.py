@@ -335,7 +335,7 @@ def test_undefined_inputs_are_their_own_class_accepted_unless_exact():
     x[:, 0] = tiny
     r = check_kernel("q8_0", quantize=q8, blocks=200, examples=0)
     assert r.counts()["undefined"] == 0  # the golden families do not reach there; the rule is the format's
-    mask, rule = tbq.get_format("q8_0").undefined_blocks({"d": np.float32([tiny / 127, 1.0, 0.0])})
+    mask, rule = tbq.get_format("q8_0").checker.undefined_blocks({"d": np.float32([tiny / 127, 1.0, 0.0])})
     assert mask.tolist() == [True, False, False] and "1/d overflows float32" in rule
     from tbq.check.classify import UNDEFINED, classify_encoded
 
@@ -988,7 +988,7 @@ def test_a_body_that_flushes_subnormals_gives_a_minimal_failing_row_and_a_repro_
 @needs_cc
 @pytest.mark.parametrize("fmt", ["q4_0", "q8_0", "q4_1", "mxfp4"])
 def test_dot_products_correct_exact_or_within_the_bound_and_broken_ones_wrong(build, fmt, tmp_path, capsys):
-    sym = f"ggml_vec_dot_{fmt}_{tbq.get_format(fmt).vec_dot_type}"  # q4_1 pairs with q8_1 (its stored sum s)
+    sym = f"ggml_vec_dot_{fmt}_{tbq.get_format(fmt).checker.vec_dot_type}"  # q4_1 pairs with q8_1 (its stored sum s)
     good = check_library(build("vec_dot.c"), fmt, dot=sym, blocks=3000)
     c = good.counts("dot")
     assert good.ok and c["wrong"] == 0 and c["exact"] > 0 and c["blocks"] > 1000, c
@@ -1060,7 +1060,7 @@ def _vnni_q5_0(x, y, n):
     ``vpdpbusd`` multiplies the q5_0 codes ``((qs & 15) | qh << 4) - 16`` as unsigned bytes, so a negative code
     counts as ``code + 256``; then ``sumf = fma(dx * dy, sumi, sumf)`` block by block."""
     q5, q8 = tbq.get_format("q5_0"), tbq.get_format("q8_0")
-    (cx, dx), (cy, dy) = q5.dot_parts(x.reshape(-1, 22)), q8.dot_parts(y.reshape(-1, 34))
+    (cx, dx), (cy, dy) = q5.checker.dot_parts(x.reshape(-1, 22)), q8.checker.dot_parts(y.reshape(-1, 34))
     sumi = (np.where(cx < 0, cx + 256, cx) * cy).sum(axis=1)
     acc = np.float32(0)
     for si, a, b in zip(sumi, dx, dy, strict=True):
@@ -1120,7 +1120,7 @@ def test_dot_diagnosis_names_signed_codes_multiplied_as_unsigned_bytes():
     q5, q8 = tbq.get_format("q5_0"), tbq.get_format("q8_0")
 
     def right_unsigned(x, y, n):
-        (cx, dx), (cy, dy) = q5.dot_parts(x.reshape(-1, 22)), q8.dot_parts(y.reshape(-1, 34))
+        (cx, dx), (cy, dy) = q5.checker.dot_parts(x.reshape(-1, 22)), q8.checker.dot_parts(y.reshape(-1, 34))
         return float(((cx * np.where(cy < 0, cy + 256, cy)).sum(axis=1) * dx * dy).sum())
 
     (g,) = check_kernel("q5_0", dot=right_unsigned, blocks=200).diagnoses
@@ -1134,7 +1134,7 @@ def _seq_fma(left, right):
 
     def dot(x, y, n):
         a = left.decode(x.reshape(-1, left.type_size)).reshape(-1).astype(np.float64)
-        cy, dy = right.dot_parts(y.reshape(-1, right.type_size))
+        cy, dy = right.checker.dot_parts(y.reshape(-1, right.type_size))
         b = (cy.astype(np.float32) * np.repeat(dy, right.block_size).astype(np.float32).reshape(cy.shape)).reshape(-1)
         acc = np.float32(0)
         for i in range(n):  # fma(a, b, acc): the product exact in float64 (48 bits), one rounding to float32
@@ -1150,7 +1150,7 @@ def test_dot_of_a_rotated_format_against_q8_K_works_value_by_value(fmt):
     # decoded values against q8_K's codes * d, 256-value units (two TBQ blocks, one q8_K block) a call
     left = tbq.get_format(fmt, codebook="turboq-mtp")
     right = tbq.get_format("q8_K")
-    assert left.vec_dot_type == "q8_k" and tbq.check.dot.pair_unit(left, right) == 256
+    assert left.checker.vec_dot_type == "q8_k" and tbq.check.dot.pair_unit(left, right) == 256
     r = check_kernel(left, dot=_seq_fma(left, right), blocks=200)
     c = r.counts("dot")
     assert r.ok and c["wrong"] == 0 and c["fragile"] > 0 and c["blocks"] > 30, c
@@ -1175,7 +1175,7 @@ def test_the_value_path_reference_is_the_exact_sum():
     y = right.encode(rng.standard_normal((1, 256)).astype(np.float32) * np.float32(3.3))
     exact, bound = tbq.check.dot.reference_dot(left, right, x, y)
     xv = left.decode(x).reshape(-1)
-    cy, dy = right.dot_parts(y)
+    cy, dy = right.checker.dot_parts(y)
     want = sum(Fraction(float(a)) * int(c) * Fraction(float(dy[0])) for a, c in zip(xv, cy.reshape(-1), strict=True))
     assert exact == np.float32(float(want)) and 0 < bound < 1e-3 * float(np.abs(xv).sum())
 
@@ -1368,7 +1368,7 @@ def _upstream_checks():
         exact=True,
     ).ok
     for fmt in ("q4_0", "q8_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
-        rhs = tbq.get_format(fmt).vec_dot_type
+        rhs = tbq.get_format(fmt).checker.vec_dot_type
         for sym in (f"ggml_vec_dot_{fmt}_{rhs}", f"ggml_vec_dot_{fmt}_{rhs}_generic"):
             r = check_library(lib, fmt, dot=sym, init=["ggml_cpu_init"], blocks=2000)
             assert r.provenance["dot"]["file"] == str(lib.resolve()), sym

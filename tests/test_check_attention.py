@@ -36,7 +36,7 @@ def _rows(data, fmt, meta, rotated=False):
     f = tbq.get_format(fmt, **meta[f"{'k' if fmt == meta['k_type'] else 'v'}_options"])
     T, G = meta["n_tokens"], meta["n_head_kv"]
     y = tbq.dequantize(data.reshape(T * G, -1), fmt).astype(np.float64)
-    y = np.asarray(f.from_decode_domain(y), np.float64)
+    y = np.asarray(f.domain.from_decode_domain(y), np.float64)
     if rotated:
         y = np.asarray(f.rotation.forward(y.reshape(T * G, -1, f.block_size)), np.float64)
     return y.reshape(T, G, -1)

@@ -27,7 +27,7 @@ FAST = dict(blocks=2000, examples=10)
 
 def test_default_symbols_carry_the_c_type_name():
     for t in FORMATS:
-        stem = tbq.get_format(t).symbol_stem
+        stem = tbq.get_format(t).checker.symbol_stem
         assert stem == t + "_0"
         assert default_symbol("quantize", t) == f"quantize_row_{t}_0_ref"
         assert default_symbol("dequantize", t) == f"dequantize_row_{t}_0"

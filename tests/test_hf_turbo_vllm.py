@@ -77,7 +77,7 @@ def test_turbo_q_rotation_is_the_forks_wht_and_the_codecs_r_bit_for_bit(head_dim
     padded = np.zeros((1, 4, 7, 128), np.float32)
     padded[..., :head_dim] = q.numpy()
     assert np.array_equal(got.view(np.uint32), _fork_wht(padded).view(np.uint32))
-    r = tbq.get_format("turbo3").to_decode_domain(padded)
+    r = tbq.get_format("turbo3").domain.to_decode_domain(padded)
     assert np.array_equal(got.view(np.uint32), np.asarray(r, np.float32).view(np.uint32))
     assert not eng.q_to_q8_0  # vec_dot_turbo*_f32: Q stays float32
 
@@ -273,5 +273,5 @@ def test_plain_engine_reads_a_rotated_domain_format_back_in_the_models_domain():
     k_read, _ = layer.update(k, k)
     err = float(((k_read - k) ** 2).sum() / (k**2).sum())
     assert err < 0.05  # turbo4's error (about 0.02), in the model's domain
-    rotated = torch.from_numpy(tbq.get_format("turbo4").to_decode_domain(k.numpy()))
+    rotated = torch.from_numpy(tbq.get_format("turbo4").domain.to_decode_domain(k.numpy()))
     assert float(((k_read - rotated) ** 2).sum() / (k**2).sum()) > 0.5  # not the rotated values

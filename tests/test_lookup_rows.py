@@ -89,11 +89,11 @@ for fmt in ("tbq4_0", "tbq3_0", "turbo4"):
     out = np.empty((256, 128), F32)
     f.kernel_decode(data, out)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt + " decoder"
-    if f.attention_domain == "rotated":  # TBQ's reader stays in the rotated domain: c[idx] * d, rounded once
+    if f.attention.domain == "rotated":  # TBQ's reader stays in the rotated domain: c[idx] * d, rounded once
         fl = f.fields(data)
         with np.errstate(all="ignore"):
             want = (f.codebook.centroids.astype(F32)[fl["idx"]] * fl["d"].astype(F32)[:, None]).reshape(256, 128)
-    r = f.attention_reader()
+    r = f.attention.reader()
     out[:] = 0
     read(r.read.address, data, out, r.aux)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), fmt + " reader"

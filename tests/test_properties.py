@@ -876,7 +876,7 @@ def _pow2_range(fmt, c, x):
             # n >= 2**e with e = floor(log2(eps)) + 25 gives half an ulp of n, 2**(e - 24) >= 2**(floor(log2 eps) + 1),
             # above eps: the addition rounds back to n. n is the encoder's own float32 norm, which scales exactly.
             n_min = 2.0 ** (math.floor(math.log2(eps)) + 25)
-            view = c.format.rotated_view(c.format.encode(x, trace=True)[1])
+            view = c.format.quantizer.rotated_view(c.format.encode(x, trace=True)[1])
             n32 = float(np.asarray(view[0]).reshape(-1)[0]) if view is not None else norm
             if n32 < n_min:
                 return None

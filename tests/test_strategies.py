@@ -164,7 +164,7 @@ def _grid_ties_promise(fmt, blk):
     if np.abs(blk).max() <= 2e-15:
         return True
     tr = _trace(fmt, blk)
-    table = np.asarray(format_class(fmt).hazards["grid_ties"]["table"], np.float64)
+    table = np.asarray(format_class(fmt).fuzz.hazards["grid_ties"]["table"], np.float64)
     mids = ((table[1:] + table[:-1]) / 2).astype(F32)
     near = np.concatenate([mids, np.nextafter(mids, F32(np.inf)), np.nextafter(mids, F32(-np.inf))])
     return bool(np.isin(tr["a"].reshape(-1), near).any())
@@ -201,7 +201,7 @@ def _overflows(fmt, x):
 
 def _fp8_grid_promise(c, blk):
     """x / s is within 2 ulps of a grid midpoint or of the overflow limit, in the subnormal range, or x / s != x * (1/s)."""
-    h = c.format.hazards["fp8_grid"]
+    h = c.format.fuzz.hazards["fp8_grid"]
     s = F32(h["scale"])
     v = F32(abs(blk[0]) / s)
     grid = np.asarray(h["values"], np.float64)
@@ -222,7 +222,7 @@ def _threshold_promise(c, blk):
 @pytest.mark.parametrize("family", list(tst.FAMILIES))
 @given(data=st.data())
 def test_each_family_keeps_its_promise(fmt, family, data):
-    own = format_class(fmt).hazards
+    own = format_class(fmt).fuzz.hazards
     if family in tst.HAZARD_FAMILIES and family not in own:
         with pytest.raises(InvalidArgument, match="only applies to"):
             tst.float_blocks(fmt, families=[family])

@@ -348,7 +348,7 @@ def test_rate_distortion_rows_cover_every_format_and_match_direct_computation():
     za = np.einsum("qhd,thd->hqt", q, x64) / math.sqrt(128)  # exact logits, (head, query, token)
     for r in rows:  # every metric recomputed here from its definition, not with tbq.metrics
         c = tbq.get_codec(r["name"])
-        y = c.format.from_decode_domain(c.decode(c.encode(x))).astype(np.float64)  # turbo decodes rotated
+        y = c.format.domain.from_decode_domain(c.decode(c.encode(x))).astype(np.float64)  # turbo decodes rotated
         assert r["bits_per_value"] == tbq.format_info(r["name"]).bits_per_value
         nmse = float(np.sum((y - x64) ** 2) / np.sum(x64**2))
         assert r["nmse"] == pytest.approx(nmse, rel=1e-12) and r["snr_db"] == pytest.approx(

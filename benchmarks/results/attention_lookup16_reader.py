@@ -28,7 +28,7 @@ out = {}
 for fmt in sys.argv[1].split(","):
     f = tbq.get_format(fmt)
     data = tbq.get_codec(fmt).encode(x)
-    r = f.attention_reader()
+    r = f.attention.reader()
     scratch = np.empty((64 * 8, 128), np.float32)
     one_pass(r.read.address, data, scratch, r.aux, 64 * 8)
     best = float("inf")

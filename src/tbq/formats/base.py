@@ -316,6 +316,17 @@ _MOVED: dict[str, tuple[str, str]] = {
 }
 
 
+def _warn_moved(owner: str, name: str, where: tuple[str, str]) -> None:
+    """The deprecation warning of an old spelling (``fmt.tie_rule``): it still works, through the capability."""
+    import warnings
+
+    warnings.warn(
+        f"{owner}.{name} is deprecated: read {owner}.{where[0]}.{where[1]} (tbq.formats.capabilities)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
 class _FormatType(type):
     """Format's metaclass: the class-level spellings of before the capabilities (``FORMAT_CLASSES[n].hazards``)."""
 
@@ -325,6 +336,7 @@ class _FormatType(type):
             where = _MOVED.get(name)
             if where is None:
                 raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+            _warn_moved(cls.__name__, name, where)
             return getattr(getattr(cls, where[0]), where[1])
 
 
@@ -396,6 +408,7 @@ class Format(metaclass=_FormatType):
             where = _MOVED.get(name)
             if where is None:
                 raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            _warn_moved(type(self).__name__, name, where)
             return getattr(getattr(self, where[0]), where[1])
 
     def __init__(self, **options: object) -> None:
