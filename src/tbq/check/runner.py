@@ -429,7 +429,29 @@ class _Check:
 
     # -- all of it -------------------------------------------------------------------------------
     def run(self) -> CheckReport:
+        """Every phase of every direction, then the report."""
         t0 = time.perf_counter()
+        self._run_phases()
+        report = CheckReport(
+            self.fmt.name, self.fmt.config(), self.target.description, self.settings.report_settings(self.codec.backend)
+        )
+        report.provenance = self.target.provenance()
+        self._note_provenance(report.provenance)
+        for d in self.dirs.values():
+            report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
+        for d in self.dirs.values():
+            self._report_direction(report, d)
+        rt = self._round_trip()
+        if rt is not None:
+            report.diagnoses.append(rt)
+        for name, msgs in self.target.faults.items():
+            report.faults[name] = list(msgs)
+        report.notes = self.notes
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def _run_phases(self) -> None:
+        """The golden, fuzz and bytes phases of each direction, with a progress bar."""
         fuzz = self.settings.fuzzes
         golden = len(self.dirs) if self.settings.blocks else 0
         bytes_dirs = [d for d in self.dirs.values() if "bytes" in d.phase_names] if self.settings.blocks else []
@@ -453,39 +475,30 @@ class _Check:
             for d in bytes_dirs:
                 self._phase(d, "bytes", random_blocks(self.fmt, self.settings.blocks, self.settings.seed))
                 bar.step(f"{d.name} bytes")
-        report = CheckReport(
-            self.fmt.name, self.fmt.config(), self.target.description, self.settings.report_settings(self.codec.backend)
-        )
-        report.provenance = self.target.provenance()
-        for key, pv in report.provenance.items():
+
+    def _note_provenance(self, provenance: dict[str, dict[str, Any]]) -> None:
+        """A note for each symbol the dynamic loader found in a dependency rather than in the library named."""
+        for key, pv in provenance.items():
             if pv.get("elsewhere"):
                 self.notes.append(
                     f"{key}: {pv['symbol']} is not defined in {pv['library']} but in {pv['file']} (a dependency the "
                     "dynamic loader searched): that file's function was checked; --strict-lib refuses it"
                 )
-        for d in self.dirs.values():
-            report.phases.extend(sorted(d.phases, key=lambda p: PHASES.index(_PHASE[p.phase])))
-        for d in self.dirs.values():
-            report.diagnoses.extend(diagnose_fragile(self.fmt, d.name, d.kept[FRAGILE].get("fragile")))
-            report.diagnoses.extend(self._accepted_diagnoses(d))
-            if not self._direction_failed(d):
-                continue
-            ce = self.counterexample(d)
-            if ce is not None:
-                report.counterexamples[d.name] = ce
-            kept = d.kept[WRONG].get()
-            report.differences[d.name] = describe_differences(self.fmt, d.name, kept)
-            found = d.diagnose(kept)
-            extra = self._unwritten(d, ce)
-            report.diagnoses.extend(([extra] if extra else []) + found)
-        rt = self._round_trip()
-        if rt is not None:
-            report.diagnoses.append(rt)
-        for name, msgs in self.target.faults.items():
-            report.faults[name] = list(msgs)
-        report.notes = self.notes
-        report.seconds = time.perf_counter() - t0
-        return report
+
+    def _report_direction(self, report: CheckReport, d: Direction) -> None:
+        """One direction's diagnoses into ``report``, and when it failed its counterexample and differences."""
+        report.diagnoses.extend(diagnose_fragile(self.fmt, d.name, d.kept[FRAGILE].get("fragile")))
+        report.diagnoses.extend(self._accepted_diagnoses(d))
+        if not self._direction_failed(d):
+            return
+        ce = self.counterexample(d)
+        if ce is not None:
+            report.counterexamples[d.name] = ce
+        kept = d.kept[WRONG].get()
+        report.differences[d.name] = describe_differences(self.fmt, d.name, kept)
+        found = d.diagnose(kept)
+        extra = self._unwritten(d, ce)
+        report.diagnoses.extend(([extra] if extra else []) + found)
 
     def _smoke(self) -> None:
         """One call per direction on a row of zeros, so a target that cannot run fails before any work."""
