@@ -285,8 +285,8 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     copy = copy_rate()
     threads = [int(t) for t in args.threads.split(",")]
-    fmts = tbq.formats() if args.formats == "all" else tuple(args.formats.split(","))
-    untiled = [f for f in fmts if f in tbq.formats() and D % tbq.format_info(f).block_size]
+    fmts = tbq.format_names() if args.formats == "all" else tuple(args.formats.split(","))
+    untiled = [f for f in fmts if f in tbq.format_names() and D % tbq.format_info(f).block_size]
     if untiled and args.formats != "all":  # named: refuse before any work, as tbq compare does
         p.error(f"--formats: {', '.join(untiled)} cannot tile head_dim {D} (block size does not divide it)")
     for f in untiled:  # the default list: skip with a note (q8_k's 256-value blocks span two heads of 128)

@@ -276,7 +276,7 @@ def jit_times() -> dict:
     code = (
         "import time; t0 = time.perf_counter(); import numpy as np, tbq; t1 = time.perf_counter()\n"
         "x = np.ones((64, 128), np.float32)\n"
-        "for f in tbq.formats():\n"
+        "for f in tbq.format_names():\n"
         "    tbq.dequantize(tbq.quantize(x, f), f)\n"
         "t2 = time.perf_counter(); print(t1 - t0, t2 - t1)"
     )
@@ -378,7 +378,7 @@ def targets_table(path: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--formats", default=",".join(tbq.formats()))
+    p.add_argument("--formats", default=",".join(tbq.format_names()))
     p.add_argument("--values", default="16M", help="values per call of the anchor table (default 16M)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the anchor table (medians reported)")
     p.add_argument("--sizes", default="4K,1M,16M", help="sizes of the sweep (K = 1024, M = 1024K)")

@@ -104,7 +104,7 @@ def markdown_table(path: Path) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--formats", default=",".join(tbq.formats()))
+    p.add_argument("--formats", default=",".join(tbq.format_names()))
     p.add_argument("--calls", type=int, default=200, help="calls per timed batch")
     p.add_argument("--rounds", type=int, default=21, help="batches per figure (median reported)")
     p.add_argument("--out", default=str(HERE / "results"))

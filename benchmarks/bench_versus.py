@@ -48,7 +48,7 @@ rng = np.random.default_rng(0)
 x = (rng.standard_normal(n) * 0.5).astype(np.float32).reshape(-1, 4096)
 out = {}
 for fmt in wanted:
-    if fmt not in tbq.formats():
+    if fmt not in tbq.format_names():
         continue
     codec = tbq.get_codec(fmt, threads=1)
     b = codec.encode(x)  # compile or load the kernels (every path the timed calls take): not timed
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     n = _values(args.values)
     import tbq
 
-    formats = args.formats.split(",") if args.formats else list(tbq.formats())
+    formats = args.formats.split(",") if args.formats else list(tbq.format_names())
     with tempfile.TemporaryDirectory(prefix="tbq-versus-") as tmp:
         trees = {"old": ref_tree(args.ref, Path(tmp), "bench_versus"), "new": ROOT / "src"}
         rounds: list[dict[str, dict[str, dict[str, float]]]] = []

@@ -76,7 +76,7 @@ def _tables_headers() -> dict:
         + arr("TBQ_SIGNS1", t4["signs1"])
         + arr("TBQ_SIGNS2", t4["signs2"])
     )
-    if all(f in tbq.formats() for f in ("planar3_0", "iso3_0", "planar4_0")):
+    if all(f in tbq.format_names() for f in ("planar3_0", "iso3_0", "planar4_0")):
         p3, i3, p4 = (tbq.get_format(f).tables() for f in ("planar3_0", "iso3_0", "planar4_0"))
         out["planar_iso_tables.h"] = (
             "#pragma once\n"
@@ -98,7 +98,7 @@ def build_anchor(fmts=None, workdir: Path | None = None, log=print) -> dict:
     if cc is None or not C_DIR.is_dir():
         log("no C compiler or no tests/c: no in-run C anchor")
         return {}
-    fmts = [f for f in (fmts or tbq.formats()) if f in SOURCES]
+    fmts = [f for f in (fmts or tbq.format_names()) if f in SOURCES]
     out_dir = Path(workdir or tempfile.mkdtemp(prefix="tbq-anchor-"))
     for name, text in _tables_headers().items():
         (out_dir / name).write_text(text)

@@ -459,7 +459,7 @@ CATALOGUE = [
     M(
         "budget_fits_strict",
         "budget",
-        S + "budget.py",
+        S + "budget/arithmetic.py",
         "        fits=headroom >= 0,",
         "        fits=headroom > 0,",
         AROUND + "::test_a_cache_exactly_the_size_of_the_free_memory_fits",
@@ -468,7 +468,7 @@ CATALOGUE = [
     M(
         "budget_max_context_ceil",
         "budget",
-        S + "budget.py",
+        S + "budget/arithmetic.py",
         "    max_context = max(0, math.floor(available / (kv * seqs)))",
         "    max_context = max(0, math.ceil(available / (kv * seqs)))",
         "tests/test_budget.py " + AROUND,

@@ -81,7 +81,7 @@ def _best(rounds, f, *a) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="8K")
-    p.add_argument("--formats", default="rows," + ",".join(tbq.formats()))
+    p.add_argument("--formats", default="rows," + ",".join(tbq.format_names()))
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--split", action="store_true", help="also time the reader and the two microkernels alone")
     args = p.parse_args(argv)

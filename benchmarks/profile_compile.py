@@ -5,7 +5,7 @@
     python benchmarks/profile_compile.py --head-dim 40                # attention_kernels._attend_any instead
     python benchmarks/profile_compile.py --formats all                # the default tbq compare's 18 formats
 
-Runs ``tbq.compare``'s cold-start warm-up (``_warm``: one encode and decode of
+Runs ``tbq.warmup``'s cold-start warm-up (``_warm``: one encode and decode of
 each format's kernels, its attention reader, and the fused attention kernel)
 in a child process with an empty numba cache (``NUMBA_CACHE_DIR`` in a new
 temporary directory), in one process (no helper), and prints the seconds of
@@ -63,7 +63,7 @@ class Timer(ev.Listener):
             st[-1][1] += dt
 ev.register("numba:compile", Timer())
 import numpy as np
-import tbq.compare as c
+import tbq.warmup as c
 job = json.loads(sys.argv[1])
 t = time.perf_counter()
 c._warm(job["formats"], {}, job["attention"] and job["head_dim"] == 128, job["attention"])

@@ -49,7 +49,7 @@ def row(fmt: str) -> int:
 
 def test_formats():
     """ggml's names, in the order of their stable numeric codes (docs/formats.md)."""
-    assert tbq.formats() == (
+    assert tbq.format_names() == (
         "q8_0",
         "q4_0",
         "tbq4_0",
@@ -78,10 +78,10 @@ def test_formats():
         "vllm_tq4_v",
         "vllm_tq3_v",
     )
-    assert [tbq.format_info(f).code for f in tbq.formats()] == list(range(1, 28))
+    assert [tbq.format_info(f).code for f in tbq.format_names()] == list(range(1, 28))
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_codec_attributes(fmt):
     c = tbq.get_codec(fmt)
     assert c.name == fmt
@@ -89,7 +89,7 @@ def test_codec_attributes(fmt):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_shapes_and_dtypes(fmt, backend):
     bs, ts, _ = SIZES[fmt]
     x = np.random.default_rng(0).standard_normal((2, 3, 2 * 128)).astype(np.float32)
@@ -103,7 +103,7 @@ def test_shapes_and_dtypes(fmt, backend):
     assert tbq.quantize(np.zeros((0, n), np.float32), fmt, backend=backend).shape == (0, n // bs * ts)
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_float16_and_float64_are_converted_to_float32_first(fmt):
     x64 = np.random.default_rng(1).standard_normal((4, row(fmt)))
     assert_bytes_equal(tbq.quantize(x64, fmt), tbq.quantize(x64.astype(np.float32), fmt))
@@ -111,13 +111,13 @@ def test_float16_and_float64_are_converted_to_float32_first(fmt):
     assert_bytes_equal(tbq.quantize(x16, fmt), tbq.quantize(x16.astype(np.float32), fmt))
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_non_contiguous_input(fmt):
     x = np.random.default_rng(2).standard_normal((256, 6)).astype(np.float32).T  # (6, 256) F-order
     assert_bytes_equal(tbq.quantize(x, fmt), tbq.quantize(np.ascontiguousarray(x), fmt))
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_out_arguments(fmt):
     c = tbq.get_codec(fmt)
     x = np.random.default_rng(3).standard_normal((5, row(fmt))).astype(np.float32)
@@ -133,7 +133,7 @@ def test_out_arguments(fmt):
         c.decode(out, out=np.empty(x.shape, np.float64))
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_bytes_like_decode(fmt):
     x = np.random.default_rng(4).standard_normal(256).astype(np.float32)
     q = tbq.quantize(x, fmt)
@@ -181,7 +181,7 @@ def test_seeded_signs_documented_prng():
 
 @pytest.mark.parametrize(
     "fmt,cfg",
-    [(f, {}) for f in tbq.formats()]
+    [(f, {}) for f in tbq.format_names()]
     + [(f, c) for f in ("tbq4_0", "tbq3_0") for c in ({"signs": 7}, {"codebook": "turboq-mtp"})],
 )
 def test_backends_and_thread_counts_agree(fmt, cfg):
@@ -198,7 +198,7 @@ def test_backends_and_thread_counts_agree(fmt, cfg):
         assert_bits_equal(tbq.dequantize(ref, fmt, backend="numba", threads=threads, **cfg), y, f"threads={threads}")
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_arbitrary_bytes_decode_identically_in_both_backends(fmt):
     """Any byte content decodes (NaN/Inf/subnormal scales included) the same way in both paths."""
     c = tbq.get_codec(fmt)
@@ -221,7 +221,7 @@ def test_arbitrary_bytes_decode_identically_in_both_backends(fmt):
         assert np.all(a[9] == 0)  # +0 scale
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_other_byte_orders_are_converted(fmt):
     x = np.random.default_rng(8).standard_normal((3, row(fmt))).astype(np.float32)
     for dt in (">f4", ">f8", ">f2"):
@@ -230,7 +230,7 @@ def test_other_byte_orders_are_converted(fmt):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_non_contiguous_layouts_of_every_kind(fmt, backend):
     """Transposed leading axes, negative strides, 1-D strided rows, and non-contiguous encoded bytes."""
     rng = np.random.default_rng(9)

@@ -192,7 +192,7 @@ FORMAT_NAME_EXCEPTIONS = {
 def _format_names():
     import tbq
 
-    return set(tbq.formats())
+    return set(tbq.format_names())
 
 
 def _format_class_names():

@@ -25,7 +25,7 @@ import tbq.dask as td  # noqa: E402
 from tbq import metrics  # noqa: E402
 from tbq.synthetic import keys_with_outliers  # noqa: E402
 
-FORMATS = tbq.formats()
+FORMATS = tbq.format_names()
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "scale_out" / "kv_cache_scale_out.py"
 
 

@@ -35,7 +35,7 @@ def test_non_float_input_is_rejected(dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nan_and_inf_name_the_first_block(fmt, backend, bad):
     x = np.ones((3, 512), np.float32)
@@ -79,7 +79,7 @@ def test_largest_finite_scale_is_not_an_overflow():
     assert q[:2].view("<f2")[0] == 65504
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_decode_input_checks(fmt):
     ts = tbq.get_codec(fmt).type_size
     with pytest.raises(tbq.TbqTypeError, match="uint8"):

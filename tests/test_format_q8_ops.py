@@ -53,7 +53,7 @@ def test_operand_formats_are_registered_but_no_cache_types():
     for fmt, code in (("q8_1", 19), ("q8_k", 20)):
         info = tbq.format_info(fmt)
         assert info.code == code and not info.cache_type
-        assert fmt in tbq.formats() and fmt not in tbq.formats.cache_formats()
+        assert fmt in tbq.format_names() and fmt not in tbq.formats.cache_formats()
     assert tbq.format_info("Q8_K").name == "q8_k"  # ggml's spelling q8_K is the same format
     assert (tbq.format_info("q8_1").type_size, tbq.format_info("q8_k").type_size) == (36, 292)
     for left in ("q4_1", "q5_1"):

@@ -149,7 +149,7 @@ print(json.dumps({
     "metadata_version": dist.version,
     "licence": [str(f) for f in dist.files if f.name == "LICENSE"],
     "py_typed": resources.files("tbq").joinpath("py.typed").is_file(),
-    "codec": tbq.numcodecs.Q8_0().codec_id,
+    "codec": tbq.numcodecs.Q8_0Numcodec().codec_id,
     "tables": sorted(tbq.codebooks.tables()),
     "planar_roundtrip": tbq.dequantize(tbq.quantize([[0.5] * 128], "planar3_0"), "planar3_0").shape,
 }))

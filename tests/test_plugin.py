@@ -38,7 +38,7 @@ def test_plugin_format_in_every_feature(tmp_path):
         """
         import sys, warnings, numpy as np
         import tbq
-        assert "demo_q8r" in tbq.formats() and tbq.format_info("demo_q8r").code == 200, tbq.formats()
+        assert "demo_q8r" in tbq.format_names() and tbq.format_info("demo_q8r").code == 200, tbq.format_names()
         from helpers import check_format
         check_format("demo_q8r")                                  # codecs, both backends, bad input, config, trace
         from tbq.testing import strategies as tst                  # strategies
@@ -136,7 +136,7 @@ def test_a_broken_plugin_warns_and_tbq_still_loads(tmp_path):
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(tmp_path)])
     r = subprocess.run(
-        [sys.executable, "-W", "always", "-c", "import tbq; print(len(tbq.formats()))"],
+        [sys.executable, "-W", "always", "-c", "import tbq; print(len(tbq.format_names()))"],
         capture_output=True,
         text=True,
         env=env,

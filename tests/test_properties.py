@@ -117,7 +117,7 @@ from tbq.testing import strategies as tst
 F32 = np.float32
 U = 2.0**-24
 SLACK = 1 + 2.0**-40
-FORMATS = tbq.formats()
+FORMATS = tbq.format_names()
 Q_FORMATS = ("q8_0", "q4_0")
 TBQ_FORMATS = ("tbq4_0", "tbq3_0")
 #: The formats whose error bounds and decoders this module derives by hand (docstring above);
@@ -765,7 +765,7 @@ _PROCESS_SCRIPT = r"""
 import json, sys, hashlib, numpy as np, tbq
 out = {}
 with np.load(sys.argv[1]) as z:
-    for fmt in tbq.formats():
+    for fmt in tbq.format_names():
         for backend in ("numpy", "numba"):
             c = tbq.get_codec(fmt, backend=backend)
             b = c.encode(z[fmt])

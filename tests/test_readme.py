@@ -16,7 +16,7 @@ def test_formats_table_is_the_registry():
         for r in rows
         if r.split("|")[1].strip() in FORMATS
     }
-    assert list(table) == list(tbq.formats())
+    assert list(table) == list(tbq.format_names())
     for name, (bs, ts, bits) in table.items():
         info = FORMATS[name]
         assert (int(bs), int(ts), float(bits)) == (info.block_size, info.type_size, info.bits_per_value), name

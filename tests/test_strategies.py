@@ -19,7 +19,7 @@ from tbq.rotation import RandomizedHadamard
 from tbq.testing import strategies as tst
 
 F32 = np.float32
-FORMATS = tbq.formats()
+FORMATS = tbq.format_names()
 Q_FORMATS = ("q8_0", "q4_0")
 
 
@@ -592,7 +592,7 @@ def test_a_plain_given_test_passes_the_default_deadline_in_a_fresh_process(tmp_p
     assert "1 passed" in r.stdout
 
 
-@pytest.mark.parametrize("fmt", tbq.formats())
+@pytest.mark.parametrize("fmt", tbq.format_names())
 def test_the_kernel_status_the_fit_loop_asks_equals_the_spec_trace(fmt):
     """_Fmt.status asks the numba kernel (fast); the NumPy trace's refusal must be the same on blocks of any size."""
     from tbq.testing.strategies._machinery import _resolve_fmt

@@ -80,7 +80,7 @@ _1 = F32(1.0)
 _NEG_INF = F32(-np.inf)
 
 #: Kernels compiled only for unusual shapes (a head dimension that is no multiple of 16): left out of the compile
-#: cost :func:`tbq.compare.warm_up` balances its cold-start processes by
+#: cost :func:`tbq.warmup.warm_up` balances its cold-start processes by
 _LAZY_KERNELS = ("_attend_any",)
 
 #: Tokens per online-softmax chunk: the key and value scratch (CHUNK x n_head_kv x head_dim float32 each, 256 KiB

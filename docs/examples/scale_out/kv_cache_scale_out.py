@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--chunk-tokens", type=int, default=1024)
     p.add_argument("--chunk-layers", type=int, default=4)
-    p.add_argument("--format", default="tbq4_0", choices=tbq.formats())
+    p.add_argument("--format", default="tbq4_0", choices=tbq.format_names())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scheduler", default="threads", choices=("threads", "sync", "distributed"))
     p.add_argument(

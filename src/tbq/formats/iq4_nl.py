@@ -49,7 +49,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..errors import ScaleOverflowError
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ..reference import get_f16_scale, put_f16_scale
+from ..float32 import get_f16_scale, put_f16_scale
 from .base import Field, Format, FormatInfo, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 

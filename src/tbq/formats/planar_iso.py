@@ -51,7 +51,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
-from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
+from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from .base import Field, Format, FormatInfo, Trace, band, into_c_contiguous, ulp32
 from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits, QuantizerTraits
 

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..half import f16_table
-from ..reference import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
+from ..float32 import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 

@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import F16_OVERFLOW, f16_table
-from ..reference import get_f16_scale, put_f16_scale
+from ..float32 import get_f16_scale, put_f16_scale
 from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
 from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at

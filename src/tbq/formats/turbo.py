@@ -45,7 +45,7 @@ from ..codebooks import Codebook
 from ..errors import ConfigError
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
-from ..reference import get_f16_scale, put_f16_scale, seq_sum_squares
+from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, hadamard_scale, turboq_mtp_signs
 from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, read_field, register_field_kind
 from .capabilities import (

@@ -102,6 +102,7 @@ from .manifest import (
     load_manifest,
     sha256_array,
 )
+from .settings import GoldenSettings
 
 __all__ = [
     "FAMILIES",
@@ -121,6 +122,7 @@ __all__ = [
     "TBQ_ARRAYS",
     "TBQ_ULP_FLOOR",
     "GoldenSet",
+    "GoldenSettings",
     "Summary",
     "family_seed",
     "attention_seed",

@@ -415,7 +415,7 @@ class TbqCache(Cache):
     Parameters
     ----------
     config : the model's config (``model.config``): layers, their kinds (``layer_types``), KV heads and head_dim.
-    k, v : the K and V cache types: a format name (``tbq.formats()``), ``"f32"``
+    k, v : the K and V cache types: a format name (``tbq.format_names()``), ``"f32"``
         (float32 rows as they are), a :class:`tbq.Codec` (format options,
         e.g. ``tbq.get_codec("tbq4_0", codebook="lloyd-max")``) or ``(name, options)``.
     layers : ``{layer: (k, v)}`` for attention layers (model layer indices) that use other types.

@@ -344,7 +344,7 @@ def _resolve_fmt(func: str, fmt: object, codebook: object, signs: object, option
     else:
         _fail(
             func,
-            f"unknown format {fmt!r}. Pass one of {', '.join(repr(f) for f in FORMATS)} (tbq.formats()) or a tbq.Codec "
+            f"unknown format {fmt!r}. Pass one of {', '.join(repr(f) for f in FORMATS)} (tbq.format_names()) or a tbq.Codec "
             "such as tbq.get_codec('tbq4_0', codebook='turboq-mtp')",
         )
     try:
