@@ -104,7 +104,8 @@ from pathlib import Path  # noqa: E402
 TESTS = Path(__file__).resolve().parent
 
 #: Names whose use means a process is started: subprocess and its functions, the interpreter's path handed
-#: to one, process pools, multiprocessing, forks, Dask's local cluster of worker processes, a notebook's kernel.
+#: to one, process pools, multiprocessing, forks, Dask's local cluster of worker processes, a notebook's kernel,
+#: and two packages' calls that start one.
 SPAWN_NAMES = frozenset(
     {
         "subprocess",
@@ -120,6 +121,8 @@ SPAWN_NAMES = frozenset(
         "LocalCluster",
         "system",
         "nbclient",
+        "jupytext",  # importing it runs `pandoc --version`
+        "check_program",  # tbq.check's program target runs the command
     }
 )
 
@@ -146,6 +149,9 @@ SLOW: dict[str, str] = {
 #: Integration tests the source rule cannot see, by the same kind of key, with the reason.
 INTEGRATION: dict[str, str] = {
     "test_doctests.py::test_docstring_examples[tbq.check.sharedlib]": "its examples run a probe process",
+    "test_doctests.py::test_docstring_examples[tbq.check.targets]": "its examples run a program target",
+    "test_api.py::test_check_takes_any_case": "tbq check runs a program target",
+    "test_check.py::test_a_dot_check_accepts_unsigned_codes_and_goes_on_to_the_next_failure": "a library probe process",
 }
 
 
