@@ -18,7 +18,8 @@ model at context 512, at most 3 % on the large one. The JSON also records the
 CPU, the torch threads and the load average before and after (``os.getloadavg``):
 on a machine shared with other work the wall times and overheads are noisy.
 
-    python benchmarks/bench_eval.py [--context 512] [--rounds 5] [--formats q8_0,q4_0,...] [--large-formats ...] [--json FILE]
+    python benchmarks/bench_eval.py [--context 512] [--rounds 5] [--threads 2] [--formats q8_0,q4_0,...]
+        [--large-formats ...] [--no-large] [--json FILE]
 """
 
 from __future__ import annotations
@@ -140,9 +141,10 @@ def main(argv=None) -> int:
         "--large-formats", default="f16,q8_0,q4_0,tbq4_0,tbq3_0", help="the cache types timed on the large model"
     )
     p.add_argument("--no-large", action="store_true", help="skip the 0.43 B-parameter model")
+    p.add_argument("--threads", type=int, default=2, help="torch's threads (1: steadier on a loaded machine)")
     p.add_argument("--json", metavar="FILE")
     args = p.parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     formats = args.formats.split(",")
     model, _ = load(tokenizer=False)
     load_before = os.getloadavg()
