@@ -29,7 +29,6 @@ ALLOWED = {
     "tbq.check.report.Counterexample.__init__": "the counterexample record",
     "tbq.check.report.PhaseResult.__init__": "the phase record, built positionally by the runner",
     "tbq.check.report.make_counterexample": "the runner's one call site passes eleven values by position",
-    "tbq.formats.base.FormatInfo.__init__": "FormatInfo(...) built positionally by every format module",
     "tbq.hf.evaluation.Row.__init__": "a record of tbq eval's table",
 }
 

@@ -366,8 +366,9 @@ PACKAGE_TIERS = {
         },
     ],
     "check": [
-        {  # what a target is, and how a block is judged
+        {  # what a target is, how a block is judged, the inputs a check draws
             "classify",
+            "inputs",
             "sharedlib",
             "targets",
         },
@@ -379,6 +380,8 @@ PACKAGE_TIERS = {
         {  # the checks: conversions (runner), dot products, fused attention (and a ggml build's)
             "attention",
             "dot",
+            "directions",  # a conversion check's directions (quantize, dequantize, round trip)
+            "fuzz",  # the hypothesis phase of a check
             "ggml_graph",
             "runner",
         },
@@ -391,6 +394,7 @@ PACKAGE_TIERS = {
         {"__init__"},
     ],
     "budget": [
+        {"bits"},
         {"arithmetic"},
         {"report"},
         {"__init__"},

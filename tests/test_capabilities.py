@@ -250,6 +250,15 @@ def _direct_reads(tree: ast.AST, module: str, cap_classes: set[str]) -> list[str
             )
             if not (via_capability or own or (module, text) in NOT_A_FORMAT):
                 out.append(f"{module}:{node.lineno} {text}")
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in _MOVED
+        ):  # getattr(fmt, "tie_rule", ""): the same read, spelled as a string
+            out.append(f"{module}:{node.lineno} {ast.unparse(node)}")
         for child in ast.iter_child_nodes(node):
             visit(child, in_capability)
 
@@ -269,6 +278,8 @@ def test_no_module_reads_a_capability_member_off_a_format():
 def test_the_scan_catches_a_direct_read():
     src = "def f(fmt):\n    return fmt.tie_rule, fmt.checker.tie_rule, fmt.attention_reader()\n"
     assert _direct_reads(ast.parse(src), "x.py", set()) == ["x.py:2 fmt.tie_rule", "x.py:2 fmt.attention_reader"]
+    spelled = "def f(fmt):\n    return getattr(fmt, 'tie_rule', '')\n"
+    assert _direct_reads(ast.parse(spelled), "x.py", set()) == ["x.py:2 getattr(fmt, 'tie_rule', '')"]
     inside = "class Q8_0Checks(CheckTraits):\n    def g(self):\n        return self.reciprocal_scale\n"
     assert _direct_reads(ast.parse(inside), "x.py", {"Q8_0Checks"}) == []
     assert _direct_reads(ast.parse(inside), "x.py", set()) == ["x.py:3 self.reciprocal_scale"]

@@ -160,7 +160,7 @@ def test_swapped_nibbles_and_an_inverse_rotation_in_the_decoder_are_caught():
         g = tbq.get_format(fmt)
         with np.errstate(all="ignore"):
             r = check_kernel(
-                fmt, dequantize=_rows(lambda d, g=g: g.from_decode_domain(g.reference_decode(d)), g), **FAST
+                fmt, dequantize=_rows(lambda d, g=g: g.domain.from_decode_domain(g.reference_decode(d)), g), **FAST
             )
         c = r.counts("dequantize")
         assert not r.ok and c["wrong"] >= FAST["blocks"], r.text()

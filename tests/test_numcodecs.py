@@ -690,7 +690,7 @@ def test_scale_out_doc_lists_every_registered_codec():
     """docs/scale-out.md's codec table has one row per registered format, with the format's bits per value."""
     doc = (Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text()
     rows = re.findall(
-        r"^\| `(tbq\.[a-z0-9_]+)` \| `tbq\.numcodecs\.([A-Z0-9_]+)` \| .*? \| ([0-9.]+) \|$", doc, flags=re.M
+        r"^\| `(tbq\.[a-z0-9_]+)` \| `tbq\.numcodecs\.([A-Z0-9_]+)Numcodec` \| .*? \| ([0-9.]+) \|$", doc, flags=re.M
     )
     assert [r[0] for r in rows] == list(tn.CODEC_IDS.values())
     for cid, cls, bits in rows:

@@ -796,7 +796,7 @@ def _tie_rule(fmt: Format, kept: KeptBlocks, total_differing: int) -> Diagnosis 
     if share is None:
         return None
     n, away, even, agreeing = share
-    spec = getattr(fmt, "tie_rule", "")
+    spec = fmt.checker.tie_rule
     target = _target_rule(away, even, spec, agreeing)
     nb = kept["cls"].size
     title = "ties are rounded " + (_RULES[target] if target else "by another rule")

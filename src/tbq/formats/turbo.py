@@ -21,7 +21,7 @@ docs/formats.md, "TURBO2 / TURBO3 / TURBO4" (the CPU reference of the fork's
 Decoding is ``y_j = C[idx_j] * fp16(d)`` and nothing else: **no inverse rotation**. The decoded
 values are the block's coordinates in the rotated domain, ``decode(encode(x))`` approximates
 ``R(x)``, not ``x`` (the fork rotates the query instead and the attention output back), so these
-formats declare ``decode_domain = "rotated"`` and map values with :meth:`Format.to_decode_domain`.
+formats declare ``domain.decode_domain = "rotated"`` and map values with ``fmt.domain.to_decode_domain``.
 
 >>> f = TURBO3()
 >>> b = f.encode(np.zeros(128, np.float32))  # r = +-0 takes the upper middle index 4
@@ -29,7 +29,7 @@ formats declare ``decode_domain = "rotated"`` and map values with :meth:`Format.
 ([0, 0, 0], [255, 255])
 >>> x = np.random.default_rng(0).standard_normal(1024).astype(np.float32)
 >>> y = f.decode(f.encode(x))
->>> e = ((y - f.to_decode_domain(x)) ** 2).sum() / (x ** 2).sum()
+>>> e = ((y - f.domain.to_decode_domain(x)) ** 2).sum() / (x ** 2).sum()
 >>> bool(e < 0.04), bool(((y - x) ** 2).sum() / (x ** 2).sum() > 1)  # close to R(x), nowhere near x
 (True, True)
 """
