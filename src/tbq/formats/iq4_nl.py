@@ -47,9 +47,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..errors import ScaleOverflowError
+from ..float32 import get_f16_scale, put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ..float32 import get_f16_scale, put_f16_scale
 from .base import Field, Format, FormatInfo, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 

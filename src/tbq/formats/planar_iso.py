@@ -49,9 +49,9 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
-from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from .base import Field, Format, FormatInfo, Trace, band, into_c_contiguous, ulp32
 from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits, QuantizerTraits
 

@@ -28,9 +28,9 @@ from numpy.typing import NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
+from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..half import f16_table
 from ..float32 import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
+from ..half import f16_table
 from .base import Field, Format, FormatInfo, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 

@@ -31,8 +31,8 @@ from numpy.typing import NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
-from ..half import F16_OVERFLOW, f16_table
 from ..float32 import get_f16_scale, put_f16_scale
+from ..half import F16_OVERFLOW, f16_table
 from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
 from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at

@@ -34,9 +34,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..codebooks import CODEBOOK_NAMES, Codebook, get_codebook, named_codebook
 from ..errors import ConfigError, is_integer
+from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..half import f16_table
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
-from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, get_rotation, hadamard_scale, turboq_mtp_signs
 from .base import Field, Format, FormatInfo, Option, Trace, band, into_c_contiguous
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits

@@ -43,9 +43,9 @@ from numpy.typing import ArrayLike, NDArray
 
 from ..codebooks import Codebook
 from ..errors import ConfigError
+from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
-from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..rotation import RandomizedHadamard, hadamard_scale, turboq_mtp_signs
 from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, read_field, register_field_kind
 from .capabilities import (

@@ -37,7 +37,8 @@ import torch
 
 from ..errors import TbqValueError
 from ..half import f16_table
-from ..kernels import butterfly64, butterfly128, f32_to_f16_bits, jit, jit_inline
+from ..intrinsics import butterfly64, butterfly128
+from ..kernels import f32_to_f16_bits, jit, jit_inline
 from ..parallel import default_threads, run_shared
 from ..rotation import hadamard_scale
 
