@@ -8,14 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-try:
-    import hypothesis.extra.numpy as npst
-    import hypothesis.strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -38,6 +30,7 @@ from ._generic import (
     _fam_subnormal,
     _fam_zero,
 )
+from ._hypothesis import npst, st
 from ._machinery import (
     _ALIASES,
     _UNFIT,

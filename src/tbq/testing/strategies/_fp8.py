@@ -5,17 +5,11 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 
 from __future__ import annotations
 
-try:
-    import hypothesis.strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _rng
+from ._hypothesis import st
 from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 

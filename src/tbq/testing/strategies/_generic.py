@@ -5,18 +5,12 @@ Part of :mod:`tbq.testing.strategies` (see its docstring).
 
 from __future__ import annotations
 
-try:
-    import hypothesis.strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _rng
 from ._fit import _rescale
+from ._hypothesis import st
 from ._machinery import _F16_LIMIT, _F16_MAX, F32, _event, _Fmt, _gauss, _next32, _sampled
 
 #: The constant family's simple values (and the ends: signed zeros, the smallest subnormal and normal, +-1e4).

@@ -10,15 +10,6 @@ import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
-try:
-    import hypothesis
-    import hypothesis.strategies as st
-    from hypothesis.errors import InvalidArgument
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
@@ -29,6 +20,8 @@ from tbq.errors import is_integer
 from tbq.formats import FORMATS, get_format
 from tbq.formats.base import FIELD_KINDS, FORMAT_CLASSES, Trace
 from tbq.rotation import RandomizedHadamard, get_rotation, hadamard_scale
+
+from ._hypothesis import InvalidArgument, hypothesis, st
 
 F32 = np.float32
 

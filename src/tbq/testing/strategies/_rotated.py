@@ -9,18 +9,12 @@ import functools
 import math
 from collections.abc import Sequence
 
-try:
-    import hypothesis.strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _rng
 from ._generic import _fam_gaussian
+from ._hypothesis import st
 from ._machinery import F32, _event, _Fmt, _next32, _sampled
 
 

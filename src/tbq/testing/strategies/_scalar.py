@@ -7,17 +7,11 @@ from __future__ import annotations
 
 import math
 
-try:
-    import hypothesis.strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
 from . import _rng
+from ._hypothesis import st
 from ._machinery import F32, _event, _Fmt, _gauss, _next32, _sampled
 
 

@@ -8,19 +8,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-try:
-    import hypothesis.strategies as st
-except ImportError as e:  # pragma: no cover - exercised only without hypothesis
-    raise ImportError(
-        "`tbq.testing.strategies` requires `hypothesis` to be installed: pip install 'tbq[test]' (or pip install hypothesis)"
-    ) from e
-
 import numpy as np
 from numpy.typing import NDArray
 
 from tbq.codebooks import Codebook, get_codebook
 from tbq.rotation import turboq_mtp_signs
 
+from ._hypothesis import st
 from ._machinery import F32, _check_int, _fail, _memo_strategy, _resolve_leading, _sampled
 
 
