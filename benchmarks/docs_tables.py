@@ -240,22 +240,32 @@ def memory_table() -> str:
     return "\n".join(lines) + f"\n\nFixed overhead {doc['fixed_mib']:.0f} MiB (the peak on a 16-token file)."
 
 
+#: The committed run of benchmarks/bench_eval.py the performance page quotes.
+EVAL_OVERHEAD_RUN = "eval_overhead_epyc_avx512.json"
+
+
 def eval_overhead_table() -> str:
     """What the quantized cache adds to a forward pass of `tbq eval`'s engine, per cache type."""
-    runs = _load("eval_overhead.json")
+    doc = _load(EVAL_OVERHEAD_RUN)
+    runs = doc["models"]
     fmts = list(dict.fromkeys(f for run in runs for f in run["rows"]))
     lines = [
-        "| model | parameters | context | forward, no cache | " + " | ".join(fmts) + " |",
+        "| model | parameters | context | forward, no cache (CPU) | " + " | ".join(fmts) + " |",
         "|---|---|---|---|" + "---|" * len(fmts),
     ]
     for run in runs:
-        cells = [f"{run['rows'][f]['overhead']:+.0%}" if f in run["rows"] else "–" for f in fmts]
+        cells = [f"{run['rows'][f]['cpu_overhead']:+.0%}" if f in run["rows"] else "–" for f in fmts]
         lines.append(
-            f"| {run['label']} | {run['params'] / 1e6:,.1f}M | {run['context']} | {run['own_ms']:,.0f} ms | "
+            f"| {run['label']} | {run['params'] / 1e6:,.1f}M | {run['context']} | {run['own_cpu_ms']:,.0f} ms | "
             + " | ".join(cells)
             + " |"
         )
-    return "\n".join(lines)
+    m = doc["machine"]
+    load = f"{m['loadavg_before'][0]:.0f} before / {m['loadavg_after'][0]:.0f} after"
+    return "\n".join(lines) + (
+        f"\n\nCPU time of the process, best of the rounds, torch on {m['torch_threads']} thread; "
+        f"{m['cpu']}, {m['cores']} cores, load average {load}."
+    )
 
 
 # ---------------------------------------------------------------------------------------------- robustness
