@@ -59,6 +59,11 @@ polynomial, float32, branch-free so it vectorises; within 1 ulp of the
 exact ``exp`` on ``[-87.3, 0]`` (0.97 ulp measured on 3 million points), 0 below). Results do not depend on
 the machine; they differ from the float64 reference by the float32 roundings
 that :func:`tbq.attention.f32_tolerance` bounds.
+
+Why one module of this length: the kernel for any head dimension, the microkernels of the
+common one and the float32 readers are one definition of the fused attention's arithmetic
+(docs/formats.md, *Fused attention arithmetic*), which its NumPy twin must follow operation for
+operation; kept together, a change to one shows beside the others.
 """
 
 from __future__ import annotations

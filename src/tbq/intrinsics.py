@@ -16,7 +16,7 @@ many values an instruction handles. The x86-only ones (``lookup16_row``,
 ``TARGET_*`` flags are read from the CPU numba compiles for
 (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES`` when set, else the host).
 
-One module of about 700 lines on purpose: it is the one place where tbq
+Why one module of this length: it is the one place where tbq
 writes IR by hand, so a reader checking that an intrinsic keeps the scalar
 loop's operations finds every builder idiom it shares with the others here
 (:func:`transpose8_vectors`, :func:`butterfly_in_registers`, the look-up

@@ -35,6 +35,10 @@ Measurements over the real formats:
 - :func:`rotated_nmse`: the NMSE of a rotated format with its own rotation
   and any value table, to separate what the rotation does from what the
   table does.
+
+Why one module of this length: the comparison quantizers and the mixed cache policies are the
+study's one vocabulary (all take and return float rows, none is a byte format); the metrics are
+:mod:`tbq.metrics`' and the figures :mod:`tbq.plots`'.
 """
 
 from __future__ import annotations

@@ -27,6 +27,11 @@ The reference and kernel methods take clean 2-D arrays (one block per row,
 C-contiguous float32 or uint8); validation, chunking and threads live in
 :mod:`tbq.codecs`. The public :meth:`Format.encode` / :meth:`Format.decode`
 validate their input and run the NumPy reference.
+
+Why one module of this length: the interface (:class:`Format`, its layout records
+:class:`FormatInfo` and :class:`Field`, the field kinds, the options) and the registry that
+refuses inconsistent layouts are what a format module imports, and a format author reads them in
+one place; the capabilities are :mod:`tbq.formats.capabilities`'.
 """
 
 from __future__ import annotations

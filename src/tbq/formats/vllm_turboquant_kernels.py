@@ -28,6 +28,10 @@ Where the time goes, and what each kernel does about it (docs/formats-vllm.md):
 - value decode: ``RN16(RN32(code * scale + min))`` takes 16 (8) values per
   row: a table per row, looked up 8 values at a time
   (:func:`tbq.kernels.lookup16_row` / ``lookup8_row``, ``vpermps``).
+
+Why one module of this length: the key and value kernels of vLLM's TurboQuant share the
+row-wise float64 norm, rotation and packing stages, each written to match the reference's
+operations in order; split apart, a stage would be read away from the reference it mirrors.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ attention (set by :func:`tbq.hf.prepare`) each layer also posts its
 stored-domain K/V (:class:`~tbq.hf.attention.LayerRead`), which that
 attention reads with the engine's Q transform (rotation, q8_0 conversion):
 what makes the products llama.cpp's.
+
+Why one module of this length: :class:`TbqCache` and :class:`TbqLayer` are one concept,
+transformers' cache and its layers, with the validation of what a user may ask of them; the rows a
+layer keeps are :mod:`tbq.hf.store`'s and the engines' transforms :mod:`tbq.hf.transforms`'.
 """
 
 from __future__ import annotations

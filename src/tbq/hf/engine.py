@@ -73,6 +73,10 @@ Engines (``docs/eval.md`` lists what each mirrors and the agreement measured):
 ``"plain"``
     The rows as the model computes them: no permutation, no rotation, Q in f32
     (a format that decodes to its own rotated domain is rotated back).
+
+Why one module of this length: it is the one table of what each engine (llama.cpp, its two
+forks, vLLM, plain) does with each cache type, which a reader checks against the engines' sources
+in one place; the arithmetic it applies is :mod:`tbq.hf.transforms`'.
 """
 
 from __future__ import annotations

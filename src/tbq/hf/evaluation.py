@@ -19,6 +19,10 @@ token where greedy generation from a prompt departs from the f16 cache's.
 
 >>> result = evaluate(model, tokens, ["q8_0", "q4_0:q4_0"], context=512, chunks=4)   # doctest: +SKIP
 >>> print(result.table())                                                             # doctest: +SKIP
+
+Why one module of this length: :func:`evaluate` and the runner that cuts, runs and scores the
+chunks exactly as llama-perplexity does are one computation; the statistics are
+:mod:`tbq.hf.stats`' and greedy agreement :mod:`tbq.hf.generation`'.
 """
 
 from __future__ import annotations
