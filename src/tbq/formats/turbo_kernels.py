@@ -123,13 +123,31 @@ def decode(data, out, bits, centroids, table):
     return out
 
 
+@jit
+def read_rotated(data, out, bits, centroids, table):
+    """The attention reader's body: :func:`decode`'s products (the same intrinsics on AVX2 targets, :func:`decode`
+    itself elsewhere), the cache's bytes prefetched ahead (:func:`tbq.formats.tbq_kernels.prefetch_block`)."""
+    if not TARGET_AVX2:
+        return decode(data, out, bits, centroids, table)
+    for b in range(data.shape[0]):
+        tbq_kernels.prefetch_block(data, b)
+        d = load_f16(data, b, table)
+        if bits == 4:
+            lookup16_row(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+        elif bits == 3:
+            lookup_planes3_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        else:
+            lookup_qs_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+    return out
+
+
 def attention_read(src, dst, n_blocks, aux, n_aux):
-    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`) of turbo2/3/4: their decoder, whose
-    values are already the rotated domain's; ``aux`` is the fp16 table followed by the 4, 8 or 16 centroids."""
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`) of turbo2/3/4: their decoder's values,
+    already the rotated domain's (:func:`read_rotated`); ``aux`` is the fp16 table followed by the 4, 8 or 16 centroids."""
     a = reader_aux(aux, n_aux)
     nc = n_aux - 65536
     bits = 4 if nc == 16 else (3 if nc == 8 else 2)
-    decode(
+    read_rotated(
         reader_blocks(src, n_blocks, 2 + 16 * bits + (2 if bits == 4 else 0)),
         reader_out(dst, n_blocks, 128),
         bits,
