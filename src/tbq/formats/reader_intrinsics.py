@@ -95,3 +95,65 @@ def lookup8_row_vbmi(typingctx, src, soff, dst, doff, table, scale):
     payload bytes) with ``vpermb``: for targets with :data:`TARGET_VBMI` only."""
     sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
     return sig, _codegen(3)
+
+
+def _planes_codegen(signs: bool):
+    """:func:`tbq.formats.planar_iso_kernels.lookup_planes3_row`'s AVX-512 body (16 indices a register: the qs
+    word shifted by ``2t``, the signs word by ``14 + t``, one ``vpternlogd`` bit select, one ``vpermps``) with
+    the per-block table of products."""
+
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        vf, vi = ir.VectorType(ir.FloatType(), 16), ir.VectorType(i32, 16)
+        s_, d_, t_ = (context.make_array(signature.args[a])(context, builder, args[a]) for a in (0, 2, 4))
+        sp = builder.gep(s_.data, [context.cast(builder, args[1], signature.args[1], types.int64)])
+        dp = builder.gep(d_.data, [context.cast(builder, args[3], signature.args[3], types.int64)])
+        perm = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vf, [vf, vi]), "llvm.x86.avx512.permvar.sf.512"
+        )
+        ternlog = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vi, [vi, vi, vi, i32]), "llvm.x86.avx512.pternlog.d.512"
+        )
+
+        def splat(x, ty):
+            v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(i32, 0))
+            return builder.shuffle_vector(v, v, ir.Constant(vi, [0] * 16))
+
+        n_tab = 8 if signs else 4
+        tn = builder.load(builder.bitcast(t_.data, ir.VectorType(ir.FloatType(), n_tab).as_pointer()), align=4)
+        # the centroids repeated to 16 entries (the bits above an index's pick the same value), times the scale
+        table = builder.fmul(
+            builder.shuffle_vector(tn, tn, ir.Constant(vi, [t % n_tab for t in range(16)])), splat(args[5], vf)
+        )
+        three = ir.Constant(vi, [3] * 16)
+
+        def word(off):  # the 4 bytes at payload offset ``off`` (little-endian), in all lanes
+            x = builder.load(builder.bitcast(builder.gep(sp, [ir.Constant(i64, off)]), i32.as_pointer()), align=1)
+            return splat(x, vi)
+
+        for h in range(8):  # indices 16h + t: qs bytes 4h .. 4h+3, signs bytes 2h, 2h+1 (the word at 30 + 2h)
+            idx = builder.lshr(word(4 * h), ir.Constant(vi, [2 * t for t in range(16)]))
+            if signs:
+                sg = builder.lshr(word(30 + 2 * h), ir.Constant(vi, [14 + t for t in range(16)]))
+                idx = builder.call(ternlog, [idx, sg, three, ir.Constant(i32, 0xE4)])  # bits 0-1 of idx, bit 2 of sg
+            out = builder.call(perm, [table, idx])
+            builder.store(out, builder.bitcast(builder.gep(dp, [ir.Constant(i64, 16 * h)]), vf.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def lookup_planes3_row_table(typingctx, src, soff, dst, doff, table, scale):
+    """:func:`tbq.formats.planar_iso_kernels.lookup_planes3_row` (turbo3's qs and signs planes) with the
+    per-block table of ``centroid * scale`` products: for targets with AVX-512VL only."""
+    sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
+    return sig, _planes_codegen(True)
+
+
+@intrinsic
+def lookup_qs_row_table(typingctx, src, soff, dst, doff, table, scale):
+    """:func:`tbq.formats.planar_iso_kernels.lookup_qs_row` (turbo2's qs plane) with the per-block table of
+    ``centroid * scale`` products: for targets with AVX-512VL only."""
+    sig = types.void(src, types.int64, dst, types.int64, table, types.float32)
+    return sig, _planes_codegen(False)

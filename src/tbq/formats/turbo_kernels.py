@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..intrinsics import TARGET_AVX2, lookup16_row
+from ..intrinsics import TARGET_AVX2, TARGET_AVX512VL, lookup16_row
 from ..kernels import STATUS_OK, jit, load_f16, reader_aux, reader_blocks, reader_out
 from ..packing_kernels import hi4, lo4
 from . import tbq_kernels
@@ -34,7 +34,7 @@ from .planar_iso_kernels import (
     qs_byte,
     signs_byte,
 )
-from .reader_intrinsics import TARGET_VBMI, lookup16_row_vbmi
+from .reader_intrinsics import TARGET_VBMI, lookup16_row_vbmi, lookup_planes3_row_table, lookup_qs_row_table
 
 _SHIFTS2 = np.array([0, 2, 4, 6], np.int64)
 #: bytes of a TBQ4_0 block, the encoder's scratch layout
@@ -137,8 +137,12 @@ def read_rotated(data, out, bits, centroids, table):
             lookup16_row_vbmi(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
         elif bits == 4:
             lookup16_row(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+        elif bits == 3 and TARGET_AVX512VL:  # a per-block table of products (reader_intrinsics)
+            lookup_planes3_row_table(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         elif bits == 3:
             lookup_planes3_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        elif TARGET_AVX512VL:
+            lookup_qs_row_table(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         else:
             lookup_qs_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
     return out
