@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -150,3 +151,49 @@ def test_the_prefetch_past_a_caches_last_block_never_faults() -> None:
         [sys.executable, "-c", _GUARD, *FORMATS], env=dict(os.environ), capture_output=True, text=True, timeout=900
     )
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+
+
+_PATHS_CHILD = """
+import sys
+import numpy as np
+import tbq, tbq.kernels as k
+from tbq.formats import reader_intrinsics as ri
+sys.path.insert(0, sys.argv[1])
+import test_attention_readers as t
+
+assert (k.TARGET_AVX2, k.TARGET_AVX512VL, ri.TARGET_VBMI) == tuple(map(bool, map(int, sys.argv[2:5])))
+for fmt in t.FORMATS:
+    for sizes in ((512,), (7, 1, 64, 3)):
+        t.test_readers_give_numpys_centroid_times_scale_bits(fmt, sizes)
+print("ok")
+"""
+
+_BASE = "+avx,+avx2,+f16c,+fma,+bmi,+bmi2,+popcnt,+sse4.2"
+
+
+@pytest.mark.parametrize(
+    "target, want",
+    [
+        pytest.param({"NUMBA_CPU_NAME": "icelake-server", "NUMBA_CPU_FEATURES": _BASE + ",+avx512f,+avx512vl,+avx512bw,+avx512dq,+avx512vbmi"}, "111", id="vbmi"),
+        pytest.param({"NUMBA_CPU_NAME": "skylake-avx512", "NUMBA_CPU_FEATURES": _BASE + ",+avx512f,+avx512vl,+avx512bw,+avx512dq"}, "110", id="avx512"),
+        pytest.param({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": _BASE}, "100", id="avx2"),
+        pytest.param({"NUMBA_CPU_NAME": "generic"}, "000", id="generic"),
+    ],
+)  # fmt: skip
+def test_every_code_path_of_the_readers_gives_the_same_bits(target: dict, want: str, tmp_path) -> None:
+    """The readers' paths (``vpermb`` with AVX-512 VBMI, the per-block product tables of turbo2/3 and the
+    ``vpermps`` look-ups with AVX-512VL, 8-lane look-ups with AVX2, scalar loops elsewhere), each compiled in a
+    child process for its CPU: the bits test above on all five formats."""
+    from llvmlite import binding
+
+    host = binding.get_host_cpu_features()
+    needs = {"111": "avx512vbmi", "110": "avx512vl", "100": "avx2"}.get(want)
+    if needs and not host.get(needs, False):
+        pytest.skip(f"this CPU has no {needs}: code compiled for it would die of SIGILL")
+    env = {key: v for key, v in os.environ.items() if key not in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")}
+    env.update(target, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    here = str(Path(__file__).resolve().parent)
+    r = subprocess.run(
+        [sys.executable, "-c", _PATHS_CHILD, here, *want], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout[-2000:] + r.stderr[-3000:]
