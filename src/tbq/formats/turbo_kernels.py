@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..intrinsics import TARGET_AVX2, lookup16_row
+from ..intrinsics import TARGET_AVX2, TARGET_AVX512VL, lookup16_row
 from ..kernels import STATUS_OK, jit, load_f16, reader_aux, reader_blocks, reader_out
 from ..packing_kernels import hi4, lo4
 from . import tbq_kernels
@@ -34,6 +34,7 @@ from .planar_iso_kernels import (
     qs_byte,
     signs_byte,
 )
+from .reader_intrinsics import TARGET_VBMI, lookup16_row_vbmi, lookup_planes3_row_table, lookup_qs_row_table
 
 _SHIFTS2 = np.array([0, 2, 4, 6], np.int64)
 #: bytes of a TBQ4_0 block, the encoder's scratch layout
@@ -123,13 +124,37 @@ def decode(data, out, bits, centroids, table):
     return out
 
 
+@jit
+def read_rotated(data, out, bits, centroids, table):
+    """The attention reader's body: :func:`decode`'s products (the same intrinsics on AVX2 targets, :func:`decode`
+    itself elsewhere), the cache's bytes prefetched ahead (:func:`tbq.formats.tbq_kernels.prefetch_block`)."""
+    if not TARGET_AVX2:
+        return decode(data, out, bits, centroids, table)
+    for b in range(data.shape[0]):
+        tbq_kernels.prefetch_block(data, b)
+        d = load_f16(data, b, table)
+        if bits == 4 and TARGET_VBMI:  # the same products, one vpermb a 16 (reader_intrinsics)
+            lookup16_row_vbmi(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+        elif bits == 4:
+            lookup16_row(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+        elif bits == 3 and TARGET_AVX512VL:  # a per-block table of products (reader_intrinsics)
+            lookup_planes3_row_table(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        elif bits == 3:
+            lookup_planes3_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        elif TARGET_AVX512VL:
+            lookup_qs_row_table(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        else:
+            lookup_qs_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+    return out
+
+
 def attention_read(src, dst, n_blocks, aux, n_aux):
-    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`) of turbo2/3/4: their decoder, whose
-    values are already the rotated domain's; ``aux`` is the fp16 table followed by the 4, 8 or 16 centroids."""
+    """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`) of turbo2/3/4: their decoder's values,
+    already the rotated domain's (:func:`read_rotated`); ``aux`` is the fp16 table followed by the 4, 8 or 16 centroids."""
     a = reader_aux(aux, n_aux)
     nc = n_aux - 65536
     bits = 4 if nc == 16 else (3 if nc == 8 else 2)
-    decode(
+    read_rotated(
         reader_blocks(src, n_blocks, 2 + 16 * bits + (2 if bits == 4 else 0)),
         reader_out(dst, n_blocks, 128),
         bits,
