@@ -143,6 +143,8 @@ class _PlanarIsoAttention(AttentionTraits):
 
     format: _PlanarIso
 
+    read = "attention_read"
+
     def tables(self) -> NDArray[np.float32]:
         rot = self.format._decode_tables()
         head = np.array(
@@ -155,6 +157,7 @@ class _PlanarIso(Format):
     """Shared body of the four formats: they differ in the rotation (``_rot``) and the codebook (``index_bits``)."""
 
     _rot: ClassVar[str] = ""  # "givens" or "quat"
+    kernel_module = "tbq.formats.planar_iso_kernels"
     fuzz = CapabilitySlot(_PlanarIsoFuzz)
     quantizer = CapabilitySlot(_PlanarIsoQuantizer)
     attention = CapabilitySlot(_PlanarIsoAttention)
@@ -385,119 +388,57 @@ class _PlanarIso(Format):
         return tol.astype(np.float32)
 
 
-class PLANAR3_0Attention(_PlanarIsoAttention):
-    """PLANAR3_0's :class:`AttentionTraits`."""
+_LAYOUT = {
+    3: (
+        Field("d", 0, 2, "f16", "corrected norm"),
+        Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
+        Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
+    ),
+    4: (
+        Field("d", 0, 2, "f16", "corrected norm"),
+        Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
+    ),
+}
+_ROTATIONS = {"givens": "64 Givens rotations", "quat": "32 quaternion rotations"}
 
-    format: PLANAR3_0
 
-    read = "attention_read"
+def _info(name: str, code: int, bits: int, rot: str) -> FormatInfo:
+    """The family's table row: 128 values, an fp16 norm and ``bits``-bit indices after the rotation ``rot``."""
+    return FormatInfo(
+        name=name,
+        block_size=128,
+        type_size=2 + 16 * bits,
+        rotated=True,
+        index_bits=bits,
+        description=f"{name.upper()}: fp16 norm + 128 {bits}-bit indices after {_ROTATIONS[rot]}",
+        code=code,
+        layout=_LAYOUT[bits],
+    )
 
 
 class PLANAR3_0(_PlanarIso):
     """PLANAR3_0: 128 values -> fp16 corrected norm + 3-bit indices after 64 Givens rotations (50 bytes)."""
 
-    info = FormatInfo(
-        name="planar3_0",
-        block_size=128,
-        type_size=50,
-        rotated=True,
-        index_bits=3,
-        description="PLANAR3_0: fp16 norm + 128 3-bit indices after 64 Givens rotations",
-        code=13,
-        layout=(
-            Field("d", 0, 2, "f16", "corrected norm"),
-            Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
-            Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
-        ),
-    )
-    kernel_module = "tbq.formats.planar_iso_kernels"
-    attention = CapabilitySlot(PLANAR3_0Attention)
+    info = _info("planar3_0", 13, 3, "givens")
     _rot = "givens"
-
-
-class ISO3_0Attention(_PlanarIsoAttention):
-    """ISO3_0's :class:`AttentionTraits`."""
-
-    format: ISO3_0
-
-    read = "attention_read"
 
 
 class ISO3_0(_PlanarIso):
     """ISO3_0: 128 values -> fp16 corrected norm + 3-bit indices after 32 quaternion left-multiplications (50 bytes)."""
 
-    info = FormatInfo(
-        name="iso3_0",
-        block_size=128,
-        type_size=50,
-        rotated=True,
-        index_bits=3,
-        description="ISO3_0: fp16 norm + 128 3-bit indices after 32 quaternion rotations",
-        code=14,
-        layout=(
-            Field("d", 0, 2, "f16", "corrected norm"),
-            Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
-            Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
-        ),
-    )
-    kernel_module = "tbq.formats.planar_iso_kernels"
-    attention = CapabilitySlot(ISO3_0Attention)
+    info = _info("iso3_0", 14, 3, "quat")
     _rot = "quat"
-
-
-class PLANAR4_0Attention(_PlanarIsoAttention):
-    """PLANAR4_0's :class:`AttentionTraits`."""
-
-    format: PLANAR4_0
-
-    read = "attention_read"
 
 
 class PLANAR4_0(_PlanarIso):
     """PLANAR4_0: 128 values -> fp16 corrected norm + 4-bit indices after 64 Givens rotations (66 bytes)."""
 
-    info = FormatInfo(
-        name="planar4_0",
-        block_size=128,
-        type_size=66,
-        rotated=True,
-        index_bits=4,
-        description="PLANAR4_0: fp16 norm + 128 4-bit indices after 64 Givens rotations",
-        code=15,
-        layout=(
-            Field("d", 0, 2, "f16", "corrected norm"),
-            Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
-        ),
-    )
-    kernel_module = "tbq.formats.planar_iso_kernels"
-    attention = CapabilitySlot(PLANAR4_0Attention)
+    info = _info("planar4_0", 15, 4, "givens")
     _rot = "givens"
-
-
-class ISO4_0Attention(_PlanarIsoAttention):
-    """ISO4_0's :class:`AttentionTraits`."""
-
-    format: ISO4_0
-
-    read = "attention_read"
 
 
 class ISO4_0(_PlanarIso):
     """ISO4_0: 128 values -> fp16 corrected norm + 4-bit indices after 32 quaternion left-multiplications (66 bytes)."""
 
-    info = FormatInfo(
-        name="iso4_0",
-        block_size=128,
-        type_size=66,
-        rotated=True,
-        index_bits=4,
-        description="ISO4_0: fp16 norm + 128 4-bit indices after 32 quaternion rotations",
-        code=16,
-        layout=(
-            Field("d", 0, 2, "f16", "corrected norm"),
-            Field("qs", 2, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
-        ),
-    )
-    kernel_module = "tbq.formats.planar_iso_kernels"
-    attention = CapabilitySlot(ISO4_0Attention)
+    info = _info("iso4_0", 16, 4, "quat")
     _rot = "quat"

@@ -307,6 +307,21 @@ class _Turbo(Format):
 _D = Field("d", 0, 2, "f16", "the C struct's norm: fp16 corrected norm norm / recon")
 
 
+def _info(bits: int, code: int, description: str, *fields: Field) -> FormatInfo:
+    """turbo<bits>'s table row: 128 values, the norm ``_D`` and ``fields``; it decodes to the rotated domain."""
+    return FormatInfo(
+        name=f"turbo{bits}",
+        block_size=128,
+        type_size=sum(f.size for f in (_D, *fields)),
+        rotated=True,
+        index_bits=bits,
+        description=f"turbo{bits} (llama.cpp fork): {description}; decodes to the rotated domain",
+        code=code,
+        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
+        layout=(_D, *fields),
+    )
+
+
 class TURBO2Checks(CheckTraits):
     """TURBO2's :class:`CheckTraits`."""
 
@@ -319,17 +334,11 @@ class TURBO2(_Turbo):
     """turbo2: 128 values -> fp16 corrected norm + 128 rotated 2-bit indices (34 bytes)."""
 
     checker = CapabilitySlot(TURBO2Checks)
-
-    info = FormatInfo(
-        name="turbo2",
-        block_size=128,
-        type_size=34,
-        rotated=True,
-        index_bits=2,
-        description="turbo2 (llama.cpp fork): fp16 norm + 128 WHT-rotated 2-bit indices; decodes to the rotated domain",
-        code=21,
-        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
-        layout=(_D, Field("qs", 2, 32, "u2_quads", "index j at byte j/4, bits 2(j%4)..2(j%4)+1")),
+    info = _info(
+        2,
+        21,
+        "fp16 norm + 128 WHT-rotated 2-bit indices",
+        Field("qs", 2, 32, "u2_quads", "index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
     )
 
 
@@ -345,21 +354,12 @@ class TURBO3(_Turbo):
     """turbo3: 128 values -> fp16 corrected norm + 128 rotated 3-bit indices in two bit planes (50 bytes)."""
 
     checker = CapabilitySlot(TURBO3Checks)
-
-    info = FormatInfo(
-        name="turbo3",
-        block_size=128,
-        type_size=50,
-        rotated=True,
-        index_bits=3,
-        description="turbo3 (llama.cpp fork): fp16 norm + 128 WHT-rotated 3-bit indices; decodes to the rotated domain",
-        code=22,
-        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
-        layout=(
-            _D,
-            Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
-            Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
-        ),
+    info = _info(
+        3,
+        22,
+        "fp16 norm + 128 WHT-rotated 3-bit indices",
+        Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
+        Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
     )
 
 
@@ -375,21 +375,12 @@ class TURBO4(_Turbo):
     """turbo4: 128 values -> fp16 corrected norm, fp16 rnorm = +0, 128 rotated 4-bit indices (68 bytes)."""
 
     checker = CapabilitySlot(TURBO4Checks)
-
-    info = FormatInfo(
-        name="turbo4",
-        block_size=128,
-        type_size=68,
-        rotated=True,
-        index_bits=4,
-        description="turbo4 (llama.cpp fork): fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices; decodes to the rotated domain",
-        code=23,
-        padded_heads=True,  # llama-kv-cache.cpp zero-pads K and V heads to a multiple of 128
-        layout=(
-            _D,
-            Field("rnorm", 2, 2, "f16", "always written as fp16 +0; the decoder ignores it"),
-            Field("qs", 4, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
-        ),
+    info = _info(
+        4,
+        23,
+        "fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices",
+        Field("rnorm", 2, 2, "f16", "always written as fp16 +0; the decoder ignores it"),
+        Field("qs", 4, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
     )
     options = {
         "thresholds": Option(
