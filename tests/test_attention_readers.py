@@ -181,7 +181,7 @@ _BASE = "+avx,+avx2,+f16c,+fma,+bmi,+bmi2,+popcnt,+sse4.2"
     ],
 )  # fmt: skip
 def test_every_code_path_of_the_readers_gives_the_same_bits(target: dict, want: str, tmp_path) -> None:
-    """The readers' paths (``vpermb`` with AVX-512 VBMI, the per-block product tables of turbo2/3 and the
+    """The readers' paths (``vpermb`` with AVX-512 VBMI, the per-block product tables of TBQ3_0 and turbo2/3 and the
     ``vpermps`` look-ups with AVX-512VL, 8-lane look-ups with AVX2, scalar loops elsewhere), each compiled in a
     child process for its CPU: the bits test above on all five formats."""
     from llvmlite import binding
