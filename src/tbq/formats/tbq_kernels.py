@@ -18,6 +18,7 @@ import numpy as np
 
 from ..intrinsics import (
     TARGET_AVX2,
+    TARGET_AVX512VL,
     butterfly64,
     butterfly128,
     lookup8_row,
@@ -55,7 +56,7 @@ from ..packing_kernels import (
     pair4,
     store_lane3,
 )
-from .reader_intrinsics import TARGET_VBMI, lookup8_row_vbmi, lookup16_row_vbmi
+from .reader_intrinsics import lookup8_row_table, lookup16_row_table
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -473,10 +474,10 @@ def read_rotated(data, out, table, centroids):
         dst = out[b]
         prefetch_block(data, b)
         d = load_f16(data, b, table)
-        if centroids.shape[0] == 16 and TARGET_VBMI:  # the same products, one vpermb a 16 (reader_intrinsics)
-            lookup16_row_vbmi(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
-        elif TARGET_VBMI:
-            lookup8_row_vbmi(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        if centroids.shape[0] == 16 and TARGET_AVX512VL:  # two broadcast words a 16 (reader_intrinsics)
+            lookup16_row_table(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
+        elif centroids.shape[0] == 8 and TARGET_AVX512VL:  # two broadcast words a 16 (reader_intrinsics)
+            lookup8_row_table(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         elif centroids.shape[0] == 16 and TARGET_AVX2:  # the same products, looked up by vpermps (kernels.lookup16_row)
             lookup16_row(data, b * data.shape[1] + 2, out, b * out.shape[1], centroids, d)
         elif centroids.shape[0] == 16:

@@ -34,7 +34,11 @@ from .planar_iso_kernels import (
     qs_byte,
     signs_byte,
 )
-from .reader_intrinsics import TARGET_VBMI, lookup16_row_vbmi, lookup_planes3_row_table, lookup_qs_row_table
+from .reader_intrinsics import (
+    lookup16_row_table,
+    lookup_planes3_row_table,
+    lookup_qs_row_table,
+)
 
 _SHIFTS2 = np.array([0, 2, 4, 6], np.int64)
 #: bytes of a TBQ4_0 block, the encoder's scratch layout
@@ -133,8 +137,8 @@ def read_rotated(data, out, bits, centroids, table):
     for b in range(data.shape[0]):
         tbq_kernels.prefetch_block(data, b)
         d = load_f16(data, b, table)
-        if bits == 4 and TARGET_VBMI:  # the same products, one vpermb a 16 (reader_intrinsics)
-            lookup16_row_vbmi(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
+        if bits == 4 and TARGET_AVX512VL:  # a per-block table of products (reader_intrinsics)
+            lookup16_row_table(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
         elif bits == 4:
             lookup16_row(data, b * data.shape[1] + 4, out, b * out.shape[1], centroids, d)
         elif bits == 3 and TARGET_AVX512VL:  # a per-block table of products (reader_intrinsics)
