@@ -30,11 +30,12 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
+from ..float32 import get_f16_scale, put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .q4_0 import max_scale_trace
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
@@ -125,16 +126,7 @@ class Q5_0(_Q5):
     quantizer = CapabilitySlot(Q5_0Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
-        rows = np.arange(x.shape[0])
-        a = np.abs(x)
-        m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
-        # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a block of
-        # zeros (of either sign) has m = +0 and d = +0 / -16 = -0 (bytes 00 80).
-        m[a.max(axis=1) == 0] = F32(0)
-        d = m / _M16
-        inv = safe_reciprocal(d)
-        v = x * inv[:, None]
-        t = v + _16_5  # two roundings: product, then sum
+        d, _, v, t = max_scale_trace(x, _M16, _16_5)
         c = trunc_codes(t, 31)
         out = np.empty((x.shape[0], 22), np.uint8)
         put_f16_scale(out, d)
