@@ -18,8 +18,9 @@ from numpy.typing import NDArray
 from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 F32 = np.float32
 _M8 = F32(-8.0)
@@ -56,14 +57,6 @@ class Q4_0Checks(CheckTraits):
         return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
 
 
-class Q4_0Attention(AttentionTraits):
-    """Q4_0's :class:`AttentionTraits`."""
-
-    format: Q4_0
-
-    read = "attention_read"
-
-
 class Q4_0Fuzz(FuzzTraits):
     """Q4_0's :class:`FuzzTraits`."""
 
@@ -97,7 +90,7 @@ class Q4_0(Format):
     )
     kernel_module = "tbq.formats.q4_0_kernels"
     checker = CapabilitySlot(Q4_0Checks)
-    attention = CapabilitySlot(Q4_0Attention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q4_0Fuzz)
     quantizer = CapabilitySlot(Q4_0Quantizer)
 

@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from ..float32 import get_f16_scale, put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_0 import max_scale_trace
@@ -77,14 +78,6 @@ class Q5_0Checks(CheckTraits):
         return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
 
 
-class Q5_0Attention(AttentionTraits):
-    """Q5_0's :class:`AttentionTraits`."""
-
-    format: Q5_0
-
-    read = "attention_read"
-
-
 class Q5_0Fuzz(FuzzTraits):
     """Q5_0's :class:`FuzzTraits`."""
 
@@ -121,7 +114,7 @@ class Q5_0(_Q5):
     )
     kernel_module = "tbq.formats.q5_kernels"
     checker = CapabilitySlot(Q5_0Checks)
-    attention = CapabilitySlot(Q5_0Attention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q5_0Fuzz)
     quantizer = CapabilitySlot(Q5_0Quantizer)
 
