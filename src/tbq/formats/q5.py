@@ -64,6 +64,14 @@ def unpack_codes(data: NDArray[np.uint8], qh_off: int) -> NDArray[np.int32]:
 class _Q5(Format):
     """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
 
+    kernel_module = "tbq.formats.q5_kernels"
+
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
+        return getattr(self.kernels(), f"encode_{self.name}")(x, out, raise_overflow)  # encode_q5_0 / encode_q5_1
+
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
+        getattr(self.kernels(), f"decode_{self.name}")(data, out, f16_table())
+
 
 class Q5_0Checks(CheckTraits):
     """Q5_0's :class:`CheckTraits`."""
@@ -112,7 +120,6 @@ class Q5_0(_Q5):
             ),
         ),
     )
-    kernel_module = "tbq.formats.q5_kernels"
     checker = CapabilitySlot(Q5_0Checks)
     attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q5_0Fuzz)
@@ -131,12 +138,6 @@ class Q5_0(_Q5):
         d = get_f16_scale(data)
         c = unpack_codes(data, 2)
         return (c - 16).astype(np.float32) * d[:, None]
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode_q5_0(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_q5_0(data, out, f16_table())
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 16.5) can change min(31, trunc(t)).
@@ -202,7 +203,6 @@ class Q5_1(_Q5):
             ),
         ),
     )
-    kernel_module = "tbq.formats.q5_kernels"
     checker = CapabilitySlot(Q5_1Checks)
     attention = CapabilitySlot(Q5_1Attention)
     fuzz = CapabilitySlot(Q5_1Fuzz)
@@ -223,12 +223,6 @@ class Q5_1(_Q5):
         m = get_f16_at(data, 2)
         c = unpack_codes(data, 4)
         return add_min(c.astype(np.float32) * d[:, None], m)  # exact product, one rounding in the sum
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode_q5_1(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_q5_1(data, out, f16_table())
 
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return min_overflow_status(self, trace)
