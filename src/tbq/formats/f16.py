@@ -98,14 +98,38 @@ class _Half(Format):
     """Shared body of F16 and BF16: block size 1, no scale, a refusal for values that round to infinity."""
 
     fuzz = CapabilitySlot(_HalfFuzz)
-    _kind: ClassVar[str] = ""  #: "f16" or "bf16"
     _overflow_bits: ClassVar[int] = 0
     _type_name: ClassVar[str] = ""  #: "float16" / "bfloat16", for messages
     _limit: ClassVar[str] = ""  #: the largest finite value, for messages
 
+    kernel_module = "tbq.formats.f16_kernels"
+
+    def _code(self, y: NDArray[np.float64]) -> NDArray[Any]:
+        """The type's rounding of float64 values (monotone; the fragility code function)."""
+        raise NotImplementedError
+
+    def _bits(self, x: NDArray[np.float32]) -> NDArray[np.uint16]:
+        """The 16-bit patterns of the float32 values ``x`` (the type's rounding)."""
+        raise NotImplementedError
+
     def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
         """float32 values of the 16-bit patterns ``h``."""
         raise NotImplementedError
+
+    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
+        out = np.ascontiguousarray(self._bits(x).astype("<u2")).view(np.uint8).reshape(x.shape[0], 2)
+        return out, {"v": x.copy()}
+
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
+        return self._values(np.ascontiguousarray(data).view("<u2").reshape(-1)).reshape(-1, 1)
+
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
+        decode = getattr(self.kernels(), f"decode_{self.name}")
+        decode(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1))
+
+    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
+        # v = x itself: fragile when a k-ulp change of x crosses a rounding midpoint of the 16-bit type.
+        return band(self._code, trace["v"], k)
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         # x is (n, 1) float32 and out (n, 2) uint8, both C-contiguous: the kernel runs over the flat
@@ -141,6 +165,20 @@ class _Half(Format):
         return {"v": self._values(np.ascontiguousarray(blocks).view("<u2")[..., 0])}
 
 
+def _info(name: str, code: int, description: str, value: str) -> FormatInfo:
+    """The table row of a 16-bit float type ``name``: one value a block, its 2 bytes described by ``value``."""
+    return FormatInfo(
+        name=name,
+        block_size=1,
+        type_size=2,
+        rotated=False,
+        index_bits=16,
+        description=description,
+        code=code,
+        layout=(Field("v", 0, 2, name, value),),
+    )
+
+
 class F16Attention(AttentionTraits):
     """F16's :class:`AttentionTraits`."""
 
@@ -150,44 +188,23 @@ class F16Attention(AttentionTraits):
 
 
 class F16(_Half):
-    info = FormatInfo(
-        name="f16",
-        block_size=1,
-        type_size=2,
-        rotated=False,
-        index_bits=16,
-        description="IEEE binary16 per value (ggml F16)",
-        code=5,
-        layout=(Field("v", 0, 2, "f16", "fp16(x), round to nearest even"),),
-    )
-    kernel_module = "tbq.formats.f16_kernels"
+    info = _info("f16", 5, "IEEE binary16 per value (ggml F16)", "fp16(x), round to nearest even")
     attention = CapabilitySlot(F16Attention)
-
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
     _limit = "65504"
 
-    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
+    def _code(self, y: NDArray[np.float64]) -> NDArray[Any]:
+        return _f16_code(y)
+
+    def _bits(self, x: NDArray[np.float32]) -> NDArray[np.uint16]:
         # numpy's cast rounds to nearest even with subnormals and overflow at 65520, exactly
         # ggml_compute_fp32_to_fp16 for every non-NaN input (NaN never reaches the encoder).
         with np.errstate(over="ignore"):
-            h = x.astype(np.float16).view(np.uint16)
-        out = np.ascontiguousarray(h.astype("<u2")).view(np.uint8).reshape(x.shape[0], 2)
-        return out, {"v": x.copy()}
-
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        h = np.ascontiguousarray(data).view("<u2").reshape(-1)
-        return f16_decode_table()[h].view(np.float32).reshape(-1, 1)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_f16(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1))
+            return x.astype(np.float16).view(np.uint16)
 
     def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
         return f16_decode_table()[h].view(np.float32)
-
-    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
-        # v = x itself: fragile when a k-ulp change of x crosses an fp16 rounding midpoint.
-        return band(_f16_code, trace["v"], k)
 
 
 class BF16Attention(AttentionTraits):
@@ -199,39 +216,25 @@ class BF16Attention(AttentionTraits):
 
 
 class BF16(_Half):
-    info = FormatInfo(
-        name="bf16",
-        block_size=1,
-        type_size=2,
-        rotated=False,
-        index_bits=16,
-        description="bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
-        code=6,
-        layout=(Field("v", 0, 2, "bf16", "bf16(x): the float32 bits >> 16, rounded to nearest even"),),
+    info = _info(
+        "bf16",
+        6,
+        "bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
+        "bf16(x): the float32 bits >> 16, rounded to nearest even",
     )
-    kernel_module = "tbq.formats.f16_kernels"
     attention = CapabilitySlot(BF16Attention)
     _overflow_bits = BF16_OVERFLOW_BITS
     _type_name = "bfloat16"
     _limit = "3.3895314e+38"
 
-    def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
-        h = bf16_bits(x).reshape(-1)
-        out = np.ascontiguousarray(h.astype("<u2")).view(np.uint8).reshape(x.shape[0], 2)
-        return out, {"v": x.copy()}
+    def _code(self, y: NDArray[np.float64]) -> NDArray[Any]:
+        return _bf16_code(y)
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        return self._values(np.ascontiguousarray(data).view("<u2").reshape(-1)).reshape(-1, 1)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_bf16(data.view("<u2").reshape(-1), out.view(np.uint32).reshape(-1))
+    def _bits(self, x: NDArray[np.float32]) -> NDArray[np.uint16]:
+        return bf16_bits(x).reshape(-1)
 
     def _values(self, h: NDArray[np.uint16]) -> NDArray[np.float32]:
         return (np.asarray(h).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-    def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
-        # v = x itself: fragile when a k-ulp change of x crosses a bf16 rounding midpoint.
-        return band(_bf16_code, trace["v"], k)
 
 
 __all__ = ["F16", "BF16", "f16_decode_table", "bf16_bits"]

@@ -50,8 +50,9 @@ from ..errors import ScaleOverflowError
 from ..float32 import get_f16_scale, put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, band
-from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
 
@@ -100,14 +101,6 @@ def iq4_nl_best(a: ArrayLike) -> NDArray[np.intp]:
 def _code64(a: NDArray[np.float64]) -> NDArray[np.intp]:
     """The index as a monotone function of ``a`` (float64): midpoints count, ties up."""
     return np.searchsorted(IQ4_NL_MIDPOINTS.astype(np.float64), a, side="right")
-
-
-class IQ4_NLAttention(AttentionTraits):
-    """IQ4_NL's :class:`AttentionTraits`."""
-
-    format: IQ4_NL
-
-    read = "attention_read"
 
 
 class IQ4_NLFuzz(FuzzTraits):
@@ -163,7 +156,7 @@ class IQ4_NL(Format):
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"
-    attention = CapabilitySlot(IQ4_NLAttention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(IQ4_NLFuzz)
     checker = CapabilitySlot(IQ4_NLChecks)
     quantizer = CapabilitySlot(IQ4_NLQuantizer)

@@ -18,12 +18,30 @@ from numpy.typing import NDArray
 from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 F32 = np.float32
 _M8 = F32(-8.0)
 _8_5 = F32(8.5)
+
+
+def max_scale_trace(
+    x: NDArray[np.float32], divisor: np.float32, offset: np.float32
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.float32], NDArray[np.float32]]:
+    """Steps 1-3 shared by Q4_0 and Q5_0: ``(d, id, v, t)`` with ``d = max / divisor``, ``v = x * id``,
+    ``t = v + offset`` (two roundings: the product, then the sum)."""
+    rows = np.arange(x.shape[0])
+    a = np.abs(x)
+    m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
+    # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a block of
+    # zeros (of either sign) has m = +0 and d = +0 / divisor = -0 (bytes 00 80).
+    m[a.max(axis=1) == 0] = F32(0)
+    d = m / divisor
+    inv = safe_reciprocal(d)
+    v = x * inv[:, None]
+    return d, inv, v, v + offset
 
 
 class Q4_0Checks(CheckTraits):
@@ -37,14 +55,6 @@ class Q4_0Checks(CheckTraits):
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
-
-
-class Q4_0Attention(AttentionTraits):
-    """Q4_0's :class:`AttentionTraits`."""
-
-    format: Q4_0
-
-    read = "attention_read"
 
 
 class Q4_0Fuzz(FuzzTraits):
@@ -80,21 +90,12 @@ class Q4_0(Format):
     )
     kernel_module = "tbq.formats.q4_0_kernels"
     checker = CapabilitySlot(Q4_0Checks)
-    attention = CapabilitySlot(Q4_0Attention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q4_0Fuzz)
     quantizer = CapabilitySlot(Q4_0Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
-        rows = np.arange(x.shape[0])
-        a = np.abs(x)
-        m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
-        # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a
-        # block of zeros (of either sign) has m = +0 and d = +0 / -8 = -0 (bytes 00 80).
-        m[a.max(axis=1) == 0] = F32(0)
-        d = m / _M8
-        inv = safe_reciprocal(d)
-        v = x * inv[:, None]
-        t = v + _8_5  # two roundings: product, then sum
+        d, inv, v, t = max_scale_trace(x, _M8, _8_5)
         q = np.minimum(np.trunc(t), F32(15))
         if np.isinf(inv).any():
             # Non-finite t (1/d overflowed): code 0, what x86 C gives for (int8_t)(+-Inf or NaN).

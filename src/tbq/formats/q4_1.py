@@ -31,8 +31,9 @@ from ..errors import ScaleOverflowError
 from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 F32 = np.float32
 _15 = F32(15.0)
@@ -147,14 +148,6 @@ class Q4_1Checks(CheckTraits):
         return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
 
 
-class Q4_1Attention(AttentionTraits):
-    """Q4_1's :class:`AttentionTraits`."""
-
-    format: Q4_1
-
-    read = "attention_read"
-
-
 class Q4_1Fuzz(FuzzTraits):
     """Q4_1's :class:`FuzzTraits`."""
 
@@ -189,7 +182,7 @@ class Q4_1(Format):
     )
     kernel_module = "tbq.formats.q4_1_kernels"
     checker = CapabilitySlot(Q4_1Checks)
-    attention = CapabilitySlot(Q4_1Attention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q4_1Fuzz)
     quantizer = CapabilitySlot(Q4_1Quantizer)
 

@@ -30,11 +30,13 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
+from ..float32 import get_f16_scale, put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .q4_0 import max_scale_trace
 from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
@@ -62,6 +64,14 @@ def unpack_codes(data: NDArray[np.uint8], qh_off: int) -> NDArray[np.int32]:
 class _Q5(Format):
     """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
 
+    kernel_module = "tbq.formats.q5_kernels"
+
+    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
+        return getattr(self.kernels(), f"encode_{self.name}")(x, out, raise_overflow)  # encode_q5_0 / encode_q5_1
+
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
+        getattr(self.kernels(), f"decode_{self.name}")(data, out, f16_table())
+
 
 class Q5_0Checks(CheckTraits):
     """Q5_0's :class:`CheckTraits`."""
@@ -74,14 +84,6 @@ class Q5_0Checks(CheckTraits):
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
         return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
-
-
-class Q5_0Attention(AttentionTraits):
-    """Q5_0's :class:`AttentionTraits`."""
-
-    format: Q5_0
-
-    read = "attention_read"
 
 
 class Q5_0Fuzz(FuzzTraits):
@@ -118,23 +120,13 @@ class Q5_0(_Q5):
             ),
         ),
     )
-    kernel_module = "tbq.formats.q5_kernels"
     checker = CapabilitySlot(Q5_0Checks)
-    attention = CapabilitySlot(Q5_0Attention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q5_0Fuzz)
     quantizer = CapabilitySlot(Q5_0Quantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
-        rows = np.arange(x.shape[0])
-        a = np.abs(x)
-        m = x[rows, np.argmax(a, axis=1)]  # signed; argmax keeps the first on a tie
-        # ggml starts from max = +0 and replaces it only on a strictly larger |x|, so a block of
-        # zeros (of either sign) has m = +0 and d = +0 / -16 = -0 (bytes 00 80).
-        m[a.max(axis=1) == 0] = F32(0)
-        d = m / _M16
-        inv = safe_reciprocal(d)
-        v = x * inv[:, None]
-        t = v + _16_5  # two roundings: product, then sum
+        d, _, v, t = max_scale_trace(x, _M16, _16_5)
         c = trunc_codes(t, 31)
         out = np.empty((x.shape[0], 22), np.uint8)
         put_f16_scale(out, d)
@@ -146,12 +138,6 @@ class Q5_0(_Q5):
         d = get_f16_scale(data)
         c = unpack_codes(data, 2)
         return (c - 16).astype(np.float32) * d[:, None]
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode_q5_0(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_q5_0(data, out, f16_table())
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 16.5) can change min(31, trunc(t)).
@@ -217,7 +203,6 @@ class Q5_1(_Q5):
             ),
         ),
     )
-    kernel_module = "tbq.formats.q5_kernels"
     checker = CapabilitySlot(Q5_1Checks)
     attention = CapabilitySlot(Q5_1Attention)
     fuzz = CapabilitySlot(Q5_1Fuzz)
@@ -238,12 +223,6 @@ class Q5_1(_Q5):
         m = get_f16_at(data, 2)
         c = unpack_codes(data, 4)
         return add_min(c.astype(np.float32) * d[:, None], m)  # exact product, one rounding in the sum
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode_q5_1(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_q5_1(data, out, f16_table())
 
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         return min_overflow_status(self, trace)

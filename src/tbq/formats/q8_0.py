@@ -17,8 +17,9 @@ from numpy.typing import NDArray
 
 from ..float32 import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
 from ..half import f16_table
+from ._shared import BlockAttention
 from .base import Field, Format, FormatInfo, Trace, band
-from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 _127 = np.float32(127.0)
 
@@ -61,14 +62,6 @@ class Q8_0Checks(CheckTraits):
         return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
 
 
-class Q8_0Attention(AttentionTraits):
-    """Q8_0's :class:`AttentionTraits`."""
-
-    format: Q8_0
-
-    read = "attention_read"
-
-
 class Q8_0Fuzz(FuzzTraits):
     """Q8_0's :class:`FuzzTraits`."""
 
@@ -99,7 +92,7 @@ class Q8_0(Format):
     )
     kernel_module = "tbq.formats.q8_0_kernels"
     checker = CapabilitySlot(Q8_0Checks)
-    attention = CapabilitySlot(Q8_0Attention)
+    attention = CapabilitySlot(BlockAttention)
     fuzz = CapabilitySlot(Q8_0Fuzz)
     quantizer = CapabilitySlot(Q8_0Quantizer)
 

@@ -33,10 +33,11 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..float32 import get_f16_scale, put_f16_scale
 from ..half import F16_OVERFLOW, f16_table
+from ._shared import BlockAttention
 from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
 from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at
-from .q8_0 import Q8_0, Q8_0Attention, Q8_0Checks, q8_codes
+from .q8_0 import Q8_0, Q8_0Checks, q8_codes
 
 F32 = np.float32
 _M127 = F32(-127.0)
@@ -81,7 +82,7 @@ def _same_number(a: NDArray[np.float32], b: NDArray[np.float32]) -> NDArray[np.b
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
-class Q8_1Attention(Q8_0Attention):
+class Q8_1Attention(BlockAttention):
     """Q8_1's :class:`AttentionTraits`."""
 
     format: Q8_1

@@ -275,39 +275,28 @@ class _TBQ(Format):
         }
 
 
+def _info(bits: int, code: int, idx: Field) -> FormatInfo:
+    """TBQ<bits>_0's table row: 128 values, the fp16 norm and the indices ``idx``; a block may span two heads."""
+    return FormatInfo(
+        name=f"tbq{bits}_0",
+        block_size=128,
+        type_size=2 + idx.size,
+        rotated=True,
+        index_bits=bits,
+        description=f"TBQ{bits}_0: fp16 norm + 128 rotated {bits}-bit Lloyd-Max indices",
+        code=code,
+        row_tiled=True,
+        layout=(Field("d", 0, 2, "f16", "corrected norm"), idx),
+    )
+
+
 class TBQ4_0(_TBQ):
     """TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes)."""
 
-    info = FormatInfo(
-        name="tbq4_0",
-        block_size=128,
-        type_size=66,
-        rotated=True,
-        index_bits=4,
-        description="TBQ4_0: fp16 norm + 128 rotated 4-bit Lloyd-Max indices",
-        code=3,
-        row_tiled=True,
-        layout=(
-            Field("d", 0, 2, "f16", "corrected norm"),
-            Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4"),
-        ),
-    )
+    info = _info(4, 3, Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4"))
 
 
 class TBQ3_0(_TBQ):
     """TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes)."""
 
-    info = FormatInfo(
-        name="tbq3_0",
-        block_size=128,
-        type_size=50,
-        rotated=True,
-        index_bits=3,
-        description="TBQ3_0: fp16 norm + 128 rotated 3-bit Lloyd-Max indices",
-        code=4,
-        row_tiled=True,
-        layout=(
-            Field("d", 0, 2, "f16", "corrected norm"),
-            Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane"),
-        ),
-    )
+    info = _info(3, 4, Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane"))

@@ -269,6 +269,21 @@ def _value_layout(bits: int, vdb: int) -> tuple[Field, ...]:
     )
 
 
+def _info(name: str, code: int, bits: int, description: str, *, keys: bool) -> FormatInfo:
+    """The registry's row of a key (``keys``: rotated) or value format, at head_dim 128 (see :func:`_own_info`)."""
+    layout = _key_layout(bits, 16 * bits) if keys else _value_layout(bits, 16 * bits)
+    return FormatInfo(
+        name=name,
+        block_size=128,
+        type_size=sum(f.size for f in layout),
+        rotated=keys,
+        index_bits=bits,
+        description=description,
+        code=code,
+        layout=layout,
+    )
+
+
 def _own_info(fmt: Format, **sizes: Any) -> None:
     """Give ``fmt`` its own :class:`FormatInfo`: its ``head_dim``'s block and byte sizes and layout (the class's
     ``info``, the registry's row, is head_dim 128's). The codec and every size reads ``fmt.info``."""
@@ -484,30 +499,24 @@ class _Keys(Format):
 class VLLM_TQ4_K(_Keys):
     """vLLM ``turboquant_4bit_nc`` keys: 4-bit Lloyd-Max indices of the rotated unit key + fp16 norm (66 bytes at D=128)."""
 
-    info = FormatInfo(
-        name="vllm_tq4_k",
-        block_size=128,
-        type_size=66,
-        rotated=True,
-        index_bits=4,
-        description="vLLM TurboQuant keys (4bit_nc): Hadamard-rotated 4-bit Lloyd-Max indices + fp16 norm",
-        code=24,
-        layout=_key_layout(4, 64),
+    info = _info(
+        "vllm_tq4_k",
+        24,
+        4,
+        "vLLM TurboQuant keys (4bit_nc): Hadamard-rotated 4-bit Lloyd-Max indices + fp16 norm",
+        keys=True,
     )
 
 
 class VLLM_TQ3_K(_Keys):
     """vLLM ``turboquant_k3v4_nc`` / ``turboquant_3bit_nc`` keys: 3-bit indices + fp16 norm (50 bytes at D=128)."""
 
-    info = FormatInfo(
-        name="vllm_tq3_k",
-        block_size=128,
-        type_size=50,
-        rotated=True,
-        index_bits=3,
-        description="vLLM TurboQuant keys (k3v4_nc, 3bit_nc): Hadamard-rotated 3-bit Lloyd-Max indices + fp16 norm",
-        code=25,
-        layout=_key_layout(3, 48),
+    info = _info(
+        "vllm_tq3_k",
+        25,
+        3,
+        "vLLM TurboQuant keys (k3v4_nc, 3bit_nc): Hadamard-rotated 3-bit Lloyd-Max indices + fp16 norm",
+        keys=True,
     )
 
 
@@ -646,15 +655,12 @@ class VLLM_TQ4_VFuzz(FuzzTraits):
 class VLLM_TQ4_V(_Values):
     """vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit asymmetric codes + fp16 scale + fp16 min (68 bytes at D=128)."""
 
-    info = FormatInfo(
-        name="vllm_tq4_v",
-        block_size=128,
-        type_size=68,
-        rotated=False,
-        index_bits=4,
-        description="vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
-        code=26,
-        layout=_value_layout(4, 64),
+    info = _info(
+        "vllm_tq4_v",
+        26,
+        4,
+        "vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
+        keys=False,
     )
     fuzz = CapabilitySlot(VLLM_TQ4_VFuzz)
 
@@ -670,15 +676,8 @@ class VLLM_TQ3_VFuzz(FuzzTraits):
 class VLLM_TQ3_V(_Values):
     """vLLM TurboQuant values (3bit_nc): 3-bit asymmetric codes + fp16 scale + fp16 min (52 bytes at D=128)."""
 
-    info = FormatInfo(
-        name="vllm_tq3_v",
-        block_size=128,
-        type_size=52,
-        rotated=False,
-        index_bits=3,
-        description="vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min",
-        code=27,
-        layout=_value_layout(3, 48),
+    info = _info(
+        "vllm_tq3_v", 27, 3, "vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min", keys=False
     )
     fuzz = CapabilitySlot(VLLM_TQ3_VFuzz)
 
