@@ -130,8 +130,10 @@ def decode(data, out, bits, centroids, table):
 
 @jit
 def read_rotated(data, out, bits, centroids, table):
-    """The attention reader's body: :func:`decode`'s products (the same intrinsics on AVX2 targets, :func:`decode`
-    itself elsewhere), the cache's bytes prefetched ahead (:func:`tbq.formats.tbq_kernels.prefetch_block`)."""
+    """The attention reader's body: :func:`decode`'s products, the same bits (with AVX-512VL looked up in a
+    per-block table of products, :mod:`tbq.formats.reader_intrinsics`; with AVX2 alone by :func:`decode`'s
+    intrinsics; elsewhere :func:`decode` itself), the cache's bytes prefetched ahead
+    (:func:`tbq.formats.tbq_kernels.prefetch_block`)."""
     if not TARGET_AVX2:
         return decode(data, out, bits, centroids, table)
     for b in range(data.shape[0]):
