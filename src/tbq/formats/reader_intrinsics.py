@@ -1,5 +1,3 @@
-# mypy: ignore-errors
-# (numba intrinsics: untyped by nature, as the kernel modules pyproject exempts)
 """The rotated readers' look-ups on AVX-512: ``table[idx_j] * scale`` for the 128 indices of a block.
 
 The attention readers of TBQ4_0, TBQ3_0 and turbo2/3/4 (``tbq_kernels.read_rotated``,
