@@ -165,7 +165,7 @@ class _Half(Format):
         return {"v": self._values(np.ascontiguousarray(blocks).view("<u2")[..., 0])}
 
 
-def _info(name: str, code: int, description: str, value: str) -> FormatInfo:
+def _info(name: str, *, code: int, description: str, value: str) -> FormatInfo:
     """The table row of a 16-bit float type ``name``: one value a block, its 2 bytes described by ``value``."""
     return FormatInfo(
         name=name,
@@ -188,7 +188,9 @@ class F16Attention(AttentionTraits):
 
 
 class F16(_Half):
-    info = _info("f16", 5, "IEEE binary16 per value (ggml F16)", "fp16(x), round to nearest even")
+    info = _info(
+        "f16", code=5, description="IEEE binary16 per value (ggml F16)", value="fp16(x), round to nearest even"
+    )
     attention = CapabilitySlot(F16Attention)
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
@@ -218,9 +220,9 @@ class BF16Attention(AttentionTraits):
 class BF16(_Half):
     info = _info(
         "bf16",
-        6,
-        "bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
-        "bf16(x): the float32 bits >> 16, rounded to nearest even",
+        code=6,
+        description="bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
+        value="bf16(x): the float32 bits >> 16, rounded to nearest even",
     )
     attention = CapabilitySlot(BF16Attention)
     _overflow_bits = BF16_OVERFLOW_BITS

@@ -402,7 +402,7 @@ _LAYOUT = {
 _ROTATIONS = {"givens": "64 Givens rotations", "quat": "32 quaternion rotations"}
 
 
-def _info(name: str, code: int, bits: int, rot: str) -> FormatInfo:
+def _info(name: str, *, code: int, bits: int, rot: str) -> FormatInfo:
     """The family's table row: 128 values, an fp16 norm and ``bits``-bit indices after the rotation ``rot``."""
     return FormatInfo(
         name=name,
@@ -419,26 +419,26 @@ def _info(name: str, code: int, bits: int, rot: str) -> FormatInfo:
 class PLANAR3_0(_PlanarIso):
     """PLANAR3_0: 128 values -> fp16 corrected norm + 3-bit indices after 64 Givens rotations (50 bytes)."""
 
-    info = _info("planar3_0", 13, 3, "givens")
+    info = _info("planar3_0", code=13, bits=3, rot="givens")
     _rot = "givens"
 
 
 class ISO3_0(_PlanarIso):
     """ISO3_0: 128 values -> fp16 corrected norm + 3-bit indices after 32 quaternion left-multiplications (50 bytes)."""
 
-    info = _info("iso3_0", 14, 3, "quat")
+    info = _info("iso3_0", code=14, bits=3, rot="quat")
     _rot = "quat"
 
 
 class PLANAR4_0(_PlanarIso):
     """PLANAR4_0: 128 values -> fp16 corrected norm + 4-bit indices after 64 Givens rotations (66 bytes)."""
 
-    info = _info("planar4_0", 15, 4, "givens")
+    info = _info("planar4_0", code=15, bits=4, rot="givens")
     _rot = "givens"
 
 
 class ISO4_0(_PlanarIso):
     """ISO4_0: 128 values -> fp16 corrected norm + 4-bit indices after 32 quaternion left-multiplications (66 bytes)."""
 
-    info = _info("iso4_0", 16, 4, "quat")
+    info = _info("iso4_0", code=16, bits=4, rot="quat")
     _rot = "quat"

@@ -275,7 +275,7 @@ class _TBQ(Format):
         }
 
 
-def _info(bits: int, code: int, idx: Field) -> FormatInfo:
+def _info(*, bits: int, code: int, idx: Field) -> FormatInfo:
     """TBQ<bits>_0's table row: 128 values, the fp16 norm and the indices ``idx``; a block may span two heads."""
     return FormatInfo(
         name=f"tbq{bits}_0",
@@ -293,10 +293,14 @@ def _info(bits: int, code: int, idx: Field) -> FormatInfo:
 class TBQ4_0(_TBQ):
     """TBQ4_0: 128 values -> fp16 corrected norm + 128 4-bit indices in adjacent pairs (66 bytes)."""
 
-    info = _info(4, 3, Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4"))
+    info = _info(
+        bits=4, code=3, idx=Field("idx", 2, 64, "u4_pairs", "codebook indices, byte k = idx[2k] | idx[2k+1] << 4")
+    )
 
 
 class TBQ3_0(_TBQ):
     """TBQ3_0: 128 values -> fp16 corrected norm + 128 3-bit indices in 24-bit lanes (50 bytes)."""
 
-    info = _info(3, 4, Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane"))
+    info = _info(
+        bits=3, code=4, idx=Field("idx", 2, 48, "u3_lanes", "codebook indices, 8 per 24-bit little-endian lane")
+    )

@@ -307,7 +307,7 @@ class _Turbo(Format):
 _D = Field("d", 0, 2, "f16", "the C struct's norm: fp16 corrected norm norm / recon")
 
 
-def _info(bits: int, code: int, description: str, *fields: Field) -> FormatInfo:
+def _info(*fields: Field, bits: int, code: int, description: str) -> FormatInfo:
     """turbo<bits>'s table row: 128 values, the norm ``_D`` and ``fields``; it decodes to the rotated domain."""
     return FormatInfo(
         name=f"turbo{bits}",
@@ -335,10 +335,10 @@ class TURBO2(_Turbo):
 
     checker = CapabilitySlot(TURBO2Checks)
     info = _info(
-        2,
-        21,
-        "fp16 norm + 128 WHT-rotated 2-bit indices",
         Field("qs", 2, 32, "u2_quads", "index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
+        bits=2,
+        code=21,
+        description="fp16 norm + 128 WHT-rotated 2-bit indices",
     )
 
 
@@ -355,11 +355,11 @@ class TURBO3(_Turbo):
 
     checker = CapabilitySlot(TURBO3Checks)
     info = _info(
-        3,
-        22,
-        "fp16 norm + 128 WHT-rotated 3-bit indices",
         Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
         Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
+        bits=3,
+        code=22,
+        description="fp16 norm + 128 WHT-rotated 3-bit indices",
     )
 
 
@@ -376,11 +376,11 @@ class TURBO4(_Turbo):
 
     checker = CapabilitySlot(TURBO4Checks)
     info = _info(
-        4,
-        23,
-        "fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices",
         Field("rnorm", 2, 2, "f16", "always written as fp16 +0; the decoder ignores it"),
         Field("qs", 4, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),
+        bits=4,
+        code=23,
+        description="fp16 norm + fp16 0 + 128 WHT-rotated 4-bit indices",
     )
     options = {
         "thresholds": Option(

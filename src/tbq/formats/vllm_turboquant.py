@@ -269,7 +269,7 @@ def _value_layout(bits: int, vdb: int) -> tuple[Field, ...]:
     )
 
 
-def _info(name: str, code: int, bits: int, description: str, *, keys: bool) -> FormatInfo:
+def _info(name: str, *, code: int, bits: int, description: str, keys: bool) -> FormatInfo:
     """The registry's row of a key (``keys``: rotated) or value format, at head_dim 128 (see :func:`_own_info`)."""
     layout = _key_layout(bits, 16 * bits) if keys else _value_layout(bits, 16 * bits)
     return FormatInfo(
@@ -501,9 +501,9 @@ class VLLM_TQ4_K(_Keys):
 
     info = _info(
         "vllm_tq4_k",
-        24,
-        4,
-        "vLLM TurboQuant keys (4bit_nc): Hadamard-rotated 4-bit Lloyd-Max indices + fp16 norm",
+        code=24,
+        bits=4,
+        description="vLLM TurboQuant keys (4bit_nc): Hadamard-rotated 4-bit Lloyd-Max indices + fp16 norm",
         keys=True,
     )
 
@@ -513,9 +513,9 @@ class VLLM_TQ3_K(_Keys):
 
     info = _info(
         "vllm_tq3_k",
-        25,
-        3,
-        "vLLM TurboQuant keys (k3v4_nc, 3bit_nc): Hadamard-rotated 3-bit Lloyd-Max indices + fp16 norm",
+        code=25,
+        bits=3,
+        description="vLLM TurboQuant keys (k3v4_nc, 3bit_nc): Hadamard-rotated 3-bit Lloyd-Max indices + fp16 norm",
         keys=True,
     )
 
@@ -657,9 +657,9 @@ class VLLM_TQ4_V(_Values):
 
     info = _info(
         "vllm_tq4_v",
-        26,
-        4,
-        "vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
+        code=26,
+        bits=4,
+        description="vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
         keys=False,
     )
     fuzz = CapabilitySlot(VLLM_TQ4_VFuzz)
@@ -677,7 +677,11 @@ class VLLM_TQ3_V(_Values):
     """vLLM TurboQuant values (3bit_nc): 3-bit asymmetric codes + fp16 scale + fp16 min (52 bytes at D=128)."""
 
     info = _info(
-        "vllm_tq3_v", 27, 3, "vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min", keys=False
+        "vllm_tq3_v",
+        code=27,
+        bits=3,
+        description="vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min",
+        keys=False,
     )
     fuzz = CapabilitySlot(VLLM_TQ3_VFuzz)
 
