@@ -367,18 +367,22 @@ PACKAGE_TIERS = {
     ],
     "check": [
         {  # what a target is, how a block is judged, the inputs a check draws
+            "attention_cases",  # the fused-attention check's inputs (arithmetic, settings, cases)
+            "attention_reference",  # its float64 reference over the stored bytes and its derived bound
             "classify",
             "inputs",
             "sharedlib",
             "targets",
         },
         {  # what a check is asked, what it found and how it says it
+            "attention_repro",  # the fused-attention check's counterexample and reproducers
             "diagnose",
             "report",
             "settings",  # one frozen settings object of a check
         },
         {  # the checks: conversions (runner), dot products, fused attention (and a ggml build's)
             "attention",
+            "attention_targets",  # the attention kernels a check runs (a function, a program)
             "dot",
             "directions",  # a conversion check's directions (quantize, dequantize, round trip)
             "fuzz",  # the hypothesis phase of a check

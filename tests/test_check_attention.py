@@ -20,7 +20,8 @@ from tbq.check import (
     ProgramAttention,
     check_attention,
 )
-from tbq.check.attention import DIAGNOSES, U32, _causal, attention_bound, make_cases, reference_attention
+from tbq.check.attention import DIAGNOSES, attention_bound, make_cases, reference_attention
+from tbq.check.attention_cases import U32, _causal
 from tbq.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
