@@ -376,6 +376,7 @@ PACKAGE_TIERS = {
         },
         {  # what a check is asked, what it found and how it says it
             "attention_repro",  # the fused-attention check's counterexample and reproducers
+            "counterexample",  # a conversion check's counterexample, its text and its C reproducer
             "diagnose",
             "report",
             "settings",  # one frozen settings object of a check
