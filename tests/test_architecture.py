@@ -370,6 +370,8 @@ PACKAGE_TIERS = {
             "attention_cases",  # the fused-attention check's inputs (arithmetic, settings, cases)
             "attention_reference",  # its float64 reference over the stored bytes and its derived bound
             "classify",
+            "dot_reference",  # the dot-product check's reference, its pairing of formats and its bound
+            "dot_targets",  # the dot-product kernels a check runs (a library's vec_dot, a function)
             "inputs",
             "sharedlib",
             "targets",
