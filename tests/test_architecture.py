@@ -370,12 +370,15 @@ PACKAGE_TIERS = {
             "attention_cases",  # the fused-attention check's inputs (arithmetic, settings, cases)
             "attention_reference",  # its float64 reference over the stored bytes and its derived bound
             "classify",
+            "dot_reference",  # the dot-product check's reference, its pairing of formats and its bound
+            "dot_targets",  # the dot-product kernels a check runs (a library's vec_dot, a function)
             "inputs",
             "sharedlib",
             "targets",
         },
         {  # what a check is asked, what it found and how it says it
             "attention_repro",  # the fused-attention check's counterexample and reproducers
+            "counterexample",  # a conversion check's counterexample, its text and its C reproducer
             "diagnose",
             "report",
             "settings",  # one frozen settings object of a check

@@ -686,26 +686,42 @@ def _other_options(fmt: Format, kept: KeptBlocks, direction: str) -> Diagnosis |
     return None
 
 
+def _run_diagnoses(
+    fmt: Format,
+    kept: KeptBlocks,
+    direction: str,
+    fns: Iterable[Callable[[Format, KeptBlocks], Diagnosis | None]],
+) -> list[Diagnosis]:
+    """The diagnoses among ``fns`` that match ``kept``, in order, each marked with its ``direction``."""
+    out = []
+    for fn in fns:
+        with np.errstate(all="ignore"):
+            d = fn(fmt, kept)
+        if d is not None:
+            d.direction = direction
+            out.append(d)
+    return out
+
+
 def diagnose_encoder(fmt: Format, kept: KeptBlocks, k: int) -> list[Diagnosis]:
     """Diagnoses of an encoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
     if not kept:
         return []
-    out = []
-    for fn in (
-        _shift_bug,
-        _nibble_encoder,
-        lambda f, kp: _scale_ulp(f, kp, k),
-        _scale_conversion,
-        _ties,
-        _rotated_sign,
-        _input_sign,
-        lambda f, kp: _other_options(f, kp, "quantize"),
-    ):
-        with np.errstate(all="ignore"):
-            d = fn(fmt, kept)
-        if d is not None:
-            d.direction = "quantize"
-            out.append(d)
+    out = _run_diagnoses(
+        fmt,
+        kept,
+        "quantize",
+        (
+            _shift_bug,
+            _nibble_encoder,
+            lambda f, kp: _scale_ulp(f, kp, k),
+            _scale_conversion,
+            _ties,
+            _rotated_sign,
+            _input_sign,
+            lambda f, kp: _other_options(f, kp, "quantize"),
+        ),
+    )
     if any(d.name == "scale_conversion" for d in out):  # the specific explanation of a one-step scale difference
         out = [d for d in out if d.name != "scale_ulp"]
     if not any(d.name in ("nibble_order", "shift_bug_3bit") for d in out):
@@ -1194,20 +1210,19 @@ def diagnose_decoder(fmt: Format, kept: KeptBlocks) -> list[Diagnosis]:
     """Diagnoses of a decoder's wrong blocks (``kept`` from :meth:`Kept.get`)."""
     if not kept:
         return []
-    out = []
-    for fn in (
-        _nibble_decoder,
-        _decoder_scales,
-        _decoder_values,
-        _output_sign,
-        _decoder_rotated_sign,
-        _decoder_codebook,
-        _scale_factor,
-        lambda f, kp: _other_options(f, kp, "dequantize"),
-    ):
-        with np.errstate(all="ignore"):
-            d = fn(fmt, kept)
-        if d is not None:
-            d.direction = "dequantize"
-            out.append(d)
+    out = _run_diagnoses(
+        fmt,
+        kept,
+        "dequantize",
+        (
+            _nibble_decoder,
+            _decoder_scales,
+            _decoder_values,
+            _output_sign,
+            _decoder_rotated_sign,
+            _decoder_codebook,
+            _scale_factor,
+            lambda f, kp: _other_options(f, kp, "dequantize"),
+        ),
+    )
     return out
