@@ -40,6 +40,11 @@ target and are made by :mod:`tbq.check.runner`.
 
 >>> Diagnosis("demo", "a title", ["one fact"]).text()
 'a title\\n    - one fact'
+
+Why one module of this length: it is the one catalogue of named diagnoses (the encoder's and
+the decoder's), each a pattern over the same kept blocks read with the same code readers and
+evidence helpers, and ``tbq check --accept`` names them from this one list; the next cut, when it
+grows, is one module per direction over a shared module of readers.
 """
 
 from __future__ import annotations

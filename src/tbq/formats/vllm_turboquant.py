@@ -35,6 +35,10 @@ and value formats of each); :mod:`tbq.vllm_slots` lays them out as vLLM's slots.
 >>> b = k.encode(np.linspace(-1, 1, 64, dtype=np.float32))
 >>> b[32:].view("<f2").tolist()  # the stored norm
 [4.69140625]
+
+Why one module of this length: vLLM's key and value formats and its four presets are one
+family whose reference steps (the float64 norm and rotation, the trapezoid Lloyd-Max tables, the
+fp16 roundings) are shared and follow SPEC-vllm-turboquant.md in its order.
 """
 
 from __future__ import annotations
