@@ -72,9 +72,11 @@ def test_attention_cells_match_the_results_json(heading, kind):
     rows = _page_rows((DOCS / "performance.md").read_text(encoding="utf-8"), heading)
     docs = [json.loads((RESULTS / f).read_text()) for f in DT.ATTENTION_RUNS[kind]]
     want = {}
-    for doc in docs:
+    for doc in docs:  # first met wins, unless it has no ggml figures and a later run's row has (the turbo types)
         for r in doc["rows"]:
-            want.setdefault(r["format"], (r, doc))
+            old = want.get(r["format"])
+            if old is None or ("ggml_1" not in old[0] and "ggml_1" in r):
+                want[r["format"]] = (r, doc)
     assert [r[0] for r in rows] == list(want), "the page's formats are those of the results files, in order"
     for fmt, mb, floor, tbq, x_floor, ggml, _ratio in rows:
         r, doc = want[fmt]
