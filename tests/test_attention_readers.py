@@ -86,11 +86,11 @@ def _blocks(f, n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("sizes", [(512,), (1,), (7, 1, 64, 3)], ids=["chunks", "one", "mixed"])
 def test_readers_give_numpys_centroid_times_scale_bits(fmt: str, sizes: tuple) -> None:
     f = tbq.get_format(fmt)
-    assert f.attention_domain == "rotated"
+    assert f.attention.domain == "rotated"
     data = _blocks(f, 1500, seed=len(fmt) + sum(sizes))
     want = _want(f, data)
     assert np.isnan(want).any() and np.isinf(want).any() and (np.signbit(want) & (want == 0)).any()
-    r = f.attention_reader()
+    r = f.attention.reader()
     out = np.full((len(data), 128), F32(-1.5))
     _read(r.read.address, data, out, r.aux, np.array(sizes, np.int64))
     bad = np.flatnonzero((out.view(np.uint32) != want.view(np.uint32)).any(axis=1))
@@ -106,7 +106,7 @@ def test_readers_decode_encoded_blocks_as_the_codec_decodes_them(fmt: str) -> No
     x[5] = 0.0  # a zero block: scale 0
     x[7] *= F32(1e-30)  # a tiny one
     q = tbq.get_codec(fmt).encode(x).reshape(600, f.info.type_size)
-    r = f.attention_reader()
+    r = f.attention.reader()
     out = np.empty((600, 128), F32)
     _read(r.read.address, q, out, r.aux, np.array([64], np.int64))
     assert np.array_equal(out.view(np.uint32), _want(f, q).view(np.uint32))
@@ -135,7 +135,7 @@ for fmt in sys.argv[1:]:
     data = np.frombuffer(guard, np.uint8, n * ts, 2 * page - n * ts).reshape(n, ts)
     data[:] = np.arange(n * ts).reshape(n, ts) * 37 % 256
     data[:, 1] = 0x3C
-    r = f.attention_reader()
+    r = f.attention.reader()
     out = np.empty((n, 128), np.float32)
     read(r.read.address, data, out, r.aux)
     assert np.isfinite(out).all()

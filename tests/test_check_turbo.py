@@ -1,7 +1,7 @@
 """``tbq check`` on turbo2/turbo3/turbo4: the fork's real build passes, planted wrong kernels fail with a diagnosis.
 
 The fork's C row functions carry the type's ``_0`` suffix (``quantize_row_turbo3_0_ref``,
-``dequantize_row_turbo3_0``), which the formats declare (``Format.symbol_stem``) and the checker's
+``dequantize_row_turbo3_0``), which the formats declare (``fmt.checker.symbol_stem``) and the checker's
 default symbol names read. The real build (``../shared/ggml/turbo``) lives outside the repo: its tests
 skip, with the reason, where it is absent, and run in a child process of their own (a process holds
 one build's ``libggml-base.so.0``).

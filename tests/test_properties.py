@@ -123,7 +123,7 @@ TBQ_FORMATS = ("tbq4_0", "tbq3_0")
 #: The formats whose error bounds and decoders this module derives by hand (docstring above);
 #: every other format is checked against its slow model in tests/naive_<module>.py.
 DERIVED = Q_FORMATS + TBQ_FORMATS
-#: Families that apply only to the formats listing them in Format.hazards.
+#: Families that apply only to the formats listing them in fuzz.hazards.
 HAZARD_FAMILIES = set(tst.HAZARD_FAMILIES)
 BACKENDS = ("numpy", "numba")
 ALL_FAMILIES = [*tst.DEFAULT_FAMILIES, "overflow", "nonfinite"]
@@ -137,7 +137,7 @@ def codec(fmt, backend="numpy", threads=None, on_overflow="raise", codebook=None
 
 def families_for(fmt, extra=()):
     """The default families that apply to ``fmt`` (its own hazard families only), plus ``extra``."""
-    own = FORMAT_CLASSES[fmt].hazards
+    own = FORMAT_CLASSES[fmt].fuzz.hazards
     return [f for f in [*tst.DEFAULT_FAMILIES, *extra] if f not in HAZARD_FAMILIES or f in own]
 
 
