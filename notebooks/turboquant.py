@@ -91,7 +91,7 @@ CACHE_TYPES = {
 
 def bits(ct, head_dim=HEAD_DIM, n_layers=None):
     geom = {"head_dim": head_dim} | ({"n_layers": n_layers} if n_layers else {})
-    return float(budget._format_bits(ct, geom)[1])
+    return float(budget.format_bits(ct, geom)[1])
 
 
 BITS = {ct: bits(ct) for ct in CACHE_TYPES}
@@ -154,7 +154,7 @@ def side_quantizer(fmt, role):
 
 
 def side_bits(fmt):
-    return float(budget._format_bits(fmt, {"head_dim": HEAD_DIM})[1])
+    return float(budget.format_bits(fmt, {"head_dim": HEAD_DIM})[1])
 
 
 K_FORMATS = list(dict.fromkeys(k for k, _ in CACHE_TYPES.values()))

@@ -760,7 +760,7 @@ def test_cli_plot_hint_names_the_checkout_extra(cli_main, capsys, monkeypatch, t
 
 def test_a_kv_pair_costs_the_mean_of_its_sides():
     assert budget.kv_bytes_per_token(32, 8, 128, "q8_0:turbo3") == 32 * 8 * 128 * (34 + 50 / 4) // 32
-    assert budget.bits_per_value("q4_0:q4_0") == 4.5 and budget.bits._format_bits("q4_0:q4_0")[0] == "q4_0"
+    assert budget.bits_per_value("q4_0:q4_0") == 4.5 and budget.bits.format_bits("q4_0:q4_0")[0] == "q4_0"
     with pytest.raises(ConfigError, match="two formats joined by one ':'"):
         budget.bits_per_value("q8_0:")
 

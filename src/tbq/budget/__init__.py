@@ -58,6 +58,7 @@ from .bits import (
     PRESET_HEAD_DIM,
     VLLM_BOUNDARY_LAYERS,
     bits_per_value,
+    format_bits,
     format_block_size,
     incompatible_formats,
 )
@@ -75,6 +76,7 @@ from .report import (
 #: The public names of the three modules (every one importable from here).
 __all__ = [
     "bits_per_value",
+    "format_bits",
     "budget_report",
     "BudgetReport",
     "bytes_per_token",

@@ -31,8 +31,8 @@ from .bits import (
     DEFAULT_CONTEXTS,
     DEFAULT_FORMATS,
     _count,
-    _format_bits,
     _parse_formats,
+    format_bits,
 )
 
 __all__ = [
@@ -101,7 +101,7 @@ def parse_measured(spec: str) -> tuple[int, int, str]:
     if m is None:
         raise TbqValueError(f"cannot read {spec!r}: expected SIZE@CONTEXT:FORMAT, e.g. 4224MiB@262144:tbq4_0")
     size, ctx, fmt = m.groups()
-    name, _ = _format_bits(fmt)
+    name, _ = format_bits(fmt)
     return parse_bytes(size.strip()), parse_context(ctx.strip()), name
 
 
@@ -132,7 +132,7 @@ def bytes_per_token(values_per_token: Any, fmt: Any) -> Number:
 
 
 def _bpt(values: Any, fmt: Any, geometry: dict[str, int] | None = None) -> Fraction:
-    return _exact(values, "values per token", positive=True) * _format_bits(fmt, geometry)[1] / 8
+    return _exact(values, "values per token", positive=True) * format_bits(fmt, geometry)[1] / 8
 
 
 def _geometry(n_layers: int, n_kv_heads: int, head_dim: int) -> dict[str, int]:
@@ -145,7 +145,7 @@ def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, fmt: Any) 
     ``fmt`` is a format name (f32, f16, bf16, fp8_e4m3, fp8_e5m2 (alias fp8), q8_0, q4_0, tbq4_0, tbq3_0,
     nvfp4, mxfp4, turbo3, ...), a ``"K:V"`` pair, a vLLM TurboQuant preset (``turboquant_4bit_nc``, ...) or a
     number of bits per value; the geometry sizes what depends on it (turbo's padded heads, a preset's slots and
-    boundary layers: see :func:`_format_bits`). Count only full-attention layers.
+    boundary layers: see :func:`format_bits`). Count only full-attention layers.
     The result is exact: an ``int`` when whole, else a ``float``.
 
     >>> kv_bytes_per_token(48, 8, 128, "f16")       # 98,304 values x 2 bytes
@@ -178,7 +178,7 @@ def values_per_token(cache_bytes: Any, context: Any, fmt: Any, sequences: int = 
     if ctx == 0:
         raise TbqValueError("context must be at least 1 token to invert a cache size")
     seqs = _count(sequences, "sequences")
-    return _out(size * 8 / (ctx * seqs * _format_bits(fmt)[1]))
+    return _out(size * 8 / (ctx * seqs * format_bits(fmt)[1]))
 
 
 def cache_bytes(values_per_token: Any, fmt: Any, context: Any, sequences: int = 1) -> Number:

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_FORMATS",
     "DEFAULT_CONTEXTS",
     "bits_per_value",
+    "format_bits",
     "format_block_size",
     "incompatible_formats",
     "VLLM_BOUNDARY_LAYERS",
@@ -76,7 +77,7 @@ VLLM_BOUNDARY_LAYERS = 2
 PRESET_HEAD_DIM = 128
 
 
-def _format_bits(fmt: Any, geometry: dict[str, int] | None = None) -> tuple[str, Fraction]:
+def format_bits(fmt: Any, geometry: dict[str, int] | None = None) -> tuple[str, Fraction]:
     """(display name, exact bits per value) of a format name, FormatInfo, ``"K:V"`` pair, vLLM preset or number of bits.
 
     ``geometry`` (``n_layers``, ``head_dim``) makes the cost the cache's own where it depends on the shape: a
@@ -86,20 +87,20 @@ def _format_bits(fmt: Any, geometry: dict[str, int] | None = None) -> tuple[str,
     an even size) for K and V together, at the geometry's head_dim (else :data:`PRESET_HEAD_DIM`), and with
     ``n_layers`` its boundary layers (:data:`VLLM_BOUNDARY_LAYERS` each end) at 16 bits.
 
-    >>> _format_bits("q8_0:turbo3")
+    >>> format_bits("q8_0:turbo3")
     ('q8_0:turbo3', Fraction(93, 16))
-    >>> _format_bits("turboquant_4bit_nc")  # 134 bytes per (token, head) for 2 x 128 values
+    >>> format_bits("turboquant_4bit_nc")  # 134 bytes per (token, head) for 2 x 128 values
     ('turboquant_4bit_nc', Fraction(67, 16))
-    >>> float(_format_bits("turboquant_4bit_nc", {"n_layers": 32, "head_dim": 128})[1])  # 28 layers + 4 at 16 bits
+    >>> float(format_bits("turboquant_4bit_nc", {"n_layers": 32, "head_dim": 128})[1])  # 28 layers + 4 at 16 bits
     5.6640625
-    >>> float(_format_bits("turbo3", {"n_layers": 32, "head_dim": 64})[1])  # 64 values padded to one 128-value block
+    >>> float(format_bits("turbo3", {"n_layers": 32, "head_dim": 64})[1])  # 64 values padded to one 128-value block
     6.25
     """
     if isinstance(fmt, str) and ":" in fmt:
         k, _, v = fmt.partition(":")
         if not k.strip() or not v.strip() or ":" in v:
             raise ConfigError(f"a K:V cache type is two formats joined by one ':', got {fmt!r}")
-        (kn, kb), (vn, vb) = _format_bits(k, geometry), _format_bits(v, geometry)
+        (kn, kb), (vn, vb) = format_bits(k, geometry), format_bits(v, geometry)
         return (kn if kn == vn else f"{kn}:{vn}"), (kb + vb) / 2
     if isinstance(fmt, str) and fmt.strip().lower() in PRESET_NAMES:
         return _preset_bits(fmt.strip().lower(), geometry or {})
@@ -155,7 +156,7 @@ def bits_per_value(fmt: Any) -> float:
     >>> bits_per_value("tbq4_0"), bits_per_value("nvfp4"), bits_per_value("mxfp4"), bits_per_value(6)
     (4.125, 4.5, 4.25, 6.0)
     """
-    return float(_format_bits(fmt)[1])
+    return float(format_bits(fmt)[1])
 
 
 def format_block_size(fmt: Any) -> int | None:
@@ -232,7 +233,7 @@ def _parse_formats(formats: Any, geometry: dict[str, int] | None = None) -> list
     for item in items:
         if isinstance(item, str) and not item.strip():
             raise TbqValueError(f"empty entry in the format list {formats!r}")
-        pair = _format_bits(item, geometry)
+        pair = format_bits(item, geometry)
         if pair[0] not in [n for n, _ in out]:
             out.append(pair)
     if not out:

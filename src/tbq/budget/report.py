@@ -198,7 +198,7 @@ def budget_report(
 
 
 def _shape_notes(names: list[str], geometry: dict[str, int] | None) -> list[str]:
-    """What the cost of a padded format or a vLLM preset in ``names`` assumed (see :func:`_format_bits`)."""
+    """What the cost of a padded format or a vLLM preset in ``names`` assumed (see :func:`format_bits`)."""
     geo = geometry or {}
     head_dim, layers = geo.get("head_dim"), geo.get("n_layers")
     notes = []
