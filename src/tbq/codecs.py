@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any, NoReturn
@@ -37,6 +36,7 @@ from .errors import (
     TbqTypeError,
     TbqValueError,
     check_int,
+    deprecated_names,
 )
 from .formats import FORMATS, Format, FormatInfo, format_class, format_info, format_name
 from .parallel import default_threads, fork_safe_lock, run_chunks
@@ -613,17 +613,7 @@ TBQ3_0Codec = codec_class("tbq3_0")
 _DEPRECATED_NAMES = {"Q8_0": "Q8_0Codec", "Q4_0": "Q4_0Codec", "TBQ4_0": "TBQ4_0Codec", "TBQ3_0": "TBQ3_0Codec"}
 
 
-def __getattr__(name: str) -> Any:
-    new = _DEPRECATED_NAMES.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"tbq.codecs.{name} is deprecated (the format class tbq.formats.*.{name} has the same name): use "
-        f"tbq.codecs.{new}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return globals()[new]
+__getattr__ = deprecated_names(__name__, _DEPRECATED_NAMES, globals().__getitem__)
 
 
 def get_codec(name: str, **config: Any) -> Codec:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from collections.abc import Collection
+import warnings
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -29,6 +30,7 @@ __all__ = [
     "check_int",
     "check_number",
     "check_choice",
+    "deprecated_names",
 ]
 
 
@@ -224,3 +226,30 @@ def check_choice(value: Any, name: str, choices: Collection[Any], *, error: type
     if not ok:
         raise (error or ConfigError)(f"{name} must be one of {tuple(choices)}, got {value!r}")
     return value
+
+
+def deprecated_names(module: str, renames: Mapping[str, str], value: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` serving the old names of classes renamed because they shared a format class's
+    name: ``renames`` maps old -> new, ``value(new)`` gives the object; each read warns, naming the new spelling.
+
+    >>> import warnings
+    >>> get = deprecated_names("tbq.example", {"Q8_0": "Q8_0Codec"}, {"Q8_0Codec": 1}.__getitem__)
+    >>> with warnings.catch_warnings(record=True) as w:
+    ...     warnings.simplefilter("always")
+    ...     get("Q8_0"), str(w[0].message)
+    (1, 'tbq.example.Q8_0 is deprecated (the format class tbq.formats.*.Q8_0 has the same name): use tbq.example.Q8_0Codec')
+    """
+
+    def __getattr__(name: str) -> Any:
+        new = renames.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is deprecated (the format class tbq.formats.*.{name} has the same name): use "
+            f"{module}.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return value(new)
+
+    return __getattr__

@@ -72,7 +72,6 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
-import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -91,7 +90,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
 
 from .codecs import Codec as _CoreCodec
 from .codecs import get_codec as _core_get_codec
-from .errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError, TbqValueError
+from .errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError, TbqValueError, deprecated_names
 from .formats import FORMATS, format_name
 
 __all__ = [
@@ -360,17 +359,7 @@ _DEPRECATED_NAMES: dict[str, str] = {fmt.upper(): c.__name__ for fmt, c in _CLAS
 __all__ += list(_BY_NAME)
 
 
-def __getattr__(name: str) -> Any:
-    new = _DEPRECATED_NAMES.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"tbq.numcodecs.{name} is deprecated (the format class tbq.formats.*.{name} has the same name): use "
-        f"tbq.numcodecs.{new}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return _BY_NAME[new]
+__getattr__ = deprecated_names(__name__, _DEPRECATED_NAMES, _BY_NAME.__getitem__)
 
 
 for _cls in _CLASSES.values():

@@ -7,7 +7,6 @@ from :mod:`tbq.float32` instead. Reading a name here still works and gives the s
 
 from __future__ import annotations
 
-import sys
 import warnings
 from typing import Any
 
@@ -18,14 +17,11 @@ def __getattr__(name: str) -> Any:
     if name.startswith("__"):  # module machinery (__all__, __path__, ...): this alias has none of float32's
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(_float32, name)  # AttributeError for a name float32 does not have either
-    # tbq's own format modules are moved over by their owners; only code outside tbq is warned
-    caller = sys._getframe(1).f_globals.get("__name__", "")
-    if not (caller == "tbq" or caller.startswith("tbq.")):
-        warnings.warn(
-            f"tbq.reference is deprecated: it holds float32 helpers, not the reference; use tbq.float32.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+    warnings.warn(
+        f"tbq.reference is deprecated: it holds float32 helpers, not the reference; use tbq.float32.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     return value
 
 

@@ -245,7 +245,7 @@ def parse_option(text: str) -> tuple[str, object]:
 
 class _CallableModule(types.ModuleType):
     """``tbq.formats`` is this package; calling it, ``tbq.formats()``, is a deprecated spelling of
-    :func:`format_names` that still works (a :class:`DeprecationWarning` for callers outside tbq).
+    :func:`format_names` that still works, with a :class:`DeprecationWarning`.
 
     The package was made callable so that one name listed the formats and held their modules; a module
     that is also a function confuses type checkers and readers (``tbq.formats`` has no ``__call__`` in any
@@ -253,13 +253,9 @@ class _CallableModule(types.ModuleType):
     """
 
     def __call__(self) -> tuple[str, ...]:
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        if not (caller == "tbq" or caller.startswith("tbq.")):
-            warnings.warn(
-                "calling the package tbq.formats() is deprecated: use tbq.format_names()",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+        warnings.warn(
+            "calling the package tbq.formats() is deprecated: use tbq.format_names()", DeprecationWarning, stacklevel=2
+        )
         return format_names()
 
 
