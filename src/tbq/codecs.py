@@ -251,7 +251,39 @@ def _check_overlap(out: np.ndarray, a: np.ndarray, what: str) -> None:
 # ---------------------------------------------------------------------------
 
 
-class Codec:
+class ConfigIdentity:
+    """Equality, hash and repr from ``get_config()``, shared by the codec classes (:class:`Codec` and
+    :class:`tbq.numcodecs.TbqCodec`): two codecs of one family (the class that first takes this one as a base, and
+    its subclasses) are equal when their configs are, and the repr spells the config as keyword arguments, leaving out
+    :attr:`_config_key`, the format, which the class's name already says."""
+
+    _config_key = "name"  #: the config entry naming the format
+    _family: type[ConfigIdentity]  #: set for each class that takes this one as a base
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if ConfigIdentity in cls.__bases__:
+            cls._family = cls
+
+    def get_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, self._family):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    def __hash__(self) -> int:
+        return hash(repr(self))
+
+    def __repr__(self) -> str:
+        cfg = self.get_config()
+        del cfg[self._config_key]
+        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+        return f"{type(self).__name__}({args})"
+
+
+class Codec(ConfigIdentity):
     """A block format with its configuration: ``Codec("q8_0", backend="numpy")``.
 
     The per-format classes (``Q8_0Codec``, ``TBQ4_0Codec``, ... from :func:`codec_class`)
@@ -350,20 +382,6 @@ class Codec:
         cfg.update(backend=self.backend, threads=self.threads, on_overflow=self.on_overflow)
         return cfg
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Codec):
-            return NotImplemented
-        return self.get_config() == other.get_config()
-
-    def __hash__(self) -> int:
-        return hash(repr(self))
-
-    def __repr__(self) -> str:
-        cfg = self.get_config()
-        del cfg["name"]
-        args = ", ".join(f"{k}={v!r}" for k, v in cfg.items())
-        return f"{type(self).__name__}({args})"
-
     # -- encode --
     def _n_threads(self) -> int:
         return self.threads if self.threads is not None else default_threads()
@@ -398,17 +416,8 @@ class Codec:
                     self._raise_encode_error(_Blocks(x, bs, np.float32), int(b), int(status))
                 return out
         x = _check_float_input(x)
-        bs, ts = self.block_size, self.type_size
-        n = x.shape[-1]
-        if n % bs:
-            raise BlockShapeError(
-                f"{self.name}: the last axis has {n} values, which is not a multiple of the block size {bs} "
-                f"({n // bs} whole blocks and {n % bs} values left over)"
-            )
-        out_shape = x.shape[:-1] + (n // bs * ts,)
-        out = _check_out(out, out_shape, np.uint8, x, "input")
-        src = _Blocks(x, bs, np.float32)
-        out2 = out.reshape(-1, ts)
+        bs = self.block_size
+        src, out, out2 = self._blocks_io(x, "values", out)
         nblocks = src.n
         raise_overflow = self.on_overflow == "raise"
         fmt = self.format
@@ -466,6 +475,21 @@ class Codec:
             )
         raise self.format.encode_error(kind, block, vals)
 
+    def _blocks_io(self, a: NDArray[Any], unit: str, out: Any) -> tuple[_Blocks, NDArray[Any], NDArray[Any]]:
+        """The blocks of a checked input ``a`` of ``unit`` ("values" to encode, "bytes" to decode), the output (new,
+        or ``out`` checked) and the output as one block a row; a last axis of partial blocks is refused."""
+        encoding = unit == "values"
+        size_in, size_out = (self.block_size, self.type_size) if encoding else (self.type_size, self.block_size)
+        n = a.shape[-1]
+        problem = partial_blocks(n, size_in, unit)
+        if problem:
+            raise (BlockShapeError if encoding else EncodedLengthError)(f"{self.name}: {problem}")
+        out_dtype = np.uint8 if encoding else np.float32
+        out = _check_out(
+            out, a.shape[:-1] + (n // size_in * size_out,), out_dtype, a, "input" if encoding else "encoded data"
+        )
+        return _Blocks(a, size_in, np.float32 if encoding else np.uint8), out, out.reshape(-1, size_out)
+
     # -- decode --
     def decode(
         self, data: ArrayLike | bytes | bytearray | memoryview, out: NDArray[np.float32] | None = None
@@ -493,17 +517,8 @@ class Codec:
                 self.format.kernel_decode(data.reshape(-1, ts), out.reshape(-1, bs))
                 return out
         data = _check_byte_input(data)
-        bs, ts = self.block_size, self.type_size
-        nbytes = data.shape[-1]
-        if nbytes % ts:
-            raise EncodedLengthError(
-                f"{self.name}: the last axis has {nbytes} bytes, which is not a multiple of the block's "
-                f"{ts} bytes ({nbytes // ts} whole blocks and {nbytes % ts} bytes left over)"
-            )
-        out_shape = data.shape[:-1] + (nbytes // ts * bs,)
-        out = _check_out(out, out_shape, np.float32, data, "encoded data")
-        src = _Blocks(data, ts, np.uint8)
-        out2 = out.reshape(-1, bs)
+        bs = self.block_size
+        src, out, out2 = self._blocks_io(data, "bytes", out)
         chunk = max(1, (CHUNK_VALUES if self.backend == "numba" else NUMPY_CHUNK_VALUES) // bs)
         fmt = self.format
 
@@ -547,6 +562,24 @@ def _check_byte_input(data: Any) -> NDArray[np.uint8]:
     if a.ndim == 0:
         raise EncodedLengthError("encoded data must have at least one axis, got a scalar")
     return a
+
+
+def partial_blocks(n: int, size: int, unit: str) -> str:
+    """``""`` when a last axis of ``n`` ``unit`` ("values", "bytes") is whole blocks of ``size`` of them, else what
+    every codec front end (:class:`Codec`, :mod:`tbq.dask`) says of it: how many whole blocks and how many left over.
+
+    >>> partial_blocks(64, 32, "values")
+    ''
+    >>> partial_blocks(35, 34, "bytes")
+    "the last axis has 35 bytes, which is not a multiple of the block's 34 bytes (1 whole blocks and 1 bytes left over)"
+    """
+    if not n % size:
+        return ""
+    block = f"the block size {size}" if unit == "values" else f"the block's {size} bytes"
+    return (
+        f"the last axis has {n} {unit}, which is not a multiple of {block} "
+        f"({n // size} whole blocks and {n % size} {unit} left over)"
+    )
 
 
 def _check_out(out: Any, shape: tuple[int, ...], dtype: DTypeLike, source: NDArray[Any], what: str) -> NDArray[Any]:

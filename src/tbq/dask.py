@@ -39,7 +39,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
         "tbq.dask needs the optional dependency dask[array]; install it with `pip install 'tbq[zarr]'`"
     ) from _exc
 
-from .codecs import Codec, codec_from_config, get_codec
+from .codecs import Codec, codec_from_config, get_codec, partial_blocks
 from .errors import BlockShapeError, EncodedLengthError, TbqTypeError, TbqValueError
 from .parallel import fork_safe_lock
 
@@ -139,30 +139,7 @@ def quantize(darr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> Any
         the leading chunks of ``darr`` and last-axis chunks
         ``c // block_size * type_size``; its bytes equal ``tbq.quantize(darr.compute(), fmt)``.
     """
-    x = _as_dask(darr)
-    codec, cfg_json = _prepare_codec(fmt, config)
-    if x.dtype not in _FLOATS:
-        raise TbqTypeError(f"tbq.dask.quantize: input must be float16/float32/float64, got dtype {x.dtype}")
-    if x.ndim == 0:
-        raise BlockShapeError("tbq.dask.quantize: input must have at least one axis, got a 0-d array")
-    bs, ts = codec.block_size, codec.type_size
-    n = x.shape[-1]
-    if n % bs:
-        raise BlockShapeError(
-            f"tbq.dask.quantize {fmt}: the last axis has {n} values, which is not a multiple of the block size {bs} "
-            f"({n // bs} whole blocks and {n % bs} values left over); no rechunking can fix that"
-        )
-    x = _last_axis_chunks(x, bs, rechunk, "block size", fmt)
-    chunks = x.chunks[:-1] + (tuple(c // bs * ts for c in x.chunks[-1]),)
-    return da.map_blocks(
-        _encode_block,
-        x,
-        cfg_json,
-        dtype=np.uint8,
-        chunks=chunks,
-        meta=np.empty((0,) * x.ndim, np.uint8),
-        name=f"tbq-quantize-{codec.name}-" + dask.base.tokenize(x, cfg_json),
-    )
+    return _map_codec(darr, fmt, rechunk, config, "values")
 
 
 def dequantize(qarr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> Any:
@@ -173,29 +150,39 @@ def dequantize(qarr: Any, fmt: str, *, rechunk: bool = True, **config: Any) -> A
     :class:`tbq.EncodedLengthError` (a :class:`tbq.BlockShapeError`) naming them.
     The result equals ``tbq.dequantize(qarr.compute(), fmt)`` bit for bit.
     """
-    q = _as_dask(qarr)
+    return _map_codec(qarr, fmt, rechunk, config, "bytes")
+
+
+def _map_codec(arr: Any, fmt: str, rechunk: bool, config: dict[str, Any], unit: str) -> Any:
+    """:func:`quantize` (``unit`` "values") or :func:`dequantize` (``unit`` "bytes") of ``arr``: the input checked,
+    its last-axis chunks made whole blocks, and the codec mapped over the chunks."""
+    a = _as_dask(arr)
     codec, cfg_json = _prepare_codec(fmt, config)
-    if q.dtype != np.uint8:
-        raise TbqTypeError(f"tbq.dask.dequantize: encoded data must be uint8, got dtype {q.dtype}")
-    if q.ndim == 0:
-        raise EncodedLengthError("tbq.dask.dequantize: encoded data must have at least one axis, got a 0-d array")
+    encoding = unit == "values"
+    func = "quantize" if encoding else "dequantize"
+    if encoding and a.dtype not in _FLOATS:
+        raise TbqTypeError(f"tbq.dask.quantize: input must be float16/float32/float64, got dtype {a.dtype}")
+    if not encoding and a.dtype != np.uint8:
+        raise TbqTypeError(f"tbq.dask.dequantize: encoded data must be uint8, got dtype {a.dtype}")
+    error = BlockShapeError if encoding else EncodedLengthError
+    if a.ndim == 0:
+        what = "input" if encoding else "encoded data"
+        raise error(f"tbq.dask.{func}: {what} must have at least one axis, got a 0-d array")
     bs, ts = codec.block_size, codec.type_size
-    nbytes = q.shape[-1]
-    if nbytes % ts:
-        raise EncodedLengthError(
-            f"tbq.dask.dequantize {fmt}: the last axis has {nbytes} bytes, which is not a multiple of the "
-            f"block's {ts} bytes ({nbytes // ts} whole blocks and {nbytes % ts} bytes left over)"
-        )
-    q = _last_axis_chunks(q, ts, rechunk, "type size (bytes per block)", fmt, EncodedLengthError)
-    chunks = q.chunks[:-1] + (tuple(c // ts * bs for c in q.chunks[-1]),)
+    size_in, size_out = (bs, ts) if encoding else (ts, bs)
+    problem = partial_blocks(a.shape[-1], size_in, unit)
+    if problem:
+        raise error(f"tbq.dask.{func} {fmt}: {problem}" + ("; no rechunking can fix that" if encoding else ""))
+    a = _last_axis_chunks(a, size_in, rechunk, "block size" if encoding else "type size (bytes per block)", fmt, error)
+    out_dtype = np.uint8 if encoding else np.float32
     return da.map_blocks(
-        _decode_block,
-        q,
+        _encode_block if encoding else _decode_block,
+        a,
         cfg_json,
-        dtype=np.float32,
-        chunks=chunks,
-        meta=np.empty((0,) * q.ndim, np.float32),
-        name=f"tbq-dequantize-{codec.name}-" + dask.base.tokenize(q, cfg_json),
+        dtype=out_dtype,
+        chunks=a.chunks[:-1] + (tuple(c // size_in * size_out for c in a.chunks[-1]),),
+        meta=np.empty((0,) * a.ndim, out_dtype),
+        name=f"tbq-{func}-{codec.name}-" + dask.base.tokenize(a, cfg_json),
     )
 
 

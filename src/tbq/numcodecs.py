@@ -89,6 +89,7 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     ) from _exc
 
 from .codecs import Codec as _CoreCodec
+from .codecs import ConfigIdentity
 from .codecs import get_codec as _core_get_codec
 from .errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError, TbqValueError, deprecated_names
 from .formats import FORMATS, format_name
@@ -208,7 +209,7 @@ def _as_float_array(buf: Any) -> np.ndarray:
     return raw.view(np.float32)
 
 
-class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
+class TbqCodec(ConfigIdentity, _NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
     """numcodecs codec for one tbq block format (use ``Q8_0Numcodec``, ``Q4_0Numcodec``, ... or :func:`get_numcodec`).
 
     Keyword arguments are those of :func:`tbq.get_codec` for the format
@@ -220,6 +221,7 @@ class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: 
 
     codec_id: str | None = None
     fmt: str = ""
+    _config_key = "id"  # equality, hash and repr from the config (ConfigIdentity), whose "id" names the format
 
     def __init__(self, **config: Any) -> None:
         if not self.fmt:
@@ -260,19 +262,6 @@ class TbqCodec(_NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: 
         ):
             raise ConfigError(f"{cls.__name__}.from_config: config id {cid!r} is not {cls.codec_id!r}")
         return cls(**cfg)
-
-    def __eq__(self, other: Any) -> Any:
-        if not isinstance(other, TbqCodec):
-            return NotImplemented
-        return self.get_config() == other.get_config()
-
-    def __hash__(self) -> Any:
-        return hash(repr(self))
-
-    def __repr__(self) -> Any:
-        cfg = self.get_config()
-        del cfg["id"]
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in cfg.items())})"
 
     # -- encode / decode --
     def encode(self, buf: Any) -> np.ndarray:

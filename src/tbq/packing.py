@@ -105,15 +105,26 @@ def np_unpack3(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
 
 def _run(
     np_fn: Callable[[NDArray[np.uint8]], NDArray[np.uint8]],
-    nb_name: str,
-    a: NDArray[np.uint8],
+    a: ArrayLike,
+    what: str,
     backend: str | None,
-    n_out: int,
+    per_in: int,
+    per_out: int,
+    limit: int = 0,
 ) -> NDArray[np.uint8]:
+    """One layout function: ``np_fn`` or its numba twin (``packing_kernels`` names it without the ``np_``) along the
+    last axis of ``a``, every ``per_in`` entries giving ``per_out``. ``a`` (``what``: "indices", "packed bytes") is
+    checked first: uint8, whole groups of ``per_in``, and with a ``limit`` (a packer's field) every value below it."""
+    name = np_fn.__name__.removeprefix("np_")
+    a = _uint8(a, what)
+    _check_len(a, per_in, name)
+    if limit:
+        _check_max(a, limit)
     if _backend(backend) == "numba":
         from . import packing_kernels
 
-        return getattr(packing_kernels, nb_name)(a.reshape(a.size)).reshape(a.shape[:-1] + (n_out,))
+        out_shape = a.shape[:-1] + (a.shape[-1] // per_in * per_out,)
+        return getattr(packing_kernels, name)(a.reshape(a.size)).reshape(out_shape)
     return np_fn(a)
 
 
@@ -123,16 +134,12 @@ def pack4_pairs(idx: ArrayLike, *, backend: str | None = None) -> NDArray[np.uin
     >>> pack4_pairs(np.uint8([1, 2, 15, 0]), backend="numpy")
     array([33, 15], dtype=uint8)
     """
-    idx = _uint8(idx, "indices")
-    _check_len(idx, 2, "pack4_pairs")
-    _check_max(idx, 16)
-    return _run(np_pack4_pairs, "pack4_pairs", idx, backend, idx.shape[-1] // 2)
+    return _run(np_pack4_pairs, idx, "indices", backend, 2, 1, limit=16)
 
 
 def unpack4_pairs(data: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Inverse of :func:`pack4_pairs`: each byte gives (low nibble, high nibble)."""
-    data = _uint8(data, "packed bytes")
-    return _run(np_unpack4_pairs, "unpack4_pairs", data, backend, 2 * data.shape[-1])
+    return _run(np_unpack4_pairs, data, "packed bytes", backend, 1, 2)
 
 
 def pack4_halves(q: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
@@ -141,17 +148,12 @@ def pack4_halves(q: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint
     >>> pack4_halves(np.arange(32, dtype=np.uint8) % 16, backend="numpy")[:3]
     array([ 0, 17, 34], dtype=uint8)
     """
-    q = _uint8(q, "codes")
-    _check_len(q, 32, "pack4_halves")
-    _check_max(q, 16)
-    return _run(np_pack4_halves, "pack4_halves", q, backend, q.shape[-1] // 2)
+    return _run(np_pack4_halves, q, "codes", backend, 32, 16, limit=16)
 
 
 def unpack4_halves(data: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Inverse of :func:`pack4_halves` (last axis a multiple of 16 bytes)."""
-    data = _uint8(data, "packed bytes")
-    _check_len(data, 16, "unpack4_halves")
-    return _run(np_unpack4_halves, "unpack4_halves", data, backend, 2 * data.shape[-1])
+    return _run(np_unpack4_halves, data, "packed bytes", backend, 16, 32)
 
 
 def pack3(idx: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
@@ -160,10 +162,7 @@ def pack3(idx: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     >>> pack3(np.arange(8, dtype=np.uint8), backend="numpy")
     array([136, 198, 250], dtype=uint8)
     """
-    idx = _uint8(idx, "indices")
-    _check_len(idx, 8, "pack3")
-    _check_max(idx, 8)
-    return _run(np_pack3, "pack3", idx, backend, idx.shape[-1] // 8 * 3)
+    return _run(np_pack3, idx, "indices", backend, 8, 3, limit=8)
 
 
 def pack3_fork_bug(idx: ArrayLike) -> NDArray[np.uint8]:
@@ -192,6 +191,4 @@ def pack3_fork_bug(idx: ArrayLike) -> NDArray[np.uint8]:
 
 def unpack3(data: ArrayLike, *, backend: str | None = None) -> NDArray[np.uint8]:
     """Inverse of :func:`pack3`: every 3 bytes give 8 indices."""
-    data = _uint8(data, "packed bytes")
-    _check_len(data, 3, "unpack3")
-    return _run(np_unpack3, "unpack3", data, backend, data.shape[-1] // 3 * 8)
+    return _run(np_unpack3, data, "packed bytes", backend, 3, 8)

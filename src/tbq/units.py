@@ -59,6 +59,15 @@ def _show(x: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _float(x: numbers.Real) -> float:
+    """``float(x)``, with a number beyond float's range (a huge int or Fraction) as ``inf``, which callers refuse as
+    not finite."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf
+
+
 def exact(x: Any, what: str, *, positive: bool = False) -> Fraction:
     """A non-negative (or positive) finite number, at most :data:`MAX_QUANTITY`, as an exact Fraction."""
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
@@ -66,10 +75,7 @@ def exact(x: Any, what: str, *, positive: bool = False) -> Fraction:
     if isinstance(x, numbers.Rational):
         v = Fraction(x)
     else:
-        try:
-            xf = float(x)
-        except OverflowError:
-            xf = math.inf
+        xf = _float(x)
         if not math.isfinite(xf):
             raise TbqValueError(f"{what} must be finite, got {xf}")
         v = Fraction(xf)
@@ -225,10 +231,7 @@ def parse_context(x: Any) -> int:
     if isinstance(x, numbers.Integral):
         n = int(x)
     elif isinstance(x, numbers.Real):
-        try:
-            xf = float(x)
-        except OverflowError:
-            xf = math.inf
+        xf = _float(x)
         if not math.isfinite(xf):
             raise TbqValueError(f"a context must be a finite number of tokens, got {_show(x)}")
         if not xf.is_integer():

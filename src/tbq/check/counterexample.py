@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..formats import Format
-from .classify import CLASSES, Trace, ordered_code
+from .classify import CLASSES, Trace, _neq, ordered_code
 from .diagnose import describe_values
 from .targets import default_symbol
 
@@ -172,71 +172,99 @@ class Counterexample:
         ]
         if self.direction == "quantize":
             k, nbytes = self.input.size, self.expected.size
-            body = [
+            body = _c_main(
                 f"void {sym}(const float *x, void *y, int64_t k);",
-                "",
-                f"#define K {k}",
-                f"#define NBYTES {nbytes}",
-                f"#define TYPE_SIZE {fmt.type_size}",
-                f"static const uint32_t input_bits[K] = {{{_c_list([f'0x{int(v):08X}u' for v in self.input.view(np.uint32)])}}};",
-                f"static const uint8_t expected[NBYTES] = {{{_c_list([f'0x{int(v):02X}' for v in self.expected])}}};",
-                f"static const char *const field_of_byte[TYPE_SIZE] = {{{_c_list([json.dumps(n) for n in names])}}};",
-                "",
-                "int main(void) {",
-                "    float x[K];",
-                "    uint8_t y[NBYTES];",
-                "    memcpy(x, input_bits, sizeof x);",
-                "    memset(y, 0x5A, sizeof y);",
-                f"    {sym}(x, y, K);",
-                "    int bad = 0;",
-                "    for (int i = 0; i < NBYTES; i++) {",
-                "        if (y[i] != expected[i]) {",
-                "            if (bad < 32)",
-                '                printf("block %d byte %2d (%s): got 0x%02x, tbq 0x%02x\\n", i / TYPE_SIZE, i % TYPE_SIZE,',
-                "                       field_of_byte[i % TYPE_SIZE], y[i], expected[i]);",
-                "            bad++;",
-                "        }",
-                "    }",
-                '    if (bad) printf("%d of %d bytes differ from tbq\\n", bad, NBYTES);',
-                '    else printf("identical to tbq (%d bytes)\\n", NBYTES);',
-                "    return bad != 0;",
-                "}",
-            ]
+                k,
+                nbytes,
+                [
+                    f"#define TYPE_SIZE {fmt.type_size}",
+                    f"static const uint32_t input_bits[K] = {_c_bits(self.input)};",
+                    f"static const uint8_t expected[NBYTES] = {_c_bytes(self.expected)};",
+                    f"static const char *const field_of_byte[TYPE_SIZE] = {{{_c_list([json.dumps(n) for n in names])}}};",
+                ],
+                [
+                    "    float x[K];",
+                    "    uint8_t y[NBYTES];",
+                    "    memcpy(x, input_bits, sizeof x);",
+                    "    memset(y, 0x5A, sizeof y);",
+                    f"    {sym}(x, y, K);",
+                    "    int bad = 0;",
+                    "    for (int i = 0; i < NBYTES; i++) {",
+                    "        if (y[i] != expected[i]) {",
+                    "            if (bad < 32)",
+                    '                printf("block %d byte %2d (%s): got 0x%02x, tbq 0x%02x\\n", i / TYPE_SIZE, i % TYPE_SIZE,',
+                    "                       field_of_byte[i % TYPE_SIZE], y[i], expected[i]);",
+                    "            bad++;",
+                    "        }",
+                    "    }",
+                ],
+                "NBYTES",
+                "bytes",
+            )
         else:
             k, nbytes = self.expected.size, self.input.size
-            body = [
+            body = _c_main(
                 f"void {sym}(const void *x, float *y, int64_t k);",
-                "",
-                f"#define K {k}",
-                f"#define NBYTES {nbytes}",
-                f"static const uint8_t input[NBYTES] = {{{_c_list([f'0x{int(v):02X}' for v in self.input])}}};",
-                f"static const uint32_t expected_bits[K] = {{{_c_list([f'0x{int(v):08X}u' for v in self.expected.view(np.uint32)])}}};",
-                "",
-                "int main(void) {",
-                "    float y[K], e;",
-                "    uint32_t got;",
-                "    memset(y, 0xA5, sizeof y);",
-                f"    {sym}(input, y, K);",
-                "    int bad = 0;",
-                "    for (int i = 0; i < K; i++) {",
-                "        memcpy(&got, &y[i], 4);",
-                "        if (got != expected_bits[i]) {",
-                "            memcpy(&e, &expected_bits[i], 4);",
-                '            if (bad < 32) printf("value %3d: got %a (0x%08x), tbq %a (0x%08x)\\n", i, y[i], got, e, expected_bits[i]);',
-                "            bad++;",
-                "        }",
-                "    }",
-                '    if (bad) printf("%d of %d values differ from tbq\\n", bad, K);',
-                '    else printf("identical to tbq (%d values)\\n", K);',
-                "    return bad != 0;",
-                "}",
-            ]
+                k,
+                nbytes,
+                [
+                    f"static const uint8_t input[NBYTES] = {_c_bytes(self.input)};",
+                    f"static const uint32_t expected_bits[K] = {_c_bits(self.expected)};",
+                ],
+                [
+                    "    float y[K], e;",
+                    "    uint32_t got;",
+                    "    memset(y, 0xA5, sizeof y);",
+                    f"    {sym}(input, y, K);",
+                    "    int bad = 0;",
+                    "    for (int i = 0; i < K; i++) {",
+                    "        memcpy(&got, &y[i], 4);",
+                    "        if (got != expected_bits[i]) {",
+                    "            memcpy(&e, &expected_bits[i], 4);",
+                    '            if (bad < 32) printf("value %3d: got %a (0x%08x), tbq %a (0x%08x)\\n", i, y[i], got, e, expected_bits[i]);',
+                    "            bad++;",
+                    "        }",
+                    "    }",
+                ],
+                "K",
+                "values",
+            )
         return "\n".join(head + body) + "\n"
 
 
 def _c_list(items: list[str], per_line: int = 8) -> str:
     rows = [", ".join(items[i : i + per_line]) for i in range(0, len(items), per_line)]
     return "\n    " + ",\n    ".join(rows) + "\n"
+
+
+def _c_bytes(a: NDArray[Any]) -> str:
+    """The initializer of a C ``uint8_t`` array holding bytes ``a``."""
+    return "{" + _c_list([f"0x{int(v):02X}" for v in a]) + "}"
+
+
+def _c_bits(a: NDArray[Any]) -> str:
+    """The initializer of a C ``uint32_t`` array holding the bit patterns of float32 values ``a``."""
+    return "{" + _c_list([f"0x{int(v):08X}u" for v in a.view(np.uint32)]) + "}"
+
+
+def _c_main(decl: str, k: int, nbytes: int, data: list[str], compare: list[str], count: str, unit: str) -> list[str]:
+    """A repro's lines after the includes: the row function's declaration ``decl``, the sizes ``K`` (values) and
+    ``NBYTES``, the ``data`` definitions, then ``main``: the call and the comparison that counts ``bad`` (``compare``)
+    and the verdict over ``count`` ``unit``; the exit status is 1 while anything differs."""
+    return [
+        decl,
+        "",
+        f"#define K {k}",
+        f"#define NBYTES {nbytes}",
+        *data,
+        "",
+        "int main(void) {",
+        *compare,
+        f'    if (bad) printf("%d of %d {unit} differ from tbq\\n", bad, {count});',
+        f'    else printf("identical to tbq (%d {unit})\\n", {count});',
+        "    return bad != 0;",
+        "}",
+    ]
 
 
 def _byte_fields(fmt: Format) -> list[str]:
@@ -285,11 +313,7 @@ def make_counterexample(
         value_pos: list[int] = []
         for n in Fe:
             a, b = Fe[n], Fg[n]
-            neq = (
-                (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32))
-                if a.dtype.kind == "f"
-                else a != b
-            )
+            neq = _neq(a, b)
             if not neq.any():
                 continue
             pos = np.flatnonzero(neq)

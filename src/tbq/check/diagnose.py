@@ -56,9 +56,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..formats import Format
+from ..formats import Field, Format
 from ..packing import pack4_halves, pack4_pairs, unpack3, unpack4_halves, unpack4_pairs
-from .classify import CLASSES, Fields, ordered_code, row_kw, value_codes
+from .classify import CLASSES, Fields, _flat_fields, _neq, ordered_code, row_kw, value_codes
 from .targets import FILL_BYTE
 
 __all__ = [
@@ -222,10 +222,6 @@ def _positions(positions: Iterable[int | np.integer[Any]]) -> str:
     return ", ".join(map(str, ps[:12])) + (", ..." if len(ps) > 12 else "")
 
 
-def _flat_fields(fmt: Format, data: NDArray[np.uint8]) -> Fields:
-    return {n: np.asarray(v).reshape(data.shape[0], -1) for n, v in fmt.fields(data).items()}
-
-
 # ---------------------------------------------------------------------------
 # what differs (not a diagnosis: the facts every report shows)
 # ---------------------------------------------------------------------------
@@ -246,11 +242,7 @@ def describe_differences(fmt: Format, direction: str, kept: KeptBlocks) -> list[
     lines = []
     for name in Fr:
         a, b = Fr[name], Fg[name]
-        neq = (
-            (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32))
-            if a.dtype.kind == "f"
-            else a != b
-        )
+        neq = _neq(a, b)
         nb = int(neq.any(1).sum())
         if not nb:
             lines.append(f"{name}: identical in all {n} wrong blocks")
@@ -276,16 +268,23 @@ def _fork_pack3(idx: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return out.astype(np.uint8).reshape(idx.shape[0], -1)
 
 
-def _shift_bug(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
+def _differing_fields(
+    fmt: Format, kept: KeptBlocks, kinds: Iterable[str]
+) -> Iterator[tuple[Field, NDArray[np.intp], NDArray[np.uint8], NDArray[np.uint8]]]:
+    """Each field of a kind in ``kinds`` whose bytes differ in some kept block of an encoder: ``(field, those
+    blocks, tbq's bytes of the field in them, the target's)``."""
     for f in fmt.info.layout:
-        if f.kind != "u3_lanes":
+        if f.kind not in kinds:
             continue
         R = kept["ref"][:, f.offset : f.offset + f.size]
         G = kept["got"][:, f.offset : f.offset + f.size]
         rows = np.flatnonzero((R != G).any(axis=1))
-        if not rows.size:
-            continue
-        R, G = R[rows], G[rows]
+        if rows.size:
+            yield f, rows, R[rows], G[rows]
+
+
+def _shift_bug(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
+    for f, rows, R, G in _differing_fields(fmt, kept, ("u3_lanes",)):
         cr, cg = unpack3(R, backend="numpy"), unpack3(G, backend="numpy")
         neq = (cr != cg).reshape(rows.size, -1, 8)
         per_t = neq.sum(axis=(0, 1))
@@ -356,26 +355,27 @@ def _nibble_title(kind: str, alt_kind: str, swap: bool) -> str:
     )
 
 
+def _nibble_order(f: Field, alt_kind: str, swap: bool, finding: str) -> Diagnosis:
+    """The ``nibble_order`` diagnosis of 4-bit field ``f`` stored as ``alt_kind`` (nibbles swapped or not): what
+    reading it that way reproduced (``finding``, each direction's own evidence), then the layout the format stores."""
+    ev = [finding, f"the format stores {_LAYOUT4[(f.kind, False)]}"]
+    return Diagnosis("nibble_order", _nibble_title(f.kind, alt_kind, swap), ev)
+
+
 def _nibble_encoder(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
-    for f in fmt.info.layout:
-        if f.kind not in _READ4:
-            continue
-        R = kept["ref"][:, f.offset : f.offset + f.size]
-        G = kept["got"][:, f.offset : f.offset + f.size]
-        rows = np.flatnonzero((R != G).any(axis=1))
-        if not rows.size:
-            continue
-        cr = _READ4[f.kind](R[rows])
+    for f, rows, R, G in _differing_fields(fmt, kept, _READ4):
+        cr = _READ4[f.kind](R)
         for alt, swap in _nibble_alternatives(f.kind):
-            G2 = _swap_nibbles(G[rows]) if swap else G[rows]
+            G2 = _swap_nibbles(G) if swap else G
             match = (_READ4[alt](G2) == cr).all(axis=1)
             if match.mean() >= AGREE:
-                ev = [
+                return _nibble_order(
+                    f,
+                    alt,
+                    swap,
                     f"reading the target's {f.name} bytes as {_LAYOUT4[(alt, swap)]} gives exactly tbq's codes in "
                     f"{int(match.sum())} of {rows.size} wrong blocks whose {f.name} differs",
-                    f"the format stores {_LAYOUT4[(f.kind, False)]}",
-                ]
-                return Diagnosis("nibble_order", _nibble_title(f.kind, alt, swap), ev)
+                )
     return None
 
 
@@ -483,12 +483,22 @@ def _scale_conversion(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     return None
 
 
-def _ties(fmt: Format, kept: KeptBlocks, min_codes: int = 4, need_rule: bool = False) -> Diagnosis | None:
+def _kept_codes(fmt: Format, kept: KeptBlocks) -> tuple[Fields, Fields, NDArray[np.int64], NDArray[np.int64]] | None:
+    """tbq's and the target's fields of the kept encoder blocks and their value codes (:func:`value_codes`), or None
+    for a format whose fields give no value codes."""
     Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
     cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
     if cr is None:
         return None
     assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
+    return Fr, Fg, cr, cg
+
+
+def _ties(fmt: Format, kept: KeptBlocks, min_codes: int = 4, need_rule: bool = False) -> Diagnosis | None:
+    codes = _kept_codes(fmt, kept)
+    if codes is None:
+        return None
+    Fr, Fg, cr, cg = codes
     diff = cr != cg
     if not diff.any():
         return None
@@ -529,11 +539,10 @@ def _rotated_sign(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
     c = tables.get("centroids")
     if c is None or not np.array_equal(np.asarray(c), -np.asarray(c)[::-1]):
         return None
-    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
-    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
-    if cr is None:
+    codes = _kept_codes(fmt, kept)
+    if codes is None:
         return None
-    assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
+    _, _, cr, cg = codes
     diff = cr != cg
     blocks = diff.any(axis=1)
     if not blocks.any():
@@ -595,11 +604,10 @@ def _input_sign(fmt: Format, kept: KeptBlocks, tries: int = 4) -> Diagnosis | No
 
 
 def _permutation(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
-    Fr, Fg = _flat_fields(fmt, kept["ref"]), _flat_fields(fmt, kept["got"])
-    cr, cg = value_codes(fmt, Fr), value_codes(fmt, Fg)
-    if cr is None:
+    codes = _kept_codes(fmt, kept)
+    if codes is None:
         return None
-    assert cg is not None  # one format's fields of as many blocks: codes on both sides or on neither
+    _, _, cr, cg = codes
     rows = np.flatnonzero((cr != cg).any(axis=1))
     if rows.size < 4:
         return None
@@ -853,7 +861,7 @@ def _signed_zero(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
         return None
     n = names[0]
     a, b = Fr[n], Fg[n]
-    rows = (a.astype(np.float32).view(np.uint32) != b.astype(np.float32).view(np.uint32)).any(axis=1)
+    rows = _neq(a, b).any(axis=1)
     tneg = int(np.signbit(a[rows]).any(axis=1).sum())
     ev = [
         f"in all {int(rows.sum())} blocks the only difference is the sign of a zero in field {', '.join(names)}: tbq stores -0 "
@@ -957,12 +965,13 @@ def _nibble_decoder(fmt: Format, kept: KeptBlocks) -> Diagnosis | None:
                 y = fmt.reference_decode(moved[rows])
             match = (y.view(np.uint32) == g[rows]).all(axis=1)
             if match.mean() >= AGREE:
-                ev = [
-                    f"tbq's decoder gives exactly the target's values in {int(match.sum())} of {rows.size} wrong blocks once "
-                    f"{f.name} is read as {_LAYOUT4[(alt, swap)]}",
-                    f"the format stores {_LAYOUT4[(f.kind, False)]}",
-                ]
-                return Diagnosis("nibble_order", _nibble_title(f.kind, alt, swap), ev)
+                return _nibble_order(
+                    f,
+                    alt,
+                    swap,
+                    f"tbq's decoder gives exactly the target's values in {int(match.sum())} of {rows.size} wrong blocks "
+                    f"once {f.name} is read as {_LAYOUT4[(alt, swap)]}",
+                )
     return None
 
 

@@ -46,16 +46,7 @@ class CheckRun(Protocol):
 
     def failing(self, cls: NDArray[np.uint8]) -> NDArray[np.bool_]: ...
 
-    def record(
-        self,
-        d: Direction,
-        phase: str,
-        rows: NDArray[Any],
-        c: Classified,
-        ref: NDArray[Any],
-        got: NDArray[Any],
-        offset: int = 0,
-    ) -> None: ...
+    def record(self, d: Direction, phase: str, rows: NDArray[Any], batch: Batch, offset: int = 0) -> None: ...
 
     def call_of(self, rows: NDArray[Any], b: int, per_row: int) -> tuple[NDArray[Any], int] | None: ...
 
@@ -101,6 +92,13 @@ class Direction:
         ref: NDArray[Any],
         got: NDArray[Any],
     ) -> None:
+        """Add blocks ``keep`` of a batch (input ``rows``, outputs ``ref``/``got``) to ``kept``, with their classes and places."""
+        kept.add(cls, where, **self.kept_arrays(rows, keep, ref, got))
+
+    def kept_arrays(
+        self, rows: NDArray[Any], keep: NDArray[np.intp], ref: NDArray[Any], got: NDArray[Any]
+    ) -> dict[str, Any]:
+        """What :class:`Kept` stores of flat blocks ``keep``: the inputs, both outputs (and an encoder's trace)."""
         raise NotImplementedError
 
     def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
@@ -142,19 +140,12 @@ class Encoder(Direction):
         got = self.check.target.quantize(x)
         return classify_encoded(self.fmt, x, ref, got, self.check.settings.k), ref, got
 
-    def keep(
-        self,
-        kept: Kept,
-        cls: NDArray[np.uint8],
-        where: list[tuple[str, int]],
-        rows: NDArray[Any],
-        keep: NDArray[np.intp],
-        ref: NDArray[Any],
-        got: NDArray[Any],
-    ) -> None:
+    def kept_arrays(
+        self, rows: NDArray[Any], keep: NDArray[np.intp], ref: NDArray[Any], got: NDArray[Any]
+    ) -> dict[str, Any]:
         ts = self.fmt.type_size
         trace, xb = encoder_trace(self.fmt, rows, keep)
-        kept.add(cls, where, x=xb, ref=ref.reshape(-1, ts)[keep], got=got.reshape(-1, ts)[keep], trace=trace)
+        return {"x": xb, "ref": ref.reshape(-1, ts)[keep], "got": got.reshape(-1, ts)[keep], "trace": trace}
 
     def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
         return x
@@ -203,20 +194,11 @@ class Decoder(Direction):
         got = self.check.target.dequantize(data)
         return classify_decoded(self.fmt, data, ref, got), ref, got
 
-    def keep(
-        self,
-        kept: Kept,
-        cls: NDArray[np.uint8],
-        where: list[tuple[str, int]],
-        rows: NDArray[Any],
-        keep: NDArray[np.intp],
-        ref: NDArray[Any],
-        got: NDArray[Any],
-    ) -> None:
+    def kept_arrays(
+        self, rows: NDArray[Any], keep: NDArray[np.intp], ref: NDArray[Any], got: NDArray[Any]
+    ) -> dict[str, Any]:
         ts, bs = self.fmt.type_size, self.fmt.block_size
-        kept.add(
-            cls, where, data=rows.reshape(-1, ts)[keep], ref=ref.reshape(-1, bs)[keep], got=got.reshape(-1, bs)[keep]
-        )
+        return {"data": rows.reshape(-1, ts)[keep], "ref": ref.reshape(-1, bs)[keep], "got": got.reshape(-1, bs)[keep]}
 
     def golden_input(self, x: NDArray[np.float32], ref_bytes: NDArray[np.uint8]) -> NDArray[Any]:
         return ref_bytes

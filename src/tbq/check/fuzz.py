@@ -141,14 +141,15 @@ class FuzzPhase:
             if state["found"] and time.perf_counter() - state["found_at"] > SHRINK_SECONDS:
                 raise _ShrinkTimeout()  # the shrink's time is up: the smallest failing example seen is kept
             try:
-                c, ref, got = self.check.classify(d, rows)
+                batch = self.check.classify(d, rows)
             except TargetError as exc:
                 raise _Abort(exc) from None
-            failing = bool(self.check.failing(c.cls).any())
+            cls = batch[0].cls
+            failing = bool(self.check.failing(cls).any())
             if not state["found"]:
                 state["examples"] += 1
-                counts[:] += np.bincount(c.cls, minlength=len(CLASSES))
-                self.check.record(d, "fuzz", rows, c, ref, got)
+                counts[:] += np.bincount(cls, minlength=len(CLASSES))
+                self.check.record(d, "fuzz", rows, batch)
                 if failing:
                     state["found"], state["first"], state["found_at"] = True, rows.copy(), time.perf_counter()
             if failing and (state["best"] is None or rows.size < state["best"].size):

@@ -48,7 +48,6 @@ from .classify import (
     TIE_RULE,
     UNDEFINED,
     WRONG,
-    Classified,
 )
 from .diagnose import (
     KEEP_BLOCKS,
@@ -171,17 +170,9 @@ class _Check:
                         c.cls[b] = ACCEPTED
         return c, ref, got
 
-    def record(
-        self,
-        d: Direction,
-        phase: str,
-        rows: NDArray[Any],
-        c: Classified,
-        ref: NDArray[Any],
-        got: NDArray[Any],
-        offset: int = 0,
-    ) -> None:
-        """Keep the non-exact blocks of a batch for the diagnoses and remember the first failing ones."""
+    def record(self, d: Direction, phase: str, rows: NDArray[Any], batch: Batch, offset: int = 0) -> None:
+        """Keep the non-exact blocks of a ``batch`` (of input ``rows``) for the diagnoses and remember the first failing ones."""
+        c, ref, got = batch
         per_row = rows.shape[1] // d.width()
         idx = c.idx
         if not idx.size:
@@ -208,9 +199,9 @@ class _Check:
         counts = np.zeros(len(CLASSES), np.int64)
         for r0 in range(0, rows.shape[0], step):
             chunk = rows[r0 : r0 + step]
-            c, ref, got = self.classify(d, chunk)
-            self.record(d, phase, chunk, c, ref, got, offset=r0 * (rows.shape[1] // width))
-            counts += np.bincount(c.cls, minlength=len(CLASSES))
+            batch = self.classify(d, chunk)
+            self.record(d, phase, chunk, batch, offset=r0 * (rows.shape[1] // width))
+            counts += np.bincount(batch[0].cls, minlength=len(CLASSES))
         d.phases.append(PhaseResult.from_counts(d.name, phase, counts, time.perf_counter() - t0, _PHASE[phase].note))
 
     def call_of(self, rows: NDArray[Any], b: int, per_row: int) -> tuple[NDArray[Any], int] | None:

@@ -176,23 +176,30 @@ class Target:
     # -- the public calls: checked shapes ---------------------------------------------------
     def quantize(self, x: NDArray[np.float32], fill: int | None = None) -> NDArray[np.uint8]:
         """Encode float32 rows ``(rows, k)``; ``fill`` (libraries only) is the output buffer's byte before the call."""
-        if "quantize" not in self.directions:
-            raise TargetError(f"{self.description} has no quantize function")
-        x = np.ascontiguousarray(x, np.float32)
-        rows, k = x.shape
-        width = k // self.format.block_size * self.format.type_size
-        out = self._quantize(x, FILL_BYTE if fill is None else fill)
-        return _shaped(out, (rows, width), np.uint8, f"{self.description}: quantize")
+        return self._checked_call("quantize", x, FILL_BYTE if fill is None else fill)
 
     def dequantize(self, data: NDArray[np.uint8], fill: int | None = None) -> NDArray[np.float32]:
         """Decode uint8 rows ``(rows, nbytes)``; ``fill`` (libraries only) is the output's float32 bit pattern before the call."""
-        if "dequantize" not in self.directions:
-            raise TargetError(f"{self.description} has no dequantize function")
-        data = np.ascontiguousarray(data, np.uint8)
-        rows, nbytes = data.shape
-        width = nbytes // self.format.type_size * self.format.block_size
-        out = self._dequantize(data, FILL_FLOAT_BITS if fill is None else fill)
-        return _shaped(out, (rows, width), np.float32, f"{self.description}: dequantize")
+        return self._checked_call("dequantize", data, FILL_FLOAT_BITS if fill is None else fill)
+
+    def _checked_call(self, direction: str, rows: NDArray[Any], fill: int) -> NDArray[Any]:
+        """The target's ``direction`` of ``rows`` (C-contiguous, in the direction's input type), checked to be the
+        output rows of that direction's type and width."""
+        if direction not in self.directions:
+            raise TargetError(f"{self.description} has no {direction} function")
+        bs, ts = self.format.block_size, self.format.type_size
+        run: Callable[[Any, int], Any]
+        dtype: DTypeLike
+        if direction == "quantize":
+            rows = np.ascontiguousarray(rows, np.float32)
+            per_block_in, per_block_out, dtype, run = bs, ts, np.uint8, self._quantize
+        else:
+            rows = np.ascontiguousarray(rows, np.uint8)
+            per_block_in, per_block_out, dtype, run = ts, bs, np.float32, self._dequantize
+        n, width = rows.shape
+        return _shaped(
+            run(rows, fill), (n, width // per_block_in * per_block_out), dtype, f"{self.description}: {direction}"
+        )
 
     def _quantize(self, x: NDArray[np.float32], fill: int) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import math
 import os
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .. import __version__
-from ..errors import TbqError, TbqValueError
+from ..errors import ConfigError, TbqError, TbqValueError
 
 # command name -> (module, one-line help)
 COMMANDS = {
@@ -129,6 +130,24 @@ def float_at_least(minimum: float, what: str = "a number") -> Callable[[str], fl
 
     parse.__name__ = f"number >= {minimum}"
     return parse
+
+
+def table_spec(value: str | None, what: str) -> Any:
+    """``--codebook`` / ``--signs`` (``what``): a name, an integer seed (signs only), or a JSON file with exact
+    tables; ``None`` (the flag not given) stays ``None``."""
+    if value is None:
+        return None
+    if value.lstrip("-").isdigit():
+        if what == "signs":
+            return int(value)
+        raise ConfigError(f"--codebook takes a name or a JSON file, got {value!r}")
+    p = Path(value)
+    if value.endswith(".json") or p.exists():
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read --{what} file {value}: {exc}") from None
+    return value
 
 
 def check_output_file(path: str, flag: str) -> Path:

@@ -9,7 +9,6 @@ command that fails; one line on stderr, from the dispatcher).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from ..errors import ConfigError, TbqValueError
 from ..formats import Format, format_class, format_name, formats, parse_option
 from ..golden import check_out_dir
 from ..parallel import require_memory
-from . import check_output_file, int_at_least
+from . import check_output_file, int_at_least, table_spec
 
 #: The longest --timeout / --seconds taken: a year.
 MAX_SECONDS = 365 * 24 * 3600.0
@@ -65,23 +64,6 @@ def _format_arg(text: str) -> str:
         return format_name(text)
     except ConfigError:
         raise argparse.ArgumentTypeError(f"unknown format {text!r}; choose from {', '.join(formats())}") from None
-
-
-def _table_spec(value: str | None, what: str) -> Any:
-    """``--codebook`` / ``--signs``: a name, an integer seed (signs), or a JSON file with exact tables."""
-    if value is None:
-        return None
-    if value.lstrip("-").isdigit():
-        if what == "signs":
-            return int(value)
-        raise ConfigError(f"--codebook takes a name or a JSON file, got {value!r}")
-    p = Path(value)
-    if value.endswith(".json") or p.is_file():
-        try:
-            return json.loads(p.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read --{what} file {value}: {exc}") from None
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -311,7 +293,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.format is None:
         raise TbqValueError("give --format FMT (the block format the kernel implements), or --attention")
     options = dict(parse_option(o) for o in args.option)
-    fmt = resolve_format(args.format, _table_spec(args.codebook, "codebook"), _table_spec(args.signs, "signs"), options)
+    fmt = resolve_format(args.format, table_spec(args.codebook, "codebook"), table_spec(args.signs, "signs"), options)
     json_path = None if args.json in (None, "-") else check_output_file(args.json, "--json")
     # --out is checked before any work; the default folder is only made when something fails
     out_dir = check_out_dir(args.out) if args.out else Path(f"tbq-check-{fmt.name}")
@@ -405,7 +387,7 @@ def _run_attention(args: argparse.Namespace) -> int:
         raise TbqValueError("give the kernel under test: --lib PATH (a ggml build's libggml-cpu.so) or --exec CMD")
     options = dict(parse_option(o) for o in args.option)
     for key, spec in (("codebook", args.codebook), ("signs", args.signs)):
-        table = _table_spec(spec, key)
+        table = table_spec(spec, key)
         if table is not None:
             options[key] = table
     k_opts, v_opts = _options_for(args.k_type, options), _options_for(args.v_type, options)

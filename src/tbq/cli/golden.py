@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import ConfigError, TbqValueError
+from ..errors import TbqValueError
 from ..formats import parse_option
 from ..golden import (
     DEFAULT_ATTENTION_PAIRS,
@@ -29,23 +28,9 @@ from ..golden import (
 )
 from ..parallel import require_memory
 from ..progress import Progress
+from . import table_spec
 
 PROGRESS_LABEL = "tbq golden"
-
-
-def _spec_from_cli(value: str, what: str) -> Any:
-    """A CLI table spec: a name, an integer (signs), or a JSON file."""
-    if value.isdigit():
-        if what == "signs":
-            return int(value)
-        raise ConfigError(f"--codebook takes a name or a JSON file, got {value!r}")
-    p = Path(value)
-    if value.endswith(".json") or p.exists():
-        try:
-            return json.loads(p.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"cannot read --{what} file {value}: {exc}") from None
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -199,8 +184,8 @@ def _generate(args: argparse.Namespace, enabled: bool | None) -> Summary:
             families=args.families,
             rows_per_family=args.rows_per_family,
             seed=args.seed,
-            codebook=_spec_from_cli(args.codebook, "codebook"),
-            signs=_spec_from_cli(args.signs, "signs"),
+            codebook=table_spec(args.codebook, "codebook"),
+            signs=table_spec(args.signs, "signs"),
             options=dict(parse_option(o) for o in args.option),
             k=args.fragile_ulps,
             ulp_floor=args.ulp_floor,

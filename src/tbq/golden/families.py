@@ -96,12 +96,19 @@ def attention_seed(seed: int) -> int:
     return _check_seed(seed) * 1000 + 100
 
 
+def _names(value: Any, what: str) -> tuple[Any, ...]:
+    """A list setting (``families``, ``formats``): a comma-separated string or any iterable, as a tuple of at least
+    one entry."""
+    if isinstance(value, str):
+        value = [f for f in value.split(",") if f]
+    names = tuple(value)
+    if not names:
+        raise ConfigError(f"at least one {what} is needed")
+    return names
+
+
 def _check_families(families: Any) -> tuple[str, ...]:
-    if isinstance(families, str):
-        families = [f for f in families.split(",") if f]
-    fams = tuple(families)
-    if not fams:
-        raise ConfigError("at least one family is needed")
+    fams = _names(families, "family")
     for f in fams:
         if f not in FAMILIES:
             raise ConfigError(f"unknown family {f!r}; known families: {', '.join(FAMILIES)}")

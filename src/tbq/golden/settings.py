@@ -31,6 +31,7 @@ from .families import (
     ROW_SIZE,
     _check_families,
     _check_seed,
+    _names,
     _resolve_tables,
     _rows_per_family,
     _Tables,
@@ -86,12 +87,7 @@ def _check_ulp_floor(ulp_floor: Any) -> None:
 
 
 def _check_formats(fmts: Any) -> tuple[str, ...]:
-    if isinstance(fmts, str):
-        fmts = [f for f in fmts.split(",") if f]
-    fmts = tuple(fmts)
-    if not fmts:
-        raise ConfigError("at least one format is needed")
-    return tuple(dict.fromkeys(format_name(f) for f in fmts))
+    return tuple(dict.fromkeys(format_name(f) for f in _names(fmts, "format")))
 
 
 def _check_pairs(pairs: Any) -> tuple[Any, ...]:

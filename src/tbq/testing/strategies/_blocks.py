@@ -173,10 +173,7 @@ def float_blocks(
     """
     func = "float_blocks"
     ctx = _resolve_fmt(func, fmt, codebook, signs, options)
-    min_blocks = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
-    max_blocks = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
-    if max_blocks < min_blocks:
-        _fail(func, f"max_blocks={max_blocks} is smaller than min_blocks={min_blocks}; pass max_blocks >= min_blocks")
+    min_blocks, max_blocks = _block_range(func, min_blocks, max_blocks)
     leading = _resolve_leading(func, leading_shape)
     if elements is not None:
         if families is not None:
@@ -189,6 +186,15 @@ def float_blocks(
         return _float_blocks(ctx, min_blocks, max_blocks, leading, None, elements)
     fams = _resolve_families(func, ctx, families)
     return _float_blocks(ctx, min_blocks, max_blocks, leading, fams, None)
+
+
+def _block_range(func: str, min_blocks: Any, max_blocks: Any) -> tuple[int, int]:
+    """``min_blocks`` and ``max_blocks`` of ``func``'s call checked: integers >= 0, the first at most the second."""
+    lo = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
+    hi = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
+    if hi < lo:
+        _fail(func, f"max_blocks={hi} is smaller than min_blocks={lo}; pass max_blocks >= min_blocks")
+    return lo, hi
 
 
 def _resolve_families(func: str, ctx: _Fmt, families: Iterable[str] | None) -> tuple[str, ...]:
@@ -318,10 +324,7 @@ def encoded_blocks(
     if not isinstance(special_scales, bool):
         _fail(func, f"special_scales must be True or False, got {special_scales!r}")
     ctx = _resolve_fmt(func, fmt, codebook, signs, options)
-    min_blocks = _check_int(func, "min_blocks", min_blocks, 0, hint="Pass e.g. min_blocks=1.")
-    max_blocks = _check_int(func, "max_blocks", max_blocks, 0, hint="Pass e.g. max_blocks=4.")
-    if max_blocks < min_blocks:
-        _fail(func, f"max_blocks={max_blocks} is smaller than min_blocks={min_blocks}; pass max_blocks >= min_blocks")
+    min_blocks, max_blocks = _block_range(func, min_blocks, max_blocks)
     leading = _resolve_leading(func, leading_shape)
     if valid:
         fams = _resolve_families(func, ctx, None)
