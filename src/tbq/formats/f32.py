@@ -1,4 +1,4 @@
-"""F32 (ggml): one IEEE binary32 value per value, 4 bytes, stored as it is.
+"""F32 (ggml): each value stored as its own IEEE binary32 bits, 4 bytes, unquantized.
 
 docs/formats.md, "F32". A "block" is one value (block size 1): value ``i``
 of a row is the little-endian float32 at byte ``4i``. This is llama.cpp's
@@ -8,7 +8,7 @@ on decode, every NaN payload unchanged: ggml copies the rows). Nothing is
 rounded, so no value is fragile and nothing overflows; the codec still refuses
 NaN and Inf input, as it does for every format.
 
-It is a KV cache type (``tbq eval --cache-types f32:f32``, ``tbq budget f32``)
+It is a KV cache type (``tbq eval --cache-types f32:f32``, ``tbq budget --formats f32``)
 but not a quantizer: storing 32 bits per value, it is the baseline the
 quantizers are measured against, and the default lists of quantizers
 (:func:`tbq.formats.cache_formats`) leave it out.
