@@ -39,6 +39,7 @@ SIZES = {
     "vllm_tq3_k": (128, 50, 3.125),
     "vllm_tq4_v": (128, 68, 4.25),
     "vllm_tq3_v": (128, 52, 3.25),
+    "f32": (1, 4, 32.0),
 }
 
 
@@ -77,8 +78,9 @@ def test_formats():
         "vllm_tq3_k",
         "vllm_tq4_v",
         "vllm_tq3_v",
+        "f32",
     )
-    assert [tbq.format_info(f).code for f in tbq.format_names()] == list(range(1, 28))
+    assert [tbq.format_info(f).code for f in tbq.format_names()] == list(range(1, 29))
 
 
 @pytest.mark.parametrize("fmt", tbq.format_names())

@@ -22,9 +22,9 @@ from tbq.errors import ConfigError, TbqTypeError, TbqValueError
 from tbq.kernels import address
 from tbq.kernels import jit as njit_cache
 
-#: The KV cache types: attention reads a cache, and the dot-product operand formats (q8_1, q8_k:
-#: cache_type=False) are no cache type (llama.cpp refuses them as --cache-type-k/-v)
-CACHE_FORMATS = tbq.formats.cache_formats()
+#: The KV cache types, the unquantized f32 included: attention reads a cache, and the dot-product operand formats
+#: (q8_1, q8_k: cache_type=False) are no cache type (llama.cpp refuses them as --cache-type-k/-v)
+CACHE_FORMATS = tbq.formats.cache_types()
 
 CORE = ("q8_0", "q4_0", "tbq4_0", "tbq3_0")
 

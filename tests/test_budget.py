@@ -42,7 +42,7 @@ from tbq.budget import (
     values_per_token,
 )
 from tbq.errors import ConfigError, TbqError, TbqValueError
-from tbq.formats import FORMATS, cache_formats
+from tbq.formats import FORMATS, cache_formats, cache_types
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -109,7 +109,8 @@ def test_bits_per_value_table():
         if info.cache_type:
             assert KV_FORMAT_BITS[name] == info.bits_per_value
     # the dot-product operand formats (q8_1, q8_k) are no KV cache types: no budget names them
-    assert set(KV_FORMAT_BITS) == {"f32"} | set(cache_formats()) and "q8_k" not in KV_FORMAT_BITS
+    assert tuple(KV_FORMAT_BITS)[3:] == tuple(n for n in cache_types() if n not in ("f32", "f16", "bf16"))
+    assert set(KV_FORMAT_BITS) == {"f32"} | set(cache_formats()) == set(cache_types()) and "q8_k" not in KV_FORMAT_BITS
     assert list(KV_FORMAT_BITS)[:3] == ["f32", "f16", "bf16"]
 
 
@@ -656,12 +657,12 @@ def test_docs_cli_output_is_real(cli_main, capsys, tmp_path, monkeypatch):
 
 
 def test_block_sizes_come_from_the_format_table():
-    for name in cache_formats():
+    for name in cache_types():  # f32 included: a registered format like f16
         assert budget.format_block_size(name) == FORMATS[name].block_size
     assert budget.format_block_size("nvfp4") == 64 and budget.format_block_size("mxfp4") == 32  # ggml's blocks
     assert (
         budget.format_block_size("f16") == 1
-        and budget.format_block_size("f32") is None
+        and budget.format_block_size("f32") == 1
         and budget.format_block_size(5.5) is None
     )
     # 100 = 3 x 32 + 4 = 0 x 128 + 100: no block format tiles it; 96 = 3 x 32 is fine for the 32-value blocks

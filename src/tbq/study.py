@@ -11,7 +11,8 @@ callable as ``q(x)``; input float, output float32 of the same shape):
 
 - :class:`CodecQuantizer`: a real format (``q8_0``, ``q4_0``, ``tbq4_0``,
   ``tbq3_0``) through ``encode``/``decode``; TBQ with any codebook and signs.
-- :class:`F16Quantizer`, :class:`Identity`: fp16 rounding, and no quantization.
+- :class:`F16Quantizer`, :class:`Identity`: fp16 rounding, and no quantization without a codec (the
+  registered formats ``f16`` and ``f32`` are the same roundings through :class:`CodecQuantizer`).
 - :class:`KIVI`: asymmetric min/max integer quantization with a zero point,
   per channel (keys) or per token (values), in groups (KIVI, Liu et al. 2024).
 - :class:`LloydMaxNoRotation`: a TBQ-like block quantizer *without* the
@@ -148,7 +149,11 @@ class F16Quantizer(Quantizer):
 
 
 class Identity(Quantizer):
-    """No quantization (float32, 32 bits per value): the reference."""
+    """No quantization (float32, 32 bits per value), without a codec: the spec ``"none"``.
+
+    The spec ``"f32"`` is the registered format f32 (:class:`CodecQuantizer`), which gives the same values for
+    finite input and, like every format, refuses NaN and Inf.
+    """
 
     name = "f32"
     bits_per_value = 32.0
@@ -423,7 +428,9 @@ def get_quantizer(spec: Any, *, role: str | None = None, **config: Any) -> Quant
         the real format (:class:`CodecQuantizer`); a suffix ``:turboq-mtp``
         selects the fork's codebook; ``config`` goes to :func:`tbq.get_codec`
     ``f16``, ``f32``
-        fp16 rounding, no quantization
+        formats too: fp16 rounding, and no quantization (the float32 values themselves)
+    ``none``
+        :class:`Identity`: no quantization, without a codec
     ``kivi<b>[-g<G>][-channel|-token]``
         :class:`KIVI` with ``b`` bits, group size ``G`` (default 32); the axis
         defaults to ``channel`` for ``role="key"`` and ``token`` otherwise
@@ -449,7 +456,7 @@ def get_quantizer(spec: Any, *, role: str | None = None, **config: Any) -> Quant
         return CodecQuantizer(name, **cfg)
     if suffix:
         raise ConfigError(f"only format names take a ':codebook' suffix, got {spec!r}")
-    if name in ("f32", "none"):
+    if name == "none":
         return Identity()
     m = _KIVI_RE.match(name)
     if m:
@@ -462,8 +469,8 @@ def get_quantizer(spec: Any, *, role: str | None = None, **config: Any) -> Quant
     if m:
         return RotatedLloydMax(int(m.group(1)), **config)
     raise ConfigError(
-        f"unknown quantizer {spec!r}: use a format ({', '.join(FORMATS)}), f16, f32, kivi<b>[-g<G>][-channel|-token], "
-        "lm<b> or rlm<b>"
+        f"unknown quantizer {spec!r}: use a format ({', '.join(FORMATS)}), kivi<b>[-g<G>][-channel|-token], "
+        "lm<b>, rlm<b> or none"
     )
 
 
@@ -543,8 +550,9 @@ def rate_distortion_rows(
 
     ``datasets``: ``{name: array}``, each ``(tokens, heads, head_dim)`` or
     ``(tokens, head_dim)``, quantized as a **key** cache. ``specs``: formats
-    or quantizer specs (:func:`get_quantizer`), by default every format of
-    :func:`tbq.formats`. The queries are :func:`tbq.metrics.random_queries`
+    or quantizer specs (:func:`get_quantizer`), by default every cache type that
+    quantizes (:func:`tbq.formats.cache_formats`; ``"f32"`` adds the unquantized
+    baseline's row). The queries are :func:`tbq.metrics.random_queries`
     (``n_queries`` per head, ``seed``), the same for every format of a data
     set. Each row holds ``dataset``, ``name``, ``bits_per_value`` (for a
     format, its codec's ``bits_per_value``: every scale and minimum included,

@@ -1,5 +1,6 @@
-"""The budget's table of formats: bits per value of every KV cache format (the registry's, f32, the KV
-pairs ``k:v`` and vLLM's presets), their block sizes, and which formats a head size cannot hold."""
+"""The budget's table of formats: bits per value of every KV cache format (the registry's cache types, f32
+included, the KV pairs ``k:v`` and vLLM's presets), their block sizes, and which formats a head size cannot
+hold."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from fractions import Fraction
 from typing import Any
 
 from ..errors import ConfigError, TbqTypeError, TbqValueError
-from ..formats import FORMATS, FormatInfo, format_info
+from ..formats import FORMATS, FormatInfo, cache_types, format_info
 from ..units import (  # re-exported: tbq.budget was their home before tbq.units
     MAX_QUANTITY,
 )
@@ -33,15 +34,6 @@ __all__ = [
 # Format table
 # ---------------------------------------------------------------------------
 
-#: Cache types without a codec in this package: name -> (bits per value, description).
-#: Every registered cache type (``tbq.formats.cache_formats()``) comes from ``FORMATS`` with its exact bits.
-_OTHER_FORMATS: dict[str, tuple[Fraction, str]] = {
-    "f32": (Fraction(32), "IEEE float32"),
-}
-
-#: Listing order: the per-value types first, then the registry's order.
-_ORDER = ("f32", "f16", "bf16")
-
 #: Other spellings; ``fp8`` is vLLM's ``kv_cache_dtype="fp8"``, which means E4M3.
 _ALIASES = {"fp32": "f32", "float32": "f32", "fp16": "f16", "float16": "f16", "bfloat16": "bf16", "fp8": "fp8_e4m3"}
 
@@ -51,10 +43,12 @@ def _block_bits(info: FormatInfo) -> Fraction:
 
 
 def _build_bits() -> dict[str, Fraction]:
-    table = {name: bits for name, (bits, _) in _OTHER_FORMATS.items()}
-    # KV cache types only: a dot-product operand format (q8_1, q8_k: cache_type=False) stores no cache
-    table.update({name: _block_bits(info) for name, info in FORMATS.items() if info.cache_type})
-    ordered = {name: table[name] for name in _ORDER if name in table}
+    """Every registered cache type (:func:`tbq.formats.cache_types`: a dot-product operand format such as q8_1 or
+    q8_k stores no cache) with its exact bits. Listing order: the unscaled float types of 16 bits or more (one
+    value a block: f32, then f16 and bf16), widest first, then the registry's order."""
+    table = {name: _block_bits(FORMATS[name]) for name in cache_types()}
+    wide = [n for n, b in table.items() if FORMATS[n].block_size == 1 and b >= 16]
+    ordered = {name: table[name] for name in sorted(wide, key=lambda n: -table[n])}  # a stable sort
     ordered.update({name: bits for name, bits in table.items() if name not in ordered})
     return ordered
 
@@ -160,12 +154,12 @@ def bits_per_value(fmt: Any) -> float:
 
 
 def format_block_size(fmt: Any) -> int | None:
-    """Values per block of a format (from :func:`tbq.format_info`; ``None`` for f32 and plain bit counts).
+    """Values per block of a format (from :func:`tbq.format_info`; ``None`` for plain bit counts, pairs and presets).
 
     ggml's NVFP4 block is 64 values (four 16-value sub-blocks with their own
     scales), so a head must be a multiple of 64 values.
 
-    >>> format_block_size("q8_0"), format_block_size("tbq3_0"), format_block_size("nvfp4"), format_block_size("f16")
+    >>> format_block_size("q8_0"), format_block_size("tbq3_0"), format_block_size("nvfp4"), format_block_size("f32")
     (32, 128, 64, 1)
     """
     if isinstance(fmt, str) and (":" in fmt or fmt.strip().lower() in PRESET_NAMES):

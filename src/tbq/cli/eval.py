@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, TbqValueError
-from ..formats import cache_formats, formats
+from ..formats import cache_formats, cache_types, formats
 from ..hf import ENGINES
 from . import check_figure_file, check_output_file, int_at_least
 
@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache-types",
         metavar="K:V,...",
         default=None,
-        help="comma-separated cache types: K, K:V or K:V@ENGINE, each a format name or f32, or a vLLM preset "
+        help="comma-separated cache types: K, K:V or K:V@ENGINE, each a cache type (a format name: f32, f16, q8_0, ...) or a vLLM preset "
         "(turboquant_4bit_nc, ...; engine vllm); ENGINE: llama.cpp, fork, turbo, vllm, vllm-prefill, plain; "
         "turbo2/3/4 alone select @turbo, a preset @vllm "
         "(default: every format as K = V plus q8_0:q4_0, q8_0:tbq4_0, tbq4_0:tbq3_0, f16:tbq3_0, ...)",
@@ -165,7 +165,7 @@ def _cache_types(args: Any) -> list[Any]:
     types = [parse_cache_type(s, engine=args.engine) for s in specs]
     from ..vllm_slots import PRESET_NAMES
 
-    known = ("f32",) + tuple(cache_formats()) + PRESET_NAMES
+    known = cache_types() + PRESET_NAMES  # f32 is a registered cache type like the others
     for ct in types:  # a misspelt name is a usage error; a type this model refuses is a row with its reason
         for side in (ct.k, ct.v):
             if side not in known:
@@ -266,8 +266,8 @@ def run_cli(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the hf extra is missing
         raise ConfigError(f"tbq eval needs the hf extra ({exc.name} is not installed): pip install '.[hf]'") from None
     path = resolve_model_path(args.model)
-    if args.sink_type not in ("f32",) + tuple(formats()):
-        raise TbqValueError(f"--sink-type {args.sink_type!r}: unknown format; known: f32, {', '.join(formats())}")
+    if args.sink_type not in formats():
+        raise TbqValueError(f"--sink-type {args.sink_type!r}: unknown format; known: {', '.join(formats())}")
     model, tokenizer = load(path, tokenizer=args.tokens is None)
     tokens = _tokens(args, tokenizer, model)
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)

@@ -6,7 +6,9 @@ the NumPy spec, the numba kernels, fields, trace and fragility). Modules:
 
 - :mod:`tbq.formats.base`: the interface and the registry;
 - :mod:`tbq.formats.q8_0`, :mod:`tbq.formats.q4_0`: ggml's types;
-- :mod:`tbq.formats.tbq`: TBQ4_0 and TBQ3_0.
+- :mod:`tbq.formats.tbq`: TBQ4_0 and TBQ3_0;
+- :mod:`tbq.formats.f16`, :mod:`tbq.formats.f32`: the per-value float types (f32, the unquantized cache type,
+  is registered like the others; :func:`quantizes` tells it from the quantizers).
 
 Each has a ``*_kernels`` sibling with its numba twins. Every module of the
 package is imported (and so registered) automatically, and so is every module
@@ -103,6 +105,8 @@ __all__ = [
     "format_names",
     "formats",
     "cache_formats",
+    "cache_types",
+    "quantizes",
     "format_name",
     "format_info",
     "format_class",
@@ -129,16 +133,42 @@ def format_names() -> tuple[str, ...]:
 formats = format_names
 
 
-def cache_formats() -> tuple[str, ...]:
-    """Names of the formats a KV cache can be stored in (:attr:`FormatInfo.cache_type`), in :func:`formats` order.
+def quantizes(name: str) -> bool:
+    """Whether format ``name`` (any case) stores fewer bits per value than its float32 input: a quantizer.
 
-    The default list of ``tbq compare``, ``tbq eval`` and the study; the dot-product operand formats
-    (``cache_type=False``) are left out.
+    Every format but f32, which stores the float32 itself (32 bits per value, decoded bit for bit): the
+    unquantized baseline that the quantizers are measured against. It is read from the registry's sizes
+    (:attr:`FormatInfo.bits_per_value`), so a plugin format follows the same rule.
 
-    >>> set(cache_formats()) <= set(formats()), cache_formats()[:2]
-    (True, ('q8_0', 'q4_0'))
+    >>> quantizes("q8_0"), quantizes("f16"), quantizes("f32")
+    (True, True, False)
+    """
+    return format_info(name).bits_per_value < 32
+
+
+def cache_types() -> tuple[str, ...]:
+    """Names of every KV cache type (:attr:`FormatInfo.cache_type`), f32 included, in :func:`format_names` order.
+
+    What a cache can be stored in: the types ``tbq eval --cache-types``, ``tbq.hf`` and the KV budget take
+    (llama.cpp's ``-ctk``/``-ctv``); the dot-product operand formats (``cache_type=False``) are left out.
+
+    >>> cache_types()[-1], "q8_k" in cache_types()
+    ('f32', False)
     """
     return tuple(name for name, info in FORMATS.items() if info.cache_type)
+
+
+def cache_formats() -> tuple[str, ...]:
+    """Names of the KV cache types that quantize (:func:`cache_types` that :func:`quantizes`), in :func:`formats` order.
+
+    The default list of ``tbq compare``, ``tbq eval`` and the study: f32, the unquantized cache type, is the
+    baseline each of them measures against (a row of it would be all zeros), and the dot-product operand formats
+    (``cache_type=False``) are no cache types; named explicitly, both are taken.
+
+    >>> set(cache_formats()) <= set(formats()), cache_formats()[:2], "f32" in cache_formats()
+    (True, ('q8_0', 'q4_0'), False)
+    """
+    return tuple(name for name in cache_types() if quantizes(name))
 
 
 def format_name(name: str) -> str:
