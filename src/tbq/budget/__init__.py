@@ -2,8 +2,7 @@
 
 This module is independent of the codecs: it only needs the storage cost of a
 format in bits per value (every registered format, plugins included, comes
-from :data:`tbq.formats.FORMATS`; f32 is the one other entry of
-:data:`KV_FORMAT_BITS`). See ``docs/budget.md`` for the formulas and a full
+from :data:`tbq.formats.FORMATS`, f32 among them). See ``docs/budget.md`` for the formulas and a full
 worked example.
 
 Units are explicit. Functions take sizes in **bytes** as numbers, or as strings

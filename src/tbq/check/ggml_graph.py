@@ -189,7 +189,7 @@ class GgmlAttention(AttentionTarget):
             raise TargetError(f"a probe process computing one flash attention of {self.path} did not return") from None
         first = r.stdout.splitlines()[0] if r.stdout.strip() else ""
         names = json.loads(first) if first.startswith("{") else {}
-        if "f32" not in names:
+        if names.get("f32") is None:  # ggml's type table (a dict of type names), not a format test
             raise TargetError(f"cannot use {self.path} as a ggml build: {self._died(r, 'ggml_cpu_init')}")
         kt, vt = ggml_type_name(s.k_type, names), ggml_type_name(s.v_type, names)
         for fmt, t in ((s.k_type, kt), (s.v_type, vt)):

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..attention import SINK_FORMATS
 from ..errors import ConfigError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
-from ..formats import FORMATS, check_options, config_for, format_class, format_name
+from ..formats import FORMATS, check_options, config_for, format_class, format_name, quantizes
 from .families import (
     DEFAULT_SEED,
     FAMILIES,
@@ -46,14 +46,15 @@ MAX_K = 1 << 22
 
 
 def golden_formats() -> tuple[str, ...]:
-    """The formats a golden set can hold, in :func:`tbq.formats` order: those whose block divides a golden row of
-    :data:`ROW_SIZE` values (every format but q8_k, whose 256-value block would span two rows; the default of
-    :func:`generate` and ``tbq golden``).
+    """The formats of a default golden run, in :func:`tbq.formats` order: those that quantize
+    (:func:`tbq.formats.quantizes`: not f32, which rounds nothing, so its set would pin nothing down) and whose
+    block divides a golden row of :data:`ROW_SIZE` values (not q8_k, whose 256-value block would span two rows;
+    the default of :func:`generate` and ``tbq golden``). Named explicitly, f32 gets a set too.
 
-    >>> "q8_0" in golden_formats(), "q8_k" in golden_formats()
-    (True, False)
+    >>> "q8_0" in golden_formats(), "q8_k" in golden_formats(), "f32" in golden_formats()
+    (True, False, False)
     """
-    return tuple(name for name, info in FORMATS.items() if ROW_SIZE % info.block_size == 0)
+    return tuple(name for name, info in FORMATS.items() if ROW_SIZE % info.block_size == 0 and quantizes(name))
 
 
 def _plain(x: Any) -> str:
