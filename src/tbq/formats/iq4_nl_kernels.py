@@ -147,7 +147,7 @@ def _dequantize(data, b, dst, d, table, off):
 @jit
 def decode(data, out, table):
     """IQ4_NL decoder: ``d * kvalues_iq4nl[code]``."""
-    return decode_blocks(data, out, table, 2, _dequantize)
+    return decode_blocks(data, out, table, 2, _dequantize, False)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):

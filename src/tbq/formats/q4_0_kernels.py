@@ -69,7 +69,7 @@ def _dequantize(data, b, dst, d, table, off):
 @jit
 def decode(data, out, table):
     """Q4_0 decoder: ``(code - 8) * d``."""
-    return decode_blocks(data, out, table, 2, _dequantize)
+    return decode_blocks(data, out, table, 2, _dequantize, True)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):

@@ -188,7 +188,7 @@ def _dequantize(data, b, dst, d, table, off):
 @jit
 def decode(data, out, table):
     """Q4_1 decoder: ``code * d + min``."""
-    return decode_blocks(data, out, table, 4, _dequantize)
+    return decode_blocks(data, out, table, 4, _dequantize, False)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):

@@ -133,7 +133,7 @@ def _dequantize_q5_0(data, b, dst, d, table, off):
 @jit
 def decode_q5_0(data, out, table):
     """Q5_0 decoder: ``(code - 16) * d``."""
-    return decode_blocks(data, out, table, 6, _dequantize_q5_0)
+    return decode_blocks(data, out, table, 6, _dequantize_q5_0, False)
 
 
 @jit_inline
@@ -144,7 +144,7 @@ def _dequantize_q5_1(data, b, dst, d, table, off):
 @jit
 def decode_q5_1(data, out, table):
     """Q5_1 decoder: ``code * d + min``."""
-    return decode_blocks(data, out, table, 8, _dequantize_q5_1)
+    return decode_blocks(data, out, table, 8, _dequantize_q5_1, False)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):

@@ -62,7 +62,7 @@ def decode(data, out, table, off=2):
 
     ``off``: the byte offset of the codes after the fp16 scale at bytes 0-1 (Q8_1 passes 4: its sum
     ``s`` sits between). Omitted, numba compiles it as the constant 2, so Q8_0's loop is unchanged."""
-    return decode_blocks(data, out, table, off, _dequantize)
+    return decode_blocks(data, out, table, off, _dequantize, True)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):

@@ -2,7 +2,7 @@
 
 Q4_0, Q5_0 and Q8_0 encode through :func:`encode_groups` (one scale rule, ``d = m / divisor`` with ``m`` from a
 per-format scan, and one refusal order); Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL decode through
-:func:`decode_blocks` (streaming stores for a large output), the nibble formats' codes through
+:func:`decode_blocks` (Q4_0's and Q8_0's with streaming stores for a large output), the nibble formats' codes through
 :func:`dequantize_halves` (ggml's layout: values ``j`` and ``j + half`` share a byte, Q5's bit 4 in a ``qh``
 plane); their attention readers take the views of :func:`reader_views`. Each format's kernels module passes its
 own per-block pieces (``@jit_inline`` functions, inlined into the format's kernel): only the loops around them,
@@ -82,16 +82,18 @@ def encode_groups(x, out, raise_overflow, divisor, scan, codes):
 
 
 @jit_inline
-def decode_blocks(data, out, table, off, dequantize):
+def decode_blocks(data, out, table, off, dequantize, stream):
     """Decode the blocks of ``data`` (one a row, the fp16 ``d`` at bytes 0-1, the codes from byte ``off``) into
     ``out``: ``dequantize(data, b, dst, d, table, off)`` writes the values ``dst`` of block ``b`` (its fp16 ``d``
     decoded through ``table``, :func:`tbq.half.f16_table`).
 
-    A large output (``STREAM_BYTES`` or more, an even block size) is built block by block in a scratch row and
-    written with streaming stores, two values at a time: a plain store would first read every output cache line
-    from memory (about 2x for Q8_0 at 16M values, 1.6x for Q4_0; the same bits either way)."""
+    With ``stream``, a large output (``STREAM_BYTES`` or more, an even block size) is built block by block in a
+    scratch row and written with streaming stores, two values at a time: a plain store would first read every
+    output cache line from memory (about 2x for Q8_0 at 16M values, 1.6x for Q4_0; the same bits either way).
+    Q4_1, Q5_0, Q5_1 and IQ4_NL pass False: their block decode is slower, and the scratch row's round trip cost
+    them a fifth to a third at 4M values (benchmarks/bench_versus.py)."""
     bs = out.shape[1]
-    if out.size * 4 >= STREAM_BYTES and bs % 2 == 0:
+    if stream and out.size * 4 >= STREAM_BYTES and bs % 2 == 0:
         h = bs // 2
         of = out.view(np.uint64).reshape(out.size // 2)
         tmp = np.empty(bs, np.float32)
