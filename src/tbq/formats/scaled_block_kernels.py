@@ -1,3 +1,5 @@
+# mypy: ignore-errors
+# (a numba kernel module, like those listed in pyproject.toml's PERMANENT mypy override: numba reads no annotations)
 """The numba row loops shared by the block formats whose block starts with an fp16 scale ``d`` (bytes 0-1).
 
 Q4_0, Q5_0 and Q8_0 encode through :func:`encode_groups` (one scale rule, ``d = m / divisor`` with ``m`` from a
