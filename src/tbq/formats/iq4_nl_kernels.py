@@ -23,7 +23,7 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import pair4
-from .scaled_block_kernels import F32, _0, _1, decode_blocks, dequantize_halves, reader_views
+from ._shared_kernels import F32, _0, _1, decode_blocks, dequantize_halves, reader_views
 
 _M127 = F32(-127.0)
 #: 1e-15f as a bit pattern: for non-negative floats ``a < 1e-15f`` iff ``bits(a) < _TINY_BITS``.

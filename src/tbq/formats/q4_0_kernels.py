@@ -1,7 +1,7 @@
 """numba twins of :mod:`tbq.formats.q4_0` (same bytes, same float32 bits).
 
 The row loops (the grouped scale pass and its refusals, the streaming decode) are
-:mod:`tbq.formats.scaled_block_kernels`'; the per-block pieces are here.
+:mod:`tbq.formats._shared_kernels`'; the per-block pieces are here.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernels import f32_bits, f32_to_int32, jit, jit_inline
 from ..packing_kernels import pair4
-from .scaled_block_kernels import (  # noqa: F401  (STREAM_BYTES: the tests' threshold)
+from ._shared_kernels import (  # noqa: F401  (STREAM_BYTES: the tests' threshold)
     F32,
     STREAM_BYTES,
     _0,
@@ -27,7 +27,7 @@ _8_5 = F32(8.5)
 
 @jit_inline
 def signed_max(xr):
-    """:func:`~tbq.formats.scaled_block_kernels.encode_groups`' ``scan`` of Q4_0 (and Q5_0): ``(largest |x| bits, m)`` of block ``xr``, ``m`` the signed
+    """:func:`~tbq.formats._shared_kernels.encode_groups`' ``scan`` of Q4_0 (and Q5_0): ``(largest |x| bits, m)`` of block ``xr``, ``m`` the signed
     value of the first element of largest magnitude, +0 for a zero block (ggml). One pass: the max of ``(|x| bits << 8 | 255 - j)`` (at most 256 values)."""
     key = np.uint64(0)
     for j in range(xr.shape[0]):

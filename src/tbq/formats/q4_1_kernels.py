@@ -20,7 +20,7 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import pair4
-from .scaled_block_kernels import _HALF, F32, _0, _1, decode_blocks, dequantize_halves, reader_views
+from ._shared_kernels import _HALF, F32, _0, _1, decode_blocks, dequantize_halves, reader_views
 
 _15 = F32(15.0)
 _F16_MAX = F32(65504.0)

@@ -1,13 +1,13 @@
 """numba twins of :mod:`tbq.formats.q5` (same bytes, same float32 bits).
 
-Q5_0 is encoded by :func:`tbq.formats.scaled_block_kernels.encode_groups` with Q4_0's scale rule
+Q5_0 is encoded by :func:`tbq.formats._shared_kernels.encode_groups` with Q4_0's scale rule
 (:func:`tbq.formats.q4_0_kernels.signed_max`, the divisor -16), Q5_1 through Q4_1's min/scale header
 (:func:`tbq.formats.q4_1_kernels.store_min_scale`); both write their codes through :func:`store_codes`, and
-decode through :func:`tbq.formats.scaled_block_kernels.decode_blocks`.
+decode through :func:`tbq.formats._shared_kernels.decode_blocks`.
 
 Lane helper defined here (not in :mod:`tbq.packing_kernels`): :func:`qh_bit`,
 bit 4 of a code placed at bit ``i`` of the ``qh`` plane; its inverse is
-:func:`tbq.formats.scaled_block_kernels.hi_bit`, which the shared decode loop reads.
+:func:`tbq.formats._shared_kernels.hi_bit`, which the shared decode loop reads.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import numpy as np
 
 from ..kernels import STATUS_OK, f32_to_int32, jit, jit_inline
 from ..packing_kernels import pair4
-from .q4_0_kernels import signed_max
-from .q4_1_kernels import dequantize_min, store_min_scale
-from .scaled_block_kernels import (
+from ._shared_kernels import (
     _HALF,
     F32,
     _0,
@@ -27,6 +25,8 @@ from .scaled_block_kernels import (
     encode_groups,
     reader_views,
 )
+from .q4_0_kernels import signed_max
+from .q4_1_kernels import dequantize_min, store_min_scale
 
 _M16 = F32(-16.0)
 _16_5 = F32(16.5)

@@ -1,7 +1,7 @@
 """numba twins of :mod:`tbq.formats.q8_0` (same bytes, same float32 bits).
 
 The row loops (the grouped scale pass and its refusals, the streaming decode) are
-:mod:`tbq.formats.scaled_block_kernels`'; the per-block pieces are here. Loop
+:mod:`tbq.formats._shared_kernels`'; the per-block pieces are here. Loop
 bounds come from array shapes (run-time values) rather than the literal 32:
 with a compile-time trip count LLVM fully unrolls the loops and then does not
 vectorise them; with a run-time count the loop vectoriser does (about 2.5x
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import f32_bits, f32_to_int32, jit, jit_inline, roundf
-from .scaled_block_kernels import (  # noqa: F401  (STREAM_BYTES: the tests' threshold)
+from ._shared_kernels import (  # noqa: F401  (STREAM_BYTES: the tests' threshold)
     F32,
     STREAM_BYTES,
     decode_blocks,

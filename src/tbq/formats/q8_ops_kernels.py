@@ -21,10 +21,10 @@ from ..kernels import (
     roundf,
     store_f16,
 )
+from ._shared_kernels import F32, _0, _1
 from .q4_1_kernels import store_f16_at
 from .q8_0_kernels import abs_max
 from .q8_0_kernels import decode as q8_0_decode
-from .scaled_block_kernels import F32, _0, _1
 
 _127 = F32(127.0)
 _M127 = F32(-127.0)

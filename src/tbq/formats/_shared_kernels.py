@@ -1,6 +1,8 @@
 # mypy: ignore-errors
 # (a numba kernel module, like those listed in pyproject.toml's PERMANENT mypy override: numba reads no annotations)
-"""The numba row loops shared by the block formats whose block starts with an fp16 scale ``d`` (bytes 0-1).
+"""Kernel pieces that several format kernel modules share, written once (the numba side of :mod:`._shared`).
+
+Today: the numba row loops of the block formats whose block starts with an fp16 scale ``d`` (bytes 0-1).
 
 Q4_0, Q5_0 and Q8_0 encode through :func:`encode_groups` (one scale rule, ``d = m / divisor`` with ``m`` from a
 per-format scan, and one refusal order); Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 and IQ4_NL decode through
