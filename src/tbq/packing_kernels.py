@@ -120,19 +120,31 @@ def lanes_store_lane3(K, P, out, g0, stop, off):
 
 
 @jit
+def pack4_pairs_into(idx, out):
+    """``out[k]`` = :func:`pair4` of indices ``2k`` and ``2k + 1`` of ``idx``, for ``k < idx.size // 2``."""
+    for k in range(idx.size // 2):
+        out[k] = pair4(idx[2 * k], idx[2 * k + 1])
+
+
+@jit
 def pack4_pairs(idx):
     out = np.empty(idx.size // 2, np.uint8)
-    for k in range(out.size):
-        out[k] = pair4(idx[2 * k], idx[2 * k + 1])
+    pack4_pairs_into(idx, out)
     return out
+
+
+@jit
+def unpack4_pairs_into(b, idx):
+    """The inverse of :func:`pack4_pairs_into`: the ``idx.size`` indices of bytes ``b[: idx.size // 2]``."""
+    for k in range(idx.size // 2):
+        idx[2 * k] = lo4(b[k])
+        idx[2 * k + 1] = hi4(b[k])
 
 
 @jit
 def unpack4_pairs(b):
     out = np.empty(b.size * 2, np.uint8)
-    for k in range(b.size):
-        out[2 * k] = lo4(b[k])
-        out[2 * k + 1] = hi4(b[k])
+    unpack4_pairs_into(b, out)
     return out
 
 
@@ -157,8 +169,8 @@ def unpack4_halves(b):
 
 
 @jit
-def pack3(idx):
-    out = np.empty(idx.size // 8 * 3, np.uint8)
+def pack3_into(idx, out):
+    """The ``idx.size // 8`` 24-bit lanes (:func:`lane3`) of the indices ``idx`` at bytes ``0, 3, 6, ..`` of ``out``."""
     for g in range(idx.size // 8):
         i = 8 * g
         store_lane3(
@@ -166,14 +178,26 @@ def pack3(idx):
             3 * g,
             lane3(idx[i], idx[i + 1], idx[i + 2], idx[i + 3], idx[i + 4], idx[i + 5], idx[i + 6], idx[i + 7]),
         )
+
+
+@jit
+def pack3(idx):
+    out = np.empty(idx.size // 8 * 3, np.uint8)
+    pack3_into(idx, out)
     return out
+
+
+@jit
+def unpack3_into(b, idx):
+    """The inverse of :func:`pack3_into`: the ``idx.size`` indices of the lanes at the start of ``b``."""
+    for g in range(idx.size // 8):
+        lane = load_lane3(b, 3 * g)
+        for t in range(8):
+            idx[8 * g + t] = idx3(lane, t)
 
 
 @jit
 def unpack3(b):
     out = np.empty(b.size // 3 * 8, np.uint8)
-    for g in range(b.size // 3):
-        lane = load_lane3(b, 3 * g)
-        for t in range(8):
-            out[8 * g + t] = idx3(lane, t)
+    unpack3_into(b, out)
     return out

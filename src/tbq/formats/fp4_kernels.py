@@ -28,14 +28,8 @@ import numpy as np
 
 from ..kernels import STATUS_NONFINITE, STATUS_OK, STATUS_UNDEFINED, f32_bits, jit, reader_blocks, reader_out
 from ..packing_kernels import hi4, lo4, pair4
-from .fp4 import E2M1_VALUES, e8m0_half, ue4m3_to_f32
+from .fp4 import _HALF, _VF, F32, _0, _6, _448, _512, e8m0_half, ue4m3_to_f32
 
-F32 = np.float32
-_0 = F32(0.0)
-_HALF = F32(0.5)
-_6 = F32(6.0)
-_448 = F32(448.0)
-_512 = F32(512.0)
 _INF = F32(np.inf)
 _FLT_MAX = F32(3.4028234663852886e38)
 _NONFINITE_BITS = np.uint32(0x7F800000)
@@ -45,8 +39,8 @@ _ABS = np.uint32(0x7FFFFFFF)
 _T0, _T1, _T2, _T3, _T4, _T5, _T6 = F32(0.5), F32(1.5), F32(2.5), F32(3.5), F32(5.0), F32(7.0), F32(10.0)
 _G1, _G2, _G3, _G4, _G5, _G6, _G7 = F32(1.0), F32(2.0), F32(3.0), F32(4.0), F32(6.0), F32(8.0), F32(12.0)
 
-#: kvalues_mxfp4 as float32; half(e) of every E8M0 byte; ue4m3_to_fp32 of every byte (global arrays: frozen into the code).
-_VF = E2M1_VALUES.astype(np.float32)
+#: half(e) of every E8M0 byte; ue4m3_to_fp32 of every byte (global arrays: frozen into the code, as ``_VF``,
+#: kvalues_mxfp4 as float32).
 _HALF_E = e8m0_half(np.arange(256, dtype=np.uint8)).copy()
 _DD = ue4m3_to_f32(np.arange(256, dtype=np.uint8)).copy()
 

@@ -19,22 +19,18 @@ from ..kernels import (
     abs_bits_max,
     f32_to_f16_bits,
     jit,
-    load_f16,
-    reader_aux,
-    reader_blocks,
-    reader_out,
+    jit_inline,
     store_f16,
 )
-from ..packing_kernels import hi4, lo4, pair4
+from ..packing_kernels import pair4
+from ._shared_kernels import F32, _0, _1, decode_blocks, dequantize_halves, reader_views
 
-F32 = np.float32
-_0 = F32(0.0)
-_1 = F32(1.0)
 _M127 = F32(-127.0)
 #: 1e-15f as a bit pattern: for non-negative floats ``a < 1e-15f`` iff ``bits(a) < _TINY_BITS``.
 _TINY_BITS = np.uint32(np.float32(1e-15).view(np.uint32))
 _NONFINITE_BITS = np.uint32(0x7F800000)
 _F16_EXP = np.uint16(0x7C00)
+_NO_QH = np.uint32(0)
 
 #: kvalues_iq4nl as float32 (a global array: numba freezes it into the compiled code).
 _KF = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
@@ -138,21 +134,23 @@ def encode(x, out, raise_overflow, row_blocks):
     return -1, STATUS_OK
 
 
+@jit_inline
+def _value(c, d, m):
+    return d * _KF[c]
+
+
+@jit_inline
+def _dequantize(data, b, dst, d, table, off):
+    dequantize_halves(data[b], dst, off, _NO_QH, _value, d, _0)
+
+
 @jit
 def decode(data, out, table):
-    half = out.shape[1] // 2
-    for b in range(data.shape[0]):
-        d = load_f16(data, b, table)
-        src = data[b]
-        dst = out[b]
-        for j in range(half):
-            v = src[2 + j]
-            dst[j] = d * _KF[lo4(v)]
-            dst[j + half] = d * _KF[hi4(v)]
-    return out
+    """IQ4_NL decoder: ``d * kvalues_iq4nl[code]``."""
+    return decode_blocks(data, out, table, 2, _dequantize, False)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):
     """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
     :func:`decode` (the same bits), ``aux`` the fp16 table."""
-    decode(reader_blocks(src, n_blocks, 18), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))
+    decode(*reader_views(src, dst, n_blocks, aux, n_aux, 18))

@@ -1,6 +1,7 @@
 """numba twins of :mod:`tbq.formats.q4_1` (same bytes, same float32 bits).
 
-The min/max search also serves :mod:`tbq.formats.q5_kernels` (Q5_1).
+The min/max search, the min/scale header and the ``code * d + min`` decode also serve
+:mod:`tbq.formats.q5_kernels` (Q5_1).
 """
 
 from __future__ import annotations
@@ -16,18 +17,11 @@ from ..kernels import (
     f32_to_int32,
     jit,
     jit_inline,
-    load_f16,
-    reader_aux,
-    reader_blocks,
-    reader_out,
     store_f16,
 )
-from ..packing_kernels import hi4, lo4, pair4
+from ..packing_kernels import pair4
+from ._shared_kernels import _HALF, F32, _0, _1, decode_blocks, dequantize_halves, reader_views
 
-F32 = np.float32
-_0 = F32(0.0)
-_1 = F32(1.0)
-_HALF = F32(0.5)
 _15 = F32(15.0)
 _F16_MAX = F32(65504.0)
 
@@ -168,28 +162,36 @@ def encode(x, out, raise_overflow):
     return -1, STATUS_OK
 
 
+@jit_inline
+def add_min(c, d, m):
+    """``c * d + m`` for a block whose fp16 ``d`` is finite (no product is NaN): the exact product, then one
+    rounding (not fused)."""
+    return F32(c) * d + m
+
+
+@jit_inline
+def dequantize_min(data, b, dst, d, table, off, qh):
+    """The values ``code * d + min`` of block ``b`` (the fp16 ``min`` at bytes 2-3): Q4_1's, and Q5_1's with its
+    bit-4 plane ``qh``. An inf/NaN ``d`` (arbitrary bytes) goes through :func:`add_min_nonfinite`."""
+    m = load_f16_at(data, b, 2, table)
+    if abs(d) <= _F16_MAX:
+        dequantize_halves(data[b], dst, off, qh, add_min, d, m)
+    else:
+        dequantize_halves(data[b], dst, off, qh, add_min_nonfinite, d, m)
+
+
+@jit_inline
+def _dequantize(data, b, dst, d, table, off):
+    dequantize_min(data, b, dst, d, table, off, np.uint32(0))
+
+
 @jit
 def decode(data, out, table):
-    half = out.shape[1] // 2
-    for b in range(data.shape[0]):
-        d = load_f16(data, b, table)
-        m = load_f16_at(data, b, 2, table)
-        src = data[b]
-        dst = out[b]
-        if abs(d) <= _F16_MAX:  # every decoded fp16 is finite here: no product is NaN
-            for j in range(half):
-                v = src[4 + j]
-                dst[j] = F32(lo4(v)) * d + m  # exact product, then one rounding (not fused)
-                dst[j + half] = F32(hi4(v)) * d + m
-        else:  # an inf/NaN d (random bytes): NaN payloads fixed, see add_min_nonfinite
-            for j in range(half):
-                v = src[4 + j]
-                dst[j] = add_min_nonfinite(lo4(v), d, m)
-                dst[j + half] = add_min_nonfinite(hi4(v), d, m)
-    return out
+    """Q4_1 decoder: ``code * d + min``."""
+    return decode_blocks(data, out, table, 4, _dequantize, False)
 
 
 def attention_read(src, dst, n_blocks, aux, n_aux):
     """The fused attention kernel's reader (:data:`tbq.kernels.READER_SIG`): ``n_blocks`` blocks decoded by
     :func:`decode` (the same bits), ``aux`` the fp16 table."""
-    decode(reader_blocks(src, n_blocks, 20), reader_out(dst, n_blocks, 32), reader_aux(aux, n_aux))
+    decode(*reader_views(src, dst, n_blocks, aux, n_aux, 20))

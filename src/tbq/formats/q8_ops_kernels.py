@@ -21,12 +21,11 @@ from ..kernels import (
     roundf,
     store_f16,
 )
+from ._shared_kernels import F32, _0, _1
 from .q4_1_kernels import store_f16_at
+from .q8_0_kernels import abs_max
 from .q8_0_kernels import decode as q8_0_decode
 
-F32 = np.float32
-_0 = F32(0.0)
-_1 = F32(1.0)
 _127 = F32(127.0)
 _M127 = F32(-127.0)
 _MAGIC = F32(12582912.0)  # 1.5 * 2**23: ggml's nearest_int
@@ -47,10 +46,10 @@ def encode_q8_1(x, out, raise_overflow):
     bs = x.shape[1]
     q = np.empty(bs, np.uint8)
     for b in range(nblk):
-        amax, _ = abs_bits_max(x, b, bs)
+        amax, m = abs_max(x[b])
         if amax >= _FINITE:  # Inf or NaN
             return b, STATUS_NONFINITE
-        d = np.uint32(amax).view(np.float32) / _127
+        d = m / _127
         inv = _1 / d if d != _0 else _0
         h = f32_to_f16_bits_finite(d)
         if raise_overflow and f16_is_inf(h):

@@ -69,15 +69,12 @@ from ..kernels import (
     reader_out,
 )
 from ..packing_kernels import (
-    hi4,
-    idx3,
-    lane3,
     lanes_store_lane3,
     lanes_store_nibbles,
-    lo4,
-    load_lane3,
-    pair4,
-    store_lane3,
+    pack3_into,
+    pack4_pairs_into,
+    unpack3_into,
+    unpack4_pairs_into,
 )
 from .q4_1_kernels import first_min_max, load_f16_at, store_f16_at
 
@@ -378,31 +375,21 @@ def fwht64(t):
 
 @jit
 def _pack_row(idx, out, b, bits, d):
+    """The ``d`` indices ``idx`` packed at the start of row ``b`` of ``out`` (4 bits: :func:`pack4_pairs_into`; 3
+    bits: :func:`pack3_into`)."""
     if bits == 4:
-        for t in range(d // 2):
-            out[b, t] = pair4(idx[2 * t], idx[2 * t + 1])
+        pack4_pairs_into(idx[:d], out[b])
     else:
-        row = out[b]
-        for g in range(d // 8):
-            i = 8 * g
-            lane = lane3(idx[i], idx[i + 1], idx[i + 2], idx[i + 3], idx[i + 4], idx[i + 5], idx[i + 6], idx[i + 7])
-            store_lane3(row, 3 * g, lane)
+        pack3_into(idx[:d], out[b])
 
 
 @jit
 def _unpack_row(data, b, bits, idx):
-    d = idx.shape[0]
+    """The inverse of :func:`_pack_row`: the ``idx.shape[0]`` indices of row ``b`` of ``data``."""
     if bits == 4:
-        for t in range(d // 2):
-            byte = data[b, t]
-            idx[2 * t] = lo4(byte)
-            idx[2 * t + 1] = hi4(byte)
+        unpack4_pairs_into(data[b], idx)
     else:
-        row = data[b]
-        for g in range(d // 8):
-            lane = load_lane3(row, 3 * g)
-            for s in range(8):
-                idx[8 * g + s] = idx3(lane, s)
+        unpack3_into(data[b], idx)
 
 
 # --- keys -------------------------------------------------------------------------------------
