@@ -1,5 +1,3 @@
-# mypy: ignore-errors
-# (a numba kernel module, like those listed in pyproject.toml's PERMANENT mypy override: numba reads no annotations)
 """Kernel pieces that several format kernel modules share, written once (the numba side of :mod:`._shared`).
 
 Today: the numba row loops of the block formats whose block starts with an fp16 scale ``d`` (bytes 0-1).
