@@ -858,6 +858,10 @@ def _attention_kernel(
         Q, lm, kop, vop, t0, t1 = tasks[i]
         if twin:
             M[i], L[i], ACC[i] = _attend_numpy(Q, lm, sc, rows[i], (t0, t1), kn.CHUNK)
+            return
+        bits = (kn.code_bits(kop, dim), kn.code_bits(vop, dim)) if attend is kn._attend else (0, 0)
+        if bits != (0, 0):  # TBQ codes read in the microkernels: the same operations, the same bits
+            kn._attend_codes(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]), *bits)
         else:
             attend(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]))
 

@@ -93,6 +93,8 @@ TARGET_F16C = target_has("f16c")
 TARGET_AVX2 = target_has("avx2")
 #: Whether they are compiled for a CPU with AVX-512VL (:func:`quantize_column16`'s ``vpermt2ps`` look-ups).
 TARGET_AVX512VL = target_has("avx512vl")
+#: Whether they are compiled for a CPU with AVX-512 VBMI (the fused attention's ``vpmultishiftqb`` index spread).
+TARGET_AVX512VBMI = target_has("avx512vbmi")
 
 
 @intrinsic
