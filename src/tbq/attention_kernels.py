@@ -77,7 +77,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .intrinsics import TARGET_AVX512VBMI, prefetch
+from .intrinsics import TARGET_AVX512VBMI, prefetch_l2
 from .kernels import TARGET_AVX512VL, address, attention_reader, call_reader, jit, reader_aux, reader_blocks
 
 F32 = np.float32
@@ -955,13 +955,21 @@ def _values_codes_rows(S, data, base, tstride, n, aux, bits, n_blocks, acc, R):
             _vc3_1(*a)
 
 
+#: How many chunks ahead :func:`_attend_codes` prefetches the codes into L2 (a hint: no value changes). It reads a
+#: chunk head by head (strided), which the hardware's stream prefetchers do not follow as they do the readers'
+#: sequential pass; prefetched into L1 as well (``prefetcht0``) the next chunk evicts the current one. Measured
+#: on a Zen 5 core, 32K tokens of TBQ4_0 (1 thread, thread CPU time): 10.5 ms with one chunk into L1, 8.6-9.0
+#: ms with one to four chunks into L2, 8.3 ms on a cache that fits L2.
+CODES_AHEAD = 2
+
+
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _prefetch_share(data, start, size, g, G):
-    """Prefetch share ``g`` of ``G`` of bytes ``start .. start + size`` of ``data``, a cache line apart."""
+    """Prefetch share ``g`` of ``G`` of bytes ``start .. start + size`` of ``data`` into L2, a cache line apart."""
     a = start + g * size // G
     e = start + (g + 1) * size // G
     for at in range(a, e, 64):
-        prefetch(data, at)
+        prefetch_l2(data, at)
 
 
 @jit
@@ -1001,10 +1009,8 @@ def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
             m_out = M[g]
             l_out = L[g]
             acc = ACC[g]
-            if kbits:  # the next chunk's bytes, a 1/G share each head (a hint: no value changes)
-                _prefetch_share(kdata, (c0 + chunk) * kts, chunk * kts, g, G)
-            if vbits:
-                _prefetch_share(vdata, (c0 + chunk) * vts, chunk * vts, g, G)
+            if kbits:  # the codes CODES_AHEAD chunks on, a 1/G share each head
+                _prefetch_share(kdata, (c0 + CODES_AHEAD * chunk) * kts, chunk * kts, g, G)
             if kbits == 0:
                 _scores_rows(Q[g], K, g, S, n, RQ)
             else:
@@ -1013,4 +1019,5 @@ def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
             if vbits == 0:
                 _values_rows(S, V, g, acc, n, RQ)
             else:
+                _prefetch_share(vdata, (c0 + CODES_AHEAD * chunk) * vts, chunk * vts, g, G)
                 _values_codes_rows(S, vdata, c0 * vts + g * vdata.shape[2], vts, n, vaux, vbits, vblocks, acc, RQ)
