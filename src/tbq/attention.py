@@ -854,12 +854,15 @@ def _attention_kernel(
         if n_sink:
             rows.append((_sink_rows(k, n_sink), _sink_rows(v, n_sink)))
 
+    # per task, the operands whose TBQ codes the kernel reads itself (kn.code_bits: AVX-512, whole blocks)
+    code_bits = [(kn.code_bits(t[2], dim), kn.code_bits(t[3], dim)) if attend is kn._attend else (0, 0) for t in tasks]
+
     def run(i: int) -> None:
         Q, lm, kop, vop, t0, t1 = tasks[i]
         if twin:
             M[i], L[i], ACC[i] = _attend_numpy(Q, lm, sc, rows[i], (t0, t1), kn.CHUNK)
             return
-        bits = (kn.code_bits(kop, dim), kn.code_bits(vop, dim)) if attend is kn._attend else (0, 0)
+        bits = code_bits[i]
         if bits != (0, 0):  # TBQ codes read in the microkernels: the same operations, the same bits
             kn._attend_codes(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]), *bits)
         else:
@@ -874,8 +877,9 @@ def _attention_kernel(
     w[~np.isfinite(w)] = 0.0
     total = np.zeros((G, n_q * R))
     out = np.zeros((G, n_q * R, dim))
+    wl = w * L  # each product rounded once, then summed in task order
     for i in range(n):
-        total += w[i] * L[i]
+        total += wl[i]
     for i in range(n_main):
         out += w[i][..., None] * ACC[i]
     if rot_v is not None:  # rotate the output back once

@@ -964,10 +964,11 @@ CODES_AHEAD = 2
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
-def _prefetch_share(data, start, size, g, G):
-    """Prefetch share ``g`` of ``G`` of bytes ``start .. start + size`` of ``data`` into L2, a cache line apart."""
+def _prefetch_share(data, start, size, stop, g, G):
+    """Prefetch share ``g`` of ``G`` of bytes ``start .. start + size`` of ``data`` into L2, a cache line apart,
+    none from byte ``stop`` on (the task's end)."""
     a = start + g * size // G
-    e = start + (g + 1) * size // G
+    e = min(start + (g + 1) * size // G, stop)
     for at in range(a, e, 64):
         prefetch_l2(data, at)
 
@@ -999,6 +1000,11 @@ def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
     kts = kdata.shape[1] * kdata.shape[2]  # bytes a token (every head)
     vts = vdata.shape[1] * vdata.shape[2]
     _init_partials(M, L, ACC)
+    for g in range(G):  # the task's first chunks, which the loop below prefetches for the later ones
+        if kbits:
+            _prefetch_share(kdata, t0 * kts, CODES_AHEAD * chunk * kts, t1 * kts, g, G)
+        if vbits:
+            _prefetch_share(vdata, t0 * vts, CODES_AHEAD * chunk * vts, t1 * vts, g, G)
     for c0 in range(t0, t1, chunk):
         n = min(chunk, t1 - c0)
         if kbits == 0:
@@ -1010,7 +1016,7 @@ def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
             l_out = L[g]
             acc = ACC[g]
             if kbits:  # the codes CODES_AHEAD chunks on, a 1/G share each head
-                _prefetch_share(kdata, (c0 + CODES_AHEAD * chunk) * kts, chunk * kts, g, G)
+                _prefetch_share(kdata, (c0 + CODES_AHEAD * chunk) * kts, chunk * kts, t1 * kts, g, G)
             if kbits == 0:
                 _scores_rows(Q[g], K, g, S, n, RQ)
             else:
@@ -1019,5 +1025,5 @@ def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
             if vbits == 0:
                 _values_rows(S, V, g, acc, n, RQ)
             else:
-                _prefetch_share(vdata, (c0 + CODES_AHEAD * chunk) * vts, chunk * vts, g, G)
+                _prefetch_share(vdata, (c0 + CODES_AHEAD * chunk) * vts, chunk * vts, t1 * vts, g, G)
                 _values_codes_rows(S, vdata, c0 * vts + g * vdata.shape[2], vts, n, vaux, vbits, vblocks, acc, RQ)
