@@ -26,7 +26,10 @@ Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
 No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
 (all KV heads: consecutive blocks in the cache) is decoded by one reader call
 into a scratch of ``chunk x n_head_kv x head_dim`` floats that stays in L2,
-and each decoded key serves every query row of its KV head.
+and each decoded key serves every query row of its KV head. TBQ4_0 and TBQ3_0
+caches skip the scratch on AVX-512 targets (:func:`_attend_codes`): the score
+and value microkernels look their codes up themselves, with the reader's
+per-block table and ``vpermps``, so every value has the reader's bits.
 
 The arithmetic (docs/formats.md, *Fused attention arithmetic*; its NumPy twin
 is :func:`tbq.attention.attend_model`, bit for bit), every operation a
