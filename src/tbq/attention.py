@@ -854,15 +854,18 @@ def _attention_kernel(
         if n_sink:
             rows.append((_sink_rows(k, n_sink), _sink_rows(v, n_sink)))
 
-    # per task, the operands whose TBQ codes the kernel reads itself (kn.code_bits: AVX-512, whole blocks)
-    code_bits = [(kn.code_bits(t[2], dim), kn.code_bits(t[3], dim)) if attend is kn._attend else (0, 0) for t in tasks]
+    # the operands whose TBQ codes the kernel reads itself (kn.code_bits: AVX-512, whole blocks): the tasks of
+    # the cache's tokens share them; the sink tokens are float rows
+    bits_main = (kn.code_bits(tasks[0][2], dim), kn.code_bits(tasks[0][3], dim)) if n_main else (0, 0)
+    if attend is not kn._attend:
+        bits_main = (0, 0)
 
     def run(i: int) -> None:
         Q, lm, kop, vop, t0, t1 = tasks[i]
         if twin:
             M[i], L[i], ACC[i] = _attend_numpy(Q, lm, sc, rows[i], (t0, t1), kn.CHUNK)
             return
-        bits = code_bits[i]
+        bits = bits_main if i < n_main else (0, 0)
         if bits != (0, 0):  # TBQ codes read in the microkernels: the same operations, the same bits
             kn._attend_codes(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]), *bits)
         else:
