@@ -892,9 +892,9 @@ def code_bits(op: tuple, head_dim: int) -> int:
     whole blocks), else 0 (the operand goes through its reader)."""
     if not TARGET_AVX512VL or head_dim % _CODE_BLOCK or CHUNK % 16:
         return 0
-    from .formats import tbq_kernels
+    from .formats.tbq_kernels import attention_read as tbq_read  # the TBQ formats' reader function
 
-    if op[0] != attention_reader(tbq_kernels.attention_read).address:
+    if op[0] != attention_reader(tbq_read).address:
         return 0
     nc = op[2].shape[0] - _CODE_CENTROIDS
     bits = 4 if nc == 16 else 3 if nc == 8 else 0
