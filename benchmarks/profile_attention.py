@@ -16,6 +16,9 @@ the reader (decoding every chunk of one cache into the kernel's scratch, once
 for K and once for V), the score microkernel and the value microkernel (four
 query rows, the whole cache's chunks over a scratch that stays in L1/L2); the
 rest of a call is the online softmax, the partial merge and the calls.
+Where the kernel reads TBQ4_0 / TBQ3_0 codes in its microkernels (AVX-512:
+``attention_kernels.code_bits``), ``--split`` also times those microkernels
+on one chunk of the format's codes: the reader's time is then not spent.
 """
 
 from __future__ import annotations
@@ -68,6 +71,19 @@ def _values_only(S, V, ACC, reps):
     return ACC[0, 0, 0]
 
 
+@nb.njit(nogil=True)
+def _codes_only(Q, data, aux, bits, S, ACC, reps):
+    """The score and value microkernels on codes (4 rows) over ``reps`` chunks of every KV head, from one
+    chunk of the cache's bytes."""
+    G, chunk = data.shape[1], S.shape[1]
+    ts = data.shape[1] * data.shape[2]
+    for _ in range(reps):
+        for g in range(G):
+            kn._scores_codes_rows(Q[g], data, g * data.shape[2], ts, chunk, aux, bits, 1, S, 4)
+            kn._values_codes_rows(S, data, g * data.shape[2], ts, chunk, aux, bits, 1, ACC[g], 4)
+    return S[0, 0]
+
+
 def _best(rounds, f, *a) -> float:
     f(*a)
     ts = []
@@ -102,6 +118,14 @@ def main(argv=None) -> int:
         if args.split and f != "rows":
             r = _best(args.rounds, _reader_only, att._kernel_operand(K, 0)[:4], T, 8, 128, kn.CHUNK)
             print(f"|   {f} reader, K and V | {2 * r:.1f} ms |", flush=True)
+            op = att._kernel_operand(K, 0)[:4]
+            bits = kn.code_bits(op, 128)
+            if bits:
+                Q = rng.uniform(-1, 1, (8, 4, 128)).astype(np.float32)
+                S = rng.uniform(0, 1, (4, kn.CHUNK)).astype(np.float32)
+                ACC = np.zeros((8, 4, 128), np.float32)
+                c = _best(args.rounds, _codes_only, Q, op[1][: kn.CHUNK], op[2], bits, S, ACC, T // kn.CHUNK)
+                print(f"|   {f} scores and values on codes (no reader) | {c:.1f} ms |", flush=True)
     if args.split:
         K = rng.uniform(-1, 1, (kn.CHUNK, 8, 128)).astype(np.float32)
         Q = rng.uniform(-1, 1, (8, 4, 128)).astype(np.float32)

@@ -854,10 +854,20 @@ def _attention_kernel(
         if n_sink:
             rows.append((_sink_rows(k, n_sink), _sink_rows(v, n_sink)))
 
+    # the operands whose TBQ codes the kernel reads itself (kn.code_bits: AVX-512, whole blocks): the tasks of
+    # the cache's tokens share them; the sink tokens are float rows
+    bits_main = (kn.code_bits(tasks[0][2], dim), kn.code_bits(tasks[0][3], dim)) if n_main else (0, 0)
+    if attend is not kn._attend:
+        bits_main = (0, 0)
+
     def run(i: int) -> None:
         Q, lm, kop, vop, t0, t1 = tasks[i]
         if twin:
             M[i], L[i], ACC[i] = _attend_numpy(Q, lm, sc, rows[i], (t0, t1), kn.CHUNK)
+            return
+        bits = bits_main if i < n_main else (0, 0)
+        if bits != (0, 0):  # TBQ codes read in the microkernels: the same operations, the same bits
+            kn._attend_codes(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]), *bits)
         else:
             attend(Q, lm, sc, kop, vop, (t0, t1), kn.CHUNK, (M[i], L[i], ACC[i]))
 
@@ -870,8 +880,9 @@ def _attention_kernel(
     w[~np.isfinite(w)] = 0.0
     total = np.zeros((G, n_q * R))
     out = np.zeros((G, n_q * R, dim))
+    wl = w * L  # each product rounded once, then summed in task order
     for i in range(n):
-        total += w[i] * L[i]
+        total += wl[i]
     for i in range(n_main):
         out += w[i][..., None] * ACC[i]
     if rot_v is not None:  # rotate the output back once

@@ -93,6 +93,8 @@ TARGET_F16C = target_has("f16c")
 TARGET_AVX2 = target_has("avx2")
 #: Whether they are compiled for a CPU with AVX-512VL (:func:`quantize_column16`'s ``vpermt2ps`` look-ups).
 TARGET_AVX512VL = target_has("avx512vl")
+#: Whether they are compiled for a CPU with AVX-512 VBMI (the fused attention's ``vpmultishiftqb`` index spread).
+TARGET_AVX512VBMI = target_has("avx512vbmi")
 
 
 @intrinsic
@@ -260,15 +262,7 @@ def store_nontemporal(typingctx, arr, idx, val):
     return sig, codegen
 
 
-@intrinsic
-def prefetch(typingctx, arr, idx):
-    """Hint that ``arr.flat[idx]`` will be read soon (``llvm.prefetch``: read, keep in all cache levels).
-
-    A hint only: no value changes, and an index past the array's end is harmless (x86's prefetch does not
-    fault). The TBQ encoder prefetches the next group of blocks while it works on the current one.
-    """
-    sig = types.void(arr, types.int64)
-
+def _prefetch_codegen(locality: int):
     def codegen(context, builder, signature, args):
         a = context.make_array(signature.args[0])(context, builder, args[0])
         i8p = ir.PointerType(ir.IntType(8))
@@ -279,10 +273,30 @@ def prefetch(typingctx, arr, idx):
         )
         ptr = builder.bitcast(builder.gep(a.data, [args[1]]), i8p)
         i32 = ir.IntType(32)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, locality), ir.Constant(i32, 1)])
         return context.get_dummy_value()
 
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """Hint that ``arr.flat[idx]`` will be read soon (``llvm.prefetch``: read, keep in all cache levels).
+
+    A hint only: no value changes, and an index past the array's end is harmless (x86's prefetch does not
+    fault). The TBQ encoder prefetches the next group of blocks while it works on the current one.
+    """
+    return types.void(arr, types.int64), _prefetch_codegen(3)
+
+
+@intrinsic
+def prefetch_l2(typingctx, arr, idx):
+    """:func:`prefetch` into the outer caches only (locality 2: x86's ``prefetcht1``, L2 and L3, not L1).
+
+    For data read a while later: a stream prefetched into L1 as far ahead evicts the lines being worked on.
+    The fused attention kernel reads TBQ codes this way, two chunks ahead.
+    """
+    return types.void(arr, types.int64), _prefetch_codegen(2)
 
 
 @intrinsic
