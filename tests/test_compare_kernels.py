@@ -195,3 +195,19 @@ def test_the_warm_up_scheduler_lives_in_tbq_warmup_and_tbq_compare_still_names_i
     for name in ("warm_up", "start_warm_up", "WarmUp", "kernels_cached"):
         assert getattr(c, name) is getattr(w, name) and name in c.__all__
     assert not hasattr(c, "_warm_queue")  # one home: the queue is not copied into compare
+
+
+def test_the_attention_warm_up_compiles_the_kernel_that_reads_tbq_codes():
+    """With AVX-512VL the fused attention reads TBQ4_0/TBQ3_0 codes in another kernel (``_attend_codes``): a
+    warm-up that includes a rotated format runs it, so the first TBQ attention of a comparison does not compile it
+    (about 5 s). Without AVX-512VL no cache takes that kernel, and the warm-up leaves it alone."""
+    from tbq.kernels import TARGET_AVX512VL
+
+    code = (
+        "import json, tbq.warmup as w, tbq.attention_kernels as k\n"
+        "w._warm(['q8_0', 'tbq4_0'], {}, True)\n"
+        "print(json.dumps(len(k._attend_codes.signatures)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == (1 if TARGET_AVX512VL else 0)

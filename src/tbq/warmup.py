@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from .attention import attention_fused
+from .attention import KVCache, attention_fused
 from .codecs import get_codec
 from .formats import config_for, format_class
 
@@ -139,7 +139,13 @@ def _warm(fmts: Any, config: dict[str, Any], attention: bool, readers: bool | No
             c.format.attention.reader()  # the fused kernel's reader of a rotated format (the others' rows are decoded)
     if attention:  # one kernel for every format (the formats' readers are run-time arguments)
         rows = x.reshape(64, 8, HEAD_DIM)
-        attention_fused(np.ones((8, HEAD_DIM), np.float32), rows, rows, threads=1)
+        q = np.ones((8, HEAD_DIM), np.float32)
+        attention_fused(q, rows, rows, threads=1)
+        # a rotated format's cache: on AVX-512VL the kernel reads its codes itself (another kernel, _attend_codes)
+        rotated = [f for f in fmts if format_class(f).attention.domain == "rotated"]
+        if rotated:
+            cache = KVCache.encode(rows, rotated[0], config=config_for(rotated[0], config))
+            attention_fused(q, cache, cache, threads=1)
 
 
 #: A cold start's claim folders (:func:`start_warm_up`) are ``tbq-warm-*`` in the temporary folder; one left by a
