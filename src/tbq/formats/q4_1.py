@@ -28,12 +28,12 @@ from numpy.typing import NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
+from ..float32 import put_f16_scale, safe_reciprocal
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import BlockAttention
-from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from ._shared import ScaledInt, ScaledIntChecks, ggml_info
+from .base import Field, Format, Trace, offset_trunc_fragility
+from .capabilities import CapabilitySlot, FuzzTraits
 
 F32 = np.float32
 _15 = F32(15.0)
@@ -114,77 +114,61 @@ def min_overflow_status(fmt: Format, trace: Trace) -> NDArray[np.int8]:
     return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
 
-def min_overflow_error(fmt: Format, block: int, values: NDArray[np.float32]) -> Exception:
+class MinScaledChecks(ScaledIntChecks):
+    """The :class:`CheckTraits` of a :class:`MinScaled` type: each value is ``int_values * d + m``, and ggml pairs it
+    with q8_1, whose block sum takes the minimum's term (``ggml_vec_dot_q4_1_q8_1``)."""
 
-    with np.errstate(all="ignore"):
-        tr = fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
-    d, m = float(tr["d"][0]), float(tr["m"][0])
-    if not abs(d) < F16_OVERFLOW:
-        what, val = f"the scale d = (max - min) / {'15' if fmt.info.index_bits == 4 else '31'} is {d!r}", d
-    else:
-        what, val = f"the minimum m is {m!r}", m
-    return ScaleOverflowError(
-        f"{fmt.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; "
-        "the largest finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores "
-        "(an infinite fp16 field)",
-        block=block,
-        scale=val,
-    )
-
-
-class Q4_1Checks(CheckTraits):
-    """Q4_1's :class:`CheckTraits`."""
-
-    format: Q4_1
-
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"
-    vec_dot_type = "q8_1"  # ggml_vec_dot_q4_1_q8_1
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return np_unpack4_halves(data[:, 4:]).astype(np.int64), get_f16_scale(data).astype(np.float64)
+    tie_rule = "away"  # trunc(v + 0.5), v >= 0
+    vec_dot_type = "q8_1"
 
     def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
         return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
 
 
-class Q4_1Fuzz(FuzzTraits):
-    """Q4_1's :class:`FuzzTraits`."""
+class MinScaled(ScaledInt):
+    """Shared body of Q4_1 and Q5_1: a :class:`ScaledInt` with the block's minimum ``m`` (fp16 at bytes 2-3) added
+    to each decoded value; a block whose ``d`` or ``m`` does not fit fp16 is refused."""
 
-    format: Q4_1
+    checker = CapabilitySlot(MinScaledChecks)
 
-    hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
+        # the exact product, then the sum: one rounding
+        return add_min(super().reference_decode(data), get_f16_at(data, 2))
+
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
+        return min_overflow_status(self, trace)
+
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
+        with np.errstate(all="ignore"):
+            tr = self.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
+        d, m = float(tr["d"][0]), float(tr["m"][0])
+        if not abs(d) < F16_OVERFLOW:
+            what, val = f"the scale d = (max - min) / {(1 << self.info.index_bits) - 1} is {d!r}", d
+        else:
+            what, val = f"the minimum m is {m!r}", m
+        return ScaleOverflowError(
+            f"{self.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; "
+            "the largest finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores "
+            "(an infinite fp16 field)",
+            block=block,
+            scale=val,
+        )
 
 
-class Q4_1Quantizer(QuantizerTraits):
-    """Q4_1's :class:`QuantizerTraits`."""
-
-    format: Q4_1
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
-
-
-class Q4_1(Format):
-    info = FormatInfo(
-        name="q4_1",
-        block_size=32,
-        type_size=20,
-        rotated=False,
-        index_bits=4,
-        description="ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
-        code=7,
-        layout=(
-            Field("d", 0, 2, "f16", "scale (max - min)/15"),
-            Field("m", 2, 2, "f16", "the block's minimum"),
-            Field("qs", 4, 16, "u4_halves", "codes min(15, trunc((x - min)/d + 0.5)), byte j = q[j] | q[j+16] << 4"),
-        ),
+class Q4_1(MinScaled):
+    info = ggml_info(
+        "q4_1",
+        7,
+        4,
+        "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
+        Field("d", 0, 2, "f16", "scale (max - min)/15"),
+        Field("m", 2, 2, "f16", "the block's minimum"),
+        Field("qs", 4, 16, "u4_halves", "codes min(15, trunc((x - min)/d + 0.5)), byte j = q[j] | q[j+16] << 4"),
     )
     kernel_module = "tbq.formats.q4_1_kernels"
-    checker = CapabilitySlot(Q4_1Checks)
-    attention = CapabilitySlot(BlockAttention)
-    fuzz = CapabilitySlot(Q4_1Fuzz)
-    quantizer = CapabilitySlot(Q4_1Quantizer)
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"min_ties": {"levels": 15}}
+    )  # (x - min) / d exactly k + 1/2: round half up
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _15)
@@ -195,23 +179,8 @@ class Q4_1(Format):
         out[:, 4:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        m = get_f16_at(data, 2)
-        q = np_unpack4_halves(data[:, 4:]).astype(np.float32)
-        return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode(data, out, f16_table())
-
-    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return min_overflow_status(self, trace)
-
-    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        return min_overflow_error(self, block, values)
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.uint8]:
+        return np_unpack4_halves(data[:, 4:])
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change min(15, trunc(t)).
