@@ -312,14 +312,6 @@ class _KeysAttention(AttentionTraits):
         return np.concatenate([head, self.format.centroids, self.format.signs.astype(F32), f16_table()]).astype(F32)
 
 
-class _KeysGolden(GoldenTraits):
-    """Keys's :class:`GoldenTraits`."""
-
-    format: _Keys
-
-    ulp_floor = TBQ_ULP_FLOOR
-
-
 class _KeysQuantizer(QuantizerTraits):
     """Keys's :class:`QuantizerTraits`."""
 
@@ -356,7 +348,7 @@ class _Keys(Format):
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
     attention = CapabilitySlot(_KeysAttention)
-    golden = CapabilitySlot(_KeysGolden)
+    golden = CapabilitySlot(GoldenTraits, ulp_floor=TBQ_ULP_FLOOR)
     quantizer = CapabilitySlot(_KeysQuantizer)
     #: the ``1e-8`` of ``den = n + 1e-8``: the encoder is scale-equivariant (``2**k x`` gives the same indices)
     #: only while that addition leaves ``n`` unchanged, i.e. for norms of 0.25 and more
@@ -541,14 +533,6 @@ class _ValuesAttention(AttentionTraits):
         return np.concatenate([np.array([self.format.head_dim, self.format.bits], F32), f16_table()]).astype(F32)
 
 
-class _ValuesChecks(CheckTraits):
-    """Values's :class:`CheckTraits`."""
-
-    format: _Values
-
-    tie_rule = "up"
-
-
 class _ValuesQuantizer(QuantizerTraits):
     """Values's :class:`QuantizerTraits`."""
 
@@ -568,7 +552,7 @@ class _Values(Format):
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
     attention = CapabilitySlot(_ValuesAttention)
-    checker = CapabilitySlot(_ValuesChecks)
+    checker = CapabilitySlot(CheckTraits, tie_rule="up")
     quantizer = CapabilitySlot(_ValuesQuantizer)
 
     def __init__(self, *, head_dim: int = 128) -> None:
@@ -648,14 +632,6 @@ class _Values(Format):
         return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5, self.levels)
 
 
-class VLLM_TQ4_VFuzz(FuzzTraits):
-    """VLLM_TQ4_V's :class:`FuzzTraits`."""
-
-    format: VLLM_TQ4_V
-
-    hazards = {"min_ties": {"levels": 15}}  # (v - min) / scale exactly k + 1/2: round half up
-
-
 class VLLM_TQ4_V(_Values):
     """vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit asymmetric codes + fp16 scale + fp16 min (68 bytes at D=128)."""
 
@@ -666,15 +642,9 @@ class VLLM_TQ4_V(_Values):
         description="vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
         keys=False,
     )
-    fuzz = CapabilitySlot(VLLM_TQ4_VFuzz)
-
-
-class VLLM_TQ3_VFuzz(FuzzTraits):
-    """VLLM_TQ3_V's :class:`FuzzTraits`."""
-
-    format: VLLM_TQ3_V
-
-    hazards = {"min_ties": {"levels": 7}}
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"min_ties": {"levels": 15}}
+    )  # (v - min) / scale exactly k + 1/2: round half up
 
 
 class VLLM_TQ3_V(_Values):
@@ -687,7 +657,7 @@ class VLLM_TQ3_V(_Values):
         description="vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min",
         keys=False,
     )
-    fuzz = CapabilitySlot(VLLM_TQ3_VFuzz)
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"min_ties": {"levels": 7}})
 
 
 # ---------------------------------------------------------------------------
