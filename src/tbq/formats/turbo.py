@@ -42,12 +42,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..codebooks import Codebook
-from ..errors import ConfigError
 from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, hadamard_scale, turboq_mtp_signs
-from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, read_field, register_field_kind
+from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, option_check, read_field, register_field_kind
 from .capabilities import (
     AttentionTraits,
     CapabilitySlot,
@@ -94,13 +93,9 @@ TABLES: dict[str, NDArray[np.float32]] = {
 THRESHOLD_SETS = ("cpu", "cuda")
 
 
-def _check_thresholds(value: object, name: str) -> str:
-    if value not in THRESHOLD_SETS:
-        raise ConfigError(
-            f"bad configuration for {name}: option 'thresholds' must be one of {', '.join(map(repr, THRESHOLD_SETS))}, "
-            f"got {value!r}"
-        )
-    return str(value)
+_check_thresholds = option_check(
+    "option 'thresholds'", f"one of {', '.join(map(repr, THRESHOLD_SETS))}", lambda v: v in THRESHOLD_SETS, str
+)
 
 
 def turbo_index(r: NDArray[np.float32], thresholds: NDArray[np.float32]) -> NDArray[np.uint8]:

@@ -57,7 +57,7 @@ from ..errors import ConfigError, ScaleOverflowError, is_integer
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, fwht, matrix
-from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility
+from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility, option_check
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits
 from .q4_1 import first_min_max, get_f16_at, min_overflow_status, put_f16_at, trunc_codes
 from .tbq import TBQ_ULP_FLOOR
@@ -80,41 +80,31 @@ ROTATIONS = ("hadamard", "pr38479")
 # ---------------------------------------------------------------------------
 
 
-def _check_key_head_dim(value: object, name: str) -> int:
-    if not is_integer(value) or not 8 <= value <= MAX_HEAD_DIM or value & (value - 1):
-        raise ConfigError(
-            f"bad configuration for {name}: head_dim must be a power of two from 8 to {MAX_HEAD_DIM} (vLLM's MSE "
-            f"keys build a Sylvester Hadamard matrix of order head_dim and pack indices in groups of 8), got {value!r}"
-        )
-    return int(value)
-
-
-def _check_value_head_dim(value: object, name: str) -> int:
-    if not is_integer(value) or not 8 <= value <= MAX_HEAD_DIM or value % 8:
-        raise ConfigError(
-            f"bad configuration for {name}: head_dim must be a multiple of 8 from 8 to {MAX_HEAD_DIM} "
-            f"(the codes are packed in whole 3-byte groups of 8), got {value!r}"
-        )
-    return int(value)
-
-
-def _check_rotation(value: object, name: str) -> str:
-    if value not in ROTATIONS:
-        raise ConfigError(
-            f"bad configuration for {name}: rotation must be 'hadamard' (vLLM main, after PR #40194) or 'pr38479' "
-            f"(per-layer random signs, with layer=), got {value!r}"
-        )
-    return str(value)
-
-
-def _check_layer(value: object, name: str) -> int | None:
-    if value is None:
-        return None
-    if not is_integer(value) or value < 0:
-        raise ConfigError(
-            f"bad configuration for {name}: layer must be a non-negative integer (the decoder layer index), got {value!r}"
-        )
-    return int(value)
+_check_key_head_dim = option_check(
+    "head_dim",
+    f"a power of two from 8 to {MAX_HEAD_DIM} (vLLM's MSE keys build a Sylvester Hadamard matrix of order head_dim "
+    "and pack indices in groups of 8)",
+    lambda v: is_integer(v) and 8 <= v <= MAX_HEAD_DIM and not v & (v - 1),
+    int,
+)
+_check_value_head_dim = option_check(
+    "head_dim",
+    f"a multiple of 8 from 8 to {MAX_HEAD_DIM} (the codes are packed in whole 3-byte groups of 8)",
+    lambda v: is_integer(v) and 8 <= v <= MAX_HEAD_DIM and not v % 8,
+    int,
+)
+_check_rotation = option_check(
+    "rotation",
+    "'hadamard' (vLLM main, after PR #40194) or 'pr38479' (per-layer random signs, with layer=)",
+    lambda v: v in ROTATIONS,
+    str,
+)
+_check_layer = option_check(
+    "layer",
+    "a non-negative integer (the decoder layer index)",
+    lambda v: v is None or (is_integer(v) and v >= 0),
+    lambda v: None if v is None else int(v),
+)
 
 
 # ---------------------------------------------------------------------------
