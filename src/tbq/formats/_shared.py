@@ -5,7 +5,7 @@ own would only repeat it; a format with a difference declares its own subclass (
 add a format", step 6). :class:`ScaledInt` is the body of ggml's fp16-scale integer types (q4_0, q5_0, q8_0,
 q8_1 and, with their minimum, q4_1 and q5_1): each module gives its encoder and how its codes are stored
 (:meth:`ScaledInt.int_values`); the decoder, the dot-product parts and the value table follow from that one
-reading. :func:`ggml_info` is the registry row of a ggml block type.
+reading.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from numpy.typing import NDArray
 
 from ..float32 import get_f16_scale
 from ..half import f16_table
-from .base import Field, Format, FormatInfo
+from .base import Format
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, QuantizerTraits, Trace
 
-__all__ = ["BlockAttention", "ScaledInt", "ScaledIntChecks", "ScaledIntQuantizer", "ggml_info"]
+__all__ = ["BlockAttention", "ScaledInt", "ScaledIntChecks", "ScaledIntQuantizer"]
 
 
 class BlockAttention(AttentionTraits):
@@ -28,27 +28,6 @@ class BlockAttention(AttentionTraits):
     the default tables (ggml's fp16-scale types: q4_0, q4_1, q5_0, q8_0, iq4_nl)."""
 
     read = "attention_read"
-
-
-def ggml_info(name: str, code: int, bits: int, description: str, *layout: Field, **more: Any) -> FormatInfo:
-    """The :class:`FormatInfo` of a ggml block type: 32 values (unless ``block_size=`` is in ``more``), not
-    rotated, ``bits`` per code, as many bytes as its ``layout`` adds up to; ``more``: the other fields.
-
-    >>> ggml_info("x", 99, 8, "d", Field("d", 0, 2, "f16"), Field("qs", 2, 32, "int8")).type_size
-    34
-    """
-    more.setdefault("block_size", 32)
-    size = sum(f.size for f in layout)
-    return FormatInfo(
-        name=name,
-        type_size=size,
-        rotated=False,
-        index_bits=bits,
-        description=description,
-        code=code,
-        layout=layout,
-        **more,
-    )
 
 
 class ScaledIntChecks(CheckTraits):

@@ -49,8 +49,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..backend import STATUS_UNDEFINED
 from ..errors import ScaleOverflowError, TbqValueError
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import ggml_info
-from .base import Field, Format, Trace, band
+from .base import Field, Format, FormatInfo, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 __all__ = [
@@ -329,13 +328,18 @@ class MXFP4Checks(_FP4Checks):
 class MXFP4(_FP4):
     """MXFP4: E8M0 shared exponent + 32 E2M1 codes (split halves), 17 bytes."""
 
-    info = ggml_info(
-        "mxfp4",
-        11,
-        4,
-        "MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
-        Field("e", 0, 1, "uint8", "E8M0 exponent: the codes' scale is half(e) = 2**(e - 128)"),
-        Field("qs", 1, 16, "u4_halves", "E2M1 codes (bit 3 = sign), byte j = c[j] | c[j+16] << 4"),
+    info = FormatInfo(
+        name="mxfp4",
+        block_size=32,
+        type_size=17,
+        rotated=False,
+        index_bits=4,
+        description="MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
+        code=11,
+        layout=(
+            Field("e", 0, 1, "uint8", "E8M0 exponent: the codes' scale is half(e) = 2**(e - 128)"),
+            Field("qs", 1, 16, "u4_halves", "E2M1 codes (bit 3 = sign), byte j = c[j] | c[j+16] << 4"),
+        ),
     )
     checker = CapabilitySlot(MXFP4Checks)
     attention = CapabilitySlot(AttentionTraits, read="attention_read_mxfp4")
@@ -416,16 +420,24 @@ class MXFP4(_FP4):
 class NVFP4(_FP4):
     """NVFP4: four UE4M3 sub-block scales + 64 E2M1 codes, 36 bytes (no per-tensor scale)."""
 
-    info = ggml_info(
-        "nvfp4",
-        12,
-        4,
-        "NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
-        Field(
-            "d", 0, 4, "uint8", "UE4M3 scale bytes of the 16-value sub-blocks (the codes' scale is half their value)"
-        ),
-        Field("qs", 4, 32, "u4_halves16", "E2M1 codes, byte 8s+j = c[16s+j] | c[16s+8+j] << 4"),
+    info = FormatInfo(
+        name="nvfp4",
         block_size=64,
+        type_size=36,
+        rotated=False,
+        index_bits=4,
+        description="NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
+        code=12,
+        layout=(
+            Field(
+                "d",
+                0,
+                4,
+                "uint8",
+                "UE4M3 scale bytes of the 16-value sub-blocks (the codes' scale is half their value)",
+            ),
+            Field("qs", 4, 32, "u4_halves16", "E2M1 codes, byte 8s+j = c[16s+j] | c[16s+8+j] << 4"),
+        ),
     )
     attention = CapabilitySlot(AttentionTraits, read="attention_read_nvfp4")
     # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints

@@ -49,8 +49,8 @@ from numpy.typing import ArrayLike, NDArray
 from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import ScaledInt, ScaledIntChecks, ggml_info
-from .base import Field, Trace, band
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, band
 from .capabilities import CapabilitySlot, FuzzTraits, QuantizerTraits
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
@@ -115,14 +115,23 @@ class IQ4_NLQuantizer(QuantizerTraits):
 class IQ4_NL(ScaledInt):
     """IQ4_NL: fp16 least-squares scale + 32 4-bit indices into ``kvalues_iq4nl`` (split halves)."""
 
-    info = ggml_info(
-        "iq4_nl",
-        10,
-        4,
-        "ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
-        Field("d", 0, 2, "f16", "least-squares scale sum(w q x) / sum(w q q), w = x*x"),
-        Field(
-            "qs", 2, 16, "u4_halves", "indices into kvalues_iq4nl chosen with max/-127, byte j = l[j] | l[j+16] << 4"
+    info = FormatInfo(
+        name="iq4_nl",
+        block_size=32,
+        type_size=18,
+        rotated=False,
+        index_bits=4,
+        description="ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
+        code=10,
+        layout=(
+            Field("d", 0, 2, "f16", "least-squares scale sum(w q x) / sum(w q q), w = x*x"),
+            Field(
+                "qs",
+                2,
+                16,
+                "u4_halves",
+                "indices into kvalues_iq4nl chosen with max/-127, byte j = l[j] | l[j+16] << 4",
+            ),
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"

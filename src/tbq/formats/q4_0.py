@@ -17,8 +17,8 @@ from numpy.typing import NDArray
 
 from ..float32 import put_f16_scale, safe_reciprocal
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import ScaledInt, ScaledIntChecks, ggml_info
-from .base import Field, Trace, offset_trunc_fragility
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import CapabilitySlot, FuzzTraits
 
 F32 = np.float32
@@ -44,13 +44,18 @@ def max_scale_trace(
 
 
 class Q4_0(ScaledInt):
-    info = ggml_info(
-        "q4_0",
-        2,
-        4,
-        "ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)",
-        Field("d", 0, 2, "f16", "scale max/-8"),
-        Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4"),
+    info = FormatInfo(
+        name="q4_0",
+        block_size=32,
+        type_size=18,
+        rotated=False,
+        index_bits=4,
+        description="ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)",
+        code=2,
+        layout=(
+            Field("d", 0, 2, "f16", "scale max/-8"),
+            Field("qs", 2, 16, "u4_halves", "codes trunc(x/d + 8.5), byte j = q[j] | q[j+16] << 4"),
+        ),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
     code_lo = -8

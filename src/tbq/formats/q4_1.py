@@ -31,8 +31,8 @@ from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale, safe_reciprocal
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import ScaledInt, ScaledIntChecks, ggml_info
-from .base import Field, Format, Trace, offset_trunc_fragility
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import CapabilitySlot, FuzzTraits
 
 F32 = np.float32
@@ -114,6 +114,24 @@ def min_overflow_status(fmt: Format, trace: Trace) -> NDArray[np.int8]:
     return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
 
+def min_overflow_error(fmt: Format, block: int, values: NDArray[np.float32]) -> Exception:
+
+    with np.errstate(all="ignore"):
+        tr = fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
+    d, m = float(tr["d"][0]), float(tr["m"][0])
+    if not abs(d) < F16_OVERFLOW:
+        what, val = f"the scale d = (max - min) / {'15' if fmt.info.index_bits == 4 else '31'} is {d!r}", d
+    else:
+        what, val = f"the minimum m is {m!r}", m
+    return ScaleOverflowError(
+        f"{fmt.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; "
+        "the largest finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores "
+        "(an infinite fp16 field)",
+        block=block,
+        scale=val,
+    )
+
+
 class MinScaledChecks(ScaledIntChecks):
     """The :class:`CheckTraits` of a :class:`MinScaled` type: each value is ``int_values * d + m``, and ggml pairs it
     with q8_1, whose block sum takes the minimum's term (``ggml_vec_dot_q4_1_q8_1``)."""
@@ -139,31 +157,23 @@ class MinScaled(ScaledInt):
         return min_overflow_status(self, trace)
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        with np.errstate(all="ignore"):
-            tr = self.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
-        d, m = float(tr["d"][0]), float(tr["m"][0])
-        if not abs(d) < F16_OVERFLOW:
-            what, val = f"the scale d = (max - min) / {(1 << self.info.index_bits) - 1} is {d!r}", d
-        else:
-            what, val = f"the minimum m is {m!r}", m
-        return ScaleOverflowError(
-            f"{self.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; "
-            "the largest finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores "
-            "(an infinite fp16 field)",
-            block=block,
-            scale=val,
-        )
+        return min_overflow_error(self, block, values)
 
 
 class Q4_1(MinScaled):
-    info = ggml_info(
-        "q4_1",
-        7,
-        4,
-        "ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
-        Field("d", 0, 2, "f16", "scale (max - min)/15"),
-        Field("m", 2, 2, "f16", "the block's minimum"),
-        Field("qs", 4, 16, "u4_halves", "codes min(15, trunc((x - min)/d + 0.5)), byte j = q[j] | q[j+16] << 4"),
+    info = FormatInfo(
+        name="q4_1",
+        block_size=32,
+        type_size=20,
+        rotated=False,
+        index_bits=4,
+        description="ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
+        code=7,
+        layout=(
+            Field("d", 0, 2, "f16", "scale (max - min)/15"),
+            Field("m", 2, 2, "f16", "the block's minimum"),
+            Field("qs", 4, 16, "u4_halves", "codes min(15, trunc((x - min)/d + 0.5)), byte j = q[j] | q[j+16] << 4"),
+        ),
     )
     kernel_module = "tbq.formats.q4_1_kernels"
     fuzz = CapabilitySlot(

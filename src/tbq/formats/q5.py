@@ -35,8 +35,8 @@ from numpy.typing import NDArray
 from ..float32 import put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import ScaledInt, ScaledIntChecks, ggml_info
-from .base import Field, Trace, offset_trunc_fragility
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, offset_trunc_fragility
 from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits
 from .q4_0 import max_scale_trace
 from .q4_1 import MinScaled, min_scale_trace, put_f16_at, trunc_codes
@@ -81,14 +81,21 @@ class _Q5(ScaledInt):
 
 
 class Q5_0(_Q5):
-    info = ggml_info(
-        "q5_0",
-        8,
-        5,
-        "ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)",
-        Field("d", 0, 2, "f16", "scale max/-16"),
-        Field("qh", 2, 4, "u32", "bit i = bit 4 of code i"),
-        Field("qs", 6, 16, "u4_halves", "low 4 bits of codes min(31, trunc(x/d + 16.5)), byte j = q[j] | q[j+16] << 4"),
+    info = FormatInfo(
+        name="q5_0",
+        block_size=32,
+        type_size=22,
+        rotated=False,
+        index_bits=5,
+        description="ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)",
+        code=8,
+        layout=(
+            Field("d", 0, 2, "f16", "scale max/-16"),
+            Field("qh", 2, 4, "u32", "bit i = bit 4 of code i"),
+            Field(
+                "qs", 6, 16, "u4_halves", "low 4 bits of codes min(31, trunc(x/d + 16.5)), byte j = q[j] | q[j+16] << 4"
+            ),
+        ),
     )
     code_lo = -16
     checker = CapabilitySlot(
@@ -111,15 +118,22 @@ class Q5_0(_Q5):
 
 
 class Q5_1(_Q5, MinScaled):
-    info = ggml_info(
-        "q5_1",
-        9,
-        5,
-        "ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)",
-        Field("d", 0, 2, "f16", "scale (max - min)/31"),
-        Field("m", 2, 2, "f16", "the block's minimum"),
-        Field("qh", 4, 4, "u32", "bit i = bit 4 of code i"),
-        Field("qs", 8, 16, "u4_halves", "low 4 bits of codes trunc((x - min)/d + 0.5), byte j = q[j] | q[j+16] << 4"),
+    info = FormatInfo(
+        name="q5_1",
+        block_size=32,
+        type_size=24,
+        rotated=False,
+        index_bits=5,
+        description="ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)",
+        code=9,
+        layout=(
+            Field("d", 0, 2, "f16", "scale (max - min)/31"),
+            Field("m", 2, 2, "f16", "the block's minimum"),
+            Field("qh", 4, 4, "u32", "bit i = bit 4 of code i"),
+            Field(
+                "qs", 8, 16, "u4_halves", "low 4 bits of codes trunc((x - min)/d + 0.5), byte j = q[j] | q[j+16] << 4"
+            ),
+        ),
     )
     _qh = 4
     attention = CapabilitySlot(AttentionTraits, read="attention_read_q5_1")

@@ -16,8 +16,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..float32 import put_f16_scale, roundf, safe_reciprocal
-from ._shared import ScaledInt, ScaledIntChecks, ggml_info
-from .base import Field, Trace, band
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, band
 from .capabilities import CapabilitySlot, FuzzTraits
 
 _127 = np.float32(127.0)
@@ -49,13 +49,15 @@ def q8_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.fl
 
 
 class Q8_0(ScaledInt):
-    info = ggml_info(
-        "q8_0",
-        1,
-        8,
-        "ggml Q8_0: fp16 scale + 32 int8 codes",
-        Field("d", 0, 2, "f16", "scale amax/127"),
-        Field("qs", 2, 32, "int8", "codes roundf(x/d)"),
+    info = FormatInfo(
+        name="q8_0",
+        block_size=32,
+        type_size=34,
+        rotated=False,
+        index_bits=8,
+        description="ggml Q8_0: fp16 scale + 32 int8 codes",
+        code=1,
+        layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
     code_lo = -128  # int8 codes

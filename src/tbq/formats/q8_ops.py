@@ -33,8 +33,8 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale
 from ..half import F16_OVERFLOW, f16_table
-from ._shared import ScaledIntChecks, ggml_info
-from .base import Field, FieldKind, Format, Trace, band, register_field_kind
+from ._shared import ScaledIntChecks
+from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at
 from .q8_0 import Q8_0, q8_codes
@@ -108,14 +108,19 @@ class Q8_1Checks(ScaledIntChecks):
 class Q8_1(Q8_0):
     """Q8_0's codes and scale, and the block sum ``s``; a dot-product operand, not a cache type."""
 
-    info = ggml_info(
-        "q8_1",
-        19,
-        8,
-        "ggml Q8_1: fp16 scale + fp16 d*sum(codes) + 32 int8 codes (the activation of q4_1/q5_1 dot products)",
-        Field("d", 0, 2, "f16", "scale amax/127"),
-        Field("s", 2, 2, "f16", "fp16(sum(qs) * d), the float32 d", derived=True),
-        Field("qs", 4, 32, "int8", "codes roundf(x/d)"),
+    info = FormatInfo(
+        name="q8_1",
+        block_size=32,
+        type_size=36,
+        rotated=False,
+        index_bits=8,
+        description="ggml Q8_1: fp16 scale + fp16 d*sum(codes) + 32 int8 codes (the activation of q4_1/q5_1 dot products)",
+        code=19,
+        layout=(
+            Field("d", 0, 2, "f16", "scale amax/127"),
+            Field("s", 2, 2, "f16", "fp16(sum(qs) * d), the float32 d", derived=True),
+            Field("qs", 4, 32, "int8", "codes roundf(x/d)"),
+        ),
         cache_type=False,
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
@@ -229,15 +234,19 @@ class Q8_KQuantizer(QuantizerTraits):
 class Q8_K(Format):
     """ggml's Q8_K: float32 scale, 256 int8 codes, 16 int16 group sums; a dot-product operand, not a cache type."""
 
-    info = ggml_info(
-        "q8_k",
-        20,
-        8,
-        "ggml Q8_K: float32 scale + 256 int8 codes + 16 int16 sums of 16 codes (the activation of K-quant dot products)",
-        Field("d", 0, 4, "f32", "scale 1/iscale = max/-127 (float32)", specials=SPECIAL_F32),
-        Field("qs", 4, 256, "int8", "codes min(127, rint(x * iscale)), iscale = -127/max"),
-        Field("bsums", 260, 32, "int16", "bsums[g] = sum of codes 16g .. 16g+15", derived=True),
+    info = FormatInfo(
+        name="q8_k",
         block_size=256,
+        type_size=292,
+        rotated=False,
+        index_bits=8,
+        description="ggml Q8_K: float32 scale + 256 int8 codes + 16 int16 sums of 16 codes (the activation of K-quant dot products)",
+        code=20,
+        layout=(
+            Field("d", 0, 4, "f32", "scale 1/iscale = max/-127 (float32)", specials=SPECIAL_F32),
+            Field("qs", 4, 256, "int8", "codes min(127, rint(x * iscale)), iscale = -127/max"),
+            Field("bsums", 260, 32, "int16", "bsums[g] = sum of codes 16g .. 16g+15", derived=True),
+        ),
         cache_type=False,
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
