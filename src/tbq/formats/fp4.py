@@ -439,6 +439,10 @@ class NVFP4(_FP4):
             Field("qs", 4, 32, "u4_halves16", "E2M1 codes, byte 8s+j = c[16s+j] | c[16s+8+j] << 4"),
         ),
     )
+    # ggml's CPU backend converts the other operand to q8_0 (ggml_vec_dot_nvfp4_q8_0: each 16-value sub-block's
+    # integer sum against half a q8_0 block, times its scale and q8_0's). Its scale is per sub-block, not per
+    # block, so the dot-product check takes the decoded values (exact: code times scale) value by value.
+    checker = CapabilitySlot(_FP4Checks, vec_dot_type="q8_0")
     attention = CapabilitySlot(AttentionTraits, read="attention_read_nvfp4")
     # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
     fuzz = CapabilitySlot(FuzzTraits, hazards={"ue4m3": {"sub_block": 16}})
