@@ -3,7 +3,7 @@
 A format names one of these capabilities in its slot (``attention = CapabilitySlot(BlockAttention)``) where its
 own would only repeat it; a format with a difference declares its own subclass (docs/architecture.md, "How to
 add a format", step 6). :class:`ScaledInt` is the body of ggml's fp16-scale integer types (q4_0, q5_0, q8_0,
-q8_1 and, with their minimum, q4_1 and q5_1): each module gives its encoder and how its codes are stored
+q8_1, iq4_nl and, with their minimum, q4_1 and q5_1): each module gives its encoder and how its codes are stored
 (:meth:`ScaledInt.int_values`); the decoder, the dot-product parts and the value table follow from that one
 reading.
 """
@@ -31,8 +31,8 @@ class BlockAttention(AttentionTraits):
 
 
 class ScaledIntChecks(CheckTraits):
-    """The :class:`CheckTraits` of a :class:`ScaledInt` type: its C encoder multiplies by ``id = 1/d``, and each
-    value is ``int_values * d`` exactly (plus the minimum, which q4_1's and q5_1's add as :meth:`dot_offset`).
+    """The :class:`CheckTraits` of a :class:`ScaledInt` type: its C encoder multiplies by ``id = 1/d`` (iq4_nl's slot
+    says otherwise: its reciprocal is of another scale), and each value is ``int_values * d`` exactly (plus the minimum, which q4_1's and q5_1's add as :meth:`dot_offset`).
     A format names its ``tie_rule`` and ``vec_dot_type`` in its slot."""
 
     format: ScaledInt
@@ -57,7 +57,8 @@ class ScaledIntQuantizer(QuantizerTraits):
 class ScaledInt(Format):
     """Shared body of ggml's fp16-scale integer types: an fp16 scale ``d`` at bytes 0-1 and codes whose values in
     units of ``d`` (:meth:`int_values`: q4_0's nibble - 8, q8_0's int8 as it is) are the ``2**index_bits``
-    integers from ``code_lo`` on, decoded as ``int_values * fp16(d)`` (one exact product). A subclass gives
+    integers from ``code_lo`` on (iq4_nl's: its table of 16, with a quantizer of its own), decoded as
+    ``int_values * fp16(d)`` (one exact product). A subclass gives
     ``code_lo``, :meth:`int_values` and its encoder; its kernel module has ``encode(x, out, raise_overflow)``
     and ``decode(data, out, f16_table)`` unless it says otherwise."""
 

@@ -6,20 +6,21 @@ decoder, the numba kernels and what the codec refuses. Everything a *consumer*
 needs beyond that is a capability, declared on the format as a class attribute
 naming a subclass of one of the classes below, and read by that consumer only::
 
-    class Q4_1Checks(CheckTraits):
+    class MyChecks(CheckTraits):
         tie_rule = "away"
-        vec_dot_type = "q8_1"
+        vec_dot_type = "q8_0"
 
         def dot_parts(self, data): ...  # self.format is the format instance
 
 
-    class Q4_1(Format):
-        info = FormatInfo(name="q4_1", ...)
-        checker = Q4_1Checks
+    class MyFormat(Format):
+        info = FormatInfo(name="my_format", ...)
+        checker = CapabilitySlot(MyChecks)
+        fuzz = CapabilitySlot(FuzzTraits, hazards={"binade_tops": {}})  # only data: declared in the slot
 
 On an instance, ``fmt.checker`` is the capability bound to it (made on first
 use and kept; ``self.format`` inside it is ``fmt``); on the class,
-``Q4_1.checker`` is the capability class, whose declared data (``tie_rule``)
+``MyFormat.checker`` is the capability class, whose declared data (``tie_rule``)
 reads without an instance. A format that declares nothing gets the defaults
 below, which describe a plain format: no checker rules, the original domain,
 no fused attention reader, no fuzzing hazards.
@@ -113,7 +114,7 @@ class Capability:
 
 class CapabilitySlot(Generic[_C]):
     """The descriptor a :class:`Format` declares a capability with: ``checker = CapabilitySlot(CheckTraits)``
-    on the base class; a format overrides it with its own capability class (``checker = CapabilitySlot(Q4_1Checks)``).
+    on the base class; a format overrides it with its own capability class (``checker = CapabilitySlot(MXFP4Checks)``).
 
     A capability that differs from its class only in declared data is declared in the slot, without a class of
     its own: ``fuzz = CapabilitySlot(FuzzTraits, hazards={"min_ties": {"levels": 15}})`` is the subclass of
