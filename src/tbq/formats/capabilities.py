@@ -129,6 +129,9 @@ class CapabilitySlot(Generic[_C]):
     ...     fuzz = CapabilitySlot(FuzzTraits, hazards={"ties": {}})
     >>> _F.fuzz.__qualname__, _F.fuzz.hazards, issubclass(_F.fuzz, FuzzTraits)
     ('_F.fuzz', {'ties': {}}, True)
+    >>> CapabilitySlot(FuzzTraits, hazard={})
+    Traceback (most recent call last):
+    TypeError: FuzzTraits declares no data member 'hazard' (a hook goes on a subclass)
     """
 
     def __init__(self, cls: type[_C], **data: Any) -> None:
