@@ -1165,6 +1165,49 @@ def test_dot_of_a_rotated_format_against_q8_K_works_value_by_value(fmt):
     assert "right block 0: exact sum of its values' products" in "\n".join(ce.lines())
 
 
+def _nvfp4_dot(scale_of=lambda s: s):
+    """``ggml_vec_dot_nvfp4_q8_0_generic`` in float32: per 16-value sub-block ``s`` of a 64-value nvfp4 block, the
+    integer sum of ``kvalues_mxfp4[c]`` times half ``s % 2`` of q8_0 block ``s // 2``, then ``sumf += dy * d * sumi``
+    with ``d`` the sub-block's scale (``scale_of(s)``: the sub-block whose scale is read)."""
+    from tbq.formats.fp4 import E2M1_VALUES, ue4m3_to_f32
+
+    nv = tbq.get_format("nvfp4")
+
+    def dot(x, y, n):
+        xb = np.frombuffer(bytes(x), np.uint8).reshape(-1, nv.type_size)
+        yb = np.frombuffer(bytes(y), np.uint8).reshape(-1, 34)
+        vx = E2M1_VALUES.astype(np.int64)[nv.fields(xb)["qs"]].reshape(-1, 4, 16)
+        cy = yb[:, 2:].view(np.int8).astype(np.int64).reshape(-1, 4, 16)  # two q8_0 blocks an nvfp4 block
+        dy = yb[:, :2].copy().view("<f2").astype(np.float32).reshape(-1, 2)
+        dd = ue4m3_to_f32(xb[:, :4])
+        sumf = np.float32(0)
+        for ib in range(xb.shape[0]):
+            for s in range(4):
+                sumi = np.float32((vx[ib, s] * cy[ib, s]).sum())
+                sumf = np.float32(sumf + np.float32(dy[ib, s // 2] * dd[ib, scale_of(s)]) * sumi)
+        return float(sumf)
+
+    return dot
+
+
+def test_dot_of_nvfp4_against_q8_0_takes_its_sub_block_scales_value_by_value():
+    # ggml converts the other operand to q8_0 (ggml_vec_dot_nvfp4_q8_0): two q8_0 blocks against one nvfp4 block,
+    # each 16-value sub-block with its own UE4M3 scale, so the reference goes value by value (64-value units)
+    left = tbq.get_format("nvfp4")
+    assert left.checker.vec_dot_type == "q8_0" and left.checker.dot_parts(np.zeros((1, 36), np.uint8)) is None
+    assert tbq.check.dot.pair_unit(left, tbq.get_format("q8_0")) == 64
+    r = check_kernel(left, dot=_nvfp4_dot(), blocks=400)
+    c = r.counts("dot")
+    assert r.ok and c["wrong"] == 0 and c["exact"] > 0 and c["blocks"] > 80, c
+    assert "64-value units a call" in r.table()
+    # a kernel that scales each sub-block by its neighbour's scale (s ^ 1: the other half of the q8_0 block)
+    bad = check_kernel(left, dot=_nvfp4_dot(lambda s: s ^ 1), blocks=400)
+    assert not bad.ok and bad.counts("dot")["wrong"] > 0.5 * bad.counts("dot")["blocks"], bad.counts("dot")
+    ce = bad.counterexamples["dot"]
+    assert ce.n == 64 and len(ce.per_block) == 2 and all(sumi is None for sumi, _ in ce.per_block)
+    assert abs(ce.got - ce.expected) > ce.bound
+
+
 def test_the_value_path_reference_is_the_exact_sum():
     # a float32 d (q8_K) times a 32-bit product x_j * c_j needs 56 bits: the split keeps every term exact
     from fractions import Fraction
@@ -1367,7 +1410,7 @@ def _upstream_checks():
         examples=0,
         exact=True,
     ).ok
-    for fmt in ("q4_0", "q8_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4"):
+    for fmt in ("q4_0", "q8_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4", "nvfp4"):
         rhs = tbq.get_format(fmt).checker.vec_dot_type
         for sym in (f"ggml_vec_dot_{fmt}_{rhs}", f"ggml_vec_dot_{fmt}_{rhs}_generic"):
             r = check_library(lib, fmt, dot=sym, init=["ggml_cpu_init"], blocks=2000)

@@ -63,6 +63,7 @@ from .capabilities import (
 
 __all__ = [
     "Option",
+    "option_check",
     "AttentionReader",
     "FieldKind",
     "FIELD_KINDS",
@@ -135,6 +136,31 @@ class Option:
     known: tuple[object, ...] = field(default=(), compare=False)
 
 
+_T = TypeVar("_T")
+
+
+def option_check(
+    option: str, must: str, ok: Callable[[Any], object], convert: Callable[[Any], _T]
+) -> Callable[[object, str], _T]:
+    """An :attr:`Option.check`: ``convert(value)`` when ``ok(value)``, else the :class:`ConfigError` "bad
+    configuration for <format>: <option> must be <must>, got <value>".
+
+    >>> check = option_check("bits", "3 or 4", lambda v: v in (3, 4), int)
+    >>> check(4, "x")
+    4
+    >>> check(5, "x")
+    Traceback (most recent call last):
+    tbq.errors.ConfigError: bad configuration for x: bits must be 3 or 4, got 5
+    """
+
+    def check(value: object, name: str) -> _T:
+        if not ok(value):
+            raise ConfigError(f"bad configuration for {name}: {option} must be {must}, got {value!r}")
+        return convert(value)
+
+    return check
+
+
 @dataclass(frozen=True, kw_only=True)
 class FormatInfo:
     """Static facts about one block format: its registry entry."""
@@ -205,7 +231,6 @@ FORMAT_CLASSES: dict[str, type[Format]] = {}
 
 
 _F = TypeVar("_F", bound="type[Format]")
-_T = TypeVar("_T")
 
 
 def register(cls: _F) -> _F:

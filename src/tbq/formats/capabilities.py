@@ -6,20 +6,21 @@ decoder, the numba kernels and what the codec refuses. Everything a *consumer*
 needs beyond that is a capability, declared on the format as a class attribute
 naming a subclass of one of the classes below, and read by that consumer only::
 
-    class Q4_1Checks(CheckTraits):
+    class MyChecks(CheckTraits):
         tie_rule = "away"
-        vec_dot_type = "q8_1"
+        vec_dot_type = "q8_0"
 
         def dot_parts(self, data): ...  # self.format is the format instance
 
 
-    class Q4_1(Format):
-        info = FormatInfo(name="q4_1", ...)
-        checker = Q4_1Checks
+    class MyFormat(Format):
+        info = FormatInfo(name="my_format", ...)
+        checker = CapabilitySlot(MyChecks)
+        fuzz = CapabilitySlot(FuzzTraits, hazards={"binade_tops": {}})  # only data: declared in the slot
 
 On an instance, ``fmt.checker`` is the capability bound to it (made on first
 use and kept; ``self.format`` inside it is ``fmt``); on the class,
-``Q4_1.checker`` is the capability class, whose declared data (``tie_rule``)
+``MyFormat.checker`` is the capability class, whose declared data (``tie_rule``)
 reads without an instance. A format that declares nothing gets the defaults
 below, which describe a plain format: no checker rules, the original domain,
 no fused attention reader, no fuzzing hazards.
@@ -70,6 +71,7 @@ TIE_RULES = ("", "away", "toward", "up", "even")
 DOMAINS = ("original", "rotated")
 
 _C = TypeVar("_C", bound="Capability", covariant=True)
+_MISSING = object()
 
 #: An encoder's trace (:meth:`Format.reference_encode`): name -> the intermediates of docs/formats.md, one row
 #: per block (float32 quantities; a format may add integer or boolean ones, IQ4_NL's ``"carried"``).
@@ -112,20 +114,45 @@ class Capability:
 
 class CapabilitySlot(Generic[_C]):
     """The descriptor a :class:`Format` declares a capability with: ``checker = CapabilitySlot(CheckTraits)``
-    on the base class; a format overrides it by assigning its capability class (``checker = Q4_1Checks``), which
-    the format class turns into a slot.
+    on the base class; a format overrides it with its own capability class (``checker = CapabilitySlot(MXFP4Checks)``).
+
+    A capability that differs from its class only in declared data is declared in the slot, without a class of
+    its own: ``fuzz = CapabilitySlot(FuzzTraits, hazards={"min_ties": {"levels": 15}})`` is the subclass of
+    ``FuzzTraits`` with that ``hazards``, named after the format and the slot (``Q4_1.fuzz``). Only data the
+    class already declares may be given (a misspelt name is an error, not a new attribute), never a hook.
 
     On the class it gives the capability class (its declared data reads without an instance); on an instance,
     the capability bound to that instance, made on first use and kept in the instance's ``__dict__`` (dropped
     when the format is pickled: a bound capability may hold compiled, process-local code).
+
+    >>> class _F:
+    ...     fuzz = CapabilitySlot(FuzzTraits, hazards={"ties": {}})
+    >>> _F.fuzz.__qualname__, _F.fuzz.hazards, issubclass(_F.fuzz, FuzzTraits)
+    ('_F.fuzz', {'ties': {}}, True)
+    >>> CapabilitySlot(FuzzTraits, hazard={})
+    Traceback (most recent call last):
+    TypeError: FuzzTraits declares no data member 'hazard' (a hook goes on a subclass)
     """
 
-    def __init__(self, cls: type[_C]) -> None:
-        self.cls = cls
+    def __init__(self, cls: type[_C], **data: Any) -> None:
+        for k in data:
+            old = getattr(cls, k, _MISSING)
+            if k.startswith("_") or old is _MISSING or callable(old) or isinstance(old, property):
+                raise TypeError(f"{cls.__name__} declares no data member {k!r} (a hook goes on a subclass)")
+        #: the capability class: ``cls`` itself, or its subclass with ``data`` (named in :meth:`__set_name__`)
+        self.cls: type[_C] = (
+            types.new_class(cls.__name__, (cls,), exec_body=lambda ns: ns.update(data)) if data else cls
+        )
+        self._data = tuple(data)
         self.key = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.key = f"_capability_{name}"
+        if self._data:
+            base = self.cls.__mro__[1].__name__
+            self.cls.__name__ = self.cls.__qualname__ = f"{owner.__qualname__}.{name}"
+            self.cls.__module__ = owner.__module__
+            self.cls.__doc__ = f"{owner.__name__}'s :class:`{base}`: declares {', '.join(self._data)}."
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> type[_C]: ...

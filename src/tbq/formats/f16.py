@@ -35,7 +35,7 @@ from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import f16_table
 from .base import Field, Format, FormatInfo, Trace, band
-from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits
+from .capabilities import AttentionTraits, CapabilitySlot
 
 F32 = np.float32
 
@@ -86,18 +86,9 @@ def _bf16_code(y: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.rint(y / step) * step
 
 
-class _HalfFuzz(FuzzTraits):
-    """Half's :class:`FuzzTraits`."""
-
-    format: _Half
-
-    hazards = {}
-
-
 class _Half(Format):
     """Shared body of F16 and BF16: block size 1, no scale, a refusal for values that round to infinity."""
 
-    fuzz = CapabilitySlot(_HalfFuzz)
     _overflow_bits: ClassVar[int] = 0
     _type_name: ClassVar[str] = ""  #: "float16" / "bfloat16", for messages
     _limit: ClassVar[str] = ""  #: the largest finite value, for messages
@@ -179,19 +170,11 @@ def _info(name: str, *, code: int, description: str, value: str) -> FormatInfo:
     )
 
 
-class F16Attention(AttentionTraits):
-    """F16's :class:`AttentionTraits`."""
-
-    format: F16
-
-    read = "attention_read_f16"
-
-
 class F16(_Half):
     info = _info(
         "f16", code=5, description="IEEE binary16 per value (ggml F16)", value="fp16(x), round to nearest even"
     )
-    attention = CapabilitySlot(F16Attention)
+    attention = CapabilitySlot(AttentionTraits, read="attention_read_f16")
     _overflow_bits = F16_OVERFLOW_BITS
     _type_name = "float16"
     _limit = "65504"
@@ -209,14 +192,6 @@ class F16(_Half):
         return f16_decode_table()[h].view(np.float32)
 
 
-class BF16Attention(AttentionTraits):
-    """BF16's :class:`AttentionTraits`."""
-
-    format: BF16
-
-    read = "attention_read_bf16"
-
-
 class BF16(_Half):
     info = _info(
         "bf16",
@@ -224,7 +199,7 @@ class BF16(_Half):
         description="bfloat16 per value (ggml BF16): the upper half of a float32, rounded to nearest even",
         value="bf16(x): the float32 bits >> 16, rounded to nearest even",
     )
-    attention = CapabilitySlot(BF16Attention)
+    attention = CapabilitySlot(AttentionTraits, read="attention_read_bf16")
     _overflow_bits = BF16_OVERFLOW_BITS
     _type_name = "bfloat16"
     _limit = "3.3895314e+38"

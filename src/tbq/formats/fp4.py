@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -265,26 +265,48 @@ def _unpack16(b: NDArray[np.uint8]) -> NDArray[np.uint8]:
 # ---------------------------------------------------------------------------
 
 
-def _e2m1_value_table(fmt: Format, x: ArrayLike, d: ArrayLike) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """The doubled E2M1 values and what they meet: x / d with the block's (sub-block's) halved scale.
+class _FP4Checks(CheckTraits):
+    """The :class:`CheckTraits` of MXFP4 and NVFP4."""
 
-    A flushed (zero-scale) block or sub-block meets no table.
-    """
-    x = np.asarray(x, np.float64)
-    d = np.asarray(d, np.float64)
-    x = x.reshape(d.shape + (-1,))
-    keep = np.broadcast_to(d[..., None] > 0, x.shape)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = x / d[..., None]
-    return np.asarray(fmt.tables()["values"], np.float64), v[keep]
+    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
 
 
-class MXFP4Checks(CheckTraits):
+class _FP4Quantizer(QuantizerTraits):
+    """The :class:`QuantizerTraits` of MXFP4 and NVFP4."""
+
+    format: _FP4
+
+    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The doubled E2M1 values and what they meet: x / d with the block's (sub-blocks') halved scale.
+
+        A flushed (zero-scale) block or sub-block meets no table.
+        """
+        d = np.asarray(trace[self.format._scale], np.float64)
+        x = np.asarray(trace["x"], np.float64).reshape(d.shape + (-1,))
+        keep = np.broadcast_to(d[..., None] > 0, x.shape)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = x / d[..., None]
+        return np.asarray(self.format.tables()["values"], np.float64), v[keep]
+
+
+class _FP4(Format):
+    """Shared body of MXFP4 and NVFP4: E2M1 codes (``E2M1_VALUES``) times a block or sub-block scale."""
+
+    kernel_module = "tbq.formats.fp4_kernels"
+    checker = CapabilitySlot(_FP4Checks)
+    quantizer = CapabilitySlot(_FP4Quantizer)
+    #: the trace's halved scale the codes are chosen against: the block's ``d`` or the sub-blocks' ``dd``
+    _scale: ClassVar[str] = "d"
+
+    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
+        getattr(self.kernels(), f"decode_{self.name}")(data, out)  # decode_mxfp4 / decode_nvfp4
+
+
+class MXFP4Checks(_FP4Checks):
     """MXFP4's :class:`CheckTraits`."""
 
     format: MXFP4
 
-    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
     vec_dot_type = "q8_0"  # ggml_vec_dot_mxfp4_q8_0
 
     def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
@@ -303,32 +325,7 @@ class MXFP4Checks(CheckTraits):
         )
 
 
-class MXFP4Attention(AttentionTraits):
-    """MXFP4's :class:`AttentionTraits`."""
-
-    format: MXFP4
-
-    read = "attention_read_mxfp4"
-
-
-class MXFP4Fuzz(FuzzTraits):
-    """MXFP4's :class:`FuzzTraits`."""
-
-    format: MXFP4
-
-    hazards = {"binade_tops": {}}  # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
-
-
-class MXFP4Quantizer(QuantizerTraits):
-    """MXFP4's :class:`QuantizerTraits`."""
-
-    format: MXFP4
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return _e2m1_value_table(self.format, trace["x"], trace["d"])
-
-
-class MXFP4(Format):
+class MXFP4(_FP4):
     """MXFP4: E8M0 shared exponent + 32 E2M1 codes (split halves), 17 bytes."""
 
     info = FormatInfo(
@@ -344,11 +341,10 @@ class MXFP4(Format):
             Field("qs", 1, 16, "u4_halves", "E2M1 codes (bit 3 = sign), byte j = c[j] | c[j+16] << 4"),
         ),
     )
-    kernel_module = "tbq.formats.fp4_kernels"
     checker = CapabilitySlot(MXFP4Checks)
-    attention = CapabilitySlot(MXFP4Attention)
-    fuzz = CapabilitySlot(MXFP4Fuzz)
-    quantizer = CapabilitySlot(MXFP4Quantizer)
+    attention = CapabilitySlot(AttentionTraits, read="attention_read_mxfp4")
+    # amax where floor(log2f) rounds up to the next exponent; E2M1 midpoints
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"binade_tops": {}})
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
@@ -376,9 +372,6 @@ class MXFP4(Format):
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_mxfp4(x, out, raise_overflow, e8m0_boundaries())
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_mxfp4(data, out)
 
     # -- refusals ---------------------------------------------------------------------
     def scale_overflows(self, trace: Trace) -> NDArray[np.bool_]:
@@ -424,40 +417,7 @@ class MXFP4(Format):
         return near & (amax > 0) & ~pow2
 
 
-class NVFP4Checks(CheckTraits):
-    """NVFP4's :class:`CheckTraits`."""
-
-    format: NVFP4
-
-    tie_rule = "toward"  # best_index keeps the first (smaller) level on a tie
-
-
-class NVFP4Attention(AttentionTraits):
-    """NVFP4's :class:`AttentionTraits`."""
-
-    format: NVFP4
-
-    read = "attention_read_nvfp4"
-
-
-class NVFP4Fuzz(FuzzTraits):
-    """NVFP4's :class:`FuzzTraits`."""
-
-    format: NVFP4
-
-    hazards = {"ue4m3": {"sub_block": 16}}  # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
-
-
-class NVFP4Quantizer(QuantizerTraits):
-    """NVFP4's :class:`QuantizerTraits`."""
-
-    format: NVFP4
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return _e2m1_value_table(self.format, trace["x"], trace["dd"])  # the sub-block scales
-
-
-class NVFP4(Format):
+class NVFP4(_FP4):
     """NVFP4: four UE4M3 sub-block scales + 64 E2M1 codes, 36 bytes (no per-tensor scale)."""
 
     info = FormatInfo(
@@ -479,11 +439,14 @@ class NVFP4(Format):
             Field("qs", 4, 32, "u4_halves16", "E2M1 codes, byte 8s+j = c[16s+j] | c[16s+8+j] << 4"),
         ),
     )
-    kernel_module = "tbq.formats.fp4_kernels"
-    checker = CapabilitySlot(NVFP4Checks)
-    attention = CapabilitySlot(NVFP4Attention)
-    fuzz = CapabilitySlot(NVFP4Fuzz)
-    quantizer = CapabilitySlot(NVFP4Quantizer)
+    # ggml's CPU backend converts the other operand to q8_0 (ggml_vec_dot_nvfp4_q8_0: each 16-value sub-block's
+    # integer sum against half a q8_0 block, times its scale and q8_0's). Its scale is per sub-block, not per
+    # block, so the dot-product check takes the decoded values (exact: code times scale) value by value.
+    checker = CapabilitySlot(_FP4Checks, vec_dot_type="q8_0")
+    attention = CapabilitySlot(AttentionTraits, read="attention_read_nvfp4")
+    # sub-block scales on UE4M3 rounding boundaries; E2M1 midpoints
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"ue4m3": {"sub_block": 16}})
+    _scale = "dd"
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         n = x.shape[0]
@@ -510,9 +473,6 @@ class NVFP4(Format):
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_nvfp4(x, out)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode_nvfp4(data, out)
 
     def fields(self, data: ArrayLike) -> dict[str, NDArray[Any]]:
         """``d``: the UE4M3 bytes (..., n_blocks, 4); ``qs``: the codes (..., n_blocks, 64) in value order."""

@@ -69,6 +69,18 @@ class Grid:
         self.overflow_bits = overflow_bits  #: |v| float32 bits at and above which v overflows
         self.has_inf = has_inf
 
+    def specials(self) -> tuple[tuple[str, int, int], ...]:
+        """The special bytes arbitrary-byte fuzzing injects (:attr:`Field.specials`): zeros, the infinities where
+        there are any, the NaNs, the largest finite magnitude and the subnormals, each sign."""
+        inf = ((1 << (7 - self.m)) - 1) << self.m  # the top exponent, mantissa 0
+        nan = inf + 1 if self.has_inf else 0x7F
+        sub = (1 << self.m) - 1
+        ranges = [("+0", 0, 0)]
+        ranges += [("+inf", inf, inf)] if self.has_inf else []
+        ranges += [("nan", nan, 0x7F), ("max", self.max_code, self.max_code), ("subnormal", 1, sub)]
+        # each positive range, then the same bytes with the sign bit (-0 after +0, and so on)
+        return tuple(r for n, lo, hi in ranges for r in ((n, lo, hi), ("-" + n.lstrip("+"), lo | 0x80, hi | 0x80)))
+
     @functools.cached_property
     def values(self) -> NDArray[np.float32]:
         """float32 (256,): the exact value of every byte (NaN bytes as the canonical ``0x7FFFFFFF``)."""
@@ -151,14 +163,6 @@ class _FP8Attention(AttentionTraits):
         return self.format._table.view(np.float32)  # the 256 decoded values
 
 
-class _FP8Golden(GoldenTraits):
-    """FP8's :class:`GoldenTraits`."""
-
-    format: _FP8
-
-    on_overflow = "saturate"
-
-
 class _FP8Fuzz(FuzzTraits):
     """FP8's :class:`FuzzTraits`."""
 
@@ -196,7 +200,7 @@ class _FP8(Format):
 
     kernel_module = "tbq.formats.fp8_kernels"
     attention = CapabilitySlot(_FP8Attention)
-    golden = CapabilitySlot(_FP8Golden)
+    golden = CapabilitySlot(GoldenTraits, on_overflow="saturate")
     fuzz = CapabilitySlot(_FP8Fuzz)
     quantizer = CapabilitySlot(_FP8Quantizer)
 
@@ -291,73 +295,36 @@ def _kernel_grid(g: Grid) -> tuple[np.uint32, ...]:
     )
 
 
-class FP8_E4M3(_FP8):
-    """FP8 E4M3 ("fn": no infinities; 448 is the largest value) with a per-tensor scale."""
-
-    info = FormatInfo(
-        name="fp8_e4m3",
+def _info(grid: Grid, code: int) -> FormatInfo:
+    """The table row of ``grid``'s FP8 type: one byte a value, its special bytes from the grid."""
+    e = grid.name.lower()
+    return FormatInfo(
+        name=f"fp8_{e}",
         block_size=1,
         type_size=1,
         rotated=False,
         index_bits=8,
-        description="FP8 E4M3 per value (vLLM fp8_e4m3), per-tensor float32 scale",
-        code=17,
+        description=f"FP8 {grid.name} per value (vLLM fp8_{e}), per-tensor float32 scale",
+        code=code,
         layout=(
             Field(
-                "q",
-                0,
-                1,
-                "uint8",
-                "E4M3 byte of x / scale, round to nearest even",
-                specials=(
-                    ("+0", 0x00, 0x00),
-                    ("-0", 0x80, 0x80),
-                    ("nan", 0x7F, 0x7F),
-                    ("-nan", 0xFF, 0xFF),
-                    ("max", 0x7E, 0x7E),
-                    ("-max", 0xFE, 0xFE),
-                    ("subnormal", 0x01, 0x07),
-                    ("-subnormal", 0x81, 0x87),
-                ),
+                "q", 0, 1, "uint8", f"{grid.name} byte of x / scale, round to nearest even", specials=grid.specials()
             ),
         ),
     )
+
+
+class FP8_E4M3(_FP8):
+    """FP8 E4M3 ("fn": no infinities; 448 is the largest value) with a per-tensor scale."""
+
+    info = _info(E4M3, 17)
     grid = E4M3
 
 
 class FP8_E5M2(_FP8):
     """FP8 E5M2 (IEEE-like: infinities and NaNs; 57344 is the largest finite value) with a per-tensor scale."""
 
-    info = FormatInfo(
-        name="fp8_e5m2",
-        block_size=1,
-        type_size=1,
-        rotated=False,
-        index_bits=8,
-        description="FP8 E5M2 per value (vLLM fp8_e5m2), per-tensor float32 scale",
-        code=18,
-        layout=(
-            Field(
-                "q",
-                0,
-                1,
-                "uint8",
-                "E5M2 byte of x / scale, round to nearest even",
-                specials=(
-                    ("+0", 0x00, 0x00),
-                    ("-0", 0x80, 0x80),
-                    ("+inf", 0x7C, 0x7C),
-                    ("-inf", 0xFC, 0xFC),
-                    ("nan", 0x7D, 0x7F),
-                    ("-nan", 0xFD, 0xFF),
-                    ("max", 0x7B, 0x7B),
-                    ("-max", 0xFB, 0xFB),
-                    ("subnormal", 0x01, 0x03),
-                    ("-subnormal", 0x81, 0x83),
-                ),
-            ),
-        ),
-    )
+    info = _info(E5M2, 18)
     grid = E5M2
 
 

@@ -47,12 +47,11 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..errors import ScaleOverflowError
-from ..float32 import get_f16_scale, put_f16_scale
-from ..half import f16_table
+from ..float32 import put_f16_scale
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import BlockAttention
-from .base import Field, Format, FormatInfo, Trace, band
-from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, band
+from .capabilities import CapabilitySlot, FuzzTraits, QuantizerTraits
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
 
@@ -103,26 +102,6 @@ def _code64(a: NDArray[np.float64]) -> NDArray[np.intp]:
     return np.searchsorted(IQ4_NL_MIDPOINTS.astype(np.float64), a, side="right")
 
 
-class IQ4_NLFuzz(FuzzTraits):
-    """IQ4_NL's :class:`FuzzTraits`."""
-
-    format: IQ4_NL
-
-    #: the strategies aim at x/d0 halfway between two table values (ties go up) and at the 1e-15 tiny-block rule
-    hazards = {"grid_ties": {"table": tuple(int(v) for v in IQ4_NL_VALUES), "divisor": -127.0}}
-
-
-class IQ4_NLChecks(CheckTraits):
-    """IQ4_NL's :class:`CheckTraits`."""
-
-    format: IQ4_NL
-
-    vec_dot_type = "q8_0"  # ggml_vec_dot_iq4_nl_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return IQ4_NL_VALUES.astype(np.int64)[np_unpack4_halves(data[:, 2:])], get_f16_scale(data).astype(np.float64)
-
-
 class IQ4_NLQuantizer(QuantizerTraits):
     """IQ4_NL's :class:`QuantizerTraits`."""
 
@@ -133,7 +112,7 @@ class IQ4_NLQuantizer(QuantizerTraits):
         return np.asarray(self.format.tables()["values"], np.float64), np.asarray(trace["a"], np.float64).ravel()
 
 
-class IQ4_NL(Format):
+class IQ4_NL(ScaledInt):
     """IQ4_NL: fp16 least-squares scale + 32 4-bit indices into ``kvalues_iq4nl`` (split halves)."""
 
     info = FormatInfo(
@@ -156,9 +135,12 @@ class IQ4_NL(Format):
         ),
     )
     kernel_module = "tbq.formats.iq4_nl_kernels"
-    attention = CapabilitySlot(BlockAttention)
-    fuzz = CapabilitySlot(IQ4_NLFuzz)
-    checker = CapabilitySlot(IQ4_NLChecks)
+    # ggml_vec_dot_iq4_nl_q8_0; the encoder's reciprocal is of d0 = max/-127, not of the traced least-squares d
+    checker = CapabilitySlot(ScaledIntChecks, vec_dot_type="q8_0", reciprocal_scale=False)
+    #: the strategies aim at x/d0 halfway between two table values (ties go up) and at the 1e-15 tiny-block rule
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"grid_ties": {"table": tuple(int(v) for v in IQ4_NL_VALUES), "divisor": -127.0}}
+    )
     quantizer = CapabilitySlot(IQ4_NLQuantizer)
     row_rule = True
 
@@ -218,9 +200,8 @@ class IQ4_NL(Format):
         out[:, 2:] = np_pack4_halves(lr.reshape(n, -1).astype(np.uint8))
         return out, {"d0": d0, "a": a, "d": d, "carried": carried.reshape(n)}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        return d[:, None] * _KF[np_unpack4_halves(data[:, 2:])]
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.int8]:
+        return IQ4_NL_VALUES[np_unpack4_halves(data[:, 2:])]
 
     def tables(self) -> dict[str, NDArray[Any]]:
         """``values`` (int8, kvalues_iq4nl) and ``midpoints`` (float32)."""
@@ -234,9 +215,6 @@ class IQ4_NL(Format):
         return self.kernels().encode(
             x, out, raise_overflow, max(x.shape[0] if row_blocks is None else int(row_blocks), 1)
         )
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode(data, out, f16_table())
 
     # -- refusals --------------------------------------------------------------------
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:

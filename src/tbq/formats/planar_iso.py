@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import json
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -117,14 +117,6 @@ def unpack_planes3(planes: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return (lo | (hi << 2)).astype(np.uint8)
 
 
-class _PlanarIsoFuzz(FuzzTraits):
-    """PlanarIso's :class:`FuzzTraits`."""
-
-    format: _PlanarIso
-
-    hazards = {"thresholds": {}}  # rotated coordinates on the (asymmetric) derived thresholds
-
-
 class _PlanarIsoQuantizer(QuantizerTraits):
     """PlanarIso's :class:`QuantizerTraits`."""
 
@@ -156,11 +148,16 @@ class _PlanarIsoAttention(AttentionTraits):
 class _PlanarIso(Format):
     """Shared body of the four formats: they differ in the rotation (``_rot``) and the codebook (``index_bits``)."""
 
-    _rot: ClassVar[str] = ""  # "givens" or "quat"
     kernel_module = "tbq.formats.planar_iso_kernels"
-    fuzz = CapabilitySlot(_PlanarIsoFuzz)
+    # rotated coordinates on the (asymmetric) derived thresholds
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"thresholds": {}})
     quantizer = CapabilitySlot(_PlanarIsoQuantizer)
     attention = CapabilitySlot(_PlanarIsoAttention)
+
+    @property
+    def _rot(self) -> str:
+        """The rotation, which the format's name gives: ``"givens"`` (planar) or ``"quat"`` (iso)."""
+        return _rotation_of(self.name)
 
     def __init__(self, **options: object) -> None:
         super().__init__(**options)
@@ -402,15 +399,20 @@ _LAYOUT = {
 _ROTATIONS = {"givens": "64 Givens rotations", "quat": "32 quaternion rotations"}
 
 
-def _info(name: str, *, code: int, bits: int, rot: str) -> FormatInfo:
-    """The family's table row: 128 values, an fp16 norm and ``bits``-bit indices after the rotation ``rot``."""
+def _rotation_of(name: str) -> str:
+    """``"givens"`` for planar3_0 and planar4_0, ``"quat"`` for iso3_0 and iso4_0."""
+    return "givens" if name.startswith("planar") else "quat"
+
+
+def _info(name: str, *, code: int, bits: int) -> FormatInfo:
+    """The family's table row: 128 values, an fp16 norm and ``bits``-bit indices after the format's rotation."""
     return FormatInfo(
         name=name,
         block_size=128,
         type_size=2 + 16 * bits,
         rotated=True,
         index_bits=bits,
-        description=f"{name.upper()}: fp16 norm + 128 {bits}-bit indices after {_ROTATIONS[rot]}",
+        description=f"{name.upper()}: fp16 norm + 128 {bits}-bit indices after {_ROTATIONS[_rotation_of(name)]}",
         code=code,
         layout=_LAYOUT[bits],
     )
@@ -419,26 +421,22 @@ def _info(name: str, *, code: int, bits: int, rot: str) -> FormatInfo:
 class PLANAR3_0(_PlanarIso):
     """PLANAR3_0: 128 values -> fp16 corrected norm + 3-bit indices after 64 Givens rotations (50 bytes)."""
 
-    info = _info("planar3_0", code=13, bits=3, rot="givens")
-    _rot = "givens"
+    info = _info("planar3_0", code=13, bits=3)
 
 
 class ISO3_0(_PlanarIso):
     """ISO3_0: 128 values -> fp16 corrected norm + 3-bit indices after 32 quaternion left-multiplications (50 bytes)."""
 
-    info = _info("iso3_0", code=14, bits=3, rot="quat")
-    _rot = "quat"
+    info = _info("iso3_0", code=14, bits=3)
 
 
 class PLANAR4_0(_PlanarIso):
     """PLANAR4_0: 128 values -> fp16 corrected norm + 4-bit indices after 64 Givens rotations (66 bytes)."""
 
-    info = _info("planar4_0", code=15, bits=4, rot="givens")
-    _rot = "givens"
+    info = _info("planar4_0", code=15, bits=4)
 
 
 class ISO4_0(_PlanarIso):
     """ISO4_0: 128 values -> fp16 corrected norm + 4-bit indices after 32 quaternion left-multiplications (66 bytes)."""
 
-    info = _info("iso4_0", code=16, bits=4, rot="quat")
-    _rot = "quat"
+    info = _info("iso4_0", code=16, bits=4)

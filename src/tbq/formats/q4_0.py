@@ -15,12 +15,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
-from ..half import f16_table
+from ..float32 import put_f16_scale, safe_reciprocal
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import BlockAttention
-from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, offset_trunc_fragility
+from .capabilities import CapabilitySlot, FuzzTraits
 
 F32 = np.float32
 _M8 = F32(-8.0)
@@ -44,37 +43,7 @@ def max_scale_trace(
     return d, inv, v, v + offset
 
 
-class Q4_0Checks(CheckTraits):
-    """Q4_0's :class:`CheckTraits`."""
-
-    format: Q4_0
-
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "up"
-    vec_dot_type = "q8_0"  # ggml_vec_dot_q4_0_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return np_unpack4_halves(data[:, 2:]).astype(np.int64) - 8, get_f16_scale(data).astype(np.float64)
-
-
-class Q4_0Fuzz(FuzzTraits):
-    """Q4_0's :class:`FuzzTraits`."""
-
-    format: Q4_0
-
-    hazards = {"ties": {"divisor": 8.0, "codes": (-8, 7)}}
-
-
-class Q4_0Quantizer(QuantizerTraits):
-    """Q4_0's :class:`QuantizerTraits`."""
-
-    format: Q4_0
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.int_levels(-8, 16, trace["v"])  # code - 8, v = x / d
-
-
-class Q4_0(Format):
+class Q4_0(ScaledInt):
     info = FormatInfo(
         name="q4_0",
         block_size=32,
@@ -89,10 +58,9 @@ class Q4_0(Format):
         ),
     )
     kernel_module = "tbq.formats.q4_0_kernels"
-    checker = CapabilitySlot(Q4_0Checks)
-    attention = CapabilitySlot(BlockAttention)
-    fuzz = CapabilitySlot(Q4_0Fuzz)
-    quantizer = CapabilitySlot(Q4_0Quantizer)
+    code_lo = -8
+    checker = CapabilitySlot(ScaledIntChecks, tie_rule="up", vec_dot_type="q8_0")  # ggml_vec_dot_q4_0_q8_0
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"ties": {"divisor": 8.0, "codes": (-8, 7)}})
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, inv, v, t = max_scale_trace(x, _M8, _8_5)
@@ -105,16 +73,8 @@ class Q4_0(Format):
         out[:, 2:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        q = np_unpack4_halves(data[:, 2:]).astype(np.float32) - F32(8)
-        return q * d[:, None]
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode(data, out, f16_table())
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.int32]:
+        return np_unpack4_halves(data[:, 2:]).astype(np.int32) - 8
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 8.5) can change min(15, trunc(t)).

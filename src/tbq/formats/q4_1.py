@@ -28,12 +28,12 @@ from numpy.typing import NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
-from ..float32 import get_f16_scale, put_f16_scale, safe_reciprocal
+from ..float32 import put_f16_scale, safe_reciprocal
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import BlockAttention
+from ._shared import ScaledInt, ScaledIntChecks
 from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import CapabilitySlot, FuzzTraits
 
 F32 = np.float32
 _15 = F32(15.0)
@@ -132,40 +132,35 @@ def min_overflow_error(fmt: Format, block: int, values: NDArray[np.float32]) -> 
     )
 
 
-class Q4_1Checks(CheckTraits):
-    """Q4_1's :class:`CheckTraits`."""
+class MinScaledChecks(ScaledIntChecks):
+    """The :class:`CheckTraits` of a :class:`MinScaled` type: each value is ``int_values * d + m``, and ggml pairs it
+    with q8_1, whose block sum takes the minimum's term (``ggml_vec_dot_q4_1_q8_1``)."""
 
-    format: Q4_1
-
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"
-    vec_dot_type = "q8_1"  # ggml_vec_dot_q4_1_q8_1
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return np_unpack4_halves(data[:, 4:]).astype(np.int64), get_f16_scale(data).astype(np.float64)
+    tie_rule = "away"  # trunc(v + 0.5), v >= 0
+    vec_dot_type = "q8_1"
 
     def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
         return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
 
 
-class Q4_1Fuzz(FuzzTraits):
-    """Q4_1's :class:`FuzzTraits`."""
+class MinScaled(ScaledInt):
+    """Shared body of Q4_1 and Q5_1: a :class:`ScaledInt` with the block's minimum ``m`` (fp16 at bytes 2-3) added
+    to each decoded value; a block whose ``d`` or ``m`` does not fit fp16 is refused."""
 
-    format: Q4_1
+    checker = CapabilitySlot(MinScaledChecks)
 
-    hazards = {"min_ties": {"levels": 15}}  # (x - min) / d exactly k + 1/2: round half up
+    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
+        # the exact product, then the sum: one rounding
+        return add_min(super().reference_decode(data), get_f16_at(data, 2))
+
+    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
+        return min_overflow_status(self, trace)
+
+    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
+        return min_overflow_error(self, block, values)
 
 
-class Q4_1Quantizer(QuantizerTraits):
-    """Q4_1's :class:`QuantizerTraits`."""
-
-    format: Q4_1
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.int_levels(0, 16, trace["v"])  # codes 0 .. 15, v = (x - min) / d
-
-
-class Q4_1(Format):
+class Q4_1(MinScaled):
     info = FormatInfo(
         name="q4_1",
         block_size=32,
@@ -181,10 +176,9 @@ class Q4_1(Format):
         ),
     )
     kernel_module = "tbq.formats.q4_1_kernels"
-    checker = CapabilitySlot(Q4_1Checks)
-    attention = CapabilitySlot(BlockAttention)
-    fuzz = CapabilitySlot(Q4_1Fuzz)
-    quantizer = CapabilitySlot(Q4_1Quantizer)
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"min_ties": {"levels": 15}}
+    )  # (x - min) / d exactly k + 1/2: round half up
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _15)
@@ -195,23 +189,8 @@ class Q4_1(Format):
         out[:, 4:] = np_pack4_halves(q.astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        m = get_f16_at(data, 2)
-        q = np_unpack4_halves(data[:, 4:]).astype(np.float32)
-        return add_min(q * d[:, None], m)  # product, then sum: two roundings (the product is exact)
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode(data, out, f16_table())
-
-    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return min_overflow_status(self, trace)
-
-    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        return min_overflow_error(self, block, values)
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.uint8]:
+        return np_unpack4_halves(data[:, 4:])
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change min(15, trunc(t)).

@@ -27,17 +27,19 @@ undefined; tbq writes code 0 there (what x86-64 gcc produces).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from numpy.typing import NDArray
 
-from ..float32 import get_f16_scale, put_f16_scale
+from ..float32 import put_f16_scale
 from ..half import f16_table
 from ..packing import np_pack4_halves, np_unpack4_halves
-from ._shared import BlockAttention
-from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
-from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, offset_trunc_fragility
+from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits
 from .q4_0 import max_scale_trace
-from .q4_1 import add_min, get_f16_at, min_overflow_error, min_overflow_status, min_scale_trace, put_f16_at, trunc_codes
+from .q4_1 import MinScaled, min_scale_trace, put_f16_at, trunc_codes
 
 F32 = np.float32
 _M16 = F32(-16.0)
@@ -61,46 +63,21 @@ def unpack_codes(data: NDArray[np.uint8], qh_off: int) -> NDArray[np.int32]:
     return (lo | (((qh >> _BIT) & np.uint32(1)) << np.uint32(4))).astype(np.int32)
 
 
-class _Q5(Format):
-    """Shared structure of Q5_0 and Q5_1: the ``qh`` plane reads as a uint32 field."""
+class _Q5(ScaledInt):
+    """Shared structure of Q5_0 and Q5_1: the ``qh`` plane before the nibbles, read as a uint32 field."""
 
     kernel_module = "tbq.formats.q5_kernels"
+    #: byte offset of ``qh`` (Q5_1 has its minimum first)
+    _qh: ClassVar[int] = 2
+
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.int32]:
+        return unpack_codes(data, self._qh) + self.code_lo
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return getattr(self.kernels(), f"encode_{self.name}")(x, out, raise_overflow)  # encode_q5_0 / encode_q5_1
 
     def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
         getattr(self.kernels(), f"decode_{self.name}")(data, out, f16_table())
-
-
-class Q5_0Checks(CheckTraits):
-    """Q5_0's :class:`CheckTraits`."""
-
-    format: Q5_0
-
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "up"  # trunc(v + 16.5)
-    vec_dot_type = "q8_0"  # ggml_vec_dot_q5_0_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return unpack_codes(data, 2).astype(np.int64) - 16, get_f16_scale(data).astype(np.float64)
-
-
-class Q5_0Fuzz(FuzzTraits):
-    """Q5_0's :class:`FuzzTraits`."""
-
-    format: Q5_0
-
-    hazards = {"ties": {"divisor": 16.0, "codes": (-16, 15)}}
-
-
-class Q5_0Quantizer(QuantizerTraits):
-    """Q5_0's :class:`QuantizerTraits`."""
-
-    format: Q5_0
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.int_levels(-16, 32, trace["v"])  # code - 16, v = x / d
 
 
 class Q5_0(_Q5):
@@ -120,10 +97,11 @@ class Q5_0(_Q5):
             ),
         ),
     )
-    checker = CapabilitySlot(Q5_0Checks)
-    attention = CapabilitySlot(BlockAttention)
-    fuzz = CapabilitySlot(Q5_0Fuzz)
-    quantizer = CapabilitySlot(Q5_0Quantizer)
+    code_lo = -16
+    checker = CapabilitySlot(
+        ScaledIntChecks, tie_rule="up", vec_dot_type="q8_0"
+    )  # trunc(v + 16.5); ggml_vec_dot_q5_0_q8_0
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"ties": {"divisor": 16.0, "codes": (-16, 15)}})
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, _, v, t = max_scale_trace(x, _M16, _16_5)
@@ -134,58 +112,12 @@ class Q5_0(_Q5):
         out[:, 6:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "v": v, "t": t}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        c = unpack_codes(data, 2)
-        return (c - 16).astype(np.float32) * d[:, None]
-
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = x*id or of t = float32(v + 16.5) can change min(31, trunc(t)).
         return offset_trunc_fragility(trace["v"], trace["t"], k, 16.5, 31)
 
 
-class Q5_1Checks(CheckTraits):
-    """Q5_1's :class:`CheckTraits`."""
-
-    format: Q5_1
-
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"  # trunc(v + 0.5), v >= 0
-    vec_dot_type = "q8_1"  # ggml_vec_dot_q5_1_q8_1
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return unpack_codes(data, 4).astype(np.int64), get_f16_scale(data).astype(np.float64)
-
-    def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
-        return get_f16_at(data, 2).astype(np.float64)  # m: each value is codes * d + m
-
-
-class Q5_1Attention(AttentionTraits):
-    """Q5_1's :class:`AttentionTraits`."""
-
-    format: Q5_1
-
-    read = "attention_read_q5_1"
-
-
-class Q5_1Fuzz(FuzzTraits):
-    """Q5_1's :class:`FuzzTraits`."""
-
-    format: Q5_1
-
-    hazards = {"min_ties": {"levels": 31}}  # (x - min) / d exactly k + 1/2: round half up
-
-
-class Q5_1Quantizer(QuantizerTraits):
-    """Q5_1's :class:`QuantizerTraits`."""
-
-    format: Q5_1
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.int_levels(0, 32, trace["v"])  # codes 0 .. 31, v = (x - min) / d
-
-
-class Q5_1(_Q5):
+class Q5_1(_Q5, MinScaled):
     info = FormatInfo(
         name="q5_1",
         block_size=32,
@@ -203,10 +135,11 @@ class Q5_1(_Q5):
             ),
         ),
     )
-    checker = CapabilitySlot(Q5_1Checks)
-    attention = CapabilitySlot(Q5_1Attention)
-    fuzz = CapabilitySlot(Q5_1Fuzz)
-    quantizer = CapabilitySlot(Q5_1Quantizer)
+    _qh = 4
+    attention = CapabilitySlot(AttentionTraits, read="attention_read_q5_1")
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"min_ties": {"levels": 31}}
+    )  # (x - min) / d exactly k + 1/2: round half up
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, mn, v, t = min_scale_trace(x, _31)
@@ -217,18 +150,6 @@ class Q5_1(_Q5):
         out[:, 4:8] = pack_qh(c)
         out[:, 8:] = np_pack4_halves((c & 15).astype(np.uint8))
         return out, {"d": d, "m": mn, "v": v, "t": t}
-
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        m = get_f16_at(data, 2)
-        c = unpack_codes(data, 4)
-        return add_min(c.astype(np.float32) * d[:, None], m)  # exact product, one rounding in the sum
-
-    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return min_overflow_status(self, trace)
-
-    def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        return min_overflow_error(self, block, values)
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # Fragile if a k-ulp change of v = (x - min)*id or of t = float32(v + 0.5) can change trunc(t).

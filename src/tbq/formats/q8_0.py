@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..float32 import get_f16_scale, put_f16_scale, roundf, safe_reciprocal
-from ..half import f16_table
-from ._shared import BlockAttention
-from .base import Field, Format, FormatInfo, Trace, band
-from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from ..float32 import put_f16_scale, roundf, safe_reciprocal
+from ._shared import ScaledInt, ScaledIntChecks
+from .base import Field, FormatInfo, Trace, band
+from .capabilities import CapabilitySlot, FuzzTraits
 
 _127 = np.float32(127.0)
 
@@ -49,37 +48,7 @@ def q8_codes(x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.fl
     return d, v, r.astype(np.int8)
 
 
-class Q8_0Checks(CheckTraits):
-    """Q8_0's :class:`CheckTraits`."""
-
-    format: Q8_0
-
-    reciprocal_scale = True  # the C encoder multiplies by id = 1/d
-    tie_rule = "away"
-    vec_dot_type = "q8_0"  # ggml_vec_dot_q8_0_q8_0
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return data[:, 2:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
-
-
-class Q8_0Fuzz(FuzzTraits):
-    """Q8_0's :class:`FuzzTraits`."""
-
-    format: Q8_0
-
-    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126)}}
-
-
-class Q8_0Quantizer(QuantizerTraits):
-    """Q8_0's :class:`QuantizerTraits`."""
-
-    format: Q8_0
-
-    def value_table(self, trace: Trace) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self.int_levels(-128, 256, trace["v"])  # int8 codes round(v), v = x / d
-
-
-class Q8_0(Format):
+class Q8_0(ScaledInt):
     info = FormatInfo(
         name="q8_0",
         block_size=32,
@@ -91,10 +60,9 @@ class Q8_0(Format):
         layout=(Field("d", 0, 2, "f16", "scale amax/127"), Field("qs", 2, 32, "int8", "codes roundf(x/d)")),
     )
     kernel_module = "tbq.formats.q8_0_kernels"
-    checker = CapabilitySlot(Q8_0Checks)
-    attention = CapabilitySlot(BlockAttention)
-    fuzz = CapabilitySlot(Q8_0Fuzz)
-    quantizer = CapabilitySlot(Q8_0Quantizer)
+    code_lo = -128  # int8 codes
+    checker = CapabilitySlot(ScaledIntChecks, tie_rule="away", vec_dot_type="q8_0")  # ggml_vec_dot_q8_0_q8_0
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"ties": {"divisor": 127.0, "codes": (-127, 126)}})
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
         d, v, q = q8_codes(x)
@@ -103,15 +71,8 @@ class Q8_0(Format):
         out[:, 2:] = q.view(np.uint8)
         return out, {"d": d, "v": v}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        return data[:, 2:].view(np.int8).astype(np.float32) * d[:, None]
-
-    def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
-        return self.kernels().encode(x, out, raise_overflow)
-
-    def kernel_decode(self, data: NDArray[np.uint8], out: NDArray[np.float32]) -> None:
-        self.kernels().decode(data, out, f16_table())
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.int8]:
+        return data[:, 2:].view(np.int8)
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
         # v = x * id; the code roundf(v) changes at the half-integers.

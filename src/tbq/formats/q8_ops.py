@@ -31,13 +31,13 @@ from numpy.typing import NDArray
 
 from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
-from ..float32 import get_f16_scale, put_f16_scale
+from ..float32 import put_f16_scale
 from ..half import F16_OVERFLOW, f16_table
-from ._shared import BlockAttention
+from ._shared import ScaledIntChecks
 from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
-from .capabilities import CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
+from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at
-from .q8_0 import Q8_0, Q8_0Checks, q8_codes
+from .q8_0 import Q8_0, q8_codes
 
 F32 = np.float32
 _M127 = F32(-127.0)
@@ -82,23 +82,13 @@ def _same_number(a: NDArray[np.float32], b: NDArray[np.float32]) -> NDArray[np.b
     return (a == b) | (np.isnan(a) & np.isnan(b))
 
 
-class Q8_1Attention(BlockAttention):
-    """Q8_1's :class:`AttentionTraits`."""
+class Q8_1Checks(ScaledIntChecks):
+    """Q8_1's :class:`CheckTraits`: Q8_0's codes, and the block sum ``s`` that the dot product and the checker read."""
 
     format: Q8_1
 
-    read = ""  # not a cache type: no fused attention reader
-
-
-class Q8_1Checks(Q8_0Checks):
-    """Q8_1's :class:`CheckTraits`."""
-
-    format: Q8_1
-
+    tie_rule = "away"  # Q8_0's roundf
     vec_dot_type = ""  # a right operand only: ggml has no q8_1 x q8_1 dot product
-
-    def dot_parts(self, data: NDArray[np.uint8]) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
-        return data[:, 4:].view(np.int8).astype(np.int64), get_f16_scale(data).astype(np.float64)
 
     def dot_offset(self, data: NDArray[np.uint8]) -> NDArray[np.float64]:
         return get_f16_at(data, 2).astype(np.float64)  # s: ggml adds m_x * s_y outside the integer sum
@@ -134,7 +124,7 @@ class Q8_1(Q8_0):
         cache_type=False,
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
-    attention = CapabilitySlot(Q8_1Attention)
+    attention = CapabilitySlot(AttentionTraits)  # not a cache type: no fused attention reader
     checker = CapabilitySlot(Q8_1Checks)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:
@@ -146,9 +136,8 @@ class Q8_1(Q8_0):
         out[:, 4:] = q.view(np.uint8)
         return out, {"d": d, "v": v, "s": s}
 
-    def reference_decode(self, data: NDArray[np.uint8]) -> NDArray[np.float32]:
-        d = get_f16_scale(data)
-        return data[:, 4:].view(np.int8).astype(F32) * d[:, None]  # no C decoder: Q8_0's rule
+    def int_values(self, data: NDArray[np.uint8]) -> NDArray[np.int8]:
+        return data[:, 4:].view(np.int8)  # the decoder is Q8_0's rule (ggml has none for Q8_1)
 
     def kernel_encode(self, x: NDArray[np.float32], out: NDArray[np.uint8], raise_overflow: bool) -> tuple[int, int]:
         return self.kernels().encode_q8_1(x, out, raise_overflow)
@@ -233,15 +222,6 @@ class Q8_KChecks(CheckTraits):
         return same & (sums | ((self.format._d(ref) == 0) & (self.format._d(got) == 0)))
 
 
-class Q8_KFuzz(FuzzTraits):
-    """Q8_K's :class:`FuzzTraits`."""
-
-    format: Q8_K
-
-    # the encoder multiplies by the traced iscale = -127/max, not by 1/d: the ties family aims at x * iscale
-    hazards = {"ties": {"divisor": 127.0, "codes": (-127, 126), "multiplier": "iscale"}}
-
-
 class Q8_KQuantizer(QuantizerTraits):
     """Q8_K's :class:`QuantizerTraits`."""
 
@@ -271,7 +251,10 @@ class Q8_K(Format):
     )
     kernel_module = "tbq.formats.q8_ops_kernels"
     checker = CapabilitySlot(Q8_KChecks)
-    fuzz = CapabilitySlot(Q8_KFuzz)
+    # the encoder multiplies by the traced iscale = -127/max, not by 1/d: the ties family aims at x * iscale
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"ties": {"divisor": 127.0, "codes": (-127, 126), "multiplier": "iscale"}}
+    )
     quantizer = CapabilitySlot(Q8_KQuantizer)
 
     def reference_encode(self, x: NDArray[np.float32]) -> tuple[NDArray[np.uint8], Trace]:

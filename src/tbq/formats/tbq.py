@@ -86,32 +86,6 @@ class _TBQAttention(AttentionTraits):
         )  # tbq_kernels.attention_read
 
 
-class _TBQGolden(GoldenTraits):
-    """TBQ's :class:`GoldenTraits`."""
-
-    format: _TBQ
-
-    ulp_floor = TBQ_ULP_FLOOR
-
-
-class _TBQFuzz(FuzzTraits):
-    """TBQ's :class:`FuzzTraits`."""
-
-    format: _TBQ
-
-    hazards = {"thresholds": {}}
-
-
-class _TBQChecks(CheckTraits):
-    """TBQ's :class:`CheckTraits`."""
-
-    format: _TBQ
-
-    #: The fork's ggml_vec_dot_tbq{4,3}_0_q8_K: no integer form (dot_parts is None), so the dot-product check
-    #: takes the decoded values against q8_K's codes * d, 256 values (two blocks) a unit.
-    vec_dot_type = "q8_k"
-
-
 class _TBQQuantizer(QuantizerTraits):
     """TBQ's :class:`QuantizerTraits`."""
 
@@ -144,9 +118,11 @@ class _TBQ(Format):
     }
     kernel_module = "tbq.formats.tbq_kernels"
     attention = CapabilitySlot(_TBQAttention)
-    golden = CapabilitySlot(_TBQGolden)
-    fuzz = CapabilitySlot(_TBQFuzz)
-    checker = CapabilitySlot(_TBQChecks)
+    golden = CapabilitySlot(GoldenTraits, ulp_floor=TBQ_ULP_FLOOR)
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"thresholds": {}})
+    #: The fork's ggml_vec_dot_tbq{4,3}_0_q8_K: no integer form (dot_parts is None), so the dot-product check
+    #: takes the decoded values against q8_K's codes * d, 256 values (two blocks) a unit.
+    checker = CapabilitySlot(CheckTraits, vec_dot_type="q8_k")
     quantizer = CapabilitySlot(_TBQQuantizer)
 
     def __init__(

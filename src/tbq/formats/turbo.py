@@ -42,22 +42,19 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from ..codebooks import Codebook
-from ..errors import ConfigError
 from ..float32 import get_f16_scale, put_f16_scale, seq_sum_squares
 from ..half import f16_table
 from ..packing import np_pack4_pairs, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, hadamard_scale, turboq_mtp_signs
-from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, read_field, register_field_kind
+from .base import Field, FieldKind, Format, FormatInfo, Option, Trace, option_check, read_field, register_field_kind
 from .capabilities import (
     AttentionTraits,
     CapabilitySlot,
     CheckTraits,
     DomainTraits,
-    FuzzTraits,
-    GoldenTraits,
 )
 from .planar_iso import pack_planes3, unpack_planes3
-from .tbq import _TBQ, TBQ_ULP_FLOOR, _TBQQuantizer
+from .tbq import _TBQ
 
 F32 = np.float32
 _ONE = F32(1.0)
@@ -96,13 +93,9 @@ TABLES: dict[str, NDArray[np.float32]] = {
 THRESHOLD_SETS = ("cpu", "cuda")
 
 
-def _check_thresholds(value: object, name: str) -> str:
-    if value not in THRESHOLD_SETS:
-        raise ConfigError(
-            f"bad configuration for {name}: option 'thresholds' must be one of {', '.join(map(repr, THRESHOLD_SETS))}, "
-            f"got {value!r}"
-        )
-    return str(value)
+_check_thresholds = option_check(
+    "option 'thresholds'", f"one of {', '.join(map(repr, THRESHOLD_SETS))}", lambda v: v in THRESHOLD_SETS, str
+)
 
 
 def turbo_index(r: NDArray[np.float32], thresholds: NDArray[np.float32]) -> NDArray[np.uint8]:
@@ -170,38 +163,17 @@ class _TurboDomain(DomainTraits):
         return self.format._per_block(y, self.format.rotation.inverse)
 
 
-class _TurboGolden(GoldenTraits):
-    """Turbo's :class:`GoldenTraits`."""
-
-    format: _Turbo
-
-    ulp_floor = TBQ_ULP_FLOOR  # the same rotation as TBQ's: the same fragility floor
-
-
-class _TurboFuzz(FuzzTraits):
-    """Turbo's :class:`FuzzTraits`."""
-
-    format: _Turbo
-
-    #: Rotated coordinates on the 6-digit thresholds, exact rotated zeros on the middle threshold of 0.
-    hazards: dict[str, dict[str, Any]] = {"thresholds": {}}
-
-
-class _TurboQuantizer(_TBQQuantizer):
-    """Turbo's :class:`QuantizerTraits`: TBQ's (the same norm, rotated coordinates and codebook)."""
-
-    format: _Turbo  # type: ignore[assignment]
-
-
 class _Turbo(Format):
     """Shared body of TURBO2, TURBO3, TURBO4 (they differ in the codebook, the packing and, for a NaN norm, step 2)."""
 
     kernel_module = "tbq.formats.turbo_kernels"
     attention = CapabilitySlot(_TurboAttention)
     domain = CapabilitySlot(_TurboDomain)
-    golden = CapabilitySlot(_TurboGolden)
-    fuzz = CapabilitySlot(_TurboFuzz)
-    quantizer = CapabilitySlot(_TurboQuantizer)
+    # TBQ's rotation, so TBQ's fragility floor; its norm, rotated coordinates and codebook, so TBQ's quantizer;
+    # rotated coordinates on the 6-digit thresholds, exact rotated zeros on the middle threshold of 0
+    golden = CapabilitySlot(_TBQ.golden)
+    quantizer = CapabilitySlot(_TBQ.quantizer)
+    fuzz = CapabilitySlot(_TBQ.fuzz)
     #: Byte offset of the indices (turbo4 has its fp16 ``rnorm`` first).
     _payload: ClassVar[int] = 2
     #: turbo4's step 2: ``u = +0`` when ``norm > 1e-10`` fails, instead of ``x * 0``.
@@ -322,18 +294,10 @@ def _info(*fields: Field, bits: int, code: int, description: str) -> FormatInfo:
     )
 
 
-class TURBO2Checks(CheckTraits):
-    """TURBO2's :class:`CheckTraits`."""
-
-    format: TURBO2
-
-    symbol_stem = "turbo2_0"  # the C type: quantize_row_turbo2_0_ref, dequantize_row_turbo2_0
-
-
 class TURBO2(_Turbo):
     """turbo2: 128 values -> fp16 corrected norm + 128 rotated 2-bit indices (34 bytes)."""
 
-    checker = CapabilitySlot(TURBO2Checks)
+    checker = CapabilitySlot(CheckTraits, symbol_stem="turbo2_0")  # quantize_row_turbo2_0_ref, dequantize_row_turbo2_0
     info = _info(
         Field("qs", 2, 32, "u2_quads", "index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
         bits=2,
@@ -342,18 +306,10 @@ class TURBO2(_Turbo):
     )
 
 
-class TURBO3Checks(CheckTraits):
-    """TURBO3's :class:`CheckTraits`."""
-
-    format: TURBO3
-
-    symbol_stem = "turbo3_0"  # the C type: quantize_row_turbo3_0_ref, dequantize_row_turbo3_0
-
-
 class TURBO3(_Turbo):
     """turbo3: 128 values -> fp16 corrected norm + 128 rotated 3-bit indices in two bit planes (50 bytes)."""
 
-    checker = CapabilitySlot(TURBO3Checks)
+    checker = CapabilitySlot(CheckTraits, symbol_stem="turbo3_0")  # quantize_row_turbo3_0_ref, dequantize_row_turbo3_0
     info = _info(
         Field("qs", 2, 32, "uint8", "low 2 bits of index j at byte j/4, bits 2(j%4)..2(j%4)+1"),
         Field("signs", 34, 16, "uint8", "bit 2 of index j at byte j/8, bit j%8"),
@@ -363,18 +319,10 @@ class TURBO3(_Turbo):
     )
 
 
-class TURBO4Checks(CheckTraits):
-    """TURBO4's :class:`CheckTraits`."""
-
-    format: TURBO4
-
-    symbol_stem = "turbo4_0"  # the C type: quantize_row_turbo4_0_ref, dequantize_row_turbo4_0
-
-
 class TURBO4(_Turbo):
     """turbo4: 128 values -> fp16 corrected norm, fp16 rnorm = +0, 128 rotated 4-bit indices (68 bytes)."""
 
-    checker = CapabilitySlot(TURBO4Checks)
+    checker = CapabilitySlot(CheckTraits, symbol_stem="turbo4_0")  # quantize_row_turbo4_0_ref, dequantize_row_turbo4_0
     info = _info(
         Field("rnorm", 2, 2, "f16", "always written as fp16 +0; the decoder ignores it"),
         Field("qs", 4, 64, "u4_pairs", "indices, byte k = idx[2k] | idx[2k+1] << 4"),

@@ -57,7 +57,7 @@ from ..errors import ConfigError, ScaleOverflowError, is_integer
 from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, fwht, matrix
-from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility
+from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility, option_check
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits
 from .q4_1 import first_min_max, get_f16_at, min_overflow_status, put_f16_at, trunc_codes
 from .tbq import TBQ_ULP_FLOOR
@@ -80,41 +80,31 @@ ROTATIONS = ("hadamard", "pr38479")
 # ---------------------------------------------------------------------------
 
 
-def _check_key_head_dim(value: object, name: str) -> int:
-    if not is_integer(value) or not 8 <= value <= MAX_HEAD_DIM or value & (value - 1):
-        raise ConfigError(
-            f"bad configuration for {name}: head_dim must be a power of two from 8 to {MAX_HEAD_DIM} (vLLM's MSE "
-            f"keys build a Sylvester Hadamard matrix of order head_dim and pack indices in groups of 8), got {value!r}"
-        )
-    return int(value)
-
-
-def _check_value_head_dim(value: object, name: str) -> int:
-    if not is_integer(value) or not 8 <= value <= MAX_HEAD_DIM or value % 8:
-        raise ConfigError(
-            f"bad configuration for {name}: head_dim must be a multiple of 8 from 8 to {MAX_HEAD_DIM} "
-            f"(the codes are packed in whole 3-byte groups of 8), got {value!r}"
-        )
-    return int(value)
-
-
-def _check_rotation(value: object, name: str) -> str:
-    if value not in ROTATIONS:
-        raise ConfigError(
-            f"bad configuration for {name}: rotation must be 'hadamard' (vLLM main, after PR #40194) or 'pr38479' "
-            f"(per-layer random signs, with layer=), got {value!r}"
-        )
-    return str(value)
-
-
-def _check_layer(value: object, name: str) -> int | None:
-    if value is None:
-        return None
-    if not is_integer(value) or value < 0:
-        raise ConfigError(
-            f"bad configuration for {name}: layer must be a non-negative integer (the decoder layer index), got {value!r}"
-        )
-    return int(value)
+_check_key_head_dim = option_check(
+    "head_dim",
+    f"a power of two from 8 to {MAX_HEAD_DIM} (vLLM's MSE keys build a Sylvester Hadamard matrix of order head_dim "
+    "and pack indices in groups of 8)",
+    lambda v: is_integer(v) and 8 <= v <= MAX_HEAD_DIM and not v & (v - 1),
+    int,
+)
+_check_value_head_dim = option_check(
+    "head_dim",
+    f"a multiple of 8 from 8 to {MAX_HEAD_DIM} (the codes are packed in whole 3-byte groups of 8)",
+    lambda v: is_integer(v) and 8 <= v <= MAX_HEAD_DIM and not v % 8,
+    int,
+)
+_check_rotation = option_check(
+    "rotation",
+    "'hadamard' (vLLM main, after PR #40194) or 'pr38479' (per-layer random signs, with layer=)",
+    lambda v: v in ROTATIONS,
+    str,
+)
+_check_layer = option_check(
+    "layer",
+    "a non-negative integer (the decoder layer index)",
+    lambda v: v is None or (is_integer(v) and v >= 0),
+    lambda v: None if v is None else int(v),
+)
 
 
 # ---------------------------------------------------------------------------
@@ -312,14 +302,6 @@ class _KeysAttention(AttentionTraits):
         return np.concatenate([head, self.format.centroids, self.format.signs.astype(F32), f16_table()]).astype(F32)
 
 
-class _KeysGolden(GoldenTraits):
-    """Keys's :class:`GoldenTraits`."""
-
-    format: _Keys
-
-    ulp_floor = TBQ_ULP_FLOOR
-
-
 class _KeysQuantizer(QuantizerTraits):
     """Keys's :class:`QuantizerTraits`."""
 
@@ -356,7 +338,7 @@ class _Keys(Format):
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
     attention = CapabilitySlot(_KeysAttention)
-    golden = CapabilitySlot(_KeysGolden)
+    golden = CapabilitySlot(GoldenTraits, ulp_floor=TBQ_ULP_FLOOR)
     quantizer = CapabilitySlot(_KeysQuantizer)
     #: the ``1e-8`` of ``den = n + 1e-8``: the encoder is scale-equivariant (``2**k x`` gives the same indices)
     #: only while that addition leaves ``n`` unchanged, i.e. for norms of 0.25 and more
@@ -541,14 +523,6 @@ class _ValuesAttention(AttentionTraits):
         return np.concatenate([np.array([self.format.head_dim, self.format.bits], F32), f16_table()]).astype(F32)
 
 
-class _ValuesChecks(CheckTraits):
-    """Values's :class:`CheckTraits`."""
-
-    format: _Values
-
-    tie_rule = "up"
-
-
 class _ValuesQuantizer(QuantizerTraits):
     """Values's :class:`QuantizerTraits`."""
 
@@ -568,7 +542,7 @@ class _Values(Format):
     }
     kernel_module = "tbq.formats.vllm_turboquant_kernels"
     attention = CapabilitySlot(_ValuesAttention)
-    checker = CapabilitySlot(_ValuesChecks)
+    checker = CapabilitySlot(CheckTraits, tie_rule="up")
     quantizer = CapabilitySlot(_ValuesQuantizer)
 
     def __init__(self, *, head_dim: int = 128) -> None:
@@ -648,14 +622,6 @@ class _Values(Format):
         return offset_trunc_fragility(trace["v"], trace["t"], k, 0.5, self.levels)
 
 
-class VLLM_TQ4_VFuzz(FuzzTraits):
-    """VLLM_TQ4_V's :class:`FuzzTraits`."""
-
-    format: VLLM_TQ4_V
-
-    hazards = {"min_ties": {"levels": 15}}  # (v - min) / scale exactly k + 1/2: round half up
-
-
 class VLLM_TQ4_V(_Values):
     """vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit asymmetric codes + fp16 scale + fp16 min (68 bytes at D=128)."""
 
@@ -666,15 +632,9 @@ class VLLM_TQ4_V(_Values):
         description="vLLM TurboQuant values (k8v4, 4bit_nc, k3v4_nc): 4-bit uniform codes + fp16 scale + fp16 min",
         keys=False,
     )
-    fuzz = CapabilitySlot(VLLM_TQ4_VFuzz)
-
-
-class VLLM_TQ3_VFuzz(FuzzTraits):
-    """VLLM_TQ3_V's :class:`FuzzTraits`."""
-
-    format: VLLM_TQ3_V
-
-    hazards = {"min_ties": {"levels": 7}}
+    fuzz = CapabilitySlot(
+        FuzzTraits, hazards={"min_ties": {"levels": 15}}
+    )  # (v - min) / scale exactly k + 1/2: round half up
 
 
 class VLLM_TQ3_V(_Values):
@@ -687,7 +647,7 @@ class VLLM_TQ3_V(_Values):
         description="vLLM TurboQuant values (3bit_nc): 3-bit uniform codes + fp16 scale + fp16 min",
         keys=False,
     )
-    fuzz = CapabilitySlot(VLLM_TQ3_VFuzz)
+    fuzz = CapabilitySlot(FuzzTraits, hazards={"min_ties": {"levels": 7}})
 
 
 # ---------------------------------------------------------------------------
