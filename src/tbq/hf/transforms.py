@@ -161,15 +161,25 @@ _ORDER_NONE, _ORDER_GGUF, _ORDER_OTHER = 0, 1, 2
 _GGUF_ORDERS: dict[int, np.ndarray] = {}
 
 
+def gguf_order(head_dim: int) -> np.ndarray:
+    """:func:`gguf_permutation` as one shared read-only array per ``head_dim``: the engines hold it, and
+    :func:`transform` recognises it by identity (no per-call comparison)."""
+    p = _GGUF_ORDERS.get(head_dim)
+    if p is None:
+        p = gguf_permutation(head_dim)
+        p.flags.writeable = False
+        _GGUF_ORDERS[head_dim] = p
+    return p
+
+
 def _channel_order(perm: Any, d: int) -> int:
     """Which of the three channel orders ``perm`` (None, or indices over a head of ``d`` values) is."""
     if perm is None:
         return _ORDER_NONE
-    gguf = _GGUF_ORDERS.get(d)
-    if gguf is None and d % 2 == 0:
-        gguf = _GGUF_ORDERS[d] = gguf_permutation(d)
-    p = np.asarray(perm)
-    return _ORDER_GGUF if gguf is not None and d % 16 == 0 and np.array_equal(p, gguf) else _ORDER_OTHER
+    if d % 16 or d % 2:
+        return _ORDER_OTHER
+    gguf = gguf_order(d)
+    return _ORDER_GGUF if perm is gguf or np.array_equal(np.asarray(perm), gguf) else _ORDER_OTHER
 
 
 #: float32 values a vector of :func:`_make_row_butterfly` holds (an AVX-512 register; two AVX2 ones).
