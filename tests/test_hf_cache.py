@@ -324,6 +324,46 @@ def test_the_fused_transform_is_the_separate_steps_bit_for_bit():
     np.testing.assert_array_equal(eng.transform(x, None, 64, True).numpy(), eng.rotate(x, 64).numpy())
 
 
+@pytest.mark.parametrize(("d", "n"), [(128, 128), (128, 64), (192, 64), (256, 256), (512, 128), (64, 64)])
+def test_every_channel_order_and_direction_is_the_written_out_butterfly_bit_for_bit(d, n):
+    """transform's kernels (registers for n = 64/128/256, llama.cpp's order folded into the loads and stores, any
+    other order gathered) against _rot and the orders written out again, with q8_0 against _simd_q8_0."""
+    rng = np.random.default_rng(d + n)
+    x = (rng.standard_normal((3, 11, 2, d)) * rng.choice([1e-30, 1e-3, 1.0, 1e4], (3, 11, 2, 1))).astype(np.float32)
+    x[0, 0, 0, :5] = [np.inf, -np.inf, -0.0, 0.0, 6.5e4]
+    x[0, 1, 1] = 0.0  # a zero head: every q8_0 block's amax is 0
+    t = torch.from_numpy(x)
+    shuffled = rng.permutation(d)
+    for perm, ordered in ((None, x), (eng.gguf_permutation(d), _gguf_order(x)), (shuffled, x[..., shuffled])):
+        with np.errstate(invalid="ignore"):  # inf - inf in the butterfly: NaN, the same NaN either way
+            want = _rot(ordered, n)
+        got = eng.transform(t, perm, n, False).numpy()
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        back = eng.transform(torch.from_numpy(want), perm, n, True).numpy()
+        order = np.arange(d) if perm is None else np.argsort(perm)
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(back.view(np.uint32), _rot(want, n)[..., order].view(np.uint32))
+        finite = np.isfinite(want).all(-1)  # q8_0 of rows without inf/NaN (a NaN code has no int8)
+        q8 = eng.transform(t, perm, n, False, q8_0=True).numpy()[finite]
+        b = _simd_q8_0(want[finite]).reshape(-1, d // 32, 34)
+        scale = b[..., :2].copy().view(np.float16).astype(np.float32)
+        codes = b[..., 2:].view(np.int8).astype(np.float32)
+        np.testing.assert_array_equal(q8, (codes * scale).reshape(q8.shape))
+
+
+def test_q8_0_amax_skips_a_nan_as_the_scalar_compare_does():
+    x = np.random.default_rng(8).standard_normal((4, 64)).astype(np.float32)
+    x[0, [3, 31]] = np.nan  # the amax of a block is the largest other |x|; a NaN's code is NaN
+    x[2, 40] = x[3, 63] = np.nan  # the first and the last value of a vector lane (the kernel's fold order)
+    x[1, :32] = np.nan  # amax 0: every code 0, and NaN * 0 is NaN
+    got = eng.q8_0_simd(torch.from_numpy(x)).numpy()
+    clean = np.where(np.isnan(x), np.float32(0), x)
+    want = eng.q8_0_simd(torch.from_numpy(clean)).numpy()
+    assert np.isnan(got[1, :32]).all() and np.isnan(got).sum() == 36
+    keep = ~np.isnan(x)
+    np.testing.assert_array_equal(got[keep], want[keep])
+
+
 def test_q8_0_simd_rounds_ties_to_even_with_the_fp16_scale():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((64, 32)).astype(np.float32)

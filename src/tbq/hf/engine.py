@@ -93,7 +93,7 @@ from ..errors import ConfigError, TbqValueError
 from ..formats import FORMATS, cache_formats, format_class, get_format, takes_option
 from ..vllm_slots import PRESET_NAMES, preset
 from . import ENGINES
-from .transforms import gguf_permutation, hadamard, q8_0_simd, q8_0_simd_encode, rotate, transform
+from .transforms import gguf_order, gguf_permutation, hadamard, q8_0_simd, q8_0_simd_encode, rotate, transform
 
 __all__ = [
     "ENGINES",
@@ -560,7 +560,7 @@ def make_engine(
     k_quantized, v_quantized = k_name not in _UNQUANTIZED, v_name not in _UNQUANTIZED
     k_rot = _k_rotation_order(head_dim) if rotate_attention and k_quantized and head_dim % 64 == 0 else None
     v_rot = 64 if rotate_attention and v_quantized and head_dim % 64 == 0 else None
-    perm = gguf_permutation(head_dim) if permute else None
+    perm = gguf_order(head_dim) if permute else None  # one shared array: transform knows it at once
     k_side = _llama_side(k_name, k_codec, k_rot, perm, fork, head_dim, pads["K"])
     v_side = _llama_side(v_name, v_codec, v_rot, None, fork, head_dim, pads["V"])
     # The fork's q8_K defect, as measured: at head_dim 128 every score is 0; at 256 none is; at 64, where one TBQ
