@@ -146,10 +146,6 @@ _UNQUANTIZED = (F32, "f16", "bf16")
 #: one of them (:attr:`tbq.formats.capabilities.CheckTraits.vec_dot_type`) takes Q converted to q8_0 blocks before the K.Q products.
 _Q8_OPERANDS = ("q8_0", "q8_1")
 
-#: K types whose ggml ``vec_dot_type`` is q8_0 but whose format declares none (tbq cannot check that dot product):
-#: ggml-cpu.c pairs nvfp4 with q8_0 (``ggml_vec_dot_nvfp4_q8_0``).
-_Q8_UNDECLARED = ("nvfp4",)
-
 #: The ``vec_dot_type`` of the fork's TBQ types (q8_K, 256-value blocks): no block for a shorter head.
 _Q8_K = "q8_k"
 
@@ -428,7 +424,7 @@ def _q_as_q8_0(name: str) -> bool:
     """Whether llama.cpp converts Q to q8_0 for the K.Q products with K type ``name`` (its format's vec_dot_type)."""
     if name == F32 or name not in FORMATS:
         return False
-    return format_class(name).checker.vec_dot_type in _Q8_OPERANDS or name in _Q8_UNDECLARED
+    return format_class(name).checker.vec_dot_type in _Q8_OPERANDS
 
 
 def turbo_layer_types(
