@@ -109,6 +109,7 @@ def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
     import importlib
 
     try:
+        from numba.core.caching import NullCache
         from numba.core.registry import CPUDispatcher
     except ImportError:  # pragma: no cover - numba is a dependency
         return None
@@ -116,7 +117,9 @@ def kernels_cached(fmts: Any, attention: bool = True) -> bool | None:
         for unit in _kernel_units(fmts, attention):
             mod = importlib.import_module(unit)
             disps = [v for v in vars(mod).values() if isinstance(v, CPUDispatcher) and v.__module__ == unit]
-            paths = [d._cache._cache_file._index_path for d in disps if getattr(d, "_cache", None) is not None]  # type: ignore[attr-defined]  # numba internals
+            # an inlined helper (tbq.kernels.jit_inline) has numba's NullCache: nothing on disk to look for
+            cached = [d for d in disps if not isinstance(getattr(d, "_cache", None), (NullCache, type(None)))]
+            paths = [d._cache._cache_file._index_path for d in cached]  # type: ignore[attr-defined]  # numba internals
             if paths and not any(os.path.exists(p) for p in paths):
                 return False
     except Exception:  # numba internals moved: say nothing rather than guess
