@@ -68,13 +68,19 @@ def test_compare_rows_carry_the_fused_out_nmse():
     assert by["keys", "q8_0"] < by["keys", "tbq4_0"] and by["values", "q8_0"] < by["values", "tbq4_0"]
 
 
-def _last_json_in_a_fresh_cache(code: str, cache) -> object:
-    """Run ``code`` in a new interpreter whose numba cache is the empty folder ``cache``; the JSON of its last
-    line of output."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+def _last_json(code: str, **env: str) -> object:
+    """Run ``code`` in a new interpreter with ``env`` added to this one's environment; the JSON of its last line
+    of output."""
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _last_json_in_a_fresh_cache(code: str, cache) -> object:
+    """:func:`_last_json` in a new interpreter whose numba cache is the empty folder ``cache``."""
+    return _last_json(code, NUMBA_CACHE_DIR=str(cache))
 
 
 def test_cold_cache_is_seen_and_filled_by_helper_processes(tmp_path):
@@ -208,6 +214,4 @@ def test_the_attention_warm_up_compiles_the_kernel_that_reads_tbq_codes():
         "w._warm(['q8_0', 'tbq4_0'], {}, True)\n"
         "print(json.dumps(len(k._attend_codes.signatures)))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout.strip().splitlines()[-1]) == (1 if TARGET_AVX512VL else 0)
+    assert _last_json(code) == (1 if TARGET_AVX512VL else 0)
