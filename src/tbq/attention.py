@@ -658,12 +658,13 @@ def _attend_numpy(
 
 
 def _rows_operand(rows: NDArray[np.floating[Any]]) -> _Operand:
-    """float32 rows ``(T, n_head_kv, head_dim)`` as a kernel operand (read by ``read_f32_rows``)."""
-    from . import attention_kernels as kn
+    """float32 rows ``(T, n_head_kv, head_dim)`` as a kernel operand: the blocks of the f32 format, read by its
+    reader (one value a block, the bits copied)."""
+    from .formats.f32_kernels import attention_read_f32
     from .kernels import attention_reader
 
     r32 = np.ascontiguousarray(rows, np.float32)
-    return attention_reader(kn.read_f32_rows).address, r32.view(np.uint8), _NO_AUX, r32.shape[2], None
+    return attention_reader(attention_read_f32).address, r32.view(np.uint8), _NO_AUX, r32.shape[2], None
 
 
 def _kernel_operand(cache: KVCache | NDArray[np.float32], n_sink: int) -> _Operand:

@@ -21,7 +21,8 @@ caller rotates the query once and the output back once). Readers are
 run-time arguments (their C addresses, called through
 :func:`tbq.kernels.call_reader`), so this kernel is compiled (and cached) once
 for every pair of formats, and each format's reader only when it is read.
-Float32 rows (sink tokens, exact references) go through :func:`read_f32_rows`.
+Float32 rows (sink tokens, exact references) go through the f32 format's reader
+(:func:`tbq.formats.f32_kernels.attention_read_f32`).
 
 No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
 (all KV heads: consecutive blocks in the cache) is decoded by one reader call
@@ -81,7 +82,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .intrinsics import TARGET_AVX512VBMI, prefetch_l2
-from .kernels import TARGET_AVX512VL, address, attention_reader, call_reader, jit, reader_aux, reader_blocks
+from .kernels import TARGET_AVX512VL, address, attention_reader, call_reader, jit
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -134,14 +135,6 @@ def expf(x):
     two_k = (np.int32(k) + np.int32(127)) << 23
     y = p * np.int32(two_k).view(np.float32)
     return y if x > _EXP_LO else _0
-
-
-def read_f32_rows(src, dst, n_blocks, aux, n_aux):
-    """The attention reader (:data:`tbq.kernels.READER_SIG`) of float32 rows: ``n_blocks`` values copied."""
-    v = reader_blocks(src, n_blocks, 4).reshape(4 * n_blocks).view(np.float32)
-    out = reader_aux(dst, n_blocks)
-    for j in range(n_blocks):
-        out[j] = v[j]
 
 
 @intrinsic
