@@ -339,6 +339,7 @@ def run_dump_logits(
     out_bin: Path | str,
     n_ctx: int = 512,
     n_chunks: int = 4,
+    *,
     cache_type: str = "f16",
     fa: int = 1,
     threads: int = 2,
