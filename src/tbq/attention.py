@@ -911,7 +911,7 @@ def _attention_kernel(
         w = np.exp(M.astype(np.float64) - Mx)  # a task that saw nothing: m = -inf, weight 0
     w[~np.isfinite(w)] = 0.0
     if not twin:
-        inv = _NO_ROTATION
+        inv: _Signs | None = _NO_ROTATION
         if rot_v is not None:
             assert isinstance(v, KVCache)  # _kernel_operand: float rows have no rotation
             inv = _compiled_rotation(rot_v, v.codec.block_size, np.dtype(np.float64), inverse=True)
@@ -941,7 +941,7 @@ def _merge_numpy(
     n, G = w.shape[:2]
     dim = ACC.shape[3]
     total = np.zeros((G, n_q * R))
-    out = np.zeros((G, n_q * R, dim))
+    out: NDArray[Any] = np.zeros((G, n_q * R, dim))
     wl = w * L  # each product rounded once, then summed in task order
     for i in range(n):
         total += wl[i]
