@@ -189,3 +189,32 @@ def test_the_same_bits_on_a_cpu_without_fma_or_avx512(tmp_path):
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "6 passed" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("n, n_main, G, RQ, D, rotated", [(5, 4, 3, 7, 128, True), (3, 0, 1, 1, 16, False),
+                                                          (4, 4, 2, 6, 256, True), (2, 1, 2, 3, 48, False)])  # fmt: skip
+def test_the_compiled_merge_is_the_numpy_merge_bit_for_bit(n, n_main, G, RQ, D, rotated):
+    """:func:`tbq.attention_kernels.merge_partials` (and the compiled rotations) against :func:`_merge_numpy` and
+    :class:`~tbq.rotation.RandomizedHadamard`, bit for bit, on odd shapes: tasks of weight 0 and of tiny weights,
+    sinks after the rotation back, several query tokens (R = 1 or 3 heads a KV head)."""
+    from tbq.rotation import RandomizedHadamard, signs_from_seed
+
+    rng = np.random.default_rng(n * 100 + D)
+    w = np.exp(rng.uniform(-60, 0, (n, G, RQ)))
+    w[0, 0] = 0.0  # a task that saw nothing
+    L = rng.uniform(0.5, 70, (n, G, RQ)).astype(F)
+    ACC = (rng.standard_normal((n, G, RQ, D)) * 10.0 ** rng.integers(-3, 4, (n, G, RQ, 1))).astype(F)
+    rot = RandomizedHadamard(*signs_from_seed(3, 128)) if rotated else None
+    R = 3 if RQ % 3 == 0 else 1
+    n_q = RQ // R
+    want = att._merge_numpy(w, L, ACC, n_main, rot, 128 if rot else D, n_q, R)
+    inv = att._compiled_rotation(rot, 128, np.dtype(np.float64), inverse=True) if rot else att._NO_ROTATION
+    got = np.empty((n_q, G * R, D), F)
+    kn.merge_partials(w, L, ACC, n_main, *inv, got)
+    assert _same_bits(got, want)
+    if rot is not None:  # the query's rotation, float32
+        x = rng.standard_normal((9, 128)).astype(F) * F(1e3)
+        y = x.copy()
+        kn.rotate_rows(y, *att._compiled_rotation(rot, 128, np.dtype(F), inverse=False))
+        assert _same_bits(y, rot.forward(x).astype(F)) and not _same_bits(y, x)
+    assert att._compiled_rotation(rot, 64, np.dtype(F), inverse=False) is None  # blocks of another size: NumPy

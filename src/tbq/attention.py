@@ -72,6 +72,7 @@ the tolerance they are held to (:func:`f32_tolerance`) is derived here from the 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -83,6 +84,7 @@ from .codecs import Codec, codec_from, get_codec
 from .errors import ConfigError, NonFiniteError, TbqTypeError, TbqValueError, check_choice, check_int, check_number
 from .formats import Format, format_info, format_name, formats
 from .parallel import default_threads, run_shared
+from .rotation import RandomizedHadamard, hadamard_scale
 
 __all__ = [
     "KVCache",
@@ -533,6 +535,30 @@ class _Rotation(Protocol):
     def inverse(self, y: NDArray[np.float64]) -> NDArray[np.floating[Any]]: ...
 
 
+#: The signs of :func:`_compiled_rotation`: a rotation as the compiled merge takes it.
+_Signs = tuple[NDArray[np.floating[Any]], NDArray[np.floating[Any]], np.floating[Any]]
+
+#: :func:`tbq.attention_kernels.merge_partials`' rotation argument when the output needs none (float64, no blocks).
+_NO_ROTATION: _Signs = (np.zeros(0, np.float64), np.zeros(0, np.float64), np.float64(1.0))
+
+
+def _compiled_rotation(rot: object, block_size: int, dtype: np.dtype[Any], *, inverse: bool) -> _Signs | None:
+    """``(first signs, second signs, scale)`` in ``dtype`` with which :func:`tbq.attention_kernels.rotate_rows` and
+    :func:`~tbq.attention_kernels.merge_partials` compute ``rot.forward`` (or ``rot.inverse``) on blocks of
+    ``block_size`` values, bit for bit; ``None`` for a rotation they do not know (then ``rot`` itself is called)."""
+    if not isinstance(rot, RandomizedHadamard) or rot.n != block_size:
+        return None
+    return _hadamard_signs(rot, dtype, inverse)
+
+
+@functools.lru_cache(maxsize=64)
+def _hadamard_signs(rot: RandomizedHadamard, dtype: np.dtype[Any], inverse: bool) -> _Signs:
+    """:func:`_compiled_rotation` of a randomized Hadamard rotation, once per rotation (they are equal by signs):
+    ``forward`` is ``signs1``, the butterfly, ``hadamard_scale``, ``signs2``; ``inverse`` swaps the signs."""
+    first, second = (rot.signs2, rot.signs1) if inverse else (rot.signs1, rot.signs2)
+    return first.astype(dtype), second.astype(dtype), hadamard_scale(rot.n, dtype)
+
+
 #: A kernel operand: ``(reader, bytes, tables, blocks per row, rotation or None)``.
 _Operand = tuple[int, NDArray[np.uint8], NDArray[np.float32], int, "_Rotation | None"]  # (reader address, ...)
 #: An operand without its rotation, as :func:`tbq.attention_kernels._attend` takes it.
@@ -829,9 +855,14 @@ def _attention_kernel(
         if rot_k is not None:  # rotate the query once, per block, with the key cache's rotation
             assert isinstance(k, KVCache)  # _kernel_operand: float rows have no rotation
             bs = k.codec.block_size
-            qr = np.ascontiguousarray(
-                rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32
-            )
+            signs = None if twin else _compiled_rotation(rot_k, bs, np.dtype(np.float32), inverse=False)
+            if signs is None:
+                qr = np.ascontiguousarray(
+                    rot_k.forward(qo.reshape(G, n_q * R, dim // bs, bs)).reshape(qo.shape), np.float32
+                )
+            else:  # the same operations, compiled
+                qr = qo.copy()
+                kn.rotate_rows(qr.reshape(-1, bs), *signs)
         bounds = task_bounds(T)
         for s, e in zip(bounds[:-1], bounds[1:], strict=True):
             tasks.append((qr, lim - n_sink, kop[:4], vop[:4], int(s), int(e)))
@@ -879,21 +910,50 @@ def _attention_kernel(
         Mx = M.max(axis=0).astype(np.float64)
         w = np.exp(M.astype(np.float64) - Mx)  # a task that saw nothing: m = -inf, weight 0
     w[~np.isfinite(w)] = 0.0
+    if not twin:
+        inv: _Signs | None = _NO_ROTATION
+        if rot_v is not None:
+            assert isinstance(v, KVCache)  # _kernel_operand: float rows have no rotation
+            inv = _compiled_rotation(rot_v, v.codec.block_size, np.dtype(np.float64), inverse=True)
+        if inv is not None:  # the NumPy below, compiled: the same operations in the same order
+            res = np.empty((n_q, n_head, dim), np.float32)
+            kn.merge_partials(w, L, ACC, n_main, *inv, res)
+            return res
+    bs = v.codec.block_size if isinstance(v, KVCache) else dim
+    return _merge_numpy(w, L, ACC, n_main, rot_v, bs, n_q, R)
+
+
+def _merge_numpy(
+    w: NDArray[np.float64],
+    L: NDArray[np.float32],
+    ACC: NDArray[np.float32],
+    n_main: int,
+    rot_v: _Rotation | None,
+    block_size: int,
+    n_q: int,
+    R: int,
+) -> NDArray[np.float32]:
+    """The tasks' ``(w, L, ACC)`` merged into float32 ``(n_q, n_head, D)``, the definition (docs/formats.md,
+    *Fused attention arithmetic*): ``w`` float64 ``(n, G, n_q * R)`` the tasks' weights, the first ``n_main``
+    tasks over the cache's tokens (rotated back by ``rot_v``, blocks of ``block_size``, after their sum), the
+    others over the sinks.
+    :func:`tbq.attention_kernels.merge_partials` computes the same bits."""
+    n, G = w.shape[:2]
+    dim = ACC.shape[3]
     total = np.zeros((G, n_q * R))
-    out = np.zeros((G, n_q * R, dim))
+    out: NDArray[Any] = np.zeros((G, n_q * R, dim))
     wl = w * L  # each product rounded once, then summed in task order
     for i in range(n):
         total += wl[i]
     for i in range(n_main):
         out += w[i][..., None] * ACC[i]
     if rot_v is not None:  # rotate the output back once
-        assert isinstance(v, KVCache)  # _kernel_operand: float rows have no rotation
-        bs = v.codec.block_size
+        bs = block_size
         out = rot_v.inverse(out.reshape(G, n_q * R, dim // bs, bs)).reshape(out.shape)
     for i in range(n_main, n):
         out += w[i][..., None] * ACC[i]
     out = out / total[..., None]
-    return out.reshape(G, n_q, R, dim).transpose(1, 0, 2, 3).reshape(n_q, n_head, dim).astype(np.float32)
+    return out.reshape(G, n_q, R, dim).transpose(1, 0, 2, 3).reshape(n_q, G * R, dim).astype(np.float32)
 
 
 def score_condition(q: ArrayLike, k: KVCache, *, scale: float | None = None) -> float:

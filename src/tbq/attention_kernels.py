@@ -1023,3 +1023,78 @@ def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
             else:
                 _prefetch_share(vdata, (c0 + CODES_AHEAD * chunk) * vts, chunk * vts, t1 * vts, g, G)
                 _values_codes_rows(S, vdata, c0 * vts + g * vdata.shape[2], vts, n, vaux, vbits, vblocks, acc, RQ)
+
+
+# ---------------------------------------------------------------------------
+# Around the tasks: the query's rotation, the merge of the tasks' partial sums and the output's rotation back.
+# tbq.attention._attention_kernel's serial steps compiled (a decode step spent about 1 ms of Python in them,
+# a sixth of its time on two threads), each value computed by the operations of the NumPy it replaces, in the
+# same order; the NumPy twin (twin=True) keeps that NumPy, the definition (docs/formats.md, *Fused attention
+# arithmetic*), and tests/test_attention_arithmetic.py holds the two equal bit for bit.
+# ---------------------------------------------------------------------------
+
+from .formats.tbq_kernels import _butterfly_1d  # noqa: E402  (the formats' one-block butterfly: fwht's additions)
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _rotate_row(v, first, second, scale):
+    """``second * (H(first * v) * scale)`` in place on one block ``v`` (:class:`tbq.rotation.RandomizedHadamard`:
+    ``forward`` with ``(signs1, signs2)``, ``inverse`` with ``(signs2, signs1)``; the signs as floats of ``v``'s
+    dtype and ``scale`` :func:`tbq.rotation.hadamard_scale` in it): the sign flips are exact, the butterfly is
+    :func:`tbq.rotation.fwht`'s additions in its order, then one multiplication by the scale."""
+    n = v.shape[0]
+    for j in range(n):
+        v[j] = v[j] * first[j]
+    _butterfly_1d(v)
+    for j in range(n):
+        v[j] = v[j] * scale
+    for j in range(n):
+        v[j] = v[j] * second[j]
+
+
+@jit
+def rotate_rows(x, first, second, scale):
+    """:func:`_rotate_row` on every row of ``x`` (``(rows, n)``, C-contiguous, float32 or float64), in place: the
+    query rows' rotation into the key cache's domain, block by block."""
+    for i in range(x.shape[0]):
+        _rotate_row(x[i], first, second, scale)
+
+
+@jit
+def merge_partials(w, L, ACC, n_main, first, second, scale, out):
+    """The tasks' partial sums merged into the output, float32 ``out`` ``(n_query, n_head, D)``.
+
+    ``w``: float64 ``(n, G, RQ)``, each task's weight ``exp(m_i - max m)`` (0 for a task that saw nothing);
+    ``L`` float32 ``(n, G, RQ)``, ``ACC`` float32 ``(n, G, RQ, D)``: the tasks' sums and accumulators, the first
+    ``n_main`` over the cache's tokens (in the value cache's domain), the others over the sink tokens. Row
+    ``i * R + r`` of KV head ``g`` is query token ``i``, head ``g * R + r``. In float64, for each row: ``total``
+    = the products ``w_i * L_i`` summed in task order from 0; ``o`` = the products ``w_i * ACC_i`` of the main
+    tasks summed in task order from 0, rotated back block by block (:func:`_rotate_row` with ``first``,
+    ``second``, ``scale``, blocks of ``first.shape[0]`` values) unless ``first`` is empty, then the sink tasks'
+    products added in order; ``out = o / total`` rounded to float32."""
+    n, G, RQ = w.shape
+    D = ACC.shape[3]
+    R = out.shape[1] // G
+    bs = first.shape[0]
+    o = np.empty(D, np.float64)
+    for g in range(G):
+        for row in range(RQ):
+            total = 0.0
+            for i in range(n):
+                total += w[i, g, row] * np.float64(L[i, g, row])
+            for j in range(D):
+                o[j] = 0.0
+            for i in range(n):
+                if i == n_main and bs:  # the main tasks' sum is in the value cache's domain: rotate it back
+                    for b in range(0, D, bs):
+                        _rotate_row(o[b : b + bs], first, second, scale)
+                wi = w[i, g, row]
+                a = ACC[i, g, row]
+                for j in range(D):
+                    o[j] += wi * np.float64(a[j])
+            if n == n_main and bs:
+                for b in range(0, D, bs):
+                    _rotate_row(o[b : b + bs], first, second, scale)
+            dst = out[row // R, g * R + row % R]
+            for j in range(D):
+                dst[j] = np.float32(o[j] / total)
