@@ -63,6 +63,7 @@ from ..kernels import (
     f32_to_f16_bits_finite,
     f32_to_int32,
     jit,
+    lanes_count_at_least,
     lanes_load,
     reader_aux,
     reader_blocks,
@@ -415,46 +416,9 @@ def fwht_lanes(T):
 @jit
 def index_lanes(T64, K, mids):
     """``K[j, l]`` = the number of midpoints ``<= RN32(T64[j, l])`` (15 or 7 of them; a NaN counts 0), every
-    compare of every lane: a loop over lanes that vectorises (the comparison of ``-0`` and ``+0`` with a midpoint
-    is the same, so the reference's ``+ 0.0`` changes no count)."""
-    d, lanes = T64.shape
-    m0, m1, m2, m3, m4, m5, m6 = mids[0], mids[1], mids[2], mids[3], mids[4], mids[5], mids[6]
-    if mids.shape[0] == 15:
-        m7, m8, m9, m10 = mids[7], mids[8], mids[9], mids[10]
-        m11, m12, m13, m14 = mids[11], mids[12], mids[13], mids[14]
-        for j in range(d):
-            for l in range(lanes):
-                y = F32(T64[j, l])
-                K[j, l] = (
-                    np.int32(y >= m0)
-                    + np.int32(y >= m1)
-                    + np.int32(y >= m2)
-                    + np.int32(y >= m3)
-                    + np.int32(y >= m4)
-                    + np.int32(y >= m5)
-                    + np.int32(y >= m6)
-                    + np.int32(y >= m7)
-                    + np.int32(y >= m8)
-                    + np.int32(y >= m9)
-                    + np.int32(y >= m10)
-                    + np.int32(y >= m11)
-                    + np.int32(y >= m12)
-                    + np.int32(y >= m13)
-                    + np.int32(y >= m14)
-                )
-    else:
-        for j in range(d):
-            for l in range(lanes):
-                y = F32(T64[j, l])
-                K[j, l] = (
-                    np.int32(y >= m0)
-                    + np.int32(y >= m1)
-                    + np.int32(y >= m2)
-                    + np.int32(y >= m3)
-                    + np.int32(y >= m4)
-                    + np.int32(y >= m5)
-                    + np.int32(y >= m6)
-                )
+    compare of every lane: :func:`tbq.kernels.lanes_count_at_least` with factors of 1 (the comparison of ``-0``
+    and ``+0`` with a midpoint is the same, so the reference's ``+ 0.0`` changes no count)."""
+    lanes_count_at_least(T64, np.ones(T64.shape[0], np.float64), mids, K)
 
 
 @jit
