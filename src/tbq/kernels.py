@@ -344,9 +344,7 @@ def _lanes_count(T, cs2, K, count, m):
 @jit_inline
 def lanes_count_at_least(T, cs2, thresholds, K):
     """``K[j, l]`` = the number of ``thresholds`` (15 or 7 of them) that are ``<= RN32(T[j, l] * cs2[j])``, every
-    compare of every lane (a NaN counts 0). The portable index step of the rotated encoders: float32 ``T`` and
-    ``cs2`` (one rounded product; a factor of 1 is exact), or float64 ``T`` and ones (the product is ``T``, then
-    rounded to float32 once: vLLM TurboQuant's keys)."""
+    compare of every lane (a NaN counts 0): the portable index step of :func:`lanes_index`."""
     if thresholds.shape[0] == 15:
         _lanes_count(T, cs2, K, count_at_least15, thresholds15(thresholds))
     else:

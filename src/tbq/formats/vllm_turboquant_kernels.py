@@ -58,16 +58,20 @@ from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
+    count_at_least7,
+    count_at_least15,
     f16_is_inf,
     f32_to_f16_bits,
     f32_to_f16_bits_finite,
     f32_to_int32,
     jit,
-    lanes_count_at_least,
+    jit_inline,
     lanes_load,
     reader_aux,
     reader_blocks,
     reader_out,
+    thresholds7,
+    thresholds15,
 )
 from ..packing_kernels import (
     lanes_store_lane3,
@@ -413,12 +417,23 @@ def fwht_lanes(T):
         h *= 2
 
 
+@jit_inline
+def _count_lanes(T64, K, count, m):
+    d, lanes = T64.shape
+    for j in range(d):
+        for l in range(lanes):
+            K[j, l] = count(F32(T64[j, l]), m)
+
+
 @jit
 def index_lanes(T64, K, mids):
     """``K[j, l]`` = the number of midpoints ``<= RN32(T64[j, l])`` (15 or 7 of them; a NaN counts 0), every
-    compare of every lane: :func:`tbq.kernels.lanes_count_at_least` with factors of 1 (the comparison of ``-0``
-    and ``+0`` with a midpoint is the same, so the reference's ``+ 0.0`` changes no count)."""
-    lanes_count_at_least(T64, np.ones(T64.shape[0], np.float64), mids, K)
+    compare of every lane (:func:`tbq.kernels.count_at_least15` / ``7``): a loop over lanes that vectorises (the
+    comparison of ``-0`` and ``+0`` with a midpoint is the same, so the reference's ``+ 0.0`` changes no count)."""
+    if mids.shape[0] == 15:
+        _count_lanes(T64, K, count_at_least15, thresholds15(mids))
+    else:
+        _count_lanes(T64, K, count_at_least7, thresholds7(mids))
 
 
 @jit
