@@ -338,12 +338,12 @@ def _lanes_count(T, cs2, K, count, m):
     for j in range(n):
         cj = cs2[j]
         for l in range(lanes):
-            K[j, l] = count(F32(T[j, l] * cj), m)
+            K[j, l] = count(T[j, l] * cj, m)
 
 
 @jit_inline
 def lanes_count_at_least(T, cs2, thresholds, K):
-    """``K[j, l]`` = the number of ``thresholds`` (15 or 7 of them) that are ``<= RN32(T[j, l] * cs2[j])``, every
+    """``K[j, l]`` = the number of ``thresholds`` (15 or 7 of them) that are ``<= T[j, l] * cs2[j]`` (float32), every
     compare of every lane (a NaN counts 0): the portable index step of :func:`lanes_index`."""
     if thresholds.shape[0] == 15:
         _lanes_count(T, cs2, K, count_at_least15, thresholds15(thresholds))
