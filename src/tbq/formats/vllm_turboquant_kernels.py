@@ -55,9 +55,13 @@ from ..intrinsics import (
     lookup16_row,
 )
 from ..kernels import (
+    _FLT_MAX,
+    _HALF,
+    F32,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
+    _1,
     count_at_least7,
     count_at_least15,
     f16_is_inf,
@@ -83,12 +87,8 @@ from ..packing_kernels import (
 )
 from .q4_1_kernels import first_min_max, load_f16_at, store_f16_at
 
-F32 = np.float32
-_ONE = F32(1.0)
-_HALF = F32(0.5)
 _EPS_NORM = F32(1e-8)
 _EPS_NC = F32(1e-16)
-_FLT_MAX = F32(3.4028234663852886e38)
 _DBL_MAX = np.float64(1.7976931348623157e308)
 _F16_NAN = np.uint16(0x7FFF)
 _2P24 = np.float64(2.0**24)
@@ -484,7 +484,7 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
             nbits[l] = h
             den[l] = F32(n + _EPS_NORM)
         for l in range(stop, lanes):
-            den[l] = _ONE
+            den[l] = _1
         # xh = RN32(x / den), times s_j * h (exact in float64), then the float64 butterfly
         for j in range(d):
             s = sh[j]
@@ -652,7 +652,7 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
     lookup = TARGET_AVX2 and d % 128 == 0
     for b in range(rows):
         s = nc_sum_row(data, b, bits, d, csq, idx, cc, sums)
-        r = F32(_ONE / F32(np.sqrt(F32(s + _EPS_NC))))
+        r = F32(_1 / F32(np.sqrt(F32(s + _EPS_NC))))
         nf = load_f16_at(data, b, mb, table)
         for k in range(nc):  # RN16 with any NaN as 0x7FFF (rn16_bits), branch-free: one vector loop
             h = f32_to_f16_rn(F32(nf * F32(cents[k] * r)))
@@ -665,9 +665,9 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
         if rotated and lookup:
             for c in range(d // 128):
                 if bits == 4:
-                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _1)
                 else:
-                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _1)
             continue
         if finite and lookup and d == 128:
             if bits == 4:
@@ -755,9 +755,9 @@ def decode_values(data, out, bits, table):
         if fast:
             for c in range(d // 128):
                 if bits == 4:
-                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _1)
                 else:
-                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _1)
         else:
             _unpack_row(data, b, bits, codes)
             orow = out[b]
