@@ -300,14 +300,66 @@ def lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, floor, eps):
 
 
 @jit_inline
+def thresholds7(t):
+    """The first 7 values of array ``t`` as a tuple: loop-invariant scalars for :func:`count_at_least7`."""
+    return (t[0], t[1], t[2], t[3], t[4], t[5], t[6])
+
+
+@jit_inline
+def thresholds15(t):
+    """The first 15 values of array ``t`` as a tuple (see :func:`thresholds7`)."""
+    return thresholds7(t) + (t[7], t[8], t[9], t[10], t[11], t[12], t[13], t[14])
+
+
+@jit_inline
+def count_at_least7(r, m):
+    """The number of the first 7 values of the tuple ``m`` that are ``<= r`` (a NaN ``r``: 0): one compare each,
+    added without a branch, so that a loop over lanes around it vectorises."""
+    return (
+        np.int32(r >= m[0])
+        + np.int32(r >= m[1])
+        + np.int32(r >= m[2])
+        + np.int32(r >= m[3])
+        + np.int32(r >= m[4])
+        + np.int32(r >= m[5])
+        + np.int32(r >= m[6])
+    )
+
+
+@jit_inline
+def count_at_least15(r, m):
+    """:func:`count_at_least7` over the 15 values of ``m``."""
+    return count_at_least7(r, m) + count_at_least7(r, m[7:]) + np.int32(r >= m[14])
+
+
+@jit_inline
+def _lanes_count(T, cs2, K, count, m):
+    n, lanes = T.shape
+    for j in range(n):
+        cj = cs2[j]
+        for l in range(lanes):
+            K[j, l] = count(T[j, l] * cj, m)
+
+
+@jit_inline
+def lanes_count_at_least(T, cs2, thresholds, K):
+    """``K[j, l]`` = the number of ``thresholds`` (15 or 7 of them) that are ``<= T[j, l] * cs2[j]`` (float32), every
+    compare of every lane (a NaN counts 0): the portable index step of :func:`lanes_index`."""
+    if thresholds.shape[0] == 15:
+        _lanes_count(T, cs2, K, count_at_least15, thresholds15(thresholds))
+    else:
+        _lanes_count(T, cs2, K, count_at_least7, thresholds7(thresholds))
+
+
+@jit_inline
 def lanes_index(T, cs2, thresholds, centroids_sq, K, recon2):
     """The rotated encoders' index step on the lane layout ``T[j, l]``: ``K[j, l]`` = the number of thresholds
     <= ``r = T[j, l] * cs2[j]`` (one rounded product; PLANAR/ISO pass ones: exact), and ``recon2[l]`` = the
     sequential float32 sum of ``centroids_sq[K[j, l]]`` over ``j`` from 0.
 
     ``thresholds`` holds 15 (4 bits) or 7 (3 bits) strictly increasing values. On AVX2 targets, 8 lanes at a
-    time by :func:`quantize_column16` / :func:`quantize_column8` (``lanes`` a multiple of 8); elsewhere the
-    count of compares, unrolled so that the loop over lanes vectorises, then the recon sum. A NaN ``r``
+    time by :func:`quantize_column16` / :func:`quantize_column8` (``lanes`` a multiple of 8); elsewhere
+    :func:`lanes_count_at_least` (unrolled compares, so that the loop over lanes vectorises), then the recon sum. A NaN ``r``
     compares false everywhere: index 0 either way.
     """
     n, lanes = T.shape
@@ -320,53 +372,7 @@ def lanes_index(T, cs2, thresholds, centroids_sq, K, recon2):
             else:
                 quantize_column8(Tf, l0, lanes, n, cs2, Kf, recon2, l0, thresholds, centroids_sq)
         return
-    m0, m1, m2, m3, m4, m5, m6 = (
-        thresholds[0],
-        thresholds[1],
-        thresholds[2],
-        thresholds[3],
-        thresholds[4],
-        thresholds[5],
-        thresholds[6],
-    )
-    if thresholds.shape[0] == 15:
-        m7, m8, m9, m10 = thresholds[7], thresholds[8], thresholds[9], thresholds[10]
-        m11, m12, m13, m14 = thresholds[11], thresholds[12], thresholds[13], thresholds[14]
-        for j in range(n):
-            cj = cs2[j]
-            for l in range(lanes):
-                r = T[j, l] * cj
-                K[j, l] = (
-                    np.int32(r >= m0)
-                    + np.int32(r >= m1)
-                    + np.int32(r >= m2)
-                    + np.int32(r >= m3)
-                    + np.int32(r >= m4)
-                    + np.int32(r >= m5)
-                    + np.int32(r >= m6)
-                    + np.int32(r >= m7)
-                    + np.int32(r >= m8)
-                    + np.int32(r >= m9)
-                    + np.int32(r >= m10)
-                    + np.int32(r >= m11)
-                    + np.int32(r >= m12)
-                    + np.int32(r >= m13)
-                    + np.int32(r >= m14)
-                )
-    else:
-        for j in range(n):
-            cj = cs2[j]
-            for l in range(lanes):
-                r = T[j, l] * cj
-                K[j, l] = (
-                    np.int32(r >= m0)
-                    + np.int32(r >= m1)
-                    + np.int32(r >= m2)
-                    + np.int32(r >= m3)
-                    + np.int32(r >= m4)
-                    + np.int32(r >= m5)
-                    + np.int32(r >= m6)
-                )
+    lanes_count_at_least(T, cs2, thresholds, K)
     for l in range(lanes):
         recon2[l] = _0
     for j in range(n):

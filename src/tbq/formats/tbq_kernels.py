@@ -28,9 +28,13 @@ from ..intrinsics import (
     store_nontemporal,
 )
 from ..kernels import (
+    _FLT_MAX,
+    F32,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
+    _0,
+    _1,
     block_finite,
     f16_is_inf,
     f32_to_f16_bits,
@@ -58,11 +62,7 @@ from ..packing_kernels import (
 )
 from .reader_intrinsics import lookup8_row_table, lookup16_row_table
 
-F32 = np.float32
-_0 = F32(0.0)
-_1 = F32(1.0)
 _EPS_NORM = F32(1e-10)
-_FLT_MAX = F32(3.4028234663852886e38)
 
 #: Blocks per group; a multiple of 8 (the transposition works on 8 x 8 tiles).
 LANES = 32

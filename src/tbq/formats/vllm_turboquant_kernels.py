@@ -55,18 +55,27 @@ from ..intrinsics import (
     lookup16_row,
 )
 from ..kernels import (
+    _FLT_MAX,
+    _HALF,
+    F32,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
+    _1,
+    count_at_least7,
+    count_at_least15,
     f16_is_inf,
     f32_to_f16_bits,
     f32_to_f16_bits_finite,
     f32_to_int32,
     jit,
+    jit_inline,
     lanes_load,
     reader_aux,
     reader_blocks,
     reader_out,
+    thresholds7,
+    thresholds15,
 )
 from ..packing_kernels import (
     lanes_store_lane3,
@@ -78,12 +87,8 @@ from ..packing_kernels import (
 )
 from .q4_1_kernels import first_min_max, load_f16_at, store_f16_at
 
-F32 = np.float32
-_ONE = F32(1.0)
-_HALF = F32(0.5)
 _EPS_NORM = F32(1e-8)
 _EPS_NC = F32(1e-16)
-_FLT_MAX = F32(3.4028234663852886e38)
 _DBL_MAX = np.float64(1.7976931348623157e308)
 _F16_NAN = np.uint16(0x7FFF)
 _2P24 = np.float64(2.0**24)
@@ -412,49 +417,23 @@ def fwht_lanes(T):
         h *= 2
 
 
+@jit_inline
+def _count_lanes(T64, K, count, m):
+    d, lanes = T64.shape
+    for j in range(d):
+        for l in range(lanes):
+            K[j, l] = count(F32(T64[j, l]), m)
+
+
 @jit
 def index_lanes(T64, K, mids):
     """``K[j, l]`` = the number of midpoints ``<= RN32(T64[j, l])`` (15 or 7 of them; a NaN counts 0), every
-    compare of every lane: a loop over lanes that vectorises (the comparison of ``-0`` and ``+0`` with a midpoint
-    is the same, so the reference's ``+ 0.0`` changes no count)."""
-    d, lanes = T64.shape
-    m0, m1, m2, m3, m4, m5, m6 = mids[0], mids[1], mids[2], mids[3], mids[4], mids[5], mids[6]
+    compare of every lane (:func:`tbq.kernels.count_at_least15` / ``7``): a loop over lanes that vectorises (the
+    comparison of ``-0`` and ``+0`` with a midpoint is the same, so the reference's ``+ 0.0`` changes no count)."""
     if mids.shape[0] == 15:
-        m7, m8, m9, m10 = mids[7], mids[8], mids[9], mids[10]
-        m11, m12, m13, m14 = mids[11], mids[12], mids[13], mids[14]
-        for j in range(d):
-            for l in range(lanes):
-                y = F32(T64[j, l])
-                K[j, l] = (
-                    np.int32(y >= m0)
-                    + np.int32(y >= m1)
-                    + np.int32(y >= m2)
-                    + np.int32(y >= m3)
-                    + np.int32(y >= m4)
-                    + np.int32(y >= m5)
-                    + np.int32(y >= m6)
-                    + np.int32(y >= m7)
-                    + np.int32(y >= m8)
-                    + np.int32(y >= m9)
-                    + np.int32(y >= m10)
-                    + np.int32(y >= m11)
-                    + np.int32(y >= m12)
-                    + np.int32(y >= m13)
-                    + np.int32(y >= m14)
-                )
+        _count_lanes(T64, K, count_at_least15, thresholds15(mids))
     else:
-        for j in range(d):
-            for l in range(lanes):
-                y = F32(T64[j, l])
-                K[j, l] = (
-                    np.int32(y >= m0)
-                    + np.int32(y >= m1)
-                    + np.int32(y >= m2)
-                    + np.int32(y >= m3)
-                    + np.int32(y >= m4)
-                    + np.int32(y >= m5)
-                    + np.int32(y >= m6)
-                )
+        _count_lanes(T64, K, count_at_least7, thresholds7(mids))
 
 
 @jit
@@ -505,7 +484,7 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
             nbits[l] = h
             den[l] = F32(n + _EPS_NORM)
         for l in range(stop, lanes):
-            den[l] = _ONE
+            den[l] = _1
         # xh = RN32(x / den), times s_j * h (exact in float64), then the float64 butterfly
         for j in range(d):
             s = sh[j]
@@ -673,7 +652,7 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
     lookup = TARGET_AVX2 and d % 128 == 0
     for b in range(rows):
         s = nc_sum_row(data, b, bits, d, csq, idx, cc, sums)
-        r = F32(_ONE / F32(np.sqrt(F32(s + _EPS_NC))))
+        r = F32(_1 / F32(np.sqrt(F32(s + _EPS_NC))))
         nf = load_f16_at(data, b, mb, table)
         for k in range(nc):  # RN16 with any NaN as 0x7FFF (rn16_bits), branch-free: one vector loop
             h = f32_to_f16_rn(F32(nf * F32(cents[k] * r)))
@@ -686,9 +665,9 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
         if rotated and lookup:
             for c in range(d // 128):
                 if bits == 4:
-                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _1)
                 else:
-                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _1)
             continue
         if finite and lookup and d == 128:
             if bits == 4:
@@ -776,9 +755,9 @@ def decode_values(data, out, bits, table):
         if fast:
             for c in range(d // 128):
                 if bits == 4:
-                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _1)
                 else:
-                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _ONE)
+                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _1)
         else:
             _unpack_row(data, b, bits, codes)
             orow = out[b]
