@@ -146,7 +146,9 @@ class GoldenSettings:
     attention: bool = False
     #: (K format, V format) pairs of the attention sets (or ``"k:v,k:v"``), read only with ``attention``.
     attention_pairs: Any = DEFAULT_ATTENTION_PAIRS
-    #: Tokens of an attention set.
+    #: Tokens of an attention set. This and the four fields below are the attention sets' defaults in one place:
+    #: :func:`~tbq.golden.generate`, :func:`~tbq.golden.build_attention` and ``tbq golden``'s flags read them
+    #: here (``GoldenSettings.tokens``, ...). A head is one golden row of :data:`~tbq.golden.ROW_SIZE` values.
     tokens: int = 32
     #: Query heads of an attention set.
     n_head: int = 8
