@@ -1035,6 +1035,8 @@ def test_generate_takes_its_settings_as_keywords_or_as_one_golden_settings(tmp_p
         GoldenSettings(tokens=4, n_sink=5)
     with pytest.raises(ConfigError, match=r"not both \(seed given as keywords\)"):
         golden.generate(tmp_path / "c", settings=s, seed=6)
+    with pytest.raises(ConfigError, match=r"not both \(seed, blocks given as keywords\)"):  # blocks: the old name
+        golden.generate(tmp_path / "c", settings=s, seed=6, blocks=2)
     with pytest.raises(ConfigError, match="unknown tbq.golden.GoldenSettings field colour"):
         GoldenSettings.of(s, {"colour": 1})
     assert GoldenSettings.of(s, {"seed": 6}).seed == 6

@@ -53,6 +53,7 @@ from numpy.typing import NDArray
 from ..codecs import Codec
 from ..errors import ConfigError
 from ..formats import Format, get_format
+from ..golden.settings import refuse_keywords_beside
 from .attention import (
     Arithmetic,
     AttentionReport,
@@ -158,18 +159,7 @@ def _settings_or_keywords(settings: CheckSettings, given: dict[str, Any], defaul
     """Refuse a :class:`CheckSettings` given together with setting keywords (changed from their defaults)."""
     if not isinstance(settings, CheckSettings):
         raise ConfigError(f"settings must be a tbq.check.CheckSettings, got {type(settings).__name__}")
-    both = [n for n, v in given.items() if not _same(v, defaults[n])]
-    if both:
-        raise ConfigError(
-            f"give the check's settings as settings= or as keywords, not both ({', '.join(both)} given as keywords)"
-        )
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a is b or a == b)
-    except Exception:  # an array-like setting: not the default
-        return False
+    refuse_keywords_beside(given, defaults, "the check's settings")
 
 
 def check_target(target: Target, settings: CheckSettings | None = None, **keywords: Any) -> CheckReport:

@@ -20,6 +20,7 @@ from .attention_cases import (
 )
 from .attention_reference import _classify_rows
 from .classify import WRONG
+from .counterexample import write_repro
 
 # ---------------------------------------------------------------------------------------------------------------
 # the report
@@ -78,36 +79,29 @@ class AttentionCounterexample:
     def save(
         self, directory: str | os.PathLike[str], fmt: Format, symbol: str | None = None, link: list[str] | None = None
     ) -> list[Path]:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         s, c = self.settings, self.case
-        stem = d / f"attention-{s.k_type}-{s.v_type}-d{c.q.shape[2]}"
-        np.savez(
-            stem.with_suffix(".npz"),
-            q=c.q,
-            k=c.k,
-            v=c.v,
-            mask=c.mask,
-            sinks=np.zeros(0, np.float32) if c.sinks is None else c.sinks,
-            scale=np.float32(c.scale),
-            softcap=np.float32(c.softcap),
-            expected=self.expected,
-            bound=self.bound,
-            got=self.got,
-            k_type=s.k_type,
-            v_type=s.v_type,
-            k_options=json.dumps(s.k_options),
-            v_options=json.dumps(s.v_options),
-            arithmetic=json.dumps(self.arithmetic.__dict__),
-        )
-        paths = [stem.with_suffix(".npz")]
-        py = stem.with_suffix(".py")
-        py.write_text(_PY_REPRO.format(npz=stem.with_suffix(".npz").name))
-        paths.append(py)
+        name = f"attention-{s.k_type}-{s.v_type}-d{c.q.shape[2]}"
+        arrays = {
+            "q": c.q,
+            "k": c.k,
+            "v": c.v,
+            "mask": c.mask,
+            "sinks": np.zeros(0, np.float32) if c.sinks is None else c.sinks,
+            "scale": np.float32(c.scale),
+            "softcap": np.float32(c.softcap),
+            "expected": self.expected,
+            "bound": self.bound,
+            "got": self.got,
+            "k_type": s.k_type,
+            "v_type": s.v_type,
+            "k_options": json.dumps(s.k_options),
+            "v_options": json.dumps(s.v_options),
+            "arithmetic": json.dumps(self.arithmetic.__dict__),
+        }
+        sources = {".py": _PY_REPRO.format(npz=Path(name).with_suffix(".npz").name)}
         if self.c_source:
-            stem.with_suffix(".c").write_text(self.c_source)
-            paths.append(stem.with_suffix(".c"))
-        return paths
+            sources[".c"] = self.c_source
+        return write_repro(directory, name, arrays, sources)
 
 
 _PY_REPRO = '''"""Counterexample from `tbq check --attention`: the smallest wrong case, tbq's output and its derived bound.

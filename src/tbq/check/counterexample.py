@@ -31,6 +31,29 @@ def _f32_text(v: Any) -> str:
     return f"{float(f)!r} (0x{int(np.array(f).view(np.uint32)):08X})"
 
 
+def write_repro(
+    directory: str | os.PathLike[str], name: str, arrays: dict[str, Any], sources: dict[str, str]
+) -> list[Path]:
+    """Write a counterexample's files into ``directory`` (made if needed): ``<name>.npz`` holding ``arrays``, then one
+    ``<name><suffix>`` per entry of ``sources`` (suffix to text: the C or Python reproducer); return their paths,
+    the ``.npz`` first. Every kind of counterexample (a block's, a dot product's, an attention case's) saves with it."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    stem = d / name
+    paths = [stem.with_suffix(".npz")]
+    np.savez(paths[0], **arrays)
+    for suffix, text in sources.items():
+        paths.append(stem.with_suffix(suffix))
+        paths[-1].write_text(text)
+    return paths
+
+
+def link_args(link: list[str] | None) -> str:
+    """The compile line's words for the shared libraries ``link`` (each with ``-Wl,-rpath`` to its folder, so the
+    reproducer runs without ``LD_LIBRARY_PATH``), shell-quoted; empty without them."""
+    return " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in (link or []))
+
+
 class AnyCounterexample(Protocol):
     """What a report reads of a counterexample: a block's (:class:`Counterexample`) or a dot product's
     (:class:`tbq.check.dot.DotCounterexample`)."""
@@ -122,25 +145,18 @@ class Counterexample:
 
         ``link``: the shared libraries the repro links with (its compile line names them with an rpath).
         """
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        stem = d / f"{fmt.name}-{self.direction}"
-        npz = stem.with_suffix(".npz")
-        np.savez(
-            npz,
-            input=self.input,
-            expected=self.expected,
-            got=self.got,
-            block=np.int64(self.block),
-            format=np.array(fmt.name),
-            direction=np.array(self.direction),
-            phase=np.array(self.phase),
-            options=np.array(json.dumps(fmt.config())),
-            offsets=np.asarray(self.offsets, np.int64),
-        )
-        c = stem.with_suffix(".c")
-        c.write_text(self.c_source(fmt, symbol, link))
-        return [npz, c]
+        arrays = {
+            "input": self.input,
+            "expected": self.expected,
+            "got": self.got,
+            "block": np.int64(self.block),
+            "format": np.array(fmt.name),
+            "direction": np.array(self.direction),
+            "phase": np.array(self.phase),
+            "options": np.array(json.dumps(fmt.config())),
+            "offsets": np.asarray(self.offsets, np.int64),
+        }
+        return write_repro(directory, f"{fmt.name}-{self.direction}", arrays, {".c": self.c_source(fmt, symbol, link)})
 
     def c_source(self, fmt: Format, symbol: str | None = None, link: list[str] | None = None) -> str:
         """A self-contained C program reproducing this counterexample with ggml's row signature.
@@ -150,8 +166,8 @@ class Counterexample:
         """
         sym = symbol or default_symbol(self.direction, fmt.name)
         src = f"{fmt.name}-{self.direction}.c"
-        if link:
-            libs = " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in link)
+        libs = link_args(link)
+        if libs:
             build = f" *     cc -O2 -o repro {src} {libs} -lm"
         else:
             build = f" *     cc -O2 -o repro {src} ./libmykernel.so -Wl,-rpath,$PWD -lm     (or your kernel's .c file)"

@@ -38,7 +38,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import shlex
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from ..codecs import codec_from
 from ..errors import TbqValueError, check_int
 from ..formats import Format
 from .classify import ACCEPTED, CLASSES, EXACT, FRAGILE, WRONG
+from .counterexample import link_args, write_repro
 from .diagnose import AGREE, Diagnosis
 from .dot_reference import (
     ROUNDINGS,
@@ -136,27 +136,19 @@ class DotCounterexample:
     def save(
         self, directory: str | os.PathLike[str], fmt: Format, symbol: str | None = None, link: list[str] | None = None
     ) -> list[Path]:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        stem = d / f"{fmt.name}-dot"
-        np.savez(
-            stem.with_suffix(".npz"),
-            x=self.x,
-            y=self.y,
-            n=np.int64(self.n),
-            expected=np.float32(self.expected),
-            bound=np.float64(self.bound),
-            got=np.float32(self.got),
-        )
-        stem.with_suffix(".c").write_text(self.c_source(fmt, symbol or "vec_dot", link))
-        return [stem.with_suffix(".npz"), stem.with_suffix(".c")]
+        arrays = {
+            "x": self.x,
+            "y": self.y,
+            "n": np.int64(self.n),
+            "expected": np.float32(self.expected),
+            "bound": np.float64(self.bound),
+            "got": np.float32(self.got),
+        }
+        return write_repro(directory, f"{fmt.name}-dot", arrays, {".c": self.c_source(fmt, symbol or "vec_dot", link)})
 
     def c_source(self, fmt: Format, symbol: str, link: list[str] | None = None) -> str:
         src = f"{fmt.name}-dot.c"
-        libs = (
-            " ".join(f"{shlex.quote(str(p))} -Wl,-rpath,{shlex.quote(str(Path(p).parent))}" for p in (link or []))
-            or "./libmykernel.so -Wl,-rpath,$PWD"
-        )
+        libs = link_args(link) or "./libmykernel.so -Wl,-rpath,$PWD"
 
         def arr(name: str, a: NDArray[np.uint8]) -> str:
             return f"static const uint8_t {name}[{a.size}] = {{{', '.join(f'0x{int(v):02X}' for v in a)}}};"

@@ -17,6 +17,7 @@ from ..golden import (
     FAMILIES,
     ROW_SIZE,
     TBQ_ULP_FLOOR,
+    GoldenSettings,
     Summary,
     check_out_dir,
     generate,
@@ -108,29 +109,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K:V,...",
         help=f"K:V format pairs for --attention (default: {', '.join(f'{a}:{b}' for a, b in DEFAULT_ATTENTION_PAIRS)})",
     )
-    parser.add_argument(
-        "--tokens", type=int, default=32, metavar="T", help="attention: tokens per cache, >= 1 (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--heads", type=int, default=8, metavar="H", help="attention: query heads (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--kv-heads",
-        type=int,
-        default=2,
-        metavar="H",
-        help="attention: KV heads; --heads must be a multiple (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--n-sink",
-        type=int,
-        default=0,
-        metavar="T",
-        help="attention: first tokens kept in --sink-format, at most --tokens (default: %(default)s)",
-    )
+    for flag, setting, metavar, text in (  # the attention set's shape: each default is GoldenSettings's
+        ("--tokens", "tokens", "T", "attention: tokens per cache, >= 1"),
+        ("--heads", "n_head", "H", "attention: query heads"),
+        ("--kv-heads", "n_head_kv", "H", "attention: KV heads; --heads must be a multiple"),
+        ("--n-sink", "n_sink", "T", "attention: first tokens kept in --sink-format, at most --tokens"),
+    ):
+        parser.add_argument(
+            flag,
+            type=int,
+            default=getattr(GoldenSettings, setting),
+            metavar=metavar,
+            help=f"{text} (default: %(default)s)",
+        )
     parser.add_argument(
         "--sink-format",
-        default="f16",
+        default=GoldenSettings.sink_format,
         choices=("f16", "q8_0"),
         help="attention: format of the sink tokens (default: %(default)s)",
     )

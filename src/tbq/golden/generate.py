@@ -68,6 +68,7 @@ from .settings import (
     GoldenSettings,
     _check_attention_args,
     _check_ulp_floor,
+    refuse_keywords_beside,
 )
 from .settings import golden_formats as golden_formats
 
@@ -274,11 +275,11 @@ def build_attention(
     v_fmt: str,
     *,
     seed: int = DEFAULT_SEED,
-    tokens: int = 32,
-    n_head: int = 8,
-    n_head_kv: int = 2,
-    n_sink: int = 0,
-    sink_format: str = "f16",
+    tokens: int = GoldenSettings.tokens,
+    n_head: int = GoldenSettings.n_head,
+    n_head_kv: int = GoldenSettings.n_head_kv,
+    n_sink: int = GoldenSettings.n_sink,
+    sink_format: str = GoldenSettings.sink_format,
     codebook: Any = "lloyd-max",
     signs: Any = "turboq-mtp",
 ) -> GoldenSet:
@@ -478,11 +479,11 @@ def generate(
     ulp_floor: float | None = None,
     attention: bool = False,
     attention_pairs: Any = DEFAULT_ATTENTION_PAIRS,
-    tokens: int = 32,
-    n_head: int = 8,
-    n_head_kv: int = 2,
-    n_sink: int = 0,
-    sink_format: str = "f16",
+    tokens: int = GoldenSettings.tokens,
+    n_head: int = GoldenSettings.n_head,
+    n_head_kv: int = GoldenSettings.n_head_kv,
+    n_sink: int = GoldenSettings.n_sink,
+    sink_format: str = GoldenSettings.sink_format,
     progress: Any = None,
     options: dict[str, Any] | None = None,
     settings: GoldenSettings | None = None,
@@ -509,13 +510,10 @@ def generate(
         given["rows_per_family"] = _rows_per_family(rows_per_family, blocks)
         s = GoldenSettings(**given)
     else:
-        changed = [n for n, v in given.items() if not _same(v, _GENERATE_DEFAULTS[n])] + (
-            ["blocks"] if blocks is not None else []
+        # blocks, the old name of rows_per_family, is no field: given at all, it is given beside the settings
+        refuse_keywords_beside(
+            {**given, "blocks": blocks}, {**_GENERATE_DEFAULTS, "blocks": None}, "the golden settings"
         )
-        if changed:
-            raise ConfigError(
-                f"give the golden settings as settings= or as keywords, not both ({', '.join(changed)} given as keywords)"
-            )
         s = GoldenSettings.of(settings)
     if progress is not None and not callable(progress):
         raise TbqTypeError(f"progress must be None or a callable progress(label, done, total), got {progress!r}")
@@ -583,13 +581,6 @@ def _generate(out: Any, s: GoldenSettings, progress: Any) -> Summary:
 
 #: generate's keyword defaults (a GoldenSettings given with settings= refuses keywords changed from them).
 _GENERATE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(GoldenSettings) if f.init}
-
-
-def _same(a: Any, b: Any) -> bool:
-    try:
-        return bool(a is b or a == b)
-    except Exception:  # an array-like setting (a codebook's values): not the default
-        return False
 
 
 def regenerate(manifest: Any, out: Any = None) -> GoldenSet:

@@ -38,7 +38,14 @@ from .families import (
 )
 from .fragility import DEFAULT_K
 
-__all__ = ["GoldenSettings", "settings_with", "DEFAULT_ATTENTION_PAIRS", "MAX_K", "golden_formats"]
+__all__ = [
+    "GoldenSettings",
+    "settings_with",
+    "refuse_keywords_beside",
+    "DEFAULT_ATTENTION_PAIRS",
+    "MAX_K",
+    "golden_formats",
+]
 
 DEFAULT_ATTENTION_PAIRS = (("tbq4_0", "tbq4_0"), ("q8_0", "tbq4_0"))
 #: The widest fragility margin taken, in float32 ulps (2^22: half a binade).
@@ -146,7 +153,9 @@ class GoldenSettings:
     attention: bool = False
     #: (K format, V format) pairs of the attention sets (or ``"k:v,k:v"``), read only with ``attention``.
     attention_pairs: Any = DEFAULT_ATTENTION_PAIRS
-    #: Tokens of an attention set.
+    #: Tokens of an attention set. This and the four fields below are the attention sets' defaults in one place:
+    #: :func:`~tbq.golden.generate`, :func:`~tbq.golden.build_attention` and ``tbq golden``'s flags read them
+    #: here (``GoldenSettings.tokens``, ...). A head is one golden row of :data:`~tbq.golden.ROW_SIZE` values.
     tokens: int = 32
     #: Query heads of an attention set.
     n_head: int = 8
@@ -211,3 +220,21 @@ def settings_with(cls: type[_R], settings: _R | None, keywords: Mapping[str, Any
     if not isinstance(settings, cls):
         raise ConfigError(f"settings must be a {what}, got {type(settings).__name__}")
     return dataclasses.replace(settings, **keywords) if keywords else settings  # type: ignore[type-var]
+
+
+def refuse_keywords_beside(given: Mapping[str, Any], defaults: Mapping[str, Any], what: str) -> None:
+    """Refuse settings given both ways: a function that takes a settings record (``settings=``) or its fields as
+    keywords was given the record and ``given`` (its keywords' values), some changed from their ``defaults``; those
+    are named in one line that says ``what`` the settings are. A value is unchanged when it is its default or equals
+    it (an array-like value, whose ``==`` is no truth value, never is). Shared by :func:`tbq.golden.generate` and
+    :func:`tbq.check.check_kernel`."""
+    changed = [name for name, value in given.items() if not _same(value, defaults[name])]
+    if changed:
+        raise ConfigError(f"give {what} as settings= or as keywords, not both ({', '.join(changed)} given as keywords)")
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # an array-like setting (a codebook's values): not the default
+        return False
