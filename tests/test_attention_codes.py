@@ -1,4 +1,4 @@
-"""The fused attention kernel reading TBQ4_0 / TBQ3_0 codes in its microkernels (``attention_kernels._attend_codes``).
+"""The fused attention kernel reading TBQ4_0 / TBQ3_0 / turbo4/3/2 codes in its microkernels (``_attend_codes``).
 
 With AVX-512VL the kernel looks the codes of a TBQ cache up in its microkernels instead of decoding each chunk
 into a float32 scratch first: the same per-block tables and ``vpermps`` as the format's reader, the same fma's
@@ -62,7 +62,18 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize(
     "kfmt, vfmt",
-    [("tbq4_0", "tbq4_0"), ("tbq3_0", "tbq3_0"), ("tbq4_0", "tbq3_0"), ("tbq3_0", "q8_0"), ("f16", "tbq4_0")],
+    [
+        ("tbq4_0", "tbq4_0"),
+        ("tbq3_0", "tbq3_0"),
+        ("tbq4_0", "tbq3_0"),
+        ("tbq3_0", "q8_0"),
+        ("f16", "tbq4_0"),
+        ("turbo4", "turbo4"),
+        ("turbo3", "turbo3"),
+        ("turbo2", "turbo2"),
+        ("turbo3", "tbq4_0"),
+        ("q8_0", "turbo2"),
+    ],
 )
 @pytest.mark.parametrize(
     "G, RQ, D, T, t0, causal",
@@ -81,7 +92,7 @@ def test_the_codes_kernel_gives_the_scratch_kernels_bits(kfmt, vfmt, G, RQ, D, T
     scratch), for either operand read from codes or both, every count of query rows and every tail."""
     K, V = _operands(kfmt, vfmt, T, G, D, G * 100 + RQ + T)
     bits, outs = _run_both(K, V, G, RQ, D, T, t0, causal, G * 100 + RQ + T)
-    expect = {"tbq4_0": 4, "tbq3_0": 3}
+    expect = {"tbq4_0": 4, "tbq3_0": 3, "turbo4": 14, "turbo3": 13, "turbo2": 12}
     assert bits == ((expect.get(kfmt, 0), expect.get(vfmt, 0)) if CODES else (0, 0))
     if CODES:
         want, got = outs
@@ -89,7 +100,7 @@ def test_the_codes_kernel_gives_the_scratch_kernels_bits(kfmt, vfmt, G, RQ, D, T
         assert _same(want, got)
 
 
-@pytest.mark.parametrize("fmt", ["tbq4_0", "tbq3_0"])
+@pytest.mark.parametrize("fmt", ["tbq4_0", "tbq3_0", "turbo4", "turbo3", "turbo2"])
 def test_the_codes_kernel_gives_the_readers_bits_on_special_scales(fmt):
     """Blocks whose fp16 ``d`` is +-inf, NaN, -0, subnormal or the largest half: the table's products (inf,
     NaN, signed zeros) are the reader's, so scores and sums are the same bits, NaN where the reader's are."""
@@ -113,17 +124,25 @@ def test_the_codes_kernel_gives_the_readers_bits_on_special_scales(fmt):
 
 
 def test_the_public_kernel_reads_tbq_codes_where_it_can():
-    """``code_bits`` picks TBQ4_0 (4) and TBQ3_0 (3) with AVX-512VL and whole 128-value blocks, nothing else (the
-    turbo types, whose blocks are laid out otherwise, and float rows go through their readers); and
+    """``code_bits`` picks TBQ4_0 (4), TBQ3_0 (3), turbo4 (14), turbo3 (13) and turbo2 (12) with AVX-512VL and
+    whole 128-value blocks, nothing else (other formats and float rows go through their readers); and
     ``attention_fused`` on such caches is its NumPy twin, bit for bit, on 1 and 2 threads."""
     rng = np.random.default_rng(3)
     x = rng.uniform(-1.7, 1.7, (300, 2, 128)).astype(_F)
-    for fmt, want in (("tbq4_0", 4), ("tbq3_0", 3), ("turbo4", 0), ("turbo3", 0), ("q4_0", 0), ("f16", 0)):
+    for fmt, want in (
+        ("tbq4_0", 4),
+        ("tbq3_0", 3),
+        ("turbo4", 14),
+        ("turbo3", 13),
+        ("turbo2", 12),
+        ("q4_0", 0),
+        ("f16", 0),
+    ):
         op = att._kernel_operand(KVCache.encode(x, fmt), 0)[:4]
         assert kn.code_bits(op, 128) == (want if CODES else 0), fmt
     assert kn.code_bits(att._rows_operand(x)[:4], 128) == 0
     q = rng.standard_normal((3, 8, 128)).astype(_F)
-    for kf, vf in (("tbq4_0", "tbq3_0"), ("tbq3_0", "tbq4_0")):
+    for kf, vf in (("tbq4_0", "tbq3_0"), ("tbq3_0", "tbq4_0"), ("turbo4", "turbo2"), ("turbo3", "turbo4")):
         K, V = KVCache.encode(x, kf), KVCache.encode(x * 0.5, vf)
         for causal in (False, True):
             twin = att._attention_kernel(q, K, V, float(1 / np.sqrt(128)), 1, causal=causal, twin=True)
@@ -139,10 +158,10 @@ import tbq.kernels as k, tbq.intrinsics as i
 import test_attention_codes as t
 
 assert (k.TARGET_AVX2, k.TARGET_AVX512VL, i.TARGET_AVX512VBMI) == tuple(map(bool, map(int, sys.argv[2])))
-for fmts in (("tbq4_0", "tbq4_0"), ("tbq3_0", "tbq4_0"), ("tbq4_0", "f16")):
+for fmts in (("tbq4_0", "tbq4_0"), ("tbq3_0", "tbq4_0"), ("tbq4_0", "f16"), ("turbo4", "turbo3"), ("turbo2", "q8_0")):
     t.test_the_codes_kernel_gives_the_scratch_kernels_bits(*fmts, 2, 7, 128, 133, 0, True)
     t.test_the_codes_kernel_gives_the_scratch_kernels_bits(*fmts, 1, 1, 256, 70, 5, False)
-for fmt in ("tbq4_0", "tbq3_0"):
+for fmt in ("tbq4_0", "tbq3_0", "turbo4", "turbo3", "turbo2"):
     t.test_the_codes_kernel_gives_the_readers_bits_on_special_scales(fmt)
 t.test_the_public_kernel_reads_tbq_codes_where_it_can()
 print("ok")

@@ -27,10 +27,11 @@ Float32 rows (sink tokens, exact references) go through the f32 format's reader
 No dequantize pass, no float copy of the cache: a chunk of ``chunk`` tokens
 (all KV heads: consecutive blocks in the cache) is decoded by one reader call
 into a scratch of ``chunk x n_head_kv x head_dim`` floats that stays in L2,
-and each decoded key serves every query row of its KV head. TBQ4_0 and TBQ3_0
-caches skip the scratch on AVX-512 targets (:func:`_attend_codes`): the score
-and value microkernels look their codes up themselves, with the reader's
-per-block table and ``vpermps``, so every value has the reader's bits.
+and each decoded key serves every query row of its KV head. TBQ4_0, TBQ3_0 and
+turbo4/3/2 caches skip the scratch on AVX-512 targets (:func:`_attend_codes`,
+the same body as :func:`_attend`): the score and value microkernels look their
+codes up themselves, with the reader's per-block table, index spread and
+``vpermps``, so every value has the reader's bits.
 
 The arithmetic (docs/formats.md, *Fused attention arithmetic*; its NumPy twin
 is :func:`tbq.attention.attend_model`, bit for bit), every operation a
@@ -81,6 +82,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .formats import reader_intrinsics as ri
 from .intrinsics import TARGET_AVX512VBMI, prefetch_l2
 from .kernels import TARGET_AVX512VL, address, attention_reader, call_reader, jit
 
@@ -154,38 +156,14 @@ def fmaf(typingctx, a, b, c):
 def _attend(Q, lim, scale, kop, vop, span, chunk, out):
     """:func:`_attend_any` for a head dimension that is a multiple of 16 and a chunk that is a multiple of 16 (every
     model's, and what the caller checks), with the same arguments and exactly the same operations: every query
-    row goes through the register-blocked microkernels, 1 to 4 rows a call. The tokens of a chunk past its last
-    multiple of the microkernel's token count get their scores from a padded group whose other tokens read stale
-    rows of the scratch and are never used."""
-    G = Q.shape[0]
-    RQ = Q.shape[1]
-    D = Q.shape[2]
-    if D % 16 or chunk % 16:  # the microkernels' vectors: 16 values of a row, up to 16 tokens (the padded tail)
+    row goes through the register-blocked microkernels, 1 to 4 rows a call (:func:`_attend_body`, every operand
+    through its reader). The tokens of a chunk past its last multiple of the microkernel's token count get their
+    scores from a padded group whose other tokens read stale rows of the scratch and are never used."""
+    if (
+        Q.shape[2] % 16 or chunk % 16
+    ):  # the microkernels' vectors: 16 values of a row, up to 16 tokens (the padded tail)
         raise ValueError("_attend needs a head dimension that is a multiple of 16 and a chunk that is one of 16")
-    read_k, kdata, kaux, kblocks = kop
-    read_v, vdata, vaux, vblocks = vop
-    t0, t1 = span
-    M, L, ACC = out
-    K = np.empty((chunk, G, D), np.float32)  # a chunk of tokens of every head, decoded by one reader call
-    V = np.empty((chunk, G, D), np.float32)
-    S = np.empty((RQ, chunk), np.float32)
-    F = np.empty(RQ, np.float32)  # each row's running maximum, then the sum of its weights
-    kp = address(kaux)
-    vp = address(vaux)
-    nka = kaux.shape[0]
-    nva = vaux.shape[0]
-    _init_partials(M, L, ACC)
-    for c0 in range(t0, t1, chunk):
-        n = min(chunk, t1 - c0)
-        call_reader(read_k, address(kdata[c0]), address(K), n * G * kblocks, kp, nka)
-        call_reader(read_v, address(vdata[c0]), address(V), n * G * vblocks, vp, nva)
-        for g in range(G):
-            m_out = M[g]
-            l_out = L[g]
-            acc = ACC[g]
-            _scores_rows(Q[g], K, g, S, n, RQ)  # scores s[r, t] = q . k_t
-            _online_softmax(S, n, c0, lim, scale, F, m_out, l_out, acc, chunk)
-            _values_rows(S, V, g, acc, n, RQ)  # values: acc = fma(p_t, v_t, acc), token by token
+    _attend_body(Q, lim, scale, kop, vop, span, chunk, out, 0, 0)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -435,6 +413,41 @@ def _fold_trees(builder, vecs):
     return vecs[0]
 
 
+def _score_groups(builder, nr, nt, qp, qoff, n_d, sp, soff, sstride, n_groups, keys):
+    """The body every score microkernel shares: for each of ``n_groups`` groups of ``nt`` tokens (the first
+    ``t = group * nt``), ``nr x nt`` vectors of 16 lane sums from 0, ``keys(t, step)`` emitting the group's
+    key vectors 16 values at a time, ``step(j, kv)`` their ``fma`` with values ``j .. j + 15`` of each query row
+    (``q[qoff + i*n_d + j ..]``), then the trees (:func:`_fold_trees`) into ``s[soff + i*sstride + t ..]``."""
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    vt = ir.VectorType(ir.FloatType(), 16)
+    accs = [[cgutils.alloca_once(builder, vt) for _ in range(nt)] for _ in range(nr)]
+    zero = ir.Constant(vt, [0.0] * 16)
+
+    def step(j, kv):
+        for i in range(nr):
+            qv = builder.load(
+                _vptr(builder, qp, builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j)), vt),
+                align=4,
+            )
+            for u in range(nt):
+                builder.store(_vfma(builder, qv, kv[u], builder.load(accs[i][u])), accs[i][u])
+
+    with cgutils.for_range(builder, n_groups) as tl:
+        t = builder.mul(tl.index, ir.Constant(i64, nt))
+        for row in accs:
+            for a in row:
+                builder.store(zero, a)
+        keys(t, step)
+        scores16 = _fold_trees(builder, [builder.load(accs[i][u]) for i in range(nr) for u in range(nt)])
+        st = ir.VectorType(ir.FloatType(), nt)
+        for i in range(nr):
+            part = builder.shuffle_vector(
+                scores16, scores16, ir.Constant(ir.VectorType(i32, nt), [i * nt + u for u in range(nt)])
+            )
+            off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
+            builder.store(part, _vptr(builder, sp, off, st), align=4)
+
+
 def _make_scores(nr: int, nt: int) -> Any:
     @intrinsic
     def scores(typingctx, q, qoff, k, koff, kstride, s, soff, sstride, n_groups, n_d):
@@ -448,60 +461,74 @@ def _make_scores(nr: int, nt: int) -> Any:
         )
 
         def codegen(context, builder, signature, args):
-            i64, i32 = ir.IntType(64), ir.IntType(32)
+            i64 = ir.IntType(64)
             vt = ir.VectorType(ir.FloatType(), 16)
             qp = context.make_array(signature.args[0])(context, builder, args[0]).data
             kp = context.make_array(signature.args[2])(context, builder, args[2]).data
             sp = context.make_array(signature.args[5])(context, builder, args[5]).data
             qoff, koff, kstride, soff, sstride, n_groups, n_d = (args[c] for c in (1, 3, 4, 6, 7, 8, 9))
-            accs = [[cgutils.alloca_once(builder, vt) for _ in range(nt)] for _ in range(nr)]
             c16 = ir.Constant(i64, 16)
-            zero = ir.Constant(vt, [0.0] * 16)
-            with cgutils.for_range(builder, n_groups) as tl:
-                t = builder.mul(tl.index, ir.Constant(i64, nt))
-                for row in accs:
-                    for a in row:
-                        builder.store(zero, a)
+
+            def keys(t, step):  # the group's keys from the scratch, 16 values of each token a step
                 kt = builder.add(koff, builder.mul(t, kstride))
                 with cgutils.for_range(builder, builder.udiv(n_d, c16)) as jl:
                     j = builder.mul(jl.index, c16)
-                    kv = [
-                        builder.load(
-                            _vptr(
-                                builder,
-                                kp,
-                                builder.add(builder.add(kt, j), builder.mul(ir.Constant(i64, u), kstride)),
-                                vt,
-                            ),
-                            align=4,
-                        )
-                        for u in range(nt)
-                    ]
-                    for i in range(nr):
-                        qv = builder.load(
-                            _vptr(
-                                builder,
-                                qp,
-                                builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j)),
-                                vt,
-                            ),
-                            align=4,
-                        )
-                        for u in range(nt):
-                            builder.store(_vfma(builder, qv, kv[u], builder.load(accs[i][u])), accs[i][u])
-                scores16 = _fold_trees(builder, [builder.load(accs[i][u]) for i in range(nr) for u in range(nt)])
-                st = ir.VectorType(ir.FloatType(), nt)
-                for i in range(nr):
-                    part = builder.shuffle_vector(
-                        scores16, scores16, ir.Constant(ir.VectorType(i32, nt), [i * nt + u for u in range(nt)])
+                    at = builder.add(kt, j)
+                    step(
+                        j,
+                        [
+                            builder.load(
+                                _vptr(builder, kp, builder.add(at, builder.mul(ir.Constant(i64, u), kstride)), vt),
+                                align=4,
+                            )
+                            for u in range(nt)
+                        ],
                     )
-                    off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
-                    builder.store(part, _vptr(builder, sp, off, st), align=4)
+
+            _score_groups(builder, nr, nt, qp, qoff, n_d, sp, soff, sstride, n_groups, keys)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return scores
+
+
+def _value_pass(builder, nr, width, lanes, wp, woff, wstride, ap, aoff, n_d, j, n_t, token_vectors):
+    """The pass every value microkernel shares: the ``width`` vectors of ``lanes`` accumulators from channel ``j``
+    of each of ``nr`` rows (``acc[aoff + i*n_d + j ..]``) loaded into registers, ``fma(w_t, v, acc)`` over tokens
+    ``t = 0 .. n_t`` in order (``w_t = w[woff + i*wstride + t]``, ``token_vectors(t)`` the token's ``width``
+    value vectors), and stored back."""
+    i64 = ir.IntType(64)
+    vt = ir.VectorType(ir.FloatType(), lanes)
+    accs = [[cgutils.alloca_once(builder, vt) for _ in range(width)] for _ in range(nr)]
+    aptrs = [
+        [
+            _vptr(
+                builder,
+                ap,
+                builder.add(
+                    aoff,
+                    builder.add(builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, lanes * h))),
+                ),
+                vt,
+            )
+            for h in range(width)
+        ]
+        for i in range(nr)
+    ]
+    for i in range(nr):
+        for h in range(width):
+            builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
+    with cgutils.for_range(builder, n_t) as tl:
+        vv = token_vectors(tl.index)
+        for i in range(nr):
+            wi = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), tl.index))
+            ws = _splat(builder, builder.load(builder.gep(wp, [wi])), vt)
+            for h in range(width):
+                builder.store(_vfma(builder, ws, vv[h], builder.load(accs[i][h])), accs[i][h])
+    for i in range(nr):
+        for h in range(width):
+            builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
 
 
 def _make_values(nr: int, width: int, lanes: int = 16) -> Any:
@@ -533,45 +560,19 @@ def _make_values(nr: int, width: int, lanes: int = 16) -> Any:
             vp = context.make_array(signature.args[3])(context, builder, args[3]).data
             ap = context.make_array(signature.args[6])(context, builder, args[6]).data
             woff, wstride, voff, vstride, aoff, n_t, n_d, j0, n_j = (args[c] for c in (1, 2, 4, 5, 7, 8, 9, 10, 11))
-            accs = [[cgutils.alloca_once(builder, vt) for _ in range(width)] for _ in range(nr)]
             step = ir.Constant(i64, lanes * width)
             with cgutils.for_range(builder, builder.udiv(n_j, step)) as jl:
                 j = builder.add(j0, builder.mul(jl.index, step))
-                aptrs = [
-                    [
-                        _vptr(
-                            builder,
-                            ap,
-                            builder.add(
-                                aoff,
-                                builder.add(
-                                    builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, lanes * h))
-                                ),
-                            ),
-                            vt,
-                        )
-                        for h in range(width)
-                    ]
-                    for i in range(nr)
-                ]
-                for i in range(nr):
-                    for h in range(width):
-                        builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
                 vj = builder.add(voff, j)
-                with cgutils.for_range(builder, n_t) as tl:
-                    vrow = builder.add(vj, builder.mul(tl.index, vstride))
-                    vv = [
+
+                def token_vectors(t):
+                    vrow = builder.add(vj, builder.mul(t, vstride))
+                    return [
                         builder.load(_vptr(builder, vp, builder.add(vrow, ir.Constant(i64, lanes * h)), vt), align=4)
                         for h in range(width)
                     ]
-                    for i in range(nr):
-                        wi = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), tl.index))
-                        ws = _splat(builder, builder.load(builder.gep(wp, [wi])), vt)
-                        for h in range(width):
-                            builder.store(_vfma(builder, ws, vv[h], builder.load(accs[i][h])), accs[i][h])
-                for i in range(nr):
-                    for h in range(width):
-                        builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
+
+                _value_pass(builder, nr, width, lanes, wp, woff, wstride, ap, aoff, n_d, j, n_t, token_vectors)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -645,158 +646,131 @@ _values1wide, _values2wide, _values3wide, _values4wide = (
 _fold1, _fold2, _fold3, _fold4 = (_make_fold(nr) for nr in (1, 2, 3, 4))
 
 
-# --- TBQ4_0 / TBQ3_0 codes read in the microkernels (AVX-512) -----------------------------------------------------
-# The readers of TBQ4_0 and TBQ3_0 (tbq_kernels.read_rotated with reader_intrinsics' per-block tables) give the
-# rotated-domain value ``centroid[idx] * d`` of each index: one vpermps of 16 indices in the block's table of the
-# 16 (or 8, repeated) products ``centroid * d``. The microkernels below do that look-up on the cache's bytes
-# where the scratch kernels load a decoded float (the scores: each key vector as its fmas need it; the values:
-# each value vector), with the same table (the same products, each rounded once) and the same vpermps, so every
-# float has the reader's bits and every fma is the scratch kernels': the results are the same bits, without
-# storing each chunk's floats and loading them back. For targets with AVX-512VL (vpermps on 16 lanes); the
-# indices reach their lanes by one vpmultishiftqb of the 8 bytes that hold them with AVX-512 VBMI, else by the
-# reader's two broadcast words, a select and a shift. Other targets (and other formats) read through the
-# readers into the scratch (:func:`_attend`). :func:`code_bits` picks the operands.
+# --- TBQ and turbo codes read in the microkernels (AVX-512) -------------------------------------------------------
+# The readers of TBQ4_0, TBQ3_0 and turbo2/3/4 (tbq_kernels.read_rotated / turbo_kernels.read_rotated with
+# reader_intrinsics' per-block tables) give the rotated-domain value ``centroid[idx] * d`` of each index: one
+# vpermps of 16 indices in the block's table of the 16 (or 8 or 4, repeated) products ``centroid * d``. The
+# microkernels below do that look-up on the cache's bytes where the scratch kernels load a decoded float (the
+# scores: each key vector as its fmas need it; the values: each value vector), with the same table (the same
+# products, each rounded once), the same index spread (reader_intrinsics.index_vectors) and the same vpermps, so
+# every float has the reader's bits and every fma is the scratch kernels': the results are the same bits, without
+# storing each chunk's floats and loading them back. For targets with AVX-512VL (vpermps on 16 lanes); the 4- and
+# 3-bit streams' indices reach their lanes by one vpmultishiftqb of the 8 bytes that hold them with AVX-512 VBMI,
+# else (and turbo2's and turbo3's always) as the readers spread them. Other targets (and other formats) read
+# through the readers into the scratch. :func:`code_bits` picks the operands.
 
-#: Bytes of a TBQ block (128 values): the fp16 ``d``, then the indices, by bits per index.
-_CODE_BLOCK_BYTES = {4: 2 + 64, 3: 2 + 48}
-#: Values of a TBQ block.
+#: The caches the microkernels read as codes, by the code :func:`code_bits` gives them: ``(index layout
+#: (:data:`tbq.formats.reader_intrinsics.STREAMS`, or turbo3's "planes3"), byte offset of the indices in a
+#: block, bytes a block)``; every block holds 128 values and starts with its fp16 ``d``. 4 and 3 are TBQ4_0 and
+#: TBQ3_0; 14, 13 and 12 turbo4 (its fp16 ``rnorm`` before the indices), turbo3 and turbo2.
+CODE_LAYOUTS = {
+    4: ("nib4", 2, 66),
+    3: ("stream3", 2, 50),
+    14: ("nib4", 4, 68),
+    13: ("planes3", 2, 50),
+    12: ("quads2", 2, 34),
+}
+#: The index layouts the microkernels are built for, in the order of their kind number (:func:`_code_kind`).
+_KINDS = ("nib4", "stream3", "quads2", "planes3")
+#: Values of a code block.
 _CODE_BLOCK = 128
-#: Where the centroids start in a TBQ reader's ``aux`` (after the fp16 table).
+#: Where the centroids start in a TBQ or turbo reader's ``aux`` (after the fp16 table).
 _CODE_CENTROIDS = 65536
 
 
-def _code_decoder(builder, bits, aux_ptr):
-    """``(table, vector)`` IR builders for ``bits``-bit TBQ codes (``aux_ptr``: the reader's float32 tables):
-    ``table(block_ptr)`` is the block's 16 products ``centroid * d`` (the centroids repeated for 3 bits), and
-    ``vector(block_ptr, table, h)`` the 16 values ``16h .. 16h + 15`` of the block: the table and the vpermps
-    of :func:`tbq.formats.reader_intrinsics.lookup16_row_table` / ``lookup8_row_table`` (``d`` as
-    :func:`tbq.kernels.load_f16` reads it), so every value has the reader's bits. Nothing past the block is
-    read."""
-    i1, i16, i32, i64 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-    vf, vi = ir.VectorType(ir.FloatType(), 16), ir.VectorType(i32, 16)
-    perm = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vf, [vf, vi]), "llvm.x86.avx512.permvar.sf.512"
-    )
-    n_tab = 1 << bits
-    step, split, second = (8, 8, 4) if bits == 4 else (6, 10, 2)  # as reader_intrinsics._words_codegen
-    cp = builder.bitcast(
-        builder.gep(aux_ptr, [ir.Constant(i64, _CODE_CENTROIDS)]), ir.VectorType(ir.FloatType(), n_tab).as_pointer()
-    )
-    tn = builder.load(cp, align=4)
-    cent = builder.shuffle_vector(tn, tn, ir.Constant(vi, [t % n_tab for t in range(16)]))
-    first = ir.Constant(ir.VectorType(i1, 16), [int(t < split) for t in range(16)])
-    shifts = ir.Constant(vi, [bits * t if t < split else bits * t - 8 * second for t in range(16)])
-
-    def splat(x, ty):
-        v = builder.insert_element(ir.Constant(ty, ir.Undefined), x, ir.Constant(i32, 0))
-        return builder.shuffle_vector(v, v, ir.Constant(vi, [0] * 16))
+def _code_decoder(builder, layout, aux_ptr, payload):
+    """``(table, vector)`` IR builders for the codes of ``layout`` (``aux_ptr``: the reader's float32 tables;
+    ``payload``: the byte offset of the indices in a block, an i64): ``table(block_ptr)`` is the block's 16
+    products ``centroid * d`` (:func:`tbq.formats.reader_intrinsics.products`, ``d`` as
+    :func:`tbq.kernels.load_f16` reads it), and ``vector(block_ptr, table, h)`` the 16 values ``16h .. 16h +
+    15`` of the block: the readers' index spread (:func:`tbq.formats.reader_intrinsics.index_vectors`, or with
+    VBMI one ``vpmultishiftqb`` for the 4- and 3-bit streams) and ``vpermps``, so every value has the reader's
+    bits. Nothing past the block is read."""
+    i16, i64 = ir.IntType(16), ir.IntType(64)
+    cent = ri.centroids16(builder, builder.gep(aux_ptr, [ir.Constant(i64, _CODE_CENTROIDS)]), ri.TABLE_SIZE[layout])
 
     def table(bp):
         h16 = builder.load(builder.bitcast(bp, i16.as_pointer()), align=1)  # fp16 bits, little-endian
-        d = builder.load(builder.gep(aux_ptr, [builder.zext(h16, i64)]))
-        return builder.fmul(cent, splat(d, vf))
-
-    def word(bp, off):
-        x = builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, 2 + off)]), i32.as_pointer()), align=1)
-        return splat(x, vi)
-
-    vb = ir.VectorType(ir.IntType(8), 64)
-    mshift = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(vb, [vb, vb]), "llvm.x86.avx512.pmultishift.qb.512"
-    )
-    vq = ir.VectorType(i64, 8)
-
-    def vector_ms(bp, tab, h):
-        # VBMI: the 8 bytes that hold the 16 indices (3 bits, the last 16: the 8 bytes ending at the block's end)
-        # in every qword; byte 0 (4) of dword 2m (2m + 1) takes the 8 bits from index 2m's (2m + 1's) first bit,
-        # whose low 4 bits vpermps reads (for 3 bits, the 8 entries repeated: bit 3 picks the same value)
-        off = step * h - (2 if bits == 3 and h == 7 else 0)
-        lo = 16 if bits == 3 and h == 7 else 0
-        x = builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, 2 + off)]), i64.as_pointer()), align=1)
-        xv = builder.insert_element(ir.Constant(vq, ir.Undefined), x, ir.Constant(i32, 0))
-        xv = builder.shuffle_vector(xv, xv, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
-        ctrl = []
-        for m in range(8):
-            c = [0] * 8
-            c[0] = lo + bits * (2 * m)
-            c[4] = lo + bits * (2 * m + 1)
-            ctrl += c
-        idx = builder.call(mshift, [ir.Constant(vb, ctrl), builder.bitcast(xv, vb)])
-        return builder.call(perm, [tab, builder.bitcast(idx, vi)])
+        return ri.products(builder, cent, builder.load(builder.gep(aux_ptr, [builder.zext(h16, i64)])))
 
     def vector(bp, tab, h):
-        if TARGET_AVX512VBMI:
-            return vector_ms(bp, tab, h)
-        w = builder.select(first, word(bp, step * h), word(bp, step * h + second))
-        return builder.call(perm, [tab, builder.lshr(w, shifts)])
+        pp = builder.gep(bp, [payload])
+        if TARGET_AVX512VBMI and layout in ("nib4", "stream3"):
+            return ri.permute(builder, tab, _multishift_indices(builder, ri.STREAMS[layout][0], pp, h))
+        return ri.permute(builder, tab, ri.index_vectors(builder, layout, pp)(h))
 
     return table, vector
 
 
-def _make_scores_codes(nr: int, nt: int, bits: int) -> Any:
+def _multishift_indices(builder, bits, pp, h):
+    """VBMI: indices ``16h .. 16h + 15`` of a 4- or 3-bit stream at ``pp`` in their lanes' low bits. The 8 bytes
+    that hold them (3 bits, the last 16: the 8 bytes ending at the block's end) in every qword; byte 0 (4) of
+    dword 2m (2m + 1) takes the 8 bits from index 2m's (2m + 1's) first bit, whose low 4 bits vpermps reads (for
+    3 bits, the 8 entries repeated: bit 3 picks the same value)."""
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    vb, vq = ir.VectorType(ir.IntType(8), 64), ir.VectorType(i64, 8)
+    mshift = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vb, [vb, vb]), "llvm.x86.avx512.pmultishift.qb.512"
+    )
+    step = 2 * bits  # bytes a 16
+    off = step * h - (2 if bits == 3 and h == 7 else 0)
+    lo = 16 if bits == 3 and h == 7 else 0
+    x = builder.load(builder.bitcast(builder.gep(pp, [ir.Constant(i64, off)]), i64.as_pointer()), align=1)
+    xv = builder.insert_element(ir.Constant(vq, ir.Undefined), x, ir.Constant(i32, 0))
+    xv = builder.shuffle_vector(xv, xv, ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+    ctrl = []
+    for m in range(8):
+        c = [0] * 8
+        c[0] = lo + bits * (2 * m)
+        c[4] = lo + bits * (2 * m + 1)
+        ctrl += c
+    idx = builder.call(mshift, [ir.Constant(vb, ctrl), builder.bitcast(xv, vb)])
+    return builder.bitcast(idx, ir.VectorType(i32, 16))
+
+
+def _make_scores_codes(nr: int, nt: int, layout: str) -> Any:
     @intrinsic
-    def scores(typingctx, q, qoff, data, base, tstride, n_tok, aux, s, soff, sstride, n_groups, n_blocks):
-        """:func:`_make_scores`'s microkernel with the keys read from ``bits``-bit TBQ codes: token ``t``'s row
-        of one KV head starts at byte ``base + t*tstride`` of ``data`` (``n_blocks`` blocks of 128 values), the
-        tokens of a group past ``n_tok`` read token ``n_tok - 1`` (their scores are never used)."""
+    def scores(
+        typingctx, q, qoff, data, base, tstride, n_tok, aux, s, soff, sstride, n_groups, n_blocks, payload, bbytes
+    ):
+        """:func:`_make_scores`'s microkernel with the keys read from ``layout`` codes: token ``t``'s row of one KV
+        head starts at byte ``base + t*tstride`` of ``data`` (``n_blocks`` blocks of ``bbytes`` bytes, 128 values,
+        the indices from byte ``payload``), the tokens of a group past ``n_tok`` read token ``n_tok - 1`` (their
+        scores are never used)."""
         sig = types.void(
             q, types.int64, data, types.int64, types.int64, types.int64, aux, s, types.int64, types.int64,
-            types.int64, types.int64,
+            types.int64, types.int64, types.int64, types.int64,
         )  # fmt: skip
 
         def codegen(context, builder, signature, args):
-            i64, i32 = ir.IntType(64), ir.IntType(32)
-            vt = ir.VectorType(ir.FloatType(), 16)
+            i64 = ir.IntType(64)
             qp = context.make_array(signature.args[0])(context, builder, args[0]).data
             dp = context.make_array(signature.args[2])(context, builder, args[2]).data
             xp = context.make_array(signature.args[6])(context, builder, args[6]).data
             sp = context.make_array(signature.args[7])(context, builder, args[7]).data
-            qoff, base, tstride, n_tok, soff, sstride, n_groups, n_blocks = (
-                args[c] for c in (1, 3, 4, 5, 8, 9, 10, 11)
+            qoff, base, tstride, n_tok, soff, sstride, n_groups, n_blocks, payload, bbytes = (
+                args[c] for c in (1, 3, 4, 5, 8, 9, 10, 11, 12, 13)
             )
-            table, vector = _code_decoder(builder, bits, xp)
+            table, vector = _code_decoder(builder, layout, xp, payload)
             n_d = builder.mul(n_blocks, ir.Constant(i64, _CODE_BLOCK))
             last = builder.sub(n_tok, ir.Constant(i64, 1))
-            accs = [[cgutils.alloca_once(builder, vt) for _ in range(nt)] for _ in range(nr)]
-            zero = ir.Constant(vt, [0.0] * 16)
-            with cgutils.for_range(builder, n_groups) as tl:
-                t = builder.mul(tl.index, ir.Constant(i64, nt))
-                for row in accs:
-                    for a in row:
-                        builder.store(zero, a)
+
+            def keys(t, step):  # the group's keys from the codes, block by block, 16 values of each token a step
                 rows = []
                 for u in range(nt):
                     tu = builder.add(t, ir.Constant(i64, u))
                     tu = builder.select(builder.icmp_signed(">", tu, last), last, tu)
                     rows.append(builder.add(base, builder.mul(tu, tstride)))
                 with cgutils.for_range(builder, n_blocks) as bl:
-                    boff = builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK_BYTES[bits]))
+                    boff = builder.mul(bl.index, bbytes)
                     bps = [builder.gep(dp, [builder.add(r, boff)]) for r in rows]
                     tabs = [table(bp) for bp in bps]
                     j0 = builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK))
                     for h in range(_CODE_BLOCK // 16):
                         j = builder.add(j0, ir.Constant(i64, 16 * h))
-                        kv = [vector(bps[u], tabs[u], h) for u in range(nt)]
-                        for i in range(nr):
-                            qv = builder.load(
-                                _vptr(
-                                    builder,
-                                    qp,
-                                    builder.add(qoff, builder.add(builder.mul(ir.Constant(i64, i), n_d), j)),
-                                    vt,
-                                ),
-                                align=4,
-                            )
-                            for u in range(nt):
-                                builder.store(_vfma(builder, qv, kv[u], builder.load(accs[i][u])), accs[i][u])
-                scores16 = _fold_trees(builder, [builder.load(accs[i][u]) for i in range(nr) for u in range(nt)])
-                st = ir.VectorType(ir.FloatType(), nt)
-                for i in range(nr):
-                    part = builder.shuffle_vector(
-                        scores16, scores16, ir.Constant(ir.VectorType(i32, nt), [i * nt + u for u in range(nt)])
-                    )
-                    off = builder.add(soff, builder.add(builder.mul(ir.Constant(i64, i), sstride), t))
-                    builder.store(part, _vptr(builder, sp, off, st), align=4)
+                        step(j, [vector(bps[u], tabs[u], h) for u in range(nt)])
+
+            _score_groups(builder, nr, nt, qp, qoff, n_d, sp, soff, sstride, n_groups, keys)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -804,64 +778,40 @@ def _make_scores_codes(nr: int, nt: int, bits: int) -> Any:
     return scores
 
 
-def _make_values_codes(nr: int, bits: int) -> Any:
+def _make_values_codes(nr: int, layout: str) -> Any:
     @intrinsic
-    def values(typingctx, w, woff, wstride, data, base, tstride, aux, acc, aoff, n_t, n_blocks):
+    def values(typingctx, w, woff, wstride, data, base, tstride, aux, acc, aoff, n_t, n_blocks, payload, bbytes):
         """:func:`_make_values`'s microkernel (four vectors of 16 accumulators a row, 64 channels a pass) with the
-        values read from ``bits``-bit TBQ codes: token ``t``'s row of one KV head starts at byte ``base +
-        t*tstride`` of ``data`` (``n_blocks`` blocks of 128 values); every channel of the rows, in passes of 64."""
+        values read from ``layout`` codes: token ``t``'s row of one KV head starts at byte ``base + t*tstride`` of
+        ``data`` (``n_blocks`` blocks of ``bbytes`` bytes, 128 values, the indices from byte ``payload``); every
+        channel of the rows, in passes of 64."""
         sig = types.void(
             w, types.int64, types.int64, data, types.int64, types.int64, aux, acc, types.int64, types.int64,
-            types.int64,
+            types.int64, types.int64, types.int64,
         )  # fmt: skip
 
         def codegen(context, builder, signature, args):
             i64 = ir.IntType(64)
-            vt = ir.VectorType(ir.FloatType(), 16)
             wp = context.make_array(signature.args[0])(context, builder, args[0]).data
             dp = context.make_array(signature.args[3])(context, builder, args[3]).data
             xp = context.make_array(signature.args[6])(context, builder, args[6]).data
             ap = context.make_array(signature.args[7])(context, builder, args[7]).data
-            woff, wstride, base, tstride, aoff, n_t, n_blocks = (args[c] for c in (1, 2, 4, 5, 8, 9, 10))
-            table, vector = _code_decoder(builder, bits, xp)
+            woff, wstride, base, tstride, aoff, n_t, n_blocks, payload, bbytes = (
+                args[c] for c in (1, 2, 4, 5, 8, 9, 10, 11, 12)
+            )
+            table, vector = _code_decoder(builder, layout, xp, payload)
             n_d = builder.mul(n_blocks, ir.Constant(i64, _CODE_BLOCK))
-            accs = [[cgutils.alloca_once(builder, vt) for _ in range(4)] for _ in range(nr)]
             with cgutils.for_range(builder, n_blocks) as bl:
-                boff = builder.add(base, builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK_BYTES[bits])))
+                boff = builder.add(base, builder.mul(bl.index, bbytes))
                 for half in range(_CODE_BLOCK // 64):
                     j = builder.add(builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK)), ir.Constant(i64, 64 * half))
-                    aptrs = [
-                        [
-                            _vptr(
-                                builder,
-                                ap,
-                                builder.add(
-                                    aoff,
-                                    builder.add(
-                                        builder.mul(ir.Constant(i64, i), n_d), builder.add(j, ir.Constant(i64, 16 * h))
-                                    ),
-                                ),
-                                vt,
-                            )
-                            for h in range(4)
-                        ]
-                        for i in range(nr)
-                    ]
-                    for i in range(nr):
-                        for h in range(4):
-                            builder.store(builder.load(aptrs[i][h], align=4), accs[i][h])
-                    with cgutils.for_range(builder, n_t) as tl:
-                        bp = builder.gep(dp, [builder.add(boff, builder.mul(tl.index, tstride))])
+
+                    def token_vectors(t, half=half):
+                        bp = builder.gep(dp, [builder.add(boff, builder.mul(t, tstride))])
                         tab = table(bp)
-                        vv = [vector(bp, tab, 4 * half + h) for h in range(4)]
-                        for i in range(nr):
-                            wi = builder.add(woff, builder.add(builder.mul(ir.Constant(i64, i), wstride), tl.index))
-                            ws = _splat(builder, builder.load(builder.gep(wp, [wi])), vt)
-                            for h in range(4):
-                                builder.store(_vfma(builder, ws, vv[h], builder.load(accs[i][h])), accs[i][h])
-                    for i in range(nr):
-                        for h in range(4):
-                            builder.store(builder.load(accs[i][h]), aptrs[i][h], align=4)
+                        return [vector(bp, tab, 4 * half + h) for h in range(4)]
+
+                    _value_pass(builder, nr, 4, 16, wp, woff, wstride, ap, aoff, n_d, j, n_t, token_vectors)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -869,86 +819,145 @@ def _make_values_codes(nr: int, bits: int) -> Any:
     return values
 
 
-_SCORES_CODES = {
-    bits: tuple(_make_scores_codes(nr, _SCORE_TOKENS[nr - 1], bits) for nr in (1, 2, 3, 4)) for bits in (4, 3)
-}
-_sc4_1, _sc4_2, _sc4_3, _sc4_4 = _SCORES_CODES[4]
-_sc3_1, _sc3_2, _sc3_3, _sc3_4 = _SCORES_CODES[3]
-_VALUES_CODES = {bits: tuple(_make_values_codes(nr, bits) for nr in (1, 2, 3, 4)) for bits in (4, 3)}
-_vc4_1, _vc4_2, _vc4_3, _vc4_4 = _VALUES_CODES[4]
-_vc3_1, _vc3_2, _vc3_3, _vc3_4 = _VALUES_CODES[3]
+_SCORES_CODES = {k: tuple(_make_scores_codes(nr, _SCORE_TOKENS[nr - 1], k) for nr in (1, 2, 3, 4)) for k in _KINDS}
+_sn4_1, _sn4_2, _sn4_3, _sn4_4 = _SCORES_CODES["nib4"]
+_ss3_1, _ss3_2, _ss3_3, _ss3_4 = _SCORES_CODES["stream3"]
+_sq2_1, _sq2_2, _sq2_3, _sq2_4 = _SCORES_CODES["quads2"]
+_sp3_1, _sp3_2, _sp3_3, _sp3_4 = _SCORES_CODES["planes3"]
+_VALUES_CODES = {k: tuple(_make_values_codes(nr, k) for nr in (1, 2, 3, 4)) for k in _KINDS}
+_vn4_1, _vn4_2, _vn4_3, _vn4_4 = _VALUES_CODES["nib4"]
+_vs3_1, _vs3_2, _vs3_3, _vs3_4 = _VALUES_CODES["stream3"]
+_vq2_1, _vq2_2, _vq2_3, _vq2_4 = _VALUES_CODES["quads2"]
+_vp3_1, _vp3_2, _vp3_3, _vp3_4 = _VALUES_CODES["planes3"]
 
 
 def code_bits(op: tuple, head_dim: int) -> int:
-    """4 or 3 when kernel operand ``op`` (``(reader, bytes, tables, blocks per row)``) is a TBQ4_0 or TBQ3_0 cache
-    that :func:`_attend_codes` reads from its codes on this target (AVX-512VL, a head dimension of
-    whole blocks), else 0 (the operand goes through its reader)."""
+    """The :data:`CODE_LAYOUTS` code of kernel operand ``op`` (``(reader, bytes, tables, blocks per row)``) when it
+    is a TBQ4_0 (4), TBQ3_0 (3), turbo4 (14), turbo3 (13) or turbo2 (12) cache that :func:`_attend_codes` reads
+    from its codes on this target (AVX-512VL, a head dimension of whole blocks), else 0 (the operand goes through
+    its reader)."""
     if not TARGET_AVX512VL or head_dim % _CODE_BLOCK or CHUNK % 16:
         return 0
     from .formats.tbq_kernels import attention_read as tbq_read  # the TBQ formats' reader function
+    from .formats.turbo_kernels import attention_read as turbo_read  # the turbo formats'
 
-    if op[0] != attention_reader(tbq_read).address:
-        return 0
     nc = op[2].shape[0] - _CODE_CENTROIDS
-    bits = 4 if nc == 16 else 3 if nc == 8 else 0
-    return bits if bits and op[1].shape[-1] == _CODE_BLOCK_BYTES[bits] * op[3] else 0
+    if op[0] == attention_reader(tbq_read).address:
+        code = {16: 4, 8: 3}.get(nc, 0)
+    elif op[0] == attention_reader(turbo_read).address:
+        code = {16: 14, 8: 13, 4: 12}.get(nc, 0)
+    else:
+        return 0
+    return code if code and op[1].shape[-1] == CODE_LAYOUTS[code][2] * op[3] else 0
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _code_layout(code):
+    """``(kind, payload, bytes a block)`` of a :data:`CODE_LAYOUTS` code; ``kind`` indexes :data:`_KINDS`."""
+    if code == 4:
+        return 0, 2, 66
+    if code == 3:
+        return 1, 2, 50
+    if code == 14:
+        return 0, 4, 68
+    if code == 13:
+        return 3, 2, 50
+    return 2, 2, 34
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _scores_codes_rows(qo, data, base, tstride, n, aux, bits, n_blocks, S, R):
-    """:func:`_scores_rows` with the keys read from ``bits``-bit TBQ codes (token ``t`` of the chunk at byte
-    ``base + t*tstride`` of ``data``)."""
+    """:func:`_scores_rows` with the keys read from the codes of layout ``bits`` (a :data:`CODE_LAYOUTS` code;
+    token ``t`` of the chunk at byte ``base + t*tstride`` of ``data``)."""
     chunk = S.shape[1]
     D = n_blocks * _CODE_BLOCK
+    kind, payload, bbytes = _code_layout(bits)
     for r in range(0, R, 4):
         nr = min(4, R - r)
         groups = (n + _SCORE_TOKENS[nr - 1] - 1) // _SCORE_TOKENS[nr - 1]
-        a = (qo, r * D, data, base, tstride, n, aux, S, r * chunk, chunk, groups, n_blocks)
-        if bits == 4:
+        a = (qo, r * D, data, base, tstride, n, aux, S, r * chunk, chunk, groups, n_blocks, payload, bbytes)
+        if kind == 0:
             if nr == 4:
-                _sc4_4(*a)
+                _sn4_4(*a)
             elif nr == 3:
-                _sc4_3(*a)
+                _sn4_3(*a)
             elif nr == 2:
-                _sc4_2(*a)
+                _sn4_2(*a)
             else:
-                _sc4_1(*a)
+                _sn4_1(*a)
+        elif kind == 1:
+            if nr == 4:
+                _ss3_4(*a)
+            elif nr == 3:
+                _ss3_3(*a)
+            elif nr == 2:
+                _ss3_2(*a)
+            else:
+                _ss3_1(*a)
+        elif kind == 2:
+            if nr == 4:
+                _sq2_4(*a)
+            elif nr == 3:
+                _sq2_3(*a)
+            elif nr == 2:
+                _sq2_2(*a)
+            else:
+                _sq2_1(*a)
         elif nr == 4:
-            _sc3_4(*a)
+            _sp3_4(*a)
         elif nr == 3:
-            _sc3_3(*a)
+            _sp3_3(*a)
         elif nr == 2:
-            _sc3_2(*a)
+            _sp3_2(*a)
         else:
-            _sc3_1(*a)
+            _sp3_1(*a)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _values_codes_rows(S, data, base, tstride, n, aux, bits, n_blocks, acc, R):
-    """:func:`_values_rows` with the values read from ``bits``-bit TBQ codes (token ``t`` of the chunk at byte
-    ``base + t*tstride`` of ``data``)."""
+    """:func:`_values_rows` with the values read from the codes of layout ``bits`` (a :data:`CODE_LAYOUTS` code;
+    token ``t`` of the chunk at byte ``base + t*tstride`` of ``data``)."""
     chunk = S.shape[1]
     D = n_blocks * _CODE_BLOCK
+    kind, payload, bbytes = _code_layout(bits)
     for r in range(0, R, 4):
         nr = min(4, R - r)
-        a = (S, r * chunk, chunk, data, base, tstride, aux, acc, r * D, n, n_blocks)
-        if bits == 4:
+        a = (S, r * chunk, chunk, data, base, tstride, aux, acc, r * D, n, n_blocks, payload, bbytes)
+        if kind == 0:
             if nr == 4:
-                _vc4_4(*a)
+                _vn4_4(*a)
             elif nr == 3:
-                _vc4_3(*a)
+                _vn4_3(*a)
             elif nr == 2:
-                _vc4_2(*a)
+                _vn4_2(*a)
             else:
-                _vc4_1(*a)
+                _vn4_1(*a)
+        elif kind == 1:
+            if nr == 4:
+                _vs3_4(*a)
+            elif nr == 3:
+                _vs3_3(*a)
+            elif nr == 2:
+                _vs3_2(*a)
+            else:
+                _vs3_1(*a)
+        elif kind == 2:
+            if nr == 4:
+                _vq2_4(*a)
+            elif nr == 3:
+                _vq2_3(*a)
+            elif nr == 2:
+                _vq2_2(*a)
+            else:
+                _vq2_1(*a)
         elif nr == 4:
-            _vc3_4(*a)
+            _vp3_4(*a)
         elif nr == 3:
-            _vc3_3(*a)
+            _vp3_3(*a)
         elif nr == 2:
-            _vc3_2(*a)
+            _vp3_2(*a)
         else:
-            _vc3_1(*a)
+            _vp3_1(*a)
 
 
 #: How many chunks ahead :func:`_attend_codes` prefetches the codes into L2 (a hint: no value changes). It reads a
@@ -972,15 +981,26 @@ def _prefetch_share(data, start, size, stop, g, G):
 @jit
 def _attend_codes(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
     """:func:`_attend` (the same arguments, exactly the same operations) where the key (``kbits``) or value
-    (``vbits``) cache is TBQ4_0 (4) or TBQ3_0 (3), read by the microkernels from its codes instead of a
-    reader's scratch (an operand of 0 bits goes through its reader). For targets with AVX-512VL, a head
-    dimension that is a multiple of 128 (whole TBQ blocks) and a chunk that is a multiple of 16; the caller
-    checks."""
+    (``vbits``) cache is one that the microkernels read from its codes instead of a reader's scratch (a
+    :data:`CODE_LAYOUTS` code from :func:`code_bits`: TBQ4_0, TBQ3_0, turbo4/3/2; an operand of 0 goes through its
+    reader). For targets with AVX-512VL, a head dimension that is a multiple of 128 (whole blocks) and a chunk
+    that is a multiple of 16; the caller checks."""
+    if Q.shape[2] % _CODE_BLOCK or chunk % 16:
+        raise ValueError("_attend_codes needs a head dimension that is a multiple of 128 and a chunk that is one of 16")
+    _attend_body(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits)
+
+
+@nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
+def _attend_body(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
+    """The one body of :func:`_attend` (``kbits = vbits = 0``: constants, so numba and LLVM leave the codes paths
+    and the prefetches out of it) and :func:`_attend_codes`: per chunk of tokens, the operands read through their
+    readers decoded into a scratch by one reader call each (all heads), then per KV head the scores
+    (:func:`_scores_rows`, or :func:`_scores_codes_rows` on the codes of layout ``kbits``), the online softmax and
+    the values (:func:`_values_rows` / :func:`_values_codes_rows`). Code operands are prefetched into L2
+    :data:`CODES_AHEAD` chunks ahead."""
     G = Q.shape[0]
     RQ = Q.shape[1]
     D = Q.shape[2]
-    if D % _CODE_BLOCK or chunk % 16:
-        raise ValueError("_attend_codes needs a head dimension that is a multiple of 128 and a chunk that is one of 16")
     read_k, kdata, kaux, kblocks = kop
     read_v, vdata, vaux, vblocks = vop
     t0, t1 = span
