@@ -28,7 +28,6 @@ ALLOWED = {
     "tbq.check.report.CheckReport.__init__": "the report record, built positionally by the runner",
     "tbq.check.report.Counterexample.__init__": "the counterexample record",
     "tbq.check.report.PhaseResult.__init__": "the phase record, built positionally by the runner",
-    "tbq.check.report.make_counterexample": "the runner's one call site passes eleven values by position",
     "tbq.hf.evaluation.Row.__init__": "a record of tbq eval's table",
 }
 

@@ -34,7 +34,7 @@ codes up themselves, with the reader's per-block table, index spread and
 ``vpermps``, so every value has the reader's bits.
 
 The arithmetic (docs/formats.md, *Fused attention arithmetic*; its NumPy twin
-is :func:`tbq.attention.attend_model`, bit for bit), every operation a
+is ``tbq.attention._attend_numpy``, bit for bit), every operation a
 float32 operation rounded once (``fma`` is the fused multiply-add, one
 rounding, LLVM's ``llvm.fma``; no fastmath):
 

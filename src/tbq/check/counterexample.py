@@ -306,6 +306,7 @@ def make_counterexample(
     fmt: Format,
     direction: str,
     phase: str,
+    *,
     inp: NDArray[Any],
     expected: NDArray[Any],
     got: NDArray[Any],

@@ -316,7 +316,17 @@ class _Check:
             blk = int(bad[0])
         trace = d.trace(row, blk)
         return make_counterexample(
-            self.fmt, d.name, phase, row, ref, got, blk, int(c.cls[blk]), trace, self.settings.k, how
+            self.fmt,
+            d.name,
+            phase,
+            inp=row,
+            expected=ref,
+            got=got,
+            block=blk,
+            cls=int(c.cls[blk]),
+            trace=trace,
+            k=self.settings.k,
+            how=how,
         )
 
     # -- diagnoses that need the target -----------------------------------------------------------
