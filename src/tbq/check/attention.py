@@ -349,9 +349,9 @@ def check_attention(
         opts.update({"v_type": s.v_type, **{f"v.{k}": v for k, v in s.v_options.items()}, "head_dim": s.head_dim})
         report = AttentionReport(
             "attention",
-            opts,
-            tgt.description,
-            {
+            options=opts,
+            target=tgt.description,
+            settings={
                 "families": list(s.families),
                 "contexts": list(s.contexts),
                 "ratios": list(s.ratios),
@@ -466,6 +466,6 @@ def _minimal(
     got = tgt.run(best, s)
     cls, ref, bound, p = _judge(best, got, s, ar)
     how = f"the first wrong case cut to {best.shape[1]} head{'s' * (best.shape[1] != 1)} and {best.shape[3]} tokens ({calls} kernel calls)"
-    ce = AttentionCounterexample(best, ref, bound, got, s, ar, how)
+    ce = AttentionCounterexample(case=best, expected=ref, bound=bound, got=got, settings=s, arithmetic=ar, how=how)
     ce.c_source = tgt.repro_c(ce, s)
     return ce, diagnose_attention(best, got, ref, bound, s, p, ar)

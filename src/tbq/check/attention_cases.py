@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -92,6 +92,7 @@ class AttentionSettings:
 
     k_type: str
     v_type: str
+    _: KW_ONLY
     head_dim: int = 128
     k_options: dict[str, Any] = field(default_factory=dict)
     v_options: dict[str, Any] = field(default_factory=dict)
@@ -171,6 +172,7 @@ class AttentionCase:
 
     family: str
     label: str
+    _: KW_ONLY
     q: NDArray[np.float32]
     k: NDArray[np.uint8]
     v: NDArray[np.uint8]
@@ -305,7 +307,8 @@ def make_cases(s: AttentionSettings) -> list[AttentionCase]:
         T = np.asarray(k).shape[0]
         m = np.zeros((q.shape[0], T), np.float32) if mask is None else np.asarray(mask, np.float32)
         kb, vb = enc(kf, k), enc(vf, v)
-        out.append(AttentionCase(family, label, q, kb, vb, m, None if sinks is None else np.float32(sinks), sc, cap))
+        sk = None if sinks is None else np.float32(sinks)
+        out.append(AttentionCase(family, label, q=q, k=kb, v=vb, mask=m, sinks=sk, scale=sc, softcap=cap))
 
     def normal(*shape: int) -> NDArray[np.float32]:
         return rng.standard_normal(shape).astype(np.float32)

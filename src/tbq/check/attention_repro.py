@@ -27,7 +27,7 @@ from .counterexample import write_repro
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttentionCounterexample:
     """The smallest failing case found, tbq's output and bound, the kernel's output."""
 

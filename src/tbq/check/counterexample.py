@@ -70,7 +70,7 @@ class AnyCounterexample(Protocol):
     ) -> list[Path]: ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Counterexample:
     """The first minimal failing block of one direction.
 
@@ -423,17 +423,17 @@ def make_counterexample(
             }
         )
     return Counterexample(
-        direction,
-        phase,
-        CLASSES[cls],
-        np.asarray(inp).reshape(-1),
-        np.asarray(expected).reshape(-1),
-        np.asarray(got).reshape(-1),
-        int(block),
-        offsets,
-        fields,
-        tr,
-        how,
+        direction=direction,
+        phase=phase,
+        classification=CLASSES[cls],
+        input=np.asarray(inp).reshape(-1),
+        expected=np.asarray(expected).reshape(-1),
+        got=np.asarray(got).reshape(-1),
+        block=int(block),
+        offsets=offsets,
+        fields=fields,
+        trace=tr,
+        how=how,
     )
 
 

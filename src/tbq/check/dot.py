@@ -87,7 +87,7 @@ MAX_CALL_BLOCKS = 8
 KEEP_CALLS = 256
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DotCounterexample:
     """The shortest failing dot product found: the operands, tbq's exact value and bound, the kernel's result."""
 
@@ -241,9 +241,9 @@ def check_dot(
     t_start = time.perf_counter()
     report = CheckReport(
         L.name,
-        L.config(),
-        target.description,
-        {
+        options=L.config(),
+        target=target.description,
+        settings={
             "blocks": int(blocks),
             "examples": int(examples),
             "exact": bool(exact),
@@ -562,7 +562,16 @@ def _minimal(
     how = f"{what} {a}..{b - 1} of a call of {nu} {what}" + (" (the shortest that still fails)" if b - a < nu else "")
     got = target.dot(xs, ys, (b - a) * unit)
     return DotCounterexample(
-        phase, CLASSES[cls], xs, ys, (b - a) * unit, float(e), bound, float(got), how, per_block=per_block
+        phase=phase,
+        classification=CLASSES[cls],
+        x=xs,
+        y=ys,
+        n=(b - a) * unit,
+        expected=float(e),
+        bound=bound,
+        got=float(got),
+        how=how,
+        per_block=per_block,
     )
 
 

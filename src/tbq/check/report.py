@@ -13,7 +13,8 @@ fields, and tbq's trace for the block. :meth:`CheckReport.save` writes each as
 program that calls the ggml row function on that input and compares with
 tbq's result (exit status 1 while they differ).
 
->>> r = CheckReport("q8_0", {}, "demo", {"exact": False}, [PhaseResult("quantize", "golden", 10, 9, 1, 0, 0.01)])
+>>> p = PhaseResult("quantize", "golden", blocks=10, exact=9, fragile=1, wrong=0, seconds=0.01)
+>>> r = CheckReport("q8_0", options={}, target="demo", settings={"exact": False}, phases=[p])
 >>> r.ok, r.counts()
 (True, {'blocks': 10, 'exact': 9, 'fragile': 1, 'wrong': 0, 'equivalent': 0, 'undefined': 0, 'tie_rule': 0, 'accepted': 0})
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ class PhaseResult:
 
     direction: str
     phase: str
+    _: KW_ONLY
     blocks: int
     exact: int
     fragile: int
@@ -66,16 +68,16 @@ class PhaseResult:
         return cls(
             direction,
             phase,
-            sum(c.values()),
-            c["exact"],
-            c["fragile"],
-            c["wrong"],
-            seconds,
-            note,
-            c["equivalent"],
-            c["undefined"],
-            c["tie_rule"],
-            c["accepted"],
+            blocks=sum(c.values()),
+            exact=c["exact"],
+            fragile=c["fragile"],
+            wrong=c["wrong"],
+            seconds=seconds,
+            note=note,
+            equivalent=c["equivalent"],
+            undefined=c["undefined"],
+            tie_rule=c["tie_rule"],
+            accepted=c["accepted"],
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,6 +120,7 @@ class CheckReport:
     """Everything a check found. See the module docstring."""
 
     format: str
+    _: KW_ONLY
     options: dict[str, Any]
     target: str
     settings: dict[str, Any]

@@ -434,7 +434,10 @@ class _Check:
         t0 = time.perf_counter()
         self._run_phases()
         report = CheckReport(
-            self.fmt.name, self.fmt.config(), self.target.description, self.settings.report_settings(self.codec.backend)
+            self.fmt.name,
+            options=self.fmt.config(),
+            target=self.target.description,
+            settings=self.settings.report_settings(self.codec.backend),
         )
         report.provenance = self.target.provenance()
         self._note_provenance(report.provenance)
@@ -472,7 +475,18 @@ class _Check:
                         FuzzPhase(self).run(d)
                     bar.step(f"{d.name} fuzz")
                 else:
-                    d.phases.append(PhaseResult(d.name, "fuzz", 0, 0, 0, 0, 0.0, "skipped (examples 0)"))
+                    d.phases.append(
+                        PhaseResult(
+                            d.name,
+                            "fuzz",
+                            blocks=0,
+                            exact=0,
+                            fragile=0,
+                            wrong=0,
+                            seconds=0.0,
+                            note="skipped (examples 0)",
+                        )
+                    )
             for d in bytes_dirs:
                 self._phase(d, "bytes", random_blocks(self.fmt, self.settings.blocks, self.settings.seed))
                 bar.step(f"{d.name} bytes")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -211,6 +211,7 @@ class Row:
 
     cache: str
     engine: str
+    _: KW_ONLY
     bytes_per_token: int
     ppl: float
     delta_ppl_pct: float
@@ -433,7 +434,20 @@ class _Runner:
 
 def _refused_row(ct: CacheType, reason: str) -> Row:
     nan = math.nan
-    return Row(ct.label, ct.engine, 0, nan, nan, nan, nan, nan, nan, nan, options=_json_options(ct), refused=reason)
+    return Row(
+        ct.label,
+        ct.engine,
+        bytes_per_token=0,
+        ppl=nan,
+        delta_ppl_pct=nan,
+        kl_mean=nan,
+        kl_p99=nan,
+        top1=nan,
+        kl_f32_mean=nan,
+        top1_f32=nan,
+        options=_json_options(ct),
+        refused=reason,
+    )
 
 
 def _first_diff(a: list[Any], b: list[Any]) -> int | None:
