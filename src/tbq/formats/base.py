@@ -253,6 +253,51 @@ def register(cls: _F) -> _F:
 
 
 # ---------------------------------------------------------------------------
+# refusal helpers shared by the format modules
+# ---------------------------------------------------------------------------
+
+
+def f16_overflows(a: ArrayLike) -> NDArray[np.bool_]:
+    """bool: where ``a`` is stored as an infinite fp16 (``|a| >= 65520``, the first value that rounds to infinity);
+    NaN counts too, as it fails the comparison.
+
+    >>> f16_overflows(np.float32([65519.0, 65520.0, np.nan])).tolist()
+    [False, True, True]
+    """
+    return ~(np.abs(a) < np.float32(F16_OVERFLOW))
+
+
+def overflow_status(over: ArrayLike) -> NDArray[np.int8]:
+    """int8 statuses of :meth:`Format.invalid_blocks` from a bool mask: ``STATUS_SCALE_OVERFLOW`` where ``over``, else 0."""
+    return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+
+
+def block_trace(fmt: Format, values: NDArray[np.float32]) -> Trace:
+    """The encoder's trace of one block of float32 ``values`` (one row of one block where the format's rule is per
+    row), with floating-point warnings silenced: what :meth:`Format.encode_error` reads to say why it refused it."""
+    with np.errstate(all="ignore"):
+        return fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :], **fmt._row_kw(1))[1]
+
+
+#: What a refusal of an fp16 field tells the caller to do to store what ggml's C reference stores.
+STORE_AS_C = "Pass on_overflow='inf' to store what the C reference stores (an infinite fp16 field)"
+
+
+def f16_field_error(
+    name: str, block: int, fields: tuple[tuple[str, float], ...], remedy: str = STORE_AS_C
+) -> ScaleOverflowError:
+    """The refusal of ``block`` of format ``name`` whose fp16 fields (a scale, a minimum, a sum) do not all fit: it
+    names the first of ``fields`` (``(what the message says, the value)``) that rounds to an infinite fp16, or the
+    last (a condition the caller checked itself), and ends with ``remedy``."""
+    what, value = next((f for f in fields if not abs(f[1]) < F16_OVERFLOW), fields[-1])
+    return ScaleOverflowError(
+        f"{name}: in block {block}, {what} (it rounds to infinity; the largest finite fp16 is 65504). {remedy}",
+        block=block,
+        scale=value,
+    )
+
+
+# ---------------------------------------------------------------------------
 # fragility helpers shared by the format modules
 # ---------------------------------------------------------------------------
 
@@ -571,7 +616,7 @@ class Format(metaclass=_FormatType):
         d = trace.get("d")
         if d is None:
             return np.zeros(0, bool)
-        return ~(np.abs(d) < np.float32(F16_OVERFLOW))  # NaN counts as overflow too
+        return f16_overflows(d)
 
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         """int (blocks,): 0 for a block the codec writes, else the status that refuses it.
@@ -581,13 +626,11 @@ class Format(metaclass=_FormatType):
         the C code leaves undefined) override this; the numba kernels return
         the same status for the same first block.
         """
-        over = self.scale_overflows(trace)
-        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+        return overflow_status(self.scale_overflows(trace))
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         """The exception for refused ``block`` (its float32 ``values``) with ``status`` (not NONFINITE)."""
-        with np.errstate(all="ignore"):
-            d = float(self.reference_encode(values[None, :], **self._row_kw(1))[1]["d"][0])
+        d = float(block_trace(self, values)["d"][0])
         return ScaleOverflowError(
             f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 "
             f"(it rounds to infinity; the largest finite fp16 is 65504). Pass on_overflow='inf' to store "

@@ -49,7 +49,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..backend import STATUS_UNDEFINED
 from ..errors import ScaleOverflowError, TbqValueError
 from ..packing import np_pack4_halves, np_unpack4_halves
-from .base import Field, Format, FormatInfo, Trace, band
+from .base import Field, Format, FormatInfo, Trace, band, block_trace
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 __all__ = [
@@ -384,7 +384,7 @@ class MXFP4(_FP4):
         return np.where(und, STATUS_UNDEFINED, 0).astype(np.int8)
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        _, tr = self.reference_encode(np.ascontiguousarray(values[None, :], np.float32))
+        tr = block_trace(self, values)
         amax = float(tr["amax"][0])
         E = int(np.floor(tr["log2amax"][0]))
         return ScaleOverflowError(

@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ConfigError, ScaleOverflowError
 from .base import Field, Format, FormatInfo, Option, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits, GoldenTraits, QuantizerTraits
@@ -252,9 +251,6 @@ class _FP8(Format):
         """bool (values,): values whose ``x / s`` rounds beyond the largest finite FP8 value (there is no block scale)."""
         a = np.asarray(trace["v"], np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
         return a >= np.uint32(self.grid.overflow_bits)
-
-    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return np.where(self.scale_overflows(trace), STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         x = float(np.float32(values[0]))

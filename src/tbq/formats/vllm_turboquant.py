@@ -51,13 +51,26 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW, resolve_backend
+from ..backend import resolve_backend
 from ..codebooks import trapezoid_lloyd_max
-from ..errors import ConfigError, ScaleOverflowError, is_integer
-from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
+from ..errors import ConfigError, is_integer
+from ..half import f16_table, f32_to_f16_bits
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, fwht, matrix
-from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility, option_check
+from .base import (
+    Field,
+    Format,
+    FormatInfo,
+    Option,
+    Trace,
+    band,
+    block_trace,
+    f16_field_error,
+    f16_overflows,
+    offset_trunc_fragility,
+    option_check,
+    overflow_status,
+)
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits
 from .q4_1 import first_min_max, get_f16_at, min_overflow_status, put_f16_at, trunc_codes
 from .tbq import TBQ_ULP_FLOOR
@@ -596,25 +609,20 @@ class _Values(Format):
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         """The fp16 scale or minimum is infinite, or the block decodes to an infinite value (its top code times the
         fp16 scale plus the fp16 minimum rounds beyond 65504): refused unless ``on_overflow="inf"`` (vLLM's store)."""
-        over = min_overflow_status(self, trace) != 0
-        over |= ~(np.abs(self.decoded_top(trace)) < F32(F16_OVERFLOW))
-        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+        return overflow_status((min_overflow_status(self, trace) != 0) | f16_overflows(self.decoded_top(trace)))
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        with np.errstate(all="ignore"):
-            tr = self.reference_encode(np.ascontiguousarray(values, F32)[None, :])[1]
+        tr = block_trace(self, values)
         d, m, top = float(tr["d"][0]), float(tr["m"][0]), float(self.decoded_top(tr)[0])
-        if not abs(d) < F16_OVERFLOW:
-            what, val = f"the scale (max - min) / {self.levels} is {d!r}, which does not fit float16", d
-        elif not abs(m) < F16_OVERFLOW:
-            what, val = f"the minimum is {m!r}, which does not fit float16", m
-        else:
-            what, val = f"its top code decodes to {top!r} (fp16 scale and minimum), beyond float16", top
-        return ScaleOverflowError(
-            f"{self.name}: in block {block}, {what} (it rounds to infinity; the largest finite fp16 is 65504). "
+        return f16_field_error(
+            self.name,
+            block,
+            (
+                (f"the scale (max - min) / {self.levels} is {d!r}, which does not fit float16", d),
+                (f"the minimum is {m!r}, which does not fit float16", m),
+                (f"its top code decodes to {top!r} (fp16 scale and minimum), beyond float16", top),
+            ),
             "Pass on_overflow='inf' to store it as vLLM does",
-            block=block,
-            scale=val,
         )
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
