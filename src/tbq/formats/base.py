@@ -167,8 +167,10 @@ class FormatInfo:
 
     name: str
     block_size: int  #: values per block
-    type_size: int  #: bytes per block
-    rotated: bool  #: True for formats that quantize in a rotated domain (TBQ)
+    #: bytes per block; 0 (the default): the layout's, the sum of its fields' sizes, so a format with a layout
+    #: writes its size once (:func:`register` checks a given one against the layout)
+    type_size: int = 0
+    rotated: bool = False  #: True for formats that quantize in a rotated domain (TBQ)
     index_bits: int  #: bits per stored value code
     description: str
     code: int = 0  #: stable numeric code (the numcodecs header's byte 5); never renumber
@@ -188,6 +190,14 @@ class FormatInfo:
     #: community fork's turbo types: its llama-kv-cache.cpp pads head_dim 64 to 128, 192 to 256), so a head of
     #: ``head_dim`` values stores :meth:`stored_head_dim` values and any head_dim fits.
     padded_heads: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.type_size:
+            object.__setattr__(self, "type_size", sum(f.size for f in self.layout))
+        if self.type_size <= 0:
+            raise ConfigError(
+                f"format {self.name!r}: type_size must be positive (give it, or a layout), not {self.type_size}"
+            )
 
     def stored_head_dim(self, head_dim: int) -> int:
         """Values a cache stores per head of ``head_dim``: ``head_dim``, or the next multiple of the block where
@@ -372,22 +382,22 @@ def into_c_contiguous(out: NDArray[np.uint8], kernel: Callable[[NDArray[np.uint8
         out[...] = buf
 
 
+#: Members that moved from :class:`Format` to a capability under the same name: capability -> names.
+_MOVED_AS_IS: dict[str, tuple[str, ...]] = {
+    "checker": (
+        *("tie_rule", "vec_dot_type", "reciprocal_scale", "symbol_stem"),  # class attributes
+        *("dot_parts", "derived", "dot_offset", "undefined_blocks", "equivalent_blocks"),  # methods
+    ),
+    "quantizer": ("value_table", "rotated_view"),
+    "golden": ("ulp_floor",),
+    "fuzz": ("hazards",),
+    "domain": ("decode_domain", "to_decode_domain", "from_decode_domain"),
+}
 #: Members that moved from :class:`Format` to its capabilities: old name -> (capability, member).
 _MOVED: dict[str, tuple[str, str]] = {
-    **{n: ("checker", n) for n in ("tie_rule", "vec_dot_type", "reciprocal_scale", "symbol_stem")},
-    **{n: ("checker", n) for n in ("dot_parts", "derived", "dot_offset", "undefined_blocks", "equivalent_blocks")},
-    "value_table": ("quantizer", "value_table"),
-    "rotated_view": ("quantizer", "rotated_view"),
-    "ulp_floor": ("golden", "ulp_floor"),
+    **{n: (cap, n) for cap, names in _MOVED_AS_IS.items() for n in names},
+    **{f"attention_{m}": ("attention", m) for m in ("domain", "read", "tables", "reader")},
     "golden_overflow": ("golden", "on_overflow"),
-    "attention_domain": ("attention", "domain"),
-    "attention_read": ("attention", "read"),
-    "attention_tables": ("attention", "tables"),
-    "attention_reader": ("attention", "reader"),
-    "hazards": ("fuzz", "hazards"),
-    "decode_domain": ("domain", "decode_domain"),
-    "to_decode_domain": ("domain", "to_decode_domain"),
-    "from_decode_domain": ("domain", "from_decode_domain"),
 }
 
 

@@ -157,8 +157,6 @@ def _info(name: str, *, code: int, description: str, value: str) -> FormatInfo:
     return FormatInfo(
         name=name,
         block_size=1,
-        type_size=2,
-        rotated=False,
         index_bits=16,
         description=description,
         code=code,

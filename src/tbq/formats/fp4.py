@@ -331,8 +331,6 @@ class MXFP4(_FP4):
     info = FormatInfo(
         name="mxfp4",
         block_size=32,
-        type_size=17,
-        rotated=False,
         index_bits=4,
         description="MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
         code=11,
@@ -423,8 +421,6 @@ class NVFP4(_FP4):
     info = FormatInfo(
         name="nvfp4",
         block_size=64,
-        type_size=36,
-        rotated=False,
         index_bits=4,
         description="NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
         code=12,

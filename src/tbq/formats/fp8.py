@@ -297,8 +297,6 @@ def _info(grid: Grid, code: int) -> FormatInfo:
     return FormatInfo(
         name=f"fp8_{e}",
         block_size=1,
-        type_size=1,
-        rotated=False,
         index_bits=8,
         description=f"FP8 {grid.name} per value (vLLM fp8_{e}), per-tensor float32 scale",
         code=code,

@@ -118,8 +118,6 @@ class IQ4_NL(ScaledInt):
     info = FormatInfo(
         name="iq4_nl",
         block_size=32,
-        type_size=18,
-        rotated=False,
         index_bits=4,
         description="ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
         code=10,

@@ -408,7 +408,6 @@ def _info(name: str, *, code: int, bits: int) -> FormatInfo:
     return FormatInfo(
         name=name,
         block_size=128,
-        type_size=2 + 16 * bits,
         rotated=True,
         index_bits=bits,
         description=f"{name.upper()}: fp16 norm + 128 {bits}-bit indices after {_ROTATIONS[_rotation_of(name)]}",

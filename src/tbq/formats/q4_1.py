@@ -167,8 +167,6 @@ class Q4_1(MinScaled):
     info = FormatInfo(
         name="q4_1",
         block_size=32,
-        type_size=20,
-        rotated=False,
         index_bits=4,
         description="ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
         code=7,

@@ -121,8 +121,6 @@ class Q8_1(Q8_0):
     info = FormatInfo(
         name="q8_1",
         block_size=32,
-        type_size=36,
-        rotated=False,
         index_bits=8,
         description="ggml Q8_1: fp16 scale + fp16 d*sum(codes) + 32 int8 codes (the activation of q4_1/q5_1 dot products)",
         code=19,
@@ -243,8 +241,6 @@ class Q8_K(Format):
     info = FormatInfo(
         name="q8_k",
         block_size=256,
-        type_size=292,
-        rotated=False,
         index_bits=8,
         description="ggml Q8_K: float32 scale + 256 int8 codes + 16 int16 sums of 16 codes (the activation of K-quant dot products)",
         code=20,

@@ -282,7 +282,6 @@ def _info(name: str, *, code: int, bits: int, description: str, keys: bool) -> F
     return FormatInfo(
         name=name,
         block_size=128,
-        type_size=sum(f.size for f in layout),
         rotated=keys,
         index_bits=bits,
         description=description,
@@ -291,10 +290,12 @@ def _info(name: str, *, code: int, bits: int, description: str, keys: bool) -> F
     )
 
 
-def _own_info(fmt: Format, **sizes: Any) -> None:
-    """Give ``fmt`` its own :class:`FormatInfo`: its ``head_dim``'s block and byte sizes and layout (the class's
-    ``info``, the registry's row, is head_dim 128's). The codec and every size reads ``fmt.info``."""
-    vars(fmt)["info"] = dataclasses.replace(type(fmt).info, block_size=fmt.head_dim, **sizes)  # type: ignore[attr-defined]
+def _own_info(fmt: Format, layout: tuple[Field, ...]) -> None:
+    """Give ``fmt`` its own :class:`FormatInfo`: its ``head_dim``'s block size and ``layout``, whose fields give its
+    byte size (``type_size=0``: derived again, not the class's). The class's ``info``, the registry's row, is head_dim
+    128's; the codec and every size reads ``fmt.info``."""
+    head_dim: int = fmt.head_dim  # type: ignore[attr-defined]
+    vars(fmt)["info"] = dataclasses.replace(type(fmt).info, block_size=head_dim, type_size=0, layout=layout)
 
 
 # ---------------------------------------------------------------------------
@@ -369,7 +370,7 @@ class _Keys(Format):
             )
         self.head_dim, self.bits, self.layer, self.rotation_name = d, type(self).info.index_bits, layer, rotation
         mb = d * self.bits // 8
-        _own_info(self, type_size=mb + 2, layout=_key_layout(self.bits, mb))
+        _own_info(self, _key_layout(self.bits, mb))
         self.centroids, self.midpoints = vllm_centroids(self.bits, d)
         self.signs = pr38479_signs(layer, d) if layer is not None else np.ones(d, np.int8)
         #: vLLM's rotation as an orthonormal map, ``forward(x) = (x * s) @ H`` (float32 butterfly; the encoder's
@@ -563,7 +564,7 @@ class _Values(Format):
         self.head_dim, self.bits = d, type(self).info.index_bits
         self.levels = (1 << self.bits) - 1
         vdb = d * self.bits // 8
-        _own_info(self, type_size=vdb + 4, layout=_value_layout(self.bits, vdb))
+        _own_info(self, _value_layout(self.bits, vdb))
 
     def config(self) -> dict[str, Any]:
         return {"head_dim": self.head_dim}
