@@ -257,6 +257,13 @@ def register(cls: _F) -> _F:
         raise ConfigError(
             f"format {info.name!r}: the layout's fields add up to {sum(f.size for f in info.layout)} bytes, not {info.type_size}"
         )
+    end = 0  # the fields tile the block in byte order: with the sum above, every byte is in exactly one field
+    for f in info.layout:
+        if f.offset != end:
+            raise ConfigError(
+                f"format {info.name!r}: field {f.name!r} starts at byte {f.offset}, not {end} (where the one before ends)"
+            )
+        end += f.size
     FORMATS[info.name] = info
     FORMAT_CLASSES[info.name] = cls
     return cls
@@ -290,11 +297,11 @@ def block_trace(fmt: Format, values: NDArray[np.float32]) -> Trace:
 
 
 #: What a refusal of an fp16 field tells the caller to do to store what ggml's C reference stores.
-STORE_AS_C = "Pass on_overflow='inf' to store what the C reference stores (an infinite fp16 field)"
+_STORE_AS_C = "Pass on_overflow='inf' to store what the C reference stores (an infinite fp16 field)"
 
 
 def f16_field_error(
-    name: str, block: int, fields: tuple[tuple[str, float], ...], remedy: str = STORE_AS_C
+    name: str, block: int, fields: tuple[tuple[str, float], ...], remedy: str = _STORE_AS_C
 ) -> ScaleOverflowError:
     """The refusal of ``block`` of format ``name`` whose fp16 fields (a scale, a minimum, a sum) do not all fit: it
     names the first of ``fields`` (``(what the message says, the value)``) that rounds to an infinite fp16, or the
