@@ -1,5 +1,6 @@
 """Public API contract: names, shapes, dtypes, configs, backends."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ from helpers import BACKENDS, assert_bits_equal, assert_bytes_equal
 import tbq
 from tbq import codecs
 from tbq.codebooks import lloyd_max
+from tbq.formats.base import Field, FormatInfo, register
 
 #: (values per block, bytes per block, bits per value), written out from docs/formats.md's overview table
 SIZES = {
@@ -88,6 +90,26 @@ def test_codec_attributes(fmt):
     c = tbq.get_codec(fmt)
     assert c.name == fmt
     assert (c.block_size, c.type_size, c.bits_per_value) == SIZES[fmt]
+
+
+def test_format_info_takes_its_byte_size_from_the_layout():
+    """``type_size`` left out is the layout's (the sum of its fields' sizes) and ``rotated`` is False; a given
+    ``type_size`` the layout disagrees with, or fields that do not tile the block, are refused on registration, and
+    neither a size nor a layout at all at construction (test_codec_attributes pins every registered format's sizes
+    against docs/formats.md)."""
+    layout = (Field("d", 0, 2, "f16", "scale"), Field("qs", 2, 16, "u4_halves", "codes"))
+    info = FormatInfo(name="x", block_size=32, index_bits=4, description="d", code=999, layout=layout)
+    assert (info.type_size, info.rotated, info.bits_per_value) == (18, False, 4.5)
+    assert dataclasses.replace(info, type_size=0, layout=layout[:1]).type_size == 2
+    bad = dataclasses.replace(info, type_size=20)
+    with pytest.raises(tbq.ConfigError, match="the layout's fields add up to 18 bytes, not 20"):
+        register(type("X", (), {"info": bad}))
+    gap = dataclasses.replace(info, layout=(layout[0], dataclasses.replace(layout[1], offset=3)))  # byte 2 in no field
+    with pytest.raises(tbq.ConfigError, match="field 'qs' starts at byte 3, not 2"):
+        register(type("X", (), {"info": gap}))
+    assert "x" not in tbq.format_names()
+    with pytest.raises(tbq.ConfigError, match="type_size must be positive"):
+        FormatInfo(name="x", block_size=32, index_bits=4, description="d")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

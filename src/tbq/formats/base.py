@@ -167,8 +167,10 @@ class FormatInfo:
 
     name: str
     block_size: int  #: values per block
-    type_size: int  #: bytes per block
-    rotated: bool  #: True for formats that quantize in a rotated domain (TBQ)
+    #: bytes per block; 0 (the default): the layout's, the sum of its fields' sizes, so a format with a layout
+    #: writes its size once (:func:`register` checks a given one against the layout)
+    type_size: int = 0
+    rotated: bool = False  #: True for formats that quantize in a rotated domain (TBQ)
     index_bits: int  #: bits per stored value code
     description: str
     code: int = 0  #: stable numeric code (the numcodecs header's byte 5); never renumber
@@ -188,6 +190,14 @@ class FormatInfo:
     #: community fork's turbo types: its llama-kv-cache.cpp pads head_dim 64 to 128, 192 to 256), so a head of
     #: ``head_dim`` values stores :meth:`stored_head_dim` values and any head_dim fits.
     padded_heads: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.type_size:
+            object.__setattr__(self, "type_size", sum(f.size for f in self.layout))
+        if self.type_size <= 0:
+            raise ConfigError(
+                f"format {self.name!r}: type_size must be positive (give it, or a layout), not {self.type_size}"
+            )
 
     def stored_head_dim(self, head_dim: int) -> int:
         """Values a cache stores per head of ``head_dim``: ``head_dim``, or the next multiple of the block where
@@ -247,9 +257,61 @@ def register(cls: _F) -> _F:
         raise ConfigError(
             f"format {info.name!r}: the layout's fields add up to {sum(f.size for f in info.layout)} bytes, not {info.type_size}"
         )
+    end = 0  # the fields tile the block in byte order: with the sum above, every byte is in exactly one field
+    for f in info.layout:
+        if f.offset != end:
+            raise ConfigError(
+                f"format {info.name!r}: field {f.name!r} starts at byte {f.offset}, not {end} (where the one before ends)"
+            )
+        end += f.size
     FORMATS[info.name] = info
     FORMAT_CLASSES[info.name] = cls
     return cls
+
+
+# ---------------------------------------------------------------------------
+# refusal helpers shared by the format modules
+# ---------------------------------------------------------------------------
+
+
+def f16_overflows(a: ArrayLike) -> NDArray[np.bool_]:
+    """bool: where ``a`` is stored as an infinite fp16 (``|a| >= 65520``, the first value that rounds to infinity);
+    NaN counts too, as it fails the comparison.
+
+    >>> f16_overflows(np.float32([65519.0, 65520.0, np.nan])).tolist()
+    [False, True, True]
+    """
+    return ~(np.abs(a) < np.float32(F16_OVERFLOW))
+
+
+def overflow_status(over: ArrayLike) -> NDArray[np.int8]:
+    """int8 statuses of :meth:`Format.invalid_blocks` from a bool mask: ``STATUS_SCALE_OVERFLOW`` where ``over``, else 0."""
+    return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+
+
+def block_trace(fmt: Format, values: NDArray[np.float32]) -> Trace:
+    """The encoder's trace of one block of float32 ``values`` (one row of one block where the format's rule is per
+    row), with floating-point warnings silenced: what :meth:`Format.encode_error` reads to say why it refused it."""
+    with np.errstate(all="ignore"):
+        return fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :], **fmt._row_kw(1))[1]
+
+
+#: What a refusal of an fp16 field tells the caller to do to store what ggml's C reference stores.
+_STORE_AS_C = "Pass on_overflow='inf' to store what the C reference stores (an infinite fp16 field)"
+
+
+def f16_field_error(
+    name: str, block: int, fields: tuple[tuple[str, float], ...], remedy: str = _STORE_AS_C
+) -> ScaleOverflowError:
+    """The refusal of ``block`` of format ``name`` whose fp16 fields (a scale, a minimum, a sum) do not all fit: it
+    names the first of ``fields`` (``(what the message says, the value)``) that rounds to an infinite fp16, or the
+    last (a condition the caller checked itself), and ends with ``remedy``."""
+    what, value = next((f for f in fields if not abs(f[1]) < F16_OVERFLOW), fields[-1])
+    return ScaleOverflowError(
+        f"{name}: in block {block}, {what} (it rounds to infinity; the largest finite fp16 is 65504). {remedy}",
+        block=block,
+        scale=value,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -327,22 +389,22 @@ def into_c_contiguous(out: NDArray[np.uint8], kernel: Callable[[NDArray[np.uint8
         out[...] = buf
 
 
+#: Members that moved from :class:`Format` to a capability under the same name: capability -> names.
+_MOVED_AS_IS: dict[str, tuple[str, ...]] = {
+    "checker": (
+        *("tie_rule", "vec_dot_type", "reciprocal_scale", "symbol_stem"),  # class attributes
+        *("dot_parts", "derived", "dot_offset", "undefined_blocks", "equivalent_blocks"),  # methods
+    ),
+    "quantizer": ("value_table", "rotated_view"),
+    "golden": ("ulp_floor",),
+    "fuzz": ("hazards",),
+    "domain": ("decode_domain", "to_decode_domain", "from_decode_domain"),
+}
 #: Members that moved from :class:`Format` to its capabilities: old name -> (capability, member).
 _MOVED: dict[str, tuple[str, str]] = {
-    **{n: ("checker", n) for n in ("tie_rule", "vec_dot_type", "reciprocal_scale", "symbol_stem")},
-    **{n: ("checker", n) for n in ("dot_parts", "derived", "dot_offset", "undefined_blocks", "equivalent_blocks")},
-    "value_table": ("quantizer", "value_table"),
-    "rotated_view": ("quantizer", "rotated_view"),
-    "ulp_floor": ("golden", "ulp_floor"),
+    **{n: (cap, n) for cap, names in _MOVED_AS_IS.items() for n in names},
+    **{f"attention_{m}": ("attention", m) for m in ("domain", "read", "tables", "reader")},
     "golden_overflow": ("golden", "on_overflow"),
-    "attention_domain": ("attention", "domain"),
-    "attention_read": ("attention", "read"),
-    "attention_tables": ("attention", "tables"),
-    "attention_reader": ("attention", "reader"),
-    "hazards": ("fuzz", "hazards"),
-    "decode_domain": ("domain", "decode_domain"),
-    "to_decode_domain": ("domain", "to_decode_domain"),
-    "from_decode_domain": ("domain", "from_decode_domain"),
 }
 
 
@@ -571,7 +633,7 @@ class Format(metaclass=_FormatType):
         d = trace.get("d")
         if d is None:
             return np.zeros(0, bool)
-        return ~(np.abs(d) < np.float32(F16_OVERFLOW))  # NaN counts as overflow too
+        return f16_overflows(d)
 
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         """int (blocks,): 0 for a block the codec writes, else the status that refuses it.
@@ -581,13 +643,11 @@ class Format(metaclass=_FormatType):
         the C code leaves undefined) override this; the numba kernels return
         the same status for the same first block.
         """
-        over = self.scale_overflows(trace)
-        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+        return overflow_status(self.scale_overflows(trace))
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         """The exception for refused ``block`` (its float32 ``values``) with ``status`` (not NONFINITE)."""
-        with np.errstate(all="ignore"):
-            d = float(self.reference_encode(values[None, :], **self._row_kw(1))[1]["d"][0])
+        d = float(block_trace(self, values)["d"][0])
         return ScaleOverflowError(
             f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 "
             f"(it rounds to infinity; the largest finite fp16 is 65504). Pass on_overflow='inf' to store "

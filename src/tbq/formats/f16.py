@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ScaleOverflowError
 from ..half import f16_table
 from .base import Field, Format, FormatInfo, Trace, band
@@ -134,9 +133,6 @@ class _Half(Format):
         a = np.asarray(trace["v"], np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
         return a >= np.uint32(self._overflow_bits)  # NaN never reaches the encoder (the codec refuses it)
 
-    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return np.where(self.scale_overflows(trace), STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
-
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         v = float(np.float32(values[0]))
         return ScaleOverflowError(
@@ -161,8 +157,6 @@ def _info(name: str, *, code: int, description: str, value: str) -> FormatInfo:
     return FormatInfo(
         name=name,
         block_size=1,
-        type_size=2,
-        rotated=False,
         index_bits=16,
         description=description,
         code=code,

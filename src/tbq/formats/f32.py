@@ -48,8 +48,6 @@ class F32(Format):
     info = FormatInfo(
         name="f32",
         block_size=1,
-        type_size=4,
-        rotated=False,
         index_bits=32,
         description="IEEE binary32 per value (ggml F32): the float32 itself, unquantized",
         code=28,

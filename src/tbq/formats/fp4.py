@@ -49,7 +49,7 @@ from numpy.typing import ArrayLike, NDArray
 from ..backend import STATUS_UNDEFINED
 from ..errors import ScaleOverflowError, TbqValueError
 from ..packing import np_pack4_halves, np_unpack4_halves
-from .base import Field, Format, FormatInfo, Trace, band
+from .base import Field, Format, FormatInfo, Trace, band, block_trace
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 
 __all__ = [
@@ -331,8 +331,6 @@ class MXFP4(_FP4):
     info = FormatInfo(
         name="mxfp4",
         block_size=32,
-        type_size=17,
-        rotated=False,
         index_bits=4,
         description="MXFP4 (ggml): E8M0 exponent + 32 E2M1 codes (split halves)",
         code=11,
@@ -384,7 +382,7 @@ class MXFP4(_FP4):
         return np.where(und, STATUS_UNDEFINED, 0).astype(np.int8)
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        _, tr = self.reference_encode(np.ascontiguousarray(values[None, :], np.float32))
+        tr = block_trace(self, values)
         amax = float(tr["amax"][0])
         E = int(np.floor(tr["log2amax"][0]))
         return ScaleOverflowError(
@@ -423,8 +421,6 @@ class NVFP4(_FP4):
     info = FormatInfo(
         name="nvfp4",
         block_size=64,
-        type_size=36,
-        rotated=False,
         index_bits=4,
         description="NVFP4 (ggml): 4 UE4M3 scales (one per 16 values) + 64 E2M1 codes",
         code=12,

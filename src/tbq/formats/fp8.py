@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW
 from ..errors import ConfigError, ScaleOverflowError
 from .base import Field, Format, FormatInfo, Option, Trace, band
 from .capabilities import AttentionTraits, CapabilitySlot, FuzzTraits, GoldenTraits, QuantizerTraits
@@ -253,9 +252,6 @@ class _FP8(Format):
         a = np.asarray(trace["v"], np.float32).reshape(-1).view(np.uint32) & np.uint32(0x7FFFFFFF)
         return a >= np.uint32(self.grid.overflow_bits)
 
-    def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
-        return np.where(self.scale_overflows(trace), STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
-
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
         x = float(np.float32(values[0]))
         v = float(np.float32(values[0]) / self.scale)
@@ -301,8 +297,6 @@ def _info(grid: Grid, code: int) -> FormatInfo:
     return FormatInfo(
         name=f"fp8_{e}",
         block_size=1,
-        type_size=1,
-        rotated=False,
         index_bits=8,
         description=f"FP8 {grid.name} per value (vLLM fp8_{e}), per-tensor float32 scale",
         code=code,

@@ -50,7 +50,7 @@ from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ._shared import ScaledInt, ScaledIntChecks
-from .base import Field, FormatInfo, Trace, band
+from .base import Field, FormatInfo, Trace, band, block_trace
 from .capabilities import CapabilitySlot, FuzzTraits, QuantizerTraits
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
@@ -118,8 +118,6 @@ class IQ4_NL(ScaledInt):
     info = FormatInfo(
         name="iq4_nl",
         block_size=32,
-        type_size=18,
-        rotated=False,
         index_bits=4,
         description="ggml IQ4_NL: fp16 scale + 32 4-bit indices into a non-linear table (split halves)",
         code=10,
@@ -218,8 +216,7 @@ class IQ4_NL(ScaledInt):
 
     # -- refusals --------------------------------------------------------------------
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        with np.errstate(all="ignore"):
-            d = float(self.reference_encode(values[None, :], 1)[1]["d"][0])
+        d = float(block_trace(self, values)["d"][0])
         if d != d:
             why = (
                 "is NaN: x*x overflows float32 (|x| >= ~1.8e19), so sum(w q x) / sum(w q q) is inf/inf; "

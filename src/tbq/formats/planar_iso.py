@@ -117,6 +117,26 @@ def unpack_planes3(planes: NDArray[np.uint8]) -> NDArray[np.uint8]:
     return (lo | (hi << 2)).astype(np.uint8)
 
 
+def _rotate(u: NDArray[np.float32], t: dict[str, NDArray[np.float32]]) -> NDArray[np.float32]:
+    """The C rotation's lines on blocks (blocks, 128) with the tables ``t``: 64 Givens pairs (``givens_cos``,
+    ``givens_sin``) or 32 quaternion products on the left (``quat_w`` .. ``quat_z``), in the C expressions' order of
+    roundings."""
+    r = np.empty_like(u)
+    if "givens_cos" in t:
+        c, s = t["givens_cos"], t["givens_sin"]
+        u0, u1 = u[:, 0::2], u[:, 1::2]
+        r[:, 0::2] = c * u0 - s * u1
+        r[:, 1::2] = s * u0 + c * u1
+    else:
+        w, x, y, z = (t[k] for k in ("quat_w", "quat_x", "quat_y", "quat_z"))
+        u0, u1, u2, u3 = u[:, 0::4], u[:, 1::4], u[:, 2::4], u[:, 3::4]
+        r[:, 0::4] = ((w * u0 - x * u1) - y * u2) - z * u3
+        r[:, 1::4] = ((w * u1 + x * u0) + y * u3) - z * u2
+        r[:, 2::4] = ((w * u2 - x * u3) + y * u0) + z * u1
+        r[:, 3::4] = ((w * u3 + x * u2) - y * u1) + z * u0
+    return r
+
+
 class _PlanarIsoQuantizer(QuantizerTraits):
     """PlanarIso's :class:`QuantizerTraits`."""
 
@@ -169,6 +189,8 @@ class _PlanarIso(Format):
         self.thresholds = t[f"derived_thresholds_{self.bits}bit"]
         names = ("givens_cos", "givens_sin") if self._rot == "givens" else ("quat_w", "quat_x", "quat_y", "quat_z")
         self._rt: dict[str, NDArray[np.float32]] = {k: t[k] for k in names}
+        #: the inverse rotation's tables: the conjugate (cos and w kept, the sines and x, y, z negated)
+        self._rt_conj = {k: v if k in ("givens_cos", "quat_w") else -v for k, v in self._rt.items()}
         # Kernel tables (contiguous float32). (-s), (-x), ... are exact negations: (-s)*q == -(s*q).
         self._k = {k: np.ascontiguousarray(v) for k, v in self._rt.items()}
         self._k.update({"n" + k: np.ascontiguousarray(-v) for k, v in self._rt.items()})
@@ -192,38 +214,15 @@ class _PlanarIso(Format):
     # -- spec --------------------------------------------------------------------------------
     def _forward(self, u: NDArray[np.float32]) -> NDArray[np.float32]:
         """``r = R(u)`` on normalised blocks (blocks, 128), the C expressions' order of roundings."""
-        r = np.empty_like(u)
-        if self._rot == "givens":
-            c, s = self._rt["givens_cos"], self._rt["givens_sin"]
-            u0, u1 = u[:, 0::2], u[:, 1::2]
-            r[:, 0::2] = c * u0 - s * u1
-            r[:, 1::2] = s * u0 + c * u1
-        else:
-            w, x, y, z = (self._rt[k] for k in ("quat_w", "quat_x", "quat_y", "quat_z"))
-            u0, u1, u2, u3 = u[:, 0::4], u[:, 1::4], u[:, 2::4], u[:, 3::4]
-            r[:, 0::4] = ((w * u0 - x * u1) - y * u2) - z * u3
-            r[:, 1::4] = ((w * u1 + x * u0) + y * u3) - z * u2
-            r[:, 2::4] = ((w * u2 - x * u3) + y * u0) + z * u1
-            r[:, 3::4] = ((w * u3 + x * u2) - y * u1) + z * u0
-        return r
+        return _rotate(u, self._rt)
 
     def _inverse(self, v: NDArray[np.float32]) -> NDArray[np.float32]:
-        """``f = R^-1(v)`` on centroid values (blocks, 128), the C expressions' order of roundings."""
-        f = np.empty_like(v)
-        if self._rot == "givens":
-            c, s = self._rt["givens_cos"], self._rt["givens_sin"]
-            q0, q1 = v[:, 0::2], v[:, 1::2]
-            f[:, 0::2] = c * q0 + s * q1
-            f[:, 1::2] = (-s) * q0 + c * q1  # (-s)*q0 == -(s*q0) exactly
-        else:
-            # conj(q) (x) v: the forward lines with (x, y, z) negated, which expands bit-identically to these
-            w, x, y, z = (self._rt[k] for k in ("quat_w", "quat_x", "quat_y", "quat_z"))
-            v0, v1, v2, v3 = v[:, 0::4], v[:, 1::4], v[:, 2::4], v[:, 3::4]
-            f[:, 0::4] = ((w * v0 + x * v1) + y * v2) + z * v3
-            f[:, 1::4] = ((w * v1 - x * v0) - y * v3) + z * v2
-            f[:, 2::4] = ((w * v2 + x * v3) - y * v0) - z * v1
-            f[:, 3::4] = ((w * v3 - x * v2) + y * v1) - z * v0
-        return f
+        """``f = R^-1(v)`` on centroid values (blocks, 128), the C expressions' order of roundings.
+
+        ``R^-1`` is ``R`` with the conjugate rotation (the sines, or the quaternions' x, y, z, negated), and the
+        forward lines on the negated tables are the C decoder's lines bit for bit: ``(-s)*q == -(s*q)`` and
+        ``a - (-b) == a + b`` exactly in IEEE arithmetic."""
+        return _rotate(v, self._rt_conj)
 
     def rotate(self, x: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         """Steps 1-3 on clean float32 blocks (blocks, 128): ``(norm, r)``, the norm and the rotated normalised coordinates."""
@@ -409,7 +408,6 @@ def _info(name: str, *, code: int, bits: int) -> FormatInfo:
     return FormatInfo(
         name=name,
         block_size=128,
-        type_size=2 + 16 * bits,
         rotated=True,
         index_bits=bits,
         description=f"{name.upper()}: fp16 norm + 128 {bits}-bit indices after {_ROTATIONS[_rotation_of(name)]}",

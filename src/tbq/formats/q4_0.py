@@ -47,8 +47,6 @@ class Q4_0(ScaledInt):
     info = FormatInfo(
         name="q4_0",
         block_size=32,
-        type_size=18,
-        rotated=False,
         index_bits=4,
         description="ggml Q4_0: fp16 scale + 32 4-bit codes (split halves)",
         code=2,

@@ -26,13 +26,21 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW
-from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale, safe_reciprocal
-from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
+from ..half import f16_table, f32_to_f16_bits
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ._shared import ScaledInt, ScaledIntChecks
-from .base import Field, Format, FormatInfo, Trace, offset_trunc_fragility
+from .base import (
+    Field,
+    Format,
+    FormatInfo,
+    Trace,
+    block_trace,
+    f16_field_error,
+    f16_overflows,
+    offset_trunc_fragility,
+    overflow_status,
+)
 from .capabilities import CapabilitySlot, FuzzTraits
 
 F32 = np.float32
@@ -109,26 +117,21 @@ def add_min(prod: NDArray[np.float32], m: NDArray[np.float32]) -> NDArray[np.flo
 
 def min_overflow_status(fmt: Format, trace: Trace) -> NDArray[np.int8]:
     """Refusals of a format with an fp16 scale ``d`` and an fp16 minimum ``m``: either one infinite."""
-    m = np.asarray(trace["m"], np.float32)
-    over = fmt.scale_overflows(trace) | ~(np.abs(m) < F32(F16_OVERFLOW))
-    return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+    return overflow_status(fmt.scale_overflows(trace) | f16_overflows(np.asarray(trace["m"], np.float32)))
 
 
 def min_overflow_error(fmt: Format, block: int, values: NDArray[np.float32]) -> Exception:
-
-    with np.errstate(all="ignore"):
-        tr = fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :])[1]
+    """The refusal of ``block`` (its float32 ``values``) of such a format: its scale, or else its minimum, is named."""
+    tr = block_trace(fmt, values)
     d, m = float(tr["d"][0]), float(tr["m"][0])
-    if not abs(d) < F16_OVERFLOW:
-        what, val = f"the scale d = (max - min) / {'15' if fmt.info.index_bits == 4 else '31'} is {d!r}", d
-    else:
-        what, val = f"the minimum m is {m!r}", m
-    return ScaleOverflowError(
-        f"{fmt.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; "
-        "the largest finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores "
-        "(an infinite fp16 field)",
-        block=block,
-        scale=val,
+    levels = (1 << fmt.info.index_bits) - 1
+    return f16_field_error(
+        fmt.name,
+        block,
+        (
+            (f"the scale d = (max - min) / {levels} is {d!r}, which does not fit float16", d),
+            (f"the minimum m is {m!r}, which does not fit float16", m),
+        ),
     )
 
 
@@ -164,8 +167,6 @@ class Q4_1(MinScaled):
     info = FormatInfo(
         name="q4_1",
         block_size=32,
-        type_size=20,
-        rotated=False,
         index_bits=4,
         description="ggml Q4_1: fp16 scale + fp16 minimum + 32 4-bit codes (split halves)",
         code=7,

@@ -84,8 +84,6 @@ class Q5_0(_Q5):
     info = FormatInfo(
         name="q5_0",
         block_size=32,
-        type_size=22,
-        rotated=False,
         index_bits=5,
         description="ggml Q5_0: fp16 scale + 32 5-bit codes (bit plane + split-half nibbles)",
         code=8,
@@ -121,8 +119,6 @@ class Q5_1(_Q5, MinScaled):
     info = FormatInfo(
         name="q5_1",
         block_size=32,
-        type_size=24,
-        rotated=False,
         index_bits=5,
         description="ggml Q5_1: fp16 scale + fp16 minimum + 32 5-bit codes (bit plane + split-half nibbles)",
         code=9,

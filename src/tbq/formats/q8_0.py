@@ -52,8 +52,6 @@ class Q8_0(ScaledInt):
     info = FormatInfo(
         name="q8_0",
         block_size=32,
-        type_size=34,
-        rotated=False,
         index_bits=8,
         description="ggml Q8_0: fp16 scale + 32 int8 codes",
         code=1,

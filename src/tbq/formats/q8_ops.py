@@ -29,12 +29,22 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW
-from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale
-from ..half import F16_OVERFLOW, f16_table
+from ..half import f16_table
 from ._shared import ScaledIntChecks
-from .base import Field, FieldKind, Format, FormatInfo, Trace, band, register_field_kind
+from .base import (
+    Field,
+    FieldKind,
+    Format,
+    FormatInfo,
+    Trace,
+    band,
+    block_trace,
+    f16_field_error,
+    f16_overflows,
+    overflow_status,
+    register_field_kind,
+)
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, QuantizerTraits
 from .q4_1 import get_f16_at, put_f16_at
 from .q8_0 import Q8_0, q8_codes
@@ -111,8 +121,6 @@ class Q8_1(Q8_0):
     info = FormatInfo(
         name="q8_1",
         block_size=32,
-        type_size=36,
-        rotated=False,
         index_bits=8,
         description="ggml Q8_1: fp16 scale + fp16 d*sum(codes) + 32 int8 codes (the activation of q4_1/q5_1 dot products)",
         code=19,
@@ -147,22 +155,18 @@ class Q8_1(Q8_0):
 
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         # d as every fp16 scale, and s too: |s| reaches 32 * amax, so s overflows fp16 from amax ~ 2048 on
-        s = np.asarray(trace["s"], F32)
-        over = self.scale_overflows(trace) | ~(np.abs(s) < F32(F16_OVERFLOW))
-        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+        return overflow_status(self.scale_overflows(trace) | f16_overflows(np.asarray(trace["s"], F32)))
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        with np.errstate(all="ignore"):
-            tr = self.reference_encode(np.ascontiguousarray(values, F32)[None, :])[1]
+        tr = block_trace(self, values)
         d, s = float(tr["d"][0]), float(tr["s"][0])
-        what, val = (
-            (f"the scale d = amax / 127 is {d!r}", d) if not abs(d) < F16_OVERFLOW else (f"s = sum * d is {s!r}", s)
-        )
-        return ScaleOverflowError(
-            f"{self.name}: in block {block}, {what}, which does not fit float16 (it rounds to infinity; the largest "
-            "finite fp16 is 65504). Pass on_overflow='inf' to store what the C reference stores (an infinite fp16 field)",
-            block=block,
-            scale=val,
+        return f16_field_error(
+            self.name,
+            block,
+            (
+                (f"the scale d = amax / 127 is {d!r}, which does not fit float16", d),
+                (f"s = sum * d is {s!r}, which does not fit float16", s),
+            ),
         )
 
 
@@ -237,8 +241,6 @@ class Q8_K(Format):
     info = FormatInfo(
         name="q8_k",
         block_size=256,
-        type_size=292,
-        rotated=False,
         index_bits=8,
         description="ggml Q8_K: float32 scale + 256 int8 codes + 16 int16 sums of 16 codes (the activation of K-quant dot products)",
         code=20,

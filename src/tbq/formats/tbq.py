@@ -256,7 +256,6 @@ def _info(*, bits: int, code: int, idx: Field) -> FormatInfo:
     return FormatInfo(
         name=f"tbq{bits}_0",
         block_size=128,
-        type_size=2 + idx.size,
         rotated=True,
         index_bits=bits,
         description=f"TBQ{bits}_0: fp16 norm + 128 rotated {bits}-bit Lloyd-Max indices",

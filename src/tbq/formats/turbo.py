@@ -284,7 +284,6 @@ def _info(*fields: Field, bits: int, code: int, description: str) -> FormatInfo:
     return FormatInfo(
         name=f"turbo{bits}",
         block_size=128,
-        type_size=sum(f.size for f in (_D, *fields)),
         rotated=True,
         index_bits=bits,
         description=f"turbo{bits} (llama.cpp fork): {description}; decodes to the rotated domain",

@@ -51,13 +51,26 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from ..backend import STATUS_SCALE_OVERFLOW, resolve_backend
+from ..backend import resolve_backend
 from ..codebooks import trapezoid_lloyd_max
-from ..errors import ConfigError, ScaleOverflowError, is_integer
-from ..half import F16_OVERFLOW, f16_table, f32_to_f16_bits
+from ..errors import ConfigError, is_integer
+from ..half import f16_table, f32_to_f16_bits
 from ..packing import np_pack3, np_pack4_pairs, np_unpack3, np_unpack4_pairs
 from ..rotation import RandomizedHadamard, fwht, matrix
-from .base import Field, Format, FormatInfo, Option, Trace, band, offset_trunc_fragility, option_check
+from .base import (
+    Field,
+    Format,
+    FormatInfo,
+    Option,
+    Trace,
+    band,
+    block_trace,
+    f16_field_error,
+    f16_overflows,
+    offset_trunc_fragility,
+    option_check,
+    overflow_status,
+)
 from .capabilities import AttentionTraits, CapabilitySlot, CheckTraits, FuzzTraits, GoldenTraits, QuantizerTraits
 from .q4_1 import first_min_max, get_f16_at, min_overflow_status, put_f16_at, trunc_codes
 from .tbq import TBQ_ULP_FLOOR
@@ -269,7 +282,6 @@ def _info(name: str, *, code: int, bits: int, description: str, keys: bool) -> F
     return FormatInfo(
         name=name,
         block_size=128,
-        type_size=sum(f.size for f in layout),
         rotated=keys,
         index_bits=bits,
         description=description,
@@ -278,10 +290,12 @@ def _info(name: str, *, code: int, bits: int, description: str, keys: bool) -> F
     )
 
 
-def _own_info(fmt: Format, **sizes: Any) -> None:
-    """Give ``fmt`` its own :class:`FormatInfo`: its ``head_dim``'s block and byte sizes and layout (the class's
-    ``info``, the registry's row, is head_dim 128's). The codec and every size reads ``fmt.info``."""
-    vars(fmt)["info"] = dataclasses.replace(type(fmt).info, block_size=fmt.head_dim, **sizes)  # type: ignore[attr-defined]
+def _own_info(fmt: Format, layout: tuple[Field, ...]) -> None:
+    """Give ``fmt`` its own :class:`FormatInfo`: its ``head_dim``'s block size and ``layout``, whose fields give its
+    byte size (``type_size=0``: derived again, not the class's). The class's ``info``, the registry's row, is head_dim
+    128's; the codec and every size reads ``fmt.info``."""
+    head_dim: int = fmt.head_dim  # type: ignore[attr-defined]
+    vars(fmt)["info"] = dataclasses.replace(type(fmt).info, block_size=head_dim, type_size=0, layout=layout)
 
 
 # ---------------------------------------------------------------------------
@@ -356,7 +370,7 @@ class _Keys(Format):
             )
         self.head_dim, self.bits, self.layer, self.rotation_name = d, type(self).info.index_bits, layer, rotation
         mb = d * self.bits // 8
-        _own_info(self, type_size=mb + 2, layout=_key_layout(self.bits, mb))
+        _own_info(self, _key_layout(self.bits, mb))
         self.centroids, self.midpoints = vllm_centroids(self.bits, d)
         self.signs = pr38479_signs(layer, d) if layer is not None else np.ones(d, np.int8)
         #: vLLM's rotation as an orthonormal map, ``forward(x) = (x * s) @ H`` (float32 butterfly; the encoder's
@@ -550,7 +564,7 @@ class _Values(Format):
         self.head_dim, self.bits = d, type(self).info.index_bits
         self.levels = (1 << self.bits) - 1
         vdb = d * self.bits // 8
-        _own_info(self, type_size=vdb + 4, layout=_value_layout(self.bits, vdb))
+        _own_info(self, _value_layout(self.bits, vdb))
 
     def config(self) -> dict[str, Any]:
         return {"head_dim": self.head_dim}
@@ -596,25 +610,20 @@ class _Values(Format):
     def invalid_blocks(self, trace: Trace) -> NDArray[np.int8]:
         """The fp16 scale or minimum is infinite, or the block decodes to an infinite value (its top code times the
         fp16 scale plus the fp16 minimum rounds beyond 65504): refused unless ``on_overflow="inf"`` (vLLM's store)."""
-        over = min_overflow_status(self, trace) != 0
-        over |= ~(np.abs(self.decoded_top(trace)) < F32(F16_OVERFLOW))
-        return np.where(over, STATUS_SCALE_OVERFLOW, 0).astype(np.int8)
+        return overflow_status((min_overflow_status(self, trace) != 0) | f16_overflows(self.decoded_top(trace)))
 
     def encode_error(self, status: int, block: int, values: NDArray[np.float32]) -> Exception:
-        with np.errstate(all="ignore"):
-            tr = self.reference_encode(np.ascontiguousarray(values, F32)[None, :])[1]
+        tr = block_trace(self, values)
         d, m, top = float(tr["d"][0]), float(tr["m"][0]), float(self.decoded_top(tr)[0])
-        if not abs(d) < F16_OVERFLOW:
-            what, val = f"the scale (max - min) / {self.levels} is {d!r}, which does not fit float16", d
-        elif not abs(m) < F16_OVERFLOW:
-            what, val = f"the minimum is {m!r}, which does not fit float16", m
-        else:
-            what, val = f"its top code decodes to {top!r} (fp16 scale and minimum), beyond float16", top
-        return ScaleOverflowError(
-            f"{self.name}: in block {block}, {what} (it rounds to infinity; the largest finite fp16 is 65504). "
+        return f16_field_error(
+            self.name,
+            block,
+            (
+                (f"the scale (max - min) / {self.levels} is {d!r}, which does not fit float16", d),
+                (f"the minimum is {m!r}, which does not fit float16", m),
+                (f"its top code decodes to {top!r} (fp16 scale and minimum), beyond float16", top),
+            ),
             "Pass on_overflow='inf' to store it as vLLM does",
-            block=block,
-            scale=val,
         )
 
     def fragile_values(self, trace: Trace, k: int, ulp_floor: float | None = None) -> NDArray[np.bool_]:
