@@ -432,22 +432,13 @@ class _Runner:
         return out
 
 
+#: The measured figures of a :class:`Row`: NaN in the row of a cache type that was not run.
+_FIGURES = ("ppl", "delta_ppl_pct", "kl_mean", "kl_p99", "top1", "kl_f32_mean", "top1_f32")
+
+
 def _refused_row(ct: CacheType, reason: str) -> Row:
-    nan = math.nan
-    return Row(
-        ct.label,
-        ct.engine,
-        bytes_per_token=0,
-        ppl=nan,
-        delta_ppl_pct=nan,
-        kl_mean=nan,
-        kl_p99=nan,
-        top1=nan,
-        kl_f32_mean=nan,
-        top1_f32=nan,
-        options=_json_options(ct),
-        refused=reason,
-    )
+    figures: dict[str, Any] = dict.fromkeys(_FIGURES, math.nan)
+    return Row(ct.label, ct.engine, bytes_per_token=0, **figures, options=_json_options(ct), refused=reason)
 
 
 def _first_diff(a: list[Any], b: list[Any]) -> int | None:
