@@ -32,10 +32,11 @@ from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    block_finite,
     jit,
     lanes_index,
     lanes_load,
+    lanes_norms,
+    lanes_scratch,
     lanes_store_scales,
     lanes_sum_squares,
     load_f16,
@@ -47,9 +48,7 @@ from ..packing_kernels import hi4, lanes_store_nibbles, lo4
 
 F32 = np.float32
 _0 = F32(0.0)
-_1 = F32(1.0)
 _EPS_NORM = F32(1e-10)  # 1e-10f = 0x2edbe6ff, the C constant
-_FLT_MAX = F32(3.4028234663852886e38)
 
 LANES = 32
 
@@ -188,15 +187,10 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
     nblk = x.shape[0]
     n = x.shape[1]
     nb = n // 4 + n // 8 if bits == 3 else n // 2  # payload bytes
-    T = np.zeros((n, lanes), np.float32)
-    K = np.zeros((n, lanes), np.int32)
+    T, K, norm2, norm, scale, recon2 = lanes_scratch(n, lanes)
     xf = x.reshape(x.size)
     ones = np.ones(n, np.float32)  # the index kernels' per-channel factor: a product by 1 is exact
     P = np.zeros((nb if bits == 3 else 0, lanes), np.int32)  # PLANAR3/ISO3's bytes
-    norm2 = np.zeros(lanes, np.float32)
-    norm = np.zeros(lanes, np.float32)
-    scale = np.zeros(lanes, np.float32)
-    recon2 = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
@@ -205,16 +199,9 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
         # stage: norm
         # 1. norm^2: a sequential float32 sum per block (one chain per lane)
         lanes_sum_squares(T, norm2)
-        bad = L  # first lane whose input is not finite (norm^2 is Inf/NaN; finite overflow is not "bad")
-        for l in range(L):
-            if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
-                bad = l
-                break
-        # 2. inv = 1/norm, or 0 when norm <= 1e-10 (norm = +inf passes: 1/inf = +0, so u = +-0)
-        for l in range(lanes):
-            nv = np.sqrt(norm2[l])
-            norm[l] = nv
-            scale[l] = _1 / nv if nv > _EPS_NORM else _0
+        # the first lane whose input is not finite, and 2. inv = 1/norm, or 0 when norm <= 1e-10 (norm = +inf
+        # passes: 1/inf = +0, so u = +-0)
+        bad = lanes_norms(x, g0, norm2, norm, scale, False, _EPS_NORM)
         # stage: rotate
         # 3. u = x * inv (rounded), then the rotation, each line in the C expression's order
         if quat:
