@@ -44,7 +44,7 @@ from ..kernels import (
     reader_blocks,
     reader_out,
 )
-from ..packing_kernels import hi4, lanes_store_nibbles, lo4
+from ..packing_kernels import hi4, lanes_pack8, lanes_store_nibbles, lo4
 
 F32 = np.float32
 _0 = F32(0.0)
@@ -246,19 +246,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
             for k in range(n // 4):
                 for l in range(lanes):
                     P[k, l] = qs_byte(K[4 * k, l], K[4 * k + 1, l], K[4 * k + 2, l], K[4 * k + 3, l])
-            o = n // 4
-            for m in range(n // 8):
-                for l in range(lanes):
-                    P[o + m, l] = signs_byte(
-                        K[8 * m, l],
-                        K[8 * m + 1, l],
-                        K[8 * m + 2, l],
-                        K[8 * m + 3, l],
-                        K[8 * m + 4, l],
-                        K[8 * m + 5, l],
-                        K[8 * m + 6, l],
-                        K[8 * m + 7, l],
-                    )
+            lanes_pack8(K, signs_byte, P, n // 4)
             for l in range(stop):
                 orow = out[g0 + l]
                 for k in range(nb):
