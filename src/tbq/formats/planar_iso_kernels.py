@@ -33,6 +33,7 @@ from ..kernels import (
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
     jit,
+    jit_inline,
     lanes_index,
     lanes_load,
     lanes_norms,
@@ -174,6 +175,30 @@ def lookup_qs_row(typingctx, src, soff, dst, doff, table, scale):
     return sig, _lookup_planes_codegen(False)
 
 
+# --- the rotations ---------------------------------------------------------------------------------
+
+
+@jit_inline
+def givens_rotate(c, s, u0, u1):
+    """A Givens pair rotated by ``(c, s)``: ``(c*u0 - s*u1, s*u0 + c*u1)``, the C expressions' roundings. The
+    encoder passes ``(cos, sin)``; the decoder's inverse passes ``(cos, -sin)``: ``c*q0 - (-s)*q1`` is
+    ``c*q0 + s*q1`` bit for bit (``(-s)*q == -(s*q)`` and ``a - (-b) == a + b`` in IEEE arithmetic)."""
+    return c * u0 - s * u1, s * u0 + c * u1
+
+
+@jit_inline
+def quat_rotate(w, qx, qy, qz, u0, u1, u2, u3):
+    """A group of four rotated by the quaternion ``(w, qx, qy, qz)`` (``q (x) u``), each line in the C
+    expression's order. The decoder's inverse passes the conjugate ``(w, -qx, -qy, -qz)``: the negated products
+    give the C inverse's lines bit for bit (see :func:`givens_rotate`)."""
+    return (
+        ((w * u0 - qx * u1) - qy * u2) - qz * u3,
+        ((w * u1 + qx * u0) + qy * u3) - qz * u2,
+        ((w * u2 - qx * u3) + qy * u0) + qz * u1,
+        ((w * u3 + qx * u2) - qy * u1) + qz * u0,
+    )
+
+
 # --- encode ------------------------------------------------------------------------------------
 
 
@@ -210,14 +235,9 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                 j = 4 * g
                 for l in range(lanes):
                     sc = scale[l]
-                    u0 = T[j, l] * sc
-                    u1 = T[j + 1, l] * sc
-                    u2 = T[j + 2, l] * sc
-                    u3 = T[j + 3, l] * sc
-                    T[j, l] = ((w * u0 - qx * u1) - qy * u2) - qz * u3
-                    T[j + 1, l] = ((w * u1 + qx * u0) + qy * u3) - qz * u2
-                    T[j + 2, l] = ((w * u2 - qx * u3) + qy * u0) + qz * u1
-                    T[j + 3, l] = ((w * u3 + qx * u2) - qy * u1) + qz * u0
+                    T[j, l], T[j + 1, l], T[j + 2, l], T[j + 3, l] = quat_rotate(
+                        w, qx, qy, qz, T[j, l] * sc, T[j + 1, l] * sc, T[j + 2, l] * sc, T[j + 3, l] * sc
+                    )
                 for p in range(0, 4 * lanes, 16):  # spread over the pass (see tbq_kernels.encode)
                     prefetch(xf, nxt + lanes * j + p)
         else:
@@ -226,10 +246,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                 j = 2 * pr
                 for l in range(lanes):
                     sc = scale[l]
-                    u0 = T[j, l] * sc
-                    u1 = T[j + 1, l] * sc
-                    T[j, l] = c * u0 - s * u1
-                    T[j + 1, l] = s * u0 + c * u1
+                    T[j, l], T[j + 1, l] = givens_rotate(c, s, T[j, l] * sc, T[j + 1, l] * sc)
                 for p in range(0, 2 * lanes, 16):
                     prefetch(xf, nxt + lanes * j + p)
         # stage: index
@@ -309,31 +326,28 @@ def decode(data, out, bits, quat, centroids, ta, tb, tc, td, table, lanes):
             for j in range(n):
                 T[j, l] = _0
         # stage: rotate
-        # R^-1, each line in the C expression's order, then one rounded product with D
+        # R^-1 (the forward rotation by the conjugate: see decode's docstring), each line in the C expression's
+        # order, then one rounded product with D
         if quat:
             for g in range(n // 4):
-                w, qx, qy, qz = ta[g], tb[g], tc[g], td[g]
+                w, nx, ny, nz = ta[g], -tb[g], -tc[g], -td[g]
                 j = 4 * g
                 for l in range(lanes):
                     dl = D[l]
-                    v0 = T[j, l]
-                    v1 = T[j + 1, l]
-                    v2 = T[j + 2, l]
-                    v3 = T[j + 3, l]
-                    T[j, l] = (((w * v0 + qx * v1) + qy * v2) + qz * v3) * dl
-                    T[j + 1, l] = (((w * v1 - qx * v0) - qy * v3) + qz * v2) * dl
-                    T[j + 2, l] = (((w * v2 + qx * v3) - qy * v0) - qz * v1) * dl
-                    T[j + 3, l] = (((w * v3 - qx * v2) + qy * v1) - qz * v0) * dl
+                    f0, f1, f2, f3 = quat_rotate(w, nx, ny, nz, T[j, l], T[j + 1, l], T[j + 2, l], T[j + 3, l])
+                    T[j, l] = f0 * dl
+                    T[j + 1, l] = f1 * dl
+                    T[j + 2, l] = f2 * dl
+                    T[j + 3, l] = f3 * dl
         else:
             for pr in range(n // 2):
-                c, s, ns = ta[pr], tb[pr], tc[pr]
+                c, ns = ta[pr], tc[pr]  # -sin: the C code's negated sine
                 j = 2 * pr
                 for l in range(lanes):
                     dl = D[l]
-                    q0 = T[j, l]
-                    q1 = T[j + 1, l]
-                    T[j, l] = (c * q0 + s * q1) * dl
-                    T[j + 1, l] = (ns * q0 + c * q1) * dl  # (-s)*q0: the C code's negated sine
+                    f0, f1 = givens_rotate(c, ns, T[j, l], T[j + 1, l])
+                    T[j, l] = f0 * dl
+                    T[j + 1, l] = f1 * dl
         # stage: transpose-out
         for l in range(L):
             orow = out[g0 + l]
