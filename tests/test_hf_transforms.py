@@ -2,7 +2,7 @@
 
 tests/test_hf_cache.py checks the register kernels (n = 64, 128, 256: one code path per order and channel
 mode, reached through one switch) bit for bit; here the portable path (other orders, 16 rows a vector lane,
-the butterfly's stages by :func:`tbq.kernels.butterfly_columns`), forward and inverse, with a channel order.
+the butterfly's stages in loops), forward and inverse, with a channel order.
 """
 
 from __future__ import annotations

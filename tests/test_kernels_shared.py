@@ -1,10 +1,9 @@
 """The numba helpers several kernels share, against their definitions, bit for bit.
 
 Each helper here serves two or more kernels that had their own copy of it (the rotated encoders' norm step and
-scratch, the 8-index lane packer, the portable butterfly on columns, PLANAR/ISO's rotations in both directions):
+scratch, the 8-index lane packer, PLANAR/ISO's rotations in both directions):
 each is checked on its own against the NumPy statement of what every caller needs from it, on the inputs that
-tell the callers' old copies apart (non-finite and overflowing blocks, the norm clamp, signed zeros, float32 and
-float64 columns).
+tell the callers' old copies apart (non-finite and overflowing blocks, the norm clamp, signed zeros).
 """
 
 from __future__ import annotations
@@ -14,11 +13,9 @@ import numpy as np
 
 from tbq import kernels
 from tbq.formats import planar_iso_kernels as pk
-from tbq.formats import vllm_turboquant_kernels as vk
 from tbq.formats.planar_iso import pack_planes3
 from tbq.packing import pack3
 from tbq.packing_kernels import lane3, lanes_pack8
-from tbq.rotation import fwht
 
 F32 = np.float32
 
@@ -93,26 +90,6 @@ def test_lanes_pack8_is_each_lanes_3bit_lane_and_signs_bytes():
     _pack8(K, 1, P, 32)
     assert (P[:32] == -7).all()
     np.testing.assert_array_equal(P[32:].T, pack_planes3(K.T)[:, 32:])
-
-
-def test_butterfly_columns_is_the_spec_butterfly_of_each_column_in_float32_and_float64():
-    """:func:`tbq.kernels.butterfly_columns` (vLLM's keys in float64 at head sizes other than 128, tbq.hf's
-    portable transform in float32) is :func:`tbq.rotation.fwht` unnormalised of each column, bit for bit, on
-    rounded sums, signed zeros, infinities and NaN; vLLM's ``fwht_lanes`` is this function."""
-    assert vk.fwht_lanes is kernels.butterfly_columns
-    rng = np.random.default_rng(2)
-    for dt, n in ((np.float32, 8), (np.float32, 512), (np.float64, 256), (np.float64, 1)):
-        T = (rng.standard_normal((n, 12)) * np.exp2(rng.integers(-30, 30, (n, 12)))).astype(dt)
-        T[:, 3] = -0.0
-        if n > 4:
-            T[2, 4], T[4, 5], T[1, 6] = np.inf, -np.inf, np.nan
-        want = np.ascontiguousarray(T.T)
-        with np.errstate(invalid="ignore"):
-            want = fwht(want, normalize=False)
-            kernels.butterfly_columns(T)
-        assert T.dtype == dt
-        u = np.uint32 if dt == np.float32 else np.uint64
-        np.testing.assert_array_equal(T.T.view(u), want.view(u))
 
 
 @numba.njit

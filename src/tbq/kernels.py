@@ -422,28 +422,6 @@ def lanes_index(T, cs2, thresholds, centroids_sq, K, recon2):
             recon2[l] += centroids_sq[K[j, l]]
 
 
-# --- the butterfly ---------------------------------------------------------------------------
-
-
-@jit
-def butterfly_columns(T):
-    """The in-place Walsh-Hadamard butterfly (Sylvester order, unnormalised; :func:`tbq.rotation.fwht`'s pairs,
-    stage by stage) on every column of ``T`` (n x lanes, n a power of two, float32 or float64): the portable
-    loops behind the register butterflies, for the orders and types those do not cover (vLLM's keys at a head
-    size other than 128, :mod:`tbq.hf.transforms` at orders other than 64 and 128)."""
-    n, nl = T.shape
-    h = 1
-    while h < n:
-        for i in range(0, n, 2 * h):
-            for j in range(i, i + h):
-                for l in range(nl):
-                    a = T[j, l]
-                    b = T[j + h, l]
-                    T[j, l] = a + b
-                    T[j + h, l] = a - b
-        h *= 2
-
-
 @jit
 def reader_blocks(src, n_blocks, type_size):
     """uint8 ``(n_blocks, type_size)`` view of a reader's ``src``."""

@@ -62,7 +62,6 @@ from ..kernels import (
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
     _1,
-    butterfly_columns,
     count_at_least7,
     count_at_least15,
     f16_is_inf,
@@ -408,9 +407,21 @@ def _unpack_row(data, b, bits, idx):
 # --- keys -------------------------------------------------------------------------------------
 
 
-#: :func:`fwht64` on every column of the lane layout ``T`` (n x lanes, float64), in place: the same pairs, stage by
-#: stage, in each column (the shared :func:`tbq.kernels.butterfly_columns`).
-fwht_lanes = butterfly_columns
+@jit
+def fwht_lanes(T):
+    """:func:`fwht64` on every column of the lane layout ``T`` (n x lanes, float64), in place: the same pairs, stage
+    by stage, in each column."""
+    n, nl = T.shape
+    h = 1
+    while h < n:
+        for i in range(0, n, 2 * h):
+            for j in range(i, i + h):
+                for l in range(nl):
+                    a = T[j, l]
+                    b = T[j + h, l]
+                    T[j, l] = a + b
+                    T[j + h, l] = a - b
+        h *= 2
 
 
 @jit_inline

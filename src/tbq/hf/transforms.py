@@ -52,7 +52,7 @@ from numba.extending import intrinsic
 from ..errors import TbqValueError
 from ..half import f16_table
 from ..intrinsics import butterfly64, butterfly128, butterfly_in_registers
-from ..kernels import butterfly_columns, f32_to_f16_bits, jit, jit_inline
+from ..kernels import f32_to_f16_bits, jit, jit_inline
 from ..parallel import default_threads, run_shared
 from ..rotation import hadamard_scale
 
@@ -365,11 +365,26 @@ def _transform_rows(x: Any, out: Any, perm: Any, n: Any, scale: Any, inverse: An
                     for k0 in range(0, lanes, 8):
                         butterfly64(flat, k0, lanes)
                 else:  # other orders (head_dim 256, 512, ...): the same stages in loops
-                    butterfly_columns(tmp)  # tmp is n x lanes
+                    _butterfly_loops(tmp, n)
                 for j in range(n):
                     dst = perm[start + j] if inverse else start + j
                     for k in range(m):
                         out[r0 + k, dst] = tmp[j, k] * scale
+
+
+@jit
+def _butterfly_loops(tmp: Any, n: Any) -> None:
+    """The in-place butterfly's stages on the columns of ``tmp`` (n values a column), then nothing else."""
+    h = 1
+    while h < n:
+        for s0 in range(0, n, 2 * h):
+            for j in range(s0, s0 + h):
+                for k in range(tmp.shape[1]):
+                    a = tmp[j, k]
+                    b = tmp[j + h, k]
+                    tmp[j, k] = a + b
+                    tmp[j + h, k] = a - b
+        h *= 2
 
 
 @jit_inline
