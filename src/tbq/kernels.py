@@ -280,6 +280,48 @@ def lanes_sum_squares(T, norm2):
 
 
 @jit_inline
+def lanes_scratch(n, lanes):
+    """The rotated encoders' scratch for groups of ``lanes`` blocks of ``n`` values: the lane layouts ``T``
+    (float32 values) and ``K`` (int32 indices), ``n x lanes``, and the per-lane float32 ``norm2``, ``norm``,
+    ``scale`` and ``recon2`` (:func:`lanes_norms`, :func:`lanes_index`, :func:`lanes_store_scales`)."""
+    return (
+        np.zeros((n, lanes), np.float32),
+        np.zeros((n, lanes), np.int32),
+        np.zeros(lanes, np.float32),
+        np.zeros(lanes, np.float32),
+        np.zeros(lanes, np.float32),
+        np.zeros(lanes, np.float32),
+    )
+
+
+@jit_inline
+def lanes_norms(x, g0, norm2, norm, scale, floor, eps):
+    """The rotated encoders' norm step on the group of blocks from ``g0`` (``norm2`` from
+    :func:`lanes_sum_squares`); returns ``bad``, the first of the group's lanes whose input is not finite (the
+    group's block count when none is).
+
+    ``norm2`` Inf or NaN is the cheap sign; only then is the block scanned (:func:`block_finite`: a finite
+    block whose squares overflow is not bad). Every lane gets ``norm = sqrt(norm2)``; without ``floor``
+    (TBQ4, PLANAR/ISO) ``scale = 1 / norm``, 0 when ``norm <= eps`` (``norm = +inf`` passes: ``1/inf = +0``);
+    with ``floor`` (TBQ3, which divides by the norm) the norm is clamped to at least ``eps`` and ``scale`` is
+    not written."""
+    L = min(norm2.shape[0], x.shape[0] - g0)
+    bad = L
+    for l in range(L):
+        if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
+            bad = l
+            break
+    for l in range(norm2.shape[0]):
+        nv = np.sqrt(norm2[l])
+        if floor:
+            nv = nv if nv > eps else eps
+        else:
+            scale[l] = _1 / nv if nv > eps else _0
+        norm[l] = nv
+    return bad
+
+
+@jit_inline
 def lanes_store_scales(recon2, norm, out, g0, bad, raise_overflow, floor, eps):
     """The rotated encoders' scale step on lanes ``l < bad``: ``d = norm[l] / sqrt(recon2[l])`` as fp16 bits in
     bytes 0-1 of row ``g0 + l`` of ``out``. A ``recon`` of at most ``eps`` gives ``d = norm[l]`` (TBQ4,

@@ -93,14 +93,14 @@ def lanes_store_nibbles(K, out, g0, stop, off):
 
 
 @jit_inline
-def lanes_store_lane3(K, P, out, g0, stop, off):
-    """A lane encoder's 3-bit index store: the indices of every lane of ``K[j, l]`` (0 .. 7) packed into the
-    24-bit lanes ``P[g, l]`` (:func:`lane3`) at once, then bytes ``off ..`` of rows ``g0 + l``, ``l < stop``,
-    written group by group (:func:`store_lane3`); ``off`` as in :func:`lanes_store_nibbles`."""
+def lanes_pack8(K, pack, P, p0):
+    """``P[p0 + g, l]`` = ``pack`` of the eight indices ``K[8g, l] .. K[8g + 7, l]``, for every lane ``l`` of the
+    lane layout ``K[j, l]`` and ``g < n // 8``: ``pack`` is :func:`lane3` (TBQ3's 24-bit lanes) or
+    :func:`tbq.formats.planar_iso_kernels.signs_byte` (the 3-bit planes' bit 2)."""
     n, lanes = K.shape
     for g in range(n // 8):
         for l in range(lanes):
-            P[g, l] = lane3(
+            P[p0 + g, l] = pack(
                 K[8 * g, l],
                 K[8 * g + 1, l],
                 K[8 * g + 2, l],
@@ -110,6 +110,15 @@ def lanes_store_lane3(K, P, out, g0, stop, off):
                 K[8 * g + 6, l],
                 K[8 * g + 7, l],
             )
+
+
+@jit_inline
+def lanes_store_lane3(K, P, out, g0, stop, off):
+    """A lane encoder's 3-bit index store: the indices of every lane of ``K[j, l]`` (0 .. 7) packed into the
+    24-bit lanes ``P[g, l]`` (:func:`lane3`) at once, then bytes ``off ..`` of rows ``g0 + l``, ``l < stop``,
+    written group by group (:func:`store_lane3`); ``off`` as in :func:`lanes_store_nibbles`."""
+    n = K.shape[0]
+    lanes_pack8(K, lane3, P, 0)
     for l in range(stop):
         orow = out[g0 + l]
         for g in range(n // 8):

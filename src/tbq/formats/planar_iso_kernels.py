@@ -32,10 +32,12 @@ from ..kernels import (
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    block_finite,
     jit,
+    jit_inline,
     lanes_index,
     lanes_load,
+    lanes_norms,
+    lanes_scratch,
     lanes_store_scales,
     lanes_sum_squares,
     load_f16,
@@ -43,13 +45,11 @@ from ..kernels import (
     reader_blocks,
     reader_out,
 )
-from ..packing_kernels import hi4, lanes_store_nibbles, lo4
+from ..packing_kernels import hi4, lanes_pack8, lanes_store_nibbles, lo4
 
 F32 = np.float32
 _0 = F32(0.0)
-_1 = F32(1.0)
 _EPS_NORM = F32(1e-10)  # 1e-10f = 0x2edbe6ff, the C constant
-_FLT_MAX = F32(3.4028234663852886e38)
 
 LANES = 32
 
@@ -175,6 +175,30 @@ def lookup_qs_row(typingctx, src, soff, dst, doff, table, scale):
     return sig, _lookup_planes_codegen(False)
 
 
+# --- the rotations ---------------------------------------------------------------------------------
+
+
+@jit_inline
+def givens_rotate(c, s, u0, u1):
+    """A Givens pair rotated by ``(c, s)``: ``(c*u0 - s*u1, s*u0 + c*u1)``, the C expressions' roundings. The
+    encoder passes ``(cos, sin)``; the decoder's inverse passes ``(cos, -sin)``: ``c*q0 - (-s)*q1`` is
+    ``c*q0 + s*q1`` bit for bit (``(-s)*q == -(s*q)`` and ``a - (-b) == a + b`` in IEEE arithmetic)."""
+    return c * u0 - s * u1, s * u0 + c * u1
+
+
+@jit_inline
+def quat_rotate(w, qx, qy, qz, u0, u1, u2, u3):
+    """A group of four rotated by the quaternion ``(w, qx, qy, qz)`` (``q (x) u``), each line in the C
+    expression's order. The decoder's inverse passes the conjugate ``(w, -qx, -qy, -qz)``: the negated products
+    give the C inverse's lines bit for bit (see :func:`givens_rotate`)."""
+    return (
+        ((w * u0 - qx * u1) - qy * u2) - qz * u3,
+        ((w * u1 + qx * u0) + qy * u3) - qz * u2,
+        ((w * u2 - qx * u3) + qy * u0) + qz * u1,
+        ((w * u3 + qx * u2) - qy * u1) + qz * u0,
+    )
+
+
 # --- encode ------------------------------------------------------------------------------------
 
 
@@ -188,15 +212,10 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
     nblk = x.shape[0]
     n = x.shape[1]
     nb = n // 4 + n // 8 if bits == 3 else n // 2  # payload bytes
-    T = np.zeros((n, lanes), np.float32)
-    K = np.zeros((n, lanes), np.int32)
+    T, K, norm2, norm, scale, recon2 = lanes_scratch(n, lanes)
     xf = x.reshape(x.size)
     ones = np.ones(n, np.float32)  # the index kernels' per-channel factor: a product by 1 is exact
     P = np.zeros((nb if bits == 3 else 0, lanes), np.int32)  # PLANAR3/ISO3's bytes
-    norm2 = np.zeros(lanes, np.float32)
-    norm = np.zeros(lanes, np.float32)
-    scale = np.zeros(lanes, np.float32)
-    recon2 = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
@@ -205,16 +224,9 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
         # stage: norm
         # 1. norm^2: a sequential float32 sum per block (one chain per lane)
         lanes_sum_squares(T, norm2)
-        bad = L  # first lane whose input is not finite (norm^2 is Inf/NaN; finite overflow is not "bad")
-        for l in range(L):
-            if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
-                bad = l
-                break
-        # 2. inv = 1/norm, or 0 when norm <= 1e-10 (norm = +inf passes: 1/inf = +0, so u = +-0)
-        for l in range(lanes):
-            nv = np.sqrt(norm2[l])
-            norm[l] = nv
-            scale[l] = _1 / nv if nv > _EPS_NORM else _0
+        # the first lane whose input is not finite, and 2. inv = 1/norm, or 0 when norm <= 1e-10 (norm = +inf
+        # passes: 1/inf = +0, so u = +-0)
+        bad = lanes_norms(x, g0, norm2, norm, scale, False, _EPS_NORM)
         # stage: rotate
         # 3. u = x * inv (rounded), then the rotation, each line in the C expression's order
         if quat:
@@ -223,14 +235,9 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                 j = 4 * g
                 for l in range(lanes):
                     sc = scale[l]
-                    u0 = T[j, l] * sc
-                    u1 = T[j + 1, l] * sc
-                    u2 = T[j + 2, l] * sc
-                    u3 = T[j + 3, l] * sc
-                    T[j, l] = ((w * u0 - qx * u1) - qy * u2) - qz * u3
-                    T[j + 1, l] = ((w * u1 + qx * u0) + qy * u3) - qz * u2
-                    T[j + 2, l] = ((w * u2 - qx * u3) + qy * u0) + qz * u1
-                    T[j + 3, l] = ((w * u3 + qx * u2) - qy * u1) + qz * u0
+                    T[j, l], T[j + 1, l], T[j + 2, l], T[j + 3, l] = quat_rotate(
+                        w, qx, qy, qz, T[j, l] * sc, T[j + 1, l] * sc, T[j + 2, l] * sc, T[j + 3, l] * sc
+                    )
                 for p in range(0, 4 * lanes, 16):  # spread over the pass (see tbq_kernels.encode)
                     prefetch(xf, nxt + lanes * j + p)
         else:
@@ -239,10 +246,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
                 j = 2 * pr
                 for l in range(lanes):
                     sc = scale[l]
-                    u0 = T[j, l] * sc
-                    u1 = T[j + 1, l] * sc
-                    T[j, l] = c * u0 - s * u1
-                    T[j + 1, l] = s * u0 + c * u1
+                    T[j, l], T[j + 1, l] = givens_rotate(c, s, T[j, l] * sc, T[j + 1, l] * sc)
                 for p in range(0, 2 * lanes, 16):
                     prefetch(xf, nxt + lanes * j + p)
         # stage: index
@@ -259,19 +263,7 @@ def encode(x, out, bits, quat, thresholds, centroids_sq, ta, tb, tc, td, raise_o
             for k in range(n // 4):
                 for l in range(lanes):
                     P[k, l] = qs_byte(K[4 * k, l], K[4 * k + 1, l], K[4 * k + 2, l], K[4 * k + 3, l])
-            o = n // 4
-            for m in range(n // 8):
-                for l in range(lanes):
-                    P[o + m, l] = signs_byte(
-                        K[8 * m, l],
-                        K[8 * m + 1, l],
-                        K[8 * m + 2, l],
-                        K[8 * m + 3, l],
-                        K[8 * m + 4, l],
-                        K[8 * m + 5, l],
-                        K[8 * m + 6, l],
-                        K[8 * m + 7, l],
-                    )
+            lanes_pack8(K, signs_byte, P, n // 4)
             for l in range(stop):
                 orow = out[g0 + l]
                 for k in range(nb):
@@ -334,31 +326,28 @@ def decode(data, out, bits, quat, centroids, ta, tb, tc, td, table, lanes):
             for j in range(n):
                 T[j, l] = _0
         # stage: rotate
-        # R^-1, each line in the C expression's order, then one rounded product with D
+        # R^-1 (the forward rotation by the conjugate: see decode's docstring), each line in the C expression's
+        # order, then one rounded product with D
         if quat:
             for g in range(n // 4):
-                w, qx, qy, qz = ta[g], tb[g], tc[g], td[g]
+                w, nx, ny, nz = ta[g], -tb[g], -tc[g], -td[g]
                 j = 4 * g
                 for l in range(lanes):
                     dl = D[l]
-                    v0 = T[j, l]
-                    v1 = T[j + 1, l]
-                    v2 = T[j + 2, l]
-                    v3 = T[j + 3, l]
-                    T[j, l] = (((w * v0 + qx * v1) + qy * v2) + qz * v3) * dl
-                    T[j + 1, l] = (((w * v1 - qx * v0) - qy * v3) + qz * v2) * dl
-                    T[j + 2, l] = (((w * v2 + qx * v3) - qy * v0) - qz * v1) * dl
-                    T[j + 3, l] = (((w * v3 - qx * v2) + qy * v1) - qz * v0) * dl
+                    f0, f1, f2, f3 = quat_rotate(w, nx, ny, nz, T[j, l], T[j + 1, l], T[j + 2, l], T[j + 3, l])
+                    T[j, l] = f0 * dl
+                    T[j + 1, l] = f1 * dl
+                    T[j + 2, l] = f2 * dl
+                    T[j + 3, l] = f3 * dl
         else:
             for pr in range(n // 2):
-                c, s, ns = ta[pr], tb[pr], tc[pr]
+                c, ns = ta[pr], tc[pr]  # -sin: the C code's negated sine
                 j = 2 * pr
                 for l in range(lanes):
                     dl = D[l]
-                    q0 = T[j, l]
-                    q1 = T[j + 1, l]
-                    T[j, l] = (c * q0 + s * q1) * dl
-                    T[j + 1, l] = (ns * q0 + c * q1) * dl  # (-s)*q0: the C code's negated sine
+                    f0, f1 = givens_rotate(c, ns, T[j, l], T[j + 1, l])
+                    T[j, l] = f0 * dl
+                    T[j + 1, l] = f1 * dl
         # stage: transpose-out
         for l in range(L):
             orow = out[g0 + l]

@@ -41,6 +41,8 @@ from ..kernels import (
     jit,
     lanes_index,
     lanes_load,
+    lanes_norms,
+    lanes_scratch,
     lanes_store_scales,
     lanes_sum_squares,
     load_f16,
@@ -124,15 +126,10 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
     """
     nblk = x.shape[0]
     n = x.shape[1]
-    T = np.zeros((n, lanes), np.float32)
+    T, K, norm2, norm, scale, recon2 = lanes_scratch(n, lanes)
     Tf = T.reshape(n * lanes)
     xf = x.reshape(x.size)
-    K = np.zeros((n, lanes), np.int32)
     P = np.zeros((n // 8 if bits == 3 else 0, lanes), np.int32)  # TBQ3's 24-bit lanes
-    norm2 = np.zeros(lanes, np.float32)
-    norm = np.zeros(lanes, np.float32)
-    scale = np.zeros(lanes, np.float32)
-    recon2 = np.zeros(lanes, np.float32)
     for g0 in range(0, nblk, lanes):
         L = min(lanes, nblk - g0)
         nxt = (g0 + lanes) * n  # the next group's first value: its cache lines are prefetched, 16 floats each
@@ -142,18 +139,8 @@ def encode(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflow, lane
         # 1. norm: a sequential float32 sum per block (one chain per lane)
         lanes_sum_squares(T, norm2)
         # stage: end
-        bad = L  # first lane whose input is not finite
-        for l in range(L):
-            if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
-                bad = l
-                break
-        for l in range(lanes):
-            nv = np.sqrt(norm2[l])
-            if bits == 4:
-                scale[l] = _1 / nv if nv > _EPS_NORM else _0
-            else:
-                nv = nv if nv > _EPS_NORM else _EPS_NORM
-            norm[l] = nv
+        # the first lane whose input is not finite, and the norms (TBQ4: 1/norm; TBQ3: the norm at least 1e-10)
+        bad = lanes_norms(x, g0, norm2, norm, scale, bits == 3, _EPS_NORM)
         # stage: normalise
         # 2. normalise and apply signs1 (exact), then the butterfly
         for j in range(n):

@@ -197,6 +197,17 @@ def _table_lookup(builder: ir.IRBuilder, tp: ir.Value, bits: int):
     )
 
 
+def _code_chunks(context, builder: ir.IRBuilder, signature, args, table_arg: int, bits: int):
+    """A function ``chunk(m)`` (``m`` an i64 value) for the intrinsics that read a row of packed codes (arguments
+    0 and 1: ``data.flat[soff:]``): the ``<8 x float>`` values of its indices ``8m .. 8m+7``
+    (:func:`_chunk_indices`) in the table of argument ``table_arg`` (:func:`_table_lookup`, loaded here once)."""
+    dp = context.make_array(signature.args[0])(context, builder, args[0]).data
+    sp = builder.gep(dp, [context.cast(builder, args[1], signature.args[1], types.int64)])
+    table = context.make_array(signature.args[table_arg])(context, builder, args[table_arg]).data
+    look = _table_lookup(builder, table, bits)
+    return lambda m: look(_chunk_indices(builder, sp, bits, m))
+
+
 def _make_nc_sum(bits: int):
     """The intrinsic ``nc_sum{bits}`` (see :func:`nc_sum4`)."""
 
@@ -205,13 +216,11 @@ def _make_nc_sum(bits: int):
 
         def codegen(context, builder, signature, args):
             i32, i64 = ir.IntType(32), ir.IntType(64)
-            dp = context.make_array(signature.args[0])(context, builder, args[0]).data
-            sp = builder.gep(dp, [context.cast(builder, args[1], signature.args[1], types.int64)])
+            chunk = _code_chunks(context, builder, signature, args, 3, bits)
             chunks = context.cast(builder, args[2], signature.args[2], types.int64)
-            look = _table_lookup(builder, context.make_array(signature.args[3])(context, builder, args[3]).data, bits)
-            acc = cgutils.alloca_once_value(builder, look(_chunk_indices(builder, sp, bits, ir.Constant(i64, 0))))
+            acc = cgutils.alloca_once_value(builder, chunk(ir.Constant(i64, 0)))
             with cgutils.for_range(builder, builder.sub(chunks, ir.Constant(i64, 1))) as loop:
-                c = look(_chunk_indices(builder, sp, bits, builder.add(loop.index, ir.Constant(i64, 1))))
+                c = chunk(builder.add(loop.index, ir.Constant(i64, 1)))
                 builder.store(builder.fadd(builder.load(acc), c), acc)
             p = [builder.extract_element(builder.load(acc), ir.Constant(i32, k)) for k in range(8)]
             a = builder.fadd(builder.fadd(p[0], p[1]), builder.fadd(p[2], p[3]))
@@ -242,11 +251,9 @@ def _make_unrotate_input(bits: int):
         def codegen(context, builder, signature, args):
             i64 = ir.IntType(64)
             v8d = ir.VectorType(ir.DoubleType(), 8)
-            dp = context.make_array(signature.args[0])(context, builder, args[0]).data
-            sp = builder.gep(dp, [context.cast(builder, args[1], signature.args[1], types.int64)])
-            look = _table_lookup(builder, context.make_array(signature.args[2])(context, builder, args[2]).data, bits)
+            chunk = _code_chunks(context, builder, signature, args, 2, bits)
             tp = context.make_array(signature.args[3])(context, builder, args[3]).data
-            v = [builder.fpext(look(_chunk_indices(builder, sp, bits, ir.Constant(i64, m))), v8d) for m in range(16)]
+            v = [builder.fpext(chunk(ir.Constant(i64, m)), v8d) for m in range(16)]
             for h in (1, 2, 4):
                 v = [_stage_within(builder, x, h) for x in v]
             butterfly_in_registers(builder, v)

@@ -23,7 +23,7 @@ below what any cache type's quantization changes, and ``tbq eval`` agrees with
 llama-perplexity to 1e-5 (docs/eval.md). The butterfly is O(n log n) a block
 against the product's O(n^2). For the engines' orders (n = 64, 128, 256)
 :func:`transform`'s numba kernel holds one block of one row in ``n / 16``
-vector registers of 16 float32 (:func:`_make_row_butterfly`): the stages
+vector registers of 16 float32 (:func:`_emit_row_butterfly`): the stages
 h = 1 .. 8 pair values inside a register (a lane shuffle, then the sum or the
 difference per lane), the stages h >= 16 whole registers; each value sees the
 scalar butterfly's additions in its order (same bits). llama.cpp's channel
@@ -182,14 +182,15 @@ def _channel_order(perm: Any, d: int) -> int:
     return _ORDER_GGUF if perm is gguf or np.array_equal(np.asarray(perm), gguf) else _ORDER_OTHER
 
 
-#: float32 values a vector of :func:`_make_row_butterfly` holds (an AVX-512 register; two AVX2 ones).
+#: float32 values a vector of :func:`_emit_row_butterfly` holds (an AVX-512 register; two AVX2 ones).
 _VEC = 16
 
 
-def _make_row_butterfly(n: int, mode: int) -> Any:
-    """The intrinsic ``row_butterfly{n}_{mode}``: one n-value block of one row, butterflied and scaled.
+def _emit_row_butterfly(context: Any, builder: Any, signature: Any, args: Any, scale: Any, n: int, mode: int) -> None:
+    """The code of :func:`_row_butterfly_typing` for one order ``n`` and ``mode``: one n-value block of one row,
+    butterflied and scaled.
 
-    ``(src, srow, dst, drow, start, half, scale)``: the block's values ``start
+    ``(src, srow, dst, drow, start, half)`` (``args[0:6]``) and ``scale``: the block's values ``start
     .. start + n - 1`` of the row at flat offset ``srow`` of ``src`` (C-contiguous
     float32) are loaded into ``n / 16`` vectors of 16; the stages h = 1, 2, 4, 8
     pair lanes of one vector (a shuffle gives each lane its partner ``e ^ h``;
@@ -205,97 +206,89 @@ def _make_row_butterfly(n: int, mode: int) -> Any:
     IR: any target.
     """
     nv = n // _VEC
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+    vt, ht = ir.VectorType(f32, _VEC), ir.VectorType(f32, _VEC // 2)
+    sp = context.make_array(signature.args[0])(context, builder, args[0]).data
+    dp = context.make_array(signature.args[2])(context, builder, args[2]).data
+    so, do, st, hf = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 3, 4, 5))
 
-    def row_butterfly(
-        typingctx: Any, src: Any, srow: Any, dst: Any, drow: Any, start: Any, half: Any, scale: Any
-    ) -> Any:
-        sig = types.void(src, types.int64, dst, types.int64, types.int64, types.int64, types.float32)
+    def mask(values: list[int]) -> Any:
+        return ir.Constant(ir.VectorType(i32, len(values)), values)
 
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-            vt, ht = ir.VectorType(f32, _VEC), ir.VectorType(f32, _VEC // 2)
-            sp = context.make_array(signature.args[0])(context, builder, args[0]).data
-            dp = context.make_array(signature.args[2])(context, builder, args[2]).data
-            so, do, st, hf = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (1, 3, 4, 5))
+    def ptr(base: Any, off: Any, ty: Any) -> Any:
+        return builder.bitcast(builder.gep(base, [off]), ty.as_pointer())
 
-            def mask(values: list[int]) -> Any:
-                return ir.Constant(ir.VectorType(i32, len(values)), values)
+    def at(i: int) -> Any:  # the offset in the row of vector i of the block
+        return builder.add(st, ir.Constant(i64, i * _VEC))
 
-            def ptr(base: Any, off: Any, ty: Any) -> Any:
-                return builder.bitcast(builder.gep(base, [off]), ty.as_pointer())
+    def first_half(i: int) -> Any:  # mode 1/2: where its values come from (go to) in the head's halves
+        return builder.lshr(at(i), ir.Constant(i64, 1))
 
-            def at(i: int) -> Any:  # the offset in the row of vector i of the block
-                return builder.add(st, ir.Constant(i64, i * _VEC))
-
-            def first_half(i: int) -> Any:  # mode 1/2: where its values come from (go to) in the head's halves
-                return builder.lshr(at(i), ir.Constant(i64, 1))
-
-            v = []
-            for i in range(nv):
-                if mode == 1:
-                    lo = builder.load(ptr(sp, builder.add(so, first_half(i)), ht), align=4)
-                    hi = builder.load(ptr(sp, builder.add(so, builder.add(hf, first_half(i))), ht), align=4)
-                    v.append(builder.shuffle_vector(lo, hi, mask([k // 2 + _VEC // 2 * (k % 2) for k in range(_VEC)])))
-                else:
-                    v.append(builder.load(ptr(sp, builder.add(so, at(i)), vt), align=4))
-            h = 1
-            while h < _VEC:  # the stages inside a vector
-                partner = mask([e ^ h for e in range(_VEC)])
-                upper = ir.Constant(ir.VectorType(ir.IntType(1), _VEC), [bool(e & h) for e in range(_VEC)])
-                for i in range(nv):
-                    b = builder.shuffle_vector(v[i], v[i], partner)
-                    v[i] = builder.select(upper, builder.fsub(b, v[i]), builder.fadd(v[i], b))
-                h *= 2
-            butterfly_in_registers(builder, v)  # the stages across vectors (h = 16, 32, ...)
-            sc = builder.insert_element(ir.Constant(vt, ir.Undefined), args[6], ir.Constant(i32, 0))
-            sc = builder.shuffle_vector(sc, sc, mask([0] * _VEC))
-            for i in range(nv):
-                y = builder.fmul(v[i], sc)
-                if mode == 2:
-                    even = builder.shuffle_vector(y, y, mask(list(range(0, _VEC, 2))))
-                    odd = builder.shuffle_vector(y, y, mask(list(range(1, _VEC, 2))))
-                    builder.store(even, ptr(dp, builder.add(do, first_half(i)), ht), align=4)
-                    builder.store(odd, ptr(dp, builder.add(do, builder.add(hf, first_half(i))), ht), align=4)
-                else:
-                    builder.store(y, ptr(dp, builder.add(do, at(i)), vt), align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    row_butterfly.__name__ = row_butterfly.__qualname__ = f"row_butterfly{n}_{mode}"
-    return intrinsic(row_butterfly)
-
-
-_rb64_0, _rb64_1, _rb64_2 = (_make_row_butterfly(64, m) for m in range(3))
-_rb128_0, _rb128_1, _rb128_2 = (_make_row_butterfly(128, m) for m in range(3))
-_rb256_0, _rb256_1, _rb256_2 = (_make_row_butterfly(256, m) for m in range(3))
-
-
-@jit_inline
-def _row_butterfly(
-    src: Any, srow: Any, dst: Any, drow: Any, start: Any, half: Any, n: Any, mode: Any, scale: Any
-) -> None:
-    """:func:`_make_row_butterfly`'s intrinsic of order ``n`` (64, 128 or 256) and ``mode``."""
-    if n == 128:
-        if mode == 0:
-            _rb128_0(src, srow, dst, drow, start, half, scale)
-        elif mode == 1:
-            _rb128_1(src, srow, dst, drow, start, half, scale)
+    v = []
+    for i in range(nv):
+        if mode == 1:
+            lo = builder.load(ptr(sp, builder.add(so, first_half(i)), ht), align=4)
+            hi = builder.load(ptr(sp, builder.add(so, builder.add(hf, first_half(i))), ht), align=4)
+            v.append(builder.shuffle_vector(lo, hi, mask([k // 2 + _VEC // 2 * (k % 2) for k in range(_VEC)])))
         else:
-            _rb128_2(src, srow, dst, drow, start, half, scale)
-    elif n == 64:
-        if mode == 0:
-            _rb64_0(src, srow, dst, drow, start, half, scale)
-        elif mode == 1:
-            _rb64_1(src, srow, dst, drow, start, half, scale)
+            v.append(builder.load(ptr(sp, builder.add(so, at(i)), vt), align=4))
+    h = 1
+    while h < _VEC:  # the stages inside a vector
+        partner = mask([e ^ h for e in range(_VEC)])
+        upper = ir.Constant(ir.VectorType(ir.IntType(1), _VEC), [bool(e & h) for e in range(_VEC)])
+        for i in range(nv):
+            b = builder.shuffle_vector(v[i], v[i], partner)
+            v[i] = builder.select(upper, builder.fsub(b, v[i]), builder.fadd(v[i], b))
+        h *= 2
+    butterfly_in_registers(builder, v)  # the stages across vectors (h = 16, 32, ...)
+    sc = builder.insert_element(ir.Constant(vt, ir.Undefined), scale, ir.Constant(i32, 0))
+    sc = builder.shuffle_vector(sc, sc, mask([0] * _VEC))
+    for i in range(nv):
+        y = builder.fmul(v[i], sc)
+        if mode == 2:
+            even = builder.shuffle_vector(y, y, mask(list(range(0, _VEC, 2))))
+            odd = builder.shuffle_vector(y, y, mask(list(range(1, _VEC, 2))))
+            builder.store(even, ptr(dp, builder.add(do, first_half(i)), ht), align=4)
+            builder.store(odd, ptr(dp, builder.add(do, builder.add(hf, first_half(i))), ht), align=4)
         else:
-            _rb64_2(src, srow, dst, drow, start, half, scale)
-    elif mode == 0:
-        _rb256_0(src, srow, dst, drow, start, half, scale)
-    elif mode == 1:
-        _rb256_1(src, srow, dst, drow, start, half, scale)
-    else:
-        _rb256_2(src, srow, dst, drow, start, half, scale)
+            builder.store(y, ptr(dp, builder.add(do, at(i)), vt), align=4)
+
+
+def _row_butterfly_typing(
+    typingctx: Any, src: Any, srow: Any, dst: Any, drow: Any, start: Any, half: Any, n: Any, mode: Any, scale: Any
+) -> Any:
+    """``(src, srow, dst, drow, start, half, n, mode, scale)``: one n-value block of one row, butterflied and
+    scaled (:func:`_emit_row_butterfly`), for the orders ``n`` of :data:`_ROW_ORDERS` (64, 128; any other value:
+    256) and the ``mode`` 0, 1 (any other value: 2): a switch on ``n``, then on ``mode``, to the code of each."""
+    sig = types.void(
+        src, types.int64, dst, types.int64, types.int64, types.int64, types.int64, types.int64, types.float32
+    )
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        i64 = ir.IntType(64)
+        n_, mode_ = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (6, 7))
+        done = builder.append_basic_block("row_butterfly.done")
+        orders = {o: builder.append_basic_block(f"row_butterfly{o}") for o in _ROW_ORDERS}
+        by_order = builder.switch(n_, orders[_ROW_ORDERS[-1]])
+        for o in _ROW_ORDERS[:-1]:
+            by_order.add_case(ir.Constant(i64, o), orders[o])
+        for o, block in orders.items():
+            builder.position_at_end(block)
+            code = [builder.append_basic_block(f"row_butterfly{o}_{m}") for m in range(3)]
+            by_mode = builder.switch(mode_, code[2])
+            for m in range(2):
+                by_mode.add_case(ir.Constant(i64, m), code[m])
+            for m in range(3):
+                builder.position_at_end(code[m])
+                _emit_row_butterfly(context, builder, signature, args, args[8], o, m)
+                builder.branch(done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_row_butterfly: Any = intrinsic(_row_butterfly_typing)
 
 
 @jit
@@ -303,7 +296,7 @@ def _transform_rows_fast(
     x: Any, out: Any, perm: Any, order: Any, n: Any, scale: Any, inverse: Any, q8_0: Any, f16: Any
 ) -> None:
     """:func:`_transform_rows` for an order ``n`` of :data:`_ROW_ORDERS`, a row at a time in registers
-    (:func:`_make_row_butterfly`), then (``q8_0``, forward) the row's q8_0 round trip
+    (:func:`_emit_row_butterfly`), then (``q8_0``, forward) the row's q8_0 round trip
     (:func:`_q8_0_round_trip_row`): the same bits.
 
     ``order``: :data:`_ORDER_GGUF` folds llama.cpp's channel order into the loads or stores;
