@@ -1053,7 +1053,7 @@ def _attend_body(Q, lim, scale, kop, vop, span, chunk, out, kbits, vbits):
 # arithmetic*), and tests/test_attention_arithmetic.py holds the two equal bit for bit.
 # ---------------------------------------------------------------------------
 
-from .formats.tbq_kernels import _butterfly_1d  # noqa: E402  (the formats' one-block butterfly: fwht's additions)
+from .formats.tbq_kernels import butterfly_1d  # noqa: E402  (the formats' one-block butterfly: fwht's additions)
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
@@ -1065,7 +1065,7 @@ def _rotate_row(v, first, second, scale):
     n = v.shape[0]
     for j in range(n):
         v[j] = v[j] * first[j]
-    _butterfly_1d(v)
+    butterfly_1d(v)
     for j in range(n):
         v[j] = v[j] * scale
     for j in range(n):

@@ -60,12 +60,13 @@ from .intrinsics import (  # noqa: F401  isort: skip
 _target_has = target_has  # the name the tests use
 
 
+#: Float32 constants for the kernels (a Python float literal would be float64 in numba and promote the expression).
 F32 = np.float32
-_0 = F32(0.0)
-_1 = F32(1.0)
+F32_0 = F32(0.0)
+F32_1 = F32(1.0)
 _M1 = F32(-1.0)
-_HALF = F32(0.5)
-_FLT_MAX = F32(3.4028234663852886e38)
+F32_HALF = F32(0.5)
+FLT_MAX = F32(3.4028234663852886e38)
 _2P31 = F32(2147483648.0)
 
 jit = nb.njit(cache=True, nogil=True, fastmath=False, error_model="numpy", boundscheck=False)
@@ -168,7 +169,7 @@ def block_finite(x, row):
     """True when every value of ``x[row]`` is finite."""
     for j in range(x.shape[1]):
         v = x[row, j]
-        if not (abs(v) <= _FLT_MAX):
+        if not (abs(v) <= FLT_MAX):
             return False
     return True
 
@@ -200,7 +201,7 @@ def roundf(v):
     """C ``roundf`` of a float32: half away from zero (``v - trunc(v)`` is exact below 2**23)."""
     t = np.trunc(v)
     frac = v - t
-    return t + (_1 if frac >= _HALF else (_M1 if frac <= -_HALF else _0))
+    return t + (F32_1 if frac >= F32_HALF else (_M1 if frac <= -F32_HALF else F32_0))
 
 
 @jit
@@ -259,7 +260,7 @@ def lanes_load(x, g0, T):
             p += lanes
     for l in range(L, lanes):
         for j in range(n):
-            T[j, l] = _0
+            T[j, l] = F32_0
 
 
 @jit_inline
@@ -273,7 +274,7 @@ def lanes_sum_squares(T, norm2):
             sum_squares32(Tf, l0, lanes, n, norm2, l0)
     else:
         for l in range(lanes):
-            norm2[l] = _0
+            norm2[l] = F32_0
         for j in range(n):
             for l in range(lanes):
                 norm2[l] += T[j, l] * T[j, l]
@@ -308,7 +309,7 @@ def lanes_norms(x, g0, norm2, norm, scale, floor, eps):
     L = min(norm2.shape[0], x.shape[0] - g0)
     bad = L
     for l in range(L):
-        if not (norm2[l] <= _FLT_MAX) and not block_finite(x, g0 + l):
+        if not (norm2[l] <= FLT_MAX) and not block_finite(x, g0 + l):
             bad = l
             break
     for l in range(norm2.shape[0]):
@@ -316,7 +317,7 @@ def lanes_norms(x, g0, norm2, norm, scale, floor, eps):
         if floor:
             nv = nv if nv > eps else eps
         else:
-            scale[l] = _1 / nv if nv > eps else _0
+            scale[l] = F32_1 / nv if nv > eps else F32_0
         norm[l] = nv
     return bad
 
@@ -416,7 +417,7 @@ def lanes_index(T, cs2, thresholds, centroids_sq, K, recon2):
         return
     lanes_count_at_least(T, cs2, thresholds, K)
     for l in range(lanes):
-        recon2[l] = _0
+        recon2[l] = F32_0
     for j in range(n):
         for l in range(lanes):
             recon2[l] += centroids_sq[K[j, l]]

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..intrinsics import store_fence, store_nontemporal
 from ..kernels import (
+    F32_0,
+    F32_1,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -31,13 +33,6 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import hi4, lo4
-
-#: The float32 constants of the scaled block formats' kernels (here and in each format's module: a Python float
-#: literal would be float64 in numba and promote the expression).
-F32 = np.float32
-_0 = F32(0.0)
-_1 = F32(1.0)
-_HALF = F32(0.5)
 
 #: Blocks whose scalar work (largest magnitude, scale, reciprocal, fp16) :func:`encode_groups` does side by side.
 GROUP = 16
@@ -69,7 +64,7 @@ def encode_groups(x, out, raise_overflow, divisor, scan, codes):
             AB[l], M[l] = scan(x[g0 + l])
         for l in range(L):
             d = M[l] / divisor
-            INV[l] = _1 / d if d != _0 else _0
+            INV[l] = F32_1 / d if d != F32_0 else F32_0
             H[l] = f32_to_f16_bits_finite(d)
         for l in range(L):
             b = g0 + l

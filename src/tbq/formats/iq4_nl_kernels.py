@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
+    F32,
+    F32_0,
+    F32_1,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -23,7 +26,11 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import pair4
-from ._shared_kernels import F32, _0, _1, decode_blocks, dequantize_halves, reader_views
+from ._shared_kernels import (
+    decode_blocks,
+    dequantize_halves,
+    reader_views,
+)
 
 _M127 = F32(-127.0)
 #: 1e-15f as a bit pattern: for non-negative floats ``a < 1e-15f`` iff ``bits(a) < _TINY_BITS``.
@@ -110,19 +117,19 @@ def encode(x, out, raise_overflow, row_blocks):
                 continue
             xr = x[b]
             d0 = xr[firsts[i]] / _M127  # signed max, the first of equal magnitudes
-            inv = _1 / d0
+            inv = F32_1 / d0
             for j in range(bs):  # branch-free: vectorises
                 l = best(inv * xr[j])
                 li[j] = l
                 qv[j] = _KF[l]
-            sumqx = _0
-            sumq2 = _0
+            sumqx = F32_0
+            sumq2 = F32_0
             for j in range(bs):  # sequential from +0, each product and sum rounded on its own (no fastmath: no FMA)
                 xj = xr[j]
                 t = (xj * xj) * qv[j]
                 sumqx = sumqx + t * xj
                 sumq2 = sumq2 + t * qv[j]
-            d = sumqx / sumq2 if sumq2 > _0 else _0
+            d = sumqx / sumq2 if sumq2 > F32_0 else F32_0
             h = f32_to_f16_bits(d)
             if raise_overflow and (h & _F16_EXP) == _F16_EXP:  # +-Inf or NaN (x*x overflowed)
                 return b, STATUS_SCALE_OVERFLOW
@@ -141,7 +148,7 @@ def _value(c, d, m):
 
 @jit_inline
 def _dequantize(data, b, dst, d, table, off):
-    dequantize_halves(data[b], dst, off, _NO_QH, _value, d, _0)
+    dequantize_halves(data[b], dst, off, _NO_QH, _value, d, F32_0)
 
 
 @jit

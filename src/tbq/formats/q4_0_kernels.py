@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import f32_bits, f32_to_int32, jit, jit_inline
+from ..kernels import F32, F32_0, f32_bits, f32_to_int32, jit, jit_inline
 from ..packing_kernels import pair4
 from ._shared_kernels import (  # noqa: F401  (STREAM_BYTES: the tests' threshold)
-    F32,
     STREAM_BYTES,
-    _0,
     decode_blocks,
     dequantize_halves,
     encode_groups,
@@ -35,7 +33,7 @@ def signed_max(xr):
         k = (a << np.uint64(8)) | np.uint64(255 - j)
         key = k if k > key else key
     ab = np.uint32(key >> np.uint64(8))
-    return ab, (xr[255 - np.int64(key & np.uint64(255))] if ab != np.uint32(0) else _0)
+    return ab, (xr[255 - np.int64(key & np.uint64(255))] if ab != np.uint32(0) else F32_0)
 
 
 @jit_inline
@@ -63,7 +61,7 @@ def _value(c, d, m):
 
 @jit_inline
 def _dequantize(data, b, dst, d, table, off):
-    dequantize_halves(data[b], dst, off, _NO_QH, _value, d, _0)
+    dequantize_halves(data[b], dst, off, _NO_QH, _value, d, F32_0)
 
 
 @jit

@@ -9,6 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
+    F32,
+    F32_0,
+    F32_1,
+    F32_HALF,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -20,7 +24,11 @@ from ..kernels import (
     store_f16,
 )
 from ..packing_kernels import pair4
-from ._shared_kernels import _HALF, F32, _0, _1, decode_blocks, dequantize_halves, reader_views
+from ._shared_kernels import (
+    decode_blocks,
+    dequantize_halves,
+    reader_views,
+)
 
 _15 = F32(15.0)
 _F16_MAX = F32(65504.0)
@@ -48,7 +56,7 @@ def _first_zero(xr, bs):
     """The first element of ``xr`` that equals zero (``+0`` or ``-0``: the kept sign)."""
     first = bs
     for j in range(bs):
-        c = j if xr[j] == _0 else bs
+        c = j if xr[j] == F32_0 else bs
         first = c if c < first else first
     return xr[first]
 
@@ -70,13 +78,13 @@ def first_min_max(xr, bs):
         kmin = k if k < kmin else kmin
         kmax = k if k > kmax else kmax
     if not (kmax < _KEY_POS_INF and kmin > _KEY_NEG_INF):
-        return _0, _0, False
+        return F32_0, F32_0, False
     # the extreme values from their keys (the key map is its own inverse)
     vmin = np.int32(kmin ^ ((kmin >> 31) & 0x7FFFFFFF)).view(np.float32)
     vmax = np.int32(kmax ^ ((kmax >> 31) & 0x7FFFFFFF)).view(np.float32)
-    if vmin == _0:
+    if vmin == F32_0:
         vmin = _first_zero(xr, bs)
-    if vmax == _0:
+    if vmax == F32_0:
         vmax = _first_zero(xr, bs)
     return vmin, vmax, True
 
@@ -97,7 +105,7 @@ def load_f16_at(data, row, off, table):
 @jit
 def _code(x, mn, inv):
     """``min(15, trunc((x - min) * id + 0.5))``: three float32 roundings, none fused (no fastmath, no contraction)."""
-    t = (x - mn) * inv + _HALF
+    t = (x - mn) * inv + F32_HALF
     qi = f32_to_int32(t)  # +-Inf/NaN (1/d overflowed): 0, the low byte of x86's 0x80000000
     return qi if qi < 15 else 15
 
@@ -135,9 +143,9 @@ def store_min_scale(xr, bs, levels, out, b, raise_overflow):
     ``raise_overflow`` and either fp16 is inf (nothing written then), else :data:`STATUS_OK`."""
     mn, mx, finite = first_min_max(xr, bs)
     if not finite:
-        return STATUS_NONFINITE, mn, _0
+        return STATUS_NONFINITE, mn, F32_0
     d = (mx - mn) / levels
-    inv = _1 / d if d != _0 else _0
+    inv = F32_1 / d if d != F32_0 else F32_0
     hd = f32_to_f16_bits(d)
     hm = f32_to_f16_bits(mn)
     if raise_overflow and (f16_is_inf(hd) or f16_is_inf(hm)):

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import STATUS_OK, f32_to_int32, jit, jit_inline
+from ..kernels import F32, F32_0, F32_HALF, STATUS_OK, f32_to_int32, jit, jit_inline
 from ..packing_kernels import pair4
 from ._shared_kernels import (
-    _HALF,
-    F32,
-    _0,
     decode_blocks,
     dequantize_halves,
     encode_groups,
@@ -76,7 +73,7 @@ def _code_q5_0(x, mn, inv):
 @jit
 def _code_q5_1(x, mn, inv):
     """C's ``(uint8_t)((x - min) * id + 0.5f)``: three roundings, none fused; no clamp (t < 32)."""
-    t = (x - mn) * inv + _HALF
+    t = (x - mn) * inv + F32_HALF
     return f32_to_int32(t) & 0xFF  # +-Inf/NaN (1/d overflowed): 0, the low byte of x86's 0x80000000
 
 
@@ -98,7 +95,7 @@ def store_codes(xr, out, b, qs, qh_off, code, mn, inv):
 
 @jit_inline
 def _codes_q5_0(xr, out, b, inv):
-    store_codes(xr, out, b, 6, _QH_Q5_0, _code_q5_0, _0, inv)
+    store_codes(xr, out, b, 6, _QH_Q5_0, _code_q5_0, F32_0, inv)
 
 
 @jit
@@ -127,7 +124,7 @@ def _value_q5_0(c, d, m):
 
 @jit_inline
 def _dequantize_q5_0(data, b, dst, d, table, off):
-    dequantize_halves(data[b], dst, off, load_u32_at(data, b, _QH_Q5_0), _value_q5_0, d, _0)
+    dequantize_halves(data[b], dst, off, load_u32_at(data, b, _QH_Q5_0), _value_q5_0, d, F32_0)
 
 
 @jit

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import f32_bits, f32_to_int32, jit, jit_inline, roundf
+from ..kernels import F32, f32_bits, f32_to_int32, jit, jit_inline, roundf
 from ._shared_kernels import (  # noqa: F401  (STREAM_BYTES: the tests' threshold)
-    F32,
     STREAM_BYTES,
     decode_blocks,
     encode_groups,

@@ -9,6 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import (
+    F32,
+    F32_0,
+    F32_1,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
@@ -21,7 +24,6 @@ from ..kernels import (
     roundf,
     store_f16,
 )
-from ._shared_kernels import F32, _0, _1
 from .q4_1_kernels import store_f16_at
 from .q8_0_kernels import abs_max
 from .q8_0_kernels import decode as q8_0_decode
@@ -50,7 +52,7 @@ def encode_q8_1(x, out, raise_overflow):
         if amax >= _FINITE:  # Inf or NaN
             return b, STATUS_NONFINITE
         d = m / _127
-        inv = _1 / d if d != _0 else _0
+        inv = F32_1 / d if d != F32_0 else F32_0
         h = f32_to_f16_bits_finite(d)
         if raise_overflow and f16_is_inf(h):
             return b, STATUS_SCALE_OVERFLOW
@@ -105,7 +107,7 @@ def encode_q8_k(x, out, raise_overflow):
             u = s & 0xFFFF  # int16, little-endian
             orow[4 + bs + 2 * g] = np.uint8(u & 0xFF)
             orow[5 + bs + 2 * g] = np.uint8(u >> 8)
-        db = f32_bits(_1 / iscale)
+        db = f32_bits(F32_1 / iscale)
         for k in range(4):
             orow[k] = np.uint8((db >> np.uint32(8 * k)) & np.uint32(0xFF))
     return -1, STATUS_OK

@@ -28,13 +28,13 @@ from ..intrinsics import (
     store_nontemporal,
 )
 from ..kernels import (
-    _FLT_MAX,
     F32,
+    F32_0,
+    F32_1,
+    FLT_MAX,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    _0,
-    _1,
     block_finite,
     f16_is_inf,
     f32_to_f16_bits,
@@ -275,7 +275,7 @@ def decode(data, out, bits, centroids, s2, cs1, table, lanes):
 
 
 @jit
-def _butterfly_1d(v):
+def butterfly_1d(v):
     """:func:`_butterfly_lanes` for one block (``v`` of length n): the same additions, the same order."""
     n = v.shape[0]
     h = 1
@@ -306,7 +306,7 @@ def _butterfly_1d(v):
 @jit
 def _sum_squares_1d(row):
     """Step 1 of one block: the sequential float32 sum of x_j^2."""
-    norm2 = _0
+    norm2 = F32_0
     for j in range(row.shape[0]):
         norm2 += row[j] * row[j]
     return norm2
@@ -319,14 +319,14 @@ def _rotate_1d(row, norm2, v, bits, s1, cs2):
     n = row.shape[0]
     nv = np.sqrt(norm2)
     if bits == 4:
-        sc = _1 / nv if nv > _EPS_NORM else _0
+        sc = F32_1 / nv if nv > _EPS_NORM else F32_0
         for j in range(n):
             v[j] = (row[j] * sc) * s1[j]
     else:
         nv = nv if nv > _EPS_NORM else _EPS_NORM
         for j in range(n):
             v[j] = (row[j] / nv) * s1[j]
-    _butterfly_1d(v)
+    butterfly_1d(v)
     for j in range(n):
         v[j] = v[j] * cs2[j]
     return nv
@@ -337,7 +337,7 @@ def _index_scale_1d(r, nv, K, bits, thresholds, centroids_sq):
     """Steps 3-4 of one block: ``K`` = the number of thresholds <= r, and the scale d = norm / ||c[K]||
     (``c[K]^2`` summed sequentially in float32)."""
     nt = thresholds.shape[0]
-    recon2 = _0
+    recon2 = F32_0
     for j in range(r.shape[0]):
         k = np.int32(0)
         for i in range(nt):
@@ -360,7 +360,7 @@ def encode_blocks(x, out, bits, thresholds, centroids_sq, s1, cs2, raise_overflo
     for b in range(nblk):
         row = x[b]
         norm2 = _sum_squares_1d(row)  # 1.
-        if not (norm2 <= _FLT_MAX) and not block_finite(x, b):
+        if not (norm2 <= FLT_MAX) and not block_finite(x, b):
             return b, STATUS_NONFINITE
         nv = _rotate_1d(row, norm2, v, bits, s1, cs2)  # 2.-3.
         d = _index_scale_1d(v, nv, K, bits, thresholds, centroids_sq)  # 3.-4.
@@ -427,7 +427,7 @@ def decode_blocks(data, out, bits, centroids, s2, cs1, table):
                 lane = load_lane3(drow, 2 + 3 * g)
                 for t in range(8):
                     v[8 * g + t] = centroids[idx3(lane, t)] * s2[8 * g + t]
-        _butterfly_1d(v)
+        butterfly_1d(v)
         orow = out[b]
         for j in range(n):
             orow[j] = (v[j] * cs1[j]) * d

@@ -55,13 +55,13 @@ from ..intrinsics import (
     lookup16_row,
 )
 from ..kernels import (
-    _FLT_MAX,
-    _HALF,
     F32,
+    F32_1,
+    F32_HALF,
+    FLT_MAX,
     STATUS_NONFINITE,
     STATUS_OK,
     STATUS_SCALE_OVERFLOW,
-    _1,
     count_at_least7,
     count_at_least15,
     f16_is_inf,
@@ -491,7 +491,7 @@ def encode_keys(x, out, bits, mids, sh, raise_overflow, lanes):
             nbits[l] = h
             den[l] = F32(n + _EPS_NORM)
         for l in range(stop, lanes):
-            den[l] = _1
+            den[l] = F32_1
         # xh = RN32(x / den), times s_j * h (exact in float64), then the float64 butterfly
         for j in range(d):
             s = sh[j]
@@ -659,7 +659,7 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
     lookup = TARGET_AVX2 and d % 128 == 0
     for b in range(rows):
         s = nc_sum_row(data, b, bits, d, csq, idx, cc, sums)
-        r = F32(_1 / F32(np.sqrt(F32(s + _EPS_NC))))
+        r = F32(F32_1 / F32(np.sqrt(F32(s + _EPS_NC))))
         nf = load_f16_at(data, b, mb, table)
         for k in range(nc):  # RN16 with any NaN as 0x7FFF (rn16_bits), branch-free: one vector loop
             h = f32_to_f16_rn(F32(nf * F32(cents[k] * r)))
@@ -667,14 +667,14 @@ def decode_keys(data, out, bits, cents, s16, mant, exp, table, rotated):
             yt[k] = np.uint32(f16_widen(h)).view(np.float32)
         finite = True
         for k in range(nc):
-            finite = finite and abs(yt[k]) <= _FLT_MAX
+            finite = finite and abs(yt[k]) <= FLT_MAX
         orow = out[b]
         if rotated and lookup:
             for c in range(d // 128):
                 if bits == 4:
-                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _1)
+                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, F32_1)
                 else:
-                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _1)
+                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, F32_1)
             continue
         if finite and lookup and d == 128:
             if bits == 4:
@@ -727,7 +727,7 @@ def encode_values(x, out, bits, raise_overflow, table):
             return b, STATUS_SCALE_OVERFLOW
         qmax = 0
         for j in range(d):
-            u = F32(F32(F32(x[b, j] - vmin) / sc) + _HALF)
+            u = F32(F32(F32(x[b, j] - vmin) / sc) + F32_HALF)
             qi = f32_to_int32(u)
             qi = q if qi > q else qi
             qi = 0 if qi < 0 else qi
@@ -762,9 +762,9 @@ def decode_values(data, out, bits, table):
         if fast:
             for c in range(d // 128):
                 if bits == 4:
-                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, _1)
+                    lookup16_row(data, b * ts + 64 * c, out, b * d + 128 * c, yt, F32_1)
                 else:
-                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, _1)
+                    lookup8_row(data, b * ts + 48 * c, out, b * d + 128 * c, yt, F32_1)
         else:
             _unpack_row(data, b, bits, codes)
             orow = out[b]
