@@ -39,6 +39,7 @@ from .errors import (
     deprecated_names,
 )
 from .formats import FORMATS, Format, FormatInfo, format_class, format_info, format_name
+from .formats.base import InfoSizes
 from .parallel import default_threads, fork_safe_lock, run_chunks
 
 __all__ = [
@@ -283,7 +284,7 @@ class ConfigIdentity:
         return f"{type(self).__name__}({args})"
 
 
-class Codec(ConfigIdentity):
+class Codec(ConfigIdentity, InfoSizes):
     """A block format with its configuration: ``Codec("q8_0", backend="numpy")``.
 
     The per-format classes (``Q8_0Codec``, ``TBQ4_0Codec``, ... from :func:`codec_class`)
@@ -348,19 +349,6 @@ class Codec(ConfigIdentity):
             raise ConfigError(f"on_overflow must be one of {modes} for {self.name}, got {on_overflow!r}")
         self.on_overflow = on_overflow
         self._overflow_kw = self.format.overflow_kw(on_overflow)
-
-    # -- static facts --
-    @property
-    def block_size(self) -> int:
-        return self.info.block_size
-
-    @property
-    def type_size(self) -> int:
-        return self.info.type_size
-
-    @property
-    def bits_per_value(self) -> float:
-        return self.info.bits_per_value
 
     def __getattr__(self, attr: str) -> Any:
         # Format-level attributes (TBQ's ``codebook``, ``rotation``) read through to the format.

@@ -92,7 +92,8 @@ from .codecs import Codec as _CoreCodec
 from .codecs import ConfigIdentity
 from .codecs import get_codec as _core_get_codec
 from .errors import BlockShapeError, ConfigError, EncodedLengthError, TbqTypeError, TbqValueError, deprecated_names
-from .formats import FORMATS, format_name
+from .formats import FORMATS, FormatInfo, format_name
+from .formats.base import InfoSizes
 
 __all__ = [
     "TbqCodec",
@@ -209,7 +210,7 @@ def _as_float_array(buf: Any) -> np.ndarray:
     return raw.view(np.float32)
 
 
-class TbqCodec(ConfigIdentity, _NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
+class TbqCodec(ConfigIdentity, InfoSizes, _NumcodecsCodec):  # type: ignore[misc]  # numcodecs is untyped: its Codec base is Any
     """numcodecs codec for one tbq block format (use ``Q8_0Numcodec``, ``Q4_0Numcodec``, ... or :func:`get_numcodec`).
 
     Keyword arguments are those of :func:`tbq.get_codec` for the format
@@ -240,12 +241,9 @@ class TbqCodec(ConfigIdentity, _NumcodecsCodec):  # type: ignore[misc]  # numcod
         return self._codec
 
     @property
-    def block_size(self) -> int:
-        return self._codec.block_size
-
-    @property
-    def type_size(self) -> int:
-        return self._codec.type_size
+    def info(self) -> FormatInfo:
+        """The core codec's :class:`~tbq.formats.FormatInfo` (its sizes: ``block_size``, ``type_size``, ...)."""
+        return self._codec.info
 
     # -- config --
     def get_config(self) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import importlib
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, overload
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -62,6 +62,7 @@ from .capabilities import (
 )
 
 __all__ = [
+    "InfoSizes",
     "Option",
     "option_check",
     "AttentionReader",
@@ -432,7 +433,32 @@ class _FormatType(type):
             return getattr(getattr(cls, where[0]), where[1])
 
 
-class Format(metaclass=_FormatType):
+class _HasInfo(Protocol):
+    @property
+    def info(self) -> FormatInfo: ...
+
+
+class InfoSizes:
+    """``block_size``, ``type_size`` and ``bits_per_value`` read from ``self.info`` (a :class:`FormatInfo`): the
+    sizes a :class:`Format`, a :class:`tbq.Codec` and a numcodecs codec all report, written once."""
+
+    @property
+    def block_size(self: _HasInfo) -> int:
+        """Values a block."""
+        return self.info.block_size
+
+    @property
+    def type_size(self: _HasInfo) -> int:
+        """Bytes a block."""
+        return self.info.type_size
+
+    @property
+    def bits_per_value(self: _HasInfo) -> float:
+        """Storage cost including the per-block scale, e.g. 4.125 for tbq4_0."""
+        return self.info.bits_per_value
+
+
+class Format(InfoSizes, metaclass=_FormatType):
     """One block format with its format options; subclass it to add a format.
 
     Its own interface is what every format defines: the layout (``info``), the
@@ -538,14 +564,6 @@ class Format(metaclass=_FormatType):
     @property
     def name(self) -> str:
         return self.info.name
-
-    @property
-    def block_size(self) -> int:
-        return self.info.block_size
-
-    @property
-    def type_size(self) -> int:
-        return self.info.type_size
 
     def config(self) -> dict[str, Any]:
         """The format options as plain JSON data (``{}`` when the format has none)."""
