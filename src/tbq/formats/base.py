@@ -62,6 +62,7 @@ from .capabilities import (
 )
 
 __all__ = [
+    "F16_OVERFLOW_WHY",
     "InfoSizes",
     "Option",
     "option_check",
@@ -297,6 +298,9 @@ def block_trace(fmt: Format, values: NDArray[np.float32]) -> Trace:
         return fmt.reference_encode(np.ascontiguousarray(values, np.float32)[None, :], **fmt._row_kw(1))[1]
 
 
+#: Why an fp16 field cannot hold a value, as every refusal of one says it.
+F16_OVERFLOW_WHY = "(it rounds to infinity; the largest finite fp16 is 65504)"
+
 #: What a refusal of an fp16 field tells the caller to do to store what ggml's C reference stores.
 _STORE_AS_C = "Pass on_overflow='inf' to store what the C reference stores (an infinite fp16 field)"
 
@@ -309,7 +313,7 @@ def f16_field_error(
     last (a condition the caller checked itself), and ends with ``remedy``."""
     what, value = next((f for f in fields if not abs(f[1]) < F16_OVERFLOW), fields[-1])
     return ScaleOverflowError(
-        f"{name}: in block {block}, {what} (it rounds to infinity; the largest finite fp16 is 65504). {remedy}",
+        f"{name}: in block {block}, {what} {F16_OVERFLOW_WHY}. {remedy}",
         block=block,
         scale=value,
     )
@@ -667,8 +671,8 @@ class Format(InfoSizes, metaclass=_FormatType):
         """The exception for refused ``block`` (its float32 ``values``) with ``status`` (not NONFINITE)."""
         d = float(block_trace(self, values)["d"][0])
         return ScaleOverflowError(
-            f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 "
-            f"(it rounds to infinity; the largest finite fp16 is 65504). Pass on_overflow='inf' to store "
+            f"{self.name}: the scale of block {block} is {d!r}, which does not fit float16 {F16_OVERFLOW_WHY}. "
+            "Pass on_overflow='inf' to store "
             "an infinite scale as the C reference does",
             block=block,
             scale=d,

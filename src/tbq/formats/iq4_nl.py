@@ -50,7 +50,7 @@ from ..errors import ScaleOverflowError
 from ..float32 import put_f16_scale
 from ..packing import np_pack4_halves, np_unpack4_halves
 from ._shared import ScaledInt, ScaledIntChecks
-from .base import Field, FormatInfo, Trace, band, block_trace
+from .base import F16_OVERFLOW_WHY, Field, FormatInfo, Trace, band, block_trace
 from .capabilities import CapabilitySlot, FuzzTraits, QuantizerTraits
 
 __all__ = ["IQ4_NL", "IQ4_NL_VALUES", "IQ4_NL_MIDPOINTS", "iq4_nl_best"]
@@ -223,7 +223,7 @@ class IQ4_NL(ScaledInt):
                 "the C reference stores the fp16 NaN 0xFE00"
             )
         else:
-            why = "does not fit float16 (it rounds to infinity; the largest finite fp16 is 65504)"
+            why = f"does not fit float16 {F16_OVERFLOW_WHY}"
         return ScaleOverflowError(
             f"{self.name}: the scale of block {block} is {d!r}, which {why}. "
             "Pass on_overflow='inf' to store what the C reference stores",
