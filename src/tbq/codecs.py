@@ -350,6 +350,11 @@ class Codec(ConfigIdentity, InfoSizes):
         self.on_overflow = on_overflow
         self._overflow_kw = self.format.overflow_kw(on_overflow)
 
+    @property
+    def bits_per_value(self) -> float:
+        """Storage cost including the per-block scale, e.g. 4.125 for tbq4_0."""
+        return self.info.bits_per_value
+
     def __getattr__(self, attr: str) -> Any:
         # Format-level attributes (TBQ's ``codebook``, ``rotation``) read through to the format.
         if attr.startswith("_") or attr == "format":

@@ -443,8 +443,8 @@ class _HasInfo(Protocol):
 
 
 class InfoSizes:
-    """``block_size``, ``type_size`` and ``bits_per_value`` read from ``self.info`` (a :class:`FormatInfo`): the
-    sizes a :class:`Format`, a :class:`tbq.Codec` and a numcodecs codec all report, written once."""
+    """``block_size`` and ``type_size`` read from ``self.info`` (a :class:`FormatInfo`): the sizes a
+    :class:`Format`, a :class:`tbq.Codec` and a numcodecs codec all report, written once."""
 
     @property
     def block_size(self: _HasInfo) -> int:
@@ -455,11 +455,6 @@ class InfoSizes:
     def type_size(self: _HasInfo) -> int:
         """Bytes a block."""
         return self.info.type_size
-
-    @property
-    def bits_per_value(self: _HasInfo) -> float:
-        """Storage cost including the per-block scale, e.g. 4.125 for tbq4_0."""
-        return self.info.bits_per_value
 
 
 class Format(InfoSizes, metaclass=_FormatType):
