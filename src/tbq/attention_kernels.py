@@ -670,7 +670,7 @@ CODE_LAYOUTS = {
     13: ("planes3", 2, 50),
     12: ("quads2", 2, 34),
 }
-#: The index layouts the microkernels are built for, in the order of their kind number (:func:`_code_kind`).
+#: The index layouts the microkernels are built for, in the order of their kind (``kind`` of :func:`_code_layout`).
 _KINDS = ("nib4", "stream3", "quads2", "planes3")
 #: Values of a code block.
 _CODE_BLOCK = 128
@@ -728,107 +728,128 @@ def _multishift_indices(builder, bits, pp, h):
     return builder.bitcast(idx, ir.VectorType(i32, 16))
 
 
-def _make_scores_codes(nr: int, nt: int, layout: str) -> Any:
-    @intrinsic
-    def scores(
-        typingctx, q, qoff, data, base, tstride, n_tok, aux, s, soff, sstride, n_groups, n_blocks, payload, bbytes
-    ):
-        """:func:`_make_scores`'s microkernel with the keys read from ``layout`` codes: token ``t``'s row of one KV
-        head starts at byte ``base + t*tstride`` of ``data`` (``n_blocks`` blocks of ``bbytes`` bytes, 128 values,
-        the indices from byte ``payload``), the tokens of a group past ``n_tok`` read token ``n_tok - 1`` (their
-        scores are never used)."""
-        sig = types.void(
-            q, types.int64, data, types.int64, types.int64, types.int64, aux, s, types.int64, types.int64,
-            types.int64, types.int64, types.int64, types.int64,
-        )  # fmt: skip
+def _emit_scores_codes(builder, nr, layout, ptrs, vals):
+    """Emit one case of :func:`_scores_codes` into ``builder``: :func:`_make_scores`'s microkernel for ``nr`` rows
+    and groups of ``_SCORE_TOKENS[nr - 1]`` tokens with the keys read from ``layout`` codes. ``ptrs``: the data
+    pointers of the intrinsic's arrays ``q, data, aux, s``; ``vals``: its i64 arguments from ``qoff`` on."""
+    i64 = ir.IntType(64)
+    nt = _SCORE_TOKENS[nr - 1]
+    qp, dp, xp, sp = ptrs
+    qoff, base, tstride, n_tok, soff, sstride, n_groups, n_blocks, payload, bbytes = vals
+    table, vector = _code_decoder(builder, layout, xp, payload)
+    n_d = builder.mul(n_blocks, ir.Constant(i64, _CODE_BLOCK))
+    last = builder.sub(n_tok, ir.Constant(i64, 1))
 
-        def codegen(context, builder, signature, args):
-            i64 = ir.IntType(64)
-            qp = context.make_array(signature.args[0])(context, builder, args[0]).data
-            dp = context.make_array(signature.args[2])(context, builder, args[2]).data
-            xp = context.make_array(signature.args[6])(context, builder, args[6]).data
-            sp = context.make_array(signature.args[7])(context, builder, args[7]).data
-            qoff, base, tstride, n_tok, soff, sstride, n_groups, n_blocks, payload, bbytes = (
-                args[c] for c in (1, 3, 4, 5, 8, 9, 10, 11, 12, 13)
-            )
-            table, vector = _code_decoder(builder, layout, xp, payload)
-            n_d = builder.mul(n_blocks, ir.Constant(i64, _CODE_BLOCK))
-            last = builder.sub(n_tok, ir.Constant(i64, 1))
+    def keys(t, step):  # the group's keys from the codes, block by block, 16 values of each token a step
+        rows = []
+        for u in range(nt):
+            tu = builder.add(t, ir.Constant(i64, u))
+            tu = builder.select(builder.icmp_signed(">", tu, last), last, tu)
+            rows.append(builder.add(base, builder.mul(tu, tstride)))
+        with cgutils.for_range(builder, n_blocks) as bl:
+            boff = builder.mul(bl.index, bbytes)
+            bps = [builder.gep(dp, [builder.add(r, boff)]) for r in rows]
+            tabs = [table(bp) for bp in bps]
+            j0 = builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK))
+            for h in range(_CODE_BLOCK // 16):
+                j = builder.add(j0, ir.Constant(i64, 16 * h))
+                step(j, [vector(bps[u], tabs[u], h) for u in range(nt)])
 
-            def keys(t, step):  # the group's keys from the codes, block by block, 16 values of each token a step
-                rows = []
-                for u in range(nt):
-                    tu = builder.add(t, ir.Constant(i64, u))
-                    tu = builder.select(builder.icmp_signed(">", tu, last), last, tu)
-                    rows.append(builder.add(base, builder.mul(tu, tstride)))
-                with cgutils.for_range(builder, n_blocks) as bl:
-                    boff = builder.mul(bl.index, bbytes)
-                    bps = [builder.gep(dp, [builder.add(r, boff)]) for r in rows]
-                    tabs = [table(bp) for bp in bps]
-                    j0 = builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK))
-                    for h in range(_CODE_BLOCK // 16):
-                        j = builder.add(j0, ir.Constant(i64, 16 * h))
-                        step(j, [vector(bps[u], tabs[u], h) for u in range(nt)])
-
-            _score_groups(builder, nr, nt, qp, qoff, n_d, sp, soff, sstride, n_groups, keys)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return scores
+    _score_groups(builder, nr, nt, qp, qoff, n_d, sp, soff, sstride, n_groups, keys)
 
 
-def _make_values_codes(nr: int, layout: str) -> Any:
-    @intrinsic
-    def values(typingctx, w, woff, wstride, data, base, tstride, aux, acc, aoff, n_t, n_blocks, payload, bbytes):
-        """:func:`_make_values`'s microkernel (four vectors of 16 accumulators a row, 64 channels a pass) with the
-        values read from ``layout`` codes: token ``t``'s row of one KV head starts at byte ``base + t*tstride`` of
-        ``data`` (``n_blocks`` blocks of ``bbytes`` bytes, 128 values, the indices from byte ``payload``); every
-        channel of the rows, in passes of 64."""
-        sig = types.void(
-            w, types.int64, types.int64, data, types.int64, types.int64, aux, acc, types.int64, types.int64,
-            types.int64, types.int64, types.int64,
-        )  # fmt: skip
+def _emit_values_codes(builder, nr, layout, ptrs, vals):
+    """Emit one case of :func:`_values_codes` into ``builder``: :func:`_make_values`'s microkernel for ``nr`` rows
+    (four vectors of 16 accumulators a row, 64 channels a pass) with the values read from ``layout`` codes.
+    ``ptrs``: the data pointers of the intrinsic's arrays ``w, data, aux, acc``; ``vals``: its i64 arguments from
+    ``woff`` on."""
+    i64 = ir.IntType(64)
+    wp, dp, xp, ap = ptrs
+    woff, wstride, base, tstride, aoff, n_t, n_blocks, payload, bbytes = vals
+    table, vector = _code_decoder(builder, layout, xp, payload)
+    n_d = builder.mul(n_blocks, ir.Constant(i64, _CODE_BLOCK))
+    with cgutils.for_range(builder, n_blocks) as bl:
+        boff = builder.add(base, builder.mul(bl.index, bbytes))
+        for half in range(_CODE_BLOCK // 64):
+            j = builder.add(builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK)), ir.Constant(i64, 64 * half))
 
-        def codegen(context, builder, signature, args):
-            i64 = ir.IntType(64)
-            wp = context.make_array(signature.args[0])(context, builder, args[0]).data
-            dp = context.make_array(signature.args[3])(context, builder, args[3]).data
-            xp = context.make_array(signature.args[6])(context, builder, args[6]).data
-            ap = context.make_array(signature.args[7])(context, builder, args[7]).data
-            woff, wstride, base, tstride, aoff, n_t, n_blocks, payload, bbytes = (
-                args[c] for c in (1, 2, 4, 5, 8, 9, 10, 11, 12)
-            )
-            table, vector = _code_decoder(builder, layout, xp, payload)
-            n_d = builder.mul(n_blocks, ir.Constant(i64, _CODE_BLOCK))
-            with cgutils.for_range(builder, n_blocks) as bl:
-                boff = builder.add(base, builder.mul(bl.index, bbytes))
-                for half in range(_CODE_BLOCK // 64):
-                    j = builder.add(builder.mul(bl.index, ir.Constant(i64, _CODE_BLOCK)), ir.Constant(i64, 64 * half))
+            def token_vectors(t, half=half):
+                bp = builder.gep(dp, [builder.add(boff, builder.mul(t, tstride))])
+                tab = table(bp)
+                return [vector(bp, tab, 4 * half + h) for h in range(4)]
 
-                    def token_vectors(t, half=half):
-                        bp = builder.gep(dp, [builder.add(boff, builder.mul(t, tstride))])
-                        tab = table(bp)
-                        return [vector(bp, tab, 4 * half + h) for h in range(4)]
-
-                    _value_pass(builder, nr, 4, 16, wp, woff, wstride, ap, aoff, n_d, j, n_t, token_vectors)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return values
+            _value_pass(builder, nr, 4, 16, wp, woff, wstride, ap, aoff, n_d, j, n_t, token_vectors)
 
 
-_SCORES_CODES = {k: tuple(_make_scores_codes(nr, _SCORE_TOKENS[nr - 1], k) for nr in (1, 2, 3, 4)) for k in _KINDS}
-_sn4_1, _sn4_2, _sn4_3, _sn4_4 = _SCORES_CODES["nib4"]
-_ss3_1, _ss3_2, _ss3_3, _ss3_4 = _SCORES_CODES["stream3"]
-_sq2_1, _sq2_2, _sq2_3, _sq2_4 = _SCORES_CODES["quads2"]
-_sp3_1, _sp3_2, _sp3_3, _sp3_4 = _SCORES_CODES["planes3"]
-_VALUES_CODES = {k: tuple(_make_values_codes(nr, k) for nr in (1, 2, 3, 4)) for k in _KINDS}
-_vn4_1, _vn4_2, _vn4_3, _vn4_4 = _VALUES_CODES["nib4"]
-_vs3_1, _vs3_2, _vs3_3, _vs3_4 = _VALUES_CODES["stream3"]
-_vq2_1, _vq2_2, _vq2_3, _vq2_4 = _VALUES_CODES["quads2"]
-_vp3_1, _vp3_2, _vp3_3, _vp3_4 = _VALUES_CODES["planes3"]
+def _dispatch(builder, value, keys, emit):
+    """Emit an LLVM ``switch`` on the i64 ``value``: ``emit(k)`` in a block of its own for each of ``keys``, the last
+    one taking every value not listed (as the ``else`` of an if/elif chain), all joining after it, where the
+    builder is left. The cases' code is only what ``emit`` makes: one of them runs, chosen by one branch."""
+    end = builder.append_basic_block("dispatch.end")
+    blocks = [builder.append_basic_block(f"dispatch.{k}") for k in keys]
+    switch = builder.switch(value, blocks[-1])
+    for k, block in zip(keys[:-1], blocks[:-1], strict=True):
+        switch.add_case(ir.Constant(value.type, k), block)
+    for k, block in zip(keys, blocks, strict=True):
+        builder.position_at_end(block)
+        emit(k)
+        builder.branch(end)
+    builder.position_at_end(end)
+
+
+def _codes_codegen(emit):
+    """The codegen of an intrinsic whose arguments are ``kind, nr`` (i64) and then arrays and i64 values: the 16
+    cases ``emit(builder, nr, _KINDS[kind], ptrs, vals)`` (``ptrs`` the arrays' data pointers and ``vals`` the
+    other values, each in argument order) for the layouts and the row counts 1 to 4, each built for its literal
+    pair, behind a switch on ``kind`` (any other value as the last layout) and in each a switch on ``nr`` (any
+    other value as 1) (:func:`_dispatch`)."""
+
+    def codegen(context, builder, signature, args):
+        typed = list(zip(signature.args, args, strict=True))[2:]
+        ptrs = [context.make_array(ty)(context, builder, v).data for ty, v in typed if isinstance(ty, types.Array)]
+        vals = [v for ty, v in typed if not isinstance(ty, types.Array)]
+
+        def rows(k):  # the cases of layout _KINDS[k], one a row count
+            _dispatch(builder, args[1], (4, 3, 2, 1), lambda nr: emit(builder, nr, _KINDS[k], ptrs, vals))
+
+        _dispatch(builder, args[0], tuple(range(len(_KINDS))), rows)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _scores_codes(
+    typingctx, kind, nr, q, qoff, data, base, tstride, n_tok, aux, s, soff, sstride, n_groups, n_blocks, payload, bbytes
+):
+    """:func:`_make_scores`' microkernel for ``nr`` rows (1 to 4) with the keys read from the codes of index layout
+    ``_KINDS[kind]``: token ``t``'s row of one KV head starts at byte ``base + t*tstride`` of ``data``
+    (``n_blocks`` blocks of ``bbytes`` bytes, 128 values, the indices from byte ``payload``), the tokens of a
+    group past ``n_tok`` read token ``n_tok - 1`` (their scores are never used). Groups of ``_SCORE_TOKENS[nr -
+    1]`` tokens. One switch picks the case of ``(kind, nr)``, each built for its literal layout and row count
+    (:func:`_codes_codegen`, :func:`_emit_scores_codes`)."""
+    sig = types.void(
+        types.int64, types.int64, q, types.int64, data, types.int64, types.int64, types.int64, aux, s, types.int64,
+        types.int64, types.int64, types.int64, types.int64, types.int64,
+    )  # fmt: skip
+    return sig, _codes_codegen(_emit_scores_codes)
+
+
+@intrinsic
+def _values_codes(
+    typingctx, kind, nr, w, woff, wstride, data, base, tstride, aux, acc, aoff, n_t, n_blocks, payload, bbytes
+):
+    """:func:`_make_values`' microkernel for ``nr`` rows (1 to 4; four vectors of 16 accumulators a row, 64
+    channels a pass) with the values read from the codes of index layout ``_KINDS[kind]``: token ``t``'s row of
+    one KV head starts at byte ``base + t*tstride`` of ``data`` (``n_blocks`` blocks of ``bbytes`` bytes, 128
+    values, the indices from byte ``payload``); every channel of the rows, in passes of 64. One switch picks the
+    case of ``(kind, nr)``, each built for its literal layout and row count (:func:`_codes_codegen`,
+    :func:`_emit_values_codes`)."""
+    sig = types.void(
+        types.int64, types.int64, w, types.int64, types.int64, data, types.int64, types.int64, aux, acc, types.int64,
+        types.int64, types.int64, types.int64, types.int64,
+    )  # fmt: skip
+    return sig, _codes_codegen(_emit_values_codes)
 
 
 def code_bits(op: tuple, head_dim: int) -> int:
@@ -868,96 +889,30 @@ def _code_layout(code):
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _scores_codes_rows(qo, data, base, tstride, n, aux, bits, n_blocks, S, R):
     """:func:`_scores_rows` with the keys read from the codes of layout ``bits`` (a :data:`CODE_LAYOUTS` code;
-    token ``t`` of the chunk at byte ``base + t*tstride`` of ``data``)."""
+    token ``t`` of the chunk at byte ``base + t*tstride`` of ``data``): :func:`_scores_codes` four rows at a
+    time, then the last 1 to 3."""
     chunk = S.shape[1]
     D = n_blocks * _CODE_BLOCK
     kind, payload, bbytes = _code_layout(bits)
     for r in range(0, R, 4):
         nr = min(4, R - r)
         groups = (n + _SCORE_TOKENS[nr - 1] - 1) // _SCORE_TOKENS[nr - 1]
-        a = (qo, r * D, data, base, tstride, n, aux, S, r * chunk, chunk, groups, n_blocks, payload, bbytes)
-        if kind == 0:
-            if nr == 4:
-                _sn4_4(*a)
-            elif nr == 3:
-                _sn4_3(*a)
-            elif nr == 2:
-                _sn4_2(*a)
-            else:
-                _sn4_1(*a)
-        elif kind == 1:
-            if nr == 4:
-                _ss3_4(*a)
-            elif nr == 3:
-                _ss3_3(*a)
-            elif nr == 2:
-                _ss3_2(*a)
-            else:
-                _ss3_1(*a)
-        elif kind == 2:
-            if nr == 4:
-                _sq2_4(*a)
-            elif nr == 3:
-                _sq2_3(*a)
-            elif nr == 2:
-                _sq2_2(*a)
-            else:
-                _sq2_1(*a)
-        elif nr == 4:
-            _sp3_4(*a)
-        elif nr == 3:
-            _sp3_3(*a)
-        elif nr == 2:
-            _sp3_2(*a)
-        else:
-            _sp3_1(*a)
+        _scores_codes(
+            kind, nr, qo, r * D, data, base, tstride, n, aux, S, r * chunk, chunk, groups, n_blocks, payload, bbytes
+        )
 
 
 @nb.njit(inline="always", nogil=True, error_model="numpy", boundscheck=False)
 def _values_codes_rows(S, data, base, tstride, n, aux, bits, n_blocks, acc, R):
     """:func:`_values_rows` with the values read from the codes of layout ``bits`` (a :data:`CODE_LAYOUTS` code;
-    token ``t`` of the chunk at byte ``base + t*tstride`` of ``data``)."""
+    token ``t`` of the chunk at byte ``base + t*tstride`` of ``data``): :func:`_values_codes` four rows at a
+    time, then the last 1 to 3."""
     chunk = S.shape[1]
     D = n_blocks * _CODE_BLOCK
     kind, payload, bbytes = _code_layout(bits)
     for r in range(0, R, 4):
         nr = min(4, R - r)
-        a = (S, r * chunk, chunk, data, base, tstride, aux, acc, r * D, n, n_blocks, payload, bbytes)
-        if kind == 0:
-            if nr == 4:
-                _vn4_4(*a)
-            elif nr == 3:
-                _vn4_3(*a)
-            elif nr == 2:
-                _vn4_2(*a)
-            else:
-                _vn4_1(*a)
-        elif kind == 1:
-            if nr == 4:
-                _vs3_4(*a)
-            elif nr == 3:
-                _vs3_3(*a)
-            elif nr == 2:
-                _vs3_2(*a)
-            else:
-                _vs3_1(*a)
-        elif kind == 2:
-            if nr == 4:
-                _vq2_4(*a)
-            elif nr == 3:
-                _vq2_3(*a)
-            elif nr == 2:
-                _vq2_2(*a)
-            else:
-                _vq2_1(*a)
-        elif nr == 4:
-            _vp3_4(*a)
-        elif nr == 3:
-            _vp3_3(*a)
-        elif nr == 2:
-            _vp3_2(*a)
-        else:
-            _vp3_1(*a)
+        _values_codes(kind, nr, S, r * chunk, chunk, data, base, tstride, aux, acc, r * D, n, n_blocks, payload, bbytes)
 
 
 #: How many chunks ahead :func:`_attend_codes` prefetches the codes into L2 (a hint: no value changes). It reads a
