@@ -1,5 +1,5 @@
 """The codes microkernels' dispatch (:mod:`tbq.attention_kernels`): one intrinsic a side, ``_scores_codes`` and
-``_values_codes``, whose IR switches on the index layout and the row count (``_dispatch``) and runs the
+``_values_codes``, whose IR switches on the index layout and the row count (:func:`tbq.intrinsics.emit_switch`) and runs the
 microkernel built for that literal pair.
 
 Each case is checked on its own against the NumPy definition of its arithmetic: the keys and values as the
@@ -23,6 +23,7 @@ from numba.extending import intrinsic
 from tbq import attention as att
 from tbq import attention_kernels as kn
 from tbq.attention import KVCache
+from tbq.intrinsics import emit_switch
 from tbq.kernels import TARGET_AVX512VL
 
 _F = np.float32
@@ -38,7 +39,7 @@ codes_only = pytest.mark.skipif(not TARGET_AVX512VL, reason="the codes microkern
 @intrinsic
 def _which(typingctx, x, y):
     """``10 * a + b`` for the keys ``a`` of ``x`` in ``(7, 3, 5)`` and ``b`` of ``y`` in ``(2, 1)``, chosen by two
-    nested :func:`tbq.attention_kernels._dispatch` switches (any other value as the last key)."""
+    nested :func:`tbq.intrinsics.emit_switch` switches (any other value as the last key)."""
     sig = types.int64(types.int64, types.int64)
 
     def codegen(context, builder, signature, args):
@@ -46,9 +47,9 @@ def _which(typingctx, x, y):
         out = cgutils.alloca_once(builder, i64)
 
         def inner(a):
-            kn._dispatch(builder, args[1], (2, 1), lambda b: builder.store(ir.Constant(i64, 10 * a + b), out))
+            emit_switch(builder, args[1], (2, 1), lambda b: builder.store(ir.Constant(i64, 10 * a + b), out))
 
-        kn._dispatch(builder, args[0], (7, 3, 5), inner)
+        emit_switch(builder, args[0], (7, 3, 5), inner)
         return builder.load(out)
 
     return sig, codegen

@@ -83,7 +83,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .formats import reader_intrinsics as ri
-from .intrinsics import TARGET_AVX512VBMI, prefetch_l2
+from .intrinsics import TARGET_AVX512VBMI, emit_switch, prefetch_l2
 from .kernels import TARGET_AVX512VL, address, attention_reader, call_reader, jit
 
 F32 = np.float32
@@ -781,28 +781,12 @@ def _emit_values_codes(builder, nr, layout, ptrs, vals):
             _value_pass(builder, nr, 4, 16, wp, woff, wstride, ap, aoff, n_d, j, n_t, token_vectors)
 
 
-def _dispatch(builder, value, keys, emit):
-    """Emit an LLVM ``switch`` on the i64 ``value``: ``emit(k)`` in a block of its own for each of ``keys``, the last
-    one taking every value not listed (as the ``else`` of an if/elif chain), all joining after it, where the
-    builder is left. The cases' code is only what ``emit`` makes: one of them runs, chosen by one branch."""
-    end = builder.append_basic_block("dispatch.end")
-    blocks = [builder.append_basic_block(f"dispatch.{k}") for k in keys]
-    switch = builder.switch(value, blocks[-1])
-    for k, block in zip(keys[:-1], blocks[:-1], strict=True):
-        switch.add_case(ir.Constant(value.type, k), block)
-    for k, block in zip(keys, blocks, strict=True):
-        builder.position_at_end(block)
-        emit(k)
-        builder.branch(end)
-    builder.position_at_end(end)
-
-
 def _codes_codegen(emit):
     """The codegen of an intrinsic whose arguments are ``kind, nr`` (i64) and then arrays and i64 values: the 16
     cases ``emit(builder, nr, _KINDS[kind], ptrs, vals)`` (``ptrs`` the arrays' data pointers and ``vals`` the
     other values, each in argument order) for the layouts and the row counts 1 to 4, each built for its literal
     pair, behind a switch on ``kind`` (any other value as the last layout) and in each a switch on ``nr`` (any
-    other value as 1) (:func:`_dispatch`)."""
+    other value as 1) (:func:`tbq.intrinsics.emit_switch`)."""
 
     def codegen(context, builder, signature, args):
         typed = list(zip(signature.args, args, strict=True))[2:]
@@ -810,9 +794,9 @@ def _codes_codegen(emit):
         vals = [v for ty, v in typed if not isinstance(ty, types.Array)]
 
         def rows(k):  # the cases of layout _KINDS[k], one a row count
-            _dispatch(builder, args[1], (4, 3, 2, 1), lambda nr: emit(builder, nr, _KINDS[k], ptrs, vals))
+            emit_switch(builder, args[1], (4, 3, 2, 1), lambda nr: emit(builder, nr, _KINDS[k], ptrs, vals))
 
-        _dispatch(builder, args[0], tuple(range(len(_KINDS))), rows)
+        emit_switch(builder, args[0], tuple(range(len(_KINDS))), rows)
         return context.get_dummy_value()
 
     return codegen

@@ -26,6 +26,7 @@ few intrinsics of one kernel (a format's kernel module, the fused attention kern
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numba as nb
@@ -633,6 +634,23 @@ def butterfly_in_registers(builder: ir.IRBuilder, v: list) -> None:
                 a, b = v[j], v[j + h]
                 v[j], v[j + h] = builder.fadd(a, b), builder.fsub(a, b)
         h *= 2
+
+
+def emit_switch(builder: ir.IRBuilder, value: Any, keys: Sequence[int], emit: Callable[[int], None]) -> None:
+    """Emit an LLVM ``switch`` on the integer ``value``: ``emit(k)`` in a block of its own for each of ``keys``, the
+    last one taking every value not listed (as the ``else`` of an if/elif chain), all joining after it, where the
+    builder is left. The cases' code is only what ``emit`` makes: one of them runs, chosen by one branch. How an
+    intrinsic built for literal sizes (an order, a row count, a layout) picks its case from runtime values."""
+    end = builder.append_basic_block("switch.end")
+    blocks = [builder.append_basic_block(f"switch.{k}") for k in keys]
+    switch = builder.switch(value, blocks[-1])
+    for k, block in zip(keys[:-1], blocks[:-1], strict=True):
+        switch.add_case(ir.Constant(value.type, k), block)
+    for k, block in zip(keys, blocks, strict=True):
+        builder.position_at_end(block)
+        emit(k)
+        builder.branch(end)
+    builder.position_at_end(end)
 
 
 def _make_butterfly(n: int, double: bool = False) -> Any:

@@ -51,7 +51,7 @@ from numba.extending import intrinsic
 
 from ..errors import TbqValueError
 from ..half import f16_table
-from ..intrinsics import butterfly64, butterfly128, butterfly_in_registers
+from ..intrinsics import butterfly64, butterfly128, butterfly_in_registers, emit_switch
 from ..kernels import f32_to_f16_bits, jit, jit_inline
 from ..parallel import default_threads, run_shared
 from ..rotation import hadamard_scale
@@ -259,30 +259,24 @@ def _row_butterfly_typing(
 ) -> Any:
     """``(src, srow, dst, drow, start, half, n, mode, scale)``: one n-value block of one row, butterflied and
     scaled (:func:`_emit_row_butterfly`), for the orders ``n`` of :data:`_ROW_ORDERS` (64, 128; any other value:
-    256) and the ``mode`` 0, 1 (any other value: 2): a switch on ``n``, then on ``mode``, to the code of each."""
+    256) and the ``mode`` 0, 1 (any other value: 2): a switch on ``n``, then on ``mode``, to the code of each
+    (:func:`tbq.intrinsics.emit_switch`)."""
     sig = types.void(
         src, types.int64, dst, types.int64, types.int64, types.int64, types.int64, types.int64, types.float32
     )
 
     def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        i64 = ir.IntType(64)
         n_, mode_ = (context.cast(builder, args[k], signature.args[k], types.int64) for k in (6, 7))
-        done = builder.append_basic_block("row_butterfly.done")
-        orders = {o: builder.append_basic_block(f"row_butterfly{o}") for o in _ROW_ORDERS}
-        by_order = builder.switch(n_, orders[_ROW_ORDERS[-1]])
-        for o in _ROW_ORDERS[:-1]:
-            by_order.add_case(ir.Constant(i64, o), orders[o])
-        for o, block in orders.items():
-            builder.position_at_end(block)
-            code = [builder.append_basic_block(f"row_butterfly{o}_{m}") for m in range(3)]
-            by_mode = builder.switch(mode_, code[2])
-            for m in range(2):
-                by_mode.add_case(ir.Constant(i64, m), code[m])
-            for m in range(3):
-                builder.position_at_end(code[m])
-                _emit_row_butterfly(context, builder, signature, args, args[8], o, m)
-                builder.branch(done)
-        builder.position_at_end(done)
+
+        def modes(o: int) -> None:  # the three modes' code of order o
+            emit_switch(
+                builder,
+                mode_,
+                (0, 1, 2),
+                lambda m: _emit_row_butterfly(context, builder, signature, args, args[8], o, m),
+            )
+
+        emit_switch(builder, n_, _ROW_ORDERS, modes)
         return context.get_dummy_value()
 
     return sig, codegen
