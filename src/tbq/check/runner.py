@@ -475,7 +475,9 @@ class _Check:
                         FuzzPhase(self).run(d)
                     bar.step(f"{d.name} fuzz")
                 else:
-                    d.phases.append(PhaseResult.from_counts(d.name, "fuzz", [0] * len(CLASSES), 0.0, "skipped (examples 0)"))
+                    d.phases.append(
+                        PhaseResult.from_counts(d.name, "fuzz", [0] * len(CLASSES), 0.0, "skipped (examples 0)")
+                    )
             for d in bytes_dirs:
                 self._phase(d, "bytes", random_blocks(self.fmt, self.settings.blocks, self.settings.seed))
                 bar.step(f"{d.name} bytes")
